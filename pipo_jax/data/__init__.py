@@ -1,0 +1,1 @@
+"""Tokenizers, dataset sources, padding buckets."""

@@ -1,0 +1,1 @@
+"""Fused kernels: LM head + log-softmax + gather (`logprobs`)."""

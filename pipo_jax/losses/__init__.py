@@ -1,0 +1,1 @@
+"""Loss math: advantages, policy losses, self-distillation, the PIPO controller."""

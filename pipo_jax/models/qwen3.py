@@ -1,0 +1,375 @@
+"""Qwen3 decoder in pure JAX: config, parameters, forward with an optional KV cache.
+
+Parameters are a nested dict of arrays with the decoder layers stacked on a leading
+`layers` axis, so the layer loop is one `lax.scan` and compile time does not grow with
+depth. `param_axes(config)` gives the same tree with a logical axis name per dimension
+(`embed`, `vocab`, `heads`, `kv_heads`, `head_dim`, `mlp`, `layers`) for sharding.
+
+The KV cache is indexed by *position*: the key/value of the token at position p of
+row b is stored at slot p. A query at position p attends to slots 0..p, so one rule
+serves a full forward, prefill and one-token decode, and left- or right-padded rows
+(padding tokens write nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Params = dict[str, Any]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_REMAT_POLICIES = ("none", "full", "dots_saveable")
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config:
+    """Shapes and numerics of a Qwen3 causal LM (field names follow HF config.json).
+
+    `param_dtype` is the storage dtype of the weights, `dtype` the matmul/activation
+    dtype; norms, softmax and logits are always computed in float32.
+    """
+
+    vocab_size: int = 151_936
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 40_960
+    tie_word_embeddings: bool = True
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    remat: str = "none"  # one of _REMAT_POLICIES
+
+    def __post_init__(self):
+        for name in ("param_dtype", "dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(f"Qwen3Config.{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}")
+        if self.remat not in _REMAT_POLICIES:
+            raise ValueError(f"Qwen3Config.remat={self.remat!r}; expected one of {_REMAT_POLICIES}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"Qwen3Config.num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"Qwen3Config.head_dim={self.head_dim} must be even for RoPE")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Qwen3Config.{name}={getattr(self, name)} must be >= 1")
+
+    @property
+    def jnp_param_dtype(self):
+        return _DTYPES[self.param_dtype]
+
+    @property
+    def jnp_dtype(self):
+        return _DTYPES[self.dtype]
+
+    @property
+    def num_params(self) -> int:
+        d, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        hq, hkv, dh = self.num_attention_heads, self.num_key_value_heads, self.head_dim
+        per_layer = d * dh * (hq + 2 * hkv) + hq * dh * d + 3 * d * f + 2 * d + 2 * dh
+        return v * d * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * per_layer + d
+
+    def replace(self, **kw) -> "Qwen3Config":
+        return dataclasses.replace(self, **kw)
+
+
+# Published config.json values of the Qwen3 base/instruct checkpoints.
+PRESETS: dict[str, Qwen3Config] = {
+    "tiny": Qwen3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10_000.0,
+        max_position_embeddings=512, tie_word_embeddings=True,
+    ),
+    "qwen3_0.6b": Qwen3Config(
+        hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True,
+    ),
+    "qwen3_1.7b": Qwen3Config(
+        hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True,
+    ),
+    "qwen3_4b": Qwen3Config(
+        hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True,
+    ),
+    "qwen3_8b": Qwen3Config(
+        hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False,
+    ),
+}
+
+
+def preset(name: str, **overrides) -> Qwen3Config:
+    """A named preset (`tiny`, `qwen3_0.6b`, `qwen3_1.7b`, `qwen3_4b`, `qwen3_8b`)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown Qwen3 preset {name!r}; expected one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides)
+
+
+# ----------------------------------------------------------------------------- params
+
+
+def param_shapes(config: Qwen3Config) -> Params:
+    """Shape tree of the parameters (same structure as `init_params`)."""
+    c = config
+    L, D, F, V = c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.vocab_size
+    H, K, Dh = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    shapes: Params = {
+        "embed": (V, D),
+        "layers": {
+            "attn_norm": (L, D),
+            "q_proj": (L, D, H, Dh),
+            "k_proj": (L, D, K, Dh),
+            "v_proj": (L, D, K, Dh),
+            "q_norm": (L, Dh),
+            "k_norm": (L, Dh),
+            "o_proj": (L, H, Dh, D),
+            "mlp_norm": (L, D),
+            "gate_proj": (L, D, F),
+            "up_proj": (L, D, F),
+            "down_proj": (L, F, D),
+        },
+        "final_norm": (D,),
+    }
+    if not c.tie_word_embeddings:
+        shapes["lm_head"] = (D, V)
+    return shapes
+
+
+def param_axes(config: Qwen3Config) -> Params:
+    """Logical axis names of every parameter dimension (same tree as `init_params`)."""
+    axes: Params = {
+        "embed": ("vocab", "embed"),
+        "layers": {
+            "attn_norm": ("layers", "embed"),
+            "q_proj": ("layers", "embed", "heads", "head_dim"),
+            "k_proj": ("layers", "embed", "kv_heads", "head_dim"),
+            "v_proj": ("layers", "embed", "kv_heads", "head_dim"),
+            "q_norm": ("layers", "head_dim"),
+            "k_norm": ("layers", "head_dim"),
+            "o_proj": ("layers", "heads", "head_dim", "embed"),
+            "mlp_norm": ("layers", "embed"),
+            "gate_proj": ("layers", "embed", "mlp"),
+            "up_proj": ("layers", "embed", "mlp"),
+            "down_proj": ("layers", "mlp", "embed"),
+        },
+        "final_norm": ("embed",),
+    }
+    if not config.tie_word_embeddings:
+        axes["lm_head"] = ("embed", "vocab")
+    return axes
+
+
+_NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm", "final_norm")
+# Input dimensions (fan-in) of each matrix, counted from the end of its shape.
+_FAN_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1,
+                "up_proj": 1, "down_proj": 1}
+
+
+def init_params(config: Qwen3Config, rng: jax.Array, std: float = 0.02) -> Params:
+    """Random parameters: N(0, std) matrices (HF's `initializer_range`), unit norms."""
+    shapes = param_shapes(config)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    keys = jax.random.split(rng, len(leaves))
+    out = []
+    for (path, shape), key in zip(leaves, keys):
+        name = path[-1].key
+        if name in _NORMS:
+            out.append(jnp.ones(shape, config.jnp_param_dtype))
+        else:
+            out.append((std * jax.random.normal(key, shape, jnp.float32)).astype(config.jnp_param_dtype))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def lm_head_weight(config: Qwen3Config, params: Params) -> jax.Array:
+    """LM head as `[D, V]` (the transposed embedding when tied)."""
+    return params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+class KVCache(NamedTuple):
+    """Keys/values by position: `k`, `v` are `[layers, batch, max_len, kv_heads, head_dim]`."""
+
+    k: jax.Array
+    v: jax.Array
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+
+def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype=None) -> KVCache:
+    """An empty cache for `batch` rows of up to `max_len` positions (compute dtype by default)."""
+    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+    dtype = config.jnp_dtype if dtype is None else dtype
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis in float32, cast back to `x.dtype` before the scale (as HF)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope_tables(positions_bt: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin of shape `[B, T, head_dim]` (the two halves repeated, HF layout), float32."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions_bt.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_bthd: jax.Array, cos_btd: jax.Array, sin_btd: jax.Array) -> jax.Array:
+    """Rotary embedding (rotate-half form) of `[B, T, heads, head_dim]`."""
+    half = x_bthd.shape[-1] // 2
+    rotated = jnp.concatenate([-x_bthd[..., half:], x_bthd[..., :half]], axis=-1)
+    cos, sin = cos_btd[:, :, None, :], sin_btd[:, :, None, :]
+    out = x_bthd.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin
+    return out.astype(x_bthd.dtype)
+
+
+def attention(q_bthd, k_bskd, v_bskd, allowed_bts, dtype):
+    """Grouped-query softmax attention; `allowed_bts` is the boolean key mask per query.
+
+    Query rows with no allowed key (padding) return zeros-weighted averages, never NaN.
+    """
+    b, t, h, dh = q_bthd.shape
+    kv = k_bskd.shape[2]
+    q = q_bthd.reshape(b, t, kv, h // kv, dh)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k_bskd, preferred_element_type=jnp.float32)
+    scores = scores * (dh**-0.5)
+    scores = jnp.where(allowed_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v_bskd, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, h, dh).astype(dtype)
+
+
+def _decoder_layer(config: Qwen3Config, x_btd, lp, cos, sin, positions_bt, valid_bt, allowed_bts, cache_kv):
+    """One pre-norm block; returns the new residual stream and (k, v) cache for this layer."""
+    dt = config.jnp_dtype
+    eps = config.rms_norm_eps
+    h = rms_norm(x_btd, lp["attn_norm"], eps)
+    q = jnp.einsum("btd,dhk->bthk", h, lp["q_proj"].astype(dt))
+    k = jnp.einsum("btd,dhk->bthk", h, lp["k_proj"].astype(dt))
+    v = jnp.einsum("btd,dhk->bthk", h, lp["v_proj"].astype(dt))
+    q = apply_rope(rms_norm(q, lp["q_norm"], eps), cos, sin)
+    k = apply_rope(rms_norm(k, lp["k_norm"], eps), cos, sin)
+    if cache_kv is None:
+        keys, values = k, v
+        new_cache = None
+    else:
+        ck, cv = cache_kv
+        max_len = ck.shape[1]
+        # Padding tokens write to an out-of-range slot, which `mode="drop"` discards.
+        slots = jnp.where(valid_bt, positions_bt, max_len)
+        rows = jnp.broadcast_to(jnp.arange(x_btd.shape[0])[:, None], slots.shape)
+        ck = ck.at[rows, slots].set(k.astype(ck.dtype), mode="drop")
+        cv = cv.at[rows, slots].set(v.astype(cv.dtype), mode="drop")
+        keys, values = ck.astype(dt), cv.astype(dt)
+        new_cache = (ck, cv)
+    a = attention(q, keys, values, allowed_bts, dt)
+    x_btd = x_btd + jnp.einsum("bthk,hkd->btd", a, lp["o_proj"].astype(dt))
+    h = rms_norm(x_btd, lp["mlp_norm"], eps)
+    gate = jnp.einsum("btd,df->btf", h, lp["gate_proj"].astype(dt))
+    up = jnp.einsum("btd,df->btf", h, lp["up_proj"].astype(dt))
+    x_btd = x_btd + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp["down_proj"].astype(dt))
+    return x_btd, new_cache
+
+
+def _remat(fn, policy: str):
+    if policy == "none":
+        return fn
+    if policy == "full":
+        return jax.checkpoint(fn)
+    return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+
+
+def default_positions(attention_mask_bt: jax.Array) -> jax.Array:
+    """Position of each token = number of valid tokens before it (works for left padding)."""
+    m = attention_mask_bt.astype(jnp.int32)
+    return jnp.maximum(jnp.cumsum(m, axis=1) - 1, 0)
+
+
+def forward(
+    config: Qwen3Config,
+    params: Params,
+    tokens_bt: jax.Array,
+    attention_mask_bt: jax.Array | None = None,
+    positions_bt: jax.Array | None = None,
+    cache: KVCache | None = None,
+    return_hidden: bool = False,
+) -> tuple[jax.Array, KVCache | None]:
+    """Runs the decoder.
+
+    Args:
+      tokens_bt: int token ids `[B, T]`.
+      attention_mask_bt: 1 for real tokens, 0 for padding `[B, T]` (default all ones).
+      positions_bt: RoPE positions `[B, T]`; default counts valid tokens (`default_positions`).
+        With a cache they are also the cache slots written and read.
+      cache: optional `KVCache`; the new tokens' keys/values are written at their
+        positions and each query attends to cache slots `0..position`.
+      return_hidden: return the final normed hidden states `[B, T, D]` (compute dtype)
+        instead of float32 logits `[B, T, V]`.
+
+    Returns:
+      (logits or hidden, updated cache or None).
+    """
+    b, t = tokens_bt.shape
+    if attention_mask_bt is None:
+        attention_mask_bt = jnp.ones((b, t), jnp.int32)
+    valid_bt = attention_mask_bt.astype(bool)
+    if positions_bt is None:
+        positions_bt = default_positions(attention_mask_bt)
+    if cache is None:
+        idx = jnp.arange(t)
+        allowed = (idx[None, :, None] >= idx[None, None, :]) & valid_bt[:, None, :] & valid_bt[:, :, None]
+    else:
+        slots = jnp.arange(cache.max_len)
+        allowed = (slots[None, None, :] <= positions_bt[:, :, None]) & valid_bt[:, :, None]
+
+    dt = config.jnp_dtype
+    x = jnp.take(params["embed"], tokens_bt, axis=0).astype(dt)
+    cos, sin = rope_tables(positions_bt, config.head_dim, config.rope_theta)
+
+    def body(x_btd, layer_inputs):
+        lp, cache_kv = layer_inputs
+        x_btd, new_kv = _decoder_layer(config, x_btd, lp, cos, sin, positions_bt, valid_bt, allowed, cache_kv)
+        return x_btd, new_kv
+
+    body = _remat(body, config.remat)
+    cache_xs = None if cache is None else (cache.k, cache.v)
+    x, new_kv = jax.lax.scan(body, x, (params["layers"], cache_xs))
+    new_cache = None if cache is None else KVCache(*new_kv)
+
+    x = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    if return_hidden:
+        return x, new_cache
+    w = lm_head_weight(config, params).astype(dt)
+    return jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32), new_cache
+
+
+def logits(config: Qwen3Config, params: Params, tokens_bt: jax.Array, attention_mask_bt: jax.Array | None = None):
+    """Float32 logits `[B, T, V]` of a full (uncached) forward."""
+    return forward(config, params, tokens_bt, attention_mask_bt)[0]
+
+
+def hidden_states(config: Qwen3Config, params: Params, tokens_bt: jax.Array, attention_mask_bt: jax.Array | None = None):
+    """Final normed hidden states `[B, T, D]` (feed `lm_head_weight` to a fused log-prob kernel)."""
+    return forward(config, params, tokens_bt, attention_mask_bt, return_hidden=True)[0]

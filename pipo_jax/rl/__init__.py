@@ -1,0 +1,1 @@
+"""RL training: TrainState, pure step functions, outer loops, checkpoints."""

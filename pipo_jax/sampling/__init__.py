@@ -1,0 +1,1 @@
+"""Generation: JetStream-style engine over slots and the one-jit batched sampler."""

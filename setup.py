@@ -1,0 +1,32 @@
+"""Installs pipo_jax: RL post-training of Qwen3 with PIPO in JAX."""
+from setuptools import find_packages, setup
+
+setup(
+    name="pipo_jax",
+    version="0.1.0",
+    description="JAX research codebase for RL post-training of LLMs with PIPO "
+    "(Policy Improvement Policy Optimization) on PPO, GRPO, GSPO, DAPO and SDPO.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["pipo_jax", "pipo_jax.*", "configs", "experiments", "experiments.*"]),
+    install_requires=[
+        "jax>=0.4.35",
+        "flax>=0.10",
+        "optax>=0.2.3",
+        "orbax-checkpoint>=0.9",
+        "chex>=0.1.87",
+        "ml-collections>=0.1.1",
+        "transformers>=4.51",  # first release with Qwen3
+        "safetensors>=0.4",
+        "numpy>=1.26",
+        "matplotlib>=3.8",  # training curves and paper figures (PNG)
+        "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
+    ],
+    extras_require={
+        # torch (CPU is enough) runs the Hugging Face reference model in parity tests.
+        "test": ["pytest>=8", "torch>=2.3"],
+        "data": ["tensorflow-datasets>=4.9", "pyarrow>=14"],
+        "track": ["wandb>=0.17"],
+    },
+)
