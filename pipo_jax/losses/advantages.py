@@ -1,0 +1,151 @@
+"""Advantage estimators and reward shaping (SPEC 1): GAE, group-relative, DAPO extras.
+
+Layouts: a batch is `P` prompts x `G` responses stored contiguously, row b = p*G + g.
+`*_b` arrays are per response [B = P*G]; `*_bt` arrays are per response token [B, T] with
+response mask `mask_bt` (1 = valid). Outputs are zero at padded positions.
+
+- `outcome_token_rewards(seq_rewards_b, mask_bt)`: the sequence reward at the last valid token.
+- `kl_penalized_token_rewards(...)`: token rewards minus beta * KL(behaviour || reference) (PPO).
+- `gae(token_rewards_bt, values_bt, mask_bt, gamma, lam)` -> (adv_bt, returns_bt), unwhitened.
+- `masked_whiten(x_bt, mask_bt)`: (x - mean) / sqrt(var + 1e-8), unbiased var over valid tokens.
+- `group_relative_advantages(rewards_b, group_size, std_ddof, norm_by_std)` -> adv_b.
+- `dapo_group_filter(rewards_b, group_size)` -> (keep_p, keep_b, counts).
+- `group_outcome_counts(rewards_b, group_size)`: all-fail / mixed / all-success group counts.
+- `overlong_penalty(lengths_b, max_len, buffer, factor)`: DAPO soft overlong punishment.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pipo_jax.losses.kl import kl_estimate
+from pipo_jax.losses.masking import as_mask, last_valid_index, masked_mean
+
+
+def outcome_token_rewards(seq_rewards_b, mask_bt):
+    """[B, T] zeros except the sequence reward at each row's last valid token (empty rows: all 0)."""
+    m = as_mask(mask_bt)
+    last_b = last_valid_index(m)
+    at_last_bt = jnp.arange(m.shape[-1])[None, :] == last_b[:, None]
+    return jnp.where(at_last_bt, jnp.asarray(seq_rewards_b, jnp.float32)[:, None], 0.0)
+
+
+def kl_penalized_token_rewards(token_rewards_bt, logp_old_bt, logp_ref_bt, mask_bt, *, beta, estimator="k1"):
+    """PPO `kl_in_reward`: r_t - beta * KL_t(logp_old, logp_ref) on valid tokens, [B, T]."""
+    m = as_mask(mask_bt)
+    kl_bt = kl_estimate(logp_old_bt, logp_ref_bt, estimator)
+    return jnp.where(m > 0, token_rewards_bt - beta * kl_bt, 0.0)
+
+
+def sequence_rewards(token_rewards_bt, mask_bt):
+    """Per-sequence reward [B] = sum of the valid token rewards (the quantity averaged into mu_t)."""
+    return jnp.sum(jnp.where(as_mask(mask_bt) > 0, token_rewards_bt, 0.0), axis=-1)
+
+
+def gae(token_rewards_bt, values_bt, mask_bt, *, gamma: float = 1.0, lam: float = 1.0):
+    """Generalised advantage estimation by a reverse scan over time.
+
+    delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}, where "t+1" is the
+    next *valid* token: masked positions carry the next value and advantage through unchanged.
+    Returns (adv_bt, returns_bt = adv + V), both zero at masked positions. Not whitened.
+    """
+    m = as_mask(mask_bt)
+    r_tb, v_tb, m_tb = (jnp.swapaxes(jnp.asarray(x, jnp.float32), 0, 1) for x in (token_rewards_bt, values_bt, m))
+
+    def step(carry, x):
+        next_value_b, next_adv_b = carry
+        r_b, v_b, mt_b = x
+        delta_b = r_b + gamma * next_value_b - v_b
+        adv_b = delta_b + gamma * lam * next_adv_b
+        next_value_b = jnp.where(mt_b > 0, v_b, next_value_b)
+        next_adv_b = jnp.where(mt_b > 0, adv_b, next_adv_b)
+        return (next_value_b, next_adv_b), next_adv_b
+
+    zeros_b = jnp.zeros(r_tb.shape[1], jnp.float32)
+    _, adv_tb = jax.lax.scan(step, (zeros_b, zeros_b), (r_tb, v_tb, m_tb), reverse=True)
+    adv_bt = jnp.swapaxes(adv_tb, 0, 1) * m
+    return adv_bt, (adv_bt + values_bt) * m
+
+
+def masked_whiten(x_bt, mask_bt, eps: float = 1e-8):
+    """(x - mean) / sqrt(var + eps) over valid entries, unbiased var (n-1; n=1 gives var 0). Zero at padding."""
+    m = as_mask(mask_bt)
+    n = jnp.sum(m)
+    mean = masked_mean(x_bt, m)
+    var = jnp.sum(jnp.where(m > 0, jnp.square(x_bt - mean), 0.0)) / jnp.maximum(n - 1.0, 1.0)
+    return jnp.where(m > 0, (x_bt - mean) * jax.lax.rsqrt(var + eps), 0.0)
+
+
+def _groups(rewards_b, group_size: int):
+    """Reshape [B] -> [P, G], with a clear error when B is not a multiple of `group_size`."""
+    rewards_b = jnp.asarray(rewards_b, jnp.float32)
+    if group_size < 1 or rewards_b.shape[-1] % group_size:
+        raise ValueError(f"group_size={group_size} does not divide the batch of {rewards_b.shape[-1]} responses")
+    return rewards_b.reshape(-1, group_size)
+
+
+def group_relative_advantages(
+    rewards_b, group_size: int, *, std_ddof: int = 0, norm_by_std: bool = True, eps: float = 1e-6
+):
+    """A_i = (R_i - mean_g) / (std_g + eps), or R_i - mean_g when `norm_by_std=False` (Dr.GRPO).
+
+    `std_ddof=0` is the population std of paper Eq. 3; 1 is verl's unbiased std. A group of one
+    response and a group whose rewards are all equal get exactly 0. Returns adv_b [B].
+    """
+    if std_ddof not in (0, 1):
+        raise ValueError(f"std_ddof={std_ddof!r} must be 0 (population, paper) or 1 (unbiased, verl)")
+    r_pg = _groups(rewards_b, group_size)
+    if group_size == 1:
+        return jnp.zeros(r_pg.shape[0], jnp.float32)
+    mean_p1 = jnp.mean(r_pg, axis=-1, keepdims=True)
+    centred_pg = r_pg - mean_p1
+    if norm_by_std:
+        std_p1 = jnp.sqrt(jnp.sum(jnp.square(centred_pg), axis=-1, keepdims=True) / (group_size - std_ddof))
+        centred_pg = centred_pg / (std_p1 + eps)
+    # the float mean of equal rewards can differ from them by an ulp; such groups carry no signal
+    constant_p1 = jnp.max(r_pg, axis=-1, keepdims=True) == jnp.min(r_pg, axis=-1, keepdims=True)
+    return jnp.where(constant_p1, 0.0, centred_pg).reshape(-1)
+
+
+def broadcast_over_tokens(values_b, mask_bt):
+    """[B] -> [B, T]: each row's value on its valid tokens, 0 at padding."""
+    m = as_mask(mask_bt)
+    return jnp.asarray(values_b, jnp.float32)[:, None] * m
+
+
+def dapo_group_filter(rewards_b, group_size: int):
+    """DAPO dynamic-sampling filter: keep groups whose rewards are not all equal (keep size-1 groups).
+
+    Returns (keep_p bool [P], keep_b bool [B], counts) with counts = {"num_groups", "num_kept",
+    "num_dropped"} as int32 scalars (log the dropped count; nothing is dropped silently).
+    """
+    r_pg = _groups(rewards_b, group_size)
+    if group_size == 1:
+        keep_p = jnp.ones(r_pg.shape[0], bool)
+    else:
+        keep_p = jnp.max(r_pg, axis=-1) != jnp.min(r_pg, axis=-1)
+    num_kept = jnp.sum(keep_p.astype(jnp.int32))
+    counts = {"num_groups": jnp.int32(r_pg.shape[0]), "num_kept": num_kept, "num_dropped": r_pg.shape[0] - num_kept}
+    return keep_p, jnp.repeat(keep_p, group_size), counts
+
+
+def group_outcome_counts(rewards_b, group_size: int, *, success_threshold: float = 1.0):
+    """Solve-rate histogram of groups: {"all_fail", "mixed", "all_success"} int32 counts.
+
+    A response counts as solved when its reward >= `success_threshold`.
+    """
+    solved_pg = _groups(rewards_b, group_size) >= success_threshold
+    n_solved_p = jnp.sum(solved_pg.astype(jnp.int32), axis=-1)
+    all_fail = jnp.sum((n_solved_p == 0).astype(jnp.int32))
+    all_success = jnp.sum((n_solved_p == group_size).astype(jnp.int32))
+    return {"all_fail": all_fail, "mixed": n_solved_p.shape[0] - all_fail - all_success, "all_success": all_success}
+
+
+def overlong_penalty(lengths_b, *, max_len: int, buffer: int, factor: float = 1.0):
+    """DAPO overlong shaping: min(-(len - L_exp) / buffer * factor, 0) with L_exp = max_len - buffer. [B]."""
+    if not 0 < buffer <= max_len:
+        raise ValueError(f"overlong buffer={buffer} must be in (0, max_len={max_len}]")
+    expected_len = max_len - buffer
+    lengths_b = jnp.asarray(lengths_b, jnp.float32)
+    return jnp.minimum(-(lengths_b - expected_len) / buffer * factor, 0.0)

@@ -1,0 +1,88 @@
+"""Reduce a per-token loss matrix to a scalar (SPEC 1, `loss_agg_mode`), with global counts.
+
+Inputs: `loss_bt` [B, T] float, `mask_bt` [B, T] (1 = valid response token, 0 = padding).
+Let `|y_b| = sum_t mask[b, t]`. The four modes:
+
+- ``token-mean``:               sum_{b,t} m*l / num_tokens                       (DAPO, SDPO)
+- ``seq-mean-token-mean``:      sum_b [sum_t m*l / max(|y_b|, 1)] / num_seqs     (GRPO, GSPO, PPO)
+- ``seq-mean-token-sum``:       sum_b  sum_t m*l / num_seqs
+- ``seq-mean-token-sum-norm``:  sum_b  sum_t m*l / norm_length / num_seqs       (Dr.GRPO style)
+
+`num_tokens` is the number of valid tokens and `num_seqs` the number of non-empty sequences,
+both **global over the mini-batch**. When `loss_bt` is one micro-batch (or one shard) of a
+larger mini-batch, pass the mini-batch counts from `aggregation_counts(mini_batch_mask_bt)`:
+every piece then contributes its share, and the sum of the pieces' losses (and gradients)
+equals the loss of the whole mini-batch. Left as ``None``, the counts are computed from
+`mask_bt` (the arrays are the whole mini-batch). Micro-batches must split along B (a
+sequence's tokens stay together; the per-sequence token mean is local to a row).
+
+`norm_length` (``seq-mean-token-sum-norm`` only) defaults to the padded length T; pass a
+constant (the configured max response length) so that the loss does not depend on padding.
+
+Public signature (used by every loss in this package and by the registry):
+    aggregate(loss_bt, mask_bt, mode, *, num_tokens=None, num_seqs=None, norm_length=None) -> scalar
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax.numpy as jnp
+
+from pipo_jax.losses.masking import as_mask
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def check_agg_mode(mode: str) -> str:
+    """Return `mode` or raise a ValueError naming the `loss_agg_mode` field."""
+    if mode not in AGG_MODES:
+        raise ValueError(f"loss_agg_mode={mode!r} is not one of {AGG_MODES}")
+    return mode
+
+
+def aggregation_counts(mask_bt) -> dict:
+    """Global counts of a (mini-)batch: {"num_tokens": valid tokens, "num_seqs": non-empty rows} (f32 scalars)."""
+    m = as_mask(mask_bt)
+    return {
+        "num_tokens": jnp.sum(m),
+        "num_seqs": jnp.sum((jnp.sum(m, axis=-1) > 0).astype(jnp.float32)),
+    }
+
+
+def _count_or_local(count, local):
+    count = local if count is None else jnp.asarray(count, jnp.float32)
+    return jnp.maximum(count, 1.0)
+
+
+def token_mean(values_bt, mask_bt, num_tokens=None):
+    """sum(m * values) / max(num_tokens, 1); `num_tokens` defaults to sum(m). Scalar."""
+    m = as_mask(mask_bt)
+    return jnp.sum(values_bt * m) / _count_or_local(num_tokens, jnp.sum(m))
+
+
+def aggregate(
+    loss_bt,
+    mask_bt,
+    mode: str,
+    *,
+    num_tokens=None,
+    num_seqs=None,
+    norm_length: Optional[float] = None,
+):
+    """Scalar loss from `loss_bt` [B, T] by `mode` (see module docstring for the formulas)."""
+    check_agg_mode(mode)
+    m = as_mask(mask_bt)
+    masked_bt = jnp.where(m > 0, loss_bt, 0.0)  # where, not *, so inf/nan in padding cannot leak
+    if mode == "token-mean":
+        return jnp.sum(masked_bt) / _count_or_local(num_tokens, jnp.sum(m))
+    seq_len_b = jnp.sum(m, axis=-1)
+    seq_sum_b = jnp.sum(masked_bt, axis=-1)
+    local_seqs = jnp.sum((seq_len_b > 0).astype(jnp.float32))
+    seqs = _count_or_local(num_seqs, local_seqs)
+    if mode == "seq-mean-token-mean":
+        return jnp.sum(seq_sum_b / jnp.maximum(seq_len_b, 1.0)) / seqs
+    if mode == "seq-mean-token-sum":
+        return jnp.sum(seq_sum_b) / seqs
+    length = loss_bt.shape[-1] if norm_length is None else norm_length
+    return jnp.sum(seq_sum_b) / length / seqs

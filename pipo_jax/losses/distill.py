@@ -1,0 +1,196 @@
+"""Self-distillation (SDPO, arXiv 2601.20802; SPEC 1 "SDPO") losses and attribution.
+
+The teacher is the same network run on the teacher context (prompt + demonstration /
+feedback + instruction, then the student's response) under `stop_gradient`, with EMA or live
+params. Shapes: `*_bt` [B, T] per response token; `*_btv` [B, T, V] per vocabulary entry;
+`*_btn` [B, T, N] over a distillation support of N entries (top-k + tail bucket).
+
+- `student_topk_with_tail(student_logp_btv, teacher_logp_btv, k)`: both distributions on the
+  student's top-k tokens plus a tail bucket log(1 - sum_k p) (or renormalised top-k).
+- `generalized_jsd(student_logp_btn, teacher_logp_btn, alpha)` -> [B, T]: alpha=0 forward
+  KL(T||S), alpha=1 reverse KL(S||T), else (1-a) KL(S||M) + a KL(T||M), M = (1-a) S + a T.
+- `reverse_kl_token_loss(logp_bt, logp_teacher_bt)` = sg(logp_S - logp_T) * logp_S.
+- `importance_weight(logp_bt, logp_old_bt, is_clip)` = sg(min(exp(logp - logp_old), is_clip)).
+- `token_attribution(logp_teacher_bt, logp_student_bt, mask_bt)` = logp_T - logp_S (paper Eq. 4),
+  SDPO's local attribution for PIPO.
+- `select_demonstrations(rewards_b, group_size)`: the first *other* successful response of each group.
+- `ema_update(teacher_params, student_params, rate)`: the EMA teacher.
+
+Registered losses (`registry.POLICY_LOSSES["sdpo_token"]`, `["sdpo_jsd"]`) share the policy-loss
+signature `fn(logp_bt, logp_old_bt, adv_bt, mask_bt, *, loss_agg_mode="token-mean", ...)`; the
+SDPO loss replaces the policy-gradient loss, so `adv_bt` is not read (pass None). Extra keyword
+inputs: `logp_teacher_bt` (token form) or `student_distill_logp_btn`/`teacher_distill_logp_btn`
+(JSD form), and `sd_mask_b` [B] (0 = no teacher signal for that sample). With micro-batching,
+pass `num_tokens` counted over mask * sd_mask of the whole mini-batch.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from pipo_jax.losses.aggregation import aggregate, token_mean
+from pipo_jax.losses.masking import as_mask
+
+_TAIL_LOG_MASS_MAX = -1e-7  # keeps log(1 - sum p) finite when the top-k hold all the mass
+
+
+def student_topk_with_tail(student_logp_btv, teacher_logp_btv, k: Optional[int], *, add_tail: bool = True):
+    """Distillation support from the student's top-k tokens. Returns (student_btn, teacher_btn).
+
+    Both are gathered at the *student's* top-k indices (selection is not differentiated). With
+    `add_tail`, N = k + 1 and the last entry is the tail bucket log(1 - sum_k p); otherwise
+    N = k and the top-k log-probs are renormalised. `k=None` uses the full vocabulary as is.
+    """
+    vocab = student_logp_btv.shape[-1]
+    if k is None:
+        return student_logp_btv, teacher_logp_btv
+    if not 1 <= k <= vocab:
+        raise ValueError(f"distill_topk={k} must be in [1, vocab_size={vocab}] (or None for the full vocabulary)")
+    _, idx_btk = jax.lax.top_k(jax.lax.stop_gradient(student_logp_btv), k)
+    s_btk = jnp.take_along_axis(student_logp_btv, idx_btk, axis=-1)
+    t_btk = jnp.take_along_axis(teacher_logp_btv, idx_btk, axis=-1)
+
+    def with_tail(logp_btk):
+        log_mass = jnp.minimum(jax.nn.logsumexp(logp_btk, axis=-1, keepdims=True), _TAIL_LOG_MASS_MAX)
+        return jnp.concatenate([logp_btk, jnp.log(-jnp.expm1(log_mass))], axis=-1)
+
+    def renormalised(logp_btk):
+        return logp_btk - jax.nn.logsumexp(logp_btk, axis=-1, keepdims=True)
+
+    finish = with_tail if add_tail else renormalised
+    return finish(s_btk), finish(t_btk)
+
+
+def _kl(logp_p, logp_q):
+    """KL(P || Q) over the last axis from log-probs; entries with P = 0 contribute 0."""
+    p = jnp.exp(logp_p)
+    return jnp.sum(jnp.where(p > 0, p * (logp_p - logp_q), 0.0), axis=-1)
+
+
+def generalized_jsd(student_logp_btn, teacher_logp_btn, alpha: float = 0.5):
+    """Per-token generalised JSD [B, T]; the teacher is under stop_gradient. `alpha` is static."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"sdpo alpha={alpha} must be in [0, 1]")
+    s, t = student_logp_btn, jax.lax.stop_gradient(teacher_logp_btn)
+    if alpha == 0.0:
+        return _kl(t, s)
+    if alpha == 1.0:
+        return _kl(s, t)
+    mix = jax.nn.logsumexp(jnp.stack([s + jnp.log1p(-alpha), t + jnp.log(alpha)]), axis=0)
+    return (1.0 - alpha) * _kl(s, mix) + alpha * _kl(t, mix)
+
+
+def reverse_kl_token_loss(logp_bt, logp_teacher_bt):
+    """Token-level reverse-KL form sg(logp_S - logp_T) * logp_S, [B, T] (gradient through logp_S only)."""
+    return jax.lax.stop_gradient(logp_bt - logp_teacher_bt) * logp_bt
+
+
+def importance_weight(logp_bt, logp_old_bt, is_clip: Optional[float] = 2.0):
+    """sg(min(exp(clip(logp - logp_old, -20, 20)), is_clip)), [B, T]; `is_clip=None` leaves it unclipped."""
+    w = jnp.exp(jnp.clip(logp_bt - logp_old_bt, -20.0, 20.0))
+    if is_clip is not None:
+        w = jnp.minimum(w, is_clip)
+    return jax.lax.stop_gradient(w)
+
+
+def _sd_mask(mask_bt, sd_mask_b):
+    m = as_mask(mask_bt)
+    return m if sd_mask_b is None else m * as_mask(sd_mask_b)[:, None]
+
+
+def _sdpo_finish(per_token_bt, logp_bt, logp_old_bt, logp_teacher_bt, mask_bt, sd_mask_b, is_clip, cfg):
+    m = _sd_mask(mask_bt, sd_mask_b)
+    weighted_bt = per_token_bt * importance_weight(logp_bt, logp_old_bt, is_clip)
+    loss = aggregate(weighted_bt, m, cfg["loss_agg_mode"], num_tokens=cfg["num_tokens"], num_seqs=cfg["num_seqs"],
+                     norm_length=cfg["norm_length"])
+    metrics = {"sdpo_loss": loss}
+    if logp_teacher_bt is not None:
+        diff_bt = jax.lax.stop_gradient(logp_teacher_bt - logp_bt)
+        metrics["sdpo_teacher_minus_student_logp"] = token_mean(diff_bt, m, cfg["num_tokens"])
+    return loss, metrics
+
+
+def sdpo_token_loss(
+    logp_bt,
+    logp_old_bt,
+    adv_bt,
+    mask_bt,
+    *,
+    logp_teacher_bt,
+    is_clip: Optional[float] = 2.0,
+    sd_mask_b=None,
+    loss_agg_mode: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm_length=None,
+):
+    """SDPO token-level reverse-KL loss, IS-weighted, aggregated over mask * sd_mask. (loss, metrics)."""
+    del adv_bt  # the teacher log-probs are the target
+    per_token_bt = reverse_kl_token_loss(logp_bt, jax.lax.stop_gradient(logp_teacher_bt))
+    cfg = dict(loss_agg_mode=loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+    return _sdpo_finish(per_token_bt, logp_bt, logp_old_bt, logp_teacher_bt, mask_bt, sd_mask_b, is_clip, cfg)
+
+
+def sdpo_jsd_loss(
+    logp_bt,
+    logp_old_bt,
+    adv_bt,
+    mask_bt,
+    *,
+    student_distill_logp_btn,
+    teacher_distill_logp_btn,
+    alpha: float = 0.5,
+    is_clip: Optional[float] = 2.0,
+    sd_mask_b=None,
+    logp_teacher_bt=None,
+    loss_agg_mode: str = "token-mean",
+    num_tokens=None,
+    num_seqs=None,
+    norm_length=None,
+):
+    """SDPO generalised-JSD loss over a distillation support (see `student_topk_with_tail`). (loss, metrics).
+
+    `logp_teacher_bt` (optional) only feeds the teacher-minus-student metric.
+    """
+    del adv_bt
+    per_token_bt = generalized_jsd(student_distill_logp_btn, teacher_distill_logp_btn, alpha)
+    cfg = dict(loss_agg_mode=loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+    return _sdpo_finish(per_token_bt, logp_bt, logp_old_bt, logp_teacher_bt, mask_bt, sd_mask_b, is_clip, cfg)
+
+
+def token_attribution(logp_teacher_bt, logp_student_bt, mask_bt):
+    """SDPO attribution a_t = logp_T(y_t) - logp_S(y_t) on valid tokens (paper Eq. 4), [B, T]."""
+    m = as_mask(mask_bt)
+    return jnp.where(m > 0, logp_teacher_bt - logp_student_bt, 0.0)
+
+
+def select_demonstrations(rewards_b, group_size: int, *, success_threshold: float = 1.0):
+    """For each response, the first *other* response of its group with reward >= threshold.
+
+    Returns (demo_row_b int32 [B], global row index or -1, has_demo_b bool [B]). A sample with
+    neither a demonstration nor environment feedback gets sd_mask = 0 (decided by the caller).
+    """
+    rewards_b = jnp.asarray(rewards_b, jnp.float32)
+    if group_size < 1 or rewards_b.shape[0] % group_size:
+        raise ValueError(f"group_size={group_size} does not divide the batch of {rewards_b.shape[0]} responses")
+    solved_pg = rewards_b.reshape(-1, group_size) >= success_threshold
+    other_gg = ~jnp.eye(group_size, dtype=bool)
+    candidates_pgg = solved_pg[:, None, :] & other_gg[None]  # [p, i, j]: j is a demo for i
+    has_pg = jnp.any(candidates_pgg, axis=-1)
+    first_pg = jnp.argmax(candidates_pgg, axis=-1)
+    row_pg = first_pg + group_size * jnp.arange(solved_pg.shape[0])[:, None]
+    return jnp.where(has_pg, row_pg, -1).reshape(-1).astype(jnp.int32), has_pg.reshape(-1)
+
+
+def ema_update(teacher_params, student_params, rate: float = 0.05):
+    """teacher <- (1 - rate) * teacher + rate * student, leaf-wise, keeping each teacher dtype."""
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"sdpo ema rate={rate} must be in [0, 1]")
+    return jax.tree.map(
+        lambda t, s: ((1.0 - rate) * t.astype(jnp.float32) + rate * s.astype(jnp.float32)).astype(t.dtype),
+        teacher_params,
+        student_params,
+    )

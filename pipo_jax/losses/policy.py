@@ -1,0 +1,167 @@
+"""Clipped policy-gradient surrogates (SPEC 1), minimised.
+
+Inputs: `logp_bt`, `logp_old_bt` [B, T] log-probs of the sampled tokens under the current and
+the behaviour policy, `adv_bt` [B, T] advantages (or PI rewards), `mask_bt` [B, T].
+
+Token clip (PPO/GRPO/DAPO), with r = exp(clip(logp - logp_old, -20, 20)):
+    L = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)); for A < 0 and clip_ratio_c > 0 (dual
+    clip) L = min(L, -A c). clip_ratio_c = 0 disables dual clip.
+GSPO: log s_i = sum_t m (logp - logp_old) / max(|y_i|, 1); token form
+    log s_it = min(logp - sg(logp) + sg(log s_i), 10), then the token clip without dual clip.
+    With A constant over a sequence this has the value and gradient of the sequence form
+    max(-A s_i, -A clip(s_i)) under `seq-mean-token-mean` aggregation.
+`lower_clip_negative_adv=False` is PIPO's `compat` switch: for A < 0 the clipped ratio has no
+lower bound (min(r, 1 + eps_high)), so negative signals are never clipped.
+
+Registered losses share one signature (the trainer calls them through `registry.POLICY_LOSSES`):
+    loss_fn(logp_bt, logp_old_bt, adv_bt, mask_bt, *, loss_agg_mode, num_tokens=None,
+            num_seqs=None, norm_length=None, **loss_specific) -> (loss scalar, metrics dict)
+Metrics are token means normalised by the same global `num_tokens` as the loss, so, like the
+loss, they add up across micro-batches: "pg_clipfrac" (tokens where the clip is active),
+"pg_clipfrac_lower" (dual clip active), "ppo_kl" (mean of logp_old - logp), "pg_loss".
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+from pipo_jax.losses.aggregation import aggregate, check_agg_mode, token_mean
+from pipo_jax.losses.masking import as_mask
+
+
+def check_clip_config(eps_low, eps_high, clip_ratio_c) -> None:
+    """Raise a ValueError naming the field when a clip setting is out of range (Python numbers only)."""
+    if isinstance(eps_low, numbers.Real) and not 0.0 <= eps_low < 1.0:
+        raise ValueError(f"clip eps_low={eps_low} must be in [0, 1)")
+    if isinstance(eps_high, numbers.Real) and eps_high < 0.0:
+        raise ValueError(f"clip eps_high={eps_high} must be >= 0")
+    if isinstance(clip_ratio_c, numbers.Real) and clip_ratio_c != 0.0 and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c={clip_ratio_c} must be 0 (dual clip off) or > 1")
+
+
+def token_log_ratio(logp_bt, logp_old_bt):
+    """clip(logp - logp_old, -20, 20), [B, T]."""
+    return jnp.clip(logp_bt - logp_old_bt, -20.0, 20.0)
+
+
+def sequence_log_ratio(logp_bt, logp_old_bt, mask_bt):
+    """GSPO log s_i = sum_t m (logp - logp_old) / max(|y_i|, 1), [B]."""
+    m = as_mask(mask_bt)
+    diff_bt = jnp.where(m > 0, logp_bt - logp_old_bt, 0.0)
+    return jnp.sum(diff_bt, axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
+
+
+def gspo_token_log_ratio(logp_bt, logp_old_bt, mask_bt):
+    """GSPO token form: value log s_i on every token, gradient d logp_t; clamped <= 10. [B, T]."""
+    log_s_b = sequence_log_ratio(logp_bt, logp_old_bt, mask_bt)
+    log_s_bt = logp_bt - jax.lax.stop_gradient(logp_bt) + jax.lax.stop_gradient(log_s_b)[:, None]
+    return jnp.minimum(log_s_bt, 10.0)
+
+
+def clipped_surrogate(
+    log_ratio_bt,
+    adv_bt,
+    *,
+    eps_low: float,
+    eps_high: float,
+    clip_ratio_c: float = 0.0,
+    lower_clip_negative_adv: bool = True,
+):
+    """Per-token clipped surrogate from a log ratio. Returns (loss_bt, clipped_bt, dual_clipped_bt)."""
+    check_clip_config(eps_low, eps_high, clip_ratio_c)
+    ratio_bt = jnp.exp(log_ratio_bt)
+    clipped_ratio_bt = jnp.clip(ratio_bt, 1.0 - eps_low, 1.0 + eps_high)
+    if not lower_clip_negative_adv:
+        clipped_ratio_bt = jnp.where(adv_bt < 0, jnp.minimum(ratio_bt, 1.0 + eps_high), clipped_ratio_bt)
+    unclipped_loss_bt = -adv_bt * ratio_bt
+    clipped_loss_bt = -adv_bt * clipped_ratio_bt
+    loss_bt = jnp.maximum(unclipped_loss_bt, clipped_loss_bt)
+    clipped_bt = clipped_loss_bt > unclipped_loss_bt
+    if clip_ratio_c == 0.0:
+        return loss_bt, clipped_bt, jnp.zeros_like(clipped_bt)
+    dual_loss_bt = -adv_bt * clip_ratio_c
+    dual_clipped_bt = (adv_bt < 0) & (loss_bt > dual_loss_bt)
+    loss_bt = jnp.where(adv_bt < 0, jnp.minimum(loss_bt, dual_loss_bt), loss_bt)
+    return loss_bt, clipped_bt, dual_clipped_bt
+
+
+def _finish(loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, mode, num_tokens, num_seqs, norm_length):
+    check_agg_mode(mode)
+    loss = aggregate(loss_bt, mask_bt, mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+    metrics = {
+        "pg_loss": loss,
+        "pg_clipfrac": token_mean(clipped_bt.astype(jnp.float32), mask_bt, num_tokens),
+        "pg_clipfrac_lower": token_mean(dual_bt.astype(jnp.float32), mask_bt, num_tokens),
+        "ppo_kl": token_mean(jax.lax.stop_gradient(logp_old_bt - logp_bt), mask_bt, num_tokens),
+    }
+    return loss, metrics
+
+
+def token_clip_loss(
+    logp_bt,
+    logp_old_bt,
+    adv_bt,
+    mask_bt,
+    *,
+    loss_agg_mode: str,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    lower_clip_negative_adv: bool = True,
+    num_tokens=None,
+    num_seqs=None,
+    norm_length=None,
+):
+    """PPO/GRPO/DAPO token-ratio clipped loss with asymmetric eps and dual clip. (loss, metrics)."""
+    loss_bt, clipped_bt, dual_bt = clipped_surrogate(
+        token_log_ratio(logp_bt, logp_old_bt),
+        adv_bt,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        clip_ratio_c=clip_ratio_c,
+        lower_clip_negative_adv=lower_clip_negative_adv,
+    )
+    return _finish(loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, loss_agg_mode, num_tokens, num_seqs, norm_length)
+
+
+def gspo_loss(
+    logp_bt,
+    logp_old_bt,
+    adv_bt,
+    mask_bt,
+    *,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    lower_clip_negative_adv: bool = True,
+    num_tokens=None,
+    num_seqs=None,
+    norm_length=None,
+):
+    """GSPO sequence-ratio clipped loss in the stop-gradient token form, no dual clip. (loss, metrics)."""
+    loss_bt, clipped_bt, dual_bt = clipped_surrogate(
+        gspo_token_log_ratio(logp_bt, logp_old_bt, mask_bt),
+        adv_bt,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        clip_ratio_c=0.0,
+        lower_clip_negative_adv=lower_clip_negative_adv,
+    )
+    return _finish(loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, loss_agg_mode, num_tokens, num_seqs, norm_length)
+
+
+def gspo_sequence_loss_reference(logp_bt, logp_old_bt, adv_b, mask_bt, *, eps_low=3e-4, eps_high=4e-4, num_seqs=None):
+    """Plain sequence form of GSPO: mean over non-empty rows of max(-A s_i, -A clip(s_i)). Scalar.
+
+    The spec of `gspo_loss`; the token form must match it in value and gradient.
+    """
+    log_s_b = jnp.minimum(sequence_log_ratio(logp_bt, logp_old_bt, mask_bt), 10.0)
+    s_b = jnp.exp(log_s_b)
+    loss_b = jnp.maximum(-adv_b * s_b, -adv_b * jnp.clip(s_b, 1.0 - eps_low, 1.0 + eps_high))
+    nonempty_b = jnp.sum(as_mask(mask_bt), axis=-1) > 0
+    local = jnp.sum(nonempty_b.astype(jnp.float32))
+    count = local if num_seqs is None else num_seqs
+    return jnp.sum(jnp.where(nonempty_b, loss_b, 0.0)) / jnp.maximum(count, 1.0)

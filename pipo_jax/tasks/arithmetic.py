@@ -1,0 +1,454 @@
+"""The built-in verifiable task: procedurally generated multi-digit arithmetic, all in JAX.
+
+A problem is `lhs op rhs` with `op` in `task.ops` ('+', '-', '*') and operands of
+`min_digits..max_digits` digits (the digit count is drawn uniformly, then the value
+uniformly among numbers with that many digits, so short and long problems are equally
+common). Everything -- sampling, tokenising, reward, feedback -- is jnp on fixed shapes,
+so "sample prompts -> generate -> reward" can be one jitted function inside `lax.scan`.
+
+Token layout (ids from `pipo_jax.data.char_vocab`):
+  prompt  `<bos> lhs op rhs =`, left-padded with `<pad>` to `task.prompt_len`.
+  target  the answer then `<eos>`, right-padded to `task.answer_len`, in one of three
+          `answer_format`s (answer 132 for 47+85):
+            plain     `132<eos>`
+            reversed  `231<eos>`        digits least-significant first (sign first)
+            worked    `231;132<eos>`    the column digits least-significant first (the
+                                        carry-friendly "work"), ';', then the answer
+  A negative answer (only with `allow_negative=True` and '-') carries a leading '-'.
+
+Train / held-out split: **hash-based**. Each problem (lhs, op, rhs) is hashed with a
+fixed 32-bit mixer (`problem_hash`, seeded by `split_seed`); it is held out iff its hash
+is below `heldout_fraction * 2**32`. `sample_problems(..., split=...)` rejection-samples
+inside its split, so a train problem can never equal a held-out problem, whatever the
+RNG keys of the two streams are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipo_jax.data import char_vocab as cv
+from pipo_jax.models import qwen3
+
+ANSWER_FORMATS = ("plain", "reversed", "worked")
+REWARD_MODES = ("exact", "per_token")
+FEEDBACK_STYLES = ("position", "reveal")
+SPLITS = ("train", "heldout")
+# Candidates drawn per row and round of the split rejection sampler.
+_CANDIDATES_PER_ROUND = 16
+# Above this many distinct problems the split is not enumerated at construction.
+_MAX_ENUMERATED_PROBLEMS = 4_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticTask:
+    """Config of the arithmetic task (hashable: pass it as a static jit argument).
+
+    Fields:
+      min_digits, max_digits: operand digit counts (inclusive), 1 <= min <= max; at most
+        8 digits (4 with '*') so every answer fits in int32.
+      ops: operators, a tuple (or string, e.g. "+-") drawn from '+', '-', '*'.
+      allow_negative: False -> for '-' the larger operand comes first (answers >= 0).
+      answer_format: 'plain' | 'reversed' | 'worked' (module docstring).
+      prompt_len: fixed prompt width; None -> the minimum `2 * max_digits + 3`.
+      answer_len: fixed target / response width (answer tokens and EOS); None -> the
+        longest possible target.
+      heldout_fraction: share of all problems that are held out, in (0, 1).
+      split_seed: seeds the split hash (another seed gives another split).
+      reward_mode: 'exact' -> 1.0 iff the response is the target followed by EOS, else
+        0.0; 'per_token' -> the fraction of target positions (answer tokens and EOS)
+        where the response has the target token (1.0 exactly when 'exact' is 1.0).
+      feedback_style: 'position' -> `<wrong><at>k` (1-based first wrong target
+        position; position target_len is the EOS) or `<correct>`; 'reveal' ->
+        `<wrong><answer>ANSWER` or `<correct><answer>ANSWER`.
+    """
+
+    min_digits: int = 1
+    max_digits: int = 3
+    ops: tuple[str, ...] = ("+", "-")
+    allow_negative: bool = False
+    answer_format: str = "plain"
+    prompt_len: int | None = None
+    answer_len: int | None = None
+    heldout_fraction: float = 0.1
+    split_seed: int = 0
+    reward_mode: str = "exact"
+    feedback_style: str = "position"
+
+    def __post_init__(self):
+        ops = tuple(self.ops)
+        object.__setattr__(self, "ops", ops)
+        if not ops or any(op not in cv.OPERATORS for op in ops) or len(set(ops)) != len(ops):
+            raise ValueError(f"ArithmeticTask.ops={ops!r}: expected distinct operators from {cv.OPERATORS}")
+        if not 1 <= self.min_digits <= self.max_digits:
+            raise ValueError(
+                f"ArithmeticTask.min_digits={self.min_digits}, max_digits={self.max_digits}: need 1 <= min <= max"
+            )
+        limit = 4 if "*" in ops else 8
+        if self.max_digits > limit:
+            raise ValueError(f"ArithmeticTask.max_digits={self.max_digits} > {limit} overflows int32 with ops={ops}")
+        for name, allowed in (("answer_format", ANSWER_FORMATS), ("reward_mode", REWARD_MODES),
+                              ("feedback_style", FEEDBACK_STYLES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"ArithmeticTask.{name}={getattr(self, name)!r}; expected one of {allowed}")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise ValueError(f"ArithmeticTask.heldout_fraction={self.heldout_fraction} must be in (0, 1)")
+        for name, minimum in (("prompt_len", self.min_prompt_len), ("answer_len", self.min_answer_len)):
+            value = getattr(self, name)
+            if value is None:
+                object.__setattr__(self, name, minimum)
+            elif value < minimum:
+                raise ValueError(f"ArithmeticTask.{name}={value} < {minimum}, the longest {name[:-4]} of this task")
+        _check_split_nonempty(self.min_digits, self.max_digits, ops, self.allow_negative,
+                              self.heldout_fraction, self.split_seed)
+
+    @property
+    def answer_width(self) -> int:
+        """Most digits of |answer| over `ops`."""
+        widths = {"+": self.max_digits + 1, "-": self.max_digits, "*": 2 * self.max_digits}
+        return max(widths[op] for op in self.ops)
+
+    @property
+    def can_be_negative(self) -> bool:
+        return self.allow_negative and "-" in self.ops
+
+    @property
+    def min_prompt_len(self) -> int:
+        return 2 * self.max_digits + 3  # <bos> lhs op rhs =
+
+    @property
+    def min_answer_len(self) -> int:
+        body = 2 * self.answer_width + 1 if self.answer_format == "worked" else self.answer_width
+        return body + int(self.can_be_negative) + 1  # + <eos>
+
+    @property
+    def feedback_len(self) -> int:
+        """Width of `feedback_tokens` output."""
+        if self.feedback_style == "position":
+            return 2 + len(str(self.answer_len))
+        return 2 + self.answer_len - 1
+
+    @property
+    def sequence_len(self) -> int:
+        """prompt_len + answer_len: the width of a teacher-forced prompt+target row."""
+        return self.prompt_len + self.answer_len
+
+    def replace(self, **kw) -> "ArithmeticTask":
+        return dataclasses.replace(self, **kw)
+
+
+class Problems(NamedTuple):
+    """A batch of problems (a pytree). Shapes: b batch, p prompt_len, a answer_len.
+
+    prompt_tokens_bp / prompt_mask_bp: left-padded prompt ids and validity (int32).
+    lhs_b, rhs_b: operands; op_b: index into `char_vocab.OPERATORS`; answer_b: the value.
+    target_tokens_ba / target_mask_ba: answer tokens then EOS, right-padded, and validity.
+    target_len_b: number of target tokens including the EOS.
+    """
+
+    prompt_tokens_bp: jax.Array
+    prompt_mask_bp: jax.Array
+    lhs_b: jax.Array
+    op_b: jax.Array
+    rhs_b: jax.Array
+    answer_b: jax.Array
+    target_tokens_ba: jax.Array
+    target_mask_ba: jax.Array
+    target_len_b: jax.Array
+
+
+# ----------------------------------------------------------------------------- split hash
+
+_GOLDEN = 0x9E3779B9
+
+
+def _fmix32(h):
+    """MurmurHash3's 32-bit finaliser on uint32 (jnp or numpy; multiplication wraps)."""
+    h = h ^ (h >> 16)
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _problem_hash(xp, lhs, op, rhs, split_seed: int):
+    seed_word = np.uint32((split_seed * _GOLDEN) & 0xFFFFFFFF)
+    h = _fmix32(xp.asarray(op).astype(xp.uint32) + seed_word)
+    h = _fmix32(h ^ xp.asarray(lhs).astype(xp.uint32))
+    return _fmix32((h + np.uint32(_GOLDEN)) ^ xp.asarray(rhs).astype(xp.uint32))
+
+
+def problem_hash(lhs, op, rhs, split_seed: int) -> jax.Array:
+    """uint32 hash of problems (lhs, op index into `char_vocab.OPERATORS`, rhs), any shape."""
+    return _problem_hash(jnp, lhs, op, rhs, split_seed)
+
+
+def _heldout_threshold(fraction: float) -> np.uint32:
+    return np.uint32(min(int(fraction * 2**32), 2**32 - 1))
+
+
+def is_heldout(task: ArithmeticTask, lhs, op, rhs) -> jax.Array:
+    """Boolean: does (lhs, op, rhs) belong to the held-out split of `task`?"""
+    return problem_hash(lhs, op, rhs, task.split_seed) < _heldout_threshold(task.heldout_fraction)
+
+
+def _operand_range(min_digits: int, max_digits: int) -> np.ndarray:
+    low = 0 if min_digits == 1 else 10 ** (min_digits - 1)
+    return np.arange(low, 10**max_digits, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _check_split_nonempty(min_digits, max_digits, ops, allow_negative, fraction, split_seed):
+    """Raises if the train or held-out split has no problem (the sampler would never stop)."""
+    values = _operand_range(min_digits, max_digits)
+    total = len(values) ** 2 * len(ops)
+    if total > _MAX_ENUMERATED_PROBLEMS:
+        if min(fraction, 1 - fraction) * total < 1000:
+            raise ValueError(f"ArithmeticTask.heldout_fraction={fraction} leaves a split with < 1000 of {total} problems")
+        return
+    lhs, rhs = np.meshgrid(values, values, indexing="ij")
+    threshold = _heldout_threshold(fraction)
+    n_heldout, n_total = 0, 0
+    for op in ops:
+        keep = (lhs >= rhs) if (op == "-" and not allow_negative) else np.ones_like(lhs, bool)
+        with np.errstate(over="ignore"):
+            h = _problem_hash(np, lhs[keep], cv.OPERATORS.index(op), rhs[keep], split_seed)
+        n_heldout += int(np.sum(h < threshold))
+        n_total += int(keep.sum())
+    if n_heldout == 0 or n_heldout == n_total:
+        raise ValueError(
+            f"ArithmeticTask.heldout_fraction={fraction} (split_seed={split_seed}) puts {n_heldout} of {n_total} "
+            "problems in the held-out split; both splits must be non-empty"
+        )
+
+
+# ----------------------------------------------------------------------------- tokens
+
+
+def _digits_msb(x_b: jax.Array, width: int) -> tuple[jax.Array, jax.Array]:
+    """Digit tokens `[b, width]` of x >= 0, most significant first, and their validity
+    (leading zeros invalid; 0 itself is the single digit '0')."""
+    powers = 10 ** jnp.arange(width - 1, -1, -1, dtype=jnp.int32)
+    digits = (x_b[:, None] // powers) % 10
+    n_digits = 1 + jnp.sum(x_b[:, None] >= powers[None, :-1], axis=1)  # thresholds 10^(width-1)..10
+    valid = jnp.arange(width)[None, :] >= (width - n_digits)[:, None]
+    return (cv.DIGIT0_ID + digits).astype(jnp.int32), valid
+
+
+def _const(token_id: int, b: int, valid=True) -> tuple[jax.Array, jax.Array]:
+    return jnp.full((b, 1), token_id, jnp.int32), jnp.broadcast_to(jnp.asarray(valid), (b,))[:, None]
+
+
+def pack(pieces, length: int, left_pad: bool) -> tuple[jax.Array, jax.Array]:
+    """Concatenates (tokens_bw, valid_bw) pieces, keeps the valid tokens in order and
+    pads them to `[b, length]`: at the end (`left_pad=False`) or the start. Returns
+    (tokens_bl, mask_bl) int32; `length` must be >= the most valid tokens of a row."""
+    tokens = jnp.concatenate([t for t, _ in pieces], axis=1)
+    valid = jnp.concatenate([v for _, v in pieces], axis=1).astype(jnp.int32)
+    rank = jnp.cumsum(valid, axis=1) - 1
+    start = (length - jnp.sum(valid, axis=1, keepdims=True)) if left_pad else 0
+    slot = jnp.where(valid == 1, rank + start, length)  # invalid tokens go out of range
+
+    def row(tok_w, slot_w):
+        out = jnp.full((length,), cv.PAD_ID, jnp.int32).at[slot_w].set(tok_w, mode="drop")
+        mask = jnp.zeros((length,), jnp.int32).at[slot_w].set(1, mode="drop")
+        return out, mask
+
+    return jax.vmap(row)(tokens, slot)
+
+
+def _answer_body_pieces(task: ArithmeticTask, answer_b: jax.Array):
+    b = answer_b.shape[0]
+    digits, valid = _digits_msb(jnp.abs(answer_b), task.answer_width)
+    sign = _const(cv.MINUS_ID, b, answer_b < 0)
+    forward = (digits, valid)
+    backward = (digits[:, ::-1], valid[:, ::-1])
+    if task.answer_format == "plain":
+        return [sign, forward]
+    if task.answer_format == "reversed":
+        return [sign, backward]
+    return [backward, _const(cv.SEMICOLON_ID, b), sign, forward]
+
+
+def make_problems(task: ArithmeticTask, lhs_b, op_b, rhs_b) -> Problems:
+    """Tokenises given problems (op_b indexes `char_vocab.OPERATORS`); jit-able."""
+    lhs_b, op_b, rhs_b = (jnp.asarray(x, jnp.int32) for x in (lhs_b, op_b, rhs_b))
+    b = lhs_b.shape[0]
+    answer_b = jnp.select([op_b == 0, op_b == 1], [lhs_b + rhs_b, lhs_b - rhs_b], lhs_b * rhs_b)
+    op_tokens = (cv.PLUS_ID + op_b)[:, None]  # '+', '-', '*' ids are contiguous
+    prompt_tokens, prompt_mask = pack(
+        [_const(cv.BOS_ID, b), _digits_msb(lhs_b, task.max_digits), (op_tokens, jnp.ones((b, 1), bool)),
+         _digits_msb(rhs_b, task.max_digits), _const(cv.EQUALS_ID, b)],
+        task.prompt_len, left_pad=True)
+    target_tokens, target_mask = pack(_answer_body_pieces(task, answer_b) + [_const(cv.EOS_ID, b)],
+                                      task.answer_len, left_pad=False)
+    return Problems(prompt_tokens, prompt_mask, lhs_b, op_b, rhs_b, answer_b, target_tokens, target_mask,
+                    jnp.sum(target_mask, axis=1))
+
+
+assert (cv.MINUS_ID, cv.TIMES_ID) == (cv.PLUS_ID + 1, cv.PLUS_ID + 2)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def _draw_candidates(task: ArithmeticTask, key: jax.Array, shape) -> tuple[jax.Array, jax.Array, jax.Array]:
+    k_op, k_nl, k_nr, k_l, k_r = jax.random.split(key, 5)
+    op_ids = jnp.asarray([cv.OPERATORS.index(op) for op in task.ops], jnp.int32)
+    op = op_ids[jax.random.randint(k_op, shape, 0, len(task.ops))]
+
+    def operand(k_n, k_v):
+        n = jax.random.randint(k_n, shape, task.min_digits, task.max_digits + 1)
+        low = jnp.where(n == 1, 0, 10 ** (n - 1))
+        return jax.random.randint(k_v, shape, low, 10**n)
+
+    lhs, rhs = operand(k_nl, k_l), operand(k_nr, k_r)
+    if not task.allow_negative:
+        swap = (op == cv.OPERATORS.index("-")) & (lhs < rhs)
+        lhs, rhs = jnp.where(swap, rhs, lhs), jnp.where(swap, lhs, rhs)
+    return lhs, op, rhs
+
+
+def sample_operands(task: ArithmeticTask, rng: jax.Array, batch: int, split: str = "train"):
+    """(lhs_b, op_b, rhs_b) drawn from `split` by rejection (a while_loop over rounds of
+    `_CANDIDATES_PER_ROUND` candidates per row; the first in-split candidate wins)."""
+    if split not in SPLITS:
+        raise ValueError(f"sample_problems: split={split!r}; expected one of {SPLITS}")
+    want_heldout = split == "heldout"
+
+    def cond(state):
+        return ~jnp.all(state[-1])
+
+    def body(state):
+        key, lhs, op, rhs, done = state
+        key, sub = jax.random.split(key)
+        c_lhs, c_op, c_rhs = _draw_candidates(task, sub, (batch, _CANDIDATES_PER_ROUND))
+        ok = is_heldout(task, c_lhs, c_op, c_rhs) == want_heldout
+        first = jnp.argmax(ok, axis=1)
+        found = jnp.any(ok, axis=1)
+        take = found & ~done
+        pick = lambda c, old: jnp.where(take, jnp.take_along_axis(c, first[:, None], axis=1)[:, 0], old)
+        return key, pick(c_lhs, lhs), pick(c_op, op), pick(c_rhs, rhs), done | found
+
+    zeros = jnp.zeros((batch,), jnp.int32)
+    state = (rng, zeros, zeros, zeros, jnp.zeros((batch,), bool))
+    _, lhs, op, rhs, _ = jax.lax.while_loop(cond, body, state)
+    return lhs, op, rhs
+
+
+def sample_problems(task: ArithmeticTask, rng: jax.Array, batch: int, split: str = "train") -> Problems:
+    """`batch` random problems of `split` ('train' or 'heldout'); pure, jit/vmap/scan-able."""
+    return make_problems(task, *sample_operands(task, rng, batch, split))
+
+
+# ----------------------------------------------------------------------------- reward
+
+
+def _fit_width(x_bt: jax.Array, width: int, fill: int) -> jax.Array:
+    t = x_bt.shape[1]
+    if t >= width:
+        return x_bt[:, :width]
+    return jnp.pad(x_bt, ((0, 0), (0, width - t)), constant_values=fill)
+
+
+def target_matches(task: ArithmeticTask, problems: Problems, response_tokens_bt, response_mask_bt):
+    """Boolean `[b, answer_len]`: response position i holds target token i with mask 1.
+
+    Only target positions (i < target_len) are meaningful; a response shorter than
+    answer_len counts as masked there. Tokens after the target's EOS are not read:
+    generation ends at the first EOS.
+    """
+    tokens = _fit_width(jnp.asarray(response_tokens_bt, jnp.int32), task.answer_len, cv.PAD_ID)
+    mask = _fit_width(jnp.asarray(response_mask_bt, jnp.int32), task.answer_len, 0)
+    return (tokens == problems.target_tokens_ba) & (mask == 1) & (problems.target_mask_ba == 1)
+
+
+def reward(task: ArithmeticTask, problems: Problems, response_tokens_bt, response_mask_bt) -> jax.Array:
+    """float32 `[b]` reward of responses `[b, t]` (generated tokens, mask 1 where valid).
+
+    exact: 1.0 iff the response's first target_len tokens are the answer then EOS
+    (so an extra digit, a wrong digit or a missing/masked EOS give 0.0).
+    per_token: fraction of the target_len positions that match (see ArithmeticTask).
+    """
+    match = target_matches(task, problems, response_tokens_bt, response_mask_bt)
+    n_match = jnp.sum(match, axis=1)
+    if task.reward_mode == "exact":
+        return (n_match == problems.target_len_b).astype(jnp.float32)
+    return n_match.astype(jnp.float32) / problems.target_len_b.astype(jnp.float32)
+
+
+def first_error_position(task: ArithmeticTask, problems: Problems, response_tokens_bt, response_mask_bt):
+    """int32 `[b]`: 0-based first target position the response gets wrong, or target_len if none."""
+    match = target_matches(task, problems, response_tokens_bt, response_mask_bt)
+    wrong = (~match) & (problems.target_mask_ba == 1)
+    return jnp.where(jnp.any(wrong, axis=1), jnp.argmax(wrong, axis=1), problems.target_len_b).astype(jnp.int32)
+
+
+def solution_tokens(task: ArithmeticTask, problems: Problems) -> tuple[jax.Array, jax.Array]:
+    """A correct answer (target without the EOS) as (tokens_ba, mask_ba), right-padded."""
+    body = problems.target_mask_ba * (jnp.arange(task.answer_len)[None, :] < problems.target_len_b[:, None] - 1)
+    return jnp.where(body == 1, problems.target_tokens_ba, cv.PAD_ID), body.astype(jnp.int32)
+
+
+def feedback_tokens(task: ArithmeticTask, problems: Problems, response_tokens_bt, response_mask_bt):
+    """Environment feedback for SDPO teacher contexts, `(tokens, mask)` of `[b, feedback_len]`.
+
+    position style: `<correct>` or `<wrong><at>k` with k the 1-based first wrong target
+      position (k = target_len means the EOS was missing or wrong).
+    reveal style: `<correct><answer>ANSWER` or `<wrong><answer>ANSWER`.
+    """
+    b = problems.lhs_b.shape[0]
+    error_pos = first_error_position(task, problems, response_tokens_bt, response_mask_bt)
+    correct = error_pos == problems.target_len_b
+    verdict = (jnp.where(correct, cv.CORRECT_ID, cv.WRONG_ID)[:, None].astype(jnp.int32), jnp.ones((b, 1), bool))
+    if task.feedback_style == "position":
+        digits, valid = _digits_msb(error_pos + 1, len(str(task.answer_len)))
+        pieces = [verdict, _const(cv.AT_ID, b, ~correct), (digits, valid & ~correct[:, None])]
+    else:
+        pieces = [verdict, _const(cv.ANSWER_ID, b), solution_tokens(task, problems)]
+    return pack(pieces, task.feedback_len, left_pad=False)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def prompt_and_target(problems: Problems) -> tuple[jax.Array, jax.Array]:
+    """Teacher-forcing input `[b, prompt_len + answer_len]`: prompt then target, and mask."""
+    tokens = jnp.concatenate([problems.prompt_tokens_bp, problems.target_tokens_ba], axis=1)
+    mask = jnp.concatenate([problems.prompt_mask_bp, problems.target_mask_ba], axis=1)
+    return tokens, mask
+
+
+def target_logits(model_config: qwen3.Qwen3Config, params, problems: Problems) -> jax.Array:
+    """float32 logits `[b, answer_len, V]`: row i predicts target token i given the prompt
+    and target tokens < i (one teacher-forced forward)."""
+    tokens, mask = prompt_and_target(problems)
+    logits_btv, _ = qwen3.forward(model_config, params, tokens, mask)
+    p, a = problems.prompt_tokens_bp.shape[1], problems.target_tokens_ba.shape[1]
+    return logits_btv[:, p - 1 : p + a - 1]
+
+
+def greedy_correct(model_config: qwen3.Qwen3Config, params, problems: Problems) -> jax.Array:
+    """Boolean `[b]`: would greedy decoding produce exactly the target (answer then EOS)?
+
+    Equals teacher-forced argmax reproducing every target token: greedy decoding feeds
+    back its own argmax, which is the target token as long as every earlier prediction
+    matched, and the first mismatch makes the greedy output wrong at that position.
+    """
+    pred = jnp.argmax(target_logits(model_config, params, problems), axis=-1)
+    ok = (pred == problems.target_tokens_ba) | (problems.target_mask_ba == 0)
+    return jnp.all(ok, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "task", "n"))
+def heldout_accuracy(model_config: qwen3.Qwen3Config, params, task: ArithmeticTask, n: int, rng: jax.Array):
+    """Greedy exact-match accuracy (float32 scalar) on `n` held-out problems drawn with `rng`
+    (pass a fixed key to evaluate on the same problems every time)."""
+    problems = sample_problems(task, rng, n, split="heldout")
+    return jnp.mean(greedy_correct(model_config, params, problems).astype(jnp.float32))
