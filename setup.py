@@ -22,10 +22,13 @@ setup(
         "numpy>=1.26",
         "matplotlib>=3.8",  # training curves and paper figures (PNG)
         "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
+        "tqdm>=4.66",  # console progress bar
+        "absl-py>=1.4",  # command-line flags of the experiment scripts (ml-collections config_flags)
+        "math-verify>=0.7",  # answer equivalence for math rewards (pipo_jax.tasks.math)
     ],
     extras_require={
         # torch (CPU is enough) runs the Hugging Face reference model in parity tests.
-        "test": ["pytest>=8", "torch>=2.3"],
+        "test": ["pytest>=8", "torch>=2.3", "pyarrow>=14"],
         "data": ["tensorflow-datasets>=4.9", "pyarrow>=14"],
         "track": ["wandb>=0.17"],
     },

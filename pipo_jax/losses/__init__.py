@@ -1,1 +1,19 @@
-"""Loss math: advantages, policy losses, self-distillation, the PIPO controller."""
+"""Loss math: advantages, policy losses, self-distillation, the PIPO controller (SPEC 1-3).
+
+Modules (one concept each; all functions are pure and jit/vmap-able):
+    aggregation   loss_agg_mode reductions with global token / sequence counts
+    advantages    GAE + masked whitening, group-relative advantages, DAPO filter / overlong
+    policy        token clip (asymmetric eps, dual clip), GSPO sequence ratio
+    kl            k1 / k2 / k3 KL-to-reference estimators and the KL loss term
+    entropy       per-token entropy from logits
+    value         clipped value loss (PPO critic)
+    distill       SDPO generalised JSD / reverse-KL token loss, IS weight, attribution, EMA
+    pipo          PipoState, window statistics, xi, rectifier, attributions, PI rewards / loss
+    theory        eta(p, G) of Theorem 6.2, its asymptote, the Monte-Carlo bandit check
+    dynamic_sampling  host-side DAPO dynamic-sampling accumulation
+    registry      name -> function tables (an algorithm is a config)
+
+The composite functions are wrapped in `jax.jit` with their configuration arguments (modes,
+eps, group sizes, ...) static, so an eager call compiles once per shape and configuration;
+inside a jitted trainer step the wrappers inline.
+"""

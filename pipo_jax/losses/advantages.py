@@ -16,6 +16,8 @@ response mask `mask_bt` (1 = valid). Outputs are zero at padded positions.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -23,6 +25,7 @@ from pipo_jax.losses.kl import kl_estimate
 from pipo_jax.losses.masking import as_mask, last_valid_index, masked_mean
 
 
+@jax.jit
 def outcome_token_rewards(seq_rewards_b, mask_bt):
     """[B, T] zeros except the sequence reward at each row's last valid token (empty rows: all 0)."""
     m = as_mask(mask_bt)
@@ -31,6 +34,7 @@ def outcome_token_rewards(seq_rewards_b, mask_bt):
     return jnp.where(at_last_bt, jnp.asarray(seq_rewards_b, jnp.float32)[:, None], 0.0)
 
 
+@functools.partial(jax.jit, static_argnames=("estimator",))
 def kl_penalized_token_rewards(token_rewards_bt, logp_old_bt, logp_ref_bt, mask_bt, *, beta, estimator="k1"):
     """PPO `kl_in_reward`: r_t - beta * KL_t(logp_old, logp_ref) on valid tokens, [B, T]."""
     m = as_mask(mask_bt)
@@ -43,6 +47,7 @@ def sequence_rewards(token_rewards_bt, mask_bt):
     return jnp.sum(jnp.where(as_mask(mask_bt) > 0, token_rewards_bt, 0.0), axis=-1)
 
 
+@functools.partial(jax.jit, static_argnames=("gamma", "lam"))
 def gae(token_rewards_bt, values_bt, mask_bt, *, gamma: float = 1.0, lam: float = 1.0):
     """Generalised advantage estimation by a reverse scan over time.
 
@@ -68,6 +73,7 @@ def gae(token_rewards_bt, values_bt, mask_bt, *, gamma: float = 1.0, lam: float 
     return adv_bt, (adv_bt + values_bt) * m
 
 
+@functools.partial(jax.jit, static_argnames=("eps",))
 def masked_whiten(x_bt, mask_bt, eps: float = 1e-8):
     """(x - mean) / sqrt(var + eps) over valid entries, unbiased var (n-1; n=1 gives var 0). Zero at padding."""
     m = as_mask(mask_bt)
@@ -85,6 +91,7 @@ def _groups(rewards_b, group_size: int):
     return rewards_b.reshape(-1, group_size)
 
 
+@functools.partial(jax.jit, static_argnames=("group_size", "std_ddof", "norm_by_std", "eps"))
 def group_relative_advantages(
     rewards_b, group_size: int, *, std_ddof: int = 0, norm_by_std: bool = True, eps: float = 1e-6
 ):
@@ -114,6 +121,7 @@ def broadcast_over_tokens(values_b, mask_bt):
     return jnp.asarray(values_b, jnp.float32)[:, None] * m
 
 
+@functools.partial(jax.jit, static_argnames=("group_size",))
 def dapo_group_filter(rewards_b, group_size: int):
     """DAPO dynamic-sampling filter: keep groups whose rewards are not all equal (keep size-1 groups).
 
@@ -130,6 +138,7 @@ def dapo_group_filter(rewards_b, group_size: int):
     return keep_p, jnp.repeat(keep_p, group_size), counts
 
 
+@functools.partial(jax.jit, static_argnames=("group_size", "success_threshold"))
 def group_outcome_counts(rewards_b, group_size: int, *, success_threshold: float = 1.0):
     """Solve-rate histogram of groups: {"all_fail", "mixed", "all_success"} int32 counts.
 
@@ -142,6 +151,7 @@ def group_outcome_counts(rewards_b, group_size: int, *, success_threshold: float
     return {"all_fail": all_fail, "mixed": n_solved_p.shape[0] - all_fail - all_success, "all_success": all_success}
 
 
+@functools.partial(jax.jit, static_argnames=("max_len", "buffer", "factor"))
 def overlong_penalty(lengths_b, *, max_len: int, buffer: int, factor: float = 1.0):
     """DAPO overlong shaping: min(-(len - L_exp) / buffer * factor, 0) with L_exp = max_len - buffer. [B]."""
     if not 0 < buffer <= max_len:

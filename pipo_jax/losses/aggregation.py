@@ -25,8 +25,9 @@ Public signature (used by every loss in this package and by the registry):
 
 from __future__ import annotations
 
-from typing import Optional
+import functools
 
+import jax
 import jax.numpy as jnp
 
 from pipo_jax.losses.masking import as_mask
@@ -61,6 +62,7 @@ def token_mean(values_bt, mask_bt, num_tokens=None):
     return jnp.sum(values_bt * m) / _count_or_local(num_tokens, jnp.sum(m))
 
 
+@functools.partial(jax.jit, static_argnames=("mode", "norm_length"))
 def aggregate(
     loss_bt,
     mask_bt,
@@ -68,7 +70,7 @@ def aggregate(
     *,
     num_tokens=None,
     num_seqs=None,
-    norm_length: Optional[float] = None,
+    norm_length: float | None = None,
 ):
     """Scalar loss from `loss_bt` [B, T] by `mode` (see module docstring for the formulas)."""
     check_agg_mode(mode)

@@ -26,7 +26,7 @@ pass `num_tokens` counted over mask * sd_mask of the whole mini-batch.
 
 from __future__ import annotations
 
-from typing import Optional
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,8 @@ from pipo_jax.losses.masking import as_mask
 _TAIL_LOG_MASS_MAX = -1e-7  # keeps log(1 - sum p) finite when the top-k hold all the mass
 
 
-def student_topk_with_tail(student_logp_btv, teacher_logp_btv, k: Optional[int], *, add_tail: bool = True):
+@functools.partial(jax.jit, static_argnames=("k", "add_tail"))
+def student_topk_with_tail(student_logp_btv, teacher_logp_btv, k: int | None, *, add_tail: bool = True):
     """Distillation support from the student's top-k tokens. Returns (student_btn, teacher_btn).
 
     Both are gathered at the *student's* top-k indices (selection is not differentiated). With
@@ -70,6 +71,7 @@ def _kl(logp_p, logp_q):
     return jnp.sum(jnp.where(p > 0, p * (logp_p - logp_q), 0.0), axis=-1)
 
 
+@functools.partial(jax.jit, static_argnames=("alpha",))
 def generalized_jsd(student_logp_btn, teacher_logp_btn, alpha: float = 0.5):
     """Per-token generalised JSD [B, T]; the teacher is under stop_gradient. `alpha` is static."""
     if not 0.0 <= alpha <= 1.0:
@@ -88,7 +90,7 @@ def reverse_kl_token_loss(logp_bt, logp_teacher_bt):
     return jax.lax.stop_gradient(logp_bt - logp_teacher_bt) * logp_bt
 
 
-def importance_weight(logp_bt, logp_old_bt, is_clip: Optional[float] = 2.0):
+def importance_weight(logp_bt, logp_old_bt, is_clip: float | None = 2.0):
     """sg(min(exp(clip(logp - logp_old, -20, 20)), is_clip)), [B, T]; `is_clip=None` leaves it unclipped."""
     w = jnp.exp(jnp.clip(logp_bt - logp_old_bt, -20.0, 20.0))
     if is_clip is not None:
@@ -113,6 +115,7 @@ def _sdpo_finish(per_token_bt, logp_bt, logp_old_bt, logp_teacher_bt, mask_bt, s
     return loss, metrics
 
 
+@functools.partial(jax.jit, static_argnames=("is_clip", "loss_agg_mode", "norm_length"))
 def sdpo_token_loss(
     logp_bt,
     logp_old_bt,
@@ -120,7 +123,7 @@ def sdpo_token_loss(
     mask_bt,
     *,
     logp_teacher_bt,
-    is_clip: Optional[float] = 2.0,
+    is_clip: float | None = 2.0,
     sd_mask_b=None,
     loss_agg_mode: str = "token-mean",
     num_tokens=None,
@@ -130,10 +133,11 @@ def sdpo_token_loss(
     """SDPO token-level reverse-KL loss, IS-weighted, aggregated over mask * sd_mask. (loss, metrics)."""
     del adv_bt  # the teacher log-probs are the target
     per_token_bt = reverse_kl_token_loss(logp_bt, jax.lax.stop_gradient(logp_teacher_bt))
-    cfg = dict(loss_agg_mode=loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+    cfg = {'loss_agg_mode': loss_agg_mode, 'num_tokens': num_tokens, 'num_seqs': num_seqs, 'norm_length': norm_length}
     return _sdpo_finish(per_token_bt, logp_bt, logp_old_bt, logp_teacher_bt, mask_bt, sd_mask_b, is_clip, cfg)
 
 
+@functools.partial(jax.jit, static_argnames=("alpha", "is_clip", "loss_agg_mode", "norm_length"))
 def sdpo_jsd_loss(
     logp_bt,
     logp_old_bt,
@@ -143,7 +147,7 @@ def sdpo_jsd_loss(
     student_distill_logp_btn,
     teacher_distill_logp_btn,
     alpha: float = 0.5,
-    is_clip: Optional[float] = 2.0,
+    is_clip: float | None = 2.0,
     sd_mask_b=None,
     logp_teacher_bt=None,
     loss_agg_mode: str = "token-mean",
@@ -157,7 +161,7 @@ def sdpo_jsd_loss(
     """
     del adv_bt
     per_token_bt = generalized_jsd(student_distill_logp_btn, teacher_distill_logp_btn, alpha)
-    cfg = dict(loss_agg_mode=loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+    cfg = {'loss_agg_mode': loss_agg_mode, 'num_tokens': num_tokens, 'num_seqs': num_seqs, 'norm_length': norm_length}
     return _sdpo_finish(per_token_bt, logp_bt, logp_old_bt, logp_teacher_bt, mask_bt, sd_mask_b, is_clip, cfg)
 
 
@@ -167,6 +171,7 @@ def token_attribution(logp_teacher_bt, logp_student_bt, mask_bt):
     return jnp.where(m > 0, logp_teacher_bt - logp_student_bt, 0.0)
 
 
+@functools.partial(jax.jit, static_argnames=("group_size", "success_threshold"))
 def select_demonstrations(rewards_b, group_size: int, *, success_threshold: float = 1.0):
     """For each response, the first *other* response of its group with reward >= threshold.
 
@@ -185,6 +190,7 @@ def select_demonstrations(rewards_b, group_size: int, *, success_threshold: floa
     return jnp.where(has_pg, row_pg, -1).reshape(-1).astype(jnp.int32), has_pg.reshape(-1)
 
 
+@functools.partial(jax.jit, static_argnames=("rate",))
 def ema_update(teacher_params, student_params, rate: float = 0.05):
     """teacher <- (1 - rate) * teacher + rate * student, leaf-wise, keeping each teacher dtype."""
     if not 0.0 <= rate <= 1.0:

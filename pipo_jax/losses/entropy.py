@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 
+@jax.jit
 def token_entropy(logits_btv):
     """H = logsumexp(z) - sum_v softmax(z)_v z_v over the last axis, computed in float32. [B, T]."""
     z = jnp.asarray(logits_btv, jnp.float32)

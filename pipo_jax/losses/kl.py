@@ -13,6 +13,9 @@ trainer); PPO puts k1 into the reward (`advantages.kl_penalized_token_rewards`).
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 
 from pipo_jax.losses.aggregation import aggregate
@@ -37,6 +40,7 @@ def kl_k3(logp_bt, logp_ref_bt):
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
+@functools.partial(jax.jit, static_argnames=("estimator",))
 def kl_estimate(logp_bt, logp_ref_bt, estimator: str):
     """Per-token KL estimate [B, T] by name ("k1", "k2", "k3")."""
     if estimator not in KL_ESTIMATORS:
@@ -44,6 +48,7 @@ def kl_estimate(logp_bt, logp_ref_bt, estimator: str):
     return KL_ESTIMATORS[estimator](logp_bt, logp_ref_bt)
 
 
+@functools.partial(jax.jit, static_argnames=("estimator", "loss_agg_mode", "norm_length"))
 def kl_loss(
     logp_bt,
     logp_ref_bt,

@@ -23,6 +23,7 @@ loss, they add up across micro-batches: "pg_clipfrac" (tokens where the clip is 
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import jax
@@ -100,6 +101,10 @@ def _finish(loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, mode, n
     return loss, metrics
 
 
+_CLIP_STATIC = ("loss_agg_mode", "eps_low", "eps_high", "clip_ratio_c", "lower_clip_negative_adv", "norm_length")
+
+
+@functools.partial(jax.jit, static_argnames=_CLIP_STATIC)
 def token_clip_loss(
     logp_bt,
     logp_old_bt,
@@ -124,9 +129,12 @@ def token_clip_loss(
         clip_ratio_c=clip_ratio_c,
         lower_clip_negative_adv=lower_clip_negative_adv,
     )
-    return _finish(loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, loss_agg_mode, num_tokens, num_seqs, norm_length)
+    return _finish(
+        loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, loss_agg_mode, num_tokens, num_seqs, norm_length
+    )
 
 
+@functools.partial(jax.jit, static_argnames=tuple(n for n in _CLIP_STATIC if n != "clip_ratio_c"))
 def gspo_loss(
     logp_bt,
     logp_old_bt,
@@ -150,9 +158,12 @@ def gspo_loss(
         clip_ratio_c=0.0,
         lower_clip_negative_adv=lower_clip_negative_adv,
     )
-    return _finish(loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, loss_agg_mode, num_tokens, num_seqs, norm_length)
+    return _finish(
+        loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, loss_agg_mode, num_tokens, num_seqs, norm_length
+    )
 
 
+@functools.partial(jax.jit, static_argnames=("eps_low", "eps_high"))
 def gspo_sequence_loss_reference(logp_bt, logp_old_bt, adv_b, mask_bt, *, eps_low=3e-4, eps_high=4e-4, num_seqs=None):
     """Plain sequence form of GSPO: mean over non-empty rows of max(-A s_i, -A clip(s_i)). Scalar.
 

@@ -9,11 +9,15 @@
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 
 from pipo_jax.losses.aggregation import aggregate, token_mean
 
 
+@functools.partial(jax.jit, static_argnames=("cliprange_value", "loss_agg_mode", "norm_length"))
 def clipped_value_loss(
     values_bt,
     values_old_bt,

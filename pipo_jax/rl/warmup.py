@@ -44,8 +44,23 @@ def answer_loss(model_config: qwen3.Qwen3Config, params, problems: arithmetic.Pr
     return jnp.sum(nll_ba * mask) / jnp.sum(mask)
 
 
+def _seed_keys(seed: int):
+    """(init, train, eval) keys of a warm-up seed."""
+    return jax.random.split(jax.random.PRNGKey(seed), 3)
+
+
+def initial_params(model_config: qwen3.Qwen3Config, seed: int):
+    """The random params `warmup(..., seed=seed)` starts from."""
+    return qwen3.init_params(model_config, _seed_keys(seed)[0])
+
+
+@functools.lru_cache(maxsize=32)
 def make_optimizer(lr: float, weight_decay: float = 0.01, warmup_steps: int = 20, clip_norm: float = 1.0):
-    """Global-norm clipping then AdamW with a linear learning-rate warm-up to a constant `lr`."""
+    """Global-norm clipping then AdamW with a linear learning-rate warm-up to a constant `lr`.
+
+    Cached, so equal settings give the same (static, hashable) object and `train_chunk`
+    compiles once per shape across warm-up runs (e.g. several seeds).
+    """
     schedule = optax.linear_schedule(0.0, lr, max(warmup_steps, 1))
     return optax.chain(optax.clip_by_global_norm(clip_norm), optax.adamw(schedule, weight_decay=weight_decay))
 
@@ -82,12 +97,15 @@ def warmup(
     eval_n: int = 512,
     weight_decay: float = 0.01,
     lr_warmup_steps: int = 20,
+    params: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Trains a fresh `init_params(model_config, PRNGKey(seed))` for up to `steps` steps.
+    """Trains `params` (default: `initial_params(model_config, seed)`) for up to `steps` steps.
 
     Held-out accuracy is measured on the same `eval_n` held-out problems at step 0 and
     after every `eval_every` steps (and at the last step). With `target_accuracy` set,
-    training stops at the first evaluation with accuracy >= target_accuracy.
+    training stops at the first evaluation (step 0 included) with accuracy >=
+    target_accuracy. The seed drives the initial params, the train batches and the
+    held-out set; the result is a deterministic function of the arguments.
 
     Returns (params, metrics) with metrics:
       loss: float array `[steps_run]` (train loss of each step's batch, before its update),
@@ -107,17 +125,21 @@ def warmup(
         raise ValueError(f"warmup: target_accuracy={target_accuracy} must be in [0, 1]")
 
     start = time.perf_counter()
-    k_init, k_train, k_eval = jax.random.split(jax.random.PRNGKey(seed), 3)
-    params = qwen3.init_params(model_config, k_init)
+    _, k_train, k_eval = _seed_keys(seed)
+    if params is None:
+        params = initial_params(model_config, seed)
+    else:  # a copy: train_chunk donates its input buffers
+        params = jax.tree.map(jnp.array, params)
     optimizer = make_optimizer(lr, weight_decay, lr_warmup_steps)
     opt_state = optimizer.init(params)
 
     def evaluate():
         return float(arithmetic.heldout_accuracy(model_config, params, task, eval_n, k_eval))
 
-    eval_steps, accuracy, losses = [0], [evaluate()], []
-    done, stopped_early = 0, False
-    while done < steps:
+    eval_steps, accuracy, losses = [0], [evaluate()], [np.zeros((0,), np.float32)]
+    done = 0
+    reached = lambda: target_accuracy is not None and accuracy[-1] >= target_accuracy
+    while done < steps and not reached():
         n = min(eval_every, steps - done)
         params, opt_state, chunk_losses = train_chunk(
             model_config, task, optimizer, params, opt_state, jax.random.fold_in(k_train, done), batch=batch, num_steps=n)
@@ -125,9 +147,6 @@ def warmup(
         done += n
         eval_steps.append(done)
         accuracy.append(evaluate())
-        if target_accuracy is not None and accuracy[-1] >= target_accuracy:
-            stopped_early = done < steps
-            break
     metrics = {
         "loss": np.concatenate(losses),
         "eval_steps": eval_steps,
@@ -135,7 +154,7 @@ def warmup(
         "initial_accuracy": accuracy[0],
         "final_accuracy": accuracy[-1],
         "steps_run": done,
-        "stopped_early": stopped_early,
+        "stopped_early": done < steps,
         "wall_time_s": time.perf_counter() - start,
     }
     return params, metrics

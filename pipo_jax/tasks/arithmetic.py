@@ -50,11 +50,17 @@ _MAX_ENUMERATED_PROBLEMS = 4_000_000
 class ArithmeticTask:
     """Config of the arithmetic task (hashable: pass it as a static jit argument).
 
+    The defaults (1-2 digit '+'/'-', reversed answers) are the tiny CPU task: the
+    `rl.warmup` recipe brings a ~0.3M-parameter Qwen3 to ~30% held-out accuracy in
+    ~450 steps, with a steep learning phase ahead for RL.
+
     Fields:
       min_digits, max_digits: operand digit counts (inclusive), 1 <= min <= max; at most
         8 digits (4 with '*') so every answer fits in int32.
       ops: operators, a tuple (or string, e.g. "+-") drawn from '+', '-', '*'.
       allow_negative: False -> for '-' the larger operand comes first (answers >= 0).
+      pad_operands: write operands with leading zeros to exactly max_digits digits
+        (`<bos>047+085=`), so place values sit at fixed positions (easier to learn).
       answer_format: 'plain' | 'reversed' | 'worked' (module docstring).
       prompt_len: fixed prompt width; None -> the minimum `2 * max_digits + 3`.
       answer_len: fixed target / response width (answer tokens and EOS); None -> the
@@ -70,10 +76,11 @@ class ArithmeticTask:
     """
 
     min_digits: int = 1
-    max_digits: int = 3
+    max_digits: int = 2
     ops: tuple[str, ...] = ("+", "-")
     allow_negative: bool = False
-    answer_format: str = "plain"
+    pad_operands: bool = False
+    answer_format: str = "reversed"
     prompt_len: int | None = None
     answer_len: int | None = None
     heldout_fraction: float = 0.1
@@ -282,9 +289,14 @@ def make_problems(task: ArithmeticTask, lhs_b, op_b, rhs_b) -> Problems:
     b = lhs_b.shape[0]
     answer_b = jnp.select([op_b == 0, op_b == 1], [lhs_b + rhs_b, lhs_b - rhs_b], lhs_b * rhs_b)
     op_tokens = (cv.PLUS_ID + op_b)[:, None]  # '+', '-', '*' ids are contiguous
+
+    def operand(x_b):
+        digits, valid = _digits_msb(x_b, task.max_digits)
+        return digits, (jnp.ones_like(valid) if task.pad_operands else valid)
+
     prompt_tokens, prompt_mask = pack(
-        [_const(cv.BOS_ID, b), _digits_msb(lhs_b, task.max_digits), (op_tokens, jnp.ones((b, 1), bool)),
-         _digits_msb(rhs_b, task.max_digits), _const(cv.EQUALS_ID, b)],
+        [_const(cv.BOS_ID, b), operand(lhs_b), (op_tokens, jnp.ones((b, 1), bool)), operand(rhs_b),
+         _const(cv.EQUALS_ID, b)],
         task.prompt_len, left_pad=True)
     target_tokens, target_mask = pack(_answer_body_pieces(task, answer_b) + [_const(cv.EOS_ID, b)],
                                       task.answer_len, left_pad=False)

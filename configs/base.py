@@ -1,0 +1,180 @@
+"""The base ml-collections config every algorithm file starts from.
+
+An algorithm is a config: `configs/<algo>.py:get_config(preset)` takes this base, sets
+the algorithm's estimator / loss / attribution, then a preset (`tiny`, `qwen3_4b`,
+`qwen3_8b`). Every key is overridable on the command line, e.g.
+`--config=configs/grpo.py:tiny --config.pipo.enabled=true --config.pipo.lam=0.2`.
+`pipo_jax.rl.validate.validate_config` checks a config at start-up and names the key.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+PRESETS = ("tiny", "micro", "qwen3_4b", "qwen3_8b")
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.algorithm = "grpo"  # ppo | grpo | gspo | dapo | sdpo
+    c.seed = 0
+    c.iterations = 60
+
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "task_tiny"  # `task_tiny` (built-in task) or a qwen3 preset name
+    c.model.path = ""  # Hugging Face directory (config.json + safetensors); "" = random init
+    c.model.param_dtype = "float32"
+    c.model.dtype = "float32"
+    c.model.remat = "none"  # none | full | dots_saveable
+    c.model.logprob_impl = "auto"  # fused log-prob kernel: auto | reference | chunked | pallas
+
+    c.task = ml_collections.ConfigDict()
+    c.task.name = "arithmetic"  # the built-in JAX-reward task
+    c.task.min_digits = 1
+    c.task.max_digits = 2
+    c.task.ops = "+-"
+    c.task.answer_format = "plain"
+    c.task.reward_mode = "exact"
+    c.task.feedback_style = "position"
+    c.task.heldout_fraction = 0.1
+    c.task.split_seed = 0
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.prompts_per_batch = 16  # P prompts per iteration (train batch, in prompts)
+    c.rollout.group_size = 8  # G responses per prompt
+    c.rollout.max_new_tokens = 0  # 0 = the task's answer length
+    c.rollout.temperature = 1.0
+    c.rollout.top_k = 0  # 0 = off
+    c.rollout.top_p = 1.0
+
+    c.train = ml_collections.ConfigDict()
+    c.train.lr = 1e-6
+    c.train.weight_decay = 0.01
+    c.train.adam_b1 = 0.9
+    c.train.adam_b2 = 0.999
+    c.train.grad_clip = 1.0
+    c.train.mini_batch_prompts = 8  # prompts per optimizer step (paper: 64 of 128)
+    c.train.micro_batch_size = 0  # sequences per gradient-accumulation step; 0 = whole mini-batch
+    c.train.epochs = 1
+    c.train.shuffle = True
+
+    c.advantage = ml_collections.ConfigDict()
+    c.advantage.estimator = "grpo"  # grpo | gae | none
+    c.advantage.std_ddof = 0
+    c.advantage.norm_by_std = True
+    c.advantage.gamma = 1.0
+    c.advantage.lam = 1.0
+
+    c.loss = ml_collections.ConfigDict()
+    c.loss.policy = "token_clip"  # token_clip | gspo | sdpo_jsd | sdpo_token
+    c.loss.clip_low = 0.2
+    c.loss.clip_high = 0.2
+    c.loss.clip_ratio_c = 3.0  # dual clip; 0 disables
+    c.loss.agg_mode = "seq-mean-token-mean"
+    c.loss.kl_coef = 0.001
+    c.loss.kl_estimator = "k3"
+    c.loss.kl_in_reward = False  # PPO: k1 penalty in the token rewards instead of a loss term
+    c.loss.entropy_coef = 0.0
+
+    c.critic = ml_collections.ConfigDict()  # PPO only
+    c.critic.lr = 1e-5
+    c.critic.cliprange_value = 0.5
+
+    c.dapo = ml_collections.ConfigDict()
+    c.dapo.dynamic_sampling = False
+    c.dapo.gen_prompts_per_batch = 0  # 0 = rollout.prompts_per_batch
+    c.dapo.max_num_gen_batches = 10
+    c.dapo.overlong_buffer = 0  # 0 = overlong shaping off
+    c.dapo.overlong_factor = 1.0
+
+    c.sdpo = ml_collections.ConfigDict()
+    c.sdpo.alpha = 0.5
+    c.sdpo.topk = 100
+    c.sdpo.teacher = "ema"  # ema | live
+    c.sdpo.ema_rate = 0.05
+    c.sdpo.success_threshold = 1.0
+    c.sdpo.is_clip = 2.0
+    c.sdpo.use_feedback = True  # environment feedback when no sibling succeeded
+
+    c.pipo = ml_collections.ConfigDict()
+    c.pipo.enabled = False
+    c.pipo.attribution = "group"  # group | gae | sdpo_token (set by the algorithm file)
+    c.pipo.window = 8  # K
+    c.pipo.lam = 0.1
+    c.pipo.lr = 1e-6  # alpha_PI
+    c.pipo.compat = False  # authors' code behaviour (ddof 0, no lower clip for rhat < 0, run at c == 0)
+
+    c.warmup = ml_collections.ConfigDict()  # supervised warm-up of the built-in task's base model
+    c.warmup.enabled = True
+    c.warmup.steps = 400
+    c.warmup.batch = 64
+    c.warmup.lr = 3e-3
+    c.warmup.target_accuracy = 0.3
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every = 20  # iterations; 0 = only at start and end
+    c.eval.n = 512
+
+    c.log = ml_collections.ConfigDict()
+    c.log.every = 5  # iterations per jitted lax.scan chunk between host logging points
+    c.log.jit_loop = True  # scan the whole iteration when the reward is JAX-native
+    c.log.tensorboard = True
+    c.log.wandb = False
+    c.log.wandb_project = "pipo_jax"
+    c.log.progress = True
+    c.log.plots = True
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every = 0  # iterations; 0 = only at the end
+    c.checkpoint.keep = 3
+    c.checkpoint.resume = True
+    c.checkpoint.export_hf = True
+    return c
+
+
+def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.ConfigDict:
+    """Sets the run size: `tiny` (CPU main job), `micro` (tests), `qwen3_4b` / `qwen3_8b` (paper Table 5)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {PRESETS}")
+    if preset in ("tiny", "micro"):
+        c.model.preset = "task_tiny"
+        c.iterations = 200
+        c.rollout.prompts_per_batch = 32
+        c.train.mini_batch_prompts = 16
+        c.train.lr = 1e-4  # alpha_std; the paper's 1e-6 is for 4B/8B models
+        c.pipo.lr = 1e-4  # alpha_PI = alpha_std, as in the paper
+        c.critic.lr = 1e-4
+        c.eval.every = 20
+    if preset == "micro":
+        c.iterations = 3
+        c.task.reward_mode = "per_token"  # graded rewards: a random model still gets signal
+        c.rollout.prompts_per_batch = 4
+        c.rollout.group_size = 4
+        c.train.mini_batch_prompts = 2
+        c.pipo.window = 2
+        c.warmup.steps = 2
+        c.warmup.batch = 8
+        c.warmup.target_accuracy = None
+        c.eval.n = 16
+        c.eval.every = 0
+        c.log.every = 3
+        c.log.progress = False
+        c.log.plots = False
+        c.log.tensorboard = False
+    if preset in ("qwen3_4b", "qwen3_8b"):
+        c.model.preset = preset
+        c.model.path = ""  # must be set: --config.model.path=/path/to/Qwen3-4B
+        c.model.param_dtype = "bfloat16"
+        c.model.dtype = "bfloat16"
+        c.model.remat = "full"
+        c.warmup.enabled = False
+        c.iterations = 500
+        c.rollout.prompts_per_batch = 128
+        c.rollout.group_size = 8
+        c.rollout.max_new_tokens = 4096
+        c.train.mini_batch_prompts = 64
+        c.train.micro_batch_size = 8
+        c.train.lr = 1e-6
+        c.pipo.lr = 1e-6
+        c.eval.every = 25
+    return c

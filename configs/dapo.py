@@ -1,0 +1,16 @@
+"""DAPO: clip-higher 0.2 / 0.28, token-mean aggregation, dynamic sampling of informative groups."""
+
+from configs import base
+
+
+def get_config(preset: str = "tiny"):
+    c = base.apply_preset(base.base_config(), preset)
+    c.algorithm = "dapo"
+    c.advantage.estimator = "grpo"
+    c.loss.policy = "token_clip"
+    c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.28, 3.0
+    c.loss.agg_mode = "token-mean"
+    c.dapo.dynamic_sampling = True
+    c.dapo.gen_prompts_per_batch = c.rollout.prompts_per_batch
+    c.pipo.attribution = "group"
+    return c

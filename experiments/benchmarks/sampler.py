@@ -1,0 +1,289 @@
+"""Sampler throughput: one-jit `generate` and the continuous-batching engine vs transformers.
+
+Same random Qwen3-shaped weights (saved once with `hf.save`, loaded by both JAX and
+`transformers`), same prompts, greedy, no stop tokens, in one run:
+
+1. decode tokens/s at batch 1, 8, 32 of `sampler.generate`, of `continuous_batching.
+   rollout` on an `Engine` with as many slots as rows, and of `transformers` `generate`
+   (torch CPU). Decode rate = `B * (N - 1) / (t(N new tokens) - t(1 new token))`, so
+   prefill is excluded; each time is the best of `--repeats` runs (other jobs share
+   the machine; the minimum is the least disturbed run).
+2. a long-tail mix (most responses short, a few long; lengths set per request through
+   the budgets): the engine vs static batching (`sampler.generate` on consecutive
+   batches of as many requests as the engine has slots, each batch running until its
+   longest response is done).
+3. machine limits measured in the same run: fp32 FLOP/s of a large matmul and the
+   memory-copy bandwidth (`2 * bytes / time` of a large array copy); the decode step's
+   FLOP/s at batch 32 and its weight + KV bytes per step at batch 1 as fractions of them.
+
+Prints a table; `--out FILE.json` writes every number. `--quick` runs a shorter version.
+Timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipo_jax.models import hf, qwen3
+from pipo_jax.sampling import continuous_batching, decode, sampler
+from pipo_jax.sampling.engine import Engine
+from pipo_jax.sampling.sampling_params import SamplingParams
+
+
+def bench_config(intermediate: int) -> qwen3.Qwen3Config:
+    """Qwen3-shaped model of ~40M parameters (untied LM head)."""
+    return qwen3.Qwen3Config(
+        vocab_size=8192, hidden_size=512, intermediate_size=intermediate, num_hidden_layers=8,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=64, rope_theta=1_000_000.0,
+        max_position_embeddings=4096, tie_word_embeddings=False,
+    )
+
+
+def best_time(fn, repeats: int) -> float:
+    """Minimum wall time of `fn()` over `repeats` calls (after one warm-up call)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+# ----------------------------------------------------------------------------- machine limits
+
+
+def matmul_flops(n: int, repeats: int) -> float:
+    """fp32 FLOP/s of an `n x n @ n x n` XLA matmul."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    mm = jax.jit(lambda x, y: x @ y)
+    return 2 * n**3 / best_time(lambda: mm(a, b).block_until_ready(), repeats)
+
+
+def copy_bandwidth(nbytes: int, repeats: int) -> float:
+    """Bytes/s moved (read + write) by copying a large, pre-faulted array."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.zeros_like(src)
+    return 2 * src.nbytes / best_time(lambda: np.copyto(dst, src), repeats)
+
+
+def decode_costs(config: qwen3.Qwen3Config, weights: decode.DecodeWeights, batch: int, context: float,
+                 cache_bytes_per_el: int = 4) -> tuple[float, float]:
+    """(FLOPs, bytes) of one decode step: weight matmuls + attention over `context` slots."""
+    c = config
+    matmul_params = decode.weight_bytes(weights) / 4
+    attn_flops = 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * context
+    kv_bytes = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * context * cache_bytes_per_el
+    return batch * (2 * matmul_params + attn_flops), decode.weight_bytes(weights) + batch * kv_bytes
+
+
+# ----------------------------------------------------------------------------- systems
+
+
+def jax_generate_fn(config, params, prompts_bp, new_tokens: int):
+    tokens = jnp.asarray(prompts_bp)
+    mask = jnp.ones_like(tokens)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
+
+    def run():
+        out = sampler.generate(config, params, tokens, mask, jax.random.key(0), sp)
+        return np.asarray(out.tokens_br)
+
+    return run
+
+
+def engine_fn(config, eparams, engine: Engine, prompts_bp, new_tokens: int):
+    prompts = [list(p) for p in prompts_bp]
+
+    def run():
+        res = continuous_batching.rollout(engine, eparams, prompts, 1, jax.random.key(0),
+                                          max_new_tokens=[new_tokens] * len(prompts))
+        return res.padded(new_tokens)[0]
+
+    return run
+
+
+def hf_fn(model, prompts_bp, new_tokens: int):
+    import torch
+
+    ids = torch.tensor(prompts_bp, dtype=torch.long)
+
+    def run():
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+        return out[:, ids.shape[1]:].numpy()
+
+    return run
+
+
+def decode_rate(make, batch: int, new_tokens: int, repeats: int) -> tuple[float, np.ndarray]:
+    """(decode tokens/s, greedy tokens) of a system built by `make(new_tokens)`."""
+    run_n, run_1 = make(new_tokens), make(1)
+    t_n = best_time(run_n, repeats)
+    t_1 = best_time(run_1, repeats)
+    return batch * (new_tokens - 1) / max(t_n - t_1, 1e-9), run_n()
+
+
+# ----------------------------------------------------------------------------- long tail
+
+
+def long_tail_budgets(n: int, short: tuple[int, int], long: int, long_frac: float, seed: int) -> np.ndarray:
+    """Per-request response lengths: uniform in `short` except a `long_frac` share at `long`."""
+    rng = np.random.RandomState(seed)
+    budgets = rng.randint(short[0], short[1] + 1, n)
+    n_long = max(1, int(round(long_frac * n)))
+    budgets[rng.choice(n, n_long, replace=False)] = long
+    return budgets
+
+
+def long_tail(config, params, eparams_engine, prompts_rp, budgets, slots: int, repeats: int) -> dict:
+    engine, eparams = eparams_engine
+    sp = engine.sampling
+    prompts = [list(p) for p in prompts_rp]
+    n = len(prompts)
+    width = int(budgets.max())
+
+    def run_engine():
+        return continuous_batching.rollout(engine, eparams, prompts, 1, jax.random.key(1), max_new_tokens=budgets)
+
+    def run_static():
+        lengths = []
+        for start in range(0, n, slots):
+            chunk = jnp.asarray(prompts_rp[start : start + slots])
+            out = sampler.generate(config, params, chunk, jnp.ones_like(chunk),
+                                   jax.random.fold_in(jax.random.key(1), start), sp.replace(max_new_tokens=width),
+                                   max_new_b=jnp.asarray(budgets[start : start + slots]))
+            lengths.append(np.asarray(out.lengths_b))
+        return np.concatenate(lengths)
+
+    t_engine = best_time(run_engine, repeats)
+    t_static = best_time(run_static, repeats)
+    res = run_engine()
+    assert (res.lengths == budgets).all() and (run_static() == budgets).all()
+    total = int(budgets.sum())
+    return dict(
+        requests=n, slots=slots, total_tokens=total, budgets_short=f"{int(budgets.min())}..",
+        longest=width, engine_s=t_engine, static_s=t_static, engine_tok_s=total / t_engine,
+        static_tok_s=total / t_static, speedup=t_static / t_engine,
+        engine_slot_utilisation=res.stats["slot_steps_used"] / max(res.stats["slot_steps_total"], 1),
+        engine_decode_steps=res.stats["decode_steps"],
+    )
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer tokens / repeats / requests")
+    ap.add_argument("--out", help="write all numbers to this JSON file")
+    ap.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--intermediate", type=int, default=2048, help="MLP width (2048: 39.9M parameters)")
+    ap.add_argument("--skip-hf", action="store_true", help="skip transformers (JAX systems only)")
+    ap.add_argument("--tail-requests", type=int, default=64)
+    ap.add_argument("--tail-slots", type=int, default=16)
+    ap.add_argument("--tail-long", type=int, default=256)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.new_tokens = min(args.new_tokens, 48)
+        args.repeats = min(args.repeats, 2)
+        args.tail_requests = min(args.tail_requests, 32)
+        args.tail_slots = min(args.tail_slots, 8)
+        args.tail_long = min(args.tail_long, 128)
+    batches = [int(b) for b in args.batches.split(",")]
+
+    config = bench_config(args.intermediate)
+    params0 = qwen3.init_params(config, jax.random.key(0))
+    tmp = tempfile.mkdtemp(prefix="pipo_sampler_bench_")
+    hf.save(tmp, config, params0)
+    config, params = hf.load(tmp)
+    prompts = np.random.RandomState(0).randint(1, config.vocab_size, (max(batches), args.prompt_len)).astype(np.int32)
+    model = None
+    if not args.skip_hf:
+        import torch
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+
+    limits = dict(matmul_flops=matmul_flops(2048, 5), copy_bytes_s=copy_bandwidth(256 << 20, 5))
+    results: dict = dict(
+        machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__, device=str(jax.devices()[0])),
+        model=dict(params=config.num_params, intermediate=config.intermediate_size, dtype="float32"),
+        args=vars(args), limits=limits, batches={},
+    )
+    max_len = args.prompt_len + max(args.new_tokens, args.tail_long)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
+    weights = jax.jit(decode.prepare_weights, static_argnums=0)(config, params)
+    for b in batches:
+        pb = prompts[:b]
+        engine = Engine(config, greedy, max_concurrent_decodes=b, max_len=max_len)
+        eparams = engine.load_params(params)
+        row = {}
+        row["jax_tok_s"], jax_toks = decode_rate(lambda n: jax_generate_fn(config, params, pb, n), b, args.new_tokens,
+                                                 args.repeats)
+        row["engine_tok_s"], eng_toks = decode_rate(lambda n: engine_fn(config, eparams, engine, pb, n), b,
+                                                    args.new_tokens, args.repeats)
+        row["engine_matches_jax"] = float(np.mean(eng_toks == jax_toks))
+        if model is not None:
+            row["hf_tok_s"], hf_toks = decode_rate(lambda n: hf_fn(model, pb, n), b, args.new_tokens, args.repeats)
+            row["hf_matches_jax"] = float(np.mean(hf_toks == jax_toks))
+            row["jax_vs_hf"] = row["jax_tok_s"] / row["hf_tok_s"]
+            row["engine_vs_hf"] = row["engine_tok_s"] / row["hf_tok_s"]
+        context = args.prompt_len + args.new_tokens / 2
+        flops, nbytes = decode_costs(config, weights, b, context)
+        steps_s = row["jax_tok_s"] / b
+        row["step_ms"] = 1e3 / steps_s
+        row["flops_frac_of_matmul"] = flops * steps_s / limits["matmul_flops"]
+        row["bytes_frac_of_copy_bw"] = nbytes * steps_s / limits["copy_bytes_s"]
+        row["bytes_per_step"] = nbytes
+        results["batches"][b] = row
+        del engine, eparams
+
+    budgets = long_tail_budgets(args.tail_requests, (4, 16), args.tail_long, 1 / 16, seed=0)
+    tail_prompts = np.random.RandomState(1).randint(1, config.vocab_size, (args.tail_requests, args.prompt_len))
+    tail_sp = SamplingParams(temperature=1.0, max_new_tokens=args.tail_long)
+    tail_engine = Engine(config, tail_sp, max_concurrent_decodes=args.tail_slots, max_len=max_len)
+    results["long_tail"] = long_tail(config, params, (tail_engine, tail_engine.load_params(params)),
+                                     tail_prompts.astype(np.int32), budgets, args.tail_slots, args.repeats)
+    print_table(results)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2, default=float)
+    return results
+
+
+def print_table(r: dict) -> None:
+    lim = r["limits"]
+    print(f"model: {r['model']['params'] / 1e6:.1f}M params fp32 | machine: {r['machine']['cpus']} CPUs, "
+          f"matmul {lim['matmul_flops'] / 1e9:.0f} GFLOP/s, copy {lim['copy_bytes_s'] / 1e9:.1f} GB/s")
+    print(f"{'batch':>5} | {'one-jit tok/s':>13} | {'engine tok/s':>12} | {'HF tok/s':>9} | {'jax/HF':>6} | "
+          f"{'eng/HF':>6} | {'step ms':>7} | {'FLOP frac':>9} | {'BW frac':>7} | {'eq HF':>5}")
+    for b, row in r["batches"].items():
+        hf_s = row.get("hf_tok_s", float("nan"))
+        print(f"{b:>5} | {row['jax_tok_s']:>13.1f} | {row['engine_tok_s']:>12.1f} | {hf_s:>9.1f} | "
+              f"{row.get('jax_vs_hf', float('nan')):>6.2f} | {row.get('engine_vs_hf', float('nan')):>6.2f} | "
+              f"{row['step_ms']:>7.2f} | {row['flops_frac_of_matmul']:>9.2f} | {row['bytes_frac_of_copy_bw']:>7.2f} | "
+              f"{row.get('hf_matches_jax', float('nan')):>5.2f}")
+    t = r["long_tail"]
+    print(f"long tail: {t['requests']} requests, {t['slots']} slots, {t['total_tokens']} tokens (longest "
+          f"{t['longest']}): engine {t['engine_tok_s']:.1f} tok/s ({t['engine_s']:.2f} s, slot use "
+          f"{t['engine_slot_utilisation']:.2f}) vs static {t['static_tok_s']:.1f} tok/s ({t['static_s']:.2f} s): "
+          f"{t['speedup']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

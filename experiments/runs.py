@@ -1,0 +1,56 @@
+"""Running many configs of the tiny task: a shared warmed-up base model per seed, and
+summaries (final held-out accuracy, area under the reward curve) read from metrics.jsonl."""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from pipo_jax.models import hf
+from pipo_jax.rl import observe, warmup
+from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.trainer import train
+
+
+def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> str:
+    """Runs the supervised warm-up of `config` once for `seed` and saves it as a HF directory."""
+    path = os.path.join(root, f"base_seed{seed}")
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    spec = train_spec(config)
+    params, _ = warmup.warmup(spec.model, spec.task, steps=config.warmup.steps, batch=config.warmup.batch,
+                              lr=config.warmup.lr, seed=seed, target_accuracy=config.warmup.target_accuracy,
+                              eval_n=config.eval.n)
+    hf.save(path, spec.model, jax.device_get(params))
+    return path
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, base_model: str | None) -> dict[str, Any]:
+    """Trains `config` from `base_model` (a HF dir; None keeps the config's own base) and summarises."""
+    config = copy.deepcopy(config)
+    if base_model:
+        config.model.path = base_model
+        config.warmup.enabled = False
+    config.log.progress = False
+    out = train(config, workdir)
+    return summarise(workdir) | {"final_accuracy": out["final_accuracy"]}
+
+
+def summarise(workdir: str) -> dict[str, Any]:
+    """Reward / accuracy curves and their summaries from a run's metrics.jsonl."""
+    rows = observe.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    steps = np.array([r["step"] for r in rows if "reward_mean" in r])
+    reward = np.array([r["reward_mean"] for r in rows if "reward_mean" in r])
+    acc = [(r["step"], r["heldout_accuracy"]) for r in rows if "heldout_accuracy" in r]
+    return {
+        "steps": steps.tolist(), "reward": reward.tolist(),
+        "acc_steps": [a[0] for a in acc], "accuracy": [a[1] for a in acc],
+        "reward_auc": float(np.mean(reward)) if len(reward) else float("nan"),
+        "initial_accuracy": acc[0][1] if acc else float("nan"),
+        "pi_steps": int(sum(r.get("pi_step_applied", 0) for r in rows)),
+    }

@@ -1,0 +1,611 @@
+"""Fused LM head + log-softmax + gather (+ entropy) without materialising the logits.
+
+For every token n with final hidden state `h_n` and target id `t_n`:
+
+    z_nv    = (h_n . w_:,v) / temperature          (fp32 accumulation)
+    lse_n   = logsumexp_v z_nv
+    logp_n  = z_n,t_n - lse_n
+    entropy_n = lse_n - sum_v softmax(z_n)_v * z_nv
+
+Implementations (all behind `token_logprobs(..., impl=...)`):
+
+* `reference`: the full [N, V] fp32 logits and plain autodiff. The spec.
+* `chunked`: pure XLA. Loops over vocab blocks (outer) and token blocks (inner) with an
+  online fp32 (max, sum-exp, sum (z-max)*exp, target logit) accumulation. A
+  `jax.custom_vjp` saves only the per-token lse (and entropy) and recomputes each logits
+  block in the backward pass, so at most one [block_n, block_v] block of logits exists.
+* `pallas`: Pallas kernels (`logprobs_pallas.py`) with the same forward/backward split:
+  a Mosaic-TPU grid kernel and a Triton (GPU) kernel; both run on CPU in interpret mode.
+
+Both fast paths share the block math below (`_online_update`, `_finalize`,
+`_dlogits`) and one `custom_vjp` (`_softmax_stats`), whose outputs are the per-token
+(lse, target logit[, entropy]) and whose backward takes a cotangent for each of them.
+`token_logprobs_vocab_parallel` composes the same primitive with collectives for a
+vocab-sharded head under `shard_map`.
+
+Padding rows: pass `valid_n` (bool [N]); invalid rows give logp = entropy = 0 and zero
+gradients, whatever their hidden state or target holds (their hidden state is replaced
+by zeros before the matmul, so even NaN padding cannot leak). A *valid* row whose
+target lies outside [0, V) yields NaN (a bad-input signal; eager calls raise instead).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+IMPLS = ("auto", "reference", "chunked", "pallas")
+PALLAS_VARIANTS = ("auto", "mosaic_tpu", "triton")
+
+# Chunked-XLA defaults, tuned on a 2-core CPU for D in {2560, 4096}, V = 151,936
+# (see experiments/benchmarks/logprobs.py): one [1024, 8192] fp32 logits block = 32 MiB.
+CHUNKED_BLOCK_N = 1024
+CHUNKED_BLOCK_V = 8192
+
+_F32_MIN = float(np.finfo(np.float32).min)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """Static configuration of one fused log-prob call (hashable: a custom_vjp nondiff arg).
+
+    impl: "chunked" or "pallas". inv_temperature: 1 / temperature. with_entropy: also
+    compute the per-token entropy. block_n / block_v / block_d: token, vocab and hidden
+    block sizes (block_d only used by the Triton kernel). interpret: run Pallas in
+    interpret mode. variant: Pallas kernel family, "mosaic_tpu" or "triton".
+    """
+
+    impl: str
+    inv_temperature: float
+    with_entropy: bool
+    block_n: int
+    block_v: int
+    block_d: int = 64
+    interpret: bool = False
+    variant: str = "mosaic_tpu"
+    cpu_guard: bool = False
+
+
+# ----------------------------------------------------------------------------------------
+# Block math shared by the chunked and Pallas paths. Per-token statistics carry a
+# trailing singleton axis ([..., 1]) so that the same code works on [bn, 1] kernel refs.
+# ----------------------------------------------------------------------------------------
+
+
+def _init_stats(shape: tuple[int, ...]) -> tuple[jax.Array, ...]:
+    """Empty online-softmax state (max, sum-exp, sum (z-max)exp, target logit), fp32."""
+    return (
+        jnp.full(shape, _F32_MIN, jnp.float32),
+        jnp.zeros(shape, jnp.float32),
+        jnp.zeros(shape, jnp.float32),
+        jnp.zeros(shape, jnp.float32),
+    )
+
+
+def _online_update(stats, z, hit, with_entropy: bool):
+    """Folds one logits block into the running statistics.
+
+    stats: (m, s, a, zt), each [..., 1] fp32, where s = sum exp(z - m) and
+    a = sum (z - m) exp(z - m) over the columns seen so far, zt = target logit.
+    z: [..., bv] fp32 logits of the block, masked (out-of-vocab) columns = -inf.
+    hit: [..., bv] bool, True at the target column.
+    """
+    m, s, a, zt = stats
+    m_new = jnp.maximum(m, jnp.max(z, axis=-1, keepdims=True))
+    scale = jnp.exp(m - m_new)
+    d = z - m_new
+    e = jnp.exp(d)
+    s_new = s * scale + jnp.sum(e, axis=-1, keepdims=True)
+    if with_entropy:
+        # (m - m_new) * s rebases the old sum onto the new max; guarded because the
+        # initial m is the fp32 minimum and s = 0 there. Masked columns have d = -inf.
+        rebase = jnp.where(s > 0, (m - m_new) * s, 0.0)
+        a_new = scale * (a + rebase) + jnp.sum(
+            jnp.where(e > 0, d * e, 0.0), axis=-1, keepdims=True
+        )
+    else:
+        a_new = a
+    zt_new = zt + jnp.sum(jnp.where(hit, z, 0.0), axis=-1, keepdims=True)
+    return m_new, s_new, a_new, zt_new
+
+
+def _finalize(stats):
+    """(m, s, a, zt) -> (lse, zt, entropy), each [..., 1] fp32."""
+    m, s, a, zt = stats
+    log_s = jnp.log(s)
+    return m + log_s, zt, log_s - a / s
+
+
+def _dlogits(z, hit, lse, ent, g_lse, g_zt, g_ent, with_entropy: bool, col_ok=None):
+    """Cotangent of the block's logits z ([..., bv] fp32) from per-token cotangents.
+
+    d lse / dz = p, d zt / dz = onehot(target), d H / dz = -p (log p + H).
+    col_ok: optional [..., bv] bool, False on padded columns (their z is -inf); the
+    result is exactly 0 there.
+    """
+    logp = z - lse
+    p = jnp.exp(logp)
+    dz = g_lse * p + jnp.where(hit, g_zt, 0.0)
+    if with_entropy:
+        dz = dz - g_ent * p * (logp + ent)
+    if col_ok is not None:
+        dz = jnp.where(col_ok, dz, 0.0)
+    return dz
+
+
+def _compute_dtype(h: jax.Array, w: jax.Array):
+    """Dtype in which the backward matmuls consume the logits cotangent."""
+    return jnp.result_type(h.dtype, w.dtype)
+
+
+def _dot_f32(a, b):
+    return jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+def _dot_nt(a, b):
+    """a [m, k] . b[n, k]^T -> [m, n] fp32."""
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------
+# chunked: pure XLA
+# ----------------------------------------------------------------------------------------
+
+_HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+# XLA:CPU has no native 16-bit-float data movement: its float normalisation turns a
+# bf16 dynamic-slice of w inside a loop into a slice of an fp32 copy of the *whole* w
+# (hoisted out of the loop: 2x the size of w in extra memory), and a bf16
+# dynamic-update-slice of dw into an fp32 carry converted back every iteration. The
+# chunked path therefore (on CPU) slices w inside a trivially-true `lax.cond` (whose
+# branch the hoisting cannot reach, so only the block is converted) and keeps 16-bit
+# loop state as uint16 bit patterns. Other backends slice directly.
+
+
+def _to_bits(x: jax.Array) -> jax.Array:
+    """16-bit floats as uint16 bit patterns (other dtypes unchanged)."""
+    return lax.bitcast_convert_type(x, jnp.uint16) if x.dtype in _HALF_FLOATS else x
+
+
+def _from_bits(x: jax.Array, dtype) -> jax.Array:
+    return lax.bitcast_convert_type(x, dtype) if jnp.dtype(dtype) in _HALF_FLOATS else x
+
+
+def _slice_columns(w: jax.Array, start, width: int, cpu_guard: bool) -> jax.Array:
+    """w[:, start : start + width] for a traced start (see the XLA:CPU note above)."""
+
+    def take(w):
+        return lax.dynamic_slice_in_dim(w, start, width, axis=1)
+
+    if not cpu_guard:
+        return take(w)
+    return lax.cond(start >= 0, take, take, w)
+
+
+def _token_blocks(n: int, block_n: int) -> tuple[int, int]:
+    """(block size, number of blocks) covering n tokens."""
+    bn = max(1, min(block_n, n))
+    return bn, -(-n // bn)
+
+
+def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
+    if x.shape[0] == rows:
+        return x
+    pad = [(0, rows - x.shape[0])] + [(0, 0)] * (x.ndim - 1)
+    return jnp.pad(x, pad)
+
+
+def _vocab_blocks(v: int, block_v: int) -> tuple[int, int, int]:
+    """(block size, number of full blocks, tail width) covering v columns."""
+    bv = max(1, min(block_v, v))
+    return bv, v // bv, v % bv
+
+
+def _chunked_forward(cfg: KernelConfig, h, w, t):
+    """h [N, D], w [D, V], t [N] int32 -> (lse, zt, ent) [N] fp32 (ent None if unused)."""
+    n, d = h.shape
+    v = w.shape[1]
+    bn, nb = _token_blocks(n, cfg.block_n)
+    bv, nvf, tail = _vocab_blocks(v, cfg.block_v)
+    h_b = _to_bits(_pad_rows(h, nb * bn).reshape(nb, bn, d))
+    t_b = _pad_rows(t, nb * bn).reshape(nb, bn, 1)
+
+    def vocab_step(stats, w_blk, col0):
+        cols = col0 + lax.broadcasted_iota(jnp.int32, (1, w_blk.shape[1]), 1)
+
+        def token_step(i, stats):
+            z = _dot_f32(_from_bits(h_b[i], h.dtype), w_blk) * cfg.inv_temperature
+            block = tuple(x[i] for x in stats)
+            new = _online_update(block, z, cols == t_b[i], cfg.with_entropy)
+            return tuple(x.at[i].set(y) for x, y in zip(stats, new))
+
+        return lax.fori_loop(0, nb, token_step, stats)
+
+    def full_block(j, stats):
+        return vocab_step(stats, _slice_columns(w, j * bv, bv, cfg.cpu_guard), j * bv)
+
+    stats = lax.fori_loop(0, nvf, full_block, _init_stats((nb, bn, 1)))
+    if tail:
+        stats = vocab_step(stats, w[:, nvf * bv :], nvf * bv)
+    lse, zt, ent = (x.reshape(nb * bn)[:n] for x in _finalize(stats))
+    return lse, zt, (ent if cfg.with_entropy else None)
+
+
+def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
+    """Recomputes logits blockwise; returns (dh [N, D] h.dtype, dw [D, V] w.dtype).
+
+    Outer loop over vocab blocks, inner over token blocks: dw of a vocab block is
+    complete after its inner loop (an fp32 [D, block_v] accumulator), while dh
+    accumulates in fp32 [N, D] across vocab blocks. Fixed loop order: deterministic.
+    """
+    n, d = h.shape
+    v = w.shape[1]
+    bn, nb = _token_blocks(n, cfg.block_n)
+    bv, nvf, tail = _vocab_blocks(v, cfg.block_v)
+    cdt = _compute_dtype(h, w)
+    h_pad = _pad_rows(h, nb * bn)
+    h_b = _to_bits(h_pad.reshape(nb, bn, d))
+    # h^T so that dw_blk = h_i^T dz is a plain [D, bn] x [bn, bv] matmul (XLA:CPU runs
+    # the transposed-lhs form at about half speed).
+    ht_b = _to_bits(h_pad.reshape(nb, bn, d).transpose(0, 2, 1))
+
+    def per_token(x):  # [N] -> [nb, bn, 1]
+        return _pad_rows(x.reshape(n, 1), nb * bn).reshape(nb, bn, 1)
+
+    t_b, lse_b, g_lse_b, g_zt_b = map(per_token, (t, lse, g_lse, g_zt))
+    ent_b = per_token(ent) if cfg.with_entropy else None
+    g_ent_b = per_token(g_ent) if cfg.with_entropy else None
+
+    def vocab_step(dh_acc, w_blk, col0):
+        width = w_blk.shape[1]
+        cols = col0 + lax.broadcasted_iota(jnp.int32, (1, width), 1)
+
+        def token_step(i, carry):
+            dh_acc, dw_blk = carry
+            z = _dot_f32(_from_bits(h_b[i], h.dtype), w_blk) * cfg.inv_temperature
+            dz = _dlogits(
+                z,
+                cols == t_b[i],
+                lse_b[i],
+                ent_b[i] if cfg.with_entropy else None,
+                g_lse_b[i],
+                g_zt_b[i],
+                g_ent_b[i] if cfg.with_entropy else None,
+                cfg.with_entropy,
+            )
+            dz = (dz * cfg.inv_temperature).astype(cdt)
+            dh_acc = dh_acc.at[i].add(_dot_nt(dz, w_blk))
+            return dh_acc, dw_blk + _dot_f32(_from_bits(ht_b[i], h.dtype), dz)
+
+        init = (dh_acc, jnp.zeros((d, width), jnp.float32))
+        return lax.fori_loop(0, nb, token_step, init)
+
+    def write_dw(dw_bits, dw_blk, col0):
+        return lax.dynamic_update_slice_in_dim(dw_bits, _to_bits(dw_blk.astype(w.dtype)), col0, axis=1)
+
+    def full_block(j, carry):
+        dh_acc, dw_bits = carry
+        w_blk = _slice_columns(w, j * bv, bv, cfg.cpu_guard)
+        dh_acc, dw_blk = vocab_step(dh_acc, w_blk, j * bv)
+        return dh_acc, write_dw(dw_bits, dw_blk, j * bv)
+
+    dw_bits = jnp.zeros((d, v), _to_bits(jnp.zeros((), w.dtype)).dtype)
+    dh_acc, dw_bits = lax.fori_loop(0, nvf, full_block, (jnp.zeros((nb, bn, d), jnp.float32), dw_bits))
+    if tail:
+        dh_acc, dw_blk = vocab_step(dh_acc, w[:, nvf * bv :], nvf * bv)
+        dw_bits = write_dw(dw_bits, dw_blk, nvf * bv)
+    dh = dh_acc.reshape(nb * bn, d)[:n].astype(h.dtype)
+    return dh, _from_bits(dw_bits, w.dtype)
+
+
+# ----------------------------------------------------------------------------------------
+# The differentiable primitive: per-token (lse, target logit[, entropy]).
+# ----------------------------------------------------------------------------------------
+
+
+def _stats_forward(cfg: KernelConfig, h, w, t):
+    if cfg.impl == "chunked":
+        return _chunked_forward(cfg, h, w, t)
+    from pipo_jax.kernels import logprobs_pallas  # local: logprobs_pallas imports this module
+
+    return logprobs_pallas.forward(cfg, h, w, t)
+
+
+def _stats_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
+    if cfg.impl == "chunked":
+        return _chunked_backward(cfg, h, w, t, lse, ent, g_lse, g_zt, g_ent)
+    from pipo_jax.kernels import logprobs_pallas
+
+    return logprobs_pallas.backward(cfg, h, w, t, lse, ent, g_lse, g_zt, g_ent)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _softmax_stats(cfg: KernelConfig, h, w, t):
+    """h [N, D], w [D, V], t [N] int32 -> (lse [N], zt [N]) or (lse, zt, entropy), fp32.
+
+    zt is the logit at column t (0 when t is outside [0, V)).
+    """
+    lse, zt, ent = _stats_forward(cfg, h, w, t)
+    return (lse, zt, ent) if cfg.with_entropy else (lse, zt)
+
+
+def _softmax_stats_fwd(cfg: KernelConfig, h, w, t):
+    lse, zt, ent = _stats_forward(cfg, h, w, t)
+    out = (lse, zt, ent) if cfg.with_entropy else (lse, zt)
+    return out, (h, w, t, lse, ent)
+
+
+def _softmax_stats_bwd(cfg: KernelConfig, residuals, cotangents):
+    h, w, t, lse, ent = residuals
+    g_lse, g_zt = cotangents[0], cotangents[1]
+    g_ent = cotangents[2] if cfg.with_entropy else None
+    dh, dw = _stats_backward(cfg, h, w, t, lse, ent, g_lse, g_zt, g_ent)
+    return dh, dw, None
+
+
+_softmax_stats.defvjp(_softmax_stats_fwd, _softmax_stats_bwd)
+
+
+def _reference_stats(h, w, t, inv_temperature: float, with_entropy: bool):
+    """Plain-autodiff twin of `_softmax_stats` (full fp32 logits)."""
+    z = _dot_f32(h, w) * inv_temperature
+    lse = jax.nn.logsumexp(z, axis=-1)
+    cols = jnp.arange(w.shape[1], dtype=jnp.int32)
+    zt = jnp.sum(jnp.where(cols[None, :] == t[:, None], z, 0.0), axis=-1)
+    if not with_entropy:
+        return lse, zt
+    p = jax.nn.softmax(z, axis=-1)
+    return lse, zt, lse - jnp.sum(p * z, axis=-1)
+
+
+# ----------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------
+
+
+def _resolve_impl(impl: str) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        # The Pallas kernels are validated in interpret mode and lower for TPU (Mosaic)
+        # and GPU (Triton), but have not been compiled and timed on hardware yet, so the
+        # chunked XLA path is the default on every backend.
+        return "chunked"
+    return impl
+
+
+def _resolve_temperature(temperature: Any) -> float:
+    if isinstance(temperature, jax.core.Tracer):
+        raise TypeError(
+            "temperature must be a static Python float (it is folded into the kernel); "
+            "got a traced value. Mark it static in jax.jit."
+        )
+    value = float(temperature)
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"temperature must be a finite float > 0, got {temperature!r}")
+    return value
+
+
+def _default_backend() -> str:
+    return jax.default_backend()
+
+
+def _make_config(
+    impl: str,
+    temperature: float,
+    with_entropy: bool,
+    block_n: int | None,
+    block_v: int | None,
+    block_d: int | None,
+    interpret: bool | None,
+    pallas_variant: str,
+) -> KernelConfig:
+    backend = _default_backend()
+    if impl == "pallas":
+        from pipo_jax.kernels import logprobs_pallas
+
+        variant = logprobs_pallas.resolve_variant(pallas_variant, backend)
+        defaults = logprobs_pallas.default_blocks(variant)
+        interpret = backend == "cpu" if interpret is None else bool(interpret)
+    else:
+        if pallas_variant not in PALLAS_VARIANTS:
+            raise ValueError(f"pallas_variant must be one of {PALLAS_VARIANTS}, got {pallas_variant!r}")
+        variant = "mosaic_tpu"
+        defaults = (CHUNKED_BLOCK_N, CHUNKED_BLOCK_V, 64)
+        interpret = False
+    blocks = []
+    for name, given, default in zip(("block_n", "block_v", "block_d"), (block_n, block_v, block_d), defaults):
+        value = default if given is None else given
+        if int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {given!r}")
+        blocks.append(int(value))
+    return KernelConfig(
+        impl=impl,
+        inv_temperature=1.0 / temperature,
+        with_entropy=with_entropy,
+        block_n=blocks[0],
+        block_v=blocks[1],
+        block_d=blocks[2],
+        interpret=interpret,
+        variant=variant,
+        cpu_guard=backend == "cpu",
+    )
+
+
+def _check_inputs(hidden_nd, w_dv, targets_n, valid_n) -> None:
+    if hidden_nd.ndim != 2:
+        raise ValueError(f"hidden_nd must be [N, D], got shape {hidden_nd.shape}")
+    if w_dv.ndim != 2 or w_dv.shape[0] != hidden_nd.shape[1]:
+        raise ValueError(
+            f"w_dv must be [D, V] with D = hidden_nd.shape[1] = {hidden_nd.shape[1]}, "
+            f"got shape {w_dv.shape}"
+        )
+    if targets_n.shape != hidden_nd.shape[:1]:
+        raise ValueError(f"targets_n must be [N] = {hidden_nd.shape[:1]}, got shape {targets_n.shape}")
+    if not jnp.issubdtype(targets_n.dtype, jnp.integer):
+        raise ValueError(f"targets_n must be integer token ids, got dtype {targets_n.dtype}")
+    for name, x in (("hidden_nd", hidden_nd), ("w_dv", w_dv)):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} must be floating point, got dtype {x.dtype}")
+    if valid_n is not None and valid_n.shape != targets_n.shape:
+        raise ValueError(f"valid_n must have the shape of targets_n {targets_n.shape}, got {valid_n.shape}")
+
+
+def _check_target_range(targets_n, valid_n, lo: int, hi: int, name: str) -> None:
+    """Eagerly rejects out-of-range targets on valid rows when the values are concrete."""
+    if isinstance(targets_n, jax.core.Tracer) or isinstance(valid_n, jax.core.Tracer):
+        return
+    t = np.asarray(targets_n)
+    bad = (t < lo) | (t >= hi)
+    if valid_n is not None:
+        bad &= np.asarray(valid_n, dtype=bool)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise ValueError(f"{name}[{row}] = {int(t[row])} is outside the vocabulary [{lo}, {hi})")
+
+
+def _reference_logprobs(h, w, t, inv_temperature: float, with_entropy: bool):
+    """The spec: full [N, V] fp32 logits, log_softmax, gather; plain autodiff."""
+    z = _dot_f32(h, w) * inv_temperature
+    logp_all = jax.nn.log_softmax(z, axis=-1)
+    logp = jnp.take_along_axis(logp_all, t[:, None], axis=-1, mode="fill", fill_value=jnp.nan)[:, 0]
+    if not with_entropy:
+        return logp, None
+    return logp, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+
+
+def token_logprobs(
+    hidden_nd: jax.Array,
+    w_dv: jax.Array,
+    targets_n: jax.Array,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    valid_n: jax.Array | None = None,
+    impl: str = "auto",
+    block_n: int | None = None,
+    block_v: int | None = None,
+    block_d: int | None = None,
+    interpret: bool | None = None,
+    pallas_variant: str = "auto",
+):
+    """Per-token log p(target) (and entropy) under softmax((hidden @ w) / temperature).
+
+    Args:
+      hidden_nd: [N, D] final hidden states (fp32 or bf16).
+      w_dv: [D, V] LM-head weight (fp32 or bf16).
+      targets_n: [N] integer target ids in [0, V).
+      temperature: static Python float > 0.
+      return_entropy: also return the per-token entropy (nats).
+      valid_n: optional [N] bool; invalid rows return 0 and get zero gradients.
+      impl: "auto" (= "chunked" on every backend), "reference", "chunked" or "pallas".
+      block_n, block_v: token / vocab block sizes (chunked defaults 1024 / 8192; Pallas
+        defaults depend on the kernel variant). block_d: hidden chunk of the Triton kernel.
+      interpret: Pallas interpret mode; None = True exactly when the backend is CPU.
+      pallas_variant: "auto" (Triton on GPU, Mosaic TPU kernel elsewhere), "mosaic_tpu"
+        or "triton".
+
+    Returns:
+      logp_n [N] fp32 (NaN on valid rows whose target is outside [0, V)), and if
+      return_entropy also entropy_n [N] fp32. Differentiable in hidden_nd and w_dv.
+    """
+    _check_inputs(hidden_nd, w_dv, targets_n, valid_n)
+    impl = _resolve_impl(impl)
+    temperature = _resolve_temperature(temperature)
+    v = w_dv.shape[1]
+    _check_target_range(targets_n, valid_n, 0, v, "targets_n")
+    t = targets_n.astype(jnp.int32)
+    h = hidden_nd
+    if valid_n is not None:
+        h = jnp.where(valid_n[:, None], h, jnp.zeros((), h.dtype))
+
+    if impl == "reference":
+        logp, ent = _reference_logprobs(h, w_dv, t, 1.0 / temperature, return_entropy)
+    else:
+        cfg = _make_config(impl, temperature, return_entropy, block_n, block_v, block_d, interpret, pallas_variant)
+        stats = _softmax_stats(cfg, h, w_dv, t)
+        in_vocab = (t >= 0) & (t < v)
+        logp = jnp.where(in_vocab, stats[1] - stats[0], jnp.nan)
+        ent = stats[2] if return_entropy else None
+
+    if valid_n is not None:
+        logp = jnp.where(valid_n, logp, 0.0)
+        ent = None if ent is None else jnp.where(valid_n, ent, 0.0)
+    return (logp, ent) if return_entropy else logp
+
+
+def token_logprobs_vocab_parallel(
+    hidden_nd: jax.Array,
+    w_dv_shard: jax.Array,
+    targets_n: jax.Array,
+    *,
+    axis_name: str,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    valid_n: jax.Array | None = None,
+    impl: str = "auto",
+    block_n: int | None = None,
+    block_v: int | None = None,
+    block_d: int | None = None,
+    interpret: bool | None = None,
+    pallas_variant: str = "auto",
+):
+    """`token_logprobs` for a vocab-sharded LM head; call inside `shard_map`.
+
+    w_dv_shard is this shard's [D, V_local] column slice of w; shard k (its index along
+    `axis_name`) must own global columns [k * V_local, (k+1) * V_local), which is what
+    `shard_map(..., in_specs=P(None, axis_name))` gives. hidden_nd, targets_n, valid_n
+    are the same on every shard of `axis_name`; targets are global ids. Each shard
+    computes its partial (lse, entropy, target logit) over its slice; these are merged
+    with pmax / psum: lse = logsumexp_k lse_k, entropy = sum_k q_k (H_k - log q_k) with
+    q_k = exp(lse_k - lse), and the target logit comes only from the shard owning it.
+    Only per-token [N] vectors cross the axis; the [N, V] logits are never gathered.
+    Returns logp_n (, entropy_n), replicated over `axis_name`. Keyword args as in
+    `token_logprobs`.
+    """
+    _check_inputs(hidden_nd, w_dv_shard, targets_n, valid_n)
+    impl = _resolve_impl(impl)
+    temperature = _resolve_temperature(temperature)
+    v_local = w_dv_shard.shape[1]
+    t = targets_n.astype(jnp.int32)
+    t_local = t - lax.axis_index(axis_name) * v_local
+    h = hidden_nd
+    if valid_n is not None:
+        h = jnp.where(valid_n[:, None], h, jnp.zeros((), h.dtype))
+    # hidden is replicated over the axis but its use here differs per shard; making it
+    # explicitly varying lets autodiff psum the per-shard hidden cotangents.
+    h = _as_varying(h, axis_name)
+
+    if impl == "reference":
+        stats = _reference_stats(h, w_dv_shard, t_local, 1.0 / temperature, return_entropy)
+    else:
+        cfg = _make_config(impl, temperature, return_entropy, block_n, block_v, block_d, interpret, pallas_variant)
+        stats = _softmax_stats(cfg, h, w_dv_shard, t_local)
+    lse_local, zt_local = stats[0], stats[1]
+
+    m = lax.stop_gradient(lax.pmax(lse_local, axis_name))  # any finite shift is exact
+    lse = m + jnp.log(lax.psum(jnp.exp(lse_local - m), axis_name))
+    owned = ((t_local >= 0) & (t_local < v_local)).astype(jnp.int32)
+    found = lax.psum(owned, axis_name) == 1
+    logp = jnp.where(found, lax.psum(zt_local, axis_name) - lse, jnp.nan)
+    ent = None
+    if return_entropy:
+        log_q = lse_local - lse  # log of this shard's share of the probability mass
+        ent = lax.psum(jnp.exp(log_q) * (stats[2] - log_q), axis_name)
+    if valid_n is not None:
+        logp = jnp.where(valid_n, logp, 0.0)
+        ent = None if ent is None else jnp.where(valid_n, ent, 0.0)
+    return (logp, ent) if return_entropy else logp
+
+
+def _as_varying(x: jax.Array, axis_name: str) -> jax.Array:
+    """Marks x as varying over axis_name (no-op when it already is)."""
+    vma = getattr(jax.typeof(x), "vma", frozenset())
+    if axis_name in vma:
+        return x
+    return lax.pcast(x, axis_name, to="varying")

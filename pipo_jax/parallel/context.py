@@ -1,0 +1,61 @@
+"""The active sharding context: a mesh and rules under which traced code adds activation
+sharding constraints (Qwen3 block boundaries) and picks vocab-parallel kernels.
+
+    with sharding_context(mesh, rules):
+        jitted_step.lower(...)   # traced inside: constraints are baked into the program
+
+Outside a context nothing changes: `constrain` is the identity and `qwen3.forward` is
+exactly the unconstrained function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Iterator, Sequence
+
+import jax
+from jax.sharding import Mesh
+
+from pipo_jax.models import qwen3
+from pipo_jax.parallel.mesh import mesh_sizes
+from pipo_jax.parallel.rules import DEFAULT_RULES, Rules, named_sharding
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingContext:
+    mesh: Mesh
+    rules: Rules
+
+    @property
+    def tensor_size(self) -> int:
+        return mesh_sizes(self.mesh).get("tensor", 1)
+
+
+_ACTIVE: contextvars.ContextVar[ShardingContext | None] = contextvars.ContextVar("pipo_sharding", default=None)
+
+
+def active_context() -> ShardingContext | None:
+    """The innermost `sharding_context`, or None."""
+    return _ACTIVE.get()
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """`with_sharding_constraint` of `x` from its logical axes under the active context; else `x`."""
+    ctx = _ACTIVE.get()
+    if ctx is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, named_sharding(ctx.mesh, tuple(logical_axes), x.shape, ctx.rules))
+
+
+@contextlib.contextmanager
+def sharding_context(mesh: Mesh, rules: Rules | None = None) -> Iterator[ShardingContext]:
+    """Activates `mesh` / `rules` for code traced inside the block (and Qwen3's activation hook)."""
+    ctx = ShardingContext(mesh, DEFAULT_RULES if rules is None else rules)
+    token = _ACTIVE.set(ctx)
+    try:
+        with qwen3.activation_constraint(constrain):
+            yield ctx
+    finally:
+        _ACTIVE.reset(token)

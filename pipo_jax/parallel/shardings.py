@@ -1,0 +1,142 @@
+"""NamedShardings of everything the trainer carries: params, optimizer state, the PPO
+critic, reference / teacher params, the PIPO state, batches and the KV cache.
+
+All functions take the tree itself (arrays or `jax.ShapeDtypeStruct`s, e.g. from
+`jax.eval_shape`) and return a tree of the same structure with a `NamedSharding` per
+leaf, so they serve `jax.jit(in_shardings=..., out_shardings=...)`, `jax.device_put`
+and orbax restore templates alike.
+
+Optimizer states are sharded like the parameters they mirror: every sub-tree of the
+state with the parameters' tree structure and shapes (Adam's `mu`, `nu`, ...) gets the
+parameter shardings; everything else (step counts, injected hyper-parameters) is
+replicated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from pipo_jax.models import qwen3
+from pipo_jax.parallel.rules import Rules, named_sharding, replicated
+
+
+def _shape(x) -> tuple[int, ...]:
+    return tuple(np.shape(x))
+
+
+def _is_axes(x) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
+def tree_shardings(tree: Any, axes_tree: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """Shardings of `tree` whose leaves carry the logical axes given by `axes_tree` (same structure)."""
+    return jax.tree.map(lambda axes, x: named_sharding(mesh, axes, _shape(x), rules), axes_tree, tree,
+                        is_leaf=_is_axes)
+
+
+def param_shardings(model: qwen3.Qwen3Config, params: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """Shardings of Qwen3 `params` from `qwen3.param_axes`."""
+    return tree_shardings(params, qwen3.param_axes(model), mesh, rules)
+
+
+def critic_axes(model: qwen3.Qwen3Config) -> dict:
+    """Logical axes of the PPO critic params `{"backbone": <qwen3 params>, "value_head": [D]}`."""
+    return {"backbone": qwen3.param_axes(model), "value_head": ("embed",)}
+
+
+def mirror_shardings(tree: Any, like: Any, like_shardings: Any, mesh: Mesh) -> Any:
+    """Shardings of `tree` (an optimizer state): sub-trees shaped like `like` get `like_shardings`.
+
+    A sub-tree matches when its tree structure equals `like`'s and every leaf has the
+    same shape; all other leaves (counts, hyper-parameters) are replicated.
+    """
+    like_def = jax.tree.structure(like)
+    like_shapes = [_shape(x) for x in jax.tree.leaves(like)]
+    like_leaves = jax.tree.leaves(like_shardings)
+
+    def matches(sub) -> bool:
+        if jax.tree.structure(sub) != like_def:
+            return False
+        return [_shape(x) for x in jax.tree.leaves(sub)] == like_shapes
+
+    def shard(sub):
+        if matches(sub):
+            return jax.tree.unflatten(like_def, like_leaves)
+        return jax.tree.map(lambda _: replicated(mesh), sub)
+
+    return jax.tree.map(shard, tree, is_leaf=matches)
+
+
+def batch_shardings(tree: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """Leaves with a leading batch dim: split it over the `batch` rule; the rest stays whole.
+
+    Scalars are replicated.
+    """
+    def one(x):
+        shape = _shape(x)
+        if not shape:
+            return replicated(mesh)
+        return named_sharding(mesh, ("batch",) + (None,) * (len(shape) - 1), shape, rules)
+
+    return jax.tree.map(one, tree)
+
+
+def pipo_state_shardings(pipo_state: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """`PipoState`: the mu window and counters replicated, the stored batch split over `batch`."""
+    return pipo_state.replace(
+        mu_window_k=named_sharding(mesh, ("window",), _shape(pipo_state.mu_window_k), rules),
+        count=replicated(mesh),
+        has_prev=replicated(mesh),
+        prev=batch_shardings(pipo_state.prev, mesh, rules),
+    )
+
+
+KV_CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+
+
+def kv_cache_shardings(cache: qwen3.KVCache, mesh: Mesh, rules: Rules | None = None) -> qwen3.KVCache:
+    """`KVCache` k / v `[layers, batch, max_len, kv_heads, head_dim]`: batch and kv heads split."""
+    return qwen3.KVCache(*(named_sharding(mesh, KV_CACHE_AXES, _shape(x), rules) for x in cache))
+
+
+def train_state_shardings(model: qwen3.Qwen3Config, state: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """Shardings of a `TrainState` (concrete or abstract) with the policy model `model`.
+
+    params, ref_params, teacher_params: `param_axes`; opt_state mirrors params; the critic
+    `{"params", "opt_state"}` likewise with `critic_axes`; PIPO state per
+    `pipo_state_shardings`; step and rng replicated.
+    """
+    params = param_shardings(model, state.params, mesh, rules)
+
+    def maybe_params(tree):
+        return None if tree is None else param_shardings(model, tree, mesh, rules)
+
+    critic = None
+    if state.critic is not None:
+        c_params = tree_shardings(state.critic["params"], critic_axes(model), mesh, rules)
+        critic = {"params": c_params,
+                  "opt_state": mirror_shardings(state.critic["opt_state"], state.critic["params"], c_params, mesh)}
+    return state.replace(
+        step=replicated(mesh),
+        params=params,
+        opt_state=mirror_shardings(state.opt_state, state.params, params, mesh),
+        ref_params=maybe_params(state.ref_params),
+        critic=critic,
+        teacher_params=maybe_params(state.teacher_params),
+        pipo=pipo_state_shardings(state.pipo, mesh, rules),
+        rng=replicated(mesh),
+    )
+
+
+def with_shardings(tree: Any, shardings: Any) -> Any:
+    """`jax.ShapeDtypeStruct`s of `tree` carrying `shardings` (an orbax restore template)."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(_shape(x), x.dtype, sharding=s), tree, shardings)
+
+
+def spec_tree(shardings: Any) -> Any:
+    """The PartitionSpecs of a tree of NamedShardings (for logs and tests)."""
+    return jax.tree.map(lambda s: s.spec, shardings, is_leaf=lambda s: isinstance(s, NamedSharding))

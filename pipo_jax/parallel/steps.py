@@ -1,0 +1,156 @@
+"""The trainer's jitted functions with explicit in / out shardings over a mesh.
+
+    mesh = parallel.mesh_from_config(config.mesh)
+    state = parallel.init_sharded_train_state(spec, mesh, params, seed)   # or shard_train_state
+    chunk = parallel.sharded_scan_chunk(spec, mesh, length)               # cached per arguments
+    state, metrics = chunk(state)                                        # metrics replicated
+
+Each function traces the *same* step functions as the single-device trainer
+(`loop.iteration`, `learn.learn`, `rollout.generate`) inside a `sharding_context`, so the
+program is the single-device program plus sharding annotations: parameters and
+optimizer state per the rules table, batches split over `batch`, activations
+constrained at Qwen3 block boundaries. The state argument is donated.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+
+from pipo_jax.models import qwen3
+from pipo_jax.parallel.context import sharding_context
+from pipo_jax.parallel.rules import Rules, make_rules, replicated, rules_key
+from pipo_jax.parallel.shardings import batch_shardings, param_shardings, train_state_shardings
+from pipo_jax.rl import learn as learn_lib
+from pipo_jax.rl import loop
+from pipo_jax.rl import rollout as rollout_lib
+from pipo_jax.rl.spec import TrainSpec
+from pipo_jax.rl.state import TrainState, init_train_state
+
+
+def abstract_train_state(spec: TrainSpec) -> TrainState:
+    """The `TrainState` of `spec` as `jax.ShapeDtypeStruct`s (nothing allocated)."""
+    return jax.eval_shape(lambda: init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), 0))
+
+
+def state_shardings(spec: TrainSpec, mesh: Mesh, rules: Rules | None = None) -> TrainState:
+    """NamedShardings of `spec`'s `TrainState` on `mesh`."""
+    return train_state_shardings(spec.model, abstract_train_state(spec), mesh, rules)
+
+
+def place(x: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+    """`x` (host or device array, the same value on every process) as a global array with `sharding`."""
+    if isinstance(x, jax.Array) and x.is_fully_addressable and sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    host = np.asarray(jax.device_get(x))
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def place_tree(tree: Any, shardings: Any) -> Any:
+    """`place` over a tree and its matching shardings tree."""
+    return jax.tree.map(place, tree, shardings)
+
+
+def shard_train_state(state: TrainState, spec: TrainSpec, mesh: Mesh, rules: Rules | None = None) -> TrainState:
+    """A host / single-device `TrainState` placed on `mesh` (every process passes the same state)."""
+    return place_tree(state, train_state_shardings(spec.model, state, mesh, rules))
+
+
+def init_sharded_train_state(spec: TrainSpec, mesh: Mesh, params: Any | None, seed: int,
+                             rules: Rules | None = None) -> TrainState:
+    """`init_train_state(spec, params, seed)` built directly on `mesh` (no single-device copy).
+
+    `params` None: a random init (`qwen3.init_params` with key `seed`) inside the jit.
+    """
+    rules = make_rules(None if rules is None else dict(rules))
+    out = state_shardings(spec, mesh, rules)
+    if params is None:
+        fn = jax.jit(lambda: init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(seed)), seed),
+                     out_shardings=out)
+        return fn()
+    p_sh = param_shardings(spec.model, params, mesh, rules)
+    fn = jax.jit(lambda p: init_train_state(spec, p, seed), in_shardings=(p_sh,), out_shardings=out)
+    return fn(place_tree(params, p_sh))
+
+
+@functools.lru_cache(maxsize=32)
+def _scan_chunk(spec: TrainSpec, mesh: Mesh, length: int, rules_items: tuple) -> Callable:
+    rules = make_rules(dict(rules_items))
+    sh = state_shardings(spec, mesh, rules)
+
+    def chunk(state):
+        with sharding_context(mesh, rules):
+            return jax.lax.scan(lambda s, _: loop.iteration(spec, s), state, None, length=length)
+
+    return jax.jit(chunk, in_shardings=(sh,), out_shardings=(sh, replicated(mesh)), donate_argnums=0)
+
+
+def sharded_scan_chunk(spec: TrainSpec, mesh: Mesh, length: int, rules: Rules | None = None) -> Callable:
+    """`loop.scan_chunk(spec, ., length)` on `mesh`: `fn(state) -> (state, metrics [length])`."""
+    return _scan_chunk(spec, mesh, int(length), rules_key(rules))
+
+
+def _abstract_rollout(spec: TrainSpec, n_prompts: int):
+    def make():
+        key = jax.random.PRNGKey(0)
+        params = qwen3.init_params(spec.model, key)
+        return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, key, n_prompts), key)
+
+    return jax.eval_shape(make)
+
+
+@functools.lru_cache(maxsize=32)
+def _generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules_items: tuple) -> Callable:
+    rules = make_rules(dict(rules_items))
+    p_sh = state_shardings(spec, mesh, rules).params
+    out = batch_shardings(_abstract_rollout(spec, n_prompts), mesh, rules)
+
+    def gen(params, rng):
+        with sharding_context(mesh, rules):
+            k_prob, k_gen = jax.random.split(rng)
+            return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, k_prob, n_prompts), k_gen)
+
+    return jax.jit(gen, in_shardings=(p_sh, replicated(mesh)), out_shardings=out)
+
+
+def sharded_generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules: Rules | None = None) -> Callable:
+    """The host loop's generate on `mesh`: `fn(params, rng) -> Rollout` of `n_prompts x G` rows.
+
+    Same keys and result as `loop._host_generate(spec, params, rng, n_prompts)`; the
+    rollout comes back split over `batch`.
+    """
+    return _generate(spec, mesh, int(n_prompts), rules_key(rules))
+
+
+@functools.lru_cache(maxsize=32)
+def _learn(spec: TrainSpec, mesh: Mesh, rules_items: tuple) -> Callable:
+    rules = make_rules(dict(rules_items))
+    sh = state_shardings(spec, mesh, rules)
+    r_sh = batch_shardings(_abstract_rollout(spec, spec.prompts), mesh, rules)
+
+    def step(state, batch, rng):
+        with sharding_context(mesh, rules):
+            return learn_lib.learn(spec, state, batch, rng)
+
+    return jax.jit(step, in_shardings=(sh, r_sh, replicated(mesh)), out_shardings=(sh, replicated(mesh)),
+                   donate_argnums=0)
+
+
+def sharded_learn(spec: TrainSpec, mesh: Mesh, rules: Rules | None = None) -> Callable:
+    """`learn.learn` on `mesh` (the host loop's update): `fn(state, rollout, rng) -> (state, metrics)`."""
+    return _learn(spec, mesh, rules_key(rules))
+
+
+def to_host(tree: Any) -> Any:
+    """numpy copies of a tree of (possibly multi-process) global arrays, gathered on every process."""
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+
+    return jax.tree.map(one, tree)

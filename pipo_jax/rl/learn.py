@@ -1,0 +1,183 @@
+"""One PIPO iteration's learning half (SPEC 2, steps 2-5) on a scored rollout, as a pure function.
+
+    2. with theta_t (before any update): behaviour / reference log-probs, values (PPO),
+       advantages, attributions a_t, SDPO teacher contexts; mu_t
+    3. verification (PI step) on the stored B_{t-1} when the window is full and c != 0
+    4. exploration (base step) on B_t from the verified params; PPO critic; SDPO EMA teacher
+    5. push mu_t into the window and store B_t with a_t
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pipo_jax.data import char_vocab
+from pipo_jax.losses import advantages, distill, pipo, registry
+from pipo_jax.losses.kl import kl_estimate
+from pipo_jax.losses.masking import masked_mean
+from pipo_jax.rl import logprobs, steps
+from pipo_jax.rl.rollout import Rollout, response_part
+from pipo_jax.rl.spec import TrainSpec
+from pipo_jax.rl.state import TrainState, make_optimizer, with_lr
+from pipo_jax.tasks import arithmetic
+
+
+def teacher_contexts(spec: TrainSpec, rollout: Rollout, rewards_b) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """SDPO teacher inputs `[B, Q + R]` and `sd_mask_b`.
+
+    Context: `<solution> sibling-response` (first other response of the group with reward
+    >= success_threshold) or else `<feedback> environment-feedback`, then `<solve>` and the
+    original prompt; the student's response follows. Rows with neither get sd_mask 0.
+    """
+    p, r = spec.prompt_len, spec.response_len
+    resp_tokens, resp_mask = response_part(spec, rollout)
+    demo_row, has_demo = distill.select_demonstrations(rewards_b, spec.group_size,
+                                                       success_threshold=spec.sdpo_success_threshold)
+    safe_row = jnp.maximum(demo_row, 0)
+    demo_tokens, demo_mask = resp_tokens[safe_row], resp_mask[safe_row] * has_demo[:, None]
+    fb_tokens, fb_mask = arithmetic.feedback_tokens(spec.task, rollout.problems, resp_tokens, resp_mask)
+    use_fb = (~has_demo) & spec.sdpo_use_feedback
+    fb_mask = fb_mask * use_fb[:, None]
+    b = rollout.size
+
+    def tag(token_id, on_b):
+        return jnp.full((b, 1), token_id, jnp.int32), on_b[:, None].astype(jnp.int32)
+
+    pieces = [tag(char_vocab.SOLUTION_ID, has_demo), (demo_tokens, demo_mask),
+              tag(char_vocab.FEEDBACK_ID, use_fb), (fb_tokens, fb_mask),
+              tag(char_vocab.SOLVE_ID, jnp.ones((b,), bool)),
+              (rollout.tokens_bl[:, :p], rollout.mask_bl[:, :p])]
+    q = 3 + r + fb_tokens.shape[1] + p
+    ctx_tokens, ctx_mask = arithmetic.pack(pieces, q, left_pad=True)
+    tokens = jnp.concatenate([ctx_tokens, resp_tokens], axis=1)
+    mask = jnp.concatenate([ctx_mask, resp_mask], axis=1)
+    return tokens, mask, (has_demo | use_fb).astype(jnp.float32)
+
+
+def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[dict, jax.Array, dict]:
+    """Step 2: the training batch of B_t under theta_t, mu_t, and batch metrics."""
+    p = spec.prompt_len
+    tokens, mask = rollout.tokens_bl, rollout.mask_bl
+    mask_br = mask[:, p:].astype(jnp.float32)
+    lengths_b = jnp.sum(mask_br, axis=1)
+    logp_old, entropy = logprobs.response_logprobs(spec.model, state.params, tokens, mask, p,
+                                                   temperature=spec.temperature, impl=spec.logprob_impl,
+                                                   with_entropy=True)
+    logp_ref, _ = logprobs.response_logprobs(spec.model, state.ref_params, tokens, mask, p,
+                                             temperature=spec.temperature, impl=spec.logprob_impl)
+    rewards_b = rollout.rewards_b
+    if spec.overlong_buffer:
+        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.response_len,
+                                                            buffer=spec.overlong_buffer, factor=spec.overlong_factor)
+    batch = {"tokens_bl": tokens, "mask_bl": mask, "mask_br": mask_br, "logp_old_br": logp_old,
+             "logp_ref_br": logp_ref}
+    token_rewards = advantages.outcome_token_rewards(rewards_b, mask_br)
+    if spec.kl_in_reward:
+        token_rewards = advantages.kl_penalized_token_rewards(token_rewards, logp_old, logp_ref, mask_br,
+                                                              beta=spec.kl_coef, estimator=spec.kl_estimator)
+    seq_rewards = advantages.sequence_rewards(token_rewards, mask_br)
+    mu_t = jnp.mean(seq_rewards)
+
+    attr_inputs = {"mask_bt": mask_br}
+    if spec.estimator != "none":
+        est_inputs = {"mask_bt": mask_br, "seq_rewards_b": seq_rewards, "token_rewards_bt": token_rewards}
+        cfg = {}
+        if spec.has_critic:
+            values = steps.critic_values(spec, state.critic["params"], tokens, mask)
+            est_inputs["values_bt"] = values
+            batch["values_br"] = values
+            cfg = dict(gamma=spec.gamma, lam=spec.gae_lam)
+        else:
+            cfg = dict(group_size=spec.group_size, std_ddof=spec.std_ddof, norm_by_std=spec.norm_by_std)
+        adv, aux = registry.ADVANTAGE_ESTIMATORS[spec.estimator](est_inputs, **cfg)
+        batch["adv_br"] = adv
+        if "returns_bt" in aux:
+            batch["returns_br"] = aux["returns_bt"]
+        attr_inputs["adv_bt"] = adv
+    if spec.is_sdpo:
+        t_tokens, t_mask, sd_mask = teacher_contexts(spec, rollout, rollout.rewards_b)
+        teacher = state.params if spec.sdpo_teacher == "live" else state.teacher_params
+        batch.update(teacher_tokens_bq=t_tokens, teacher_mask_bq=t_mask, sd_mask_b=sd_mask)
+        attr_inputs.update(logp_teacher_bt=steps.teacher_logprobs(spec, teacher, t_tokens, t_mask), logp_bt=logp_old)
+    attr_cfg = {"group_size": spec.group_size} if spec.attribution == "group" else {}
+    batch["attr_br"] = registry.ATTRIBUTIONS[spec.attribution](attr_inputs, **attr_cfg)
+
+    groups = advantages.group_outcome_counts(rollout.rewards_b, spec.group_size)
+    metrics = {
+        "reward_mean": jnp.mean(rollout.rewards_b), "reward_std": jnp.std(rollout.rewards_b),
+        "response_length": jnp.mean(lengths_b), "entropy": masked_mean(entropy, mask_br),
+        "kl_ref": masked_mean(kl_estimate(logp_old, logp_ref, "k3"), mask_br),
+        "sampler_logp_gap": masked_mean(jnp.abs(rollout.sample_logp_br - logp_old), mask_br),
+        "groups_all_fail": groups["all_fail"], "groups_mixed": groups["mixed"],
+        "groups_all_success": groups["all_success"], "tokens": jnp.sum(mask_br),
+    }
+    return batch, mu_t, metrics
+
+
+def _pi_batch(prev: pipo.StoredBatch, rhat_br) -> dict:
+    return {"tokens_bl": prev.tokens_bt, "mask_bl": prev.attention_mask_bt, "mask_br": prev.mask_bt,
+            "logp_old_br": prev.logp_old_bt, "logp_ref_br": prev.logp_ref_bt, "rhat_br": rhat_br}
+
+
+def pi_step(spec: TrainSpec, params, opt_state, pipo_state: pipo.PipoState, mu_t, rng):
+    """Step 3: verification on B_{t-1}; returns (params, opt_state, metrics). A no-op unless it applies."""
+    rhat, signal = pipo.pi_verification(pipo_state, mu_t, lam=spec.pipo_lam, compat=spec.pipo_compat)
+    optimizer = make_optimizer(spec.lr, spec)
+    loss_fn = steps.pi_loss_fn(spec)
+    batch = _pi_batch(pipo_state.prev, rhat)
+    metric_shapes = jax.eval_shape(
+        lambda: steps.minibatch_updates(spec, loss_fn, optimizer, params, opt_state, batch, rng)[2])
+
+    def run(operands):
+        p, s = operands
+        p, s, m = steps.minibatch_updates(spec, loss_fn, optimizer, p, with_lr(s, spec.pipo_lr), batch, rng)
+        return p, with_lr(s, spec.lr), m
+
+    def skip(operands):
+        return operands[0], operands[1], jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), metric_shapes)
+
+    params, opt_state, m = jax.lax.cond(signal["pi_step_applied"], run, skip, (params, opt_state))
+    metrics = dict(signal, pi_step_applied=signal["pi_step_applied"].astype(jnp.float32),
+                   **{f"pi/{k}": v for k, v in m.items()})
+    return params, opt_state, metrics
+
+
+def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[TrainState, dict]:
+    """Steps 2-5 of one iteration; returns the new state and the iteration's metrics."""
+    k_pi, k_base, k_critic = jax.random.split(rng, 3)
+    batch, mu_t, metrics = prepare(spec, state, rollout)
+    params, opt_state = state.params, state.opt_state
+    if spec.pipo:
+        params, opt_state, pi_metrics = pi_step(spec, params, opt_state, state.pipo, mu_t, k_pi)
+        metrics.update(pi_metrics)
+    else:
+        metrics["mu_t"] = mu_t
+
+    optimizer = make_optimizer(spec.lr, spec)
+    loss_fn = steps.base_loss_fn(spec, state.teacher_params)
+    params, opt_state, base_metrics = steps.minibatch_updates(spec, loss_fn, optimizer, params, opt_state, batch,
+                                                              k_base)
+    metrics.update({f"train/{k}": v for k, v in base_metrics.items()})
+
+    critic = state.critic
+    if spec.has_critic:
+        c_opt = make_optimizer(spec.critic_lr, spec)
+        c_params, c_state, c_metrics = steps.minibatch_updates(spec, steps.critic_loss_fn(spec), c_opt,
+                                                               critic["params"], critic["opt_state"], batch, k_critic)
+        critic = {"params": c_params, "opt_state": c_state}
+        metrics.update({f"critic/{k}": v for k, v in c_metrics.items()})
+
+    teacher = state.teacher_params
+    if teacher is not None:
+        teacher = distill.ema_update(teacher, params, spec.sdpo_ema_rate)
+
+    new_pipo = state.pipo
+    if spec.pipo:
+        stored = pipo.StoredBatch(tokens_bt=batch["tokens_bl"], attention_mask_bt=batch["mask_bl"],
+                                  mask_bt=batch["mask_br"], logp_old_bt=batch["logp_old_br"],
+                                  logp_ref_bt=batch["logp_ref_br"], attr_bt=batch["attr_br"])
+        new_pipo = pipo.push(state.pipo, mu_t, stored)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, critic=critic,
+                              teacher_params=teacher, pipo=new_pipo)
+    return new_state, metrics

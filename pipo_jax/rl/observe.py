@@ -1,0 +1,151 @@
+"""Run observability: metrics.jsonl, TensorBoard event files, optional W&B, a console
+progress bar, and PNG plots of the PIPO signals at the end of a run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any, Iterable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+PROGRESS_KEYS = (("reward_mean", "reward"), ("xi", "xi"), ("c", "c"), ("heldout_accuracy", "acc"),
+                 ("tokens_per_s", "tok/s"))
+
+
+def _scalar(v) -> float | None:
+    try:
+        x = float(np.asarray(v))
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl (one dict per iteration or event)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class RunLogger:
+    """Writes each iteration's scalars to every sink; `close()` flushes and draws the plots."""
+
+    def __init__(self, workdir: str, *, total: int, tensorboard: bool = True, wandb: bool = False,
+                 wandb_project: str = "pipo_jax", progress: bool = True, run_config: dict | None = None,
+                 start_step: int = 0):
+        os.makedirs(workdir, exist_ok=True)
+        self.workdir = workdir
+        self.jsonl_path = os.path.join(workdir, "metrics.jsonl")
+        self._truncate_after(start_step)
+        self._jsonl = open(self.jsonl_path, "a")
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self._wandb = None
+        if wandb:
+            try:
+                import wandb as wandb_lib
+            except ImportError as e:
+                raise ImportError("config.log.wandb=True needs the 'track' extra: pip install -e '.[track]'") from e
+            self._wandb = wandb_lib.init(project=wandb_project, config=run_config, dir=workdir)
+        self._bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=start_step, desc="PIPO" if run_config is None else
+                             run_config.get("algorithm", "train"), dynamic_ncols=True)
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop rows logged after the checkpoint so the file matches the state."""
+        rows = [r for r in read_metrics(self.jsonl_path) if r.get("step", 0) <= step]
+        with open(self.jsonl_path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": int(step)}
+        row.update({k: s for k, v in metrics.items() if (s := _scalar(v)) is not None})
+        self._jsonl.write(json.dumps(row) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != "step":
+                    self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(row, step=step)
+        if self._bar is not None:
+            shown = {label: f"{row[k]:.3g}" for k, label in PROGRESS_KEYS if k in row}
+            self._bar.set_postfix(shown, refresh=False)
+            self._bar.n = max(self._bar.n, int(step))
+            self._bar.refresh()
+
+    def log_many(self, first_step: int, stacked: dict[str, np.ndarray], extra: dict[str, Any] | None = None):
+        """Logs a chunk of iterations whose metrics are stacked on axis 0."""
+        n = len(next(iter(stacked.values()))) if stacked else 0
+        for i in range(n):
+            row = {k: v[i] for k, v in stacked.items()}
+            if extra and i == n - 1:
+                row.update(extra)
+            self.log(first_step + i + 1, row)
+
+    def close(self, plots: bool = True) -> list[str]:
+        if self._bar is not None:
+            self._bar.close()
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        return plot_run(read_metrics(self.jsonl_path), self.workdir) if plots else []
+
+
+def _series(rows: Iterable[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    pts = [(r["step"], r[key]) for r in rows if key in r]
+    if not pts:
+        return np.zeros(0), np.zeros(0)
+    x, y = zip(*pts)
+    return np.asarray(x), np.asarray(y)
+
+
+PLOTS = (
+    ("reward.png", "reward", (("reward_mean", "batch reward"), ("heldout_accuracy", "held-out accuracy"))),
+    ("mu_vs_mu_his.png", "PIPO window", (("mu_t", "mu_t"), ("mu_his", "mu_his"))),
+    ("xi_c.png", "improvement signal", (("xi", "xi"), ("c", "c"), ("pi_step_applied", "PI step applied"))),
+    ("response_length.png", "response length (tokens)", (("response_length", "mean length"),)),
+    ("kl.png", "KL to reference", (("kl_ref", "k3 KL(pi || ref)"),)),
+)
+
+
+def plot_run(rows: list[dict], workdir: str) -> list[str]:
+    """Draws the standard run plots (PNG) from metrics rows; returns the written paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for fname, title, keys in PLOTS:
+        series = [(label, *_series(rows, key)) for key, label in keys]
+        series = [s for s in series if len(s[1])]
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for label, x, y in series:
+            ax.plot(x, y, label=label, marker="o" if len(x) < 30 else None, markersize=3)
+        ax.set_xlabel("iteration")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = os.path.join(workdir, fname)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

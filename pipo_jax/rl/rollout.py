@@ -1,0 +1,130 @@
+"""Rollouts: sample prompts, generate G responses each, score them; DAPO's dynamic sampling.
+
+A `Rollout` holds `B` sequences laid out `prompt (left-padded, width P) ++ response
+(right-padded, width R)`, the sampler's log-probs and the task rewards. Everything here
+is a pure function of fixed shapes so the whole collection can sit inside one jit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from pipo_jax.data import char_vocab
+from pipo_jax.losses import advantages
+from pipo_jax.rl.spec import TrainSpec
+from pipo_jax.sampling import sampler
+from pipo_jax.tasks import arithmetic
+
+
+@struct.dataclass
+class Rollout:
+    problems: Any  # the task's problems, one row per sequence [B]
+    tokens_bl: jax.Array  # int32 [B, P + R]
+    mask_bl: jax.Array  # int32 [B, P + R]
+    sample_logp_br: jax.Array  # float32 [B, R] the sampler's log-probs
+    rewards_b: jax.Array  # float32 [B] task rewards
+
+    @property
+    def size(self) -> int:
+        return self.tokens_bl.shape[0]
+
+
+def response_part(spec: TrainSpec, rollout: Rollout) -> tuple[jax.Array, jax.Array]:
+    """(response tokens `[B, R]`, response mask `[B, R]`)."""
+    p = spec.prompt_len
+    return rollout.tokens_bl[:, p:], rollout.mask_bl[:, p:]
+
+
+def sample_problems(spec: TrainSpec, rng, n_prompts: int, split: str = "train"):
+    """`n_prompts` task problems, each repeated G times (rows of a group are adjacent)."""
+    problems = arithmetic.sample_problems(spec.task, rng, n_prompts, split=split)
+    return jax.tree.map(lambda x: jnp.repeat(x, spec.group_size, axis=0), problems)
+
+
+def generate(spec: TrainSpec, params, problems, rng) -> Rollout:
+    """Samples one response per row of `problems` with the policy `params` (rewards left 0)."""
+    # "tempered" log-probs: log_softmax(logits / T) over the full vocabulary, what the
+    # trainer recomputes as the behaviour policy (top-k / top-p only shape the sampling).
+    out = sampler.generate(
+        spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, rng,
+        max_new_tokens=spec.response_len, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+        stop_token_ids=(char_vocab.EOS_ID,), pad_id=char_vocab.PAD_ID, logprobs="tempered")
+    tokens = jnp.concatenate([problems.prompt_tokens_bp, out.tokens_br], axis=1).astype(jnp.int32)
+    mask = jnp.concatenate([problems.prompt_mask_bp, out.mask_br], axis=1).astype(jnp.int32)
+    return Rollout(problems=problems, tokens_bl=tokens, mask_bl=mask, sample_logp_br=out.logprobs_br,
+                   rewards_b=jnp.zeros((tokens.shape[0],), jnp.float32))
+
+
+def task_rewards(spec: TrainSpec, rollout: Rollout) -> jax.Array:
+    """The built-in task's JAX reward `[B]`."""
+    tokens_br, mask_br = response_part(spec, rollout)
+    return arithmetic.reward(spec.task, rollout.problems, tokens_br, mask_br)
+
+
+def with_rewards(rollout: Rollout, rewards_b) -> Rollout:
+    return rollout.replace(rewards_b=jnp.asarray(rewards_b, jnp.float32))
+
+
+# ----------------------------------------------------------------------------- DAPO
+
+
+def merge_kept_groups(spec: TrainSpec, buffer: Rollout, filled, new: Rollout, keep_p) -> tuple[Rollout, jax.Array]:
+    """Appends the kept groups of `new` after the `filled` groups of `buffer` (extra ones drop).
+
+    `buffer` holds `spec.prompts` groups; returns (buffer, new filled count, capped at P).
+    """
+    g = spec.group_size
+    dest_p = filled + jnp.cumsum(keep_p.astype(jnp.int32)) - 1
+    dest_p = jnp.where(keep_p, dest_p, spec.prompts)  # out of range: dropped by mode="drop"
+
+    def put(buf, x):
+        buf_g = buf.reshape((spec.prompts, g) + buf.shape[1:])
+        x_g = x.reshape((-1, g) + x.shape[1:])
+        return buf_g.at[dest_p].set(x_g, mode="drop").reshape(buf.shape)
+
+    merged = jax.tree.map(put, buffer, new)
+    return merged, jnp.minimum(filled + jnp.sum(keep_p.astype(jnp.int32)), spec.prompts)
+
+
+def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Array]) -> tuple[Rollout, dict]:
+    """One training batch of `P x G` scored sequences, in one jit-able function.
+
+    Without dynamic sampling: P prompts, G samples each. With DAPO's dynamic sampling:
+    generation batches of `gen_prompts` prompts, keeping groups whose rewards differ,
+    until P groups are kept or `max_num_gen_batches` batches ran (then `dapo_exhausted`
+    is set and the host raises a clear error).
+    """
+    if not spec.dynamic_sampling:
+        k_prob, k_gen = jax.random.split(rng)
+        rollout = generate(spec, params, sample_problems(spec, k_prob, spec.prompts), k_gen)
+        rollout = with_rewards(rollout, reward_fn(rollout))
+        return rollout, {}
+
+    def gen_batch(i):
+        k_prob, k_gen = jax.random.split(jax.random.fold_in(rng, i))
+        r = generate(spec, params, sample_problems(spec, k_prob, spec.gen_prompts), k_gen)
+        return with_rewards(r, reward_fn(r))
+
+    template = jax.eval_shape(lambda: gen_batch(0))
+    buffer = jax.tree.map(lambda x: jnp.zeros((spec.batch,) + x.shape[1:], x.dtype), template)
+
+    def cond(carry):
+        _, filled, n, _ = carry
+        return (filled < spec.prompts) & (n < spec.max_num_gen_batches)
+
+    def body(carry):
+        buf, filled, n, dropped = carry
+        new = gen_batch(n)
+        keep_p, _, counts = advantages.dapo_group_filter(new.rewards_b, spec.group_size)
+        buf, filled = merge_kept_groups(spec, buf, filled, new, keep_p)
+        return buf, filled, n + 1, dropped + counts["num_dropped"]
+
+    zero = jnp.zeros((), jnp.int32)
+    buffer, filled, n, dropped = jax.lax.while_loop(cond, body, (buffer, zero, zero, zero))
+    stats = {"dapo_gen_batches": n, "dapo_groups_dropped": dropped, "dapo_groups_kept": filled,
+             "dapo_exhausted": filled < spec.prompts}
+    return buffer, stats

@@ -1,0 +1,268 @@
+"""`TrainSpec`: the validated, hashable (jit-static) view of an ml-collections run config.
+
+`train_spec(config)` checks every setting at start-up and raises `ConfigError` naming
+the key (unknown algorithm, K < 2, lam outside [0, 1], G = 1 with a group method, a
+mini-batch that does not divide the batch, a missing model path, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import ml_collections
+
+from pipo_jax.losses import registry
+from pipo_jax.losses.aggregation import AGG_MODES
+from pipo_jax.models import qwen3
+from pipo_jax.rl import warmup
+from pipo_jax.tasks import arithmetic
+
+ALGORITHMS = ("ppo", "grpo", "gspo", "dapo", "sdpo")
+GROUP_ESTIMATORS = ("grpo", "group_relative")
+TASKS = ("arithmetic",)
+
+
+class ConfigError(ValueError):
+    """An invalid run config; the message names the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+    """Everything the jitted steps need to know statically. Sizes are in sequences unless named."""
+
+    algorithm: str
+    model: qwen3.Qwen3Config
+    model_path: str
+    logprob_impl: str
+    task: arithmetic.ArithmeticTask
+    prompts: int  # P, prompts per training batch
+    group_size: int  # G
+    response_len: int  # R, max new tokens
+    temperature: float
+    top_k: int
+    top_p: float
+    lr: float
+    weight_decay: float
+    adam_b1: float
+    adam_b2: float
+    grad_clip: float
+    mini_batch: int  # sequences per optimizer step
+    micro_batch: int  # sequences per gradient-accumulation step
+    epochs: int
+    shuffle: bool
+    estimator: str
+    std_ddof: int
+    norm_by_std: bool
+    gamma: float
+    gae_lam: float
+    policy_loss: str
+    clip_low: float
+    clip_high: float
+    clip_ratio_c: float
+    agg_mode: str
+    kl_coef: float
+    kl_estimator: str
+    kl_in_reward: bool
+    entropy_coef: float
+    critic_lr: float
+    cliprange_value: float
+    dynamic_sampling: bool
+    gen_prompts: int
+    max_num_gen_batches: int
+    overlong_buffer: int
+    overlong_factor: float
+    sdpo_alpha: float
+    sdpo_topk: int
+    sdpo_teacher: str
+    sdpo_ema_rate: float
+    sdpo_success_threshold: float
+    sdpo_is_clip: float
+    sdpo_use_feedback: bool
+    pipo: bool
+    pipo_window: int
+    pipo_lam: float
+    pipo_lr: float
+    pipo_compat: bool
+    attribution: str
+
+    @property
+    def batch(self) -> int:
+        """B = P * G sequences per training batch."""
+        return self.prompts * self.group_size
+
+    @property
+    def prompt_len(self) -> int:
+        return self.task.prompt_len
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+    @property
+    def has_critic(self) -> bool:
+        return self.estimator == "gae"
+
+    @property
+    def is_sdpo(self) -> bool:
+        return self.policy_loss.startswith("sdpo")
+
+    @property
+    def pi_ratio(self) -> str:
+        return "sequence" if self.policy_loss == "gspo" else "token"
+
+
+def _need(cond: bool, key: str, message: str):
+    if not cond:
+        raise ConfigError(f"config.{key}: {message}")
+
+
+def _choice(value, key: str, choices):
+    _need(value in choices, key, f"{value!r} is not one of {tuple(choices)}")
+
+
+def make_task(tc: ml_collections.ConfigDict) -> arithmetic.ArithmeticTask:
+    _choice(tc.name, "task.name", TASKS)
+    try:
+        return arithmetic.ArithmeticTask(
+            min_digits=tc.min_digits, max_digits=tc.max_digits, ops=tuple(tc.ops), answer_format=tc.answer_format,
+            reward_mode=tc.reward_mode, feedback_style=tc.feedback_style, heldout_fraction=tc.heldout_fraction,
+            split_seed=tc.split_seed,
+        )
+    except ValueError as e:
+        raise ConfigError(f"config.task: {e}") from e
+
+
+def make_model_config(mc: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
+    """The model's shapes: the built-in task model, a preset, or the HF directory's config.json."""
+    overrides = dict(param_dtype=mc.param_dtype, dtype=mc.dtype, remat=mc.remat)
+    try:
+        if mc.path:
+            from pipo_jax.models import hf
+
+            _need(os.path.isdir(mc.path), "model.path", f"{mc.path!r} is not a directory")
+            import json
+
+            with open(os.path.join(mc.path, "config.json")) as f:
+                return hf.config_from_hf(json.load(f), os.path.join(mc.path, "config.json"), **overrides)
+        if mc.preset == "task_tiny":
+            return warmup.task_model_config(**overrides)
+        _need(False, "model.path", f"model.preset={mc.preset!r} needs the Hugging Face weights: set "
+              f"--config.model.path=/path/to/{mc.preset} (no weights are downloaded at run time)")
+    except (ValueError, FileNotFoundError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"config.model: {e}") from e
+
+
+def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
+    """Validates `c` and returns its `TrainSpec`; raises `ConfigError` naming the key."""
+    _choice(c.algorithm, "algorithm", ALGORITHMS)
+    task = make_task(c.task)
+    model = make_model_config(c.model)
+    _choice(c.model.logprob_impl, "model.logprob_impl", ("auto", "reference", "chunked", "pallas"))
+
+    r = c.rollout
+    _need(r.prompts_per_batch >= 1, "rollout.prompts_per_batch", f"{r.prompts_per_batch} must be >= 1")
+    _need(r.group_size >= 1, "rollout.group_size", f"{r.group_size} must be >= 1")
+    response_len = r.max_new_tokens or task.answer_len
+    _need(response_len >= 1, "rollout.max_new_tokens", f"{r.max_new_tokens} must be >= 0")
+    _need(r.temperature > 0, "rollout.temperature", f"{r.temperature} must be > 0")
+    _need(r.top_k >= 0, "rollout.top_k", f"{r.top_k} must be >= 0 (0 = off)")
+    _need(0 < r.top_p <= 1, "rollout.top_p", f"{r.top_p} must be in (0, 1]")
+    _need(task.prompt_len + response_len <= model.max_position_embeddings, "rollout.max_new_tokens",
+          f"prompt {task.prompt_len} + response {response_len} exceeds the model's max_position_embeddings "
+          f"{model.max_position_embeddings}")
+
+    a = c.advantage
+    _choice(a.estimator, "advantage.estimator", tuple(registry.ADVANTAGE_ESTIMATORS) + ("none",))
+    if a.estimator in GROUP_ESTIMATORS or c.pipo.attribution == "group":
+        _need(r.group_size >= 2, "rollout.group_size",
+              f"G={r.group_size} with a group method (advantage.estimator={a.estimator!r}, "
+              f"pipo.attribution={c.pipo.attribution!r}) needs G >= 2")
+    _choice(a.std_ddof, "advantage.std_ddof", (0, 1))
+
+    t = c.train
+    batch = r.prompts_per_batch * r.group_size
+    _need(t.mini_batch_prompts >= 1 and r.prompts_per_batch % t.mini_batch_prompts == 0, "train.mini_batch_prompts",
+          f"{t.mini_batch_prompts} does not divide rollout.prompts_per_batch={r.prompts_per_batch}")
+    mini = t.mini_batch_prompts * r.group_size
+    micro = t.micro_batch_size or mini
+    _need(mini % micro == 0, "train.micro_batch_size", f"{t.micro_batch_size} does not divide the mini-batch of {mini}")
+    _need(t.epochs >= 1, "train.epochs", f"{t.epochs} must be >= 1")
+    _need(t.lr > 0, "train.lr", f"{t.lr} must be > 0")
+    _need(t.grad_clip > 0, "train.grad_clip", f"{t.grad_clip} must be > 0")
+
+    lo = c.loss
+    _choice(lo.policy, "loss.policy", tuple(registry.POLICY_LOSSES))
+    _choice(lo.agg_mode, "loss.agg_mode", AGG_MODES)
+    _choice(lo.kl_estimator, "loss.kl_estimator", tuple(registry.KL_ESTIMATORS))
+    _need(0 <= lo.clip_low < 1, "loss.clip_low", f"{lo.clip_low} must be in [0, 1)")
+    _need(lo.clip_high >= 0, "loss.clip_high", f"{lo.clip_high} must be >= 0")
+    _need(lo.clip_ratio_c == 0 or lo.clip_ratio_c > 1, "loss.clip_ratio_c", f"{lo.clip_ratio_c} must be 0 or > 1")
+    _need(not (lo.policy == "gspo" and lo.clip_ratio_c), "loss.clip_ratio_c", "GSPO has no dual clip: set it to 0")
+    _need(lo.kl_coef >= 0, "loss.kl_coef", f"{lo.kl_coef} must be >= 0")
+    is_sdpo = lo.policy.startswith("sdpo")
+    _need(is_sdpo == (c.algorithm == "sdpo"), "loss.policy",
+          f"{lo.policy!r} does not fit algorithm={c.algorithm!r} (sdpo_* losses are SDPO's)")
+    _need((a.estimator == "gae") == (c.algorithm == "ppo"), "advantage.estimator",
+          f"{a.estimator!r} does not fit algorithm={c.algorithm!r} (PPO uses 'gae' with its critic)")
+    _need(not is_sdpo or a.estimator == "none", "advantage.estimator", "SDPO uses no advantage estimator: 'none'")
+    _need(is_sdpo or a.estimator != "none", "advantage.estimator", f"algorithm={c.algorithm!r} needs an estimator")
+
+    d = c.dapo
+    gen_prompts = d.gen_prompts_per_batch or r.prompts_per_batch
+    if d.dynamic_sampling:
+        _need(r.group_size >= 2, "dapo.dynamic_sampling", "filters groups by reward variance: needs G >= 2")
+        _need(d.max_num_gen_batches >= 1, "dapo.max_num_gen_batches", f"{d.max_num_gen_batches} must be >= 1")
+    _need(d.overlong_buffer >= 0 and d.overlong_buffer <= response_len, "dapo.overlong_buffer",
+          f"{d.overlong_buffer} must be in [0, max_new_tokens={response_len}]")
+
+    s = c.sdpo
+    _choice(s.teacher, "sdpo.teacher", ("ema", "live"))
+    _need(0 <= s.alpha <= 1, "sdpo.alpha", f"{s.alpha} must be in [0, 1]")
+    _need(0 <= s.ema_rate <= 1, "sdpo.ema_rate", f"{s.ema_rate} must be in [0, 1]")
+    _need(1 <= s.topk, "sdpo.topk", f"{s.topk} must be >= 1")
+    if is_sdpo:
+        _need(r.group_size >= 2 or s.use_feedback, "sdpo.use_feedback",
+              "with G = 1 there are no sibling solutions: enable feedback")
+
+    p = c.pipo
+    _need(p.window >= 2, "pipo.window", f"K={p.window} must be >= 2 (the window std needs two means)")
+    _need(0 <= p.lam <= 1, "pipo.lam", f"{p.lam} must be in [0, 1]")
+    _need(p.lr > 0, "pipo.lr", f"{p.lr} must be > 0")
+    _choice(p.attribution, "pipo.attribution", tuple(registry.ATTRIBUTIONS))
+    expected_attr = {"ppo": "gae", "sdpo": "sdpo_token"}.get(c.algorithm, "group")
+    _need(p.attribution == expected_attr, "pipo.attribution",
+          f"{p.attribution!r} does not fit algorithm={c.algorithm!r} (expected {expected_attr!r})")
+
+    _need(c.iterations >= 1, "iterations", f"{c.iterations} must be >= 1")
+    _need(c.log.every >= 1, "log.every", f"{c.log.every} must be >= 1")
+    _need(c.checkpoint.every >= 0, "checkpoint.every", f"{c.checkpoint.every} must be >= 0")
+    _need(c.checkpoint.keep >= 1, "checkpoint.keep", f"{c.checkpoint.keep} must be >= 1")
+    _need(c.eval.every >= 0, "eval.every", f"{c.eval.every} must be >= 0")
+    _need(c.eval.n >= 1, "eval.n", f"{c.eval.n} must be >= 1")
+    if c.warmup.enabled:
+        _need(not c.model.path, "warmup.enabled", "the supervised warm-up trains a fresh task model; "
+              "disable it when loading model.path")
+        _need(c.warmup.steps >= 1, "warmup.steps", f"{c.warmup.steps} must be >= 1")
+
+    return TrainSpec(
+        algorithm=c.algorithm, model=model, model_path=c.model.path, logprob_impl=c.model.logprob_impl, task=task,
+        prompts=r.prompts_per_batch, group_size=r.group_size, response_len=response_len,
+        temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p),
+        lr=float(t.lr), weight_decay=float(t.weight_decay), adam_b1=float(t.adam_b1), adam_b2=float(t.adam_b2),
+        grad_clip=float(t.grad_clip), mini_batch=mini, micro_batch=micro, epochs=int(t.epochs),
+        shuffle=bool(t.shuffle), estimator=a.estimator, std_ddof=int(a.std_ddof), norm_by_std=bool(a.norm_by_std),
+        gamma=float(a.gamma), gae_lam=float(a.lam), policy_loss=lo.policy, clip_low=float(lo.clip_low),
+        clip_high=float(lo.clip_high), clip_ratio_c=float(lo.clip_ratio_c), agg_mode=lo.agg_mode,
+        kl_coef=float(lo.kl_coef), kl_estimator=lo.kl_estimator, kl_in_reward=bool(lo.kl_in_reward),
+        entropy_coef=float(lo.entropy_coef), critic_lr=float(c.critic.lr),
+        cliprange_value=float(c.critic.cliprange_value), dynamic_sampling=bool(d.dynamic_sampling),
+        gen_prompts=int(gen_prompts), max_num_gen_batches=int(d.max_num_gen_batches),
+        overlong_buffer=int(d.overlong_buffer), overlong_factor=float(d.overlong_factor),
+        sdpo_alpha=float(s.alpha), sdpo_topk=int(s.topk), sdpo_teacher=s.teacher, sdpo_ema_rate=float(s.ema_rate),
+        sdpo_success_threshold=float(s.success_threshold), sdpo_is_clip=float(s.is_clip),
+        sdpo_use_feedback=bool(s.use_feedback), pipo=bool(p.enabled), pipo_window=int(p.window),
+        pipo_lam=float(p.lam), pipo_lr=float(p.lr), pipo_compat=bool(p.compat), attribution=p.attribution,
+    )

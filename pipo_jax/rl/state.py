@@ -1,0 +1,88 @@
+"""`TrainState`: everything a run carries between iterations, as one pytree.
+
+Policy params and AdamW state, the frozen reference params, the PPO critic (params +
+its optimizer state), the SDPO EMA teacher, the PIPO controller state, the RNG key and
+the iteration counter. Checkpoints save exactly this tree, so a resumed run continues
+bit-exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from pipo_jax.losses import pipo
+from pipo_jax.rl.spec import TrainSpec
+
+
+@struct.dataclass
+class TrainState:
+    step: jax.Array  # int32 [], iterations done
+    params: Any
+    opt_state: Any
+    ref_params: Any
+    critic: Any  # None, or {"params": {"backbone", "value_head"}, "opt_state"} (PPO)
+    teacher_params: Any  # None, or the SDPO EMA teacher
+    pipo: pipo.PipoState
+    rng: jax.Array
+
+
+def make_optimizer(lr: float, spec: TrainSpec) -> optax.GradientTransformation:
+    """Global-norm clipping then AdamW whose learning rate lives in the state (see `with_lr`).
+
+    The PI step and the base step share this optimizer state (SPEC 2) and differ only in
+    the learning rate written into it before each update.
+    """
+    return optax.chain(
+        optax.clip_by_global_norm(spec.grad_clip),
+        optax.inject_hyperparams(optax.adamw)(
+            learning_rate=lr, b1=spec.adam_b1, b2=spec.adam_b2, weight_decay=spec.weight_decay),
+    )
+
+
+def with_lr(opt_state, lr) -> Any:
+    """The same optimizer state with its AdamW learning rate set to `lr`."""
+    clip_state, adam_state = opt_state
+    hyper = dict(adam_state.hyperparams, learning_rate=jnp.asarray(lr, jnp.float32))
+    return (clip_state, adam_state._replace(hyperparams=hyper))
+
+
+def stored_batch_template(spec: TrainSpec) -> pipo.StoredBatch:
+    """Shapes of the batch PIPO keeps for verification: B sequences of prompt + response."""
+    b, L, r = spec.batch, spec.seq_len, spec.response_len
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    return pipo.StoredBatch(
+        tokens_bt=i32(b, L), attention_mask_bt=i32(b, L), mask_bt=f32(b, r),
+        logp_old_bt=f32(b, r), logp_ref_bt=f32(b, r), attr_bt=f32(b, r),
+    )
+
+
+def _copy(tree):
+    # Separate buffers: the state is donated to the jitted steps, and XLA may not donate
+    # one buffer twice.
+    return jax.tree.map(jnp.copy, tree)
+
+
+def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
+    """A fresh state around `params` (the reference, critic backbone and teacher start as copies)."""
+    critic = None
+    if spec.has_critic:
+        critic_params = {"backbone": _copy(params),
+                         "value_head": jnp.zeros((spec.model.hidden_size,), jnp.float32)}
+        critic = {"params": critic_params, "opt_state": make_optimizer(spec.critic_lr, spec).init(critic_params)}
+    teacher = _copy(params) if spec.is_sdpo and spec.sdpo_teacher == "ema" else None
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=make_optimizer(spec.lr, spec).init(params),
+        ref_params=_copy(params),
+        critic=critic,
+        teacher_params=teacher,
+        pipo=pipo.init_pipo_state(spec.pipo_window, stored_batch_template(spec)),
+        rng=jax.random.PRNGKey(seed),
+    )

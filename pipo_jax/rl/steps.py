@@ -1,0 +1,193 @@
+"""Pure update steps: mini-batch x epoch optimisation shared by the base, PI and critic updates.
+
+`minibatch_updates` is the one machinery (SPEC 2: the PI step uses the *same* machinery
+as the base step): shuffle per epoch, split into mini-batches (one optimizer step each)
+and micro-batches (gradient accumulation). Loss counts (valid tokens, non-empty rows)
+are taken over the whole mini-batch, so micro-batching never changes the loss or the
+gradient. What differs between the updates is only the loss function and the learning
+rate written into the shared optimizer state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from pipo_jax.losses import distill, pipo, registry
+from pipo_jax.losses.aggregation import aggregate, aggregation_counts
+from pipo_jax.losses.kl import kl_loss
+from pipo_jax.losses.value import clipped_value_loss
+from pipo_jax.rl import logprobs
+from pipo_jax.rl.spec import TrainSpec
+
+Batch = dict[str, jax.Array]
+LossFn = Callable[[Any, Batch, dict], tuple[jax.Array, dict]]
+
+
+def _counts(spec: TrainSpec, counts: dict) -> dict:
+    return dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"], norm_length=spec.response_len)
+
+
+def _agg(spec: TrainSpec, counts: dict) -> dict:
+    """Keyword arguments of every registered loss: the aggregation mode and the global counts."""
+    return dict(loss_agg_mode=spec.agg_mode, **_counts(spec, counts))
+
+
+def minibatch_order(spec: TrainSpec, rng, batch_size: int) -> jax.Array:
+    """Row indices `[epochs * n_mini, mini_batch]`: a fresh permutation per epoch when shuffling."""
+    n_mini = batch_size // spec.mini_batch
+
+    def epoch(key):
+        return jax.random.permutation(key, batch_size) if spec.shuffle else jnp.arange(batch_size)
+
+    orders = jax.vmap(epoch)(jax.random.split(rng, spec.epochs))
+    return orders.reshape(spec.epochs * n_mini, spec.mini_batch)
+
+
+def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state,
+                      batch: Batch, rng) -> tuple[Any, Any, dict]:
+    """Runs `epochs x (B / mini_batch)` optimizer steps of `loss_fn` on `batch`.
+
+    `loss_fn(params, micro_batch, counts) -> (loss, metrics)` must aggregate with the
+    mini-batch `counts` ({"num_tokens", "num_seqs"} of `batch["mask_br"]`), so losses and
+    metrics of micro-batches add up to the mini-batch's. Returns (params, opt_state,
+    metrics averaged over the optimizer steps, plus "grad_norm").
+    """
+    size = batch["mask_br"].shape[0]
+    n_micro = spec.mini_batch // spec.micro_batch
+
+    def micro_split(x):
+        return x.reshape((n_micro, spec.micro_batch) + x.shape[1:])
+
+    def mini_step(carry, idx):
+        p, s = carry
+        mini = jax.tree.map(lambda x: x[idx], batch)
+        counts = aggregation_counts(mini["mask_br"])
+
+        def micro_step(acc, micro):
+            (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, micro, counts)
+            return jax.tree.map(jnp.add, acc, (grads, metrics)), None
+
+        zero_metrics = jax.eval_shape(lambda: loss_fn(p, jax.tree.map(lambda x: x[0], jax.tree.map(micro_split, mini)),
+                                                      counts)[1])
+        zeros = (jax.tree.map(jnp.zeros_like, p), jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), zero_metrics))
+        (grads, metrics), _ = jax.lax.scan(micro_step, zeros, jax.tree.map(micro_split, mini))
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
+        updates, s = optimizer.update(grads, s, p)
+        return (optax.apply_updates(p, updates), s), metrics
+
+    (params, opt_state), metrics = jax.lax.scan(mini_step, (params, opt_state), minibatch_order(spec, rng, size))
+    return params, opt_state, jax.tree.map(jnp.mean, metrics)
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+def _regularisers(spec: TrainSpec, logp_br, ent_br, mb: Batch, counts: dict) -> tuple[jax.Array, dict]:
+    """KL-to-reference loss term and entropy bonus (both optional)."""
+    loss, metrics = 0.0, {}
+    if spec.kl_coef > 0 and not spec.kl_in_reward:
+        kl, _ = kl_loss(logp_br, mb["logp_ref_br"], mb["mask_br"], estimator=spec.kl_estimator, **_agg(spec, counts))
+        loss, metrics["kl_loss"] = loss + spec.kl_coef * kl, kl
+    if spec.entropy_coef > 0:
+        ent = aggregate(ent_br, mb["mask_br"], spec.agg_mode, **_counts(spec, counts))
+        loss, metrics["entropy_loss"] = loss - spec.entropy_coef * ent, ent
+    return loss, metrics
+
+
+def _student_logprobs(spec: TrainSpec, params, mb: Batch):
+    return logprobs.response_logprobs(
+        spec.model, params, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len, temperature=spec.temperature,
+        impl=spec.logprob_impl, with_entropy=spec.entropy_coef > 0)
+
+
+def teacher_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq):
+    """Teacher log-probs `[B, R]` of the response tokens in the teacher context (no gradient)."""
+    q = tokens_bq.shape[1] - spec.response_len
+    logp, _ = logprobs.response_logprobs(spec.model, jax.lax.stop_gradient(teacher_params), tokens_bq, mask_bq, q,
+                                         temperature=spec.temperature, impl=spec.logprob_impl)
+    return jax.lax.stop_gradient(logp)
+
+
+def _sdpo_loss(spec: TrainSpec, params, teacher_params, mb: Batch, counts: dict):
+    q = mb["teacher_tokens_bq"].shape[1] - spec.response_len
+    common = dict(is_clip=spec.sdpo_is_clip, sd_mask_b=mb["sd_mask_b"], **_agg(spec, counts))
+    if spec.policy_loss == "sdpo_token":
+        logp, ent = _student_logprobs(spec, params, mb)
+        logp_t = teacher_logprobs(spec, teacher_params, mb["teacher_tokens_bq"], mb["teacher_mask_bq"])
+        loss, m = distill.sdpo_token_loss(logp, mb["logp_old_br"], None, mb["mask_br"], logp_teacher_bt=logp_t,
+                                          **common)
+        return loss, m, logp, ent
+    student = logprobs.response_log_softmax(spec.model, params, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len,
+                                            temperature=spec.temperature)
+    teacher = jax.lax.stop_gradient(logprobs.response_log_softmax(
+        spec.model, jax.lax.stop_gradient(teacher_params), mb["teacher_tokens_bq"], mb["teacher_mask_bq"], q,
+        temperature=spec.temperature))
+    targets = mb["tokens_bl"][:, spec.prompt_len:]
+    valid = mb["mask_br"] > 0
+    logp = jnp.where(valid, jnp.take_along_axis(student, targets[..., None], axis=-1)[..., 0], 0.0)
+    logp_t = jnp.where(valid, jnp.take_along_axis(teacher, targets[..., None], axis=-1)[..., 0], 0.0)
+    s_btn, t_btn = distill.student_topk_with_tail(student, teacher, min(spec.sdpo_topk, student.shape[-1]))
+    loss, m = distill.sdpo_jsd_loss(logp, mb["logp_old_br"], None, mb["mask_br"], student_distill_logp_btn=s_btn,
+                                    teacher_distill_logp_btn=t_btn, alpha=spec.sdpo_alpha, logp_teacher_bt=logp_t,
+                                    **common)
+    ent = -jnp.sum(jnp.exp(student) * student, axis=-1) if spec.entropy_coef > 0 else None
+    return loss, m, logp, ent
+
+
+def base_loss_fn(spec: TrainSpec, teacher_params=None) -> LossFn:
+    """The algorithm's loss on its own batch: policy loss (+ KL term, - entropy bonus)."""
+
+    def loss_fn(params, mb: Batch, counts: dict):
+        if spec.is_sdpo:
+            teacher = params if spec.sdpo_teacher == "live" else teacher_params
+            loss, metrics, logp, ent = _sdpo_loss(spec, params, teacher, mb, counts)
+        else:
+            logp, ent = _student_logprobs(spec, params, mb)
+            kw = dict(eps_low=spec.clip_low, eps_high=spec.clip_high, **_agg(spec, counts))
+            if spec.policy_loss == "token_clip":
+                kw["clip_ratio_c"] = spec.clip_ratio_c
+            loss, metrics = registry.POLICY_LOSSES[spec.policy_loss](logp, mb["logp_old_br"], mb["adv_br"],
+                                                                     mb["mask_br"], **kw)
+        reg, reg_metrics = _regularisers(spec, logp, ent, mb, counts)
+        loss = loss + reg
+        return loss, dict(metrics, **reg_metrics, loss=loss)
+
+    return loss_fn
+
+
+def pi_loss_fn(spec: TrainSpec) -> LossFn:
+    """PIPO's verification loss on the stored batch: clipped surrogate with rhat (+ KL term)."""
+
+    def loss_fn(params, mb: Batch, counts: dict):
+        logp, ent = _student_logprobs(spec, params, mb)
+        loss, metrics = pipo.pi_surrogate_loss(
+            logp, mb["logp_old_br"], mb["rhat_br"], mb["mask_br"], ratio=spec.pi_ratio, eps_low=spec.clip_low,
+            eps_high=spec.clip_high, compat=spec.pipo_compat, **_agg(spec, counts))
+        reg, reg_metrics = _regularisers(spec, logp, ent, mb, counts)
+        loss = loss + reg
+        return loss, dict(metrics, **reg_metrics, loss=loss)
+
+    return loss_fn
+
+
+def critic_values(spec: TrainSpec, critic_params, tokens_bl, mask_bl) -> jax.Array:
+    """V(s_t) `[B, R]` float32: the value head on the critic backbone's response hidden states."""
+    hidden = logprobs.response_hidden(spec.model, critic_params["backbone"], tokens_bl, mask_bl, spec.prompt_len)
+    values = jnp.einsum("brd,d->br", hidden.astype(jnp.float32), critic_params["value_head"])
+    return jnp.where(mask_bl[:, spec.prompt_len:] > 0, values, 0.0)
+
+
+def critic_loss_fn(spec: TrainSpec) -> LossFn:
+    """PPO's clipped value loss."""
+
+    def loss_fn(critic_params, mb: Batch, counts: dict):
+        values = critic_values(spec, critic_params, mb["tokens_bl"], mb["mask_bl"])
+        loss, metrics = clipped_value_loss(values, mb["values_br"], mb["returns_br"], mb["mask_br"],
+                                           cliprange_value=spec.cliprange_value, **_agg(spec, counts))
+        return loss, metrics
+
+    return loss_fn

@@ -1,0 +1,580 @@
+"""Math answer checking: final-answer extraction, equivalence, reward and feedback.
+
+Pipeline for one response: extract the final answer (the last outermost
+``\\boxed{...}`` / ``\\fbox{...}``, or a configured regex) -> light LaTeX clean-up
+(spacing commands, ``\\text{10 cm}``, repeating decimals, ``1.5e3``) -> equivalence by
+`math-verify` (Hugging Face, Apache-2.0; LaTeX -> sympy via latex2sympy2_extended, MIT)
+which handles numbers, ``\\frac``/``\\dfrac``/``\\tfrac``/``a/b``, ``\\left``/``\\right``,
+units in ``\\text{}``, degrees, percentages, intervals, sets, tuples, matrices,
+equations like ``x=3`` and symbolic equality -> a reward in {0, 1} plus a feedback
+string (for SDPO's teacher context).
+
+Time limit. math-verify's own timeout uses ``signal.alarm`` (whole seconds, main
+thread only, and nested alarms clobber each other). We switch it off and arm one
+``setitimer`` per answer that raises `AnswerCheckTimeout` (a ``BaseException``, so the
+library's ``except Exception`` cannot swallow it). Signals only interrupt Python code,
+so by default (``isolation="process"``) checks run in worker subprocesses (their main
+thread, so the timer works whatever thread the trainer calls from) and the parent also
+kills a worker that misses ``timeout_s + grace_s`` (stuck in C code, e.g. a huge
+integer power) or dies; the answer then scores 0 with a "could not be checked"
+feedback. ``isolation="inline"`` checks in the calling thread (must be the main one).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+STATUS_CORRECT = "correct"
+STATUS_INCORRECT = "incorrect"
+STATUS_NO_ANSWER = "no_answer"
+STATUS_TIMEOUT = "timeout"
+STATUS_ERROR = "error"
+
+_FEEDBACK_ANSWER_CHARS = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class MathVerifyConfig:
+    """How answers are extracted and compared.
+
+    answer_pattern: regex used instead of ``\\boxed{}``; the last match's group
+      ``answer`` (if named) else group 1 else the whole match is the answer.
+    timeout_s: wall-clock limit for comparing one answer (parse + compare), seconds.
+    isolation: "process" (worker subprocesses, works from any thread, survives
+      uninterruptible C code) or "inline" (calling thread, must be the main thread).
+    num_workers: worker processes for "process" isolation.
+    grace_s: extra seconds the parent waits before killing a worker that missed
+      its own timer.
+    worker_memory_mb: address-space limit of each worker (0 = no limit).
+    startup_timeout_s: how long a worker may take to import sympy/math-verify.
+    float_rounding, numeric_precision, strict, allow_set_relation_comp: passed to
+      ``math_verify.verify`` (decimal places for floats, sympy evalf precision,
+      variables must match / sets != tuples, allow ``1<x<2`` vs ``(1,2)``).
+    """
+
+    answer_pattern: str | None = None
+    timeout_s: float = 5.0
+    isolation: str = "process"
+    num_workers: int = 1
+    grace_s: float = 5.0
+    worker_memory_mb: int = 4096
+    startup_timeout_s: float = 120.0
+    float_rounding: int = 6
+    numeric_precision: int = 15
+    strict: bool = True
+    allow_set_relation_comp: bool = False
+
+    def __post_init__(self):
+        if self.isolation not in ("process", "inline"):
+            raise ValueError(f"MathVerifyConfig.isolation must be 'process' or 'inline', got {self.isolation!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"MathVerifyConfig.timeout_s must be > 0, got {self.timeout_s}")
+        if self.num_workers < 1:
+            raise ValueError(f"MathVerifyConfig.num_workers must be >= 1, got {self.num_workers}")
+        if self.grace_s < 0 or self.worker_memory_mb < 0 or self.startup_timeout_s <= 0:
+            raise ValueError("MathVerifyConfig: grace_s and worker_memory_mb must be >= 0, startup_timeout_s > 0")
+        if self.answer_pattern is not None:
+            try:
+                re.compile(self.answer_pattern)
+            except re.error as e:
+                raise ValueError(f"MathVerifyConfig.answer_pattern is not a valid regex: {e}") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class MathResult:
+    """Outcome for one response: reward in [0, 1], SDPO feedback, extracted answer."""
+
+    reward: float
+    feedback: str
+    extracted: str | None
+    status: str
+
+
+class AnswerCheckTimeout(BaseException):
+    """Raised by the per-answer timer; a BaseException so `except Exception` misses it."""
+
+
+# ----------------------------------------------------------------------------------
+# Extraction
+# ----------------------------------------------------------------------------------
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\b")
+
+
+def _balanced_group(text: str, open_idx: int) -> int | None:
+    """Index just past the brace group opening at ``text[open_idx] == '{'``, or None.
+
+    Escaped braces (``\\{``, ``\\}``) do not count.
+    """
+    depth = 0
+    i = open_idx
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def _box_argument(text: str, cmd_end: int) -> tuple[str, int] | None:
+    """Argument of a ``\\boxed`` whose name ends at ``cmd_end``: (content, end) or None."""
+    i = cmd_end
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    if i < len(text) and text[i] == "{":
+        end = _balanced_group(text, i)
+        if end is None:
+            return None  # truncated response: unbalanced braces
+        return text[i + 1 : end - 1], end
+    # ``\boxed 5``: the argument runs to the next whitespace or '$'.
+    m = re.match(r"[^\s$]+", text[i:]) if i > cmd_end else None
+    if m is None:
+        return None
+    return m.group(0), i + m.end()
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last outermost ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``.
+
+    Nested braces are balanced; a box inside another box is part of the outer one;
+    an unclosed last box (truncated response) or an empty one gives None.
+    """
+    found: str | None = None
+    covered_to = -1
+    for m in _BOX_RE.finditer(text):
+        if m.start() < covered_to:
+            continue
+        arg = _box_argument(text, m.end())
+        if arg is None:
+            found = None
+            continue
+        found, covered_to = arg
+    if found is not None and not found.strip():
+        return None
+    return found
+
+
+def extract_final_answer(text: str, answer_pattern: str | None = None) -> str | None:
+    """The final answer string of a response, or None when there is none.
+
+    Uses the last ``\\boxed{}``/``\\fbox{}`` unless ``answer_pattern`` is given, in
+    which case the last regex match (group ``answer``, else group 1, else all).
+    """
+    if answer_pattern is None:
+        return last_boxed(text)
+    matches = list(re.finditer(answer_pattern, text))
+    if not matches:
+        return None
+    m = matches[-1]
+    if "answer" in m.re.groupindex:
+        ans = m.group("answer")
+    elif m.re.groups >= 1:
+        ans = m.group(1)
+    else:
+        ans = m.group(0)
+    if ans is None or not ans.strip():
+        return None
+    return ans.strip()
+
+
+def gold_answer(gold: Any) -> str:
+    """Reference answer as a string; a worked solution containing ``\\boxed`` gives its box."""
+    if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
+        raise TypeError(f"gold answer must be a string or number, got {type(gold).__name__}: {gold!r}")
+    s = str(gold)
+    if _BOX_RE.search(s):
+        boxed = last_boxed(s)
+        if boxed is None:
+            raise ValueError(f"gold answer has an unbalanced or empty \\boxed: {s[:200]!r}")
+        return boxed
+    return s
+
+
+# ----------------------------------------------------------------------------------
+# Normalisation that math-verify does not do itself
+# ----------------------------------------------------------------------------------
+
+# Group 1 keeps a LaTeX row break (two backslashes) intact: in "1 \\ 2" the second
+# backslash and the space are not a "\ " spacing command.
+_SPACING_RE = re.compile(r"(\\\\)|\\[,;:! ]|\\q?quad\b|~|\\displaystyle\b|\\textstyle\b")
+# \text{10 cm} -> 10\text{ cm}: math-verify strips units only after a number.
+_TEXT_NUMBER_UNIT_RE = re.compile(r"\\(text|mbox|textrm|mathrm)\{\s*(-?\d[\d.,]*)\s*([A-Za-z][A-Za-z ^{}0-9]*)\}")
+_REPEATING_RE = re.compile(r"(-?)(\d*)\.(\d*)\\overline\{(\d+)\}")
+_SCI_E_RE = re.compile(r"(?<![\w.])(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\w.])")
+
+
+def _repeating_to_fraction(m: re.Match) -> str:
+    """``0.1\\overline{6}`` -> ``\\frac{1}{6}`` (exact value of a repeating decimal)."""
+    sign, whole, fixed, rep = m.groups()
+    whole = whole or "0"
+    # value = whole + (fixed_rep - fixed) / (10^len(fixed) * (10^len(rep) - 1))
+    den = 10 ** len(fixed) * (10 ** len(rep) - 1)
+    num = int(whole) * den + int(fixed + rep) - (int(fixed) if fixed else 0)
+    return f"{sign}\\frac{{{num}}}{{{den}}}"
+
+
+def normalize_answer(answer: str) -> str:
+    """LaTeX clean-up applied before math-verify (which does the rest).
+
+    Removes spacing commands (``\\,`` ``\\!`` ``\\quad`` ``~`` ``\\displaystyle``),
+    outer ``$...$``, moves a leading number out of ``\\text{10 cm}``, turns repeating
+    decimals ``0.\\overline{3}`` into fractions and ``1.5e3`` into ``1.5\\times10^{3}``.
+    """
+    s = answer.strip()
+    while len(s) >= 2 and s.startswith("$") and s.endswith("$"):
+        s = s[1:-1].strip()
+    if s.startswith("\\(") and s.endswith("\\)"):
+        s = s[2:-2].strip()
+    s = _SPACING_RE.sub(lambda m: m.group(1) or "", s)
+    s = _TEXT_NUMBER_UNIT_RE.sub(lambda m: f"{m.group(2)}\\text{{ {m.group(3).strip()}}}", s)
+    s = _REPEATING_RE.sub(_repeating_to_fraction, s)
+    s = _SCI_E_RE.sub(lambda m: f"{m.group(1)}\\times10^{{{m.group(2)}}}", s)
+    return s.strip()
+
+
+# ----------------------------------------------------------------------------------
+# Equivalence (runs inline or inside a worker process)
+# ----------------------------------------------------------------------------------
+
+def _import_math_verify():
+    try:
+        import math_verify  # noqa: F401
+    except ImportError as e:  # pragma: no cover - exercised only without the dependency
+        raise ImportError(
+            "pipo_jax.tasks.math needs the 'math-verify' package (pip install 'math-verify>=0.7')"
+        ) from e
+    # We run math-verify with its alarm-based timeout off and enforce our own limit;
+    # silence its one-time "timeout is disabled" warning, which does not apply here.
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_NoTimeoutWarning())
+    return math_verify
+
+
+class _NoTimeoutWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+def _parse(math_verify, latex: str):
+    return math_verify.parse(
+        f"${latex}$",
+        extraction_config=[math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig()],
+        parsing_timeout=None,
+    )
+
+
+def answers_equivalent_untimed(pred: str, gold: str, config: MathVerifyConfig) -> bool:
+    """True when the extracted answer ``pred`` equals the reference ``gold`` (no time limit)."""
+    p, g = normalize_answer(pred), normalize_answer(gold)
+    if p.replace(" ", "") == g.replace(" ", ""):
+        return True
+    mv = _import_math_verify()
+    return bool(
+        mv.verify(
+            _parse(mv, g),
+            _parse(mv, p),
+            float_rounding=config.float_rounding,
+            numeric_precision=config.numeric_precision,
+            strict=config.strict,
+            allow_set_relation_comp=config.allow_set_relation_comp,
+            timeout_seconds=None,
+        )
+    )
+
+
+def _raise_timeout(signum, frame):
+    raise AnswerCheckTimeout()
+
+
+def answers_equivalent(pred: str, gold: str, config: MathVerifyConfig) -> bool:
+    """`answers_equivalent_untimed` under a ``config.timeout_s`` timer (main thread only).
+
+    Raises AnswerCheckTimeout when the limit passes; restores any previous SIGALRM
+    handler and interval timer afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            "inline math verification needs the main thread (its time limit is a signal); "
+            "use MathVerifyConfig(isolation='process') from other threads"
+        )
+    old_handler = signal.signal(signal.SIGALRM, _raise_timeout)
+    old_timer = signal.setitimer(signal.ITIMER_REAL, config.timeout_s)
+    start = time.monotonic()
+    try:
+        return answers_equivalent_untimed(pred, gold, config)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_timer[0] > 0:  # give an outer timer back what is left of it
+            left = max(old_timer[0] - (time.monotonic() - start), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, old_timer[1])
+
+
+# ----------------------------------------------------------------------------------
+# Results and feedback
+# ----------------------------------------------------------------------------------
+
+def _shown(answer: str) -> str:
+    a = " ".join(answer.split())
+    return a if len(a) <= _FEEDBACK_ANSWER_CHARS else a[: _FEEDBACK_ANSWER_CHARS - 3] + "..."
+
+
+def _no_answer_result(config: MathVerifyConfig) -> MathResult:
+    what = "No \\boxed{} answer found." if config.answer_pattern is None else (
+        "No final answer matching the expected answer format found.")
+    return MathResult(0.0, what, None, STATUS_NO_ANSWER)
+
+
+def _verdict_result(extracted: str, outcome: str, config: MathVerifyConfig, detail: str = "") -> MathResult:
+    shown = _shown(extracted)
+    if outcome == STATUS_CORRECT:
+        return MathResult(1.0, f"The final answer {shown} is correct.", extracted, outcome)
+    if outcome == STATUS_INCORRECT:
+        return MathResult(0.0, f"The final answer {shown} is incorrect.", extracted, outcome)
+    if outcome == STATUS_TIMEOUT:
+        return MathResult(
+            0.0, f"The final answer {shown} could not be checked within {config.timeout_s:g} s.", extracted, outcome)
+    return MathResult(0.0, f"The final answer {shown} could not be checked ({detail}).", extracted, STATUS_ERROR)
+
+
+def score_math_inline(response: str, gold: Any, config: MathVerifyConfig = MathVerifyConfig()) -> MathResult:
+    """Reward and feedback for one response, checked in the calling thread, which must
+    be the main one (``config.isolation`` is not consulted; see `MathVerifier`)."""
+    extracted = extract_final_answer(response, config.answer_pattern)
+    if extracted is None:
+        return _no_answer_result(config)
+    try:
+        ok = answers_equivalent(extracted, gold_answer(gold), config)
+    except AnswerCheckTimeout:
+        return _verdict_result(extracted, STATUS_TIMEOUT, config)
+    return _verdict_result(extracted, STATUS_CORRECT if ok else STATUS_INCORRECT, config)
+
+
+# ----------------------------------------------------------------------------------
+# Worker processes
+# ----------------------------------------------------------------------------------
+
+def _worker_main() -> None:
+    """Worker loop: one JSON request per stdin line -> one JSON reply per line.
+
+    Request ``{"pred", "gold"}``; reply ``{"equal": bool}``, ``{"timeout": true}`` or
+    ``{"error": str}``. Started by `MathVerifier`; config JSON in ``argv[1]``.
+    """
+    config = MathVerifyConfig(**json.loads(sys.argv[1]))
+    if config.worker_memory_mb > 0:
+        import resource
+
+        limit = config.worker_memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # Replies go to a private copy of stdout; anything a library prints goes to stderr.
+    reply = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    _import_math_verify()
+    reply.write('{"ready": true}\n')
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            out: dict[str, Any] = {"equal": answers_equivalent(req["pred"], req["gold"], config)}
+        except AnswerCheckTimeout:
+            out = {"timeout": True}
+        except MemoryError:
+            out = {"error": "out of memory"}
+        except Exception as e:  # one bad answer must not stop the worker
+            out = {"error": f"{type(e).__name__}: {e}"[:300]}
+        reply.write(json.dumps(out) + "\n")
+
+
+class _Worker:
+    """One verification subprocess with a line-buffered reply pipe."""
+
+    def __init__(self, config: MathVerifyConfig):
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from pipo_jax.tasks.math import _worker_main; _worker_main()",
+             json.dumps(dataclasses.asdict(config))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
+            start_new_session=True,  # a Ctrl-C to the trainer's group does not hit workers
+        )
+        self._buf = b""
+        first = self.read_line(time.monotonic() + config.startup_timeout_s)
+        if first is None or not json.loads(first).get("ready"):
+            self.kill()
+            raise RuntimeError("math verification worker failed to start (see its stderr above)")
+
+    def send(self, request: dict) -> None:
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def fileno(self) -> int:
+        return self.proc.stdout.fileno()
+
+    def take_line(self) -> str | None:
+        if b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            return line.decode()
+        return None
+
+    def pump(self) -> bool:
+        """Read what is available; False on EOF (worker died)."""
+        chunk = os.read(self.fileno(), 1 << 16)
+        if not chunk:
+            return False
+        self._buf += chunk
+        return True
+
+    def read_line(self, deadline: float) -> str | None:
+        while (line := self.take_line()) is None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self], [], [], left)[0] or not self.pump():
+                return None
+        return line
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class MathVerifier:
+    """Scores responses against reference answers; callable and batched.
+
+    ``verifier(response, gold) -> MathResult``; ``verifier.score_batch(responses,
+    golds) -> list[MathResult]`` (spread over ``num_workers`` processes). Use as a
+    context manager or call `close` to stop the workers. Not thread-safe: use one
+    verifier per calling thread.
+    """
+
+    def __init__(self, config: MathVerifyConfig = MathVerifyConfig()):
+        self.config = config
+        self._workers: list[_Worker | None] = [None] * config.num_workers
+        self.restarts = 0  # workers killed for overrunning or dying
+
+    def __enter__(self) -> MathVerifier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        for i, w in enumerate(self._workers):
+            if w is not None:
+                w.kill()
+                self._workers[i] = None
+
+    def __call__(self, response: str, gold: Any) -> MathResult:
+        return self.score_batch([response], [gold])[0]
+
+    def score_batch(self, responses: Sequence[str], golds: Sequence[Any]) -> list[MathResult]:
+        if len(responses) != len(golds):
+            raise ValueError(f"score_batch: {len(responses)} responses but {len(golds)} gold answers")
+        cfg = self.config
+        results: list[MathResult | None] = [None] * len(responses)
+        todo: deque[tuple[int, str, str]] = deque()
+        for i, (resp, gold) in enumerate(zip(responses, golds, strict=True)):
+            extracted = extract_final_answer(resp, cfg.answer_pattern)
+            if extracted is None:
+                results[i] = _no_answer_result(cfg)
+            else:
+                todo.append((i, extracted, gold_answer(gold)))
+        if cfg.isolation == "inline":
+            for i, pred, gold in todo:
+                try:
+                    ok = answers_equivalent(pred, gold, cfg)
+                    results[i] = _verdict_result(pred, STATUS_CORRECT if ok else STATUS_INCORRECT, cfg)
+                except AnswerCheckTimeout:
+                    results[i] = _verdict_result(pred, STATUS_TIMEOUT, cfg)
+        else:
+            self._run_in_workers(todo, results)
+        return results  # type: ignore[return-value]
+
+    def _worker(self, slot: int) -> _Worker:
+        w = self._workers[slot]
+        if w is not None and w.proc.poll() is not None:  # died while idle
+            self._retire(slot)
+            w = None
+        if w is None:
+            w = self._workers[slot] = _Worker(self.config)
+        return w
+
+    def _retire(self, slot: int) -> None:
+        w = self._workers[slot]
+        if w is not None:
+            w.kill()
+        self._workers[slot] = None
+        self.restarts += 1
+
+    def _run_in_workers(self, todo: deque, results: list) -> None:
+        cfg = self.config
+        busy: dict[int, tuple[int, str, float]] = {}  # slot -> (index, pred, deadline)
+        while todo or busy:
+            for slot in range(cfg.num_workers):
+                if slot not in busy and todo:
+                    i, pred, gold = todo.popleft()
+                    try:
+                        self._worker(slot).send({"pred": pred, "gold": gold})
+                    except OSError:  # died while idle (killed, OOM): replace it once
+                        self._retire(slot)
+                        self._worker(slot).send({"pred": pred, "gold": gold})
+                    busy[slot] = (i, pred, time.monotonic() + cfg.timeout_s + cfg.grace_s)
+            waiting = {slot: self._workers[slot] for slot in busy}
+            wait_s = max(0.0, min(d for _, _, d in busy.values()) - time.monotonic())
+            ready = select.select(list(waiting.values()), [], [], wait_s)[0]
+            for slot, w in waiting.items():
+                i, pred, deadline = busy[slot]
+                if w in ready and not w.pump():
+                    results[i] = _verdict_result(pred, STATUS_ERROR, cfg, "the checker process died")
+                    del busy[slot]
+                    self._retire(slot)
+                    continue
+                line = w.take_line()
+                if line is not None:
+                    results[i] = self._reply_result(pred, json.loads(line))
+                    del busy[slot]
+                elif time.monotonic() >= deadline:
+                    logger.warning("math check of %r overran %.1f s; restarting its worker", _shown(pred),
+                                   cfg.timeout_s + cfg.grace_s)
+                    results[i] = _verdict_result(pred, STATUS_TIMEOUT, cfg)
+                    del busy[slot]
+                    self._retire(slot)
+
+    def _reply_result(self, pred: str, reply: dict) -> MathResult:
+        if "equal" in reply:
+            return _verdict_result(pred, STATUS_CORRECT if reply["equal"] else STATUS_INCORRECT, self.config)
+        if reply.get("timeout"):
+            return _verdict_result(pred, STATUS_TIMEOUT, self.config)
+        return _verdict_result(pred, STATUS_ERROR, self.config, reply.get("error", "unknown error"))

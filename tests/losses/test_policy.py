@@ -1,0 +1,207 @@
+"""Policy losses, KL, entropy and value loss: hand numbers, gradients, micro-batch invariance."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pipo_jax.losses.aggregation import AGG_MODES, aggregation_counts
+from pipo_jax.losses.entropy import token_entropy
+from pipo_jax.losses.kl import kl_estimate, kl_k3, kl_loss
+from pipo_jax.losses.policy import (
+    gspo_loss,
+    gspo_sequence_loss_reference,
+    gspo_token_log_ratio,
+    sequence_log_ratio,
+    token_clip_loss,
+    token_log_ratio,
+)
+from pipo_jax.losses.value import clipped_value_loss
+
+# six tokens: (A, r) = (1, 1.5) (1, .5) (-1, .5) (-1, 1.5) (-1, 5) (2, 1); eps .2 / .28, c = 3
+ADV = jnp.array([[1.0, 1.0, -1.0, -1.0, -1.0, 2.0]])
+RATIO = np.array([[1.5, 0.5, 0.5, 1.5, 5.0, 1.0]])
+LOGP_OLD = jnp.array([[-1.0, -2.0, -0.5, -1.5, -3.0, -0.7]])
+LOGP = LOGP_OLD + jnp.asarray(np.log(RATIO), jnp.float32)
+ONES = jnp.ones((1, 6))
+CLIP_CFG = {"eps_low": 0.2, "eps_high": 0.28, "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean"}
+
+
+def test_token_clip_hand_computed():
+    # per token: -1.28 (upper clip), -0.5, 0.8 (lower clip), 1.5, 3 (dual clip of 5), -2
+    loss, metrics = token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, **CLIP_CFG)
+    chex.assert_trees_all_close(loss, jnp.float32((-1.28 - 0.5 + 0.8 + 1.5 + 3.0 - 2.0) / 6), rtol=1e-5)
+    chex.assert_trees_all_close(metrics["pg_clipfrac"], jnp.float32(2 / 6), rtol=1e-6)
+    chex.assert_trees_all_close(metrics["pg_clipfrac_lower"], jnp.float32(1 / 6), rtol=1e-6)
+    chex.assert_trees_all_close(metrics["ppo_kl"], jnp.float32(-np.log(RATIO).mean()), rtol=1e-5)
+    no_dual, _ = token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, **{**CLIP_CFG, "clip_ratio_c": 0.0})
+    chex.assert_trees_all_close(no_dual, jnp.float32((-1.28 - 0.5 + 0.8 + 1.5 + 5.0 - 2.0) / 6), rtol=1e-5)
+
+
+def test_token_clip_gradient_zero_where_clipped():
+    grad = jax.grad(lambda lp: token_clip_loss(lp, LOGP_OLD, ADV, ONES, **CLIP_CFG)[0])(LOGP)
+    # d/dlogp of -A r is -A r on unclipped tokens; zero under upper, lower and dual clip
+    expected = jnp.array([[0.0, -0.5, 0.0, 1.5, 0.0, -2.0]]) / 6
+    chex.assert_trees_all_close(grad, expected, atol=1e-6)
+
+
+def test_token_clip_compat_no_lower_clip_for_negative_adv():
+    loss, _ = token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, **CLIP_CFG, lower_clip_negative_adv=False)
+    chex.assert_trees_all_close(loss, jnp.float32((-1.28 - 0.5 + 0.5 + 1.5 + 3.0 - 2.0) / 6), rtol=1e-5)
+    grad = jax.grad(lambda lp: token_clip_loss(lp, LOGP_OLD, ADV, ONES, **CLIP_CFG, lower_clip_negative_adv=False)[0])(
+        LOGP)
+    chex.assert_trees_all_close(grad, jnp.array([[0.0, -0.5, 0.5, 1.5, 0.0, -2.0]]) / 6, atol=1e-6)
+
+
+def test_token_clip_ratio_log_clamp():
+    loss, _ = token_clip_loss(jnp.array([[50.0]]), jnp.array([[0.0]]), jnp.array([[-1.0]]), jnp.ones((1, 1)),
+                              eps_low=0.2, eps_high=0.2, clip_ratio_c=0.0, loss_agg_mode="token-mean")
+    chex.assert_trees_all_close(loss, jnp.float32(np.exp(20.0)), rtol=1e-5)
+
+
+def test_clip_config_errors():
+    with pytest.raises(ValueError, match="clip_ratio_c=0.5"):
+        token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.2, clip_ratio_c=0.5,
+                        loss_agg_mode="token-mean")
+    with pytest.raises(ValueError, match="eps_low=1.5"):
+        token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=1.5, eps_high=0.2, loss_agg_mode="token-mean")
+
+
+def test_log_ratios_hand_computed():
+    logp = jnp.array([[-1.0, -2.0, 30.0], [-1.0, -1.0, -1.0]])
+    old = jnp.array([[-1.5, -1.0, 0.0], [-1.0, -1.0, -1.0]])
+    chex.assert_trees_all_close(token_log_ratio(logp, old), jnp.array([[0.5, -1.0, 20.0], [0.0, 0.0, 0.0]]))
+    mask = jnp.array([[1, 1, 0], [0, 0, 0]])
+    chex.assert_trees_all_close(sequence_log_ratio(logp, old, mask), jnp.array([-0.25, 0.0]))
+    chex.assert_trees_all_close(gspo_token_log_ratio(logp, old, mask), jnp.array([[-0.25] * 3, [0.0] * 3]))
+    big = gspo_token_log_ratio(jnp.array([[20.0]]), jnp.array([[0.0]]), jnp.array([[1]]))
+    chex.assert_trees_all_close(big, jnp.array([[10.0]]))  # clamped <= 10
+    # the token form carries d logp_t, not d log s_i
+    grad = jax.grad(lambda lp: gspo_token_log_ratio(lp, old, mask).sum())(logp)
+    chex.assert_trees_all_close(grad, jnp.ones((2, 3)))
+
+
+def test_gspo_hand_computed():
+    logp_old = jnp.array([[-1.0, -2.0, -3.0]])
+    logp = logp_old + jnp.array([[0.1, 0.3, 7.0]])  # third token is padding
+    mask = jnp.array([[1, 1, 0]])
+    s = math.exp(0.2)
+    loss, m = gspo_loss(logp, logp_old, jnp.ones((1, 3)), mask)
+    chex.assert_trees_all_close(loss, jnp.float32(-1.0004), rtol=1e-6)  # max(-s, -(1 + 4e-4))
+    chex.assert_trees_all_close(m["pg_clipfrac"], jnp.float32(1.0))
+    grad_pos = jax.grad(lambda lp: gspo_loss(lp, logp_old, jnp.ones((1, 3)), mask)[0])(logp)
+    chex.assert_trees_all_close(grad_pos, jnp.zeros((1, 3)), atol=1e-7)
+    loss, _ = gspo_loss(logp, logp_old, -jnp.ones((1, 3)), mask)
+    chex.assert_trees_all_close(loss, jnp.float32(s), rtol=1e-6)
+    grad_neg = jax.grad(lambda lp: gspo_loss(lp, logp_old, -jnp.ones((1, 3)), mask)[0])(logp)
+    # d(s)/dlogp_t = s / |y| on each valid token
+    chex.assert_trees_all_close(grad_neg, jnp.array([[s / 2, s / 2, 0.0]]), rtol=1e-5)
+
+
+def test_gspo_token_form_matches_sequence_form_value_and_gradient():
+    rng = np.random.default_rng(2)
+    logp_old = jnp.asarray(-rng.random((6, 5)) * 3, jnp.float32)
+    delta = jnp.asarray(rng.normal(size=(6, 5)) * 0.08, jnp.float32)
+    mask = jnp.asarray([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0],
+                        [0, 0, 0, 0, 0]], jnp.float32)
+    adv_b = jnp.array([1.0, -1.0, 0.5, -2.0, 1.5, 3.0])
+    adv_bt = adv_b[:, None] * jnp.ones((1, 5))
+    cfg = {"eps_low": 0.03, "eps_high": 0.04}
+
+    def token_form(d):
+        return gspo_loss(logp_old + d, logp_old, adv_bt, mask, loss_agg_mode="seq-mean-token-mean", **cfg)[0]
+
+    def seq_form(d):
+        return gspo_sequence_loss_reference(logp_old + d, logp_old, adv_b, mask, **cfg)
+
+    _, m = gspo_loss(logp_old + delta, logp_old, adv_bt, mask, **cfg)
+    assert 0.0 < float(m["pg_clipfrac"]) < 1.0  # both clipped and unclipped sequences are exercised
+    token_val, token_grad = jax.jit(jax.value_and_grad(token_form))(delta)
+    seq_val, seq_grad = jax.jit(jax.value_and_grad(seq_form))(delta)
+    chex.assert_trees_all_close(token_val, seq_val, rtol=1e-5, atol=1e-7)  # the sum cancels to ~1e-3
+    chex.assert_trees_all_close(token_grad, seq_grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("loss_name", ["token_clip", "gspo"])
+def test_micro_batch_invariance_of_loss_and_gradient(mode, loss_name):
+    rng = np.random.default_rng(3)
+    b, t, d = 8, 6, 3
+    feats = jnp.asarray(rng.normal(size=(b, t, d)), jnp.float32)
+    theta = jnp.asarray(rng.normal(size=(d,)) * 0.1, jnp.float32)
+    logp_old = jnp.asarray(-rng.random((b, t)) - 0.5, jnp.float32)
+    adv = jnp.asarray(rng.normal(size=(b, 1)) * jnp.ones((1, t)), jnp.float32)
+    mask = jnp.asarray(rng.random((b, t)) < 0.7, jnp.float32).at[5].set(0.0)
+    fn = token_clip_loss if loss_name == "token_clip" else gspo_loss
+    cfg = {"eps_low": 0.2, "eps_high": 0.28} if loss_name == "token_clip" else {"eps_low": 0.003, "eps_high": 0.004}
+
+    def loss(th, sl, counts):
+        logp = logp_old[sl] + feats[sl] @ th
+        return fn(logp, logp_old[sl], adv[sl], mask[sl], loss_agg_mode=mode, **cfg, **counts)[0]
+
+    @jax.jit
+    def full_and_summed_parts(th):
+        counts = aggregation_counts(mask)
+        full = jax.value_and_grad(loss)(th, slice(0, b), {})
+        parts = [jax.value_and_grad(loss)(th, sl, counts) for sl in (slice(0, 3), slice(3, 4), slice(4, 8))]
+        return full, jax.tree.map(lambda *xs: sum(xs), *parts)
+
+    (full_val, full_grad), (parts_val, parts_grad) = full_and_summed_parts(theta)
+    chex.assert_trees_all_close(parts_val, full_val, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(parts_grad, full_grad, rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(full_grad).max()) > 1e-4  # the gradient being compared is not trivially zero
+
+
+@pytest.mark.parametrize("loss_name", ["token_clip", "gspo"])
+def test_padding_invariance(loss_name):
+    rng = np.random.default_rng(4)
+    logp_old = jnp.asarray(-rng.random((4, 5)), jnp.float32)
+    logp = logp_old + jnp.asarray(rng.normal(size=(4, 5)) * 0.3, jnp.float32)
+    adv = jnp.asarray(rng.normal(size=(4, 1)), jnp.float32) * jnp.ones((1, 5))
+    mask = jnp.asarray(rng.random((4, 5)) < 0.8, jnp.float32)
+    fn = token_clip_loss if loss_name == "token_clip" else gspo_loss
+    pad = lambda x, v: jnp.concatenate([x, jnp.full((4, 3), v, jnp.float32)], axis=1)
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        ref, ref_m = fn(logp, logp_old, adv, mask, loss_agg_mode=mode)
+        got, got_m = fn(pad(logp, 3.0), pad(logp_old, -9.0), pad(adv, 5.0), pad(mask, 0.0), loss_agg_mode=mode)
+        chex.assert_trees_all_close((got, got_m), (ref, ref_m), rtol=1e-6)
+
+
+def test_kl_estimators_hand_computed():
+    logp = jnp.array([-1.0, -2.0, 0.0])
+    ref = jnp.array([-2.0, -1.0, -30.0])
+    chex.assert_trees_all_close(kl_estimate(logp, ref, "k1"), jnp.array([1.0, -1.0, 30.0]))
+    chex.assert_trees_all_close(kl_estimate(logp, ref, "k2"), jnp.array([0.5, 0.5, 450.0]))
+    # k3: x = ref - logp = -1 -> e^-1; x = 1 -> e - 2; x = -30 clipped to -20 -> 19, clipped to 10
+    chex.assert_trees_all_close(kl_k3(logp, ref), jnp.array([math.exp(-1), math.e - 2, 10.0]), rtol=1e-6)
+    loss, _m = kl_loss(logp[None], ref[None], jnp.array([[1, 1, 0]]), estimator="k3", loss_agg_mode="token-mean")
+    chex.assert_trees_all_close(loss, jnp.float32((math.exp(-1) + math.e - 2) / 2), rtol=1e-6)
+    with pytest.raises(ValueError, match="kl estimator='k4'"):
+        kl_estimate(logp, ref, "k4")
+
+
+def test_entropy_hand_computed_and_reference():
+    h = token_entropy(jnp.array([[[0.0, 0.0], [0.0, math.log(3.0)]]]))
+    chex.assert_trees_all_close(h, jnp.array([[math.log(2), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))]]),
+                                rtol=1e-6)
+    z64 = np.random.default_rng(5).normal(size=(2, 3, 11)) * 4
+    p64 = np.exp(z64 - z64.max(-1, keepdims=True))
+    p64 /= p64.sum(-1, keepdims=True)
+    # float32 cancellation in logsumexp(z) - E[z] is about eps32 * |z| ~ 1e-6
+    chex.assert_trees_all_close(token_entropy(jnp.asarray(z64, jnp.float32)),
+                                jnp.asarray(-np.sum(p64 * np.log(p64), -1), jnp.float32), atol=1e-5)
+
+
+def test_value_loss_hand_computed():
+    v = jnp.array([[1.0, 2.0]])
+    v_old = jnp.array([[0.0, 2.0]])
+    ret = jnp.array([[1.2, 1.0]])
+    loss, m = clipped_value_loss(v, v_old, ret, jnp.ones((1, 2)), loss_agg_mode="token-mean")
+    # token 0: max(.04, (0.5 - 1.2)^2 = .49) clipped; token 1: max(1, 1) -> 0.5 * (.49 + 1) / 2
+    chex.assert_trees_all_close(loss, jnp.float32(0.3725), rtol=1e-6)
+    chex.assert_trees_all_close(m["vf_clipfrac"], jnp.float32(0.5))
+    grad = jax.grad(lambda x: clipped_value_loss(x, v_old, ret, jnp.ones((1, 2)), loss_agg_mode="token-mean")[0])(v)
+    chex.assert_trees_all_close(grad, jnp.array([[0.0, 0.5]]), atol=1e-6)  # clipped branch has no gradient

@@ -1,0 +1,93 @@
+"""Config files, presets, command-line style overrides and start-up validation."""
+
+import importlib
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from pipo_jax.rl.spec import ConfigError, train_spec
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo")
+
+
+def config(algo="grpo", preset="micro"):
+    return importlib.import_module(f"configs.{algo}").get_config(preset)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_algorithm_config_validates(algo):
+    for enabled in (False, True):
+        c = config(algo)
+        c.pipo.enabled = enabled
+        spec = train_spec(c)
+        assert spec.algorithm == algo and spec.pipo == enabled
+        assert spec.batch == c.rollout.prompts_per_batch * c.rollout.group_size
+
+
+def test_algorithm_settings_follow_the_paper():
+    grpo, gspo, dapo, ppo, sdpo = (train_spec(config(a)) for a in ("grpo", "gspo", "dapo", "ppo", "sdpo"))
+    assert (gspo.clip_low, gspo.clip_high, gspo.clip_ratio_c, gspo.pi_ratio) == (3e-4, 4e-4, 0.0, "sequence")
+    assert (dapo.clip_low, dapo.clip_high, dapo.agg_mode, dapo.dynamic_sampling) == (0.2, 0.28, "token-mean", True)
+    assert (grpo.kl_estimator, grpo.kl_coef, grpo.agg_mode) == ("k3", 0.001, "seq-mean-token-mean")
+    assert (ppo.estimator, ppo.kl_in_reward, ppo.kl_estimator, ppo.group_size, ppo.attribution) == (
+        "gae", True, "k1", 1, "gae")
+    assert (sdpo.policy_loss, sdpo.attribution, sdpo.sdpo_topk, sdpo.sdpo_ema_rate) == (
+        "sdpo_jsd", "sdpo_token", 100, 0.05)
+    c = config("grpo", "qwen3_4b")
+    assert (c.pipo.window, c.pipo.lam, c.pipo.lr, c.train.lr) == (8, 0.1, 1e-6, 1e-6)
+    assert (c.rollout.prompts_per_batch, c.rollout.group_size, c.train.mini_batch_prompts) == (128, 8, 64)
+    assert config("ppo", "qwen3_8b").rollout.prompts_per_batch == 1024
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda c: setattr(c, "algorithm", "reinforce"), r"config\.algorithm: 'reinforce' is not one of"),
+        (lambda c: setattr(c.pipo, "window", 1), r"config\.pipo\.window: K=1 must be >= 2"),
+        (lambda c: setattr(c.pipo, "lam", 1.5), r"config\.pipo\.lam: 1\.5 must be in \[0, 1\]"),
+        (lambda c: setattr(c.pipo, "lam", -0.1), r"config\.pipo\.lam"),
+        (lambda c: setattr(c.rollout, "group_size", 1), r"config\.rollout\.group_size: G=1 with a group method"),
+        (lambda c: setattr(c.train, "mini_batch_prompts", 3), r"config\.train\.mini_batch_prompts: 3 does not divide"),
+        (lambda c: setattr(c.train, "micro_batch_size", 3), r"config\.train\.micro_batch_size: 3 does not divide"),
+        (lambda c: setattr(c.loss, "agg_mode", "mean"), r"config\.loss\.agg_mode: 'mean' is not one of"),
+        (lambda c: setattr(c.loss, "policy", "sdpo_jsd"), r"config\.loss\.policy: 'sdpo_jsd' does not fit"),
+        (lambda c: setattr(c.rollout, "top_p", 0.0), r"config\.rollout\.top_p"),
+        (lambda c: setattr(c.task, "max_digits", 12), r"config\.task: .*max_digits=12"),
+        (lambda c: setattr(c.model, "logprob_impl", "cuda"), r"config\.model\.logprob_impl"),
+    ],
+)
+def test_invalid_settings_name_the_key(edit, message):
+    c = config("grpo")
+    edit(c)
+    with pytest.raises(ConfigError, match=message):
+        train_spec(c)
+
+
+def test_real_model_presets_need_a_model_path(tmp_path):
+    c = config("grpo", "qwen3_4b")
+    with pytest.raises(ConfigError, match=r"config\.model\.path: model\.preset='qwen3_4b' needs the Hugging Face"):
+        train_spec(c)
+    c.model.path = str(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=r"config\.model\.path: .*missing' is not a directory"):
+        train_spec(c)
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        config("grpo", "huge")
+
+
+def test_command_line_overrides():
+    argv = ["--config=configs/dapo.py:tiny", "--config.pipo.enabled=true", "--config.pipo.lam=0.2",
+            "--config.rollout.group_size=4", "--check_config"]
+    out = subprocess.run([sys.executable, "-m", "experiments.train", *argv], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    c = json.loads(out.stdout)
+    assert (c["algorithm"], c["pipo"]["enabled"], c["pipo"]["lam"], c["rollout"]["group_size"]) == ("dapo", True, 0.2, 4)
+    bad = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/grpo.py:tiny",
+                          "--config.pipo.window=1", "--check_config"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0 and "config.pipo.window: K=1 must be >= 2" in bad.stderr

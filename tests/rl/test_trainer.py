@@ -1,0 +1,139 @@
+"""The trainer: every algorithm x PIPO runs, the PI step's timing and sign, the jitted scan
+loop against the host loop, and exact resume from a checkpoint."""
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pipo_jax.losses import pipo
+from pipo_jax.models import qwen3
+from pipo_jax.rl import learn, logprobs, loop
+from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.state import init_train_state
+from pipo_jax.rl.trainer import train
+
+ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo")
+
+
+def micro(algo: str, pipo_on: bool = True, **overrides):
+    c = importlib.import_module(f"configs.{algo}").get_config("micro")
+    c.pipo.enabled = pipo_on
+    for key, value in overrides.items():
+        node = c
+        *path, last = key.split(".")
+        for p in path:
+            node = node[p]
+        node[last] = value
+    return c
+
+
+def fresh_state(c):
+    spec = train_spec(c)
+    return spec, init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
+
+
+@pytest.mark.parametrize("pipo_on", [False, True], ids=["base", "pipo"])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_variant_runs_three_iterations(algo, pipo_on):
+    c = micro(algo, pipo_on)
+    spec, state = fresh_state(c)
+    before = jax.tree.map(np.asarray, state.params)
+    state, m = loop.scan_chunk(spec, state, 3)
+    assert int(state.step) == 3
+    for key in ("reward_mean", "entropy", "response_length", "mu_t", "train/grad_norm", "train/loss"):
+        assert np.all(np.isfinite(m[key])), key
+    changed = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - np.asarray(b)))), before, state.params))
+    assert max(changed) > 0
+    if pipo_on:
+        # K = 2: the window is full from the third iteration on; the PI step runs there iff c != 0.
+        assert list(m["pi_step_applied"][:2]) == [0.0, 0.0]
+        assert m["pi_step_applied"][2] == float(m["c"][2] != 0)
+        np.testing.assert_array_equal(np.asarray(state.pipo.count), 2)
+    if algo == "ppo":
+        assert np.all(np.isfinite(m["critic/vf_loss"]))
+    if algo == "dapo":
+        assert np.all(m["dapo_groups_kept"] == c.rollout.prompts_per_batch)
+
+
+def _pi_case(c_sign: float, count: int = 4, mu_t: float | None = None):
+    """A stored batch where sequence 0's tokens have attribution +1 and sequence 1's -1.
+
+    One optimizer step (a single mini-batch, one epoch) at a small learning rate, so the
+    change of each sequence's log-prob is first order in the update.
+    """
+    c = micro("grpo", True, **{"pipo.window": 4, "pipo.lr": 1e-4, "train.mini_batch_prompts": 4,
+                               "train.shuffle": False})
+    spec, state = fresh_state(c)
+    b, L, r = spec.batch, spec.seq_len, spec.response_len
+    rng = np.random.RandomState(0)
+    tokens = jnp.asarray(rng.randint(3, 20, (b, L)), jnp.int32)
+    mask_l = jnp.ones((b, L), jnp.int32)
+    mask_r = jnp.ones((b, r), jnp.float32)
+    logp_old, _ = logprobs.response_logprobs(spec.model, state.params, tokens, mask_l, spec.prompt_len)
+    attr = jnp.zeros((b, r)).at[0].set(1.0).at[1].set(-1.0)
+    stored = pipo.StoredBatch(tokens_bt=tokens, attention_mask_bt=mask_l, mask_bt=mask_r, logp_old_bt=logp_old,
+                              logp_ref_bt=logp_old, attr_bt=attr)
+    window = jnp.array([0.2, 0.4, 0.2, 0.4])
+    ps = pipo.PipoState(mu_window_k=window, count=jnp.int32(count), has_prev=jnp.bool_(True), prev=stored)
+    mu = 0.3 + c_sign * 0.2 if mu_t is None else mu_t
+    params, _, m = learn.pi_step(spec, state.params, state.opt_state, ps, mu, jax.random.PRNGKey(0))
+    logp_new, _ = logprobs.response_logprobs(spec.model, params, tokens, mask_l, spec.prompt_len)
+    delta = np.asarray(jnp.sum(logp_new - logp_old, axis=1))
+    return m, delta, state.params, params
+
+
+def test_pi_step_moves_params_in_the_direction_of_c():
+    m, delta, _, _ = _pi_case(+1.0)
+    # window mean 0.3, std (ddof 1) 0.11547: mu_t = 0.5 -> xi = 1.732 = c
+    np.testing.assert_allclose(m["xi"], 0.2 / np.std([0.2, 0.4, 0.2, 0.4], ddof=1), rtol=1e-5)
+    assert m["pi_step_applied"] == 1.0 and m["c"] > 0
+    # Adam's first step is -lr * sign(g) with g = -(rhat_0 grad logp_0 + rhat_1 grad logp_1), so
+    # (delta_0 - delta_1) = lr * c * |grad logp_0 - grad logp_1|_1 to first order: its sign is c's.
+    assert delta[0] > 0 and delta[0] - delta[1] > 0  # positive rhat reinforced over negative
+    m, delta, _, _ = _pi_case(-1.0)
+    np.testing.assert_allclose(m["c"], 0.1 * m["xi"], rtol=1e-6)  # rectifier lam = 0.1
+    assert m["pi_step_applied"] == 1.0 and m["c"] < 0
+    assert delta[1] - delta[0] > 0  # the improvement reversed: the previous update is undone
+
+
+@pytest.mark.parametrize("case", ["warmup", "c_zero"])
+def test_pi_step_is_skipped_during_warmup_and_at_c_zero(case):
+    m, delta, before, after = _pi_case(+1.0, count=3) if case == "warmup" else _pi_case(0.0, mu_t=0.3)
+    assert m["pi_step_applied"] == 0.0 and m["c"] == 0.0
+    jax.tree.map(np.testing.assert_array_equal, before, after)
+    np.testing.assert_array_equal(delta, 0.0)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "dapo"])
+def test_jitted_scan_loop_equals_host_loop(algo):
+    c = micro(algo, True)
+    spec, state = fresh_state(c)
+    scanned, m_scan = loop.scan_chunk(spec, jax.tree.map(jnp.copy, state), 3)
+    host = state
+    rewards = lambda r: np.asarray(loop.rollout_lib.task_rewards(spec, r))  # a Python (host) reward function
+    host_rows = []
+    for _ in range(3):
+        host, m = loop.host_iteration(spec, host, rewards)
+        host_rows.append(m)
+    np.testing.assert_allclose(m_scan["reward_mean"], [float(r["reward_mean"]) for r in host_rows], atol=1e-6)
+    np.testing.assert_allclose(m_scan["mu_t"], [float(r["mu_t"]) for r in host_rows], atol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), scanned.params, host.params)
+
+
+def test_resume_is_exact(tmp_path):
+    c = micro("grpo", True, iterations=4, **{"log.every": 2, "checkpoint.every": 2, "checkpoint.export_hf": False})
+    full = train(c, str(tmp_path / "full"))
+    c_stop = micro("grpo", True, iterations=2, **{"log.every": 2, "checkpoint.every": 2,
+                                                   "checkpoint.export_hf": False})
+    train(c_stop, str(tmp_path / "resumed"))
+    resumed = train(c, str(tmp_path / "resumed"))
+    assert resumed["resumed_from"] == 2
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(full["state"]), jax.device_get(resumed["state"]))
+    rows_full = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
+    rows_resumed = (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    strip = lambda rows: [{k: v for k, v in __import__("json").loads(r).items()  # noqa: E731
+                           if k not in ("tokens_per_s", "iteration_time_s")} for r in rows]
+    assert strip(rows_full) == strip(rows_resumed)
