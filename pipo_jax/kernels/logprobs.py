@@ -229,7 +229,7 @@ def _chunked_forward(cfg: KernelConfig, h, w, t):
     def full_block(j, stats):
         return vocab_step(stats, _slice_columns(w, j * bv, bv, cfg.cpu_guard), j * bv)
 
-    stats = lax.fori_loop(0, nvf, full_block, _init_stats((nb, bn, 1)))
+    stats = lax.fori_loop(0, nvf, full_block, _vary_like(_init_stats((nb, bn, 1)), h, w, t))
     if tail:
         stats = vocab_step(stats, w[:, nvf * bv :], nvf * bv)
     lse, zt, ent = (x.reshape(nb * bn)[:n] for x in _finalize(stats))
@@ -248,6 +248,7 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
     bn, nb = _token_blocks(n, cfg.block_n)
     bv, nvf, tail = _vocab_blocks(v, cfg.block_v)
     cdt = _compute_dtype(h, w)
+    refs = (h, w, t, lse, ent, g_lse, g_zt, g_ent)  # loop carries vary like these (shard_map)
     h_pad = _pad_rows(h, nb * bn)
     h_b = _to_bits(h_pad.reshape(nb, bn, d))
     # h^T so that dw_blk = h_i^T dz is a plain [D, bn] x [bn, bv] matmul (XLA:CPU runs
@@ -282,7 +283,7 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
             dh_acc = dh_acc.at[i].add(_dot_nt(dz, w_blk))
             return dh_acc, dw_blk + _dot_f32(_from_bits(ht_b[i], h.dtype), dz)
 
-        init = (dh_acc, jnp.zeros((d, width), jnp.float32))
+        init = (dh_acc, _vary_like(jnp.zeros((d, width), jnp.float32), *refs))
         return lax.fori_loop(0, nb, token_step, init)
 
     def write_dw(dw_bits, dw_blk, col0):
@@ -295,7 +296,8 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
         return dh_acc, write_dw(dw_bits, dw_blk, j * bv)
 
     dw_bits = jnp.zeros((d, v), _to_bits(jnp.zeros((), w.dtype)).dtype)
-    dh_acc, dw_bits = lax.fori_loop(0, nvf, full_block, (jnp.zeros((nb, bn, d), jnp.float32), dw_bits))
+    init = _vary_like((jnp.zeros((nb, bn, d), jnp.float32), dw_bits), *refs)
+    dh_acc, dw_bits = lax.fori_loop(0, nvf, full_block, init)
     if tail:
         dh_acc, dw_blk = vocab_step(dh_acc, w[:, nvf * bv :], nvf * bv)
         dw_bits = write_dw(dw_bits, dw_blk, nvf * bv)
@@ -345,7 +347,7 @@ def _softmax_stats_bwd(cfg: KernelConfig, residuals, cotangents):
     g_lse, g_zt = cotangents[0], cotangents[1]
     g_ent = cotangents[2] if cfg.with_entropy else None
     dh, dw = _stats_backward(cfg, h, w, t, lse, ent, g_lse, g_zt, g_ent)
-    return dh, dw, None
+    return _sum_to_primal(dh, h), _sum_to_primal(dw, w), None
 
 
 _softmax_stats.defvjp(_softmax_stats_fwd, _softmax_stats_bwd)
@@ -588,7 +590,8 @@ def token_logprobs_vocab_parallel(
         stats = _softmax_stats(cfg, h, w_dv_shard, t_local)
     lse_local, zt_local = stats[0], stats[1]
 
-    m = lax.stop_gradient(lax.pmax(lse_local, axis_name))  # any finite shift is exact
+    # Any finite shift is exact; stop_gradient goes first because pmax has no derivative rule.
+    m = lax.pmax(lax.stop_gradient(lse_local), axis_name)
     lse = m + jnp.log(lax.psum(jnp.exp(lse_local - m), axis_name))
     owned = ((t_local >= 0) & (t_local < v_local)).astype(jnp.int32)
     found = lax.psum(owned, axis_name) == 1
@@ -605,7 +608,35 @@ def token_logprobs_vocab_parallel(
 
 def _as_varying(x: jax.Array, axis_name: str) -> jax.Array:
     """Marks x as varying over axis_name (no-op when it already is)."""
-    vma = getattr(jax.typeof(x), "vma", frozenset())
-    if axis_name in vma:
+    if axis_name in _varying_axes(x):
         return x
     return lax.pcast(x, axis_name, to="varying")
+
+
+def _vary_like(tree, *refs):
+    """`tree` cast to vary over every mesh axis that any of `refs` varies over.
+
+    Inside `shard_map` a loop carry built from constants is invariant while the loop
+    body makes it vary like its inputs; the carry types must match. No-op outside.
+    """
+    axes = frozenset().union(*(_varying_axes(r) for r in refs if r is not None))
+
+    def one(x):
+        missing = tuple(sorted(axes - _varying_axes(x)))
+        return lax.pcast(x, missing, to="varying") if missing else x
+
+    return jax.tree.map(one, tree)
+
+
+def _varying_axes(x) -> frozenset:
+    """Mesh axes `x` varies over inside `shard_map` (empty outside)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.9; older releases call it `vma`
+    return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", frozenset()))
+
+
+def _sum_to_primal(ct, primal):
+    """Under `shard_map`, sums a cotangent over the mesh axes it varies over but its primal
+    does not (e.g. dw of a head replicated over the batch axes); identity elsewhere."""
+    extra = tuple(sorted(_varying_axes(ct) - _varying_axes(primal)))
+    return lax.psum(ct, extra) if extra else ct

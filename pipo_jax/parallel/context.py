@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 from jax.sharding import Mesh

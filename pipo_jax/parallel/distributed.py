@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import jax
 

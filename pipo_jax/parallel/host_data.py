@@ -12,7 +12,8 @@ live on its devices (e.g. to score responses with a Python verifier);
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np

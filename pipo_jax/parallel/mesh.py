@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import jax
 import numpy as np

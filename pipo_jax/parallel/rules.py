@@ -18,7 +18,8 @@ import functools
 import logging
 import math
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -92,7 +93,7 @@ def rules_key(rules: Rules | None) -> tuple:
     return tuple(sorted(make_rules(None if rules is None else dict(rules)).items()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _log_fallback(name: str, size: int, wanted: tuple, kept: tuple) -> None:
     log.warning("sharding: dim %r of size %d is not divisible by mesh axes %s; split over %s instead",
                 name, size, wanted, kept or "nothing (replicated)")

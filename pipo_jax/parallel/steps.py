@@ -15,7 +15,8 @@ constrained at Qwen3 block boundaries. The state argument is donated.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import numpy as np

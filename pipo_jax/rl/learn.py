@@ -138,6 +138,9 @@ def pi_step(spec: TrainSpec, params, opt_state, pipo_state: pipo.PipoState, mu_t
         return operands[0], operands[1], jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), metric_shapes)
 
     params, opt_state, m = jax.lax.cond(signal["pi_step_applied"], run, skip, (params, opt_state))
+    empty = pipo_state.count == 0  # no window statistics yet: log nothing rather than 0
+    signal = dict(signal, mu_his=jnp.where(empty, jnp.nan, signal["mu_his"]),
+                  sigma_his=jnp.where(empty, jnp.nan, signal["sigma_his"]))
     metrics = dict(signal, pi_step_applied=signal["pi_step_applied"].astype(jnp.float32),
                    **{f"pi/{k}": v for k, v in m.items()})
     return params, opt_state, metrics

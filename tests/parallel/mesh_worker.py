@@ -9,24 +9,26 @@ restored on others. Everything is written to OUT_DIR as .npz files for the test 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import time
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from pipo_jax import parallel  # noqa: E402
-from pipo_jax.kernels import logprobs as kernel  # noqa: E402
-from pipo_jax.parallel import steps  # noqa: E402
-from pipo_jax.rl import logprobs as rl_logprobs  # noqa: E402
-from pipo_jax.rl.checkpoint import Checkpointer  # noqa: E402
-from tests.parallel import scenario  # noqa: E402
+from pipo_jax import parallel
+from pipo_jax.kernels import logprobs as kernel
+from pipo_jax.parallel import steps
+from pipo_jax.rl import logprobs as rl_logprobs
+from pipo_jax.rl.checkpoint import Checkpointer
+from tests.parallel import scenario
 
 # (data, fsdp, tensor, use the vocab-parallel log-prob hook in the trainer)
-MESHES = {"8x1x1": (8, 1, 1, False), "2x2x2": (2, 2, 2, False), "1x2x4": (1, 2, 4, False)}
+MESHES = {"8x1x1": (8, 1, 1, False), "2x2x2": (2, 2, 2, False), "1x2x4": (1, 2, 4, True)}
 
 
 def train_runs(out: str) -> dict:
@@ -61,27 +63,31 @@ def logprob_check(out: str) -> None:
     g_lp = jnp.asarray(rng.randn(n), jnp.float32)
     g_ent = jnp.asarray(rng.randn(n), jnp.float32)
 
-    def objective(fn):
+    def compiled(fn):
         def f(h, w):
             lp, ent = fn(h, w, tgt, temperature=0.7, return_entropy=True, valid_n=valid)
             return jnp.sum(lp * g_lp) + jnp.sum(ent * g_ent), (lp, ent)
-        return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))
+
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True)).lower(h, w).compile()
 
     results = {}
-    (_, (lp, ent)), (dh, dw) = objective(lambda *a, **k: kernel.token_logprobs(*a, impl="reference", **k))(h, w)
+    (_, (lp, ent)), (dh, dw) = compiled(functools.partial(kernel.token_logprobs, impl="reference"))(h, w)
     results.update(ref_lp=lp, ref_ent=ent, ref_dh=dh, ref_dw=dw)
-    for name, (dd, f, t) in {"1x2x4": (1, 2, 4), "2x2x2": (2, 2, 2), "2x1x4_chunked": (2, 1, 4)}.items():
+    cases = {"1x2x4_chunked": (1, 2, 4, "chunked"), "2x2x2_chunked": (2, 2, 2, "chunked"),
+             "2x1x4_reference": (2, 1, 4, "reference")}
+    for name, (dd, f, t, impl) in cases.items():
         mesh = parallel.make_mesh(dd, f, t)
-        impl = "chunked" if name.endswith("chunked") else "reference"
-        fn = lambda *a, mesh=mesh, impl=impl, **k: parallel.token_logprobs_tensor_parallel(  # noqa: E731
-            *a, mesh=mesh, impl=impl, block_n=8, block_v=8, **k) if impl == "chunked" else \
-            parallel.token_logprobs_tensor_parallel(*a, mesh=mesh, impl=impl, **k)
-        (_, (lp, ent)), (dh, dw) = objective(fn)(h, w)
+        blocks = dict(block_n=8, block_v=8) if impl == "chunked" else {}
+        fn = functools.partial(parallel.token_logprobs_tensor_parallel, mesh=mesh, impl=impl, **blocks)
+        program = compiled(fn)
+        (_, (lp, ent)), (dh, dw) = program(h, w)
         results.update({f"{name}_lp": lp, f"{name}_ent": ent, f"{name}_dh": dh, f"{name}_dw": dw})
-        # The compiled program must not hold any [N, V] (or gathered [D, V]) f32 buffer.
-        hlo = objective(fn).lower(h, w).compile().as_text()
-        results[f"{name}_has_full_logits"] = np.asarray(f"f32[{n},{v}]" in hlo or f"f32[{n // dd // f},{v}]" in hlo)
-        results[f"{name}_has_full_head"] = np.asarray(f"f32[{d},{v}]" in hlo)
+        # No buffer of the full vocabulary may appear: neither [N_local, V] logits nor a gathered [D, V] head.
+        hlo = program.as_text()
+        rows = n // (dd * f)
+        results[f"{name}_full_vocab_buffers"] = np.asarray(
+            sum(hlo.count(f"f32[{r},{v}]") for r in {n, rows}) + hlo.count(f"f32[{d},{v}]"))
+        results[f"{name}_local_head_buffers"] = np.asarray(hlo.count(f"f32[{d},{v // t}]"))
     np.savez(os.path.join(out, "logprobs.npz"), **{k: np.asarray(x) for k, x in results.items()})
 
 
@@ -122,10 +128,17 @@ def checkpoint_check(out: str, states: dict) -> None:
 
 def main(out: str) -> None:
     assert jax.device_count() == 8, jax.devices()
-    states = train_runs(out)
-    checkpoint_check(out, states)
+    t0 = time.perf_counter()
     logprob_check(out)
+    t1 = time.perf_counter()
     sampler_check(out)
+    t2 = time.perf_counter()
+    states = train_runs(out)
+    t3 = time.perf_counter()
+    checkpoint_check(out, states)
+    t4 = time.perf_counter()
+    print(f"logprobs {t1 - t0:.1f}s sampler {t2 - t1:.1f}s train {t3 - t2:.1f}s checkpoint {t4 - t3:.1f}s",
+          file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -342,6 +342,8 @@ def test_reward_and_feedback_jit():
 
 
 forward = jax.jit(qwen3.forward, static_argnums=0)
+greedy_correct = jax.jit(ar.greedy_correct, static_argnums=0)
+target_logits = jax.jit(ar.target_logits, static_argnums=0)
 
 
 def greedy_decode(config, params, problems, steps):
@@ -385,11 +387,11 @@ def test_teacher_forced_accuracy_equals_greedy_decoding(partly_trained, split):
     target = np.asarray(problems.target_tokens_ba)
     n_target = np.asarray(problems.target_len_b)
     decode_ok = np.array([np.array_equal(decoded[i, : n_target[i]], target[i, : n_target[i]]) for i in range(64)])
-    fast_ok = np.asarray(ar.greedy_correct(TINY_MODEL, partly_trained, problems))
+    fast_ok = np.asarray(greedy_correct(TINY_MODEL, partly_trained, problems))
     np.testing.assert_array_equal(fast_ok, decode_ok)
     assert 0 < decode_ok.sum() < 64, "the check needs both right and wrong answers"
     # teacher-forced argmax equals the greedy tokens up to and including the first error
-    pred = np.asarray(jnp.argmax(ar.target_logits(TINY_MODEL, partly_trained, problems), axis=-1))
+    pred = np.asarray(jnp.argmax(target_logits(TINY_MODEL, partly_trained, problems), axis=-1))
     for i in range(64):
         wrong = np.nonzero(pred[i, : n_target[i]] != target[i, : n_target[i]])[0]
         upto = (wrong[0] + 1) if len(wrong) else n_target[i]
@@ -401,8 +403,8 @@ def test_teacher_forced_accuracy_equals_greedy_decoding(partly_trained, split):
 
 def test_heldout_accuracy_is_greedy_exact_match(partly_trained):
     key = jax.random.PRNGKey(9)
-    acc = float(ar.heldout_accuracy(TINY_MODEL, partly_trained, TINY_TASK, 48, key))
-    problems = sample(TINY_TASK, key, 48, "heldout")
+    acc = float(ar.heldout_accuracy(TINY_MODEL, partly_trained, TINY_TASK, 64, key))
+    problems = sample(TINY_TASK, key, 64, "heldout")
     decoded = greedy_decode(TINY_MODEL, partly_trained, problems, TINY_TASK.answer_len)
     r = ar.reward(TINY_TASK, problems, decoded, generated_mask(decoded))
     assert acc == pytest.approx(float(np.mean(r)), abs=1e-7)
