@@ -137,3 +137,37 @@ def test_resume_is_exact(tmp_path):
     strip = lambda rows: [{k: v for k, v in __import__("json").loads(r).items()  # noqa: E731
                            if k not in ("tokens_per_s", "iteration_time_s")} for r in rows]
     assert strip(rows_full) == strip(rows_resumed)
+
+
+def test_dapo_raises_when_no_informative_group_is_found():
+    # Exact rewards on a random model: every group is all-fail, so nothing is ever kept.
+    c = micro("dapo", False, **{"task.reward_mode": "exact", "dapo.max_num_gen_batches": 2})
+    spec, state = fresh_state(c)
+    with pytest.raises(loop.DynamicSamplingExhausted, match=r"kept only 0 of 4 .*max_num_gen_batches=2"):
+        loop.host_iteration(spec, state, lambda r: np.zeros(r.size, np.float32))
+
+
+def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
+    from pipo_jax.data import char_vocab as cv
+    from pipo_jax.rl.rollout import Rollout
+    from pipo_jax.tasks import arithmetic
+
+    c = micro("sdpo", False, **{"rollout.group_size": 2, "rollout.prompts_per_batch": 1,
+                                "train.mini_batch_prompts": 1})
+    spec = train_spec(c)
+    problems = arithmetic.make_problems(spec.task, jnp.array([12, 12]), jnp.array([0, 0]), jnp.array([30, 30]))
+    responses = ["42<eos>", "41<eos>"]
+    resp = jnp.array([cv.encode(r) + [cv.PAD_ID] * (spec.response_len - len(cv.encode(r))) for r in responses])
+    resp_mask = (jnp.arange(spec.response_len)[None] < jnp.array([[3], [3]])).astype(jnp.int32)
+    rollout = Rollout(problems=problems, tokens_bl=jnp.concatenate([problems.prompt_tokens_bp, resp], 1),
+                      mask_bl=jnp.concatenate([problems.prompt_mask_bp, resp_mask], 1),
+                      sample_logp_br=jnp.zeros(resp.shape), rewards_b=jnp.array([1.0, 0.0]))
+    tokens, mask, sd_mask = learn.teacher_contexts(spec, rollout, rollout.rewards_b)
+    text = [cv.decode(np.asarray(t)[np.asarray(m) == 1]) for t, m in zip(tokens, mask)]
+    # Row 1 failed and its sibling succeeded: shown as the solution. Row 0 has no other
+    # successful sibling: environment feedback instead.
+    assert text[1] == "<solution>42<eos><solve><bos>12+30=41<eos>"
+    assert text[0] == "<feedback><correct><solve><bos>12+30=42<eos>"
+    np.testing.assert_array_equal(sd_mask, [1.0, 1.0])
+    # The response sits at the end of the teacher row, where the student's is in its row.
+    np.testing.assert_array_equal(tokens[:, -spec.response_len:], resp)
