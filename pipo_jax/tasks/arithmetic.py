@@ -7,7 +7,8 @@ common). Everything -- sampling, tokenising, reward, feedback -- is jnp on fixed
 so "sample prompts -> generate -> reward" can be one jitted function inside `lax.scan`.
 
 Token layout (ids from `pipo_jax.data.char_vocab`):
-  prompt  `<bos> lhs op rhs =`, left-padded with `<pad>` to `task.prompt_len`.
+  prompt  `<bos> lhs op rhs =`, left-padded with `<pad>` to `task.prompt_len`
+          (`pad_operands=True` writes the operands with leading zeros: `<bos>047+085=`).
   target  the answer then `<eos>`, right-padded to `task.answer_len`, in one of three
           `answer_format`s (answer 132 for 47+85):
             plain     `132<eos>`
@@ -146,7 +147,7 @@ class ArithmeticTask:
         """prompt_len + answer_len: the width of a teacher-forced prompt+target row."""
         return self.prompt_len + self.answer_len
 
-    def replace(self, **kw) -> "ArithmeticTask":
+    def replace(self, **kw) -> ArithmeticTask:
         return dataclasses.replace(self, **kw)
 
 
@@ -288,7 +289,7 @@ def make_problems(task: ArithmeticTask, lhs_b, op_b, rhs_b) -> Problems:
     lhs_b, op_b, rhs_b = (jnp.asarray(x, jnp.int32) for x in (lhs_b, op_b, rhs_b))
     b = lhs_b.shape[0]
     answer_b = jnp.select([op_b == 0, op_b == 1], [lhs_b + rhs_b, lhs_b - rhs_b], lhs_b * rhs_b)
-    op_tokens = (cv.PLUS_ID + op_b)[:, None]  # '+', '-', '*' ids are contiguous
+    op_tokens = (cv.PLUS_ID + op_b)[:, None]  # '+', '-', '*' ids are contiguous, in OPERATORS order
 
     def operand(x_b):
         digits, valid = _digits_msb(x_b, task.max_digits)
@@ -302,9 +303,6 @@ def make_problems(task: ArithmeticTask, lhs_b, op_b, rhs_b) -> Problems:
                                       task.answer_len, left_pad=False)
     return Problems(prompt_tokens, prompt_mask, lhs_b, op_b, rhs_b, answer_b, target_tokens, target_mask,
                     jnp.sum(target_mask, axis=1))
-
-
-assert (cv.MINUS_ID, cv.TIMES_ID) == (cv.PLUS_ID + 1, cv.PLUS_ID + 2)
 
 
 # ----------------------------------------------------------------------------- sampling

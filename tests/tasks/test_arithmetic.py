@@ -1,7 +1,5 @@
 """The built-in arithmetic task: vocabulary, tokens, split, reward, feedback, greedy accuracy."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,6 +68,7 @@ def ref_is_heldout(task, lhs, op, rhs):
 def test_vocab_ids_and_round_trip():
     assert (cv.PAD_ID, cv.BOS_ID, cv.EOS_ID) == (0, 1, 2)
     assert [cv.token_id(str(d)) for d in range(10)] == list(range(3, 13))
+    assert [cv.token_id(op) for op in cv.OPERATORS] == [cv.PLUS_ID, cv.PLUS_ID + 1, cv.PLUS_ID + 2]
     assert cv.VOCAB_SIZE == len(cv.TOKENS) == 25
     for text in ["<bos>47+85=", "231<eos>", "<wrong><at>2", "12-345=-333;0*7", "<solution>9<feedback><solve>", ""]:
         assert cv.decode(cv.encode(text)) == text
@@ -230,7 +229,7 @@ def test_sampled_problems_are_consistent(kwargs):
         lhs, rhs = expr.split(op) if op != "-" else expr.split("-", 1)
         assert (int(lhs), int(rhs)) == (p.lhs_b[i], p.rhs_b[i]) and op in task.ops
         lengths.update((len(lhs), len(rhs)))
-        answer = eval(expr)  # noqa: S307 -- digits and one operator, built by the test
+        answer = eval(expr)  # digits and one operator, built by the test
         assert p.answer_b[i] == answer
         if not task.allow_negative:
             assert answer >= 0
@@ -250,7 +249,7 @@ def test_sampling_under_jit_vmap_and_scan():
     vmapped = jax.jit(jax.vmap(lambda k: ar.sample_problems(task, k, 8, split="heldout")))(keys)
     for i in range(3):
         one = sample(task, keys[i], 8, "heldout")
-        jax.tree.map(lambda v, o: np.testing.assert_array_equal(v[i], o), vmapped, one)
+        jax.tree.map(lambda v, o, i=i: np.testing.assert_array_equal(v[i], o), vmapped, one)
 
     def iteration(carry, key):
         p = ar.sample_problems(task, key, 8)

@@ -1,0 +1,81 @@
+"""Evaluate a policy: `n` samples per problem, pass@1 (mean over n) and unbiased pass@k per
+benchmark, printed as a table and written as JSON.
+
+Built-in task (a training run's workdir, latest orbax checkpoint):
+    python -m experiments.eval --policy=runs/tiny --builtin_problems=512 --n=8 --out=runs/tiny/eval.json
+
+Math benchmarks (a Hugging Face model directory with its tokenizer, JSONL/parquet files):
+    python -m experiments.eval --policy=/models/Qwen3-4B --n=8 --max_new_tokens=4096 \
+        --benchmark=MATH500=data/math500.jsonl --benchmark=AIME25=data/aime25.jsonl --out=eval.json
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+from absl import app, flags
+
+from pipo_jax.data.prompts import PromptConfig
+from pipo_jax.data.sources import SourceConfig, load_examples
+from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
+from pipo_jax.rl import evaluate
+from pipo_jax.tasks import passk
+from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig
+
+_POLICY = flags.DEFINE_string("policy", None, "HF model directory or training-run workdir", required=True)
+_STEP = flags.DEFINE_integer("step", None, "checkpoint step of a run workdir (default: latest)")
+_N = flags.DEFINE_integer("n", 8, "samples per problem")
+_KS = flags.DEFINE_list("ks", ["1", "8"], "k values of pass@k (each <= n)")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "sampling temperature")
+_SEED = flags.DEFINE_integer("seed", 0, "sampling seed")
+_BATCH = flags.DEFINE_integer("batch_size", 64, "sequences per generate call")
+_OUT = flags.DEFINE_string("out", "eval.json", "JSON output path")
+_BUILTIN = flags.DEFINE_integer("builtin_problems", 0, "held-out problems of the built-in task (run workdirs)")
+_BENCHMARKS = flags.DEFINE_multi_string("benchmark", [], "NAME=PATH of a JSONL/parquet file (repeatable)")
+_PROMPT_FIELD = flags.DEFINE_string("prompt_field", "problem", "dotted field of the question")
+_ANSWER_FIELD = flags.DEFINE_string("answer_field", "answer", "dotted field of the reference answer")
+_STYLE = flags.DEFINE_enum("prompt_style", "instruct", ["instruct", "base"], "chat-template style")
+_MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", 512, "longer prompts are dropped (counted)")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 4096, "response budget (math benchmarks)")
+
+
+def main(argv):
+    del argv
+    logging.basicConfig(level=logging.INFO)
+    ks = [int(k) for k in _KS.value]
+    model, params, spec = evaluate.load_policy(_POLICY.value, _STEP.value)
+    rng = jax.random.PRNGKey(_SEED.value)
+    rewards, info = {}, {}
+    if _BUILTIN.value:
+        if spec is None:
+            raise app.UsageError("--builtin_problems needs a training-run workdir (its task config)")
+        rewards["builtin_heldout"] = evaluate.builtin_rewards(spec, params, _BUILTIN.value, _N.value, rng,
+                                                              _TEMPERATURE.value, _BATCH.value)
+    if _BENCHMARKS.value:
+        tokenizer = load_tokenizer(_POLICY.value)
+        prompt_config = PromptConfig(style=_STYLE.value, max_prompt_tokens=_MAX_PROMPT.value)
+        with MathVerifier(MathVerifyConfig()) as verifier:
+            for item in _BENCHMARKS.value:
+                name, sep, path = item.partition("=")
+                if not sep:
+                    raise app.UsageError(f"--benchmark={item!r}: expected NAME=PATH")
+                examples = load_examples(SourceConfig(path, prompt_field=_PROMPT_FIELD.value,
+                                                      answer_field=_ANSWER_FIELD.value))
+                rewards[name], info[name] = evaluate.math_rewards(
+                    model, params, tokenizer, examples, prompt_config, verifier, _N.value,
+                    jax.random.fold_in(rng, len(rewards)), max_new_tokens=_MAX_NEW.value,
+                    temperature=_TEMPERATURE.value, stop_token_ids=stop_token_ids(tokenizer, _POLICY.value),
+                    pad_id=pad_token_id(tokenizer), batch_size=_BATCH.value)
+    if not rewards:
+        raise app.UsageError("nothing to evaluate: give --builtin_problems and/or --benchmark")
+    rows = passk.summarize(rewards, ks)
+    print(passk.format_table(rows))
+    for name, i in info.items():
+        print(f"{name}: {i['problems']} problems, {i['dropped']} prompts dropped as too long")
+    passk.write_json(_OUT.value, rows)
+    print(f"wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,119 @@
+"""Evaluation: load a policy (HF directory or a training run's orbax checkpoint), sample
+`n` responses per problem with the one-jit sampler, score them, and hand the per-problem
+rewards `[problems, n]` to `pipo_jax.tasks.passk` for pass@1 (mean over n) and pass@k.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from pipo_jax.models import hf, qwen3
+from pipo_jax.rl.checkpoint import Checkpointer
+from pipo_jax.rl.spec import TrainSpec, train_spec
+from pipo_jax.rl.state import init_train_state
+from pipo_jax.sampling import sampler
+from pipo_jax.tasks import arithmetic
+
+
+def load_run_config(workdir: str) -> ml_collections.ConfigDict:
+    """The config a training run saved in `workdir/config.json`."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{workdir}: no config.json (not a pipo_jax training run directory)")
+    with open(path) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, Any, TrainSpec | None]:
+    """(model config, params, the run's TrainSpec or None) from a HF dir or a run workdir.
+
+    A run workdir is recognised by `checkpoints/`; `step` picks a checkpoint (default latest).
+    """
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        config = load_run_config(path)
+        spec = train_spec(config)
+        template = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), config.seed)
+        ckpt = Checkpointer(os.path.join(path, "checkpoints"))
+        try:
+            state = ckpt.restore(template, step)
+        finally:
+            ckpt.close()
+        return spec.model, state.params, spec
+    if os.path.exists(os.path.join(path, "config.json")):
+        config, params = hf.load(path)
+        return config, params, None
+    raise FileNotFoundError(f"{path}: neither a Hugging Face directory (config.json) nor a run workdir (checkpoints/)")
+
+
+def sample_n(model: qwen3.Qwen3Config, params, prompt_tokens_bp, prompt_mask_bp, n: int, rng, *,
+             max_new_tokens: int, temperature: float, stop_token_ids: Sequence[int], pad_id: int,
+             batch_size: int = 64, top_k: int = 0, top_p: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """`n` samples per prompt: (tokens `[P, n, R]`, mask `[P, n, R]`), batched by `batch_size` rows."""
+    prompts = np.repeat(np.asarray(prompt_tokens_bp), n, axis=0)
+    masks = np.repeat(np.asarray(prompt_mask_bp), n, axis=0)
+    outs_t, outs_m = [], []
+    for start in range(0, len(prompts), batch_size):
+        rows = slice(start, start + batch_size)
+        pad = batch_size - len(prompts[rows])  # one compile: pad the last batch with copies
+        take = lambda x: np.concatenate([x[rows], np.repeat(x[:1], pad, 0)]) if pad else x[rows]  # noqa: E731
+        out = sampler.generate(model, params, jnp.asarray(take(prompts)), jnp.asarray(take(masks)),
+                               jax.random.fold_in(rng, start), max_new_tokens=max_new_tokens,
+                               temperature=temperature, top_k=top_k, top_p=top_p,
+                               stop_token_ids=tuple(stop_token_ids), pad_id=pad_id)
+        keep = batch_size - pad
+        outs_t.append(np.asarray(out.tokens_br)[:keep])
+        outs_m.append(np.asarray(out.mask_br)[:keep])
+    p = len(prompt_tokens_bp)
+    return (np.concatenate(outs_t).reshape(p, n, -1), np.concatenate(outs_m).reshape(p, n, -1))
+
+
+def builtin_rewards(spec: TrainSpec, params, n_problems: int, n: int, rng, temperature: float = 1.0,
+                    batch_size: int = 256) -> np.ndarray:
+    """Rewards `[n_problems, n]` of `n` samples on held-out problems of the built-in task."""
+    from pipo_jax.data import char_vocab
+
+    k_prob, k_gen = jax.random.split(rng)
+    problems = arithmetic.sample_problems(spec.task, k_prob, n_problems, split="heldout")
+    tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, n, k_gen,
+                            max_new_tokens=spec.response_len, temperature=temperature,
+                            stop_token_ids=(char_vocab.EOS_ID,), pad_id=char_vocab.PAD_ID, batch_size=batch_size)
+    repeated = jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), problems)
+    r = arithmetic.reward(spec.task, repeated, jnp.asarray(tokens.reshape(n_problems * n, -1)),
+                          jnp.asarray(mask.reshape(n_problems * n, -1)))
+    return np.asarray(r).reshape(n_problems, n)
+
+
+def math_rewards(model: qwen3.Qwen3Config, params, tokenizer, examples, prompt_config, verifier, n: int, rng, *,
+                 max_new_tokens: int, temperature: float, stop_token_ids: Sequence[int], pad_id: int,
+                 batch_size: int = 64) -> tuple[np.ndarray, dict]:
+    """Rewards `[problems, n]` of `n` samples per math problem, verified against the reference answers.
+
+    Prompts longer than `prompt_config.max_prompt_tokens` follow `prompt_config.overlong`
+    (dropped ones are counted in the returned info).
+    """
+    from pipo_jax.data.prompts import build_prompts
+
+    prompt_set = build_prompts(examples, tokenizer, prompt_config)
+    width = max(len(ids) for ids in prompt_set.token_ids)
+    tokens = np.full((len(prompt_set.token_ids), width), pad_id, np.int32)
+    mask = np.zeros_like(tokens)
+    for i, ids in enumerate(prompt_set.token_ids):  # left-padded
+        tokens[i, width - len(ids):] = ids
+        mask[i, width - len(ids):] = 1
+    out, out_mask = sample_n(model, params, tokens, mask, n, rng, max_new_tokens=max_new_tokens,
+                             temperature=temperature, stop_token_ids=stop_token_ids, pad_id=pad_id,
+                             batch_size=batch_size)
+    texts = [tokenizer.decode(row[m == 1], skip_special_tokens=True)
+             for rows, ms in zip(out, out_mask) for row, m in zip(rows, ms)]
+    golds = [ex.answer for ex in prompt_set.examples for _ in range(n)]
+    results = verifier.score_batch(texts, golds)
+    rewards = np.asarray([r.reward for r in results], np.float32).reshape(len(prompt_set.examples), n)
+    return rewards, {"dropped": prompt_set.num_dropped, "truncated": prompt_set.num_truncated,
+                     "problems": len(prompt_set.examples)}

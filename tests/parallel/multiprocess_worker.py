@@ -1,0 +1,69 @@
+"""One of two processes of the multi-host test (python -m tests.parallel.multiprocess_worker PORT ID OUT_DIR).
+
+Each process has 2 CPU devices; `initialize_distributed` joins them over localhost with
+the gloo CPU collectives into 4 global devices. The mesh is fsdp=2 across the two
+processes (`dcn_fsdp=2`) x tensor=2 inside each, so every parameter is split across
+processes. The process runs the scenario's iterations with the sharded scan chunk (and
+the vocab-parallel log-prob hook), checks process-split data loading and a process-local
+host reward, and both processes write one orbax checkpoint. Process 0 writes the gathered
+results to OUT_DIR/result.npz.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+from pipo_jax import parallel  # noqa: E402  (imports jax but starts no backend)
+
+
+def main(port: int, process_id: int, out: str) -> None:
+    settings = parallel.initialize_distributed(
+        {"coordinator_address": f"localhost:{port}", "num_processes": 2, "process_id": process_id,
+         "initialization_timeout": 120})
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pipo_jax.parallel import steps
+    from pipo_jax.rl import logprobs as rl_logprobs
+    from pipo_jax.rl.checkpoint import Checkpointer
+    from tests.parallel import scenario
+
+    assert settings is not None and settings.source == "config", settings
+    assert (jax.process_count(), jax.device_count(), jax.local_device_count()) == (2, 4, 2)
+    mesh = parallel.make_mesh(1, 2, 2, dcn_fsdp=2)
+    res = {"mesh_process_grid": np.array([[d.process_index for d in row] for row in mesh.devices[0]])}
+
+    # Data split by process: rows of a global batch of 8, loaded only by the process that holds them.
+    global_rows = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+    mine = parallel.process_row_slice(8, mesh)
+    batch = parallel.global_batch_from_process_local(global_rows[mine], 8, mesh)
+    weights = jnp.arange(8, dtype=jnp.float32)
+    res["data_rows_slice"] = np.array([mine.start, mine.stop])
+    res["data_weighted_sum"] = np.asarray(jax.jit(lambda x: jnp.sum(x * weights[:, None]))(batch))
+    res["data_gathered"] = steps.to_host(batch)
+    reward = parallel.process_local_reward(lambda local: local.sum(axis=1) + 1000 * jax.process_index(), batch, mesh)
+    res["reward_gathered"] = steps.to_host(reward)
+
+    spec, state = scenario.initial_state()
+    rl_logprobs.token_logprobs = parallel.token_logprobs
+    sharded = steps.shard_train_state(state, spec, mesh)
+    new_state, metrics = steps.sharded_scan_chunk(spec, mesh, scenario.ITERATIONS)(sharded)
+    res["embed_spec"] = np.asarray(str(new_state.params["embed"].sharding.spec))
+    res["embed_fully_addressable"] = np.asarray(new_state.params["embed"].is_fully_addressable)
+    res.update(scenario.run_summary(steps.to_host(new_state), steps.to_host(metrics)))
+
+    ckpt = Checkpointer(os.path.join(out, "ckpt"), async_save=False)
+    ckpt.save(scenario.ITERATIONS, new_state)
+    ckpt.close()
+    if process_id == 0:
+        np.savez(os.path.join(out, "result.npz"), **res)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
