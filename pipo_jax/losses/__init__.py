@@ -10,7 +10,6 @@ Modules (one concept each; all functions are pure and jit/vmap-able):
     distill       SDPO generalised JSD / reverse-KL token loss, IS weight, attribution, EMA
     pipo          PipoState, window statistics, xi, rectifier, attributions, PI rewards / loss
     theory        eta(p, G) of Theorem 6.2, its asymptote, the Monte-Carlo bandit check
-    dynamic_sampling  host-side DAPO dynamic-sampling accumulation
     registry      name -> function tables (an algorithm is a config)
 
 The composite functions are wrapped in `jax.jit` with their configuration arguments (modes,

@@ -284,8 +284,34 @@ def _answer_body_pieces(task: ArithmeticTask, answer_b: jax.Array):
     return [backward, _const(cv.SEMICOLON_ID, b), sign, forward]
 
 
+def _check_given_problems(task: ArithmeticTask, lhs_b, op_b, rhs_b) -> None:
+    """Raises ValueError for concrete problems outside the task (skipped under tracing)."""
+    if any(isinstance(x, jax.core.Tracer) for x in (lhs_b, op_b, rhs_b)):
+        return
+    lhs, op, rhs = (np.asarray(x) for x in (lhs_b, op_b, rhs_b))
+    allowed_ops = [cv.OPERATORS.index(o) for o in task.ops]
+    for name, x in (("lhs_b", lhs), ("rhs_b", rhs)):
+        bad = np.nonzero((x < 0) | (x >= 10**task.max_digits))[0]
+        if len(bad):
+            raise ValueError(f"make_problems: {name}[{bad[0]}]={x[bad[0]]} is outside [0, 10**max_digits)")
+    bad = np.nonzero(~np.isin(op, allowed_ops))[0]
+    if len(bad):
+        raise ValueError(f"make_problems: op_b[{bad[0]}]={op[bad[0]]} is not an index of task.ops={task.ops} "
+                         f"in OPERATORS={cv.OPERATORS}")
+    if not task.allow_negative:
+        bad = np.nonzero((op == cv.OPERATORS.index("-")) & (lhs < rhs))[0]
+        if len(bad):
+            raise ValueError(f"make_problems: problem {bad[0]} ({lhs[bad[0]]}-{rhs[bad[0]]}) is negative but "
+                             "task.allow_negative=False")
+
+
 def make_problems(task: ArithmeticTask, lhs_b, op_b, rhs_b) -> Problems:
-    """Tokenises given problems (op_b indexes `char_vocab.OPERATORS`); jit-able."""
+    """Tokenises given problems `[b]` (op_b indexes `char_vocab.OPERATORS`); jit-able.
+
+    Operands must be in [0, 10**max_digits), ops in `task.ops`, and differences >= 0
+    unless `allow_negative`; concrete (non-traced) inputs are checked.
+    """
+    _check_given_problems(task, lhs_b, op_b, rhs_b)
     lhs_b, op_b, rhs_b = (jnp.asarray(x, jnp.int32) for x in (lhs_b, op_b, rhs_b))
     b = lhs_b.shape[0]
     answer_b = jnp.select([op_b == 0, op_b == 1], [lhs_b + rhs_b, lhs_b - rhs_b], lhs_b * rhs_b)

@@ -1,7 +1,6 @@
 """Every array function of pipo_jax.losses gives the same result eagerly, under jax.jit and under jax.vmap.
 
-Host-side helpers are not traced by design: `theory.grpo_gradient_scale_mc` (numpy statistics)
-and `dynamic_sampling.collect_filtered_groups` (a Python generation loop).
+A host-side helper is not traced by design: `theory.grpo_gradient_scale_mc` (numpy statistics).
 """
 
 import functools

@@ -167,6 +167,18 @@ def test_pad_operands_and_longer_prompt_len():
     assert row_text(p.target_tokens_ba[1], p.target_mask_ba[1]) == "0<eos>"
 
 
+def test_make_problems_rejects_problems_outside_the_task():
+    task = ar.ArithmeticTask()  # 1-2 digits, '+' and '-', no negative answers
+    with pytest.raises(ValueError, match=r"lhs_b\[1\]=100"):
+        ar.make_problems(task, np.array([5, 100]), np.array([0, 0]), np.array([1, 1]))
+    with pytest.raises(ValueError, match=r"rhs_b\[0\]=-1"):
+        ar.make_problems(task, np.array([5]), np.array([0]), np.array([-1]))
+    with pytest.raises(ValueError, match=r"op_b\[0\]=2"):
+        ar.make_problems(task, np.array([5]), np.array([2]), np.array([1]))
+    with pytest.raises(ValueError, match=r"\(3-4\) is negative"):
+        ar.make_problems(task, np.array([3]), np.array([1]), np.array([4]))
+
+
 def test_pack_left_and_right():
     toks = jnp.array([[5, 6, 7], [8, 9, 10]])
     valid = jnp.array([[True, False, True], [False, False, True]])

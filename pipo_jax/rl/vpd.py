@@ -1,0 +1,291 @@
+"""VPD E-step (SPEC 4, experimental): refine the feedback-conditioned teacher, as pure functions.
+
+The teacher is the SDPO teacher (`TrainState.teacher_params`: the same network, its own
+param copy, fed the feedback context `batch["teacher_tokens_bq"]`). Every `every` student
+iterations the E-step trains it with the BCO-style loss of `pipo_jax.losses.vpd` on the
+current batch, through the same mini-batch x epoch machinery as the student
+(`steps.minibatch_updates`: `spec.mini_batch`, `spec.micro_batch`, `spec.epochs`,
+`spec.shuffle`), with its own AdamW state and learning rate `VpdConfig.lr`. Gradient flows
+into the teacher params only.
+
+Reference log-probs: by default the E-step reads them from the batch `learn.prepare`
+built at theta_t, so it needs no student forward: `logp_old_br` (the student at theta_t,
+i.e. the *current* student when the E-step runs before the student's updates: "dynamic")
+or `logp_ref_br` (the initial params: the "fixed" ablation). A caller whose student has
+already moved passes `student_reference_logprobs(spec, params, batch)` instead.
+
+Margin delta: updated once per E-step from the implicit rewards of the whole batch under
+the teacher *before* the update (one extra no-gradient teacher forward), then held fixed
+for the E-step's optimizer steps.
+
+Mini-batch counts: the BCO loss averages over the positives and the negatives of each
+mini-batch, but `minibatch_updates` only hands the loss the counts of `batch["mask_br"]`
+({"num_tokens": sum of entries, "num_seqs": rows with a positive sum}). The E-step batch
+therefore carries an *outcome count mask* `[B, 2]` as its "mask_br" (positive row [1, 0],
+negative row [1, 1], unlabelled row [0, 0]), from which `outcome_counts` recovers the
+mini-batch's (num_pos, num_neg) exactly; the response mask travels as
+"response_mask_br". So micro-batching never changes the loss or the gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from pipo_jax.losses import vpd as vpd_loss
+from pipo_jax.rl import logprobs, steps
+from pipo_jax.rl.spec import ConfigError, TrainSpec
+from pipo_jax.rl.state import make_optimizer
+
+REFERENCES = ("dynamic", "fixed")
+HYBRIDS = ("none", "joint", "reshape")
+
+Batch = dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class VpdConfig:
+    """VPD settings (hashable: jit-static). Errors name the field as `config.vpd.<field>`.
+
+    beta: implicit-reward scale in rtilde = beta * log(q / pi_ref).
+    every: F, run the E-step on iterations with step % F == 0 (step = student iterations done).
+    lr: the teacher's AdamW learning rate (its own optimizer state).
+    e_step: False turns VPD into SDPO (the teacher is never trained).
+    reference: "dynamic" (the student at theta_t, paper default) or "fixed" (initial params).
+    delta_mode / delta_ema_rate: running mean of implicit rewards, see `losses.vpd.update_delta`.
+    seq_logprob: "sum" (sequence log-likelihood ratio) or "mean" (per valid token).
+    hybrid / hybrid_weight: GRPO + SDPO ablation ("none", "joint", "reshape") and its w.
+    """
+
+    beta: float = 0.1
+    every: int = 5
+    lr: float = 1e-6
+    e_step: bool = True
+    reference: str = "dynamic"
+    delta_mode: str = "cumulative"
+    delta_ema_rate: float = 0.1
+    seq_logprob: str = "sum"
+    hybrid: str = "none"
+    hybrid_weight: float = 1.0
+
+    def __post_init__(self):
+        def need(cond, field, message):
+            if not cond:
+                raise ConfigError(f"config.vpd.{field}: {message}")
+
+        def number(field):
+            value = getattr(self, field)
+            need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), field,
+                 f"{value!r} must be a finite number")
+            return value
+
+        def choice(field, choices):
+            value = getattr(self, field)
+            need(value in choices, field, f"{value!r} is not one of {choices}")
+
+        need(number("beta") > 0, "beta", f"{self.beta} must be > 0")
+        need(isinstance(self.every, int) and not isinstance(self.every, bool) and self.every >= 1, "every",
+             f"{self.every!r} must be an integer >= 1")
+        need(number("lr") > 0, "lr", f"{self.lr} must be > 0")
+        need(isinstance(self.e_step, bool), "e_step", f"{self.e_step!r} must be True or False")
+        choice("reference", REFERENCES)
+        choice("delta_mode", vpd_loss.DELTA_MODES)
+        need(0 < number("delta_ema_rate") <= 1, "delta_ema_rate", f"{self.delta_ema_rate} must be in (0, 1]")
+        choice("seq_logprob", vpd_loss.SEQ_LOGPROB_MODES)
+        choice("hybrid", HYBRIDS)
+        need(number("hybrid_weight") >= 0, "hybrid_weight", f"{self.hybrid_weight} must be >= 0")
+
+    @classmethod
+    def from_config(cls, section: Mapping) -> VpdConfig:
+        """From a `config.vpd` ml-collections section (or dict); missing keys keep their defaults."""
+        items = dict(section.items())
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(items) - fields)
+        if unknown:
+            raise ConfigError(f"config.vpd.{unknown[0]}: unknown key; valid keys are {sorted(fields)}")
+        return cls(**items)
+
+
+def should_run(step, every: int) -> jax.Array:
+    """Whether iteration `step` (student iterations done so far) runs an E-step: step % every == 0.
+
+    Steps 0, F, 2F, ...: exactly F student updates separate two E-steps. Jit-compatible.
+    """
+    if every < 1:
+        raise ValueError(f"vpd every={every} must be >= 1")
+    return jnp.asarray(step) % every == 0
+
+
+def make_teacher_optimizer(spec: TrainSpec, cfg: VpdConfig) -> optax.GradientTransformation:
+    """The student's optimizer recipe (global-norm clip + AdamW, spec's betas / decay) at the teacher's lr."""
+    return make_optimizer(cfg.lr, spec)
+
+
+def init_teacher_opt_state(spec: TrainSpec, cfg: VpdConfig, teacher_params):
+    return make_teacher_optimizer(spec, cfg).init(teacher_params)
+
+
+def _require(batch: Mapping, keys) -> None:
+    missing = [k for k in keys if k not in batch]
+    if missing:
+        raise KeyError(f"the VPD E-step needs batch{missing}; the batch has {sorted(batch)}")
+
+
+def reference_logprobs(cfg: VpdConfig, batch: Mapping) -> jax.Array:
+    """log pi_ref `[B, R]` of the response tokens: `logp_old_br` ("dynamic") or `logp_ref_br` ("fixed")."""
+    key = "logp_old_br" if cfg.reference == "dynamic" else "logp_ref_br"
+    _require(batch, (key,))
+    return jax.lax.stop_gradient(batch[key])
+
+
+def student_reference_logprobs(spec: TrainSpec, student_params, batch: Mapping) -> jax.Array:
+    """The dynamic reference recomputed under `student_params` `[B, R]` (for a student that moved since `prepare`)."""
+    logp, _ = logprobs.response_logprobs(spec.model, jax.lax.stop_gradient(student_params), batch["tokens_bl"],
+                                         batch["mask_bl"], spec.prompt_len, temperature=spec.temperature,
+                                         impl=spec.logprob_impl)
+    return jax.lax.stop_gradient(logp)
+
+
+def outcome_count_mask(positive_b, negative_b) -> jax.Array:
+    """`[B, 2]` float32: positive [1, 0], negative [1, 1], unlabelled [0, 0] (see module docstring)."""
+    pos, neg = jnp.asarray(positive_b, bool), jnp.asarray(negative_b, bool)
+    return jnp.stack([pos | neg, neg], axis=1).astype(jnp.float32)
+
+
+def outcome_counts(counts: Mapping) -> tuple[jax.Array, jax.Array]:
+    """(num_pos, num_neg) from `aggregation_counts` of an outcome count mask: tokens = pos + 2 neg, seqs = pos + neg."""
+    num_neg = counts["num_tokens"] - counts["num_seqs"]
+    return counts["num_seqs"] - num_neg, num_neg
+
+
+def labels(spec: TrainSpec, batch: Mapping) -> tuple[jax.Array, jax.Array]:
+    """(positive_b, negative_b): rows with teacher signal (sd_mask) and a non-empty response, split by
+    reward >= `spec.sdpo_success_threshold` (the same threshold that picks SDPO's demonstrations)."""
+    _require(batch, ("rewards_b", "sd_mask_b", "mask_br"))
+    valid = (batch["sd_mask_b"] > 0) & (jnp.sum(batch["mask_br"], axis=-1) > 0)
+    return vpd_loss.outcome_labels(batch["rewards_b"], spec.sdpo_success_threshold, valid)
+
+
+def e_step_batch(spec: TrainSpec, batch: Mapping, ref_logp_br) -> Batch:
+    """What the E-step's mini-batches carry: teacher inputs, reference log-probs, labels as a count mask."""
+    pos, neg = labels(spec, batch)
+    return {"mask_br": outcome_count_mask(pos, neg), "response_mask_br": batch["mask_br"],
+            "teacher_tokens_bq": batch["teacher_tokens_bq"], "teacher_mask_bq": batch["teacher_mask_bq"],
+            "ref_logp_br": ref_logp_br}
+
+
+def teacher_response_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
+    """log q(y_t) `[B, R]` of the response tokens in the teacher context, differentiable in `teacher_params`."""
+    q = tokens_bq.shape[1] - spec.response_len
+    logp, _ = logprobs.response_logprobs(spec.model, teacher_params, tokens_bq, mask_bq, q,
+                                         temperature=spec.temperature, impl=spec.logprob_impl)
+    return logp
+
+
+def e_step_loss_fn(spec: TrainSpec, cfg: VpdConfig, delta) -> steps.LossFn:
+    """`loss_fn(teacher_params, micro_batch, counts)` for `minibatch_updates` on an `e_step_batch`."""
+
+    def loss_fn(teacher_params, mb: Batch, counts: dict):
+        num_pos, num_neg = outcome_counts(counts)
+        logq = teacher_response_logprobs(spec, teacher_params, mb["teacher_tokens_bq"], mb["teacher_mask_bq"])
+        rtilde = vpd_loss.implicit_reward(logq, mb["ref_logp_br"], mb["response_mask_br"], beta=cfg.beta,
+                                          seq_logprob=cfg.seq_logprob)
+        count_mask = mb["mask_br"]
+        positive, negative = (count_mask[:, 0] > 0) & (count_mask[:, 1] == 0), count_mask[:, 1] > 0
+        return vpd_loss.bco_loss(rtilde, delta, positive, negative, num_pos=num_pos, num_neg=num_neg)
+
+    return loss_fn
+
+
+def e_step(spec: TrainSpec, cfg: VpdConfig, teacher_params, teacher_opt_state, batch: Mapping, ref_logp_br,
+           delta_state: vpd_loss.DeltaState, rng):
+    """One E-step on `batch`; returns (teacher_params, teacher_opt_state, delta_state, metrics).
+
+    `batch` is `learn.prepare`'s SDPO batch plus "rewards_b" [B]. `ref_logp_br` [B, R]: the
+    reference log-probs, or None to read them from the batch per `cfg.reference`.
+    Metrics ("vpd/..."): the BCO loss terms, accuracy, mean implicit reward of each set and
+    grad norm averaged over the optimizer steps; the margin "vpd/delta" used; the batch's
+    "vpd/rtilde_mean" before the update; "vpd/num_pos" / "vpd/num_neg" labelled responses.
+    """
+    _require(batch, ("teacher_tokens_bq", "teacher_mask_bq", "mask_br", "sd_mask_b", "rewards_b"))
+    ref = reference_logprobs(cfg, batch) if ref_logp_br is None else jax.lax.stop_gradient(ref_logp_br)
+    e_batch = e_step_batch(spec, batch, ref)
+    pos, neg = labels(spec, batch)
+
+    logq_before = steps.teacher_logprobs(spec, teacher_params, batch["teacher_tokens_bq"], batch["teacher_mask_bq"])
+    rtilde_before = vpd_loss.implicit_reward(logq_before, ref, batch["mask_br"], beta=cfg.beta,
+                                             seq_logprob=cfg.seq_logprob)
+    delta_state = vpd_loss.update_delta(delta_state, rtilde_before, pos | neg, mode=cfg.delta_mode,
+                                        rate=cfg.delta_ema_rate)
+
+    teacher_params, teacher_opt_state, m = steps.minibatch_updates(
+        spec, e_step_loss_fn(spec, cfg, delta_state.delta), make_teacher_optimizer(spec, cfg), teacher_params,
+        teacher_opt_state, e_batch, rng)
+    labelled = (pos | neg).astype(jnp.float32)
+    metrics = {f"vpd/{k}": v for k, v in m.items()}
+    metrics.update({
+        "vpd/delta": delta_state.delta,
+        "vpd/rtilde_mean": jnp.sum(rtilde_before * labelled) / jnp.maximum(jnp.sum(labelled), 1.0),
+        "vpd/num_pos": jnp.sum(pos.astype(jnp.float32)), "vpd/num_neg": jnp.sum(neg.astype(jnp.float32)),
+    })
+    return teacher_params, teacher_opt_state, delta_state, metrics
+
+
+def maybe_e_step(spec: TrainSpec, cfg: VpdConfig, step, teacher_params, teacher_opt_state, batch: Mapping,
+                 ref_logp_br, delta_state: vpd_loss.DeltaState, rng):
+    """`e_step` on iterations where `should_run(step, cfg.every)`, else the inputs unchanged (jit-compatible).
+
+    Adds "vpd/e_step_applied" (1.0 / 0.0); skipped iterations report zeros for the E-step
+    metrics and the carried "vpd/delta". With `cfg.e_step=False` nothing is traced: the
+    inputs come back as they are with no metrics (VPD reduces to SDPO).
+    """
+    if not cfg.e_step:
+        return teacher_params, teacher_opt_state, delta_state, {}
+
+    def run(operands):
+        t, s, d = operands
+        return e_step(spec, cfg, t, s, batch, ref_logp_br, d, rng)
+
+    shapes = jax.eval_shape(run, (teacher_params, teacher_opt_state, delta_state))[3]
+
+    def skip(operands):
+        t, s, d = operands
+        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+        return t, s, d, dict(zeros, **{"vpd/delta": d.delta})
+
+    applied = should_run(step, cfg.every)
+    t, s, d, metrics = jax.lax.cond(applied, run, skip, (teacher_params, teacher_opt_state, delta_state))
+    return t, s, d, dict(metrics, **{"vpd/e_step_applied": applied.astype(jnp.float32)})
+
+
+def teacher_diagnostics(spec: TrainSpec, teacher_params, student_params, batch: Mapping) -> dict:
+    """Teacher-collapse metrics on `batch`, per valid token of rows with teacher signal (mask_br * sd_mask_b).
+
+    {"vpd/teacher_entropy", "vpd/student_entropy", "vpd/kl_teacher_student"}: exact, from the
+    full `[micro_batch, R, V]` log-distributions of the teacher (teacher context) and the
+    student (plain prompt), computed one micro-batch at a time (the memory of SDPO's JSD
+    loss); no gradient.
+    """
+    _require(batch, ("tokens_bl", "mask_bl", "mask_br", "teacher_tokens_bq", "teacher_mask_bq", "sd_mask_b"))
+    b = batch["mask_br"].shape[0]
+    n = b // spec.micro_batch
+    q = batch["teacher_tokens_bq"].shape[1] - spec.response_len
+    keys = ("tokens_bl", "mask_bl", "mask_br", "teacher_tokens_bq", "teacher_mask_bq", "sd_mask_b")
+    chunks = {k: batch[k].reshape((n, b // n) + batch[k].shape[1:]) for k in keys}
+    teacher, student = jax.lax.stop_gradient(teacher_params), jax.lax.stop_gradient(student_params)
+
+    def one(mb):
+        t = logprobs.response_log_softmax(spec.model, teacher, mb["teacher_tokens_bq"], mb["teacher_mask_bq"], q,
+                                          temperature=spec.temperature)
+        s = logprobs.response_log_softmax(spec.model, student, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len,
+                                          temperature=spec.temperature)
+        return vpd_loss.teacher_collapse_sums(t, s, mb["mask_br"] * mb["sd_mask_b"][:, None])
+
+    sums = jax.tree.map(jnp.sum, jax.lax.map(one, chunks))
+    count = jnp.maximum(sums.pop("num_tokens"), 1.0)
+    return {f"vpd/{k}": v / count for k, v in sums.items()}
