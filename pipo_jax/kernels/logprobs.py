@@ -68,7 +68,7 @@ class KernelConfig:
     block_d: int = 64
     interpret: bool = False
     variant: str = "mosaic_tpu"
-    cpu_guard: bool = False
+    xla_cpu: bool = False
 
 
 # ----------------------------------------------------------------------------------------
@@ -158,13 +158,14 @@ def _dot_nt(a, b):
 
 _HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
-# XLA:CPU has no native 16-bit-float data movement: its float normalisation turns a
-# bf16 dynamic-slice of w inside a loop into a slice of an fp32 copy of the *whole* w
-# (hoisted out of the loop: 2x the size of w in extra memory), and a bf16
-# dynamic-update-slice of dw into an fp32 carry converted back every iteration. The
-# chunked path therefore (on CPU) slices w inside a trivially-true `lax.cond` (whose
-# branch the hoisting cannot reach, so only the block is converted) and keeps 16-bit
-# loop state as uint16 bit patterns. Other backends slice directly.
+# XLA:CPU specifics (KernelConfig.xla_cpu). (1) It has no native 16-bit-float data
+# movement: float normalisation turns a bf16 dynamic-slice of w inside a loop into a
+# slice of an fp32 copy of the *whole* w (hoisted out of the loop: 2x the size of w in
+# extra memory), and a bf16 dynamic-update-slice of dw into an fp32 carry converted back
+# on every iteration. So w is sliced inside a trivially-true `lax.cond` (whose branch the
+# hoisting cannot reach) and 16-bit loop state is kept as uint16 bit patterns. (2) CPUs
+# without bf16 units run fp32 matmuls ~1.5x faster than bf16 ones, so the block
+# matmuls take fp32 operands (exact upcasts; accumulation is fp32 either way).
 
 
 def _to_bits(x: jax.Array) -> jax.Array:
@@ -176,15 +177,20 @@ def _from_bits(x: jax.Array, dtype) -> jax.Array:
     return lax.bitcast_convert_type(x, dtype) if jnp.dtype(dtype) in _HALF_FLOATS else x
 
 
-def _slice_columns(w: jax.Array, start, width: int, cpu_guard: bool) -> jax.Array:
+def _slice_columns(w: jax.Array, start, width: int, xla_cpu: bool) -> jax.Array:
     """w[:, start : start + width] for a traced start (see the XLA:CPU note above)."""
 
     def take(w):
         return lax.dynamic_slice_in_dim(w, start, width, axis=1)
 
-    if not cpu_guard:
+    if not xla_cpu:
         return take(w)
     return lax.cond(start >= 0, take, take, w)
+
+
+def _matmul_dtype(cfg: KernelConfig, h: jax.Array, w: jax.Array):
+    """Operand dtype of the chunked block matmuls (and of the logits cotangent)."""
+    return jnp.dtype(jnp.float32) if cfg.xla_cpu else _compute_dtype(h, w)
 
 
 def _token_blocks(n: int, block_n: int) -> tuple[int, int]:
@@ -207,19 +213,25 @@ def _vocab_blocks(v: int, block_v: int) -> tuple[int, int, int]:
 
 
 def _chunked_forward(cfg: KernelConfig, h, w, t):
-    """h [N, D], w [D, V], t [N] int32 -> (lse, zt, ent) [N] fp32 (ent None if unused)."""
+    """h [N, D], w [D, V], t [N] int32 -> (lse, zt, ent) [N] fp32 (ent None if unused).
+
+    Outer loop over the full vocab blocks (then the static tail block), inner loop over
+    token blocks; the per-token online-softmax state is [nb, bn, 1] fp32.
+    """
     n, d = h.shape
     v = w.shape[1]
     bn, nb = _token_blocks(n, cfg.block_n)
     bv, nvf, tail = _vocab_blocks(v, cfg.block_v)
-    h_b = _to_bits(_pad_rows(h, nb * bn).reshape(nb, bn, d))
+    mdt = _matmul_dtype(cfg, h, w)
+    h_b = _pad_rows(h.astype(mdt), nb * bn).reshape(nb, bn, d)
     t_b = _pad_rows(t, nb * bn).reshape(nb, bn, 1)
 
     def vocab_step(stats, w_blk, col0):
+        w_blk = w_blk.astype(mdt)
         cols = col0 + lax.broadcasted_iota(jnp.int32, (1, w_blk.shape[1]), 1)
 
         def token_step(i, stats):
-            z = _dot_f32(_from_bits(h_b[i], h.dtype), w_blk) * cfg.inv_temperature
+            z = _dot_f32(h_b[i], w_blk) * cfg.inv_temperature
             block = tuple(x[i] for x in stats)
             new = _online_update(block, z, cols == t_b[i], cfg.with_entropy)
             return tuple(x.at[i].set(y) for x, y in zip(stats, new))
@@ -227,9 +239,9 @@ def _chunked_forward(cfg: KernelConfig, h, w, t):
         return lax.fori_loop(0, nb, token_step, stats)
 
     def full_block(j, stats):
-        return vocab_step(stats, _slice_columns(w, j * bv, bv, cfg.cpu_guard), j * bv)
+        return vocab_step(stats, _slice_columns(w, j * bv, bv, cfg.xla_cpu), j * bv)
 
-    stats = lax.fori_loop(0, nvf, full_block, _vary_like(_init_stats((nb, bn, 1)), h, w, t))
+    stats = lax.fori_loop(0, nvf, full_block, _init_stats((nb, bn, 1)))
     if tail:
         stats = vocab_step(stats, w[:, nvf * bv :], nvf * bv)
     lse, zt, ent = (x.reshape(nb * bn)[:n] for x in _finalize(stats))
@@ -247,13 +259,11 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
     v = w.shape[1]
     bn, nb = _token_blocks(n, cfg.block_n)
     bv, nvf, tail = _vocab_blocks(v, cfg.block_v)
-    cdt = _compute_dtype(h, w)
-    refs = (h, w, t, lse, ent, g_lse, g_zt, g_ent)  # loop carries vary like these (shard_map)
-    h_pad = _pad_rows(h, nb * bn)
-    h_b = _to_bits(h_pad.reshape(nb, bn, d))
-    # h^T so that dw_blk = h_i^T dz is a plain [D, bn] x [bn, bv] matmul (XLA:CPU runs
-    # the transposed-lhs form at about half speed).
-    ht_b = _to_bits(h_pad.reshape(nb, bn, d).transpose(0, 2, 1))
+    mdt = _matmul_dtype(cfg, h, w)
+    h_b = _pad_rows(h.astype(mdt), nb * bn).reshape(nb, bn, d)
+    # h^T blocks so that dw_blk = h_i^T dz is a plain [D, bn] x [bn, bv] matmul (XLA:CPU
+    # runs the transposed-lhs form at about half speed).
+    ht_b = h_b.transpose(0, 2, 1)
 
     def per_token(x):  # [N] -> [nb, bn, 1]
         return _pad_rows(x.reshape(n, 1), nb * bn).reshape(nb, bn, 1)
@@ -263,12 +273,13 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
     g_ent_b = per_token(g_ent) if cfg.with_entropy else None
 
     def vocab_step(dh_acc, w_blk, col0):
+        w_blk = w_blk.astype(mdt)
         width = w_blk.shape[1]
         cols = col0 + lax.broadcasted_iota(jnp.int32, (1, width), 1)
 
         def token_step(i, carry):
             dh_acc, dw_blk = carry
-            z = _dot_f32(_from_bits(h_b[i], h.dtype), w_blk) * cfg.inv_temperature
+            z = _dot_f32(h_b[i], w_blk) * cfg.inv_temperature
             dz = _dlogits(
                 z,
                 cols == t_b[i],
@@ -279,11 +290,11 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
                 g_ent_b[i] if cfg.with_entropy else None,
                 cfg.with_entropy,
             )
-            dz = (dz * cfg.inv_temperature).astype(cdt)
+            dz = (dz * cfg.inv_temperature).astype(mdt)
             dh_acc = dh_acc.at[i].add(_dot_nt(dz, w_blk))
-            return dh_acc, dw_blk + _dot_f32(_from_bits(ht_b[i], h.dtype), dz)
+            return dh_acc, dw_blk + _dot_f32(ht_b[i], dz)
 
-        init = (dh_acc, _vary_like(jnp.zeros((d, width), jnp.float32), *refs))
+        init = (dh_acc, jnp.zeros((d, width), jnp.float32))
         return lax.fori_loop(0, nb, token_step, init)
 
     def write_dw(dw_bits, dw_blk, col0):
@@ -291,13 +302,13 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
 
     def full_block(j, carry):
         dh_acc, dw_bits = carry
-        w_blk = _slice_columns(w, j * bv, bv, cfg.cpu_guard)
+        w_blk = _slice_columns(w, j * bv, bv, cfg.xla_cpu)
         dh_acc, dw_blk = vocab_step(dh_acc, w_blk, j * bv)
         return dh_acc, write_dw(dw_bits, dw_blk, j * bv)
 
     dw_bits = jnp.zeros((d, v), _to_bits(jnp.zeros((), w.dtype)).dtype)
-    init = _vary_like((jnp.zeros((nb, bn, d), jnp.float32), dw_bits), *refs)
-    dh_acc, dw_bits = lax.fori_loop(0, nvf, full_block, init)
+    carry = (jnp.zeros((nb, bn, d), jnp.float32), dw_bits)
+    dh_acc, dw_bits = lax.fori_loop(0, nvf, full_block, carry)
     if tail:
         dh_acc, dw_blk = vocab_step(dh_acc, w[:, nvf * bv :], nvf * bv)
         dw_bits = write_dw(dw_bits, dw_blk, nvf * bv)
@@ -435,7 +446,7 @@ def _make_config(
         block_d=blocks[2],
         interpret=interpret,
         variant=variant,
-        cpu_guard=backend == "cpu",
+        xla_cpu=backend == "cpu",
     )
 
 

@@ -2,10 +2,13 @@
 sharding constraints (Qwen3 block boundaries) and picks vocab-parallel kernels.
 
     with sharding_context(mesh, rules):
-        jitted_step.lower(...)   # traced inside: constraints are baked into the program
+        jitted_step(...)   # traced inside: constraints are baked into the program
 
-Outside a context nothing changes: `constrain` is the identity and `qwen3.forward` is
-exactly the unconstrained function.
+Enter it *outside* `jax.jit`: it also sets `jax.set_mesh(mesh)`, which makes the mesh
+part of JAX's trace-cache key, so a jitted function traced outside the context (or
+under another mesh) is traced afresh instead of reusing a program without (or with
+other) constraints. Outside a context nothing changes: `constrain` is the identity and
+`qwen3.forward` is exactly the unconstrained function.
 """
 
 from __future__ import annotations
@@ -51,11 +54,14 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
 
 @contextlib.contextmanager
 def sharding_context(mesh: Mesh, rules: Rules | None = None) -> Iterator[ShardingContext]:
-    """Activates `mesh` / `rules` for code traced inside the block (and Qwen3's activation hook)."""
+    """Activates `mesh` / `rules` for code traced inside the block (and Qwen3's activation hook).
+
+    Must be entered outside `jax.jit` (JAX's `set_mesh` raises otherwise).
+    """
     ctx = ShardingContext(mesh, DEFAULT_RULES if rules is None else rules)
     token = _ACTIVE.set(ctx)
     try:
-        with qwen3.activation_constraint(constrain):
+        with jax.set_mesh(mesh), qwen3.activation_constraint(constrain):
             yield ctx
     finally:
         _ACTIVE.reset(token)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 from typing import Any
-from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -32,6 +31,24 @@ from pipo_jax.rl import loop
 from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedFunction:
+    """A jitted function that is traced and run inside `sharding_context(mesh, rules)`."""
+
+    jitted: Any
+    mesh: Mesh
+    rules: Rules
+
+    def __call__(self, *args):
+        with sharding_context(self.mesh, self.rules):
+            return self.jitted(*args)
+
+    def lower(self, *args):
+        """`jax.jit(...).lower` inside the context (for `.compile().memory_analysis()` etc.)."""
+        with sharding_context(self.mesh, self.rules):
+            return self.jitted.lower(*args)
 
 
 def abstract_train_state(spec: TrainSpec) -> TrainState:
@@ -80,18 +97,18 @@ def init_sharded_train_state(spec: TrainSpec, mesh: Mesh, params: Any | None, se
 
 
 @functools.lru_cache(maxsize=32)
-def _scan_chunk(spec: TrainSpec, mesh: Mesh, length: int, rules_items: tuple) -> Callable:
+def _scan_chunk(spec: TrainSpec, mesh: Mesh, length: int, rules_items: tuple) -> ShardedFunction:
     rules = make_rules(dict(rules_items))
     sh = state_shardings(spec, mesh, rules)
 
     def chunk(state):
-        with sharding_context(mesh, rules):
-            return jax.lax.scan(lambda s, _: loop.iteration(spec, s), state, None, length=length)
+        return jax.lax.scan(lambda s, _: loop.iteration(spec, s), state, None, length=length)
 
-    return jax.jit(chunk, in_shardings=(sh,), out_shardings=(sh, replicated(mesh)), donate_argnums=0)
+    jitted = jax.jit(chunk, in_shardings=(sh,), out_shardings=(sh, replicated(mesh)), donate_argnums=0)
+    return ShardedFunction(jitted, mesh, rules)
 
 
-def sharded_scan_chunk(spec: TrainSpec, mesh: Mesh, length: int, rules: Rules | None = None) -> Callable:
+def sharded_scan_chunk(spec: TrainSpec, mesh: Mesh, length: int, rules: Rules | None = None) -> ShardedFunction:
     """`loop.scan_chunk(spec, ., length)` on `mesh`: `fn(state) -> (state, metrics [length])`."""
     return _scan_chunk(spec, mesh, int(length), rules_key(rules))
 
@@ -106,20 +123,19 @@ def _abstract_rollout(spec: TrainSpec, n_prompts: int):
 
 
 @functools.lru_cache(maxsize=32)
-def _generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules_items: tuple) -> Callable:
+def _generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules_items: tuple) -> ShardedFunction:
     rules = make_rules(dict(rules_items))
     p_sh = state_shardings(spec, mesh, rules).params
     out = batch_shardings(_abstract_rollout(spec, n_prompts), mesh, rules)
 
     def gen(params, rng):
-        with sharding_context(mesh, rules):
-            k_prob, k_gen = jax.random.split(rng)
-            return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, k_prob, n_prompts), k_gen)
+        k_prob, k_gen = jax.random.split(rng)
+        return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, k_prob, n_prompts), k_gen)
 
-    return jax.jit(gen, in_shardings=(p_sh, replicated(mesh)), out_shardings=out)
+    return ShardedFunction(jax.jit(gen, in_shardings=(p_sh, replicated(mesh)), out_shardings=out), mesh, rules)
 
 
-def sharded_generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules: Rules | None = None) -> Callable:
+def sharded_generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules: Rules | None = None) -> ShardedFunction:
     """The host loop's generate on `mesh`: `fn(params, rng) -> Rollout` of `n_prompts x G` rows.
 
     Same keys and result as `loop._host_generate(spec, params, rng, n_prompts)`; the
@@ -129,20 +145,20 @@ def sharded_generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules: Rules |
 
 
 @functools.lru_cache(maxsize=32)
-def _learn(spec: TrainSpec, mesh: Mesh, rules_items: tuple) -> Callable:
+def _learn(spec: TrainSpec, mesh: Mesh, rules_items: tuple) -> ShardedFunction:
     rules = make_rules(dict(rules_items))
     sh = state_shardings(spec, mesh, rules)
     r_sh = batch_shardings(_abstract_rollout(spec, spec.prompts), mesh, rules)
 
     def step(state, batch, rng):
-        with sharding_context(mesh, rules):
-            return learn_lib.learn(spec, state, batch, rng)
+        return learn_lib.learn(spec, state, batch, rng)
 
-    return jax.jit(step, in_shardings=(sh, r_sh, replicated(mesh)), out_shardings=(sh, replicated(mesh)),
-                   donate_argnums=0)
+    jitted = jax.jit(step, in_shardings=(sh, r_sh, replicated(mesh)), out_shardings=(sh, replicated(mesh)),
+                     donate_argnums=0)
+    return ShardedFunction(jitted, mesh, rules)
 
 
-def sharded_learn(spec: TrainSpec, mesh: Mesh, rules: Rules | None = None) -> Callable:
+def sharded_learn(spec: TrainSpec, mesh: Mesh, rules: Rules | None = None) -> ShardedFunction:
     """`learn.learn` on `mesh` (the host loop's update): `fn(state, rollout, rng) -> (state, metrics)`."""
     return _learn(spec, mesh, rules_key(rules))
 

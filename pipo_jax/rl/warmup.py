@@ -138,7 +138,9 @@ def warmup(
 
     eval_steps, accuracy, losses = [0], [evaluate()], [np.zeros((0,), np.float32)]
     done = 0
-    reached = lambda: target_accuracy is not None and accuracy[-1] >= target_accuracy
+    def reached() -> bool:
+        return target_accuracy is not None and accuracy[-1] >= target_accuracy
+
     while done < steps and not reached():
         n = min(eval_every, steps - done)
         params, opt_state, chunk_losses = train_chunk(

@@ -95,7 +95,7 @@ def sampler_check(out: str) -> None:
     spec, state = scenario.initial_state()
     key = jax.random.PRNGKey(7)
     res = {}
-    for name, (d, f, t) in {"single": (1, 1, 1), "2x2x2": (2, 2, 2), "1x2x4": (1, 2, 4)}.items():
+    for name, (d, f, t) in {"single": (1, 1, 1), "1x2x4": (1, 2, 4)}.items():
         mesh = parallel.make_mesh(d, f, t, devices=jax.devices()[: d * f * t])
         params = steps.place_tree(state.params, steps.state_shardings(spec, mesh).params)
         rollout = steps.sharded_generate(spec, mesh, spec.prompts)(params, key)

@@ -1,0 +1,119 @@
+"""Mesh sizes, the rules table, PartitionSpecs with divisibility fallback, and the
+shardings of params / optimizer state / critic / PIPO state / KV cache (abstract 2x2x2 mesh)."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+from pipo_jax import parallel
+from pipo_jax.losses import pipo
+from pipo_jax.models import qwen3
+from pipo_jax.parallel.mesh import MeshSpec, mesh_spec_from_config, resolve_sizes
+
+MESH = AbstractMesh((2, 2, 2), parallel.AXES)
+
+
+@pytest.mark.parametrize("spec, n, expected", [
+    (MeshSpec(-1, 1, 1), 8, (8, 1, 1)),
+    (MeshSpec(2, -1, 2), 8, (2, 2, 2)),
+    (MeshSpec(1, 2, -1), 8, (1, 2, 4)),
+    (MeshSpec(2, 2, 2), 8, (2, 2, 2)),
+    (MeshSpec(-1, 2, 1, dcn_data=2), 8, (4, 2, 1)),
+])
+def test_resolve_sizes(spec, n, expected):
+    assert resolve_sizes(spec, n) == expected
+
+
+@pytest.mark.parametrize("spec, n, field", [
+    (MeshSpec(-1, -1, 1), 8, "only one"),
+    (MeshSpec(3, -1, 1), 8, "not divisible"),
+    (MeshSpec(2, 2, 1), 8, "4, but there are 8 devices"),
+    (MeshSpec(0, 1, 1), 8, "mesh.data=0"),
+    (MeshSpec(2, 4, 1, dcn_fsdp=3), 8, "dcn_fsdp=3"),
+])
+def test_resolve_sizes_errors_name_the_field(spec, n, field):
+    with pytest.raises(ValueError, match=field):
+        resolve_sizes(spec, n)
+
+
+def test_mesh_from_config_dict_and_defaults():
+    assert mesh_spec_from_config({"tensor": 4}) == MeshSpec(data=-1, fsdp=1, tensor=4)
+    assert mesh_spec_from_config(None) == MeshSpec()
+    mesh = parallel.mesh_from_config({"data": -1})
+    assert parallel.mesh_sizes(mesh) == {"data": jax.device_count(), "fsdp": 1, "tensor": 1}
+
+
+def test_spec_for_maps_logical_names_and_falls_back(caplog):
+    assert parallel.spec_for(("vocab", "embed"), (256, 64), MESH) == P("tensor", "fsdp")
+    assert parallel.spec_for(("batch", None), (8, 3), MESH) == P(("data", "fsdp"), None)
+    with caplog.at_level(logging.WARNING, logger="pipo_jax.parallel.rules"):
+        # 6 rows: data (2) divides, data x fsdp (4) does not -> only data.
+        assert parallel.spec_for(("batch", None), (6, 5), MESH) == P("data", None)
+        # 3 kv heads on tensor=2: replicated.
+        assert parallel.spec_for(("kv_heads",), (3,), MESH) == P(None)
+    assert "not divisible" in caplog.text
+    # a mesh axis is used once per array: the second 'fsdp' dim stays whole
+    assert parallel.spec_for(("embed", "embed"), (4, 4), MESH) == P("fsdp", None)
+    # size-1 mesh axes split nothing and are left out
+    assert parallel.spec_for(("batch",), (8,), AbstractMesh((8, 1, 1), parallel.AXES)) == P("data")
+
+
+def test_rules_overrides_and_errors():
+    rules = parallel.make_rules("embed=none; mlp=fsdp+tensor")
+    assert rules["embed"] is None and rules["mlp"] == ("fsdp", "tensor")
+    assert parallel.spec_for(("embed", "mlp"), (64, 128), MESH, rules) == P(None, ("fsdp", "tensor"))
+    with pytest.raises(ValueError, match="unknown logical axes"):
+        parallel.make_rules({"embedding": "fsdp"})
+    with pytest.raises(ValueError, match="not a mesh axis"):
+        parallel.make_rules({"embed": "model"})
+    with pytest.raises(ValueError, match="not name=axes"):
+        parallel.parse_rules("embed")
+    with pytest.raises(ValueError, match="no sharding rule"):
+        parallel.spec_for(("nonsense",), (4,), MESH)
+
+
+def _tiny():
+    return qwen3.preset("tiny")  # V 256, D 64, F 128, 4 heads, 2 kv heads
+
+
+def test_param_and_optimizer_state_shardings():
+    cfg = _tiny()
+    params = jax.eval_shape(lambda: qwen3.init_params(cfg, jax.random.PRNGKey(0)))
+    sh = parallel.param_shardings(cfg, params, MESH)
+    specs = parallel.shardings.spec_tree(sh)
+    assert specs["embed"] == P("tensor", "fsdp")
+    assert specs["layers"]["q_proj"] == P(None, "fsdp", "tensor", None)
+    assert specs["layers"]["down_proj"] == P(None, "tensor", "fsdp")
+    assert specs["layers"]["q_norm"] == P(None, None)
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3))
+    state = jax.eval_shape(opt.init, params)
+    opt_specs = parallel.shardings.spec_tree(parallel.mirror_shardings(state, params, sh, MESH))
+    adam = opt_specs[1].inner_state[0]
+    assert adam.mu == specs and adam.nu == specs
+    assert adam.count == P() and opt_specs[1].hyperparams["learning_rate"] == P()
+
+
+def test_critic_pipo_and_cache_shardings():
+    cfg = _tiny()
+    critic = {"backbone": jax.eval_shape(lambda: qwen3.init_params(cfg, jax.random.PRNGKey(0))),
+              "value_head": jax.ShapeDtypeStruct((cfg.hidden_size,), jnp.float32)}
+    c_specs = parallel.shardings.spec_tree(parallel.tree_shardings(critic, parallel.critic_axes(cfg), MESH))
+    assert c_specs["value_head"] == P("fsdp") and c_specs["backbone"]["embed"] == P("tensor", "fsdp")
+
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+    stored = pipo.StoredBatch(tokens_bt=f32(8, 11), attention_mask_bt=f32(8, 11), mask_bt=f32(8, 4),
+                              logp_old_bt=f32(8, 4), logp_ref_bt=f32(8, 4), attr_bt=f32(8, 4))
+    ps = jax.eval_shape(lambda: pipo.init_pipo_state(4, stored))
+    p_specs = parallel.shardings.spec_tree(parallel.pipo_state_shardings(ps, MESH))
+    assert p_specs.mu_window_k == P(None) and p_specs.count == P()
+    assert p_specs.prev.tokens_bt == P(("data", "fsdp"), None)
+
+    cache = jax.eval_shape(lambda: qwen3.init_cache(cfg, 4, 16))
+    k_spec = parallel.kv_cache_shardings(cache, MESH).k.spec
+    assert k_spec == P(None, ("data", "fsdp"), None, "tensor", None)

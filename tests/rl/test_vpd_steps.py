@@ -1,0 +1,237 @@
+"""VPD E-step (SPEC 4): config validation, the F schedule, the outcome count mask, the
+reference choice, and `e_step` on a micro SDPO batch built by the trainer's own pieces
+(rollout.collect -> learn.prepare). The micro model compiles slowly on a shared CPU, so
+one jitted `maybe_e_step` is built per module and reused."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import sdpo
+from pipo_jax.losses import vpd as vpd_loss
+from pipo_jax.losses.aggregation import aggregation_counts
+from pipo_jax.models import qwen3
+from pipo_jax.rl import learn, rollout, vpd
+from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.state import init_train_state
+
+# ----------------------------------------------------------------------------- config and schedule
+
+
+def test_config_defaults():
+    cfg = vpd.VpdConfig()
+    assert (cfg.beta, cfg.every, cfg.e_step, cfg.reference, cfg.delta_mode, cfg.seq_logprob, cfg.hybrid) == (
+        0.1, 5, True, "dynamic", "cumulative", "sum", "none")
+    assert hash(cfg) == hash(vpd.VpdConfig())  # jit-static
+
+
+@pytest.mark.parametrize("field, value", [
+    ("beta", 0.0), ("beta", float("nan")), ("every", 0), ("every", 2.5), ("lr", -1e-6), ("e_step", "yes"),
+    ("reference", "initial"), ("delta_mode", "median"), ("delta_ema_rate", 0.0), ("delta_ema_rate", 1.5),
+    ("seq_logprob", "max"), ("hybrid", "both"), ("hybrid_weight", -0.1),
+])
+def test_config_errors_name_the_field(field, value):
+    with pytest.raises(ConfigError, match=rf"config\.vpd\.{field}: "):
+        vpd.VpdConfig(**{field: value})
+
+
+def test_config_from_ml_collections_section():
+    section = ml_collections.ConfigDict({"beta": 0.2, "every": 3, "reference": "fixed", "hybrid": "reshape"})
+    cfg = vpd.VpdConfig.from_config(section)
+    assert (cfg.beta, cfg.every, cfg.reference, cfg.hybrid, cfg.lr) == (0.2, 3, "fixed", "reshape", 1e-6)
+    with pytest.raises(ConfigError, match=r"config\.vpd\.betta: unknown key"):
+        vpd.VpdConfig.from_config({"betta": 0.2})
+
+
+def test_should_run_every_f_student_steps():
+    steps_ = np.arange(12)
+    np.testing.assert_array_equal(np.nonzero([bool(vpd.should_run(s, 5)) for s in steps_])[0], [0, 5, 10])
+    assert all(bool(vpd.should_run(s, 1)) for s in steps_)
+    jitted = jax.jit(lambda s: vpd.should_run(s, 4))
+    np.testing.assert_array_equal([bool(jitted(jnp.int32(s))) for s in steps_], steps_ % 4 == 0)
+    with pytest.raises(ValueError, match="every=0"):
+        vpd.should_run(3, 0)
+
+
+def test_outcome_count_mask_recovers_the_counts_of_any_mini_batch():
+    rng = np.random.default_rng(0)
+    pos = rng.random(32) < 0.3
+    neg = ~pos & (rng.random(32) < 0.7)
+    count_mask = vpd.outcome_count_mask(pos, neg)
+    for _ in range(5):
+        rows = rng.permutation(32)[:8]
+        n_pos, n_neg = vpd.outcome_counts(aggregation_counts(count_mask[rows]))
+        assert (float(n_pos), float(n_neg)) == (pos[rows].sum(), neg[rows].sum())
+
+
+def test_labels_need_teacher_signal_and_a_response():
+    spec = SimpleNamespace(sdpo_success_threshold=1.0)
+    batch = {"rewards_b": jnp.array([1.0, 0.0, 1.0, 0.0, 1.0]), "sd_mask_b": jnp.array([1.0, 1.0, 0.0, 0.0, 1.0]),
+             "mask_br": jnp.array([[1, 1], [1, 0], [1, 1], [1, 1], [0, 0]], jnp.float32)}
+    pos, neg = vpd.labels(spec, batch)
+    np.testing.assert_array_equal(pos, [True, False, False, False, False])
+    np.testing.assert_array_equal(neg, [False, True, False, False, False])
+    with pytest.raises(KeyError, match="rewards_b"):
+        vpd.labels(spec, {k: v for k, v in batch.items() if k != "rewards_b"})
+
+
+def test_reference_logprobs_dynamic_is_the_current_student_fixed_the_initial_policy():
+    batch = {"logp_old_br": jnp.array([[-1.0, -2.0]]), "logp_ref_br": jnp.array([[-3.0, -4.0]])}
+    np.testing.assert_array_equal(vpd.reference_logprobs(vpd.VpdConfig(), batch), batch["logp_old_br"])
+    np.testing.assert_array_equal(vpd.reference_logprobs(vpd.VpdConfig(reference="fixed"), batch),
+                                  batch["logp_ref_br"])
+    g = jax.grad(lambda x: jnp.sum(vpd.reference_logprobs(vpd.VpdConfig(), {"logp_old_br": x})))(batch["logp_old_br"])
+    np.testing.assert_array_equal(g, 0.0)
+    with pytest.raises(KeyError, match="logp_ref_br"):
+        vpd.reference_logprobs(vpd.VpdConfig(reference="fixed"), {"logp_old_br": batch["logp_old_br"]})
+
+
+# ----------------------------------------------------------------------------- e_step on a micro batch
+
+PATTERN = jnp.tile(jnp.array([1.0, 0.0, 0.0, 1.0]), 4)  # two successes per group of G = 4: both BCO terms act
+
+
+@pytest.fixture(scope="module")
+def micro():
+    c = sdpo.get_config("micro")
+    spec = train_spec(c)
+    state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
+    reward_fn = lambda r: rollout.task_rewards(spec, r)  # noqa: E731
+    ro, _ = jax.jit(lambda p, k: rollout.collect(spec, p, k, reward_fn))(state.params, jax.random.PRNGKey(1))
+    batch, _, _ = jax.jit(lambda s, r: learn.prepare(spec, s, r))(state, ro)
+    batch = dict(batch, rewards_b=ro.rewards_b)
+    cfg = vpd.VpdConfig(lr=1e-3, every=5)
+
+    @jax.jit
+    def run(teacher, opt_state, b, ref, delta, rng, step):
+        return vpd.maybe_e_step(spec, cfg, step, teacher, opt_state, b, ref, delta, rng)
+
+    logq = jax.jit(lambda t, b: vpd.teacher_response_logprobs(spec, t, b["teacher_tokens_bq"], b["teacher_mask_bq"]))
+    return SimpleNamespace(spec=spec, state=state, batch=batch, cfg=cfg, run=run, logq=logq,
+                           opt0=vpd.init_teacher_opt_state(spec, cfg, state.teacher_params))
+
+
+def _np_rtilde_mean(logq, ref, batch, beta):
+    """Plain numpy: beta * sum_t m (logq - ref) per row, averaged over rows with teacher signal."""
+    m = np.asarray(batch["mask_br"])
+    r = beta * np.sum(m * (np.asarray(logq) - np.asarray(ref)), axis=1)
+    labelled = (np.asarray(batch["sd_mask_b"]) > 0) & (m.sum(1) > 0)
+    return r[labelled].mean()
+
+
+def _max_diff(a, b):
+    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))), a, b)))
+
+
+@pytest.mark.parametrize("reference", ["dynamic", "fixed"])
+def test_e_step_trains_the_teacher_only_and_sets_delta(micro, reference):
+    batch = dict(micro.batch, rewards_b=PATTERN)
+    # At init the student *is* the initial policy; shift the fixed reference so the two choices differ.
+    batch["logp_ref_br"] = batch["logp_old_br"] - 0.3 * batch["mask_br"]
+    ref = vpd.reference_logprobs(dataclasses.replace(micro.cfg, reference=reference), batch)
+    student_before = jax.tree.map(np.array, micro.state.params)
+    teacher_before = micro.state.teacher_params
+    t, s, d, m = micro.run(teacher_before, micro.opt0, batch, ref, vpd_loss.init_delta_state(),
+                           jax.random.PRNGKey(2), 0)
+    assert float(m["vpd/e_step_applied"]) == 1.0
+    assert _max_diff(t, teacher_before) > 1e-4  # the teacher moved
+    assert _max_diff(micro.state.params, student_before) == 0.0  # the student did not
+    assert int(s[1].count) == 2  # two optimizer steps: B = 16, mini-batch 8, one epoch
+    # delta after the first update (cumulative from the initial state) = mean implicit reward before the update
+    expected = _np_rtilde_mean(micro.logq(teacher_before, batch), ref, batch, micro.cfg.beta)
+    assert float(m["vpd/rtilde_mean"]) == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert float(d.delta) == pytest.approx(expected, rel=1e-4, abs=1e-6) and int(d.count) == 1
+    if reference == "fixed":  # beta * 0.3 * |y| more than the dynamic reference
+        dyn = _np_rtilde_mean(micro.logq(teacher_before, batch), batch["logp_old_br"], batch, micro.cfg.beta)
+        lengths = np.asarray(batch["mask_br"]).sum(1)[np.asarray(batch["sd_mask_b"]) > 0]
+        assert expected - dyn == pytest.approx(0.1 * 0.3 * lengths.mean(), rel=1e-4)
+    assert (float(m["vpd/num_pos"]), float(m["vpd/num_neg"])) == (8.0, 8.0)
+    assert all(np.isfinite(float(v)) for v in m.values())
+
+
+def test_e_step_loss_decreases_on_a_fixed_batch(micro):
+    batch = dict(micro.batch, rewards_b=PATTERN)
+    ref = batch["logp_old_br"]
+    t, s, d = micro.state.teacher_params, micro.opt0, vpd_loss.init_delta_state()
+    losses, accuracy = [], []
+    for i in range(4):
+        t, s, d, m = micro.run(t, s, batch, ref, d, jax.random.PRNGKey(10 + i), 0)
+        losses.append(float(m["vpd/e_loss"]))
+        accuracy.append(float(m["vpd/e_accuracy"]))
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert losses[-1] < 0.85 * losses[0], losses
+    assert accuracy[-1] > accuracy[0], accuracy
+    assert float(m["vpd/rtilde_pos"]) > float(m["vpd/rtilde_neg"])  # the teacher separates the outcomes
+    assert int(d.count) == 4
+
+
+def test_e_step_with_the_rollout_rewards_and_no_positives_is_finite(micro):
+    t, s, d, m = micro.run(micro.state.teacher_params, micro.opt0, micro.batch, micro.batch["logp_old_br"],
+                           vpd_loss.init_delta_state(), jax.random.PRNGKey(3), 0)
+    rewards = np.asarray(micro.batch["rewards_b"])
+    assert float(m["vpd/num_pos"]) == float(np.sum(rewards >= 1.0))
+    assert float(m["vpd/num_pos"]) + float(m["vpd/num_neg"]) == float(np.sum(np.asarray(micro.batch["sd_mask_b"])))
+    if float(m["vpd/num_pos"]) == 0:
+        assert float(m["vpd/e_loss_pos"]) == 0.0
+    assert all(np.isfinite(float(v)) for v in m.values())
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(t))
+
+
+def test_e_step_is_skipped_between_schedule_points_and_absent_when_off(micro):
+    batch = dict(micro.batch, rewards_b=PATTERN)
+    delta = vpd_loss.DeltaState(delta=jnp.float32(0.25), count=jnp.int32(3))
+    t, s, d, m = micro.run(micro.state.teacher_params, micro.opt0, batch, batch["logp_old_br"], delta,
+                           jax.random.PRNGKey(4), 1)  # every = 5: step 1 is not a schedule point
+    assert float(m["vpd/e_step_applied"]) == 0.0 and float(m["vpd/delta"]) == 0.25
+    assert _max_diff(t, micro.state.teacher_params) == 0.0 and _max_diff(s, micro.opt0) == 0.0
+    assert (float(d.delta), int(d.count)) == (0.25, 3)
+    off = dataclasses.replace(micro.cfg, e_step=False)
+    out = vpd.maybe_e_step(micro.spec, off, 0, micro.state.teacher_params, micro.opt0, batch, None, delta,
+                           jax.random.PRNGKey(4))
+    assert out[0] is micro.state.teacher_params and out[1] is micro.opt0 and out[2] is delta and out[3] == {}
+
+
+def test_micro_batching_does_not_change_the_e_step(micro):
+    batch = dict(micro.batch, rewards_b=PATTERN)
+    spec2 = dataclasses.replace(micro.spec, micro_batch=micro.spec.mini_batch // 2)
+    args = (micro.state.teacher_params, micro.opt0, batch)
+    split = jax.jit(lambda t, s, b, d, k: vpd.e_step(spec2, micro.cfg, t, s, b, None, d, k))(
+        *args, vpd_loss.init_delta_state(), jax.random.PRNGKey(5))  # ref None: read logp_old_br ("dynamic")
+    whole = micro.run(*args, batch["logp_old_br"], vpd_loss.init_delta_state(), jax.random.PRNGKey(5), 0)
+    assert _max_diff(split[0], whole[0]) < 2e-5
+    for key in ("vpd/e_loss", "vpd/e_accuracy", "vpd/rtilde_pos", "vpd/rtilde_neg", "vpd/delta"):
+        assert float(split[3][key]) == pytest.approx(float(whole[3][key]), rel=1e-4, abs=1e-6), key
+
+
+def test_teacher_diagnostics_match_a_full_batch_computation(micro):
+    spec, batch = micro.spec, micro.batch
+    teacher = jax.tree.map(lambda x: x * 1.5, micro.state.teacher_params)  # a sharper teacher
+    got = jax.jit(lambda t, s, b: vpd.teacher_diagnostics(spec, t, s, b))(teacher, micro.state.params, batch)
+
+    @jax.jit
+    def full(t, s, b):
+        from pipo_jax.rl import logprobs
+        q = b["teacher_tokens_bq"].shape[1] - spec.response_len
+        t_btv = logprobs.response_log_softmax(spec.model, t, b["teacher_tokens_bq"], b["teacher_mask_bq"], q,
+                                              temperature=spec.temperature)
+        s_btv = logprobs.response_log_softmax(spec.model, s, b["tokens_bl"], b["mask_bl"], spec.prompt_len,
+                                              temperature=spec.temperature)
+        return t_btv, s_btv
+
+    t_btv, s_btv = map(np.asarray, full(teacher, micro.state.params, batch))
+    m = np.asarray(batch["mask_br"]) * np.asarray(batch["sd_mask_b"])[:, None]
+    pt, ps = np.exp(t_btv), np.exp(s_btv)
+    h_t = -np.sum(pt * t_btv, -1)
+    kl = np.sum(pt * (t_btv - s_btv), -1)
+    assert float(got["vpd/teacher_entropy"]) == pytest.approx((h_t * m).sum() / m.sum(), rel=1e-4)
+    assert float(got["vpd/student_entropy"]) == pytest.approx((-np.sum(ps * s_btv, -1) * m).sum() / m.sum(),
+                                                              rel=1e-4)
+    assert float(got["vpd/kl_teacher_student"]) == pytest.approx((kl * m).sum() / m.sum(), rel=1e-4)
+    assert float(got["vpd/kl_teacher_student"]) > 0
+    chex.assert_tree_all_finite(got)
