@@ -241,7 +241,7 @@ def _chunked_forward(cfg: KernelConfig, h, w, t):
     def full_block(j, stats):
         return vocab_step(stats, _slice_columns(w, j * bv, bv, cfg.xla_cpu), j * bv)
 
-    stats = lax.fori_loop(0, nvf, full_block, _init_stats((nb, bn, 1)))
+    stats = lax.fori_loop(0, nvf, full_block, _vary_like(_init_stats((nb, bn, 1)), h, w, t))
     if tail:
         stats = vocab_step(stats, w[:, nvf * bv :], nvf * bv)
     lse, zt, ent = (x.reshape(nb * bn)[:n] for x in _finalize(stats))
@@ -260,6 +260,7 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
     bn, nb = _token_blocks(n, cfg.block_n)
     bv, nvf, tail = _vocab_blocks(v, cfg.block_v)
     mdt = _matmul_dtype(cfg, h, w)
+    refs = (h, w, t, lse, ent, g_lse, g_zt, g_ent)  # loop carries vary like these under shard_map
     h_b = _pad_rows(h.astype(mdt), nb * bn).reshape(nb, bn, d)
     # h^T blocks so that dw_blk = h_i^T dz is a plain [D, bn] x [bn, bv] matmul (XLA:CPU
     # runs the transposed-lhs form at about half speed).
@@ -294,7 +295,7 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
             dh_acc = dh_acc.at[i].add(_dot_nt(dz, w_blk))
             return dh_acc, dw_blk + _dot_f32(ht_b[i], dz)
 
-        init = (dh_acc, jnp.zeros((d, width), jnp.float32))
+        init = (dh_acc, _vary_like(jnp.zeros((d, width), jnp.float32), *refs))
         return lax.fori_loop(0, nb, token_step, init)
 
     def write_dw(dw_bits, dw_blk, col0):
@@ -307,7 +308,7 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
         return dh_acc, write_dw(dw_bits, dw_blk, j * bv)
 
     dw_bits = jnp.zeros((d, v), _to_bits(jnp.zeros((), w.dtype)).dtype)
-    carry = (jnp.zeros((nb, bn, d), jnp.float32), dw_bits)
+    carry = _vary_like((jnp.zeros((nb, bn, d), jnp.float32), dw_bits), *refs)
     dh_acc, dw_bits = lax.fori_loop(0, nvf, full_block, carry)
     if tail:
         dh_acc, dw_blk = vocab_step(dh_acc, w[:, nvf * bv :], nvf * bv)

@@ -185,7 +185,7 @@ def teacher_collapse_sums(teacher_logp_btv, student_logp_btv, mask_bt):
     The distributions are the full vocabulary ones (exact, no top-k truncation).
     """
     m = as_mask(mask_bt)
-    tot = lambda x: jnp.sum(jnp.where(m > 0, x, 0.0))  # noqa: E731
+    tot = lambda x: jnp.sum(jnp.where(m > 0, x, 0.0))
     return {"teacher_entropy": tot(token_entropy(teacher_logp_btv)),
             "student_entropy": tot(token_entropy(student_logp_btv)),
             "kl_teacher_student": tot(token_kl(teacher_logp_btv, student_logp_btv)),
@@ -259,8 +259,8 @@ def joint_hybrid_loss(logp_bt, logp_old_bt, adv_bt, mask_bt, *, weight: float, d
     pg, pg_metrics = token_clip_loss(logp_bt, logp_old_bt, adv_bt, mask_bt, loss_agg_mode=loss_agg_mode,
                                      eps_low=eps_low, eps_high=eps_high, clip_ratio_c=clip_ratio_c,
                                      num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
-    common = dict(is_clip=is_clip, sd_mask_b=sd_mask_b, loss_agg_mode=distill_agg_mode, num_tokens=num_tokens,
-                  num_seqs=num_seqs, norm_length=norm_length)
+    common = {"is_clip": is_clip, "sd_mask_b": sd_mask_b, "loss_agg_mode": distill_agg_mode,
+              "num_tokens": num_tokens, "num_seqs": num_seqs, "norm_length": norm_length}
     if distill_form == "token":
         if logp_teacher_bt is None:
             raise ValueError("joint_hybrid_loss(distill_form='token') needs logp_teacher_bt")

@@ -14,6 +14,7 @@ constrained at Qwen3 block boundaries. The state argument is donated.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 

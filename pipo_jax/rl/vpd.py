@@ -40,7 +40,7 @@ import optax
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.rl import logprobs, steps
 from pipo_jax.rl.spec import ConfigError, TrainSpec
-from pipo_jax.rl.state import make_optimizer
+from pipo_jax.rl.state import make_optimizer, with_lr
 
 REFERENCES = ("dynamic", "fixed")
 HYBRIDS = ("none", "joint", "reshape")
@@ -54,7 +54,7 @@ class VpdConfig:
 
     beta: implicit-reward scale in rtilde = beta * log(q / pi_ref).
     every: F, run the E-step on iterations with step % F == 0 (step = student iterations done).
-    lr: the teacher's AdamW learning rate (its own optimizer state).
+    lr: the teacher's AdamW learning rate (its own optimizer state; written into it at every E-step).
     e_step: False turns VPD into SDPO (the teacher is never trained).
     reference: "dynamic" (the student at theta_t, paper default) or "fixed" (initial params).
     delta_mode / delta_ema_rate: running mean of implicit rewards, see `losses.vpd.update_delta`.
@@ -171,12 +171,11 @@ def labels(spec: TrainSpec, batch: Mapping) -> tuple[jax.Array, jax.Array]:
     return vpd_loss.outcome_labels(batch["rewards_b"], spec.sdpo_success_threshold, valid)
 
 
-def e_step_batch(spec: TrainSpec, batch: Mapping, ref_logp_br) -> Batch:
+def e_step_batch(batch: Mapping, ref_logp_br, positive_b, negative_b) -> Batch:
     """What the E-step's mini-batches carry: teacher inputs, reference log-probs, labels as a count mask."""
-    pos, neg = labels(spec, batch)
-    return {"mask_br": outcome_count_mask(pos, neg), "response_mask_br": batch["mask_br"],
+    return {"response_mask_br": batch["mask_br"],
             "teacher_tokens_bq": batch["teacher_tokens_bq"], "teacher_mask_bq": batch["teacher_mask_bq"],
-            "ref_logp_br": ref_logp_br}
+            "ref_logp_br": ref_logp_br, "mask_br": outcome_count_mask(positive_b, negative_b)}
 
 
 def teacher_response_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
@@ -206,16 +205,21 @@ def e_step(spec: TrainSpec, cfg: VpdConfig, teacher_params, teacher_opt_state, b
            delta_state: vpd_loss.DeltaState, rng):
     """One E-step on `batch`; returns (teacher_params, teacher_opt_state, delta_state, metrics).
 
-    `batch` is `learn.prepare`'s SDPO batch plus "rewards_b" [B]. `ref_logp_br` [B, R]: the
-    reference log-probs, or None to read them from the batch per `cfg.reference`.
+    `batch` is `learn.prepare`'s SDPO batch plus "rewards_b" [B]. `ref_logp_br` [B, R]: None
+    reads the reference from the batch per `cfg.reference` (the normal use); an array
+    overrides the *dynamic* reference (e.g. `student_reference_logprobs` of a student that
+    moved since `prepare`) and is refused with `reference="fixed"`.
     Metrics ("vpd/..."): the BCO loss terms, accuracy, mean implicit reward of each set and
     grad norm averaged over the optimizer steps; the margin "vpd/delta" used; the batch's
     "vpd/rtilde_mean" before the update; "vpd/num_pos" / "vpd/num_neg" labelled responses.
     """
     _require(batch, ("teacher_tokens_bq", "teacher_mask_bq", "mask_br", "sd_mask_b", "rewards_b"))
+    if ref_logp_br is not None and cfg.reference == "fixed":
+        raise ValueError("e_step: ref_logp_br overrides the dynamic reference, but config.vpd.reference='fixed' "
+                         "reads batch['logp_ref_br']; pass ref_logp_br=None")
     ref = reference_logprobs(cfg, batch) if ref_logp_br is None else jax.lax.stop_gradient(ref_logp_br)
-    e_batch = e_step_batch(spec, batch, ref)
     pos, neg = labels(spec, batch)
+    e_batch = e_step_batch(batch, ref, pos, neg)
 
     logq_before = steps.teacher_logprobs(spec, teacher_params, batch["teacher_tokens_bq"], batch["teacher_mask_bq"])
     rtilde_before = vpd_loss.implicit_reward(logq_before, ref, batch["mask_br"], beta=cfg.beta,
@@ -225,7 +229,7 @@ def e_step(spec: TrainSpec, cfg: VpdConfig, teacher_params, teacher_opt_state, b
 
     teacher_params, teacher_opt_state, m = steps.minibatch_updates(
         spec, e_step_loss_fn(spec, cfg, delta_state.delta), make_teacher_optimizer(spec, cfg), teacher_params,
-        teacher_opt_state, e_batch, rng)
+        with_lr(teacher_opt_state, cfg.lr), e_batch, rng)
     labelled = (pos | neg).astype(jnp.float32)
     metrics = {f"vpd/{k}": v for k, v in m.items()}
     metrics.update({
@@ -263,17 +267,21 @@ def maybe_e_step(spec: TrainSpec, cfg: VpdConfig, step, teacher_params, teacher_
     return t, s, d, dict(metrics, **{"vpd/e_step_applied": applied.astype(jnp.float32)})
 
 
-def teacher_diagnostics(spec: TrainSpec, teacher_params, student_params, batch: Mapping) -> dict:
+def teacher_diagnostics(spec: TrainSpec, teacher_params, student_params, batch: Mapping, *,
+                        chunk_rows: int | None = None) -> dict:
     """Teacher-collapse metrics on `batch`, per valid token of rows with teacher signal (mask_br * sd_mask_b).
 
     {"vpd/teacher_entropy", "vpd/student_entropy", "vpd/kl_teacher_student"}: exact, from the
-    full `[micro_batch, R, V]` log-distributions of the teacher (teacher context) and the
-    student (plain prompt), computed one micro-batch at a time (the memory of SDPO's JSD
-    loss); no gradient.
+    full `[chunk_rows, R, V]` log-distributions of the teacher (teacher context) and the
+    student (plain prompt), computed `chunk_rows` sequences at a time (default
+    `spec.micro_batch`: the memory SDPO's JSD loss already needs); no gradient.
     """
     _require(batch, ("tokens_bl", "mask_bl", "mask_br", "teacher_tokens_bq", "teacher_mask_bq", "sd_mask_b"))
     b = batch["mask_br"].shape[0]
-    n = b // spec.micro_batch
+    rows = spec.micro_batch if chunk_rows is None else chunk_rows
+    if rows < 1 or b % rows:
+        raise ValueError(f"teacher_diagnostics chunk_rows={rows} does not divide the batch of {b}")
+    n = b // rows
     q = batch["teacher_tokens_bq"].shape[1] - spec.response_len
     keys = ("tokens_bl", "mask_bl", "mask_br", "teacher_tokens_bq", "teacher_mask_bq", "sd_mask_b")
     chunks = {k: batch[k].reshape((n, b // n) + batch[k].shape[1:]) for k in keys}

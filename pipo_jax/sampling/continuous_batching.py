@@ -33,7 +33,7 @@ class RolloutResult:
     lengths: np.ndarray  # int32 [R]
     stopped: np.ndarray  # bool [R]: ended by a stop token (else by its budget)
     prompt_index: np.ndarray  # int32 [R]: r // G
-    stats: dict  # decode_steps, prefills, slot_steps_used, slot_steps_total
+    stats: dict  # decode_steps, prefills, slot_steps_used, slot_steps_total, resizes
 
     def padded(self, width: int, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`(tokens_rn, logprobs_rn, mask_rn)` right-padded to `width` (>= every length)."""
@@ -96,7 +96,7 @@ def rollout(
     slot_req: dict[int, int] = {}
     slot_pos: dict[int, int] = {}  # position of the token each slot feeds next
     last_prompt, last_prefix = -1, None
-    stats = dict(decode_steps=0, prefills=0, slot_steps_used=0, slot_steps_total=0)
+    stats = dict(decode_steps=0, prefills=0, slot_steps_used=0, slot_steps_total=0, resizes=0)
     state = engine.init_decode_state()  # every slot empty
     for slot in range(engine.max_concurrent_decodes):
         engine.free_resource(slot)
@@ -124,13 +124,20 @@ def rollout(
             if done:
                 finish(r, int(tok))
                 continue
+            if prefix.cache.max_len > state.cache.max_len:
+                state = engine.resize(state, engine.width_for(prefix.cache.max_len - 1))
+                stats["resizes"] += 1
             state = engine.insert(prefix, state, slot)
             slot_req[slot] = r
             slot_pos[slot] = padded[pi][1]
         if not slot_req:
             continue
-        attn_len = engine.attn_len_for(max(slot_pos.values()))
-        state, result = engine.generate(params, state, attn_len)
+        # Keep the cache as wide as the longest running request needs (grow or shrink).
+        width = engine.width_for(max(slot_pos.values()))
+        if width != state.cache.max_len:
+            state = engine.resize(state, width)
+            stats["resizes"] += 1
+        state, result = engine.generate(params, state)
         res = jax.device_get(result)
         stats["decode_steps"] += 1
         stats["slot_steps_total"] += engine.max_concurrent_decodes

@@ -10,14 +10,14 @@ organised for decode speed:
   so each layer runs three weight matmuls instead of six;
 * each layer's matrices are separate buffers and the layer loop is unrolled (XLA:CPU
   copies a layer's weights out of a stacked array when a scan slices them);
-* the KV cache is updated in place (a scatter of one slot per row into the donated
-  buffer) instead of being re-stacked per step as a scan's output;
-* attention reads only the first `attn_len` cache slots (a static bucket the caller
-  picks >= every row's position + 1), not the whole `max_len`;
+* the KV cache (`DecodeCache`: per-layer buffers, keys stored `[B, K, Dh, S]`) is
+  updated in place (a scatter of one slot per row into the donated buffer) and its
+  width is the attention window, so attention is two plain batched matmuls over
+  exactly the slots it needs (callers grow/shrink it with `resize_cache` along a short
+  ladder of widths);
 * RoPE tables are computed once per step, not per layer.
 
-Cache layout is `qwen3.KVCache` (`[layers, batch, max_len, kv_heads, head_dim]`,
-indexed by position).
+Positions index the cache as in `qwen3.KVCache`, which `to_kv_cache` converts to.
 """
 
 from __future__ import annotations
@@ -81,65 +81,122 @@ def _rope_b(x_bhd: jax.Array, cos_bd: jax.Array, sin_bd: jax.Array) -> jax.Array
     return qwen3.apply_rope(x_bhd[:, None], cos_bd[:, None], sin_bd[:, None])[:, 0]
 
 
-def _attend(q_bthd, keys_bakd, vals_bakd, allowed_bta, dtype):
-    """Grouped-query attention of `T` queries per row over `a` cache slots -> `[B, T, H*Dh]`."""
+class DecodeCache(NamedTuple):
+    """KV cache for generation: one buffer per layer, keys stored transposed.
+
+    `k[i]` is `[B, kv_heads, head_dim, S]` and `v[i]` is `[B, kv_heads, S, head_dim]`
+    for layer i; slot s holds the token at position s (as in `qwen3.KVCache`, whose
+    `[layers, B, S, kv_heads, head_dim]` layout `to_kv_cache` / `from_kv_cache` convert
+    to and from). Why not that layout: on XLA:CPU, slicing a layer out of a stacked
+    array copies it every step, and attention over `[B, S, K, D]` keys runs 3-5x slower
+    than a plain batched matmul over `[B, K, D, S]`. The width `S` is kept equal to the
+    attention window (`resize_cache` grows or shrinks it) because slicing the cache
+    inside a step also copies.
+    """
+
+    k: tuple  # L arrays [B, K, Dh, S]
+    v: tuple  # L arrays [B, K, S, Dh]
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[-1]
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
+
+
+def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype=None) -> DecodeCache:
+    """An empty (zero) cache for `batch` rows of `max_len` positions (compute dtype by default)."""
+    dtype = config.jnp_dtype if dtype is None else dtype
+    k_shape = (batch, config.num_key_value_heads, config.head_dim, max_len)
+    v_shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
+    n = config.num_hidden_layers
+    return DecodeCache(tuple(jnp.zeros(k_shape, dtype) for _ in range(n)),
+                       tuple(jnp.zeros(v_shape, dtype) for _ in range(n)))
+
+
+def to_kv_cache(cache: DecodeCache) -> KVCache:
+    """The same contents as a `qwen3.KVCache` (`[layers, B, S, kv_heads, head_dim]`)."""
+    return KVCache(jnp.stack([jnp.transpose(k, (0, 3, 1, 2)) for k in cache.k]),
+                   jnp.stack([jnp.transpose(v, (0, 2, 1, 3)) for v in cache.v]))
+
+
+def from_kv_cache(kv: KVCache) -> DecodeCache:
+    """A `qwen3.KVCache` in the decode layout."""
+    n = kv.k.shape[0]
+    return DecodeCache(tuple(jnp.transpose(kv.k[i], (0, 2, 3, 1)) for i in range(n)),
+                       tuple(jnp.transpose(kv.v[i], (0, 2, 1, 3)) for i in range(n)))
+
+
+def resize_cache(cache: DecodeCache, max_len: int) -> DecodeCache:
+    """The cache with `max_len` slots: new slots are zero; shrinking drops slots `>= max_len`."""
+    if max_len < 1:
+        raise ValueError(f"cache length {max_len} must be >= 1")
+    old = cache.max_len
+    if max_len == old:
+        return cache
+    if max_len < old:
+        return DecodeCache(tuple(k[..., :max_len] for k in cache.k), tuple(v[:, :, :max_len] for v in cache.v))
+    extra = max_len - old
+    return DecodeCache(tuple(jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, extra))) for k in cache.k),
+                       tuple(jnp.pad(v, ((0, 0), (0, 0), (0, extra), (0, 0))) for v in cache.v))
+
+
+def _attend(q_bthd, keys_bkds, vals_bksd, allowed_bts, dtype):
+    """Grouped-query attention of `T` queries per row over the cache -> `[B, T, H*Dh]`."""
     b, t, h, dh = q_bthd.shape
-    k = keys_bakd.shape[2]
-    q_btkgd = q_bthd.reshape(b, t, k, h // k, dh)
-    s = jnp.einsum("btkgd,bakd->bkgta", q_btkgd, keys_bakd, preferred_element_type=jnp.float32) * dh**-0.5
-    s = jnp.where(allowed_bta[:, None, None, :, :], s, jnp.finfo(jnp.float32).min)
+    k = keys_bkds.shape[1]
+    q_bkgtd = jnp.transpose(q_bthd.reshape(b, t, k, h // k, dh), (0, 2, 3, 1, 4))
+    s = jnp.einsum("bkgtd,bkds->bkgts", q_bkgtd, keys_bkds, preferred_element_type=jnp.float32) * dh**-0.5
+    s = jnp.where(allowed_bts[:, None, None, :, :], s, jnp.finfo(jnp.float32).min)
     p = jax.nn.softmax(s, axis=-1).astype(dtype)
-    o_btkgd = jnp.einsum("bkgta,bakd->btkgd", p, vals_bakd, preferred_element_type=jnp.float32)
-    return o_btkgd.reshape(b, t, h * dh).astype(dtype)
+    o_bkgtd = jnp.einsum("bkgts,bksd->bkgtd", p, vals_bksd, preferred_element_type=jnp.float32)
+    return jnp.transpose(o_bkgtd, (0, 3, 1, 2, 4)).reshape(b, t, h * dh).astype(dtype)
 
 
 def cached_forward(
     config: Qwen3Config,
     weights: DecodeWeights,
-    cache: KVCache,
+    cache: DecodeCache,
     tokens_bt: jax.Array,
     positions_bt: jax.Array,
     valid_bt: jax.Array | None = None,
-    attn_len: int | None = None,
-) -> tuple[jax.Array, KVCache]:
+) -> tuple[jax.Array, DecodeCache]:
     """Runs `T` tokens per row through the decoder with the cache; returns `(hidden_btd, cache)`.
 
     Same function as `qwen3.forward(config, params, tokens_bt, valid_bt, positions_bt,
-    cache, return_hidden=True)` (final-normed hidden states, compute dtype).
+    kv_cache, return_hidden=True)` (final-normed hidden states, compute dtype).
 
     Args:
       tokens_bt: int token ids `[B, T]`.
       positions_bt: int position of each token `[B, T]`; its key/value is written at
-        that cache slot and it attends to slots `0..position`. Positions `>= max_len`
-        write nothing (use them for idle rows; their outputs are garbage).
+        that cache slot and it attends to slots `0..position`. Positions `>=
+        cache.max_len` write nothing (use them for idle rows; their outputs are garbage).
       valid_bt: 0/1 `[B, T]`; invalid (padding) tokens write nothing (default all valid).
-      attn_len: static number of leading cache slots that attention reads (default
-        all); must exceed every valid token's position.
     """
     c = config
     dt = c.jnp_dtype
     eps = c.rms_norm_eps
     b, t = tokens_bt.shape
     h, k, dh = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    max_len = cache.max_len
-    a = max_len if attn_len is None else attn_len
-    if not 0 < a <= max_len:
-        raise ValueError(f"attn_len={attn_len} must be in [1, max_len={max_len}]")
+    width = cache.max_len
+    slots = jnp.arange(width)
     if valid_bt is None:
         write_bt = positions_bt
-        allowed_bta = jnp.arange(a)[None, None, :] <= positions_bt[:, :, None]
+        allowed_bts = slots[None, None, :] <= positions_bt[:, :, None]
     else:
         valid_bt = valid_bt.astype(bool)
-        write_bt = jnp.where(valid_bt, positions_bt, max_len)
-        allowed_bta = (jnp.arange(a)[None, None, :] <= positions_bt[:, :, None]) & valid_bt[:, :, None]
+        write_bt = jnp.where(valid_bt, positions_bt, width)
+        allowed_bts = (slots[None, None, :] <= positions_bt[:, :, None]) & valid_bt[:, :, None]
 
     x_btd = jnp.take(weights.embed, tokens_bt, axis=0).astype(dt)
     cos, sin = qwen3.rope_tables(positions_bt, dh, c.rope_theta)
     rows_bt = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
-    ck, cv = cache.k, cache.v
-    # Python loop: each layer's weights are their own buffers (a scan over stacked
-    # weights makes XLA:CPU copy every layer's matrices out of the stack each step).
-    for i, lw in enumerate(weights.layers):
+    new_k, new_v = [], []
+    # Python loop: each layer's weights and cache are their own buffers (XLA:CPU copies
+    # a layer out of a stacked array when a scan or a static index slices it).
+    for lw, ck, cv in zip(weights.layers, cache.k, cache.v):
         hid = qwen3.rms_norm(x_btd, lw["attn_norm"], eps)
         qkv = hid @ lw["qkv"]
         q = qkv[..., : h * dh].reshape(b, t, h, dh)
@@ -148,15 +205,17 @@ def cached_forward(
         q = qwen3.apply_rope(qwen3.rms_norm(q, lw["q_norm"], eps), cos, sin)
         kk = qwen3.apply_rope(qwen3.rms_norm(kk, lw["k_norm"], eps), cos, sin)
         # In-place writes into the (donated) cache; out-of-range slots are dropped.
-        ck = ck.at[i, rows_bt, write_bt].set(kk.astype(ck.dtype), mode="drop")
-        cv = cv.at[i, rows_bt, write_bt].set(v.astype(cv.dtype), mode="drop")
-        attn = _attend(q, ck[i, :, :a].astype(dt), cv[i, :, :a].astype(dt), allowed_bta, dt)
+        ck = ck.at[rows_bt, :, :, write_bt].set(kk.astype(ck.dtype), mode="drop")
+        cv = cv.at[rows_bt, :, write_bt, :].set(v.astype(cv.dtype), mode="drop")
+        new_k.append(ck)
+        new_v.append(cv)
+        attn = _attend(q, ck.astype(dt), cv.astype(dt), allowed_bts, dt)
         x_btd = x_btd + attn @ lw["o"]
         hid = qwen3.rms_norm(x_btd, lw["mlp_norm"], eps)
         gu = hid @ lw["gate_up"]
         f = gu.shape[-1] // 2
         x_btd = x_btd + (jax.nn.silu(gu[..., :f]) * gu[..., f:]) @ lw["down"]
-    return qwen3.rms_norm(x_btd, weights.final_norm, eps), KVCache(ck, cv)
+    return qwen3.rms_norm(x_btd, weights.final_norm, eps), DecodeCache(tuple(new_k), tuple(new_v))
 
 
 def head_logits(weights: DecodeWeights, hidden_bd: jax.Array) -> jax.Array:
@@ -167,50 +226,38 @@ def head_logits(weights: DecodeWeights, hidden_bd: jax.Array) -> jax.Array:
 def decode_step(
     config: Qwen3Config,
     weights: DecodeWeights,
-    cache: KVCache,
+    cache: DecodeCache,
     tokens_b: jax.Array,
     positions_b: jax.Array,
-    attn_len: int | None = None,
-) -> tuple[jax.Array, KVCache]:
+) -> tuple[jax.Array, DecodeCache]:
     """Feeds one token per row (`tokens_b`, `positions_b` `[B]`); returns `(logits_bv, cache)`.
 
-    See `cached_forward` for positions (>= max_len: idle row) and `attn_len`.
+    Attention reads the whole cache (keep its width at the needed window with
+    `resize_cache`); a position `>= cache.max_len` marks an idle row (writes nothing).
     """
-    hidden_b1d, cache = cached_forward(config, weights, cache, tokens_b[:, None], positions_b[:, None],
-                                       attn_len=attn_len)
+    hidden_b1d, cache = cached_forward(config, weights, cache, tokens_b[:, None], positions_b[:, None])
     return head_logits(weights, hidden_b1d[:, 0]), cache
-
-
-def widen_cache(cache: KVCache, max_len: int) -> KVCache:
-    """The same cache with `max_len` slots (new slots zero)."""
-    extra = max_len - cache.max_len
-    if extra < 0:
-        raise ValueError(f"cannot narrow a cache of {cache.max_len} slots to {max_len}")
-    if extra == 0:
-        return cache
-    pad = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
-    return KVCache(jnp.pad(cache.k, pad), jnp.pad(cache.v, pad))
 
 
 def prefill(
     config: Qwen3Config, weights: DecodeWeights, tokens_bp: jax.Array, mask_bp: jax.Array, cache_len: int,
     cache_dtype=None,
-) -> tuple[jax.Array, jax.Array, KVCache]:
+) -> tuple[jax.Array, jax.Array, DecodeCache]:
     """Runs padded prompts `[B, P]` into a fresh cache of `cache_len` slots.
 
     Any padding works: positions count the real tokens (`qwen3.default_positions`), so
     a row's prompt fills slots `0..len-1`. Returns `(logits_bv of each row's last real
     token, lengths_b, cache)`. Attention runs over a cache exactly `P` wide, which is
-    then widened to `cache_len`.
+    then resized to `cache_len`.
     """
     b, p = tokens_bp.shape
     if cache_len < p:
         raise ValueError(f"cache_len={cache_len} is shorter than the padded prompt width {p}")
     mask_bp = mask_bp.astype(jnp.int32)
-    cache = qwen3.init_cache(config, b, p, cache_dtype)
+    cache = init_cache(config, b, p, cache_dtype)
     positions_bp = qwen3.default_positions(mask_bp)
     hidden_bpd, cache = cached_forward(config, weights, cache, tokens_bp, positions_bp, mask_bp)
     lengths_b = jnp.sum(mask_bp, axis=1)
     last_b = p - 1 - jnp.argmax(mask_bp[:, ::-1], axis=1)  # index of each row's last real token
     last_bd = jnp.take_along_axis(hidden_bpd, last_b[:, None, None], axis=1)[:, 0]
-    return head_logits(weights, last_bd), lengths_b, widen_cache(cache, cache_len)
+    return head_logits(weights, last_bd), lengths_b, resize_cache(cache, cache_len)

@@ -8,8 +8,12 @@ once, `init_decode_state()`, `free_resource(slot)`, `max_concurrent_decodes`.
 
 * Prompts are **right-padded** to a prefill bucket (`prefill_buckets`) and described by
   `true_length`, as in JetStream; the KV of prompt token j sits at cache slot j.
-* `DecodeState` is a pytree of device arrays; `insert` and `generate` are jitted with
-  the state donated, so the KV cache is updated in place.
+* `DecodeState` is a pytree of device arrays; `insert`, `generate` and `resize` are
+  jitted with the state donated, so the KV cache is updated in place.
+* The cache (`decode.DecodeCache`, per-layer buffers) is as wide as the attention
+  window currently needed, one of the ladder `cache_widths` (up to `max_len`):
+  `generate` reads all of it, and the driver `resize`s the state when the longest
+  running request crosses a width (or when it finished and the rest are short).
 * Sampling is per request: a `Prefix` carries its request key, and the slot draws its
   response token i from `fold_in(key, i)` (see `token_sampling`). A request therefore
   gets the same tokens whatever slot it lands in and whoever shares the batch; with the
@@ -27,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipo_jax.models import qwen3
-from pipo_jax.models.qwen3 import KVCache, Params, Qwen3Config
+from pipo_jax.models.qwen3 import Params, Qwen3Config
 from pipo_jax.sampling import decode
+from pipo_jax.sampling.decode import DecodeCache
 from pipo_jax.sampling.sampler import DEFAULT_ATTN_BLOCK, attention_lengths
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.sampling.token_sampling import is_stop_token, sample_tokens
@@ -38,7 +42,7 @@ from pipo_jax.sampling.token_sampling import is_stop_token, sample_tokens
 class Prefix(NamedTuple):
     """A prefilled request, ready to `insert` (scalars are 0-d arrays)."""
 
-    cache: KVCache  # [layers, 1, bucket, kv_heads, head_dim]
+    cache: DecodeCache  # batch 1, width = the prefill bucket
     length: jax.Array  # int32: true prompt length
     logits_v: jax.Array  # float32 [V]: next-token logits after the prompt
     token: jax.Array  # int32: first sampled token (response index 0)
@@ -51,7 +55,7 @@ class Prefix(NamedTuple):
 class DecodeState(NamedTuple):
     """All decode slots (`S = max_concurrent_decodes`); a pytree of device arrays."""
 
-    cache: KVCache  # [layers, S, max_len, kv_heads, head_dim]
+    cache: DecodeCache  # batch S, width one of Engine.cache_widths
     tokens_s: jax.Array  # int32 [S]: last sampled token, fed at the next step
     positions_s: jax.Array  # int32 [S]: cache slot / position of tokens_s
     keys_s: jax.Array  # typed keys [S]
@@ -87,7 +91,7 @@ class Engine:
       max_len: cache positions per slot; a request needs `prompt + budget - 1 <= max_len`.
       prefill_buckets: padded prompt widths (ascending); default powers of two from 16.
       cache_dtype: KV-cache dtype (default the compute dtype).
-      attn_block: granularity of the attention-width ladder (see `attention_lengths`).
+      attn_block: granularity of the cache-width ladder (see `attention_lengths`).
     """
 
     def __init__(
@@ -115,13 +119,14 @@ class Engine:
         self.max_len = max_len
         self.prefill_buckets = prefill_buckets
         self.cache_dtype = cache_dtype
-        self.attn_lengths = attention_lengths(1, max_len, attn_block)
+        self.cache_widths = attention_lengths(1, max_len, attn_block)
         self._slots = max_concurrent_decodes
         self._free = set(range(max_concurrent_decodes))
         self._prefill = jax.jit(self._prefill_impl)
         self._resample = jax.jit(self._resample_impl)
         self._insert = jax.jit(self._insert_impl, donate_argnums=(1,))
-        self._generate = jax.jit(self._generate_impl, static_argnums=(2,), donate_argnums=(1,))
+        self._generate = jax.jit(self._generate_impl, donate_argnums=(1,))
+        self._resize = jax.jit(self._resize_impl, static_argnums=(1,), donate_argnums=(0,))
 
     # ------------------------------------------------------------------ JetStream API
 
@@ -137,11 +142,12 @@ class Engine:
         """Re-lays-out `params` for the engine (one copy of the weights)."""
         return EngineParams(jax.jit(decode.prepare_weights, static_argnums=0)(self.config, params))
 
-    def init_decode_state(self) -> DecodeState:
-        """All slots empty (done); zero cache."""
+    def init_decode_state(self, width: int | None = None) -> DecodeState:
+        """All slots empty (done); a zero cache `width` wide (default the smallest width)."""
         s = self._slots
+        width = self.cache_widths[0] if width is None else self._check_width(width)
         return DecodeState(
-            cache=qwen3.init_cache(self.config, s, self.max_len, self.cache_dtype),
+            cache=decode.init_cache(self.config, s, width, self.cache_dtype),
             tokens_s=jnp.zeros((s,), jnp.int32),
             positions_s=jnp.zeros((s,), jnp.int32),
             keys_s=jax.vmap(jax.random.key)(jnp.zeros((s,), jnp.uint32)),
@@ -178,26 +184,37 @@ class Engine:
         return self._resample(prefix, _typed_key(rng), jnp.int32(budget))
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
-        """Puts a prefilled request into `slot` (donates `decode_state`)."""
+        """Puts a prefilled request into `slot` (donates `decode_state`).
+
+        The state's cache must be at least as wide as the prefix bucket (`resize` first).
+        """
         if not 0 <= slot < self._slots:
             raise ValueError(f"slot={slot} is outside [0, {self._slots})")
-        if prefix.cache.max_len > self.max_len:
-            raise ValueError(f"prefix bucket {prefix.cache.max_len} exceeds max_len={self.max_len}")
+        if prefix.cache.max_len > decode_state.cache.max_len:
+            raise ValueError(f"prefix bucket {prefix.cache.max_len} is wider than the decode cache "
+                             f"({decode_state.cache.max_len}); resize the state to width_for({prefix.cache.max_len - 1})")
         self._free.discard(slot)
         return self._insert(prefix, decode_state, jnp.int32(slot))
 
-    def generate(self, params: EngineParams, decode_state: DecodeState,
-                 attn_len: int | None = None) -> tuple[DecodeState, ResultTokens]:
+    def generate(self, params: EngineParams, decode_state: DecodeState) -> tuple[DecodeState, ResultTokens]:
         """One decode step of every slot (donates `decode_state`).
 
-        `attn_len` (static) bounds the cache slots attention reads; it must exceed every
-        decoding slot's position (`attn_len_for` picks the ladder entry). Default max_len.
+        Every decoding slot's position must be below the cache width (`width_for` and
+        `resize` keep it so); idle slots write nothing.
         """
         _check_params(params)
-        attn_len = self.max_len if attn_len is None else int(attn_len)
-        if not 0 < attn_len <= self.max_len:
-            raise ValueError(f"attn_len={attn_len} must be in [1, max_len={self.max_len}]")
-        return self._generate(params.weights, decode_state, attn_len)
+        return self._generate(params.weights, decode_state)
+
+    def resize(self, decode_state: DecodeState, width: int) -> DecodeState:
+        """The state with a cache `width` wide (a `cache_widths` entry; donates the state).
+
+        Shrinking drops slots `>= width`: only do it when every decoding slot's position
+        is below `width`.
+        """
+        width = self._check_width(width)
+        if width == decode_state.cache.max_len:
+            return decode_state
+        return self._resize(decode_state, width)
 
     def free_resource(self, slot: int) -> None:
         """Returns `slot` to the free pool (host-side bookkeeping)."""
@@ -227,12 +244,17 @@ class Engine:
         out[: prompt.size] = prompt
         return out, int(prompt.size)
 
-    def attn_len_for(self, max_position: int) -> int:
-        """Smallest attention width of the ladder that covers positions `0..max_position`."""
-        for w in self.attn_lengths:
+    def width_for(self, max_position: int) -> int:
+        """Smallest cache width of the ladder that holds positions `0..max_position`."""
+        for w in self.cache_widths:
             if w > max_position:
                 return w
         raise ValueError(f"position {max_position} is outside the cache (max_len={self.max_len})")
+
+    def _check_width(self, width: int) -> int:
+        if int(width) not in self.cache_widths:
+            raise ValueError(f"cache width {width} is not one of Engine.cache_widths={self.cache_widths}")
+        return int(width)
 
     def _check_request(self, length: int, budget: int, bucket: int) -> None:
         if not 1 <= length <= bucket:
@@ -262,11 +284,10 @@ class Engine:
         return prefix._replace(token=tok, logprob=lp, key=key, budget=budget, done=done)
 
     def _insert_impl(self, prefix: Prefix, state: DecodeState, slot) -> DecodeState:
-        start = (0, slot, 0, 0, 0)
-        cache = KVCache(
-            jax.lax.dynamic_update_slice(state.cache.k, prefix.cache.k.astype(state.cache.k.dtype), start),
-            jax.lax.dynamic_update_slice(state.cache.v, prefix.cache.v.astype(state.cache.v.dtype), start),
-        )
+        start = (slot, 0, 0, 0)
+        put = lambda big, small: jax.lax.dynamic_update_slice(big, small.astype(big.dtype), start)  # noqa: E731
+        cache = DecodeCache(tuple(map(put, state.cache.k, prefix.cache.k)),
+                            tuple(map(put, state.cache.v, prefix.cache.v)))
         return DecodeState(
             cache=cache,
             tokens_s=state.tokens_s.at[slot].set(prefix.token),
@@ -277,11 +298,14 @@ class Engine:
             done_s=state.done_s.at[slot].set(prefix.done),
         )
 
-    def _generate_impl(self, weights, state: DecodeState, attn_len: int) -> tuple[DecodeState, ResultTokens]:
+    def _resize_impl(self, state: DecodeState, width: int) -> DecodeState:
+        return state._replace(cache=decode.resize_cache(state.cache, width))
+
+    def _generate_impl(self, weights, state: DecodeState) -> tuple[DecodeState, ResultTokens]:
         sp = self.sampling
         active = ~state.done_s
-        pos = jnp.where(active, state.positions_s, self.max_len)  # idle slots write nothing
-        logits, cache = decode.decode_step(self.config, weights, state.cache, state.tokens_s, pos, attn_len)
+        pos = jnp.where(active, state.positions_s, state.cache.max_len)  # idle slots write nothing
+        logits, cache = decode.decode_step(self.config, weights, state.cache, state.tokens_s, pos)
         tok, lp = sample_tokens(logits, state.keys_s, state.generated_s, sp)
         tok = jnp.where(active, tok, sp.pad_id)
         lp = jnp.where(active, lp, 0.0)

@@ -150,7 +150,8 @@ def generate(
         override its fields (all static).
       max_new_b: optional per-row budgets `[B]` (each clipped to `max_new_tokens`).
       cache_dtype: KV-cache dtype (default the compute dtype).
-      attn_block: granularity of the attention-width ladder (`attention_lengths`).
+      attn_block: granularity of the cache-width ladder (`attention_lengths`): the
+        cache grows along it as responses lengthen.
 
     Returns:
       `SampleOutput` with responses `[B, max_new_tokens]`.
@@ -162,14 +163,17 @@ def generate(
     if prompt_mask_bp.shape != (b, p):
         raise ValueError(f"prompt_mask_bp shape {prompt_mask_bp.shape} != prompt_tokens_bp shape {(b, p)}")
     r = sp.max_new_tokens
-    cache_len = p + r - 1  # the last sampled token is never fed back
     keys_b = row_keys(rng, b)
     budget_b = jnp.full((b,), r, jnp.int32)
     if max_new_b is not None:
         budget_b = jnp.clip(jnp.asarray(max_new_b, jnp.int32), 1, r)
 
     weights = decode.prepare_weights(config, params)
-    logits_bv, lengths_b, cache = decode.prefill(config, weights, prompt_tokens_bp, prompt_mask_bp, max(cache_len, p),
+    # Cache widths: a ladder of attention windows (one while-loop each), so a step
+    # reads only ~the slots it needs; the last sampled token is never fed back, so
+    # positions stay below P + R - 1.
+    widths = attention_lengths(p + 1, p + r - 1, attn_block) if r > 1 else (p,)
+    logits_bv, lengths_b, cache = decode.prefill(config, weights, prompt_tokens_bp, prompt_mask_bp, widths[0],
                                                  cache_dtype)
     tok_b, lp_b = sample_tokens(logits_bv, keys_b, jnp.zeros((b,), jnp.int32), sp)
     stop_b = is_stop_token(tok_b, sp.stop_token_ids)
@@ -184,11 +188,11 @@ def generate(
         cache=cache,
     )
 
-    def body(s: _Loop, attn_len: int) -> _Loop:
+    def body(s: _Loop) -> _Loop:
         active_b = ~s.done_b
         # Step t feeds token t-1 at position len + t - 1; finished rows write nothing.
-        pos_b = jnp.where(active_b, lengths_b + s.t - 1, cache_len)
-        logits, cache = decode.decode_step(config, weights, s.cache, s.last_b, pos_b, attn_len)
+        pos_b = jnp.where(active_b, lengths_b + s.t - 1, s.cache.max_len)
+        logits, cache = decode.decode_step(config, weights, s.cache, s.last_b, pos_b)
         tok, lp = sample_tokens(logits, keys_b, jnp.full((b,), s.t, jnp.int32), sp)
         tok = jnp.where(active_b, tok, sp.pad_id)
         lp = jnp.where(active_b, lp, 0.0)
@@ -205,16 +209,12 @@ def generate(
             cache=cache,
         )
 
-    # One while-loop per attention width: steps t < attn_len - P + 1 only need the
-    # first attn_len cache slots (position len + t - 1 <= P + t - 1 < attn_len).
     if r > 1:
-        for attn_len in attention_lengths(p + 1, cache_len, attn_block):
-            t_end = min(r, attn_len - p + 1)
-            carry = jax.lax.while_loop(
-                lambda s, t_end=t_end: (s.t < t_end) & ~jnp.all(s.done_b),
-                functools.partial(body, attn_len=attn_len),
-                carry,
-            )
+        for width in widths:
+            # In this phase position len + t - 1 <= P + t - 1 must stay < width.
+            t_end = min(r, width - p + 1)
+            carry = carry._replace(cache=decode.resize_cache(carry.cache, width))
+            carry = jax.lax.while_loop(lambda s, t_end=t_end: (s.t < t_end) & ~jnp.all(s.done_b), body, carry)
 
     mask_br = (jnp.arange(r)[None, :] < carry.n_b[:, None]).astype(jnp.int32)
     return SampleOutput(

@@ -42,7 +42,7 @@ def test_implicit_reward_sum_and_mean_hand_computed():
 
 def test_implicit_reward_gradient_reaches_the_teacher_only():
     w = jnp.array([1.0, -2.0])
-    f = lambda q, p, mode: jnp.sum(w * vpd.implicit_reward(q, p, MASK, beta=0.1, seq_logprob=mode))  # noqa: E731
+    f = lambda q, p, mode: jnp.sum(w * vpd.implicit_reward(q, p, MASK, beta=0.1, seq_logprob=mode))
     g_q, g_p = jax.grad(f, argnums=(0, 1))(LOGQ, LOGPI, "sum")
     chex.assert_trees_all_close(g_q, jnp.array([[0.1, 0.1, 0.1], [-0.2, -0.2, 0.0]]), rtol=1e-6)
     chex.assert_trees_all_close(g_p, jnp.zeros_like(LOGPI))
@@ -74,7 +74,7 @@ def test_bco_loss_hand_computed_value_and_gradient():
     assert float(m["rtilde_neg"]) == pytest.approx(0.15, rel=1e-6)  # mean(-0.2, 0.5)
     assert float(m["e_accuracy"]) == pytest.approx(0.5)  # z=0.2 (+) and z=-0.3 (-) are right
     # dL/dr_i = -sigmoid(-z_i) / n_pos for positives, sigmoid(z_i) / n_neg for negatives
-    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    sig = lambda x: 1 / (1 + math.exp(-x))
     expected = [-sig(-0.2) / 2, sig(-0.3) / 2, -sig(0.0) / 2, sig(0.4) / 2]
     g_r, g_delta = jax.grad(lambda r, d: vpd.bco_loss(r, d, POS4, NEG4)[0], argnums=(0, 1))(R4, jnp.float32(0.1))
     chex.assert_trees_all_close(g_r, jnp.array(expected), rtol=1e-6)
@@ -118,7 +118,7 @@ def test_bco_loss_micro_batches_add_up_with_global_counts():
     pos = jnp.asarray([1, 0, 0, 1, 1, 0, 0, 0], bool)
     neg = jnp.asarray([0, 1, 1, 0, 0, 0, 1, 1], bool)
     whole, m_whole = vpd.bco_loss(r, 0.2, pos, neg)
-    n = dict(num_pos=jnp.sum(pos), num_neg=jnp.sum(neg))
+    n = {"num_pos": jnp.sum(pos), "num_neg": jnp.sum(neg)}
     parts = [vpd.bco_loss(r[s], 0.2, pos[s], neg[s], **n) for s in (slice(0, 4), slice(4, 8))]
     assert float(parts[0][0] + parts[1][0]) == pytest.approx(float(whole), rel=1e-6)
     for key in m_whole:
@@ -189,9 +189,9 @@ def test_reshape_hybrid_loss_hand_value_and_equals_token_clip_on_reshaped_advant
     assert float(m["reshaped_adv_mean"]) == pytest.approx((1.5 + 1.0 - 2.0) / 4, rel=1e-6)
     logp = LOGP_S + jnp.array([[0.3, -0.4], [0.1, 0.5]])  # some ratios outside the clip range
     a2 = vpd.reshaped_advantages(ADV, LOGP_T, LOGP_S, M2, weight=0.5, sd_mask_b=SD)
-    f = lambda lp: vpd.reshape_hybrid_loss(lp, LOGP_S, ADV, M2, logp_teacher_bt=LOGP_T, weight=0.5,  # noqa: E731
+    f = lambda lp: vpd.reshape_hybrid_loss(lp, LOGP_S, ADV, M2, logp_teacher_bt=LOGP_T, weight=0.5,
                                            sd_mask_b=SD)[0]
-    g = lambda lp: token_clip_loss(lp, LOGP_S, a2, M2, loss_agg_mode="seq-mean-token-mean")[0]  # noqa: E731
+    g = lambda lp: token_clip_loss(lp, LOGP_S, a2, M2, loss_agg_mode="seq-mean-token-mean")[0]
     chex.assert_trees_all_close(jax.value_and_grad(f)(logp), jax.value_and_grad(g)(logp), rtol=1e-6)
     # weight 0: plain GRPO token clip
     chex.assert_trees_all_close(
@@ -200,7 +200,7 @@ def test_reshape_hybrid_loss_hand_value_and_equals_token_clip_on_reshaped_advant
 
 
 def test_joint_hybrid_loss_token_form_hand_value_and_gradient():
-    f = lambda s: vpd.joint_hybrid_loss(s, LOGP_S, ADV, M2, weight=0.5,  # noqa: E731
+    f = lambda s: vpd.joint_hybrid_loss(s, LOGP_S, ADV, M2, weight=0.5,
                                         logp_teacher_bt=LOGP_T, sd_mask_b=SD)
     (loss, m), g = jax.value_and_grad(f, has_aux=True)(LOGP_S)
     # pg at ratio 1: mean over rows of -A = mean(-1, 1) = 0
