@@ -96,6 +96,18 @@ def base_config() -> ml_collections.ConfigDict:
     c.sdpo.is_clip = 2.0
     c.sdpo.use_feedback = True  # environment feedback when no sibling succeeded
 
+    c.vpd = ml_collections.ConfigDict()  # algorithm == "vpd" only (experimental, SPEC 4)
+    c.vpd.beta = 0.1  # implicit reward rtilde = beta * log(q / pi_ref)
+    c.vpd.every = 5  # F: E-step every F student iterations
+    c.vpd.lr = 1e-6  # the teacher's own learning rate
+    c.vpd.e_step = True  # False: VPD reduces to SDPO
+    c.vpd.reference = "dynamic"  # dynamic (current student) | fixed (initial policy)
+    c.vpd.delta_mode = "cumulative"  # running mean of implicit rewards: cumulative | ema | batch
+    c.vpd.delta_ema_rate = 0.1
+    c.vpd.seq_logprob = "sum"  # sum | mean over response tokens
+    c.vpd.hybrid = "none"  # none | joint | reshape (GRPO + SDPO ablations)
+    c.vpd.hybrid_weight = 1.0
+
     c.pipo = ml_collections.ConfigDict()
     c.pipo.enabled = False
     c.pipo.attribution = "group"  # group | gae | sdpo_token (set by the algorithm file)
@@ -144,6 +156,7 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
         c.train.lr = 1e-4  # alpha_std; the paper's 1e-6 is for 4B/8B models
         c.pipo.lr = 1e-4  # alpha_PI = alpha_std, as in the paper
         c.critic.lr = 1e-4
+        c.vpd.lr = 1e-4
         c.eval.every = 20
     if preset == "micro":
         c.iterations = 3

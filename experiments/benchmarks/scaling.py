@@ -2,7 +2,7 @@
 single-device MFU of a policy train step.
 
 1. For each model size (`tiny`: the built-in task model, ~0.3M parameters; `mid`: a
-   Qwen3-shaped 8-layer model of ~30M parameters on the same task) and each mesh, one
+   Qwen3-shaped 8-layer model of ~25M parameters on the same task) and each mesh, one
    GRPO + PIPO iteration (sample, reward, PI step, base step) is jitted with
    `parallel.steps.sharded_scan_chunk` and measured: compile time, iteration time (best
    of `--repeats` after one warm-up) and the compiled program's per-device memory
@@ -60,7 +60,7 @@ def model_spec(size: str) -> TrainSpec:
     spec = train_spec(c)
     if size == "mid":
         spec = dataclasses.replace(spec, model=spec.model.replace(
-            hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12,
+            hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
             num_key_value_heads=4, head_dim=64))
     elif size != "tiny":
         raise ValueError(f"--sizes: unknown size {size!r} (tiny, mid)")

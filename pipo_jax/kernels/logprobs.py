@@ -56,8 +56,9 @@ class KernelConfig:
 
     impl: "chunked" or "pallas". inv_temperature: 1 / temperature. with_entropy: also
     compute the per-token entropy. block_n / block_v / block_d: token, vocab and hidden
-    block sizes (block_d only used by the Triton kernel). interpret: run Pallas in
-    interpret mode. variant: Pallas kernel family, "mosaic_tpu" or "triton".
+    block sizes (block_d: Triton kernel only; None = the largest of 64, 32, 16 that
+    divides D). interpret: run Pallas in interpret mode. variant: Pallas kernel family,
+    "mosaic_tpu" or "triton".
     """
 
     impl: str
@@ -65,7 +66,7 @@ class KernelConfig:
     with_entropy: bool
     block_n: int
     block_v: int
-    block_d: int = 64
+    block_d: int | None = None
     interpret: bool = False
     variant: str = "mosaic_tpu"
     xla_cpu: bool = False
@@ -405,10 +406,6 @@ def _resolve_temperature(temperature: Any) -> float:
     return value
 
 
-def _default_backend() -> str:
-    return jax.default_backend()
-
-
 def _make_config(
     impl: str,
     temperature: float,
@@ -419,7 +416,7 @@ def _make_config(
     interpret: bool | None,
     pallas_variant: str,
 ) -> KernelConfig:
-    backend = _default_backend()
+    backend = jax.default_backend()
     if impl == "pallas":
         from pipo_jax.kernels import logprobs_pallas
 
@@ -430,14 +427,14 @@ def _make_config(
         if pallas_variant not in PALLAS_VARIANTS:
             raise ValueError(f"pallas_variant must be one of {PALLAS_VARIANTS}, got {pallas_variant!r}")
         variant = "mosaic_tpu"
-        defaults = (CHUNKED_BLOCK_N, CHUNKED_BLOCK_V, 64)
+        defaults = (CHUNKED_BLOCK_N, CHUNKED_BLOCK_V, None)
         interpret = False
     blocks = []
     for name, given, default in zip(("block_n", "block_v", "block_d"), (block_n, block_v, block_d), defaults):
         value = default if given is None else given
-        if int(value) != value or value < 1:
+        if value is not None and (int(value) != value or value < 1):
             raise ValueError(f"{name} must be a positive integer, got {given!r}")
-        blocks.append(int(value))
+        blocks.append(None if value is None else int(value))
     return KernelConfig(
         impl=impl,
         inv_temperature=1.0 / temperature,
@@ -519,7 +516,8 @@ def token_logprobs(
       valid_n: optional [N] bool; invalid rows return 0 and get zero gradients.
       impl: "auto" (= "chunked" on every backend), "reference", "chunked" or "pallas".
       block_n, block_v: token / vocab block sizes (chunked defaults 1024 / 8192; Pallas
-        defaults depend on the kernel variant). block_d: hidden chunk of the Triton kernel.
+        defaults depend on the kernel variant). block_d: hidden chunk of the Triton kernel
+        (default: the largest of 64, 32, 16 dividing D).
       interpret: Pallas interpret mode; None = True exactly when the backend is CPU.
       pallas_variant: "auto" (Triton on GPU, Mosaic TPU kernel elsewhere), "mosaic_tpu"
         or "triton".
@@ -542,6 +540,7 @@ def token_logprobs(
         logp, ent = _reference_logprobs(h, w_dv, t, 1.0 / temperature, return_entropy)
     else:
         cfg = _make_config(impl, temperature, return_entropy, block_n, block_v, block_d, interpret, pallas_variant)
+        h, w_dv, t = align_varying(h, w_dv, t)
         stats = _softmax_stats(cfg, h, w_dv, t)
         in_vocab = (t >= 0) & (t < v)
         logp = jnp.where(in_vocab, stats[1] - stats[0], jnp.nan)
@@ -591,9 +590,7 @@ def token_logprobs_vocab_parallel(
     h = hidden_nd
     if valid_n is not None:
         h = jnp.where(valid_n[:, None], h, jnp.zeros((), h.dtype))
-    # hidden is replicated over the axis but its use here differs per shard; making it
-    # explicitly varying lets autodiff psum the per-shard hidden cotangents.
-    h = _as_varying(h, axis_name)
+    h, w_dv_shard, t_local = align_varying(h, w_dv_shard, t_local, extra_axes=(axis_name,))
 
     if impl == "reference":
         stats = _reference_stats(h, w_dv_shard, t_local, 1.0 / temperature, return_entropy)
@@ -618,11 +615,17 @@ def token_logprobs_vocab_parallel(
     return (logp, ent) if return_entropy else logp
 
 
-def _as_varying(x: jax.Array, axis_name: str) -> jax.Array:
-    """Marks x as varying over axis_name (no-op when it already is)."""
-    if axis_name in _varying_axes(x):
-        return x
-    return lax.pcast(x, axis_name, to="varying")
+def align_varying(*xs: jax.Array, extra_axes: tuple[str, ...] = ()) -> list[jax.Array]:
+    """Makes all operands vary over the same shard_map axes (a no-op outside shard_map).
+
+    Inside `shard_map` (default check_vma=True) the fused primitive's outputs and
+    cotangents vary over the union of its operands' axes. Aligning the operands first,
+    outside the custom_vjp, lets autodiff psum the cotangent of an operand that was
+    replicated over an axis (w over data-parallel rows, hidden over the vocab axis), and
+    gives the Pallas calls one set of axes for their outputs.
+    """
+    axes = frozenset(extra_axes).union(*(_varying_axes(x) for x in xs))
+    return [_vary_over(x, axes) for x in xs]
 
 
 def _vary_like(tree, *refs):
@@ -632,12 +635,12 @@ def _vary_like(tree, *refs):
     body makes it vary like its inputs; the carry types must match. No-op outside.
     """
     axes = frozenset().union(*(_varying_axes(r) for r in refs if r is not None))
+    return jax.tree.map(lambda x: _vary_over(x, axes), tree)
 
-    def one(x):
-        missing = tuple(sorted(axes - _varying_axes(x)))
-        return lax.pcast(x, missing, to="varying") if missing else x
 
-    return jax.tree.map(one, tree)
+def _vary_over(x: jax.Array, axes: frozenset) -> jax.Array:
+    missing = tuple(sorted(axes - _varying_axes(x)))
+    return lax.pcast(x, missing, to="varying") if missing else x
 
 
 def _varying_axes(x) -> frozenset:

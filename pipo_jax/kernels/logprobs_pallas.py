@@ -26,6 +26,7 @@ not select them.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -39,7 +40,7 @@ from pipo_jax.kernels import logprobs as lp
 
 VARIANTS = ("mosaic_tpu", "triton")
 # (block_n, block_v, block_d); untuned first guesses for hardware (see module doc).
-_DEFAULT_BLOCKS = {"mosaic_tpu": (256, 512, 64), "triton": (64, 128, 64)}
+_DEFAULT_BLOCKS = {"mosaic_tpu": (256, 512, None), "triton": (64, 128, None)}
 _TPU_VMEM_LIMIT_BYTES = 64 * 1024 * 1024
 
 
@@ -67,12 +68,30 @@ def _per_token(x: jax.Array | None, rows: int) -> jax.Array | None:
     return lp._pad_rows(x.reshape(-1, 1), rows)
 
 
+def _triton_config(cfg: lp.KernelConfig, d: int) -> lp.KernelConfig:
+    """cfg with block_d resolved for hidden size d, after checking the Triton tiling rules."""
+    if cfg.block_d is None:
+        fits = [b for b in (64, 32, 16) if d % b == 0]
+        if not fits:
+            raise ValueError(f"triton kernel: hidden size D = {d} must be a multiple of 16")
+        cfg = dataclasses.replace(cfg, block_d=fits[0])
+    _check_triton_blocks(cfg, d)
+    return cfg
+
+
 def _check_triton_blocks(cfg: lp.KernelConfig, d: int) -> None:
     for name, value in (("block_n", cfg.block_n), ("block_v", cfg.block_v), ("block_d", cfg.block_d)):
         if value < 16 or value & (value - 1):
             raise ValueError(f"triton kernel: {name} must be a power of two >= 16, got {value}")
     if d % cfg.block_d:
         raise ValueError(f"triton kernel: hidden size D = {d} must be divisible by block_d = {cfg.block_d}")
+
+
+def _out(shape: tuple[int, ...], dtype, like: jax.Array) -> jax.ShapeDtypeStruct:
+    """Output struct varying over the same shard_map axes as `like` (operands are aligned)."""
+    if not lp._varying_axes(like):
+        return jax.ShapeDtypeStruct(shape, dtype)
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).manual_axis_type)
 
 
 def _padded_tokens(cfg: lp.KernelConfig, n: int) -> tuple[int, int]:
@@ -85,10 +104,9 @@ def forward(cfg: lp.KernelConfig, h, w, t):
     """h [N, D], w [D, V], t [N] int32 -> (lse, zt, ent or None), each [N] fp32."""
     n = h.shape[0]
     bn, n_pad = _padded_tokens(cfg, n)
-    h_p = lp._pad_rows(h, n_pad)
-    t_p = _per_token(t, n_pad)
+    h_p, w, t_p = lp.align_varying(lp._pad_rows(h, n_pad), w, _per_token(t, n_pad))
     if cfg.variant == "triton":
-        outs = _triton_forward(cfg, h_p, w, t_p, bn)
+        outs = _triton_forward(_triton_config(cfg, h.shape[1]), h_p, w, t_p, bn)
     else:
         outs = _tpu_forward(cfg, h_p, w, t_p, bn)
     lse, zt = outs[0][:n, 0], outs[1][:n, 0]
@@ -103,9 +121,9 @@ def backward(cfg: lp.KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
     per_token = [_per_token(x, n_pad) for x in (t, lse, g_lse, g_zt)]
     if cfg.with_entropy:
         per_token += [_per_token(ent, n_pad), _per_token(g_ent, n_pad)]
-    h_p = lp._pad_rows(h, n_pad)
+    h_p, w, *per_token = lp.align_varying(lp._pad_rows(h, n_pad), w, *per_token)
     if cfg.variant == "triton":
-        dh, dw = _triton_backward(cfg, h_p, w, per_token, bn)
+        dh, dw = _triton_backward(_triton_config(cfg, h.shape[1]), h_p, w, per_token, bn)
     else:
         dh, dw = _tpu_backward(cfg, h_p, w, per_token, bn)
     return dh[:n].astype(h.dtype), dw.astype(w.dtype)
@@ -131,13 +149,18 @@ def _tpu_params(semantics: tuple[str, str]):
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=_TPU_VMEM_LIMIT_BYTES)
 
 
-def _tpu_block_logits(cfg: lp.KernelConfig, h, w, j, v: int):
-    """Logits of block (., j): z [bn, bv] fp32 with out-of-vocab columns at -inf."""
+def _tpu_block_logits(cfg: lp.KernelConfig, h, w, t, j, v: int):
+    """Block (., j) of the logits for targets t [bn, 1].
+
+    Returns z [bn, bv] fp32 (out-of-vocab columns at -inf), hit (target column, never a
+    padded one: under vocab parallelism a shard's local target may point past its
+    slice) and col_ok (column inside the vocabulary).
+    """
     bn, bv = h.shape[0], w.shape[1]
     cols = j * bv + lax.broadcasted_iota(jnp.int32, (bn, bv), 1)
     col_ok = cols < v
     z = lp._dot_f32(h, w) * cfg.inv_temperature
-    return jnp.where(col_ok, z, -jnp.inf), cols, col_ok
+    return jnp.where(col_ok, z, -jnp.inf), (cols == t) & col_ok, col_ok
 
 
 def _tpu_forward_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int):
@@ -150,9 +173,9 @@ def _tpu_forward_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int
         for ref, value in zip(scratch, lp._init_stats(scratch[0].shape)):
             ref[...] = value
 
-    z, cols, _ = _tpu_block_logits(cfg, h_ref[...], w_ref[...], j, v)
+    z, hit, _ = _tpu_block_logits(cfg, h_ref[...], w_ref[...], t_ref[...], j, v)
     stats = tuple(ref[...] for ref in scratch)
-    stats = lp._online_update(stats, z, cols == t_ref[...], cfg.with_entropy)
+    stats = lp._online_update(stats, z, hit, cfg.with_entropy)
     for ref, value in zip(scratch, stats):
         ref[...] = value
 
@@ -171,7 +194,7 @@ def _tpu_forward(cfg: lp.KernelConfig, h, w, t, bn: int):
     n_out = 3 if cfg.with_entropy else 2
     return pl.pallas_call(
         functools.partial(_tpu_forward_kernel, cfg=cfg, v=v),
-        out_shape=[jax.ShapeDtypeStruct((n_pad, 1), jnp.float32)] * n_out,
+        out_shape=[_out((n_pad, 1), jnp.float32, h)] * n_out,
         grid=grid,
         in_specs=[
             pl.BlockSpec((bn, d), lambda i, j: (i, 0)),
@@ -195,8 +218,8 @@ def _tpu_dh_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int):
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
     w = w_ref[...]
-    z, cols, col_ok = _tpu_block_logits(cfg, h_ref[...], w, j, v)
-    dz = _logits_cotangent(cfg, z, cols == t_ref[...], col_ok, [r[...] for r in vector_refs])
+    z, hit, col_ok = _tpu_block_logits(cfg, h_ref[...], w, t_ref[...], j, v)
+    dz = _logits_cotangent(cfg, z, hit, col_ok, [r[...] for r in vector_refs])
     # Padded columns of w may hold anything (NaN included): zero them, since 0 * NaN = NaN.
     w_cols_ok = (j * w.shape[1] + lax.broadcasted_iota(jnp.int32, w.shape, 1)) < v
     w = jnp.where(w_cols_ok, w, jnp.zeros((), w.dtype))
@@ -216,8 +239,8 @@ def _tpu_dw_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int):
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
     h = h_ref[...]
-    z, cols, col_ok = _tpu_block_logits(cfg, h, w_ref[...], j, v)
-    dz = _logits_cotangent(cfg, z, cols == t_ref[...], col_ok, [r[...] for r in vector_refs])
+    z, hit, col_ok = _tpu_block_logits(cfg, h, w_ref[...], t_ref[...], j, v)
+    dz = _logits_cotangent(cfg, z, hit, col_ok, [r[...] for r in vector_refs])
     dz = dz.astype(lp._compute_dtype(h_ref, w_ref))
     acc_ref[...] += lax.dot_general(h, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
@@ -237,7 +260,7 @@ def _tpu_backward(cfg: lp.KernelConfig, h, w, per_token, bn: int):
     row = pl.BlockSpec((bn, 1), lambda i, j: (i, 0))
     dh = pl.pallas_call(
         functools.partial(_tpu_dh_kernel, **kernel_args),
-        out_shape=jax.ShapeDtypeStruct((n_pad, d), jnp.float32),
+        out_shape=_out((n_pad, d), jnp.float32, h),
         grid=(nb, nv),
         in_specs=[
             pl.BlockSpec((bn, d), lambda i, j: (i, 0)),
@@ -255,7 +278,7 @@ def _tpu_backward(cfg: lp.KernelConfig, h, w, per_token, bn: int):
     row_t = pl.BlockSpec((bn, 1), lambda j, i: (i, 0))
     dw = pl.pallas_call(
         functools.partial(_tpu_dw_kernel, **kernel_args),
-        out_shape=jax.ShapeDtypeStruct((d, v), w.dtype),
+        out_shape=_out((d, v), w.dtype, h),
         grid=(nv, nb),
         in_specs=[
             pl.BlockSpec((bn, d), lambda j, i: (i, 0)),
@@ -287,8 +310,12 @@ def _triton_w_tile(cfg: lp.KernelConfig, w_ref, k, col0, col_ok):
     return pltriton.load(w_ref.at[rows, pl.ds(col0, cfg.block_v)], mask=col_ok, other=0)
 
 
-def _triton_block_logits(cfg: lp.KernelConfig, h_ref, row0, w_ref, j, v: int, d: int):
-    """Logits [bn, bv] of token rows [row0, row0 + bn) and vocab tile j, -inf outside V."""
+def _triton_block_logits(cfg: lp.KernelConfig, h_ref, row0, w_ref, t, j, v: int, d: int):
+    """Logits [bn, bv] of token rows [row0, row0 + bn) and vocab tile j, -inf outside V.
+
+    Returns (z, hit, col_ok, tile_ok) as `_tpu_block_logits` plus the [block_d, bv]
+    in-vocabulary mask of a w tile.
+    """
     bn, bv, bk = cfg.block_n, cfg.block_v, cfg.block_d
     col0 = j * bv
     cols = col0 + lax.broadcasted_iota(jnp.int32, (bn, bv), 1)
@@ -300,15 +327,15 @@ def _triton_block_logits(cfg: lp.KernelConfig, h_ref, row0, w_ref, j, v: int, d:
         return acc + lp._dot_f32(h_k, _triton_w_tile(cfg, w_ref, k, col0, tile_ok))
 
     z = lax.fori_loop(0, d // bk, k_step, jnp.zeros((bn, bv), jnp.float32)) * cfg.inv_temperature
-    return jnp.where(col_ok, z, -jnp.inf), cols, col_ok, tile_ok
+    return jnp.where(col_ok, z, -jnp.inf), (cols == t) & col_ok, col_ok, tile_ok
 
 
 def _triton_forward_kernel(h_ref, w_ref, t_ref, *out_refs, cfg: lp.KernelConfig, v: int, d: int):
     t = t_ref[...]
 
     def vocab_tile(j, stats):
-        z, cols, _, _ = _triton_block_logits(cfg, h_ref, 0, w_ref, j, v, d)
-        return lp._online_update(stats, z, cols == t, cfg.with_entropy)
+        z, hit, _, _ = _triton_block_logits(cfg, h_ref, 0, w_ref, t, j, v, d)
+        return lp._online_update(stats, z, hit, cfg.with_entropy)
 
     stats = lax.fori_loop(0, _cdiv(v, cfg.block_v), vocab_tile, lp._init_stats((cfg.block_n, 1)))
     for ref, value in zip(out_refs, lp._finalize(stats)):
@@ -318,12 +345,11 @@ def _triton_forward_kernel(h_ref, w_ref, t_ref, *out_refs, cfg: lp.KernelConfig,
 def _triton_forward(cfg: lp.KernelConfig, h, w, t, bn: int):
     n_pad, d = h.shape
     v = w.shape[1]
-    _check_triton_blocks(cfg, d)
     row = pl.BlockSpec((bn, 1), lambda i: (i, 0))
     n_out = 3 if cfg.with_entropy else 2
     return pl.pallas_call(
         functools.partial(_triton_forward_kernel, cfg=cfg, v=v, d=d),
-        out_shape=[jax.ShapeDtypeStruct((n_pad, 1), jnp.float32)] * n_out,
+        out_shape=[_out((n_pad, 1), jnp.float32, h)] * n_out,
         grid=(n_pad // bn,),
         in_specs=[pl.BlockSpec((bn, d), lambda i: (i, 0)), pl.no_block_spec, row],
         out_specs=[row] * n_out,
@@ -348,8 +374,8 @@ def _triton_dh_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int, 
     lax.fori_loop(0, nk, zero, 0)
 
     def vocab_tile(j, carry):
-        z, cols, col_ok, tile_ok = _triton_block_logits(cfg, h_ref, 0, w_ref, j, v, d)
-        dz = _logits_cotangent(cfg, z, cols == t, col_ok, vectors).astype(cdt)
+        z, hit, col_ok, tile_ok = _triton_block_logits(cfg, h_ref, 0, w_ref, t, j, v, d)
+        dz = _logits_cotangent(cfg, z, hit, col_ok, vectors).astype(cdt)
 
         def k_step(k, carry):
             w_k = _triton_w_tile(cfg, w_ref, k, j * cfg.block_v, tile_ok)
@@ -376,9 +402,9 @@ def _triton_dw_kernel(h_ref, w_ref, *refs, cfg: lp.KernelConfig, v: int, d: int,
 
     def token_block(i, carry):
         rows = pl.ds(i * bn, bn)
-        z, cols, col_ok, _ = _triton_block_logits(cfg, h_ref, i * bn, w_ref, j, v, d)
+        z, hit, col_ok, _ = _triton_block_logits(cfg, h_ref, i * bn, w_ref, t_ref[rows, :], j, v, d)
         vectors = [r[rows, :] for r in vector_refs]
-        dz = _logits_cotangent(cfg, z, cols == t_ref[rows, :], col_ok, vectors).astype(cdt)
+        dz = _logits_cotangent(cfg, z, hit, col_ok, vectors).astype(cdt)
 
         def k_step(k, carry):
             h_k = h_ref[rows, pl.ds(k * bk, bk)]
@@ -395,7 +421,6 @@ def _triton_dw_kernel(h_ref, w_ref, *refs, cfg: lp.KernelConfig, v: int, d: int,
 def _triton_backward(cfg: lp.KernelConfig, h, w, per_token, bn: int):
     n_pad, d = h.shape
     v = w.shape[1]
-    _check_triton_blocks(cfg, d)
     nv = _cdiv(v, cfg.block_v)
     t, vectors = per_token[0], per_token[1:]
     kernel_args = dict(cfg=cfg, v=v, d=d)
@@ -403,7 +428,7 @@ def _triton_backward(cfg: lp.KernelConfig, h, w, per_token, bn: int):
     row = pl.BlockSpec((bn, 1), lambda i: (i, 0))
     dh = pl.pallas_call(
         functools.partial(_triton_dh_kernel, **kernel_args),
-        out_shape=jax.ShapeDtypeStruct((n_pad, d), jnp.float32),
+        out_shape=_out((n_pad, d), jnp.float32, h),
         grid=(n_pad // bn,),
         in_specs=[pl.BlockSpec((bn, d), lambda i: (i, 0)), pl.no_block_spec, row] + [row] * len(vectors),
         out_specs=pl.BlockSpec((bn, d), lambda i: (i, 0)),
@@ -416,7 +441,7 @@ def _triton_backward(cfg: lp.KernelConfig, h, w, per_token, bn: int):
     # store of the kernel is in bounds.
     dw = pl.pallas_call(
         functools.partial(_triton_dw_kernel, n_pad=n_pad, **kernel_args),
-        out_shape=jax.ShapeDtypeStruct((d, nv * cfg.block_v), jnp.float32),
+        out_shape=_out((d, nv * cfg.block_v), jnp.float32, h),
         grid=(nv,),
         in_specs=[pl.no_block_spec, pl.no_block_spec] + [pl.no_block_spec] * (len(vectors) + 1),
         out_specs=pl.BlockSpec((d, cfg.block_v), lambda j: (0, j)),

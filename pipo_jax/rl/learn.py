@@ -14,9 +14,10 @@ import jax.numpy as jnp
 
 from pipo_jax.data import char_vocab
 from pipo_jax.losses import advantages, distill, pipo, registry
+from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.kl import kl_estimate
 from pipo_jax.losses.masking import masked_mean
-from pipo_jax.rl import logprobs, steps
+from pipo_jax.rl import logprobs, steps, vpd
 from pipo_jax.rl.rollout import Rollout, response_part
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, make_optimizer, with_lr
@@ -95,11 +96,16 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[dict,
         if "returns_bt" in aux:
             batch["returns_br"] = aux["returns_bt"]
         attr_inputs["adv_bt"] = adv
-    if spec.is_sdpo:
+    if spec.uses_teacher:
         t_tokens, t_mask, sd_mask = teacher_contexts(spec, rollout, rollout.rewards_b)
-        teacher = state.params if spec.sdpo_teacher == "live" else state.teacher_params
-        batch.update(teacher_tokens_bq=t_tokens, teacher_mask_bq=t_mask, sd_mask_b=sd_mask)
-        attr_inputs.update(logp_teacher_bt=steps.teacher_logprobs(spec, teacher, t_tokens, t_mask), logp_bt=logp_old)
+        teacher = state.params if spec.sdpo_teacher == "live" and spec.vpd is None else state.teacher_params
+        logp_teacher = steps.teacher_logprobs(spec, teacher, t_tokens, t_mask)
+        batch.update(teacher_tokens_bq=t_tokens, teacher_mask_bq=t_mask, sd_mask_b=sd_mask,
+                     rewards_b=rollout.rewards_b)
+        attr_inputs.update(logp_teacher_bt=logp_teacher, logp_bt=logp_old)
+        if spec.vpd_hybrid == "reshape":  # A' = A + w (logp_T - logp_S): the advantage-reshaping hybrid
+            batch["adv_br"] = vpd_loss.reshaped_advantages(batch["adv_br"], logp_teacher, logp_old, mask_br,
+                                                           weight=spec.vpd.hybrid_weight, sd_mask_b=sd_mask)
     attr_cfg = {"group_size": spec.group_size} if spec.attribution == "group" else {}
     batch["attr_br"] = registry.ATTRIBUTIONS[spec.attribution](attr_inputs, **attr_cfg)
 
@@ -151,6 +157,17 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
     k_pi, k_base, k_critic = jax.random.split(rng, 3)
     batch, mu_t, metrics = prepare(spec, state, rollout)
     params, opt_state = state.params, state.opt_state
+    teacher, teacher_opt, vpd_delta = state.teacher_params, state.teacher_opt_state, state.vpd_delta
+    if spec.vpd is not None:
+        # VPD E-step: refine the teacher on this batch's outcomes (anchored to theta_t), so the
+        # M-step below distils toward the refined teacher; the attribution follows it.
+        teacher, teacher_opt, vpd_delta, e_metrics = vpd.maybe_e_step(
+            spec, spec.vpd, state.step, teacher, teacher_opt, batch, None, vpd_delta, jax.random.fold_in(rng, 3))
+        metrics.update(e_metrics)
+        if spec.vpd.e_step and spec.attribution == "sdpo_token":
+            logp_t = steps.teacher_logprobs(spec, teacher, batch["teacher_tokens_bq"], batch["teacher_mask_bq"])
+            batch["attr_br"] = distill.token_attribution(logp_t, batch["logp_old_br"], batch["mask_br"])
+        metrics.update(vpd.teacher_diagnostics(spec, teacher, params, batch))
     if spec.pipo:
         params, opt_state, pi_metrics = pi_step(spec, params, opt_state, state.pipo, mu_t, k_pi)
         metrics.update(pi_metrics)
@@ -158,7 +175,7 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         metrics["mu_t"] = mu_t
 
     optimizer = make_optimizer(spec.lr, spec)
-    loss_fn = steps.base_loss_fn(spec, state.teacher_params)
+    loss_fn = steps.base_loss_fn(spec, teacher)
     params, opt_state, base_metrics = steps.minibatch_updates(spec, loss_fn, optimizer, params, opt_state, batch,
                                                               k_base)
     metrics.update({f"train/{k}": v for k, v in base_metrics.items()})
@@ -171,7 +188,6 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         critic = {"params": c_params, "opt_state": c_state}
         metrics.update({f"critic/{k}": v for k, v in c_metrics.items()})
 
-    teacher = state.teacher_params
     if teacher is not None:
         teacher = distill.ema_update(teacher, params, spec.sdpo_ema_rate)
 
@@ -182,5 +198,6 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
                                   logp_ref_bt=batch["logp_ref_br"], attr_bt=batch["attr_br"])
         new_pipo = pipo.push(state.pipo, mu_t, stored)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, critic=critic,
-                              teacher_params=teacher, pipo=new_pipo)
+                              teacher_params=teacher, pipo=new_pipo, teacher_opt_state=teacher_opt,
+                              vpd_delta=vpd_delta)
     return new_state, metrics

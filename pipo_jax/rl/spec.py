@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import ml_collections
 
@@ -18,7 +19,7 @@ from pipo_jax.models import qwen3
 from pipo_jax.rl import warmup
 from pipo_jax.tasks import arithmetic
 
-ALGORITHMS = ("ppo", "grpo", "gspo", "dapo", "sdpo")
+ALGORITHMS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
 GROUP_ESTIMATORS = ("grpo", "group_relative")
 TASKS = ("arithmetic",)
 
@@ -85,6 +86,7 @@ class TrainSpec:
     pipo_lr: float
     pipo_compat: bool
     attribution: str
+    vpd: Any = None  # pipo_jax.rl.vpd.VpdConfig when algorithm == "vpd"
 
     @property
     def batch(self) -> int:
@@ -105,7 +107,17 @@ class TrainSpec:
 
     @property
     def is_sdpo(self) -> bool:
+        """The policy loss is SDPO's distillation (SDPO, and VPD's M-step)."""
         return self.policy_loss.startswith("sdpo")
+
+    @property
+    def uses_teacher(self) -> bool:
+        """The batch needs feedback-conditioned teacher contexts (SDPO, VPD and its hybrids)."""
+        return self.is_sdpo or self.vpd is not None
+
+    @property
+    def vpd_hybrid(self) -> str:
+        return "none" if self.vpd is None else self.vpd.hybrid
 
     @property
     def pi_ratio(self) -> str:
@@ -203,12 +215,23 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _need(not (lo.policy == "gspo" and lo.clip_ratio_c), "loss.clip_ratio_c", "GSPO has no dual clip: set it to 0")
     _need(lo.kl_coef >= 0, "loss.kl_coef", f"{lo.kl_coef} must be >= 0")
     is_sdpo = lo.policy.startswith("sdpo")
-    _need(is_sdpo == (c.algorithm == "sdpo"), "loss.policy",
-          f"{lo.policy!r} does not fit algorithm={c.algorithm!r} (sdpo_* losses are SDPO's)")
+    vpd = None
+    if c.algorithm == "vpd":
+        from pipo_jax.rl.vpd import VpdConfig  # imports this module
+
+        vpd = VpdConfig.from_config(c.vpd)
+    hybrid = "none" if vpd is None else vpd.hybrid
+    distills = c.algorithm == "sdpo" or (c.algorithm == "vpd" and hybrid == "none")
+    _need(is_sdpo == distills, "loss.policy",
+          f"{lo.policy!r} does not fit algorithm={c.algorithm!r}" + (f" with vpd.hybrid={hybrid!r}" if vpd else "")
+          + " (sdpo_* losses are SDPO's and VPD's M-step; the GRPO+SDPO hybrids use token_clip)")
     _need((a.estimator == "gae") == (c.algorithm == "ppo"), "advantage.estimator",
           f"{a.estimator!r} does not fit algorithm={c.algorithm!r} (PPO uses 'gae' with its critic)")
     _need(not is_sdpo or a.estimator == "none", "advantage.estimator", "SDPO uses no advantage estimator: 'none'")
     _need(is_sdpo or a.estimator != "none", "advantage.estimator", f"algorithm={c.algorithm!r} needs an estimator")
+    if vpd is not None:
+        _need(not (vpd.e_step and c.sdpo.teacher == "live"), "sdpo.teacher",
+              "'live' shares the student's params, but VPD's E-step trains its own teacher copy: use 'ema'")
 
     d = c.dapo
     gen_prompts = d.gen_prompts_per_batch or r.prompts_per_batch
@@ -223,7 +246,7 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _need(0 <= s.alpha <= 1, "sdpo.alpha", f"{s.alpha} must be in [0, 1]")
     _need(0 <= s.ema_rate <= 1, "sdpo.ema_rate", f"{s.ema_rate} must be in [0, 1]")
     _need(1 <= s.topk, "sdpo.topk", f"{s.topk} must be >= 1")
-    if is_sdpo:
+    if is_sdpo or vpd is not None:
         _need(r.group_size >= 2 or s.use_feedback, "sdpo.use_feedback",
               "with G = 1 there are no sibling solutions: enable feedback")
 
@@ -233,6 +256,8 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _need(p.lr > 0, "pipo.lr", f"{p.lr} must be > 0")
     _choice(p.attribution, "pipo.attribution", tuple(registry.ATTRIBUTIONS))
     expected_attr = {"ppo": "gae", "sdpo": "sdpo_token"}.get(c.algorithm, "group")
+    if c.algorithm == "vpd":
+        expected_attr = "sdpo_token" if hybrid == "none" else "group"
     _need(p.attribution == expected_attr, "pipo.attribution",
           f"{p.attribution!r} does not fit algorithm={c.algorithm!r} (expected {expected_attr!r})")
 
@@ -265,4 +290,5 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
         sdpo_success_threshold=float(s.success_threshold), sdpo_is_clip=float(s.is_clip),
         sdpo_use_feedback=bool(s.use_feedback), pipo=bool(p.enabled), pipo_window=int(p.window),
         pipo_lam=float(p.lam), pipo_lr=float(p.lr), pipo_compat=bool(p.compat), attribution=p.attribution,
+        vpd=vpd,
     )

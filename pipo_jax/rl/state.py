@@ -26,9 +26,11 @@ class TrainState:
     opt_state: Any
     ref_params: Any
     critic: Any  # None, or {"params": {"backbone", "value_head"}, "opt_state"} (PPO)
-    teacher_params: Any  # None, or the SDPO EMA teacher
+    teacher_params: Any  # None, or the SDPO / VPD teacher
     pipo: pipo.PipoState
     rng: jax.Array
+    teacher_opt_state: Any = None  # VPD: the E-step's AdamW state
+    vpd_delta: Any = None  # VPD: running mean of implicit rewards (losses.vpd.DeltaState)
 
 
 def make_optimizer(lr: float, spec: TrainSpec) -> optax.GradientTransformation:
@@ -75,7 +77,14 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
         critic_params = {"backbone": _copy(params),
                          "value_head": jnp.zeros((spec.model.hidden_size,), jnp.float32)}
         critic = {"params": critic_params, "opt_state": make_optimizer(spec.critic_lr, spec).init(critic_params)}
-    teacher = _copy(params) if spec.is_sdpo and spec.sdpo_teacher == "ema" else None
+    teacher = _copy(params) if spec.uses_teacher and (spec.sdpo_teacher == "ema" or spec.vpd) else None
+    teacher_opt_state = vpd_delta = None
+    if spec.vpd is not None:
+        from pipo_jax.losses import vpd as vpd_loss
+        from pipo_jax.rl import vpd  # imports this module
+
+        teacher_opt_state = vpd.init_teacher_opt_state(spec, spec.vpd, teacher)
+        vpd_delta = vpd_loss.init_delta_state()
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
@@ -85,4 +94,6 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
         teacher_params=teacher,
         pipo=pipo.init_pipo_state(spec.pipo_window, stored_batch_template(spec)),
         rng=jax.random.PRNGKey(seed),
+        teacher_opt_state=teacher_opt_state,
+        vpd_delta=vpd_delta,
     )

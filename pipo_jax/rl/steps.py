@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from pipo_jax.losses import distill, pipo, registry
+from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import aggregate, aggregation_counts
 from pipo_jax.losses.kl import kl_loss
 from pipo_jax.losses.value import clipped_value_loss
@@ -47,14 +48,20 @@ def minibatch_order(spec: TrainSpec, rng, batch_size: int) -> jax.Array:
     return orders.reshape(spec.epochs * n_mini, spec.mini_batch)
 
 
+def response_counts(mini: Batch) -> dict:
+    """Global counts of a mini-batch's response mask: {"num_tokens", "num_seqs"}."""
+    return aggregation_counts(mini["mask_br"])
+
+
 def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state,
-                      batch: Batch, rng) -> tuple[Any, Any, dict]:
+                      batch: Batch, rng, counts_fn: Callable[[Batch], dict] = response_counts) -> tuple[Any, Any, dict]:
     """Runs `epochs x (B / mini_batch)` optimizer steps of `loss_fn` on `batch`.
 
     `loss_fn(params, micro_batch, counts) -> (loss, metrics)` must aggregate with the
-    mini-batch `counts` ({"num_tokens", "num_seqs"} of `batch["mask_br"]`), so losses and
-    metrics of micro-batches add up to the mini-batch's. Returns (params, opt_state,
-    metrics averaged over the optimizer steps, plus "grad_norm").
+    mini-batch `counts = counts_fn(mini_batch)` (default: valid tokens and non-empty rows
+    of `batch["mask_br"]`), so losses and metrics of micro-batches add up to the
+    mini-batch's. Returns (params, opt_state, metrics averaged over the optimizer steps,
+    plus "grad_norm").
     """
     size = batch["mask_br"].shape[0]
     n_micro = spec.mini_batch // spec.micro_batch
@@ -65,7 +72,7 @@ def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.Gradien
     def mini_step(carry, idx):
         p, s = carry
         mini = jax.tree.map(lambda x: x[idx], batch)
-        counts = aggregation_counts(mini["mask_br"])
+        counts = counts_fn(mini)
 
         def micro_step(acc, micro):
             (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, micro, counts)
@@ -139,12 +146,23 @@ def _sdpo_loss(spec: TrainSpec, params, teacher_params, mb: Batch, counts: dict)
 
 
 def base_loss_fn(spec: TrainSpec, teacher_params=None) -> LossFn:
-    """The algorithm's loss on its own batch: policy loss (+ KL term, - entropy bonus)."""
+    """The algorithm's loss on its own batch: policy loss (+ KL term, - entropy bonus).
+
+    SDPO / VPD's M-step distil toward `teacher_params` (or the live params); VPD's joint
+    hybrid adds that distillation to the clip loss.
+    """
 
     def loss_fn(params, mb: Batch, counts: dict):
         if spec.is_sdpo:
-            teacher = params if spec.sdpo_teacher == "live" else teacher_params
+            teacher = params if spec.sdpo_teacher == "live" and spec.vpd is None else teacher_params
             loss, metrics, logp, ent = _sdpo_loss(spec, params, teacher, mb, counts)
+        elif spec.vpd_hybrid == "joint":  # GRPO clip loss + w * SDPO token distillation
+            logp, ent = _student_logprobs(spec, params, mb)
+            logp_t = teacher_logprobs(spec, teacher_params, mb["teacher_tokens_bq"], mb["teacher_mask_bq"])
+            loss, metrics = vpd_loss.joint_hybrid_loss(
+                logp, mb["logp_old_br"], mb["adv_br"], mb["mask_br"], weight=spec.vpd.hybrid_weight,
+                logp_teacher_bt=logp_t, sd_mask_b=mb["sd_mask_b"], is_clip=spec.sdpo_is_clip, eps_low=spec.clip_low,
+                eps_high=spec.clip_high, clip_ratio_c=spec.clip_ratio_c, **_agg(spec, counts))
         else:
             logp, ent = _student_logprobs(spec, params, mb)
             kw = dict(eps_low=spec.clip_low, eps_high=spec.clip_high, **_agg(spec, counts))

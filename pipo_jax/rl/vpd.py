@@ -19,12 +19,8 @@ the teacher *before* the update (one extra no-gradient teacher forward), then he
 for the E-step's optimizer steps.
 
 Mini-batch counts: the BCO loss averages over the positives and the negatives of each
-mini-batch, but `minibatch_updates` only hands the loss the counts of `batch["mask_br"]`
-({"num_tokens": sum of entries, "num_seqs": rows with a positive sum}). The E-step batch
-therefore carries an *outcome count mask* `[B, 2]` as its "mask_br" (positive row [1, 0],
-negative row [1, 1], unlabelled row [0, 0]), from which `outcome_counts` recovers the
-mini-batch's (num_pos, num_neg) exactly; the response mask travels as
-"response_mask_br". So micro-batching never changes the loss or the gradient.
+mini-batch; `outcome_counts` gives `minibatch_updates` those global counts, so
+micro-batching never changes the loss or the gradient.
 """
 
 from __future__ import annotations
@@ -151,16 +147,9 @@ def student_reference_logprobs(spec: TrainSpec, student_params, batch: Mapping) 
     return jax.lax.stop_gradient(logp)
 
 
-def outcome_count_mask(positive_b, negative_b) -> jax.Array:
-    """`[B, 2]` float32: positive [1, 0], negative [1, 1], unlabelled [0, 0] (see module docstring)."""
-    pos, neg = jnp.asarray(positive_b, bool), jnp.asarray(negative_b, bool)
-    return jnp.stack([pos | neg, neg], axis=1).astype(jnp.float32)
-
-
-def outcome_counts(counts: Mapping) -> tuple[jax.Array, jax.Array]:
-    """(num_pos, num_neg) from `aggregation_counts` of an outcome count mask: tokens = pos + 2 neg, seqs = pos + neg."""
-    num_neg = counts["num_tokens"] - counts["num_seqs"]
-    return counts["num_seqs"] - num_neg, num_neg
+def outcome_counts(mini: Mapping) -> dict:
+    """Global counts of an E-step mini-batch: {"num_pos", "num_neg"} labelled responses."""
+    return {"num_pos": jnp.sum(mini["positive_b"]), "num_neg": jnp.sum(mini["negative_b"])}
 
 
 def labels(spec: TrainSpec, batch: Mapping) -> tuple[jax.Array, jax.Array]:
@@ -172,10 +161,11 @@ def labels(spec: TrainSpec, batch: Mapping) -> tuple[jax.Array, jax.Array]:
 
 
 def e_step_batch(batch: Mapping, ref_logp_br, positive_b, negative_b) -> Batch:
-    """What the E-step's mini-batches carry: teacher inputs, reference log-probs, labels as a count mask."""
-    return {"response_mask_br": batch["mask_br"],
+    """What the E-step's mini-batches carry: teacher inputs, reference log-probs, labels."""
+    return {"mask_br": batch["mask_br"],
             "teacher_tokens_bq": batch["teacher_tokens_bq"], "teacher_mask_bq": batch["teacher_mask_bq"],
-            "ref_logp_br": ref_logp_br, "mask_br": outcome_count_mask(positive_b, negative_b)}
+            "ref_logp_br": ref_logp_br, "positive_b": jnp.asarray(positive_b, jnp.float32),
+            "negative_b": jnp.asarray(negative_b, jnp.float32)}
 
 
 def teacher_response_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
@@ -190,13 +180,11 @@ def e_step_loss_fn(spec: TrainSpec, cfg: VpdConfig, delta) -> steps.LossFn:
     """`loss_fn(teacher_params, micro_batch, counts)` for `minibatch_updates` on an `e_step_batch`."""
 
     def loss_fn(teacher_params, mb: Batch, counts: dict):
-        num_pos, num_neg = outcome_counts(counts)
         logq = teacher_response_logprobs(spec, teacher_params, mb["teacher_tokens_bq"], mb["teacher_mask_bq"])
-        rtilde = vpd_loss.implicit_reward(logq, mb["ref_logp_br"], mb["response_mask_br"], beta=cfg.beta,
+        rtilde = vpd_loss.implicit_reward(logq, mb["ref_logp_br"], mb["mask_br"], beta=cfg.beta,
                                           seq_logprob=cfg.seq_logprob)
-        count_mask = mb["mask_br"]
-        positive, negative = (count_mask[:, 0] > 0) & (count_mask[:, 1] == 0), count_mask[:, 1] > 0
-        return vpd_loss.bco_loss(rtilde, delta, positive, negative, num_pos=num_pos, num_neg=num_neg)
+        return vpd_loss.bco_loss(rtilde, delta, mb["positive_b"] > 0, mb["negative_b"] > 0,
+                                 num_pos=counts["num_pos"], num_neg=counts["num_neg"])
 
     return loss_fn
 
@@ -229,7 +217,7 @@ def e_step(spec: TrainSpec, cfg: VpdConfig, teacher_params, teacher_opt_state, b
 
     teacher_params, teacher_opt_state, m = steps.minibatch_updates(
         spec, e_step_loss_fn(spec, cfg, delta_state.delta), make_teacher_optimizer(spec, cfg), teacher_params,
-        with_lr(teacher_opt_state, cfg.lr), e_batch, rng)
+        with_lr(teacher_opt_state, cfg.lr), e_batch, rng, counts_fn=outcome_counts)
     labelled = (pos | neg).astype(jnp.float32)
     metrics = {f"vpd/{k}": v for k, v in m.items()}
     metrics.update({

@@ -155,6 +155,31 @@ def _attend(q_bthd, keys_bkds, vals_bksd, allowed_bts, dtype):
     return jnp.transpose(o_bkgtd, (0, 3, 1, 2, 4)).reshape(b, t, h * dh).astype(dtype)
 
 
+def _write(ck, cv, rows_bt, write_bt, k_btkd, v_btkd, one_per_row: bool):
+    """Writes new keys/values at their slots, in place; slots `>= width` write nothing.
+
+    With one token per row, an out-of-range write becomes a rewrite of slot `width-1`
+    with its own old value: XLA then updates the donated buffer in place, where the
+    `mode="drop"` scatter turns into a select that copies the whole cache every step.
+    """
+    k_btkd = k_btkd.astype(ck.dtype)
+    v_btkd = v_btkd.astype(cv.dtype)
+    if not one_per_row:
+        return (ck.at[rows_bt, :, :, write_bt].set(k_btkd, mode="drop"),
+                cv.at[rows_bt, :, write_bt, :].set(v_btkd, mode="drop"))
+    width = ck.shape[-1]
+    keep = (write_bt < width)[:, :, None, None]
+    slot_bt = jnp.minimum(write_bt, width - 1)
+    k_btkd = jnp.where(keep, k_btkd, ck[rows_bt, :, :, slot_bt])
+    v_btkd = jnp.where(keep, v_btkd, cv[rows_bt, :, slot_bt, :])
+    if rows_bt.shape[0] == 1:
+        # A single-index scatter becomes a dynamic-update-slice that XLA:CPU fuses into
+        # each consumer, copying the cache; writing the same value twice keeps a scatter.
+        rows_bt, slot_bt, k_btkd, v_btkd = (jnp.concatenate([x, x]) for x in (rows_bt, slot_bt, k_btkd, v_btkd))
+    return (ck.at[rows_bt, :, :, slot_bt].set(k_btkd, mode="promise_in_bounds"),
+            cv.at[rows_bt, :, slot_bt, :].set(v_btkd, mode="promise_in_bounds"))
+
+
 def cached_forward(
     config: Qwen3Config,
     weights: DecodeWeights,
@@ -204,9 +229,7 @@ def cached_forward(
         v = qkv[..., (h + k) * dh :].reshape(b, t, k, dh)
         q = qwen3.apply_rope(qwen3.rms_norm(q, lw["q_norm"], eps), cos, sin)
         kk = qwen3.apply_rope(qwen3.rms_norm(kk, lw["k_norm"], eps), cos, sin)
-        # In-place writes into the (donated) cache; out-of-range slots are dropped.
-        ck = ck.at[rows_bt, :, :, write_bt].set(kk.astype(ck.dtype), mode="drop")
-        cv = cv.at[rows_bt, :, write_bt, :].set(v.astype(cv.dtype), mode="drop")
+        ck, cv = _write(ck, cv, rows_bt, write_bt, kk, v, one_per_row=valid_bt is None and t == 1)
         new_k.append(ck)
         new_v.append(cv)
         attn = _attend(q, ck.astype(dt), cv.astype(dt), allowed_bts, dt)

@@ -126,7 +126,7 @@ class Engine:
         self._resample = jax.jit(self._resample_impl)
         self._insert = jax.jit(self._insert_impl, donate_argnums=(1,))
         self._generate = jax.jit(self._generate_impl, donate_argnums=(1,))
-        self._resize = jax.jit(self._resize_impl, static_argnums=(1,), donate_argnums=(0,))
+        self._resize = jax.jit(self._resize_impl, static_argnums=(1,))  # shapes change: nothing to donate
 
     # ------------------------------------------------------------------ JetStream API
 

@@ -176,12 +176,46 @@ def test_pallas_kernels_lower_for_hardware(variant, platform):
     assert text.count(marker) == 3  # forward, dh, dw kernels
 
 
+@pytest.mark.parametrize("impl,variant", [("chunked", "auto"), ("pallas", "mosaic_tpu"), ("pallas", "triton")])
+def test_primitive_gives_zero_target_logit_outside_vocab(impl, variant):
+    """Under vocab parallelism a shard's local target may point past its slice, e.g. into
+    the padded columns of the kernels' last vocab block (here 200..255): it must not hit."""
+    n, d, v = 16, 16, 200
+    h, w, _, g_lp, g_ent = _inputs(n, d, v)
+    t = jnp.array([205, -3, 200, 255, 0, 199, 256, 50] * 2, jnp.int32)
+    cfg = lp._make_config(impl, 1.0, True, 16, 128, None, None, variant)
+
+    def stats_loss(fn):
+        def loss(h, w):
+            lse, zt, ent = fn(h, w)
+            return jnp.sum(g_lp * zt - g_ent * lse) + jnp.sum(ent), (lse, zt, ent)
+
+        return jax.value_and_grad(loss, (0, 1), has_aux=True)(h, w)
+
+    (_, got), got_grads = stats_loss(lambda h, w: lp._softmax_stats(cfg, h, w, t))
+    (_, want), want_grads = stats_loss(lambda h, w: lp._reference_stats(h, w, t, 1.0, True))
+    assert np.all(np.asarray(want[1])[np.asarray((t < 0) | (t >= v))] == 0)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    for a, b in zip(got_grads, want_grads):
+        _assert_grad_close(a, b, 1e-5)
+
+
+def test_triton_default_block_d_divides_hidden_size():
+    args = _inputs(16, 48, 140)  # D = 48: block_d = 16
+    want = _value_and_grads(*args, impl="reference")
+    got = _value_and_grads(*args, impl="pallas", pallas_variant="triton", block_n=16, block_v=64)
+    _assert_matches_reference(got, want)
+
+
 def test_triton_rejects_blocks_it_cannot_tile():
     h, w, t, *_ = _inputs(8, 24, 64)
     with pytest.raises(ValueError, match="block_d"):
         lp.token_logprobs(h, w, t, impl="pallas", pallas_variant="triton", block_n=16, block_v=16, block_d=16)
     with pytest.raises(ValueError, match="power of two"):
         lp.token_logprobs(h, w, t, impl="pallas", pallas_variant="triton", block_n=24, block_v=16, block_d=8)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        lp.token_logprobs(h, w, t, impl="pallas", pallas_variant="triton", block_n=16, block_v=16)
 
 
 # --- masking, bad targets, transformations -----------------------------------------------

@@ -2,8 +2,9 @@
 
 XLA_FLAGS must give 8 host devices before JAX is imported, so this runs in its own
 process. For each mesh it places the scenario's state, runs the sharded scan chunk and
-writes the run summary; then the vocab-parallel log-prob against the plain kernel
-(values and gradients), the sharded sampler, and a checkpoint saved on one mesh and
+writes the run summary; the host loop (sharded sampler, per-process host reward, sharded
+learn) on one mesh; the vocab-parallel log-prob against the plain kernel (values and
+gradients); a directly-sharded initial state; and a checkpoint saved on one mesh and
 restored on others. Everything is written to OUT_DIR as .npz files for the test to check.
 """
 
@@ -23,8 +24,11 @@ import numpy as np
 from pipo_jax import parallel
 from pipo_jax.kernels import logprobs as kernel
 from pipo_jax.parallel import steps
+from pipo_jax.models import qwen3
 from pipo_jax.rl import logprobs as rl_logprobs
+from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.checkpoint import Checkpointer
+from pipo_jax.rl.state import init_train_state
 from tests.parallel import scenario
 
 # (data, fsdp, tensor, use the vocab-parallel log-prob hook in the trainer)
@@ -91,18 +95,41 @@ def logprob_check(out: str) -> None:
     np.savez(os.path.join(out, "logprobs.npz"), **{k: np.asarray(x) for k, x in results.items()})
 
 
-def sampler_check(out: str) -> None:
+def host_loop_run(out: str) -> None:
+    """The host loop on 1x2x4: sharded generate -> per-process host reward -> sharded learn."""
     spec, state = scenario.initial_state()
-    key = jax.random.PRNGKey(7)
-    res = {}
-    for name, (d, f, t) in {"single": (1, 1, 1), "1x2x4": (1, 2, 4)}.items():
-        mesh = parallel.make_mesh(d, f, t, devices=jax.devices()[: d * f * t])
-        params = steps.place_tree(state.params, steps.state_shardings(spec, mesh).params)
-        rollout = steps.sharded_generate(spec, mesh, spec.prompts)(params, key)
-        res[f"{name}_tokens"] = np.asarray(rollout.tokens_bl)
-        res[f"{name}_logp"] = np.asarray(rollout.sample_logp_br)
-        res[f"{name}_tokens_spec"] = np.asarray(str(rollout.tokens_bl.sharding.spec))
-    np.savez(os.path.join(out, "sampler.npz"), **res)
+    mesh = parallel.make_mesh(1, 2, 4)
+    rl_logprobs.token_logprobs = parallel.token_logprobs
+    generate = steps.sharded_generate(spec, mesh, spec.prompts)
+    learn = steps.sharded_learn(spec, mesh)
+    state = steps.shard_train_state(state, spec, mesh)
+    rows = []
+    for _ in range(scenario.ITERATIONS):
+        rng, k_collect, k_learn = jax.random.split(state.rng, 3)  # the keys of loop.iteration
+        batch = generate(state.params, k_collect)
+        rewards = parallel.process_local_reward(
+            lambda local: np.asarray(rollout_lib.task_rewards(spec, local)), batch, mesh)
+        state, metrics = learn(state.replace(rng=rng), rollout_lib.with_rewards(batch, rewards), k_learn)
+        rows.append(steps.to_host(metrics))
+    rl_logprobs.token_logprobs = kernel.token_logprobs
+    metrics = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+    summary = scenario.run_summary(steps.to_host(state), metrics)
+    summary["rollout_tokens_spec"] = np.asarray(str(batch.tokens_bl.sharding.spec))
+    np.savez(os.path.join(out, "host_loop_1x2x4.npz"), **summary)
+
+
+def init_check(out: str) -> None:
+    """`init_sharded_train_state` from host params equals `init_train_state`, laid out as `state_shardings`."""
+    spec, _ = scenario.initial_state()
+    params = qwen3.init_params(spec.model, jax.random.PRNGKey(scenario.SEED))
+    mesh = parallel.make_mesh(2, 2, 2)
+    sharded = steps.init_sharded_train_state(spec, mesh, params, scenario.SEED)
+    target = steps.state_shardings(spec, mesh)
+    same = jax.tree.leaves(jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim), sharded, target))
+    res = {"shardings_match": np.asarray(all(same))}
+    res.update({f"sharded{k}": v for k, v in scenario.flatten(steps.to_host(sharded)).items()})
+    res.update({f"host{k}": v for k, v in scenario.flatten(init_train_state(spec, params, scenario.SEED)).items()})
+    np.savez(os.path.join(out, "init.npz"), **res)
 
 
 def checkpoint_check(out: str, states: dict) -> None:
@@ -131,13 +158,14 @@ def main(out: str) -> None:
     t0 = time.perf_counter()
     logprob_check(out)
     t1 = time.perf_counter()
-    sampler_check(out)
+    host_loop_run(out)
+    init_check(out)
     t2 = time.perf_counter()
     states = train_runs(out)
     t3 = time.perf_counter()
     checkpoint_check(out, states)
     t4 = time.perf_counter()
-    print(f"logprobs {t1 - t0:.1f}s sampler {t2 - t1:.1f}s train {t3 - t2:.1f}s checkpoint {t4 - t3:.1f}s",
+    print(f"logprobs {t1 - t0:.1f}s host loop + init {t2 - t1:.1f}s train {t3 - t2:.1f}s checkpoint {t4 - t3:.1f}s",
           file=sys.stderr)
 
 

@@ -15,7 +15,7 @@ from pipo_jax.rl.spec import train_spec
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.rl.trainer import train
 
-ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo")
+ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
 
 
 def micro(algo: str, pipo_on: bool = True, **overrides):
@@ -56,6 +56,9 @@ def test_every_variant_runs_three_iterations(algo, pipo_on):
         assert np.all(np.isfinite(m["critic/vf_loss"]))
     if algo == "dapo":
         assert np.all(m["dapo_groups_kept"] == c.rollout.prompts_per_batch)
+    if algo == "vpd":  # F = 5: the E-step runs at iteration 0 only
+        np.testing.assert_array_equal(m["vpd/e_step_applied"], [1.0, 0.0, 0.0])
+        assert np.all(np.isfinite(m["vpd/kl_teacher_student"])) and np.all(m["vpd/teacher_entropy"] > 0)
 
 
 def _pi_case(c_sign: float, count: int = 4, mu_t: float | None = None):
@@ -171,3 +174,26 @@ def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
     np.testing.assert_array_equal(sd_mask, [1.0, 1.0])
     # The response sits at the end of the teacher row, where the student's is in its row.
     np.testing.assert_array_equal(tokens[:, -spec.response_len:], resp)
+
+
+@pytest.mark.parametrize("mode", ["joint", "reshape"])
+def test_vpd_hybrids_run(mode):
+    from configs import vpd as vpd_configs
+
+    c = vpd_configs.hybrid("micro", mode)
+    c.pipo.enabled = True
+    spec, state = fresh_state(c)
+    assert spec.vpd.hybrid == mode and spec.policy_loss == "token_clip" and spec.attribution == "group"
+    state, m = loop.scan_chunk(spec, state, 2)
+    assert np.all(np.isfinite(m["train/loss"])) and list(m["vpd/e_step_applied"]) == [1.0, 0.0]
+
+
+def test_vpd_without_e_step_is_sdpo():
+    vpd_c = micro("vpd", True, **{"vpd.e_step": False})
+    sdpo_c = micro("sdpo", True, **{"loss.policy": "sdpo_token"})
+    (vpd_spec, vpd_state), (sdpo_spec, sdpo_state) = fresh_state(vpd_c), fresh_state(sdpo_c)
+    vpd_state, _ = loop.scan_chunk(vpd_spec, vpd_state, 2)
+    sdpo_state, _ = loop.scan_chunk(sdpo_spec, sdpo_state, 2)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(vpd_state.params), jax.device_get(sdpo_state.params))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(vpd_state.teacher_params),
+                 jax.device_get(sdpo_state.teacher_params))

@@ -16,7 +16,6 @@ import pytest
 
 from configs import sdpo
 from pipo_jax.losses import vpd as vpd_loss
-from pipo_jax.losses.aggregation import aggregation_counts
 from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, rollout, vpd
 from pipo_jax.rl.spec import ConfigError, train_spec
@@ -60,15 +59,16 @@ def test_should_run_every_f_student_steps():
         vpd.should_run(3, 0)
 
 
-def test_outcome_count_mask_recovers_the_counts_of_any_mini_batch():
+def test_outcome_counts_are_the_labelled_rows_of_a_mini_batch():
     rng = np.random.default_rng(0)
     pos = rng.random(32) < 0.3
     neg = ~pos & (rng.random(32) < 0.7)
-    count_mask = vpd.outcome_count_mask(pos, neg)
+    batch = vpd.e_step_batch({"mask_br": jnp.ones((32, 2)), "teacher_tokens_bq": jnp.zeros((32, 3)),
+                              "teacher_mask_bq": jnp.ones((32, 3))}, jnp.zeros((32, 2)), pos, neg)
     for _ in range(5):
         rows = rng.permutation(32)[:8]
-        n_pos, n_neg = vpd.outcome_counts(aggregation_counts(count_mask[rows]))
-        assert (float(n_pos), float(n_neg)) == (pos[rows].sum(), neg[rows].sum())
+        counts = vpd.outcome_counts({k: v[rows] for k, v in batch.items()})
+        assert (float(counts["num_pos"]), float(counts["num_neg"])) == (pos[rows].sum(), neg[rows].sum())
 
 
 def test_labels_need_teacher_signal_and_a_response():

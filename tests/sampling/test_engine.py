@@ -29,7 +29,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def engine_and_params(params):
-    engine = Engine(CONFIG, SAMPLING, max_concurrent_decodes=4, max_len=48, prefill_buckets=(16, 32))
+    engine = Engine(CONFIG, SAMPLING, max_concurrent_decodes=4, max_len=48, prefill_buckets=(16, 32), attn_block=16)
     return engine, engine.load_params(params)
 
 
@@ -55,6 +55,7 @@ def test_rollout_equals_one_jit_generate(params, prompts, engine_and_params):
     # The test exercises refills: varied lengths, more requests than slots.
     assert len(set(res.lengths.tolist())) >= 4 and res.stopped.any() and not res.stopped.all()
     assert res.stats["prefills"] == 5  # one prefill per prompt, shared by its G samples
+    assert res.stats["resizes"] >= 2  # the cache grew and shrank along (16, 32, 48)
     assert res.stats["slot_steps_used"] == int(np.sum(res.lengths - 1))  # first tokens come from prefill
     assert engine.free_slots() == [0, 1, 2, 3]
 
@@ -76,7 +77,9 @@ def test_manual_prefill_insert_generate(params, prompts, engine_and_params):
     engine, eparams = engine_and_params
     keys = [jax.random.key(100), jax.random.key(200)]
     state = engine.init_decode_state()
-    assert isinstance(state, DecodeState) and state.cache.k.shape == (2, 4, 48, 2, 16)
+    assert isinstance(state, DecodeState) and state.cache.k[0].shape == (4, 2, 16, 16)  # [S, K, Dh, width]
+    assert engine.cache_widths == (16, 32, 48)
+    state = engine.resize(state, 32)
     outs = {}
     for slot, prompt, key in ((3, prompts[1], keys[0]), (1, prompts[4], keys[1])):
         toks, length = engine.pad_to_bucket(prompt)
@@ -86,7 +89,7 @@ def test_manual_prefill_insert_generate(params, prompts, engine_and_params):
         outs[slot] = ([int(prefix.token)], [float(prefix.logprob)])
     old = state
     state, result = engine.generate(eparams, state)
-    assert old.cache.k.is_deleted()  # the state was donated
+    assert old.cache.k[0].is_deleted()  # the state was donated
     for _ in range(25):
         for slot, (t, lp) in outs.items():
             if result.valid_s[slot]:
@@ -95,7 +98,7 @@ def test_manual_prefill_insert_generate(params, prompts, engine_and_params):
         assert not bool(result.valid_s[0]) and not bool(result.valid_s[2])  # empty slots stay idle
         if bool(result.done_s[1]) and bool(result.done_s[3]):
             break
-        state, result = engine.generate(eparams, state, attn_len=engine.attn_len_for(30))
+        state, result = engine.generate(eparams, state)
     for slot, prompt, key in ((3, prompts[1], keys[0]), (1, prompts[4], keys[1])):
         tokens, mask = left_padded([prompt])
         ref = sampler.generate(CONFIG, params, tokens, mask, key[None], SAMPLING)
@@ -129,6 +132,11 @@ def test_engine_errors_name_the_problem(engine_and_params, prompts):
         engine.prefill(eparams, np.zeros((32,), np.int32), 30, jax.random.key(0), max_new_tokens=20)
     with pytest.raises(ValueError, match="slot=4"):
         engine.free_resource(4)
+    with pytest.raises(ValueError, match="cache_widths"):
+        engine.resize(engine.init_decode_state(), 20)
+    toks, length = engine.pad_to_bucket(list(range(1, 20)))
+    with pytest.raises(ValueError, match="resize"):
+        engine.insert(engine.prefill(eparams, toks, length, jax.random.key(0), 5), engine.init_decode_state(), 0)
     with pytest.raises(ValueError, match="request 3 \\(prompt 1\\)"):
         continuous_batching.rollout(engine, eparams, prompts, 2, jax.random.key(0),
                                     max_new_tokens=[5, 5, 5, 45, 5, 5, 5, 5, 5, 5])

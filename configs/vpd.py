@@ -1,0 +1,33 @@
+"""VPD (experimental, SPEC 4): SDPO's M-step toward a feedback-conditioned teacher that an
+E-step (BCO loss on the implicit reward beta * log(q / pi_student)) refines every F steps.
+
+Presets as for every algorithm (`tiny`, `micro`, `qwen3_4b`, `qwen3_8b`); ablations are
+overrides: `--config.vpd.e_step=false` (= SDPO), `--config.vpd.reference=fixed`, and the
+GRPO + SDPO hybrids `--config.vpd.hybrid=joint|reshape` (which switch the estimator, loss
+and PIPO attribution to GRPO's: see `hybrid` below).
+"""
+
+from configs import base
+
+
+def get_config(preset: str = "tiny"):
+    c = base.apply_preset(base.base_config(), preset)
+    c.algorithm = "vpd"
+    c.advantage.estimator = "none"
+    c.loss.policy = "sdpo_token"  # SPEC 4: the M-step is SDPO's token-level KL toward the teacher
+    c.loss.agg_mode = "token-mean"
+    c.loss.kl_coef = 0.0
+    c.pipo.attribution = "sdpo_token"
+    return c
+
+
+def hybrid(preset: str, mode: str):
+    """A GRPO + SDPO hybrid ablation (`joint` loss or advantage `reshape`) as a full config."""
+    c = get_config(preset)
+    c.vpd.hybrid = mode
+    c.advantage.estimator = "grpo"
+    c.loss.policy = "token_clip"
+    c.loss.agg_mode = "seq-mean-token-mean"
+    c.loss.kl_coef = 0.001
+    c.pipo.attribution = "group"
+    return c
