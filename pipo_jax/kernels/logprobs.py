@@ -42,8 +42,8 @@ from jax import lax
 IMPLS = ("auto", "reference", "chunked", "pallas")
 PALLAS_VARIANTS = ("auto", "mosaic_tpu", "triton")
 
-# Chunked-XLA defaults, tuned on a 2-core CPU for D in {2560, 4096}, V = 151,936
-# (see experiments/benchmarks/logprobs.py): one [1024, 8192] fp32 logits block = 32 MiB.
+# Chunked-XLA defaults: one [1024, 8192] fp32 logits block = 32 MiB. Measured on a
+# 2-core CPU for D in {2560, 4096}, V = 151,936 by experiments/benchmarks/logprobs.py.
 CHUNKED_BLOCK_N = 1024
 CHUNKED_BLOCK_V = 8192
 
@@ -164,18 +164,21 @@ _HALF_FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # slice of an fp32 copy of the *whole* w (hoisted out of the loop: 2x the size of w in
 # extra memory), and a bf16 dynamic-update-slice of dw into an fp32 carry converted back
 # on every iteration. So w is sliced inside a trivially-true `lax.cond` (whose branch the
-# hoisting cannot reach) and 16-bit loop state is kept as uint16 bit patterns. (2) CPUs
+# hoisting cannot reach) and 16-bit loop state is kept as uint16 bit patterns (the bf16
+# dw is then one bit-cast copy of the uint16 accumulator: a second w-sized buffer that
+# other backends, which update bf16 in place, do not need). (2) CPUs
 # without bf16 units run fp32 matmuls ~1.5x faster than bf16 ones, so the block
 # matmuls take fp32 operands (exact upcasts; accumulation is fp32 either way).
 
 
-def _to_bits(x: jax.Array) -> jax.Array:
-    """16-bit floats as uint16 bit patterns (other dtypes unchanged)."""
-    return lax.bitcast_convert_type(x, jnp.uint16) if x.dtype in _HALF_FLOATS else x
+def _to_bits(x: jax.Array, xla_cpu: bool) -> jax.Array:
+    """On XLA:CPU, 16-bit floats as uint16 bit patterns; otherwise x unchanged."""
+    return lax.bitcast_convert_type(x, jnp.uint16) if xla_cpu and x.dtype in _HALF_FLOATS else x
 
 
 def _from_bits(x: jax.Array, dtype) -> jax.Array:
-    return lax.bitcast_convert_type(x, dtype) if jnp.dtype(dtype) in _HALF_FLOATS else x
+    """Inverse of `_to_bits`."""
+    return lax.bitcast_convert_type(x, dtype) if x.dtype != jnp.dtype(dtype) else x
 
 
 def _slice_columns(w: jax.Array, start, width: int, xla_cpu: bool) -> jax.Array:
@@ -300,7 +303,8 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
         return lax.fori_loop(0, nb, token_step, init)
 
     def write_dw(dw_bits, dw_blk, col0):
-        return lax.dynamic_update_slice_in_dim(dw_bits, _to_bits(dw_blk.astype(w.dtype)), col0, axis=1)
+        update = _to_bits(dw_blk.astype(w.dtype), cfg.xla_cpu)
+        return lax.dynamic_update_slice_in_dim(dw_bits, update, col0, axis=1)
 
     def full_block(j, carry):
         dh_acc, dw_bits = carry
@@ -308,7 +312,8 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
         dh_acc, dw_blk = vocab_step(dh_acc, w_blk, j * bv)
         return dh_acc, write_dw(dw_bits, dw_blk, j * bv)
 
-    dw_bits = jnp.zeros((d, v), _to_bits(jnp.zeros((), w.dtype)).dtype)
+    # dw is built in place, block by block (as uint16 bits on XLA:CPU, see above).
+    dw_bits = jnp.zeros((d, v), _to_bits(jnp.zeros((), w.dtype), cfg.xla_cpu).dtype)
     carry = _vary_like((jnp.zeros((nb, bn, d), jnp.float32), dw_bits), *refs)
     dh_acc, dw_bits = lax.fori_loop(0, nvf, full_block, carry)
     if tail:
@@ -579,7 +584,8 @@ def token_logprobs_vocab_parallel(
     q_k = exp(lse_k - lse), and the target logit comes only from the shard owning it.
     Only per-token [N] vectors cross the axis; the [N, V] logits are never gathered.
     Returns logp_n (, entropy_n), replicated over `axis_name`. Keyword args as in
-    `token_logprobs`.
+    `token_logprobs`; impl="pallas" in interpret mode (CPU) needs the enclosing
+    shard_map to use check_vma=False (see logprobs_pallas.py).
     """
     _check_inputs(hidden_nd, w_dv_shard, targets_n, valid_n)
     impl = _resolve_impl(impl)

@@ -22,7 +22,10 @@ reduction order is fixed (deterministic).
 Validation status: both families are tested against the reference in interpret mode
 and lower through Mosaic (TPU) and Triton (GPU) from a CPU host (tests/kernels), but
 neither has been compiled or timed on a TPU or GPU yet; `impl="auto"` therefore does
-not select them.
+not select them. Under `shard_map` the kernels' outputs carry the operands' varying
+axes, so they lower with check_vma=True; JAX's Pallas *interpreter*, however, cannot
+evaluate a kernel on vma-typed values, so interpret mode inside `shard_map` needs
+check_vma=False (tests/kernels/vocab_parallel_case.py does both).
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ def resolve_variant(variant: str, backend: str) -> str:
     return variant
 
 
-def default_blocks(variant: str) -> tuple[int, int, int]:
+def default_blocks(variant: str) -> tuple[int, int, int | None]:
     return _DEFAULT_BLOCKS[variant]
 
 

@@ -52,11 +52,14 @@ def token_logprobs_tensor_parallel(hidden_nd: jax.Array, w_dv: jax.Array, target
     fn = functools.partial(kernel.token_logprobs_vocab_parallel, axis_name=TENSOR, temperature=temperature,
                            return_entropy=return_entropy, impl=impl, **kernel_kwargs)
     out_specs = (P(rows), P(rows)) if return_entropy else P(rows)
+    # The Pallas kernels carry no varying-axes types (see kernels/logprobs_pallas.py);
+    # without the check shard_map still differentiates correctly, with psums it cannot elide.
+    check_vma = impl != "pallas"
     if valid_n is None:
-        sharded = jax.shard_map(lambda h, w, tg: fn(h, w, tg), mesh=mesh,
+        sharded = jax.shard_map(lambda h, w, tg: fn(h, w, tg), mesh=mesh, check_vma=check_vma,
                                 in_specs=(P(rows, None), P(None, TENSOR), P(rows)), out_specs=out_specs)
         return sharded(hidden_nd, w_dv, targets_n)
-    sharded = jax.shard_map(lambda h, w, tg, ok: fn(h, w, tg, valid_n=ok), mesh=mesh,
+    sharded = jax.shard_map(lambda h, w, tg, ok: fn(h, w, tg, valid_n=ok), mesh=mesh, check_vma=check_vma,
                             in_specs=(P(rows, None), P(None, TENSOR), P(rows), P(rows)), out_specs=out_specs)
     return sharded(hidden_nd, w_dv, targets_n, valid_n)
 

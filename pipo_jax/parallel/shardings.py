@@ -14,6 +14,7 @@ replicated.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -108,7 +109,9 @@ def train_state_shardings(model: qwen3.Qwen3Config, state: Any, mesh: Mesh, rule
 
     params, ref_params, teacher_params: `param_axes`; opt_state mirrors params; the critic
     `{"params", "opt_state"}` likewise with `critic_axes`; PIPO state per
-    `pipo_state_shardings`; step and rng replicated.
+    `pipo_state_shardings`; step and rng replicated. Any other field (e.g. VPD's
+    `teacher_opt_state`, `vpd_delta`) is sharded like the params where it mirrors them
+    and replicated elsewhere.
     """
     params = param_shardings(model, state.params, mesh, rules)
 
@@ -120,7 +123,7 @@ def train_state_shardings(model: qwen3.Qwen3Config, state: Any, mesh: Mesh, rule
         c_params = tree_shardings(state.critic["params"], critic_axes(model), mesh, rules)
         critic = {"params": c_params,
                   "opt_state": mirror_shardings(state.critic["opt_state"], state.critic["params"], c_params, mesh)}
-    return state.replace(
+    known = dict(
         step=replicated(mesh),
         params=params,
         opt_state=mirror_shardings(state.opt_state, state.params, params, mesh),
@@ -130,6 +133,10 @@ def train_state_shardings(model: qwen3.Qwen3Config, state: Any, mesh: Mesh, rule
         pipo=pipo_state_shardings(state.pipo, mesh, rules),
         rng=replicated(mesh),
     )
+    for field in dataclasses.fields(state):
+        if field.name not in known:
+            known[field.name] = mirror_shardings(getattr(state, field.name), state.params, params, mesh)
+    return state.replace(**known)
 
 
 def with_shardings(tree: Any, shardings: Any) -> Any:

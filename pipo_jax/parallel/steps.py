@@ -19,6 +19,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
@@ -63,9 +64,14 @@ def state_shardings(spec: TrainSpec, mesh: Mesh, rules: Rules | None = None) -> 
 
 
 def place(x: Any, sharding: jax.sharding.Sharding) -> jax.Array:
-    """`x` (host or device array, the same value on every process) as a global array with `sharding`."""
+    """`x` (host or device array, the same value on every process) as a global array with `sharding`.
+
+    Always a new buffer (never an alias of `x`), so donating the result leaves `x` intact.
+    """
     if isinstance(x, jax.Array) and x.is_fully_addressable and sharding.is_fully_addressable:
-        return jax.device_put(x, sharding)
+        # device_put may alias x's buffer for the shard on x's own device (even with
+        # may_alias=False in jax 0.10); the copy makes the result safe to donate.
+        return jnp.copy(jax.device_put(x, sharding))
     host = np.asarray(jax.device_get(x))
     return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 

@@ -6,8 +6,8 @@ and `decode_step` of one token per row). It computes the same function as
 organised for decode speed:
 
 * weights are re-laid-out once per generate call / engine (`prepare_weights`):
-  q/k/v fused into one `[D, (H + 2K) * Dh]` matrix and gate/up into one `[D, 2F]`,
-  so each layer runs three weight matmuls instead of six;
+  stored `[out, in]`, q/k/v fused into one `[(H + 2K) * Dh, D]` matrix and gate/up
+  into one `[2F, D]`, so each layer runs three weight matmuls instead of six;
 * each layer's matrices are separate buffers and the layer loop is unrolled (XLA:CPU
   copies a layer's weights out of a stacked array when a scan slices them);
 * the KV cache (`DecodeCache`: per-layer buffers, keys stored `[B, K, Dh, S]`) is
@@ -34,13 +34,15 @@ from pipo_jax.models.qwen3 import KVCache, Qwen3Config
 class DecodeWeights(NamedTuple):
     """Parameters re-laid-out for decoding (built by `prepare_weights`).
 
+    Matrices are stored `[out, in]` (as `torch.nn.Linear`): XLA:CPU's small-batch
+    matmuls ran 1.3-2.8x faster with the contraction over both operands' minor axis.
     `layers` is a tuple with one dict per layer (separate buffers, so no per-step
-    slicing of stacked weights): attn_norm `[D]`, qkv `[D, (H+2K)*Dh]`, q_norm / k_norm
-    `[Dh]`, o `[H*Dh, D]`, mlp_norm `[D]`, gate_up `[D, 2F]`, down `[F, D]`.
+    slicing of stacked weights): attn_norm `[D]`, qkv `[(H+2K)*Dh, D]`, q_norm / k_norm
+    `[Dh]`, o `[D, H*Dh]`, mlp_norm `[D]`, gate_up `[2F, D]`, down `[D, F]`.
     """
 
     embed: jax.Array  # [V, D]
-    lm_head: jax.Array  # [D, V]
+    lm_head: jax.Array  # [V, D]
     final_norm: jax.Array  # [D]
     layers: tuple
 
@@ -53,20 +55,20 @@ def prepare_weights(config: Qwen3Config, params: qwen3.Params) -> DecodeWeights:
     d = c.hidden_size
     layers = []
     for i in range(c.num_hidden_layers):
-        flat = lambda w: w[i].reshape(d, -1).astype(dt)  # noqa: E731
+        out_in = lambda w: w[i].reshape(d, -1).T.astype(dt)  # noqa: E731  [in=D, out] -> [out, D]
         layers.append({
             "attn_norm": lp["attn_norm"][i],
-            "qkv": jnp.concatenate([flat(lp["q_proj"]), flat(lp["k_proj"]), flat(lp["v_proj"])], axis=-1),
+            "qkv": jnp.concatenate([out_in(lp["q_proj"]), out_in(lp["k_proj"]), out_in(lp["v_proj"])], axis=0),
             "q_norm": lp["q_norm"][i],
             "k_norm": lp["k_norm"][i],
-            "o": lp["o_proj"][i].reshape(-1, d).astype(dt),
+            "o": lp["o_proj"][i].reshape(-1, d).T.astype(dt),
             "mlp_norm": lp["mlp_norm"][i],
-            "gate_up": jnp.concatenate([lp["gate_proj"][i].astype(dt), lp["up_proj"][i].astype(dt)], axis=-1),
-            "down": lp["down_proj"][i].astype(dt),
+            "gate_up": jnp.concatenate([lp["gate_proj"][i].T.astype(dt), lp["up_proj"][i].T.astype(dt)], axis=0),
+            "down": lp["down_proj"][i].T.astype(dt),
         })
     return DecodeWeights(
         embed=params["embed"],
-        lm_head=qwen3.lm_head_weight(c, params).astype(dt),
+        lm_head=qwen3.lm_head_weight(c, params).T.astype(dt),
         final_norm=params["final_norm"],
         layers=tuple(layers),
     )
@@ -75,10 +77,6 @@ def prepare_weights(config: Qwen3Config, params: qwen3.Params) -> DecodeWeights:
 def weight_bytes(weights: DecodeWeights) -> int:
     """Bytes one decode step reads from the weights (the embedding: one row per token, ~0)."""
     return sum(x.nbytes for x in jax.tree_util.tree_leaves((weights.lm_head, weights.final_norm, weights.layers)))
-
-
-def _rope_b(x_bhd: jax.Array, cos_bd: jax.Array, sin_bd: jax.Array) -> jax.Array:
-    return qwen3.apply_rope(x_bhd[:, None], cos_bd[:, None], sin_bd[:, None])[:, 0]
 
 
 class DecodeCache(NamedTuple):
@@ -141,6 +139,11 @@ def resize_cache(cache: DecodeCache, max_len: int) -> DecodeCache:
     extra = max_len - old
     return DecodeCache(tuple(jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, extra))) for k in cache.k),
                        tuple(jnp.pad(v, ((0, 0), (0, 0), (0, extra), (0, 0))) for v in cache.v))
+
+
+def _linear(x: jax.Array, w_out_in: jax.Array) -> jax.Array:
+    """`x @ w.T` for a weight stored `[out, in]`."""
+    return jnp.einsum("...i,oi->...o", x, w_out_in)
 
 
 def _attend(q_bthd, keys_bkds, vals_bksd, allowed_bts, dtype):
@@ -223,7 +226,7 @@ def cached_forward(
     # a layer out of a stacked array when a scan or a static index slices it).
     for lw, ck, cv in zip(weights.layers, cache.k, cache.v):
         hid = qwen3.rms_norm(x_btd, lw["attn_norm"], eps)
-        qkv = hid @ lw["qkv"]
+        qkv = _linear(hid, lw["qkv"])
         q = qkv[..., : h * dh].reshape(b, t, h, dh)
         kk = qkv[..., h * dh : (h + k) * dh].reshape(b, t, k, dh)
         v = qkv[..., (h + k) * dh :].reshape(b, t, k, dh)
@@ -233,17 +236,17 @@ def cached_forward(
         new_k.append(ck)
         new_v.append(cv)
         attn = _attend(q, ck.astype(dt), cv.astype(dt), allowed_bts, dt)
-        x_btd = x_btd + attn @ lw["o"]
+        x_btd = x_btd + _linear(attn, lw["o"])
         hid = qwen3.rms_norm(x_btd, lw["mlp_norm"], eps)
-        gu = hid @ lw["gate_up"]
+        gu = _linear(hid, lw["gate_up"])
         f = gu.shape[-1] // 2
-        x_btd = x_btd + (jax.nn.silu(gu[..., :f]) * gu[..., f:]) @ lw["down"]
+        x_btd = x_btd + _linear(jax.nn.silu(gu[..., :f]) * gu[..., f:], lw["down"])
     return qwen3.rms_norm(x_btd, weights.final_norm, eps), DecodeCache(tuple(new_k), tuple(new_v))
 
 
 def head_logits(weights: DecodeWeights, hidden_bd: jax.Array) -> jax.Array:
     """Float32 logits `[B, V]` of final-normed hidden states `[B, D]`."""
-    return jnp.einsum("bd,dv->bv", hidden_bd, weights.lm_head, preferred_element_type=jnp.float32)
+    return jnp.einsum("bd,vd->bv", hidden_bd, weights.lm_head, preferred_element_type=jnp.float32)
 
 
 def decode_step(

@@ -8,8 +8,8 @@ once, `init_decode_state()`, `free_resource(slot)`, `max_concurrent_decodes`.
 
 * Prompts are **right-padded** to a prefill bucket (`prefill_buckets`) and described by
   `true_length`, as in JetStream; the KV of prompt token j sits at cache slot j.
-* `DecodeState` is a pytree of device arrays; `insert`, `generate` and `resize` are
-  jitted with the state donated, so the KV cache is updated in place.
+* `DecodeState` is a pytree of device arrays; `insert` and `generate` are jitted with
+  the state donated, so the KV cache is updated in place.
 * The cache (`decode.DecodeCache`, per-layer buffers) is as wide as the attention
   window currently needed, one of the ladder `cache_widths` (up to `max_len`):
   `generate` reads all of it, and the driver `resize`s the state when the longest
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipo_jax.models.qwen3 import Params, Qwen3Config
+from pipo_jax.models.qwen3 import KVCache, Params, Qwen3Config
 from pipo_jax.sampling import decode
 from pipo_jax.sampling.decode import DecodeCache
 from pipo_jax.sampling.sampler import DEFAULT_ATTN_BLOCK, attention_lengths
@@ -62,6 +62,10 @@ class DecodeState(NamedTuple):
     generated_s: jax.Array  # int32 [S]: tokens sampled so far (= next response index)
     budget_s: jax.Array  # int32 [S]: max new tokens
     done_s: jax.Array  # bool [S]: finished or empty
+
+    def kv_cache(self) -> KVCache:
+        """The cache as a `qwen3.KVCache` `[layers, S, width, kv_heads, head_dim]` (a copy)."""
+        return decode.to_kv_cache(self.cache)
 
 
 class ResultTokens(NamedTuple):

@@ -78,10 +78,10 @@ def logprob_check(out: str) -> None:
     (_, (lp, ent)), (dh, dw) = compiled(functools.partial(kernel.token_logprobs, impl="reference"))(h, w)
     results.update(ref_lp=lp, ref_ent=ent, ref_dh=dh, ref_dw=dw)
     cases = {"1x2x4_chunked": (1, 2, 4, "chunked"), "2x2x2_chunked": (2, 2, 2, "chunked"),
-             "2x1x4_reference": (2, 1, 4, "reference")}
+             "2x1x4_reference": (2, 1, 4, "reference"), "1x2x4_pallas": (1, 2, 4, "pallas")}
     for name, (dd, f, t, impl) in cases.items():
         mesh = parallel.make_mesh(dd, f, t)
-        blocks = dict(block_n=8, block_v=8) if impl == "chunked" else {}
+        blocks = dict(block_n=8, block_v=8) if impl != "reference" else {}
         fn = functools.partial(parallel.token_logprobs_tensor_parallel, mesh=mesh, impl=impl, **blocks)
         program = compiled(fn)
         (_, (lp, ent)), (dh, dw) = program(h, w)

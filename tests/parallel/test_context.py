@@ -60,3 +60,14 @@ def test_logprob_dispatch_without_tensor_axis_is_the_kernel():
     np.testing.assert_array_equal(parallel.token_logprobs(h, w, t, impl="reference"), ref)
     with parallel.sharding_context(parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])):
         np.testing.assert_array_equal(parallel.token_logprobs(h, w, t, impl="reference"), ref)
+
+
+def test_placed_state_can_be_donated_without_deleting_the_source():
+    from pipo_jax.parallel import steps
+
+    x = jnp.arange(6.0).reshape(2, 3)
+    mesh = parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    y = steps.place(x, parallel.replicated(mesh))
+    jax.jit(lambda a: a + 1, donate_argnums=0)(y)
+    assert y.is_deleted() and not x.is_deleted()
+    np.testing.assert_array_equal(x, np.arange(6.0).reshape(2, 3))

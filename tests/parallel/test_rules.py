@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
-from jax.sharding import AbstractMesh, PartitionSpec as P
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
 from pipo_jax import parallel
 from pipo_jax.losses import pipo
@@ -117,3 +117,27 @@ def test_critic_pipo_and_cache_shardings():
     cache = jax.eval_shape(lambda: qwen3.init_cache(cfg, 4, 16))
     k_spec = parallel.kv_cache_shardings(cache, MESH).k.spec
     assert k_spec == P(None, ("data", "fsdp"), None, "tensor", None)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "gspo", "dapo", "sdpo", "vpd"])
+def test_train_state_shardings_cover_every_algorithm(algo):
+    """Every leaf of every algorithm's TrainState (critic, teacher, VPD state, ...) gets a sharding."""
+    import importlib
+
+    from pipo_jax.parallel import steps
+    from pipo_jax.rl.spec import train_spec
+
+    c = importlib.import_module(f"configs.{algo}").get_config("micro")
+    c.pipo.enabled = True
+    spec = train_spec(c)
+    abstract = steps.abstract_train_state(spec)
+    sh = steps.state_shardings(spec, MESH)
+    ok = jax.tree.leaves(jax.tree.map(lambda a, s: isinstance(s, NamedSharding) and len(s.spec) <= a.ndim,
+                                      abstract, sh))
+    assert len(ok) == len(jax.tree.leaves(abstract)) and all(ok)
+    embed = parallel.shardings.spec_tree(sh.params)["embed"]
+    assert embed == P("tensor", "fsdp")
+    if abstract.critic is not None:
+        assert parallel.shardings.spec_tree(sh.critic["params"]["backbone"])["embed"] == embed
+    if abstract.teacher_params is not None:
+        assert parallel.shardings.spec_tree(sh.teacher_params)["embed"] == embed

@@ -68,7 +68,7 @@ def test_sharded_init_equals_host_init(runs):
         np.testing.assert_array_equal(r[f"sharded{key}"], value, err_msg=key)
 
 
-@pytest.mark.parametrize("case", ["1x2x4_chunked", "2x2x2_chunked", "2x1x4_reference"])
+@pytest.mark.parametrize("case", ["1x2x4_chunked", "2x2x2_chunked", "2x1x4_reference", "1x2x4_pallas"])
 def test_vocab_parallel_logprobs_equal_plain_kernel(runs, case):
     r = _load(runs.mesh_dir / "logprobs.npz")
     for part in ("lp", "ent", "dh", "dw"):

@@ -36,10 +36,10 @@ def test_prepare_weights_layout(params, weights):
     hd = c.head_dim
     q = params["layers"]["q_proj"][1].reshape(c.hidden_size, -1)
     v = params["layers"]["v_proj"][1].reshape(c.hidden_size, -1)
-    np.testing.assert_array_equal(lw["qkv"][:, : c.num_attention_heads * hd], q)
-    np.testing.assert_array_equal(lw["qkv"][:, -c.num_key_value_heads * hd :], v)
-    np.testing.assert_array_equal(lw["gate_up"][:, c.intermediate_size :], params["layers"]["up_proj"][1])
-    np.testing.assert_array_equal(weights.lm_head, params["embed"].T)  # tied preset
+    np.testing.assert_array_equal(lw["qkv"][: c.num_attention_heads * hd], q.T)  # [out, in]
+    np.testing.assert_array_equal(lw["qkv"][-c.num_key_value_heads * hd :], v.T)
+    np.testing.assert_array_equal(lw["gate_up"][c.intermediate_size :], params["layers"]["up_proj"][1].T)
+    np.testing.assert_array_equal(weights.lm_head, params["embed"])  # tied preset: [V, D]
     # Every matrix and norm once, plus the head (tied: the embedding is read twice).
     assert decode.weight_bytes(weights) == 4 * c.num_params
 

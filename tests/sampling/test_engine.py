@@ -99,6 +99,11 @@ def test_manual_prefill_insert_generate(params, prompts, engine_and_params):
         if bool(result.done_s[1]) and bool(result.done_s[3]):
             break
         state, result = engine.generate(eparams, state)
+    kv = state.kv_cache()  # qwen3.KVCache view: slot 3 holds prompt 1 (9 tokens) + its tokens
+    assert kv.k.shape == (2, 4, 32, 2, 16)
+    filled = 9 + len(outs[3][0]) - 1  # the last sampled token is never fed back
+    assert float(jnp.abs(kv.k[:, 3, :filled]).max(axis=(-1, -2)).min()) > 0
+    assert float(jnp.abs(kv.k[:, 3, filled:]).max()) == 0.0
     for slot, prompt, key in ((3, prompts[1], keys[0]), (1, prompts[4], keys[1])):
         tokens, mask = left_padded([prompt])
         ref = sampler.generate(CONFIG, params, tokens, mask, key[None], SAMPLING)
