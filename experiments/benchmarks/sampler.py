@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 
@@ -71,7 +72,7 @@ def matmul_flops(n: int, repeats: int) -> dict:
     try:
         import torch
 
-        ta, tb = torch.from_numpy(np.asarray(a)), torch.from_numpy(np.asarray(b))
+        ta, tb = torch.from_numpy(np.array(a)), torch.from_numpy(np.array(b))
         out["torch"] = 2 * n**3 / best_time(lambda: ta @ tb, repeats)
     except ImportError:
         pass
@@ -262,6 +263,7 @@ def main(argv=None) -> dict:
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
     weights = jax.jit(decode.prepare_weights, static_argnums=0)(config, params)
     for b in batches:
+        log(f"batch {b}: one-jit generate, engine, transformers")
         pb = prompts[:b]
         engine = Engine(config, greedy, max_concurrent_decodes=b, max_len=max_len)
         eparams = engine.load_params(params)
@@ -286,6 +288,7 @@ def main(argv=None) -> dict:
         results["batches"][b] = row
         del engine, eparams
 
+    log("long-tail mix: engine vs static batching")
     budgets = long_tail_budgets(args.tail_requests, (4, 16), args.tail_long, 1 / 16, seed=0)
     tail_prompts = np.random.RandomState(1).randint(1, config.vocab_size, (args.tail_requests, args.prompt_len))
     tail_sp = SamplingParams(temperature=1.0, max_new_tokens=args.tail_long)
@@ -297,6 +300,10 @@ def main(argv=None) -> dict:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2, default=float)
     return results
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def print_table(r: dict) -> None:

@@ -52,6 +52,17 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, named_sharding(ctx.mesh, tuple(logical_axes), x.shape, ctx.rules))
 
 
+def constrain_kv_cache(cache: qwen3.KVCache) -> qwen3.KVCache:
+    """The KV cache constrained to `kv_cache_shardings` (batch and kv heads split) under the
+    active context; unchanged outside one. For samplers to call after creating / updating a cache."""
+    ctx = _ACTIVE.get()
+    if ctx is None:
+        return cache
+    from pipo_jax.parallel.shardings import kv_cache_shardings
+
+    return jax.lax.with_sharding_constraint(cache, kv_cache_shardings(cache, ctx.mesh, ctx.rules))
+
+
 @contextlib.contextmanager
 def sharding_context(mesh: Mesh, rules: Rules | None = None) -> Iterator[ShardingContext]:
     """Activates `mesh` / `rules` for code traced inside the block (and Qwen3's activation hook).

@@ -1,9 +1,14 @@
 """The trainer's jitted functions with explicit in / out shardings over a mesh.
 
+    from pipo_jax import parallel
+    from pipo_jax.parallel import steps as sharded
+
     mesh = parallel.mesh_from_config(config.mesh)
-    state = parallel.init_sharded_train_state(spec, mesh, params, seed)   # or shard_train_state
-    chunk = parallel.sharded_scan_chunk(spec, mesh, length)               # cached per arguments
-    state, metrics = chunk(state)                                        # metrics replicated
+    state = sharded.init_sharded_train_state(spec, mesh, params, seed)   # or shard_train_state
+    chunk = sharded.sharded_scan_chunk(spec, mesh, length)               # cached per arguments
+    state, metrics = chunk(state)                                       # metrics replicated
+
+(This module imports the trainer, so it is not re-exported by `pipo_jax.parallel`.)
 
 Each function traces the *same* step functions as the single-device trainer
 (`loop.iteration`, `learn.learn`, `rollout.generate`) inside a `sharding_context`, so the

@@ -5,7 +5,8 @@ the gloo CPU collectives into 4 global devices. The mesh is fsdp=2 across the tw
 processes (`dcn_fsdp=2`) x tensor=2 inside each, so every parameter is split across
 processes. The process runs the scenario's iterations with the sharded scan chunk (and
 the vocab-parallel log-prob hook), checks process-split data loading and a process-local
-host reward, and both processes write one orbax checkpoint. Process 0 writes the gathered
+host reward, and both processes write one orbax checkpoint and restore it (onto this
+mesh and onto tensor=4 across both processes). Process 0 writes the gathered
 results to OUT_DIR/result.npz.
 """
 
@@ -59,6 +60,17 @@ def main(port: int, process_id: int, out: str) -> None:
 
     ckpt = Checkpointer(os.path.join(out, "ckpt"), async_save=False)
     ckpt.save(scenario.ITERATIONS, new_state)
+    ckpt.wait()
+    # Every process restores its shards: onto the same mesh, and onto tensor=4 across both processes.
+    abstract = steps.abstract_train_state(spec)
+    saved = scenario.flatten(steps.to_host(new_state))
+    for name, target in {"same": mesh, "1x1x4": parallel.make_mesh(1, 1, 4)}.items():
+        restored = ckpt.restore(parallel.with_shardings(abstract, steps.state_shardings(spec, target)))
+        same_layout = jax.tree.leaves(jax.tree.map(
+            lambda x, s: x.sharding.is_equivalent_to(s, x.ndim), restored, steps.state_shardings(spec, target)))
+        values = scenario.flatten(steps.to_host(restored))
+        res[f"restore_{name}_layout"] = np.asarray(all(same_layout))
+        res[f"restore_{name}_equal"] = np.asarray(all(np.array_equal(values[k], v) for k, v in saved.items()))
     ckpt.close()
     if process_id == 0:
         np.savez(os.path.join(out, "result.npz"), **res)

@@ -71,3 +71,11 @@ def test_placed_state_can_be_donated_without_deleting_the_source():
     jax.jit(lambda a: a + 1, donate_argnums=0)(y)
     assert y.is_deleted() and not x.is_deleted()
     np.testing.assert_array_equal(x, np.arange(6.0).reshape(2, 3))
+
+
+def test_kv_cache_constraint_only_inside_a_context():
+    cache = qwen3.init_cache(qwen3.preset("tiny"), 2, 8)
+    assert parallel.constrain_kv_cache(cache) is cache
+    with parallel.sharding_context(parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])):
+        jaxpr = str(jax.make_jaxpr(parallel.constrain_kv_cache)(cache))
+    assert jaxpr.count("sharding_constraint") >= 1

@@ -37,6 +37,12 @@ def test_data_is_loaded_and_scored_per_process(runs):
     np.testing.assert_array_equal(r["reward_gathered"], rows.sum(axis=1) + 1000 * (np.arange(8) >= 4))
 
 
+def test_multihost_checkpoint_restores_in_every_process(runs):
+    r = _result(runs)
+    for target in ("same", "1x1x4"):
+        assert bool(r[f"restore_{target}_layout"]) and bool(r[f"restore_{target}_equal"]), target
+
+
 def test_multihost_checkpoint_restores_in_one_process(runs):
     r = _result(runs)
     spec, _ = scenario.initial_state()
