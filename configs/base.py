@@ -141,6 +141,27 @@ def base_config() -> ml_collections.ConfigDict:
     c.checkpoint.keep = 3
     c.checkpoint.resume = True
     c.checkpoint.export_hf = True
+
+    # Devices: with more than one (one process or many) the job runs sharded over this mesh.
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.enabled = True  # false: one device even when there are more
+    c.mesh.data = -1  # -1: whatever the other axes leave of the devices
+    c.mesh.fsdp = 1  # splits batch and parameters / optimizer state (ZeRO-3)
+    c.mesh.tensor = 1  # splits heads, MLP and vocabulary (log-probs run vocab-parallel)
+    c.mesh.dcn_data = 1  # how many of the data ways cross hosts / slices
+    c.mesh.dcn_fsdp = 1
+    c.mesh.rules = ""  # logical-axis rule overrides, e.g. "embed=none;mlp=fsdp+tensor"
+
+    # Multi-process start-up (pipo_jax.parallel.distributed): config, then JAX_* env, SLURM, TPU pod.
+    c.distributed = ml_collections.ConfigDict()
+    c.distributed.mode = "auto"  # auto | on | off
+    c.distributed.coordinator_address = ""  # host:port of process 0
+    c.distributed.num_processes = 0
+    c.distributed.process_id = -1
+    c.distributed.local_device_ids = ""  # e.g. "0,1"
+    c.distributed.port = 0  # SLURM coordinator port; 0 = JAX_COORDINATOR_PORT or the job-id default
+    c.distributed.cpu_collectives = "gloo"
+    c.distributed.initialization_timeout = 300  # seconds
     return c
 
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from pipo_jax.kernels import logprobs as lp
 
@@ -71,7 +71,7 @@ def _variants(args) -> list[tuple[str, str, dict]]:
             bn, bv = (int(x) for x in spec.lower().split("x"))
         except ValueError:
             raise SystemExit(f"--chunked_blocks: expected 'block_n x block_v', got {spec!r}") from None
-        rows.append((f"chunked {bn}x{bv}", "chunked", dict(block_n=bn, block_v=bv)))
+        rows.append((f"chunked {bn}x{bv}", "chunked", {"block_n": bn, "block_v": bv}))
     if "pallas" in impls:
         rows.append(("pallas", "pallas", {}))
     return rows
@@ -135,7 +135,7 @@ def run(args) -> dict:
     peak = _peak_tflops(args)
     results = {
         "device": jax.devices()[0].device_kind, "backend": backend, "machine": platform.processor() or platform.machine(),
-        "cpu_count": __import__("os").cpu_count(), "jax": jax.__version__, "vocab": args.vocab,
+        "cpu_count": os.cpu_count(), "jax": jax.__version__, "vocab": args.vocab,
         "repeats": args.repeats, "peak_tflops": peak, "timing": [], "memory": [],
         "notes": [] if time_pallas else ["pallas not timed on CPU: interpret mode is not a performance path"],
     }
@@ -147,12 +147,12 @@ def run(args) -> dict:
             ref = None
             for label, impl, kw in variants:
                 if impl == "pallas" and not time_pallas:
-                    results["memory"].append(dict(head=head, d=d, tokens=n, impl=label, fwd=None, fwd_bwd=None))
+                    results["memory"].append({"head": head, "d": d, "tokens": n, "impl": label, "fwd": None, "fwd_bwd": None})
                     continue
                 fwd, fwd_bwd = _functions(impl, kw)
-                row = dict(head=head, d=d, tokens=n, impl=label,
-                           fwd=peak_bytes(fwd, _abstract_args(n, d, args.vocab)),
-                           fwd_bwd=peak_bytes(fwd_bwd, _abstract_args(n, d, args.vocab)))
+                row = {"head": head, "d": d, "tokens": n, "impl": label,
+                           "fwd": peak_bytes(fwd, _abstract_args(n, d, args.vocab)),
+                           "fwd_bwd": peak_bytes(fwd_bwd, _abstract_args(n, d, args.vocab))}
                 ref = row if impl == "reference" else ref
                 for key in ("fwd", "fwd_bwd"):
                     row[key]["ratio"] = row[key]["peak_bytes"] / ref[key]["peak_bytes"]
@@ -162,7 +162,7 @@ def run(args) -> dict:
             data = _concrete_args(n, d, args.vocab)
             ref = None
             for label, impl, kw in variants:
-                row = dict(head=head, d=d, tokens=n, impl=label, fwd_s=None, fwd_bwd_s=None)
+                row = {"head": head, "d": d, "tokens": n, "impl": label, "fwd_s": None, "fwd_bwd_s": None}
                 if impl != "pallas" or time_pallas:
                     fwd, fwd_bwd = _functions(impl, kw)
                     row["fwd_s"] = median_seconds(fwd, data, args.repeats)
@@ -196,8 +196,9 @@ def _timing_line(r) -> str:
 
 def table(results: dict) -> str:
     """Markdown tables of the results (memory at mem_tokens, time at tokens)."""
-    lines = [f"device: {results['device']} ({results['backend']}, {results['cpu_count']} CPUs), jax {results['jax']}, "
-             f"V = {results['vocab']}, bf16, with entropy; median of {results['repeats']}", ""]
+    header = (f"device: {results['device']} ({results['backend']}, {results['cpu_count']} CPUs), "
+              f"jax {results['jax']}, V = {results['vocab']}, bf16, with entropy; median of {results['repeats']}")
+    lines = [header, ""]
     lines += ["| head | tokens | impl | fwd peak MiB | vs ref | fwd+bwd peak MiB | vs ref |",
               "|---|---:|---|---:|---:|---:|---:|"]
     for r in results["memory"]:

@@ -331,7 +331,8 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
 def _stats_forward(cfg: KernelConfig, h, w, t):
     if cfg.impl == "chunked":
         return _chunked_forward(cfg, h, w, t)
-    from pipo_jax.kernels import logprobs_pallas  # local: logprobs_pallas imports this module
+    # Imported here: logprobs_pallas imports this module.
+    from pipo_jax.kernels import logprobs_pallas
 
     return logprobs_pallas.forward(cfg, h, w, t)
 

@@ -258,7 +258,7 @@ def _tpu_backward(cfg: lp.KernelConfig, h, w, per_token, bn: int):
     bv = min(cfg.block_v, v)
     nb, nv = n_pad // bn, _cdiv(v, bv)
     t, vectors = per_token[0], per_token[1:]
-    kernel_args = dict(cfg=cfg, v=v)
+    kernel_args = {"cfg": cfg, "v": v}
 
     row = pl.BlockSpec((bn, 1), lambda i, j: (i, 0))
     dh = pl.pallas_call(
@@ -426,7 +426,7 @@ def _triton_backward(cfg: lp.KernelConfig, h, w, per_token, bn: int):
     v = w.shape[1]
     nv = _cdiv(v, cfg.block_v)
     t, vectors = per_token[0], per_token[1:]
-    kernel_args = dict(cfg=cfg, v=v, d=d)
+    kernel_args = {"cfg": cfg, "v": v, "d": d}
 
     row = pl.BlockSpec((bn, 1), lambda i: (i, 0))
     dh = pl.pallas_call(

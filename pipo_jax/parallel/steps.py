@@ -31,6 +31,7 @@ from jax.sharding import Mesh
 
 from pipo_jax.models import qwen3
 from pipo_jax.parallel.context import sharding_context
+from pipo_jax.parallel.host_data import process_local_reward
 from pipo_jax.parallel.rules import Rules, make_rules, replicated, rules_key
 from pipo_jax.parallel.shardings import batch_shardings, param_shardings, train_state_shardings
 from pipo_jax.rl import learn as learn_lib
@@ -183,3 +184,14 @@ def to_host(tree: Any) -> Any:
         return np.asarray(x)
 
     return jax.tree.map(one, tree)
+
+
+def mesh_host_programs(spec: TrainSpec, mesh: Mesh, rules: Rules | None = None) -> loop.HostPrograms:
+    """The host loop's programs on `mesh`: sharded generate and learn; each process scores
+    only its own rows of a rollout (`process_local_reward`)."""
+    def score(rollout, reward_fn):
+        return rollout_lib.with_rewards(rollout, process_local_reward(reward_fn, rollout, mesh, rules))
+
+    return loop.HostPrograms(
+        generate=lambda params, rng, n_prompts: sharded_generate(spec, mesh, n_prompts, rules)(params, rng),
+        score=score, learn=sharded_learn(spec, mesh, rules))

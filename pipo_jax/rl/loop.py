@@ -7,8 +7,9 @@ the same `learn`, so for the same seed they produce the same result.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +59,10 @@ def _host_generate(spec: TrainSpec, params, rng, n_prompts: int) -> Rollout:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _host_merge(spec: TrainSpec, buffer: Rollout, filled, new: Rollout):
+def _host_merge(spec: TrainSpec, buffer: Rollout | None, filled, new: Rollout):
+    if buffer is None:  # built inside the jit, so on a mesh it is a global array like `new`
+        buffer = jax.tree.map(lambda x: jnp.zeros((spec.batch,) + x.shape[1:], x.dtype), new)
+        filled = jnp.zeros((), jnp.int32)
     keep_p, _, counts = advantages.dapo_group_filter(new.rewards_b, spec.group_size)
     buffer, filled = rollout_lib.merge_kept_groups(spec, buffer, filled, new, keep_p)
     return buffer, filled, counts["num_dropped"]
@@ -76,15 +80,34 @@ def _scored(rollout: Rollout, reward_fn: HostReward) -> Rollout:
     return rollout_lib.with_rewards(rollout, rewards)
 
 
-def host_collect(spec: TrainSpec, params, rng, reward_fn: HostReward) -> tuple[Rollout, dict]:
+@dataclasses.dataclass(frozen=True)
+class HostPrograms:
+    """The jitted pieces of the host loop, so that one loop serves one device and a mesh.
+
+    generate(params, rng, n_prompts) -> Rollout; score(rollout, reward_fn) -> Rollout with
+    rewards; learn(state, batch, rng) -> (state, metrics).
+    """
+
+    generate: Callable[[Any, jax.Array, int], Rollout]
+    score: Callable[[Rollout, HostReward], Rollout]
+    learn: Callable[[TrainState, Rollout, jax.Array], tuple[TrainState, dict]]
+
+
+def single_device_programs(spec: TrainSpec) -> HostPrograms:
+    """The host loop's programs on the default device."""
+    return HostPrograms(generate=functools.partial(_host_generate, spec), score=_scored,
+                        learn=functools.partial(_host_learn, spec))
+
+
+def host_collect(spec: TrainSpec, params, rng, reward_fn: HostReward,
+                 programs: HostPrograms | None = None) -> tuple[Rollout, dict]:
     """`rollout.collect` with the reward computed on host (same keys, same batches)."""
+    programs = programs or single_device_programs(spec)
     if not spec.dynamic_sampling:
-        return _scored(_host_generate(spec, params, rng, spec.prompts), reward_fn), {}
-    buffer, filled, n, dropped = None, jnp.zeros((), jnp.int32), 0, 0
-    while int(filled) < spec.prompts and n < spec.max_num_gen_batches:
-        new = _scored(_host_generate(spec, params, jax.random.fold_in(rng, n), spec.gen_prompts), reward_fn)
-        if buffer is None:
-            buffer = jax.tree.map(lambda x: jnp.zeros((spec.batch,) + x.shape[1:], x.dtype), new)
+        return programs.score(programs.generate(params, rng, spec.prompts), reward_fn), {}
+    buffer, filled, n, dropped = None, None, 0, 0
+    while (filled is None or int(filled) < spec.prompts) and n < spec.max_num_gen_batches:
+        new = programs.score(programs.generate(params, jax.random.fold_in(rng, n), spec.gen_prompts), reward_fn)
         buffer, filled, d = _host_merge(spec, buffer, filled, new)
         n, dropped = n + 1, dropped + int(d)
     stats = {"dapo_gen_batches": n, "dapo_groups_dropped": dropped, "dapo_groups_kept": int(filled),
@@ -92,12 +115,14 @@ def host_collect(spec: TrainSpec, params, rng, reward_fn: HostReward) -> tuple[R
     return buffer, stats
 
 
-def host_iteration(spec: TrainSpec, state: TrainState, reward_fn: HostReward) -> tuple[TrainState, dict]:
+def host_iteration(spec: TrainSpec, state: TrainState, reward_fn: HostReward,
+                   programs: HostPrograms | None = None) -> tuple[TrainState, dict]:
     """One iteration with a Python reward: jitted generate -> host reward -> jitted learn."""
+    programs = programs or single_device_programs(spec)
     rng, k_collect, k_learn = _iteration_keys(state)
-    batch, stats = host_collect(spec, state.params, k_collect, reward_fn)
+    batch, stats = host_collect(spec, state.params, k_collect, reward_fn, programs)
     check_dynamic_sampling(spec, stats)
-    state, metrics = _host_learn(spec, state.replace(rng=rng), batch, k_learn)
+    state, metrics = programs.learn(state.replace(rng=rng), batch, k_learn)
     return state, dict(metrics, **stats)
 
 

@@ -38,9 +38,13 @@ class RunLogger:
 
     def __init__(self, workdir: str, *, total: int, tensorboard: bool = True, wandb: bool = False,
                  wandb_project: str = "pipo_jax", progress: bool = True, run_config: dict | None = None,
-                 start_step: int = 0):
-        os.makedirs(workdir, exist_ok=True)
+                 start_step: int = 0, enabled: bool = True):
+        """`enabled=False` (processes other than 0 of a multi-process job): every method does nothing."""
+        self.enabled = enabled
         self.workdir = workdir
+        if not enabled:
+            return
+        os.makedirs(workdir, exist_ok=True)
         self.jsonl_path = os.path.join(workdir, "metrics.jsonl")
         self._truncate_after(start_step)
         self._jsonl = open(self.jsonl_path, "a")
@@ -70,6 +74,8 @@ class RunLogger:
             f.writelines(json.dumps(r) + "\n" for r in rows)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         row = {"step": int(step)}
         row.update({k: s for k, v in metrics.items() if (s := _scalar(v)) is not None})
         self._jsonl.write(json.dumps(row) + "\n")
@@ -96,6 +102,8 @@ class RunLogger:
             self.log(first_step + i + 1, row)
 
     def close(self, plots: bool = True) -> list[str]:
+        if not self.enabled:
+            return []
         if self._bar is not None:
             self._bar.close()
         self._jsonl.close()

@@ -26,8 +26,8 @@ CHUNKED_SHAPES = [
 ]
 # Pallas interpret mode is slow: small shapes. Triton needs power-of-two blocks >= 16.
 PALLAS_CASES = [
-    ("mosaic_tpu", 21, 32, 128 * 2 + 7, dict(block_n=8, block_v=128)),
-    ("triton", 21, 32, 128 * 2 + 7, dict(block_n=16, block_v=128, block_d=16)),
+    ("mosaic_tpu", 21, 32, 128 * 2 + 7, {"block_n": 8, "block_v": 128}),
+    ("triton", 21, 32, 128 * 2 + 7, {"block_n": 16, "block_v": 128, "block_d": 16}),
 ]
 
 
@@ -222,8 +222,8 @@ def test_triton_rejects_blocks_it_cannot_tile():
 
 IMPLS = [
     ("reference", {}),
-    ("chunked", dict(block_n=8, block_v=64)),
-    ("pallas", dict(block_n=8, block_v=128)),
+    ("chunked", {"block_n": 8, "block_v": 64}),
+    ("pallas", {"block_n": 8, "block_v": 128}),
 ]
 
 

@@ -13,7 +13,7 @@ def test_vocab_parallel_equals_reference_on_4_devices():
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-m", "tests.kernels.vocab_parallel_case"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # 2 meshes x (4 impls x (logp, entropy, dh, dw) + 2 lowerings), all reported ok.
     assert proc.stdout.count(" ok\n") == 36, proc.stdout

@@ -9,7 +9,8 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from pipo_jax.kernels import logprobs as lp
 
@@ -68,11 +69,11 @@ def main() -> int:
     # values, so the interpreted kernels run with check_vma=False; the compiled kernels
     # are lowered below with check_vma=True.
     impls = {
-        "reference": dict(),
-        "chunked": dict(block_n=8, block_v=32),
-        "pallas_tpu": dict(impl="pallas", check_vma=False, block_n=8, block_v=128, pallas_variant="mosaic_tpu"),
-        "pallas_triton": dict(impl="pallas", check_vma=False, block_n=16, block_v=128, block_d=16,
-                              pallas_variant="triton"),
+        "reference": {},
+        "chunked": {"block_n": 8, "block_v": 32},
+        "pallas_tpu": {"impl": "pallas", "check_vma": False, "block_n": 8, "block_v": 128, "pallas_variant": "mosaic_tpu"},
+        "pallas_triton": {"impl": "pallas", "check_vma": False, "block_n": 16, "block_v": 128, "block_d": 16,
+                              "pallas_variant": "triton"},
     }
     for mesh_name, (mesh, rows) in meshes.items():
         for name, kw in impls.items():
@@ -87,7 +88,8 @@ def main() -> int:
         for variant, platform, marker in (("mosaic_tpu", "tpu", "tpu_custom_call"),
                                           ("triton", "cuda", "__gpu$xla.gpu.triton")):
             sharded = _sharded(mesh, rows, "pallas", interpret=False, pallas_variant=variant)
-            grad = jax.jit(jax.grad(lambda h, w: _loss(sharded, h, w, t, valid, g_lp, g_ent)[0], (0, 1)))
+            loss = functools.partial(_loss, sharded, t=t, valid=valid, g_lp=g_lp, g_ent=g_ent)
+            grad = jax.jit(jax.grad(lambda h, w, loss=loss: loss(h=h, w=w)[0], (0, 1)))
             text = grad.trace(h, w).lower(lowering_platforms=(platform,)).as_text()
             ok = text.count(marker) == 3
             print(f"{mesh_name:14s} {variant:13s} lowers for {platform} under shard_map {'ok' if ok else 'FAIL'}")

@@ -10,6 +10,7 @@ restored on others. Everything is written to OUT_DIR as .npz files for the test 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -25,25 +26,21 @@ from pipo_jax import parallel
 from pipo_jax.kernels import logprobs as kernel
 from pipo_jax.parallel import steps
 from pipo_jax.models import qwen3
-from pipo_jax.rl import logprobs as rl_logprobs
+from pipo_jax.rl import loop
 from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.state import init_train_state
 from tests.parallel import scenario
 
-# (data, fsdp, tensor, use the vocab-parallel log-prob hook in the trainer)
-MESHES = {"8x1x1": (8, 1, 1, False), "2x2x2": (2, 2, 2, False), "1x2x4": (1, 2, 4, True)}
+# (data, fsdp, tensor); with tensor > 1 the trainer's log-probs run vocab-parallel
+MESHES = {"8x1x1": (8, 1, 1), "2x2x2": (2, 2, 2), "1x2x4": (1, 2, 4)}
 
 
 def train_runs(out: str) -> dict:
     states = {}
-    for name, (d, f, t, hook) in MESHES.items():
+    for name, (d, f, t) in MESHES.items():
         spec, state = scenario.initial_state()
         mesh = parallel.make_mesh(d, f, t)
-        # The trainer's hook point (see the report): rl.logprobs looks up `token_logprobs`
-        # at call time, so swapping the module attribute routes it through the
-        # vocab-parallel dispatcher.
-        rl_logprobs.token_logprobs = parallel.token_logprobs if hook else kernel.token_logprobs
         sharded = steps.shard_train_state(state, spec, mesh)
         new_state, metrics = steps.sharded_scan_chunk(spec, mesh, scenario.ITERATIONS)(sharded)
         summary = scenario.run_summary(steps.to_host(new_state), steps.to_host(metrics))
@@ -53,7 +50,6 @@ def train_runs(out: str) -> dict:
         summary["stored_tokens_spec"] = np.asarray(str(new_state.pipo.prev.tokens_bt.sharding.spec))
         np.savez(os.path.join(out, f"train_{name}.npz"), **summary)
         states[name] = (spec, new_state)
-    rl_logprobs.token_logprobs = kernel.token_logprobs
     return states
 
 
@@ -96,25 +92,22 @@ def logprob_check(out: str) -> None:
 
 
 def host_loop_run(out: str) -> None:
-    """The host loop on 1x2x4: sharded generate -> per-process host reward -> sharded learn."""
+    """The trainer's host loop on 1x2x4 (`loop.host_iteration` with `steps.mesh_host_programs`):
+    sharded generate -> per-process host reward -> sharded learn."""
     spec, state = scenario.initial_state()
     mesh = parallel.make_mesh(1, 2, 4)
-    rl_logprobs.token_logprobs = parallel.token_logprobs
-    generate = steps.sharded_generate(spec, mesh, spec.prompts)
-    learn = steps.sharded_learn(spec, mesh)
+    base = steps.mesh_host_programs(spec, mesh)
+    generated = []  # the rollouts, to check how they are split
+    programs = dataclasses.replace(base, generate=lambda *a: generated.append(base.generate(*a)) or generated[-1])
     state = steps.shard_train_state(state, spec, mesh)
     rows = []
     for _ in range(scenario.ITERATIONS):
-        rng, k_collect, k_learn = jax.random.split(state.rng, 3)  # the keys of loop.iteration
-        batch = generate(state.params, k_collect)
-        rewards = parallel.process_local_reward(
-            lambda local: np.asarray(rollout_lib.task_rewards(spec, local)), batch, mesh)
-        state, metrics = learn(state.replace(rng=rng), rollout_lib.with_rewards(batch, rewards), k_learn)
+        state, metrics = loop.host_iteration(spec, state, lambda local: np.asarray(rollout_lib.task_rewards(spec, local)),
+                                             programs)
         rows.append(steps.to_host(metrics))
-    rl_logprobs.token_logprobs = kernel.token_logprobs
     metrics = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
     summary = scenario.run_summary(steps.to_host(state), metrics)
-    summary["rollout_tokens_spec"] = np.asarray(str(batch.tokens_bl.sharding.spec))
+    summary["rollout_tokens_spec"] = np.asarray(str(generated[-1].tokens_bl.sharding.spec))
     np.savez(os.path.join(out, "host_loop_1x2x4.npz"), **summary)
 
 

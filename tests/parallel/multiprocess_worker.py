@@ -3,8 +3,8 @@
 Each process has 2 CPU devices; `initialize_distributed` joins them over localhost with
 the gloo CPU collectives into 4 global devices. The mesh is fsdp=2 across the two
 processes (`dcn_fsdp=2`) x tensor=2 inside each, so every parameter is split across
-processes. The process runs the scenario's iterations with the sharded scan chunk (and
-the vocab-parallel log-prob hook), checks process-split data loading and a process-local
+processes. The process runs the scenario's iterations with the sharded scan chunk (whose
+log-probs run vocab-parallel), checks process-split data loading and a process-local
 host reward, and both processes write one orbax checkpoint and restore it (onto this
 mesh and onto tensor=4 across both processes). Process 0 writes the gathered
 results to OUT_DIR/result.npz.
@@ -30,7 +30,6 @@ def main(port: int, process_id: int, out: str) -> None:
     import numpy as np
 
     from pipo_jax.parallel import steps
-    from pipo_jax.rl import logprobs as rl_logprobs
     from pipo_jax.rl.checkpoint import Checkpointer
     from tests.parallel import scenario
 
@@ -51,7 +50,6 @@ def main(port: int, process_id: int, out: str) -> None:
     res["reward_gathered"] = steps.to_host(reward)
 
     spec, state = scenario.initial_state()
-    rl_logprobs.token_logprobs = parallel.token_logprobs
     sharded = steps.shard_train_state(state, spec, mesh)
     new_state, metrics = steps.sharded_scan_chunk(spec, mesh, scenario.ITERATIONS)(sharded)
     res["embed_spec"] = np.asarray(str(new_state.params["embed"].sharding.spec))

@@ -1,0 +1,109 @@
+"""Where the trainer's state lives and which programs advance it: one device, or a mesh.
+
+`placement_from_config(config)` reads `config.mesh` (sizes `data` / `fsdp` / `tensor`,
+`-1` fills, `dcn_*`, `rules`). With one device (or `mesh.enabled=false`) the trainer
+runs the plain single-device programs (`loop.scan_chunk`, `loop.host_iteration`). With
+several devices, of one process or many, it builds the mesh over all of them and runs
+the same step functions jitted with explicit shardings (`pipo_jax.parallel.steps`):
+the state is created, restored (orbax resharding) and advanced directly on the mesh,
+host rewards are computed by each process on its own rows, and everything the host
+reads (metrics, evaluation, the HF export) is gathered first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh
+
+from pipo_jax import parallel
+from pipo_jax.models import qwen3
+from pipo_jax.parallel import steps as sharded
+from pipo_jax.parallel.rules import Rules, make_rules
+from pipo_jax.rl import loop
+from pipo_jax.rl.checkpoint import Checkpointer
+from pipo_jax.rl.spec import ConfigError, TrainSpec
+from pipo_jax.rl.state import TrainState, init_train_state
+from pipo_jax.tasks import arithmetic
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """`mesh` None: the default device. Otherwise the mesh and the logical-axis rules."""
+
+    mesh: Mesh | None = None
+    rules: Rules | None = None
+
+    @property
+    def is_main_process(self) -> bool:
+        """Process 0 writes logs, plots, summaries and the HF export."""
+        return jax.process_index() == 0
+
+    def describe(self) -> str:
+        return "1 device" if self.mesh is None else parallel.describe(self.mesh)
+
+    def init_state(self, spec: TrainSpec, params: Any, seed: int) -> TrainState:
+        """`init_train_state` on this placement (params: host or device arrays, the same on every process)."""
+        if self.mesh is None:
+            return init_train_state(spec, params, seed)
+        return sharded.init_sharded_train_state(spec, self.mesh, params, seed, self.rules)
+
+    def restore(self, ckpt: Checkpointer, spec: TrainSpec, step: int) -> TrainState:
+        """The state saved at `step`, laid out on this placement (whatever mesh it was saved from)."""
+        if self.mesh is None:
+            template = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), 0)
+            return ckpt.restore(template, step)
+        template = parallel.with_shardings(sharded.abstract_train_state(spec),
+                                           sharded.state_shardings(spec, self.mesh, self.rules))
+        return ckpt.restore(template, step)
+
+    def run(self, spec: TrainSpec, state: TrainState, n: int, jit_loop: bool,
+            reward_fn: loop.HostReward) -> tuple[TrainState, dict[str, np.ndarray]]:
+        """`n` iterations (one scan chunk, or the host loop with `reward_fn`); metrics `[n]` on host."""
+        if jit_loop:
+            chunk = (lambda s: loop.scan_chunk(spec, s, n)) if self.mesh is None else \
+                sharded.sharded_scan_chunk(spec, self.mesh, n, self.rules)
+            state, metrics = chunk(state)
+            metrics = self.to_host(metrics)
+            loop.check_dynamic_sampling(spec, metrics)
+            return state, metrics
+        programs = None if self.mesh is None else sharded.mesh_host_programs(spec, self.mesh, self.rules)
+        rows = []
+        for _ in range(n):
+            state, m = loop.host_iteration(spec, state, reward_fn, programs)
+            rows.append(self.to_host(m))
+        return state, {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}
+
+    def heldout_accuracy(self, spec: TrainSpec, params, n: int, rng) -> float:
+        """Greedy exact-match accuracy on `n` held-out problems drawn with `rng`."""
+        if self.mesh is None:
+            return float(arithmetic.heldout_accuracy(spec.model, params, spec.task, n, rng))
+        with parallel.sharding_context(self.mesh, self.rules):
+            return float(self.to_host(arithmetic.heldout_accuracy(spec.model, params, spec.task, n, rng)))
+
+    def to_host(self, tree: Any) -> Any:
+        """numpy copies of `tree` (gathered across processes on a mesh)."""
+        return jax.device_get(tree) if self.mesh is None else sharded.to_host(tree)
+
+
+def placement_from_config(config: ml_collections.ConfigDict) -> Placement:
+    """The placement of `config.mesh` over all devices (see the module doc)."""
+    cfg = config.get("mesh")
+    if cfg is None or not cfg.get("enabled", True) or jax.device_count() == 1:
+        return Placement()
+    try:
+        rules = make_rules(cfg.get("rules", "") or None)
+        mesh = parallel.mesh_from_config(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    placement = Placement(mesh, rules)
+    log.info("mesh: %s", placement.describe())
+    return placement
