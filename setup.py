@@ -28,7 +28,7 @@ setup(
     ],
     extras_require={
         # torch (CPU is enough) runs the Hugging Face reference model in parity tests.
-        "test": ["pytest>=8", "torch>=2.3", "pyarrow>=14"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "torch>=2.3", "pyarrow>=14"],
         "data": ["tensorflow-datasets>=4.9", "pyarrow>=14"],
         "track": ["wandb>=0.17"],
     },

@@ -38,6 +38,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, base_model: str | None)
         config.warmup.enabled = False
     config.log.progress = False
     out = train(config, workdir)
+    # Many runs in one process: drop this run's compiled programs (their code mappings count
+    # against the kernel's per-process map limit; see tests/conftest.py).
+    del out["state"]
+    jax.clear_caches()
     return summarise(workdir) | {"final_accuracy": out["final_accuracy"]}
 
 

@@ -1,7 +1,33 @@
-"""Shared fixtures: tiny random Hugging Face Qwen3 checkpoints written to temp dirs."""
+"""Shared fixtures: tiny random Hugging Face Qwen3 checkpoints written to temp dirs; a guard
+that frees compiled programs before a test process runs out of memory mappings."""
 
+import gc
+
+import jax
 import numpy as np
 import pytest
+
+# Every XLA:CPU executable keeps its JIT-compiled code in memory mappings for as long as a jit
+# cache holds it; the programs of one trainer test take ~2,000 mappings. Linux caps a process at
+# vm.max_map_count (65,530 by default) and XLA crashes (SIGSEGV in compile) past it, so one
+# pytest process running the whole suite must drop its compiled programs now and then.
+MAPS_LIMIT = 25_000
+
+
+def _memory_mappings() -> int:
+    try:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _free_compiled_programs():
+    yield
+    if _memory_mappings() > MAPS_LIMIT:
+        jax.clear_caches()
+        gc.collect()
 
 
 def make_hf_qwen3(path, *, tied: bool, seed: int = 0, vocab_size: int = 128, num_hidden_layers: int = 2):
@@ -52,3 +78,13 @@ def right_padded_batch():
     mask[1, 6:] = 0
     mask[2, 3:] = 0
     return tokens, mask
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n N`, with `--dist loadgroup` from pytest.ini) each test file runs
+    whole on one worker, so its module fixtures are built once; tests/parallel shares one
+    session fixture (the sharded runs), so all of it goes to one worker."""
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        group = "tests/parallel" if path.startswith("tests/parallel/") else path
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -158,7 +158,7 @@ def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
     from pipo_jax.tasks import arithmetic
 
     c = micro("sdpo", False, **{"rollout.group_size": 2, "rollout.prompts_per_batch": 1,
-                                "train.mini_batch_prompts": 1})
+                                "train.mini_batch_prompts": 1, "task.answer_format": "plain"})
     spec = train_spec(c)
     problems = arithmetic.make_problems(spec.task, jnp.array([12, 12]), jnp.array([0, 0]), jnp.array([30, 30]))
     responses = ["42<eos>", "41<eos>"]
