@@ -13,7 +13,6 @@ reads (metrics, evaluation, the HF export) is gathered first.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from typing import Any
 
@@ -23,7 +22,6 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipo_jax import parallel
-from pipo_jax.models import qwen3
 from pipo_jax.parallel import steps as sharded
 from pipo_jax.parallel.rules import Rules, make_rules
 from pipo_jax.rl import loop
@@ -57,13 +55,17 @@ class Placement:
         return sharded.init_sharded_train_state(spec, self.mesh, params, seed, self.rules)
 
     def restore(self, ckpt: Checkpointer, spec: TrainSpec, step: int) -> TrainState:
-        """The state saved at `step`, laid out on this placement (whatever mesh it was saved from)."""
+        """The state saved at `step`, laid out on this placement (whatever mesh it was saved from).
+
+        The template is abstract (shapes, dtypes, shardings), so nothing is initialised first.
+        """
+        abstract = sharded.abstract_train_state(spec)
         if self.mesh is None:
-            template = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), 0)
-            return ckpt.restore(template, step)
-        template = parallel.with_shardings(sharded.abstract_train_state(spec),
-                                           sharded.state_shardings(spec, self.mesh, self.rules))
-        return ckpt.restore(template, step)
+            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            shardings = jax.tree.map(lambda _: device, abstract)
+        else:
+            shardings = sharded.state_shardings(spec, self.mesh, self.rules)
+        return ckpt.restore(parallel.with_shardings(abstract, shardings), step)
 
     def run(self, spec: TrainSpec, state: TrainState, n: int, jit_loop: bool,
             reward_fn: loop.HostReward) -> tuple[TrainState, dict[str, np.ndarray]]:

@@ -195,7 +195,6 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _choice(a.std_ddof, "advantage.std_ddof", (0, 1))
 
     t = c.train
-    batch = r.prompts_per_batch * r.group_size
     _need(t.mini_batch_prompts >= 1 and r.prompts_per_batch % t.mini_batch_prompts == 0, "train.mini_batch_prompts",
           f"{t.mini_batch_prompts} does not divide rollout.prompts_per_batch={r.prompts_per_batch}")
     mini = t.mini_batch_prompts * r.group_size

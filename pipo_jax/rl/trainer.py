@@ -62,10 +62,6 @@ def _chunk_length(step: int, config: ml_collections.ConfigDict) -> int:
     return min(s for s in stops if s > step) - step
 
 
-def _to_host(metrics: dict) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v) for k, v in jax.device_get(metrics).items()}
-
-
 def run_iterations(spec: TrainSpec, state: TrainState, n: int, jit_loop: bool,
                    reward_fn: loop.HostReward | None = None,
                    where: Placement | None = None) -> tuple[TrainState, dict[str, np.ndarray]]:
