@@ -34,6 +34,11 @@ _CONFIG_FIELDS = (
     "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps", "max_position_embeddings",
     "tie_word_embeddings",
 )
+# transformers fills absent shape keys with its own constants (head_dim 128, 32 kv
+# heads) whatever the other shapes are, so an absent shape key is an error here.
+_REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "head_dim")
+_HF_DEFAULTS = {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie_word_embeddings": False}
 _HF_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
@@ -71,10 +76,15 @@ def config_from_hf(hf: dict[str, Any], path: str = "config.json", **overrides) -
         raise CheckpointError(f"{path}: use_sliding_window=true is not supported")
     if hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act={hf.get('hidden_act')!r} is not supported (silu)")
+    absent = [k for k in _REQUIRED_FIELDS if k not in hf]
+    if absent:
+        raise CheckpointError(f"{path}: config.json has no {', '.join(absent)}")
     kw = {k: hf[k] for k in _CONFIG_FIELDS if k in hf and k != "rope_theta"}
     kw["rope_theta"] = _rope_theta(hf, path)
-    if "head_dim" not in hf:
-        kw["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
+    # Absent optional keys take transformers' Qwen3Config defaults (not our presets'),
+    # so a checkpoint means here what it means to transformers.
+    for k, v in _HF_DEFAULTS.items():
+        kw.setdefault(k, v)
     kw.update(overrides)
     return Qwen3Config(**kw)
 
@@ -210,13 +220,18 @@ def load(path: str, dtype: str | Any = "float32", compute_dtype: str | None = No
         ignored.append("lm_head.weight")  # tied: HF may store the duplicate; embed wins
     unexpected = sorted(set(files) - set(layout) - set(ignored))
     if unexpected:
+        with safe_open(files[unexpected[0]], framework="numpy") as f:
+            found = tuple(f.get_slice(unexpected[0]).get_shape())
         raise CheckpointError(
             f"{path}: unexpected tensor(s) {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''} "
-            f"in {os.path.basename(files[unexpected[0]])}"
+            f"in {os.path.basename(files[unexpected[0]])} ({unexpected[0]} has shape {found}; "
+            f"config.json expects no such tensor)"
         )
     missing = sorted(set(layout) - set(files))
     if missing:
-        raise CheckpointError(f"{path}: missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise CheckpointError(
+            f"{path}: missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} "
+            f"({missing[0]} expected with shape {_hf_shape(missing[0], layout, host, config)}, found none)")
     if ignored:
         log.info("%s: tie_word_embeddings=true, ignoring stored %s", path, ignored)
 
@@ -236,7 +251,7 @@ def load(path: str, dtype: str | Any = "float32", compute_dtype: str | None = No
                 except ValueError:
                     ok = False
                 if not ok:
-                    hf_expected = _to_hf(name, np.empty(expected, np.int8), config).shape
+                    hf_expected = _hf_shape(name, layout, host, config)
                     raise CheckpointError(
                         f"{fname}: tensor {name} has shape {tuple(raw.shape)}, expected {tuple(hf_expected)} "
                         f"for config.json"
@@ -245,8 +260,29 @@ def load(path: str, dtype: str | Any = "float32", compute_dtype: str | None = No
                     target[...] = value
                 else:
                     target[layer] = value
+    if ignored:
+        _check_tied_head(files["lm_head.weight"], host["embed"])
     params = jax.tree_util.tree_map(jnp.asarray, host)
     return config, params
+
+
+def _hf_shape(name: str, layout, host: Params, config: Qwen3Config) -> tuple[int, ...]:
+    """The HF shape config.json implies for tensor `name`."""
+    ours_path, layer, _ = layout[name]
+    target = _get(host, ours_path)
+    expected = target.shape[1:] if layer is not None else target.shape
+    return tuple(_to_hf(name, np.empty(expected, np.int8), config).shape)
+
+
+def _check_tied_head(fname: str, embed_vd: np.ndarray) -> None:
+    """A tied checkpoint may store lm_head.weight, but only as a copy of the embedding."""
+    with safe_open(fname, framework="numpy") as f:
+        head = _read_tensor(f, "lm_head.weight")
+    if head.shape != embed_vd.shape or not np.array_equal(head.astype(embed_vd.dtype), embed_vd):
+        raise CheckpointError(
+            f"{fname}: tie_word_embeddings=true but the stored lm_head.weight (shape {tuple(head.shape)}) differs "
+            f"from model.embed_tokens.weight (shape {tuple(embed_vd.shape)}): set tie_word_embeddings=false in "
+            f"config.json if the head is a separate matrix")
 
 
 # ----------------------------------------------------------------------------- save

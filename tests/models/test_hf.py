@@ -1,5 +1,6 @@
 """Hugging Face parity and checkpoint I/O of the JAX Qwen3."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -109,14 +110,16 @@ def _edit_weights(path, fn):
 def test_missing_tensor_is_named(hf_checkpoint, tmp_path):
     path = _copy(hf_checkpoint[0], tmp_path / "ckpt")
     _edit_weights(path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-    with pytest.raises(hf.CheckpointError, match=r"missing tensor.*model\.layers\.1\.mlp\.up_proj\.weight"):
+    with pytest.raises(hf.CheckpointError, match=r"missing tensor.*model\.layers\.1\.mlp\.up_proj\.weight.*"
+                       r"expected with shape \(96, 64\), found none"):
         hf.load(str(path))
 
 
 def test_extra_tensor_is_named(hf_checkpoint, tmp_path):
     path = _copy(hf_checkpoint[0], tmp_path / "ckpt")
     _edit_weights(path, lambda t: t.__setitem__("model.layers.0.self_attn.q_proj.bias", np.zeros(64, np.float32)))
-    with pytest.raises(hf.CheckpointError, match=r"unexpected tensor.*q_proj\.bias.*model\.safetensors"):
+    with pytest.raises(hf.CheckpointError, match=r"unexpected tensor.*q_proj\.bias.*model\.safetensors.*"
+                       r"has shape \(64,\); config.json expects no such tensor"):
         hf.load(str(path))
 
 
@@ -162,3 +165,53 @@ def test_config_roundtrip_and_rope_parameters():
     d["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}
     with pytest.raises(hf.CheckpointError, match="rope type 'yarn'"):
         hf.config_from_hf(d)
+
+
+def test_absent_config_keys_mean_what_they_mean_to_transformers():
+    d = hf.config_to_hf(qwen3.preset("tiny"))
+    for k in ("tie_word_embeddings", "rms_norm_eps", "max_position_embeddings"):
+        d.pop(k)
+    config = hf.config_from_hf(d)
+    import transformers
+
+    ref = transformers.Qwen3Config(**{k: v for k, v in d.items() if k not in ("architectures", "model_type")})
+    assert config.tie_word_embeddings is False and ref.tie_word_embeddings is False
+    assert (config.rms_norm_eps, config.max_position_embeddings) == (ref.rms_norm_eps, ref.max_position_embeddings)
+    for key in ("intermediate_size", "num_key_value_heads", "head_dim"):
+        with pytest.raises(hf.CheckpointError, match=f"config.json has no {key}"):
+            hf.config_from_hf({k: v for k, v in d.items() if k != key})
+
+
+def test_tied_config_with_a_different_stored_head_is_an_error(tmp_path):
+    path = tmp_path / "ckpt"
+    make_hf_qwen3(path, tied=True)
+    _edit_weights(path, lambda t: t.__setitem__("lm_head.weight", t["model.embed_tokens.weight"].copy()))
+    config, params = hf.load(str(path))  # an identical stored copy is fine
+    assert "lm_head" not in params
+    _edit_weights(path, lambda t: t.__setitem__("lm_head.weight", t["model.embed_tokens.weight"] + 1.0))
+    with pytest.raises(hf.CheckpointError, match="tie_word_embeddings=true but the stored lm_head.weight"):
+        hf.load(str(path))
+
+
+def test_bfloat16_save_loads_in_transformers(hf_checkpoint, right_padded_batch, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    path, _, _ = hf_checkpoint
+    tokens, mask = right_padded_batch
+    config, params = hf.load(str(path), dtype="bfloat16")
+    assert jax.tree.leaves(params)[0].dtype == jnp.bfloat16
+    hf.save(str(tmp_path / "bf16"), config, params)
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "bf16"), dtype=torch.bfloat16).eval()
+    sd = model.state_dict()
+    assert sd["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
+    # Same bf16 weights on both sides: transformers' float32 forward on them equals ours.
+    np.testing.assert_array_equal(sd["model.layers.0.mlp.up_proj.weight"].float().numpy(),
+                                  np.asarray(params["layers"]["up_proj"][0].astype(jnp.float32)).T)
+    config2, params2 = hf.load(str(tmp_path / "bf16"), dtype="bfloat16")
+    jax.tree_util.tree_map(np.testing.assert_array_equal, params2, params)
+    ref = hf_logits(model.float(), tokens, mask)
+    f32 = dataclasses.replace(config, param_dtype="float32", dtype="float32")
+    ours = np.asarray(qwen3.logits(f32, jax.tree.map(lambda x: x.astype(jnp.float32), params), jnp.asarray(tokens),
+                                   jnp.asarray(mask)))
+    assert _max_valid_diff(ours, ref, mask) <= 1e-4
