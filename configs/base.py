@@ -4,7 +4,7 @@ An algorithm is a config: `configs/<algo>.py:get_config(preset)` takes this base
 the algorithm's estimator / loss / attribution, then a preset (`tiny`, `qwen3_4b`,
 `qwen3_8b`). Every key is overridable on the command line, e.g.
 `--config=configs/grpo.py:tiny --config.pipo.enabled=true --config.pipo.lam=0.2`.
-`pipo_jax.rl.validate.validate_config` checks a config at start-up and names the key.
+`pipo_jax.rl.spec.train_spec` checks a config at start-up and names the key.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ PRESETS = ("tiny", "micro", "qwen3_4b", "qwen3_8b")
 
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.algorithm = "grpo"  # ppo | grpo | gspo | dapo | sdpo
+    c.algorithm = "grpo"  # ppo | grpo | gspo | dapo | sdpo | vpd
     c.seed = 0
     c.iterations = 60
 
@@ -36,8 +36,31 @@ def base_config() -> ml_collections.ConfigDict:
     c.task.answer_format = "reversed"  # least-significant digit first: carries are learnable
     c.task.reward_mode = "exact"
     c.task.feedback_style = "position"
-    c.task.heldout_fraction = 0.1
+    c.task.heldout_fraction = 0.1  # rows / problems never trained on, for the held-out accuracy
+    # Dataset tasks: > 0 sets `iterations` to round(epochs * train rows / prompts_per_batch)
+    # (the paper's "training epochs"; prompts are drawn with replacement, so an epoch is a
+    # budget of prompts, and with DAPO's refill an iteration may draw more than one batch).
+    c.task.epochs = 0.0
     c.task.split_seed = 0
+    # Dataset tasks (task.name = math | code): prompts from a file through the tokenizer's
+    # chat template, rewards verified on the host (needs model.path and log.jit_loop=false).
+    c.task.path = ""  # JSONL / JSONL.gz / parquet file, or a tensorflow-datasets name (format=tfds)
+    c.task.format = "auto"  # auto | jsonl | parquet | tfds
+    c.task.tfds_split = "train"
+    c.task.limit = 0  # first rows only; 0 = all
+    c.task.prompt_field = "problem"  # dotted field names
+    c.task.answer_field = "answer"  # math: the reference answer
+    c.task.tests_field = "tests"  # code: assert list, [{input, output}] or APPS input_output
+    c.task.tokenizer_path = ""  # "" = model.path
+    c.task.prompt_style = "instruct"  # instruct | base (see pipo_jax.data.prompts)
+    c.task.instruction = "auto"  # auto = the kind's default; "" = none
+    c.task.enable_thinking = "template"  # template (its default) | true | false
+    c.task.max_prompt_tokens = 512
+    c.task.overlong = "drop"  # drop (counted, logged) | truncate_left | truncate_right | error
+    c.task.answer_pattern = ""  # math: regex for the final answer instead of \boxed{}
+    c.task.verify_timeout_s = 5.0  # math: per answer; code: per test
+    c.task.verify_workers = 1  # math verifier processes / concurrent code sandboxes
+    c.task.sandbox_memory_mb = 1024  # code
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.prompts_per_batch = 16  # P prompts per iteration (train batch, in prompts)
@@ -125,7 +148,14 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 20  # iterations; 0 = only at start and end
-    c.eval.n = 512
+    c.eval.n = 512  # held-out problems of the task (greedy accuracy)
+    # Math benchmarks scored at every evaluation (pass@1 = mean over `samples`, unbiased
+    # pass@k), the same harness as experiments/eval.py; needs a math task's tokenizer.
+    c.eval.benchmarks = ""  # "NAME=PATH,NAME=PATH" (JSONL / parquet with task.prompt_field / answer_field)
+    c.eval.samples = 4  # responses per benchmark problem
+    c.eval.ks = "1,4"
+    c.eval.temperature = 1.0
+    c.eval.batch_size = 64
 
     c.log = ml_collections.ConfigDict()
     c.log.every = 5  # iterations per jitted lax.scan chunk between host logging points
@@ -162,6 +192,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.distributed.port = 0  # SLURM coordinator port; 0 = JAX_COORDINATOR_PORT or the job-id default
     c.distributed.cpu_collectives = "gloo"
     c.distributed.initialization_timeout = 300  # seconds
+    return c
+
+
+def keep_builtin_task(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """SDPO / VPD teacher contexts are built from the built-in task's feedback tokens (text
+    feedback from the math verifier is not wired to them), so their qwen3 presets keep it."""
+    c.task.name = "arithmetic"
+    c.task.epochs = 0.0
+    c.log.jit_loop = True
     return c
 
 
@@ -207,8 +246,17 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
         c.rollout.group_size = 8
         c.rollout.max_new_tokens = 4096
         c.train.mini_batch_prompts = 64
-        c.train.micro_batch_size = 8
+        c.train.micro_batch_size = 4
         c.train.lr = 1e-6
         c.pipo.lr = 1e-6
         c.eval.every = 25
+        # Paper Table 5: MATH prompts (<= 512 tokens) verified on the host; set
+        # --config.task.path=/data/math_train.jsonl (and eval.benchmarks for MATH500 etc.).
+        c.task.name = "math"
+        c.task.path = ""
+        c.task.max_prompt_tokens = 512
+        c.task.heldout_fraction = 0.02
+        c.task.epochs = 3.0
+        c.log.jit_loop = False
+        c.log.every = 1
     return c

@@ -13,4 +13,6 @@ def get_config(preset: str = "tiny"):
     c.dapo.dynamic_sampling = True
     c.dapo.gen_prompts_per_batch = c.rollout.prompts_per_batch
     c.pipo.attribution = "group"
+    if preset in ("qwen3_4b", "qwen3_8b"):
+        c.task.epochs = 9.0  # paper Table 5 (filtered groups consume more prompts)
     return c

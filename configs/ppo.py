@@ -21,7 +21,8 @@ def get_config(preset: str = "tiny"):
     elif preset == "micro":
         c.rollout.prompts_per_batch = 16
         c.train.mini_batch_prompts = 8
-    else:
+    else:  # paper Table 5: batch 1024, mini-batch 512, 24 epochs (the responses of G = 8 x 3)
         c.rollout.prompts_per_batch = 1024
-        c.train.mini_batch_prompts = 256
+        c.train.mini_batch_prompts = 512
+        c.task.epochs = 24.0
     return c

@@ -17,7 +17,6 @@ import numpy as np
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.spec import TrainSpec, train_spec
-from pipo_jax.rl.state import init_train_state
 from pipo_jax.sampling import sampler
 from pipo_jax.tasks import arithmetic
 
@@ -37,12 +36,15 @@ def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, 
     A run workdir is recognised by `checkpoints/`; `step` picks a checkpoint (default latest).
     """
     if os.path.isdir(os.path.join(path, "checkpoints")):
-        config = load_run_config(path)
-        spec = train_spec(config)
-        template = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), config.seed)
+        from pipo_jax.rl.placement import Placement
+
+        spec = train_spec(load_run_config(path))
         ckpt = Checkpointer(os.path.join(path, "checkpoints"))
         try:
-            state = ckpt.restore(template, step)
+            step = ckpt.latest_step() if step is None else step
+            if step is None:
+                raise FileNotFoundError(f"{path}: no complete checkpoint in {ckpt.directory}")
+            state = Placement().restore(ckpt, spec, step)  # from an abstract template: nothing initialised
         finally:
             ckpt.close()
         return spec.model, state.params, spec
@@ -88,6 +90,42 @@ def builtin_rewards(spec: TrainSpec, params, n_problems: int, n: int, rng, tempe
     r = arithmetic.reward(spec.task, repeated, jnp.asarray(tokens.reshape(n_problems * n, -1)),
                           jnp.asarray(mask.reshape(n_problems * n, -1)))
     return np.asarray(r).reshape(n_problems, n)
+
+
+def dataset_heldout_accuracy(spec: TrainSpec, params, reward, n: int, batch_size: int = 64) -> float:
+    """Mean greedy reward on the first `n` held-out rows of a dataset task (the same rows
+    every time): the fraction solved for math, of tests passed for code."""
+    from pipo_jax.rl.rollout import stop_and_pad_ids
+    from pipo_jax.tasks import dataset
+
+    rows = spec.task.heldout_rows_np[:n]
+    if len(rows) == 0:
+        raise ValueError("the dataset task has no held-out rows: set task.heldout_fraction > 0")
+    problems = jax.device_get(dataset.problems_at(spec.task, rows))
+    stop_ids, pad_id = stop_and_pad_ids(spec)
+    tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, 1,
+                            jax.random.PRNGKey(0), max_new_tokens=spec.response_len, temperature=0.0,
+                            stop_token_ids=stop_ids, pad_id=pad_id, batch_size=min(batch_size, len(rows)))
+    rewards, _ = reward(tokens[:, 0], mask[:, 0], rows)
+    return float(np.mean(rewards))
+
+
+def math_benchmarks(model: qwen3.Qwen3Config, params, tokenizer, benchmarks: dict[str, Sequence], prompt_config,
+                    verifier, n: int, ks: Sequence[int], rng, **sampling) -> tuple[list, dict]:
+    """pass@1 / pass@k rows (`passk.summarize`) of `n` samples per problem of every benchmark
+    `{name: examples}`, and per-benchmark info (problems, prompts dropped / truncated).
+
+    `sampling`: the keyword arguments of `math_rewards` (max_new_tokens, temperature,
+    stop_token_ids, pad_id, batch_size). The trainer's periodic evaluation and
+    experiments/eval.py both score benchmarks through here.
+    """
+    from pipo_jax.tasks import passk
+
+    rewards, info = {}, {}
+    for i, (name, examples) in enumerate(benchmarks.items()):
+        rewards[name], info[name] = math_rewards(model, params, tokenizer, examples, prompt_config, verifier, n,
+                                                 jax.random.fold_in(rng, i), **sampling)
+    return passk.summarize(rewards, ks), info
 
 
 def math_rewards(model: qwen3.Qwen3Config, params, tokenizer, examples, prompt_config, verifier, n: int, rng, *,

@@ -52,7 +52,10 @@ class RunLogger:
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            # Purge events a previous attempt logged after the checkpoint we resume from
+            # (all of them on a fresh start), as `_truncate_after` does for metrics.jsonl.
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
+                                     purge_step=start_step + 1 if start_step else 0)
         self._wandb = None
         if wandb:
             try:
@@ -68,8 +71,9 @@ class RunLogger:
                              run_config.get("algorithm", "train"), dynamic_ncols=True)
 
     def _truncate_after(self, step: int) -> None:
-        """On resume, drop rows logged after the checkpoint so the file matches the state."""
-        rows = [r for r in read_metrics(self.jsonl_path) if r.get("step", 0) <= step]
+        """On resume, drop rows logged after the checkpoint so the file matches the state (a
+        fresh start, `step` 0, drops every row: step 0 is logged again)."""
+        rows = [r for r in read_metrics(self.jsonl_path) if step and r.get("step", 0) <= step]
         with open(self.jsonl_path, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
 

@@ -11,13 +11,14 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from pipo_jax.data import char_vocab
 from pipo_jax.losses import advantages
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.sampling import sampler
-from pipo_jax.tasks import arithmetic
+from pipo_jax.tasks import arithmetic, dataset
 
 
 @struct.dataclass
@@ -41,18 +42,27 @@ def response_part(spec: TrainSpec, rollout: Rollout) -> tuple[jax.Array, jax.Arr
 
 def sample_problems(spec: TrainSpec, rng, n_prompts: int, split: str = "train"):
     """`n_prompts` task problems, each repeated G times (rows of a group are adjacent)."""
-    problems = arithmetic.sample_problems(spec.task, rng, n_prompts, split=split)
+    sample = dataset.sample_problems if spec.is_dataset_task else arithmetic.sample_problems
+    problems = sample(spec.task, rng, n_prompts, split=split)
     return jax.tree.map(lambda x: jnp.repeat(x, spec.group_size, axis=0), problems)
+
+
+def stop_and_pad_ids(spec: TrainSpec) -> tuple[tuple[int, ...], int]:
+    """The task's response-ending token ids and its pad id."""
+    if spec.is_dataset_task:
+        return spec.task.stop_token_ids, spec.task.pad_id
+    return (char_vocab.EOS_ID,), char_vocab.PAD_ID
 
 
 def generate(spec: TrainSpec, params, problems, rng) -> Rollout:
     """Samples one response per row of `problems` with the policy `params` (rewards left 0)."""
     # "tempered" log-probs: log_softmax(logits / T) over the full vocabulary, what the
     # trainer recomputes as the behaviour policy (top-k / top-p only shape the sampling).
+    stop_ids, pad_id = stop_and_pad_ids(spec)
     out = sampler.generate(
         spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, rng,
         max_new_tokens=spec.response_len, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
-        stop_token_ids=(char_vocab.EOS_ID,), pad_id=char_vocab.PAD_ID, logprobs="tempered")
+        stop_token_ids=stop_ids, pad_id=pad_id, logprobs="tempered")
     tokens = jnp.concatenate([problems.prompt_tokens_bp, out.tokens_br], axis=1).astype(jnp.int32)
     mask = jnp.concatenate([problems.prompt_mask_bp, out.mask_br], axis=1).astype(jnp.int32)
     return Rollout(problems=problems, tokens_bl=tokens, mask_bl=mask, sample_logp_br=out.logprobs_br,
@@ -60,9 +70,18 @@ def generate(spec: TrainSpec, params, problems, rng) -> Rollout:
 
 
 def task_rewards(spec: TrainSpec, rollout: Rollout) -> jax.Array:
-    """The built-in task's JAX reward `[B]`."""
+    """The built-in task's JAX reward `[B]` (dataset tasks are scored on the host: `dataset_rewards`)."""
+    if spec.is_dataset_task:
+        raise ValueError(f"the {spec.task.kind} task has no JAX reward; it is scored on the host")
     tokens_br, mask_br = response_part(spec, rollout)
     return arithmetic.reward(spec.task, rollout.problems, tokens_br, mask_br)
+
+
+def dataset_rewards(spec: TrainSpec, reward: dataset.DatasetReward, rollout: Rollout) -> np.ndarray:
+    """Host rewards `[B]` of a dataset task's rollout (the verifier / sandbox on each response)."""
+    tokens_br, mask_br = jax.device_get(response_part(spec, rollout))
+    rewards_b, _ = reward(tokens_br, mask_br, jax.device_get(rollout.problems.index_b))
+    return rewards_b
 
 
 def with_rewards(rollout: Rollout, rewards_b) -> Rollout:

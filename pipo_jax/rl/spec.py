@@ -17,11 +17,13 @@ from pipo_jax.losses import registry
 from pipo_jax.losses.aggregation import AGG_MODES
 from pipo_jax.models import qwen3
 from pipo_jax.rl import warmup
-from pipo_jax.tasks import arithmetic
+from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
+from pipo_jax.tasks import arithmetic, dataset
+from pipo_jax.tasks.dataset import DatasetTask
 
 ALGORITHMS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
 GROUP_ESTIMATORS = ("grpo", "group_relative")
-TASKS = ("arithmetic",)
+TASKS = ("arithmetic",) + dataset.KINDS
 
 
 class ConfigError(ValueError):
@@ -36,7 +38,7 @@ class TrainSpec:
     model: qwen3.Qwen3Config
     model_path: str
     logprob_impl: str
-    task: arithmetic.ArithmeticTask
+    task: arithmetic.ArithmeticTask | DatasetTask
     prompts: int  # P, prompts per training batch
     group_size: int  # G
     response_len: int  # R, max new tokens
@@ -94,6 +96,11 @@ class TrainSpec:
         return self.prompts * self.group_size
 
     @property
+    def is_dataset_task(self) -> bool:
+        """Prompts from a dataset, rewards verified on the host (`pipo_jax.tasks.dataset`)."""
+        return isinstance(self.task, DatasetTask)
+
+    @property
     def prompt_len(self) -> int:
         return self.task.prompt_len
 
@@ -133,8 +140,12 @@ def _choice(value, key: str, choices):
     _need(value in choices, key, f"{value!r} is not one of {tuple(choices)}")
 
 
-def make_task(tc: ml_collections.ConfigDict) -> arithmetic.ArithmeticTask:
+def make_task(c: ml_collections.ConfigDict) -> arithmetic.ArithmeticTask | DatasetTask:
+    """The built-in arithmetic task, or a dataset task (math / code) loaded from `task.path`."""
+    tc = c.task
     _choice(tc.name, "task.name", TASKS)
+    if tc.name in dataset.KINDS:
+        return make_dataset_task(c)
     try:
         return arithmetic.ArithmeticTask(
             min_digits=tc.min_digits, max_digits=tc.max_digits, ops=tuple(tc.ops), answer_format=tc.answer_format,
@@ -143,6 +154,70 @@ def make_task(tc: ml_collections.ConfigDict) -> arithmetic.ArithmeticTask:
         )
     except ValueError as e:
         raise ConfigError(f"config.task: {e}") from e
+
+
+def prompt_config(tc: ml_collections.ConfigDict) -> PromptConfig:
+    """The dataset task's `PromptConfig` from `config.task`."""
+    _choice(tc.enable_thinking, "task.enable_thinking", ("template", "true", "false"))
+    instruction = tc.instruction
+    if instruction == "auto":
+        instruction = DEFAULT_INSTRUCTION if tc.name == "math" else dataset.CODE_INSTRUCTION
+    thinking = None if tc.enable_thinking == "template" else tc.enable_thinking == "true"
+    try:
+        return PromptConfig(style=tc.prompt_style, instruction=instruction, enable_thinking=thinking,
+                            max_prompt_tokens=tc.max_prompt_tokens, overlong=tc.overlong)
+    except ValueError as e:
+        raise ConfigError(f"config.task: {e}") from e
+
+
+def make_dataset_task(c: ml_collections.ConfigDict) -> DatasetTask:
+    """Loads `config.task.path` with the tokenizer of `task.tokenizer_path` (default `model.path`)."""
+    from pipo_jax.data import tokenizer as tok_lib
+    from pipo_jax.data.sources import DataError, SourceConfig, load_examples
+
+    tc = c.task
+    _need(bool(c.model.path), "model.path", f"task.name={tc.name!r} trains a Hugging Face model: set "
+          "--config.model.path=/path/to/model (the built-in task's tiny model has no tokenizer)")
+    _need(bool(tc.path), "task.path", f"task.name={tc.name!r} needs a dataset file (JSONL / parquet) or tfds name")
+    _need(not c.log.jit_loop, "log.jit_loop", f"task.name={tc.name!r} is scored on the host (math verifier / code "
+          "sandbox): set --config.log.jit_loop=false")
+    _need(c.algorithm not in ("sdpo", "vpd"), "algorithm", f"{c.algorithm!r} builds teacher contexts from the "
+          "built-in task's feedback tokens; dataset tasks train with ppo / grpo / gspo / dapo")
+    tok_path = tc.tokenizer_path or c.model.path
+    prompts = prompt_config(tc)
+    try:
+        tokenizer = tok_lib.load_tokenizer(tok_path)
+        source = SourceConfig(tc.path, format=tc.format, prompt_field=tc.prompt_field,
+                              answer_field=tc.answer_field if tc.name == "math" else None,
+                              extra_fields=(tc.tests_field,) if tc.name == "code" else (),
+                              split=tc.tfds_split, limit=tc.limit or None)
+        examples = load_examples(source)
+        return dataset.load_dataset_task(
+            tc.name, examples, tokenizer, prompts, stop_token_ids=tok_lib.stop_token_ids(tokenizer, tok_path),
+            pad_id=tok_lib.pad_token_id(tokenizer), heldout_fraction=tc.heldout_fraction,
+            split_seed=tc.split_seed, tests_field=tc.tests_field)
+    except (DataError, FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"config.task (path={tc.path!r}, tokenizer={tok_path!r}): {e}") from e
+
+
+def eval_benchmarks(ec: ml_collections.ConfigDict) -> tuple[dict[str, str], tuple[int, ...]]:
+    """`config.eval.benchmarks` as {name: path} and `config.eval.ks`, validated."""
+    out = {}
+    for item in filter(None, (x.strip() for x in ec.benchmarks.split(","))):
+        name, sep, path = item.partition("=")
+        _need(bool(sep and name and path), "eval.benchmarks", f"{item!r} is not NAME=PATH")
+        _need(name not in out, "eval.benchmarks", f"benchmark {name!r} is named twice")
+        _need(os.path.exists(path), "eval.benchmarks", f"{name}: no such file {path!r}")
+        out[name] = path
+    try:
+        ks = tuple(int(k) for k in str(ec.ks).split(","))
+    except ValueError:
+        raise ConfigError(f"config.eval.ks: {ec.ks!r} is not a comma-separated list of integers") from None
+    _need(ec.samples >= 1, "eval.samples", f"{ec.samples} must be >= 1")
+    _need(all(1 <= k <= ec.samples for k in ks), "eval.ks", f"{ks}: each k must be in [1, eval.samples={ec.samples}]")
+    _need(ec.temperature >= 0, "eval.temperature", f"{ec.temperature} must be >= 0")
+    _need(ec.batch_size >= 1, "eval.batch_size", f"{ec.batch_size} must be >= 1")
+    return out, ks
 
 
 def make_model_config(mc: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
@@ -167,18 +242,33 @@ def make_model_config(mc: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
         raise ConfigError(f"config.model: {e}") from e
 
 
+def run_iterations_of(spec: TrainSpec, c: ml_collections.ConfigDict) -> int:
+    """`config.iterations`, or with `task.epochs` > 0 round(epochs * train rows / prompts_per_batch) (>= 1)."""
+    if not c.task.epochs:
+        return int(c.iterations)
+    return max(1, round(c.task.epochs * len(spec.task.train_rows_np) / spec.prompts))
+
+
 def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     """Validates `c` and returns its `TrainSpec`; raises `ConfigError` naming the key."""
     _choice(c.algorithm, "algorithm", ALGORITHMS)
-    task = make_task(c.task)
     model = make_model_config(c.model)
+    task = make_task(c)
+    if isinstance(task, DatasetTask):
+        vocab = int(max(task.prompt_tokens_np.max(), max(task.stop_token_ids), task.pad_id)) + 1
+        _need(vocab <= model.vocab_size, "task.tokenizer_path",
+              f"token ids up to {vocab - 1} do not fit the model's vocab_size {model.vocab_size}")
+    _need(not c.eval.benchmarks or isinstance(task, DatasetTask) and task.kind == "math", "eval.benchmarks",
+          "math benchmarks need a math task's tokenizer and prompts: set task.name=math")
     _choice(c.model.logprob_impl, "model.logprob_impl", ("auto", "reference", "chunked", "pallas"))
 
     r = c.rollout
     _need(r.prompts_per_batch >= 1, "rollout.prompts_per_batch", f"{r.prompts_per_batch} must be >= 1")
     _need(r.group_size >= 1, "rollout.group_size", f"{r.group_size} must be >= 1")
+    _need(r.max_new_tokens >= 0, "rollout.max_new_tokens", f"{r.max_new_tokens} must be >= 0")
     response_len = r.max_new_tokens or task.answer_len
-    _need(response_len >= 1, "rollout.max_new_tokens", f"{r.max_new_tokens} must be >= 0")
+    _need(response_len >= 1, "rollout.max_new_tokens", f"task.name={c.task.name!r} has no default response "
+          "length: set it (>= 1)")
     _need(r.temperature > 0, "rollout.temperature", f"{r.temperature} must be > 0")
     _need(r.top_k >= 0, "rollout.top_k", f"{r.top_k} must be >= 0 (0 = off)")
     _need(0 < r.top_p <= 1, "rollout.top_p", f"{r.top_p} must be in (0, 1]")
@@ -261,11 +351,16 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
           f"{p.attribution!r} does not fit algorithm={c.algorithm!r} (expected {expected_attr!r})")
 
     _need(c.iterations >= 1, "iterations", f"{c.iterations} must be >= 1")
+    _need(c.task.epochs >= 0, "task.epochs", f"{c.task.epochs} must be >= 0")
+    _need(not c.task.epochs or isinstance(task, DatasetTask), "task.epochs",
+          "counts passes over a dataset task's training rows; the built-in task uses `iterations`")
     _need(c.log.every >= 1, "log.every", f"{c.log.every} must be >= 1")
     _need(c.checkpoint.every >= 0, "checkpoint.every", f"{c.checkpoint.every} must be >= 0")
     _need(c.checkpoint.keep >= 1, "checkpoint.keep", f"{c.checkpoint.keep} must be >= 1")
     _need(c.eval.every >= 0, "eval.every", f"{c.eval.every} must be >= 0")
     _need(c.eval.n >= 1, "eval.n", f"{c.eval.n} must be >= 1")
+    if c.eval.benchmarks:
+        eval_benchmarks(c.eval)  # raises naming the key
     if c.warmup.enabled:
         _need(not c.model.path, "warmup.enabled", "the supervised warm-up trains a fresh task model; "
               "disable it when loading model.path")

@@ -7,7 +7,7 @@ On several devices or processes the same job runs sharded over `config.mesh`
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import json
 import logging
 import os
@@ -20,20 +20,58 @@ import numpy as np
 
 from pipo_jax.models import hf, qwen3
 from pipo_jax.parallel.distributed import initialize_distributed
-from pipo_jax.rl import loop, observe, rollout, warmup
+from pipo_jax.rl import evaluate, loop, observe, rollout, warmup
 from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.placement import Placement, placement_from_config
-from pipo_jax.rl.spec import TrainSpec, train_spec
+from pipo_jax.rl.spec import (ConfigError, TrainSpec, eval_benchmarks, prompt_config, run_iterations_of,
+                              train_spec)
 from pipo_jax.rl.state import TrainState
+from pipo_jax.tasks.dataset import DatasetReward
 
 log = logging.getLogger(__name__)
 
 EVAL_SEED = 1234  # the held-out problems are the same at every evaluation
 
 
-def heldout_accuracy(spec: TrainSpec, params, n: int, where: Placement | None = None) -> float:
-    """Greedy exact-match accuracy on `n` fixed held-out problems."""
-    return (where or Placement()).heldout_accuracy(spec, params, n, jax.random.PRNGKey(EVAL_SEED))
+def heldout_accuracy(spec: TrainSpec, params, n: int, where: Placement | None = None,
+                     reward: DatasetReward | None = None) -> float:
+    """Greedy accuracy on `n` fixed held-out problems (a dataset task: the mean verified reward)."""
+    where = where or Placement()
+    if spec.is_dataset_task:
+        return evaluate.dataset_heldout_accuracy(spec, where.to_host(params), reward, n)
+    return where.heldout_accuracy(spec, params, n, jax.random.PRNGKey(EVAL_SEED))
+
+
+class Evaluation:
+    """The trainer's evaluation: held-out accuracy, plus `config.eval.benchmarks` (math
+    tasks: pass@1 / pass@k through `evaluate.math_benchmarks`, as experiments/eval.py)."""
+
+    def __init__(self, spec: TrainSpec, config: ml_collections.ConfigDict, where: Placement,
+                 reward: DatasetReward | None):
+        self.spec, self.config, self.where, self.reward = spec, config, where, reward
+        self.benchmarks, self.ks = {}, ()
+        if config.eval.benchmarks:
+            from pipo_jax.data.sources import SourceConfig, load_examples
+
+            paths, self.ks = eval_benchmarks(config.eval)
+            tc = config.task
+            self.benchmarks = {name: load_examples(SourceConfig(path, prompt_field=tc.prompt_field,
+                                                                answer_field=tc.answer_field))
+                               for name, path in paths.items()}
+
+    def __call__(self, params, step: int) -> dict[str, float]:
+        spec, ec = self.spec, self.config.eval
+        out = {"heldout_accuracy": heldout_accuracy(spec, params, ec.n, self.where, self.reward)}
+        if self.benchmarks:
+            stop_ids, pad_id = rollout.stop_and_pad_ids(spec)
+            rows, _ = evaluate.math_benchmarks(
+                spec.model, self.where.to_host(params), self.reward.tokenizer, self.benchmarks,
+                prompt_config(self.config.task), self.reward.verifier, ec.samples, self.ks,
+                jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step), max_new_tokens=spec.response_len,
+                temperature=ec.temperature, stop_token_ids=stop_ids, pad_id=pad_id, batch_size=ec.batch_size)
+            for row in rows:
+                out.update({f"{row.name}_pass@{k}": v for k, v in row.pass_at.items()})
+        return out
 
 
 def base_params(spec: TrainSpec, config: ml_collections.ConfigDict, logger_rows: list) -> Any:
@@ -69,9 +107,29 @@ def run_iterations(spec: TrainSpec, state: TrainState, n: int, jit_loop: bool,
     return (where or Placement()).run(spec, state, n, jit_loop, reward_fn or host_task_reward(spec))
 
 
-def host_task_reward(spec: TrainSpec) -> loop.HostReward:
-    """The built-in task's reward as a host (numpy) function, for the host loop."""
+def host_task_reward(spec: TrainSpec, reward: DatasetReward | None = None) -> loop.HostReward:
+    """The task's reward as a host (numpy) function, for the host loop: the built-in task's
+    JAX reward, or a dataset task's verifier / sandbox (`reward`)."""
+    if spec.is_dataset_task:
+        return functools.partial(rollout.dataset_rewards, spec, reward)
     return lambda r: np.asarray(rollout.task_rewards(spec, r))
+
+
+def dataset_reward(spec: TrainSpec, config: ml_collections.ConfigDict) -> DatasetReward | None:
+    """A dataset task's host reward (math verifier processes / code sandbox), else None."""
+    if not spec.is_dataset_task:
+        return None
+    from pipo_jax.data.tokenizer import load_tokenizer
+    from pipo_jax.tasks.code import SandboxConfig
+    from pipo_jax.tasks.math import MathVerifyConfig
+
+    tc = config.task
+    return DatasetReward(
+        spec.task, load_tokenizer(tc.tokenizer_path or config.model.path),
+        math_config=MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
+                                     num_workers=tc.verify_workers),
+        sandbox_config=SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
+                                     max_workers=tc.verify_workers))
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -83,6 +141,11 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """
     initialize_distributed(config.get("distributed"))
     spec = train_spec(config)
+    if config.task.epochs:
+        config = config.copy_and_resolve_references()
+        config.iterations = run_iterations_of(spec, config)
+        log.info("task.epochs=%g over %d training rows: %d iterations", config.task.epochs,
+                 len(spec.task.train_rows_np), config.iterations)
     where = placement_from_config(config)
     main = where.is_main_process
     if main:
@@ -91,6 +154,10 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             f.write(config.to_json_best_effort(indent=2))
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
     resume_step = ckpt.latest_step() if config.checkpoint.resume else None
+    if not config.checkpoint.resume and ckpt.all_steps():
+        ckpt.close()
+        raise ConfigError(f"config.checkpoint.resume: false, but {ckpt.directory} holds checkpoints "
+                          f"{ckpt.all_steps()}: use a new --workdir, delete them, or resume")
 
     pre_rows: list[dict] = []
     if resume_step is not None:
@@ -100,32 +167,41 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         state = where.init_state(spec, base_params(spec, config, pre_rows), config.seed)
     step = int(state.step)
 
-    logger = observe.RunLogger(workdir, total=config.iterations, tensorboard=config.log.tensorboard,
-                               wandb=config.log.wandb, wandb_project=config.log.wandb_project,
-                               progress=config.log.progress, run_config=config.to_dict(), start_step=step,
-                               enabled=main)
+    reward = dataset_reward(spec, config)
+    logger = None
     summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe()}
-    if step == 0:
-        acc0 = heldout_accuracy(spec, state.params, config.eval.n, where)
-        logger.log(0, dict(pre_rows[0] if pre_rows else {}, heldout_accuracy=acc0))
-        summary["initial_accuracy"] = acc0
     try:
+        evaluation = Evaluation(spec, config, where, reward)
+        reward_fn = host_task_reward(spec, reward)
+        logger = observe.RunLogger(workdir, total=config.iterations, tensorboard=config.log.tensorboard,
+                                   wandb=config.log.wandb, wandb_project=config.log.wandb_project,
+                                   progress=config.log.progress, run_config=config.to_dict(), start_step=step,
+                                   enabled=main)
+        if step == 0:
+            scores = evaluation(state.params, 0)
+            logger.log(0, dict(pre_rows[0] if pre_rows else {}, **scores))
+            summary["initial_accuracy"] = scores["heldout_accuracy"]
         while step < config.iterations:
             n = _chunk_length(step, config)
             t0 = time.perf_counter()
-            state, metrics = run_iterations(spec, state, n, config.log.jit_loop, where=where)
+            state, metrics = run_iterations(spec, state, n, config.log.jit_loop, reward_fn, where=where)
             jax.block_until_ready(state.params)
             dt = time.perf_counter() - t0
-            extra = {"tokens_per_s": float(np.sum(metrics["tokens"])) / dt, "iteration_time_s": dt / n}
+            # One chunk is timed as a whole: each iteration gets the chunk's mean time.
+            metrics["tokens_per_s"] = np.asarray(metrics["tokens"], np.float64) / (dt / n)
+            extra = {"iteration_time_s": dt / n}
             step += n
             if config.eval.every and step % config.eval.every == 0 or step == config.iterations:
-                extra["heldout_accuracy"] = heldout_accuracy(spec, state.params, config.eval.n, where)
+                extra.update(evaluation(state.params, step))
             logger.log_many(step - n, metrics, extra)
             if config.checkpoint.every and step % config.checkpoint.every == 0 and step < config.iterations:
                 ckpt.save(step, state)
-        ckpt.save(step, state)
+        if step not in ckpt.all_steps():  # a finished run resumed again has it already
+            ckpt.save(step, state)
         ckpt.wait()
-        summary["final_accuracy"] = heldout_accuracy(spec, state.params, config.eval.n, where)
+        final = evaluation(state.params, step)
+        summary["final_accuracy"] = final["heldout_accuracy"]
+        summary["final_eval"] = final
         if config.checkpoint.export_hf:
             export = os.path.join(workdir, "hf_export")
             params = where.to_host(state.params)  # every process takes part in the gather
@@ -134,17 +210,12 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             summary["hf_export"] = export
     finally:
         ckpt.close()
-        summary["plots"] = logger.close(plots=config.log.plots)
+        if reward is not None:
+            reward.close()
+        summary["plots"] = logger.close(plots=config.log.plots) if logger is not None else []
     summary["state"] = state
     if main:
         with open(os.path.join(workdir, "summary.json"), "w") as f:
             json.dump({k: v for k, v in summary.items() if k != "state"}, f, indent=2)
     return summary
 
-
-def spec_summary(spec: TrainSpec) -> dict:
-    """The spec as plain data (for logs)."""
-    d = dataclasses.asdict(spec)
-    d["model"] = dataclasses.asdict(spec.model)
-    d["task"] = dataclasses.asdict(spec.task)
-    return d

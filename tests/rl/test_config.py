@@ -11,7 +11,7 @@ import pytest
 from pipo_jax.rl.spec import ConfigError, train_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo")
+ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
 
 
 def config(algo="grpo", preset="micro"):
@@ -41,6 +41,56 @@ def test_algorithm_settings_follow_the_paper():
     assert (c.pipo.window, c.pipo.lam, c.pipo.lr, c.train.lr) == (8, 0.1, 1e-6, 1e-6)
     assert (c.rollout.prompts_per_batch, c.rollout.group_size, c.train.mini_batch_prompts) == (128, 8, 64)
     assert config("ppo", "qwen3_8b").rollout.prompts_per_batch == 1024
+
+
+# Paper Table 5 (Qwen3-4B/8B runs): batch, mini-batch, micro-batch, epochs, clip low/high,
+# G, filter groups, KL in reward / loss; shared: KL coef 0.001, lr 1e-6, temperature 1.0,
+# prompt <= 512 and response <= 4096 tokens, K = 8, alpha_PI = 1e-6, lam = 0.1.
+TABLE5 = {
+    "ppo": (1024, 512, 4, 24, 0.2, 0.2, 1, False, True),
+    "grpo": (128, 64, 4, 3, 0.2, 0.2, 8, False, False),
+    "gspo": (128, 64, 4, 3, 3e-4, 4e-4, 8, False, False),
+    "dapo": (128, 64, 4, 9, 0.2, 0.28, 8, True, False),
+}
+
+
+@pytest.mark.parametrize("preset", ["qwen3_4b", "qwen3_8b"])
+@pytest.mark.parametrize("algo", sorted(TABLE5))
+def test_qwen3_presets_are_table5(algo, preset):
+    c = config(algo, preset)
+    got = (c.rollout.prompts_per_batch, c.train.mini_batch_prompts, c.train.micro_batch_size, c.task.epochs,
+           c.loss.clip_low, c.loss.clip_high, c.rollout.group_size, c.dapo.dynamic_sampling, c.loss.kl_in_reward)
+    assert got == TABLE5[algo]
+    assert (c.loss.kl_coef, c.train.lr, c.rollout.temperature, c.task.max_prompt_tokens, c.rollout.max_new_tokens,
+            c.pipo.window, c.pipo.lr, c.pipo.lam) == (0.001, 1e-6, 1.0, 512, 4096, 8, 1e-6, 0.1)
+    assert c.task.name == "math" and c.model.preset == preset
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
+    """With a (tiny stand-in) HF model directory and a MATH-style file, every algorithm's
+    qwen3_4b preset is a valid run; `task.epochs` sets the iteration count."""
+    from pipo_jax.models import hf, qwen3
+    from pipo_jax.rl.spec import run_iterations_of
+    from tests.data.tiny_tokenizer import save_tiny_tokenizer
+
+    save_tiny_tokenizer(tmp_path)
+    model = qwen3.Qwen3Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=8192)
+    (tmp_path / "config.json").write_text(json.dumps(hf.config_to_hf(model)))
+    (tmp_path / "math.jsonl").write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)})
+                                                 + "\n" for i in range(200)))
+    c = config(algo, "qwen3_4b")
+    c.model.path = str(tmp_path)
+    c.task.path = str(tmp_path / "math.jsonl")
+    spec = train_spec(c)
+    assert spec.model.hidden_size == 32 and spec.response_len == 4096
+    if algo in ("sdpo", "vpd"):  # teacher contexts need the built-in task's feedback tokens
+        assert not spec.is_dataset_task and run_iterations_of(spec, c) == c.iterations
+        return
+    assert spec.is_dataset_task and len(spec.task.train_rows_np) == 196  # 2% of 200 held out
+    epochs, batch = TABLE5[algo][3], TABLE5[algo][0]
+    assert run_iterations_of(spec, c) == max(1, round(epochs * 196 / batch))
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, logprobs, loop
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.spec import ConfigError, train_spec
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.rl.trainer import train
 
@@ -142,6 +142,14 @@ def test_resume_is_exact(tmp_path):
     strip = lambda rows: [{k: v for k, v in __import__("json").loads(r).items()  # noqa: E731
                            if k not in wall_clock} for r in rows]
     assert strip(rows_full) == strip(rows_resumed)
+    # Running a finished workdir again resumes at its end: nothing to train, no second save.
+    again = train(c, str(tmp_path / "resumed"))
+    assert again["resumed_from"] == 4 and again["final_accuracy"] == resumed["final_accuracy"]
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(full["state"]), jax.device_get(again["state"]))
+    assert strip((tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()) == strip(rows_full)
+    c.checkpoint.resume = False  # a fresh run never overwrites another run's checkpoints
+    with pytest.raises(ConfigError, match=r"config.checkpoint.resume: false, but .*holds checkpoints \[2, 4\]"):
+        train(c, str(tmp_path / "resumed"))
 
 
 def test_dapo_raises_when_no_informative_group_is_found():

@@ -1,0 +1,224 @@
+"""Verifiable tasks from dataset files for RL training: math answers or code tests.
+
+`load_dataset_task` reads a JSONL / parquet / tensorflow-datasets source, renders each
+question with the tokenizer's chat template (`pipo_jax.data.prompts`), and keeps the
+prompts as one left-padded token table `[N, P]`. The table is a constant of the jitted
+rollout, so prompts are drawn inside the same programs as the built-in task's
+(`sample_problems`: pure, jit-able), and only the reward runs on the host:
+`DatasetReward` decodes each response and scores it with the math verifier or the code
+sandbox against the row's reference (`Problems.index_b` names the row).
+
+A fixed permutation (`split_seed`) sets aside `heldout_fraction` of the rows, never
+trained on, for the trainer's held-out accuracy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipo_jax.data.prompts import PromptConfig, build_prompts
+from pipo_jax.data.sources import Example
+
+log = logging.getLogger(__name__)
+
+KINDS = ("math", "code")
+CODE_INSTRUCTION = "Write a Python solution in a single ```python code block."
+
+
+class Problems(NamedTuple):
+    """A batch of dataset problems (a pytree): left-padded prompts `[b, P]` and row ids `[b]`."""
+
+    prompt_tokens_bp: jax.Array
+    prompt_mask_bp: jax.Array
+    index_b: jax.Array
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DatasetTask:
+    """A dataset task. Hashes by identity (it is part of the jit-static `TrainSpec`).
+
+    kind: "math" (reference answers) or "code" (tests).
+    prompt_tokens_np / prompt_lengths_np: the left-padded prompt table `[N, P]` (pad id
+      `pad_id`) and each prompt's length `[N]`.
+    references: per row, the math answer or the code tests.
+    train_rows_np / heldout_rows_np: row ids of the two splits.
+    stop_token_ids, pad_id: the tokenizer's response end and padding ids.
+    origins: where each row came from ("file.jsonl:12"), for messages.
+    num_dropped / num_truncated: prompts dropped or truncated for length while loading.
+    """
+
+    kind: str
+    prompt_tokens_np: np.ndarray
+    prompt_lengths_np: np.ndarray
+    references: tuple
+    train_rows_np: np.ndarray
+    heldout_rows_np: np.ndarray
+    stop_token_ids: tuple[int, ...]
+    pad_id: int
+    origins: tuple[str, ...] = ()
+    num_dropped: int = 0
+    num_truncated: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.prompt_tokens_np.shape[1])
+
+    @property
+    def answer_len(self) -> int:
+        """No natural response length: `rollout.max_new_tokens` must be set."""
+        return 0
+
+    @property
+    def size(self) -> int:
+        return int(self.prompt_tokens_np.shape[0])
+
+
+def prompt_table(token_ids: Sequence[Sequence[int]], pad_id: int, multiple: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded int32 table `[N, P]` (P = longest prompt rounded up to `multiple`) and lengths `[N]`."""
+    lengths = np.asarray([len(ids) for ids in token_ids], np.int32)
+    if len(lengths) == 0 or lengths.min() < 1:
+        raise ValueError("every prompt needs at least one token")
+    width = -(-int(lengths.max()) // multiple) * multiple
+    table = np.full((len(token_ids), width), pad_id, np.int32)
+    for i, ids in enumerate(token_ids):
+        table[i, width - len(ids):] = ids
+    return table, lengths
+
+
+def split_rows(n: int, heldout_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, held-out rows): a fixed permutation, the last `round(n * fraction)` held out
+    (at least one each when the fraction is in (0, 1))."""
+    if not 0 <= heldout_fraction < 1:
+        raise ValueError(f"heldout_fraction={heldout_fraction} must be in [0, 1)")
+    perm = np.random.default_rng(seed).permutation(n).astype(np.int32)
+    n_held = int(round(n * heldout_fraction))
+    if heldout_fraction > 0:
+        n_held = min(max(n_held, 1), n - 1)
+    if n - n_held < 1:
+        raise ValueError(f"{n} rows leave nothing to train on with heldout_fraction={heldout_fraction}")
+    return np.sort(perm[: n - n_held]), np.sort(perm[n - n_held:])
+
+
+def references_of(kind: str, examples: Sequence[Example], tests_field: str) -> tuple:
+    """Per example: the reference answer (math) or the parsed tests (code); errors name the row."""
+    from pipo_jax.data.sources import DataError
+
+    if kind == "math":
+        for ex in examples:
+            if ex.answer is None or (isinstance(ex.answer, str) and not ex.answer.strip()):
+                raise DataError(f"{ex.origin}: empty reference answer")
+        return tuple(ex.answer for ex in examples)
+    from pipo_jax.tasks import code
+
+    out = []
+    for ex in examples:
+        try:
+            out.append(tuple(code.tests_from_spec(ex.extra.get(tests_field))))
+        except ValueError as e:
+            raise DataError(f"{ex.origin}: field {tests_field!r}: {e}") from e
+    return tuple(out)
+
+
+def load_dataset_task(kind: str, examples: Sequence[Example], tokenizer: Any, prompt_config: PromptConfig, *,
+                      stop_token_ids: tuple[int, ...], pad_id: int, heldout_fraction: float, split_seed: int,
+                      tests_field: str = "tests") -> DatasetTask:
+    """Builds the task from loaded `examples` (see `pipo_jax.data.sources.load_examples`)."""
+    if kind not in KINDS:
+        raise ValueError(f"dataset task kind {kind!r} is not one of {KINDS}")
+    prompts = build_prompts(examples, tokenizer, prompt_config)
+    if not prompts.examples:
+        raise ValueError(f"no prompts left out of {len(examples)} examples (all longer than "
+                         f"max_prompt_tokens={prompt_config.max_prompt_tokens})")
+    table, lengths = prompt_table(prompts.token_ids, pad_id)
+    train_rows, heldout_rows = split_rows(len(prompts.examples), heldout_fraction, split_seed)
+    task = DatasetTask(
+        kind=kind, prompt_tokens_np=table, prompt_lengths_np=lengths,
+        references=references_of(kind, prompts.examples, tests_field), train_rows_np=train_rows,
+        heldout_rows_np=heldout_rows, stop_token_ids=tuple(int(i) for i in stop_token_ids), pad_id=int(pad_id),
+        origins=tuple(ex.origin for ex in prompts.examples), num_dropped=prompts.num_dropped,
+        num_truncated=prompts.num_truncated)
+    log.info("%s task: %d prompts (%d train, %d held out; %d dropped, %d truncated for length), prompt width %d",
+             kind, task.size, len(train_rows), len(heldout_rows), task.num_dropped, task.num_truncated,
+             task.prompt_len)
+    return task
+
+
+def problems_at(task: DatasetTask, rows_b: jax.Array) -> Problems:
+    """The problems of table rows `rows_b` (jit-able: the table is a constant)."""
+    p = task.prompt_len
+    rows_b = jnp.asarray(rows_b, jnp.int32)
+    tokens = jnp.asarray(task.prompt_tokens_np)[rows_b]
+    lengths = jnp.asarray(task.prompt_lengths_np)[rows_b]
+    mask = (jnp.arange(p)[None, :] >= p - lengths[:, None]).astype(jnp.int32)
+    return Problems(prompt_tokens_bp=tokens, prompt_mask_bp=mask, index_b=rows_b)
+
+
+def sample_problems(task: DatasetTask, rng: jax.Array, batch: int, split: str = "train") -> Problems:
+    """`batch` problems drawn uniformly (with replacement) from `split`; pure and jit-able."""
+    rows = {"train": task.train_rows_np, "heldout": task.heldout_rows_np}.get(split)
+    if rows is None:
+        raise ValueError(f"split {split!r} is not 'train' or 'heldout'")
+    if len(rows) == 0:
+        raise ValueError(f"the {split} split is empty (task.heldout_fraction)")
+    pick = jax.random.randint(rng, (batch,), 0, len(rows))
+    return problems_at(task, jnp.asarray(rows)[pick])
+
+
+# ----------------------------------------------------------------------------- host reward
+
+
+class DatasetReward:
+    """Host reward of a dataset task: `rewards_b, feedback_b = reward(tokens_br, mask_br, index_b)`.
+
+    Decodes each response's valid tokens (special tokens skipped) and scores it against
+    its row's reference with the math verifier (answers) or the code sandbox (tests).
+    A context manager: the math verifier's worker processes stop on `close()`.
+    """
+
+    def __init__(self, task: DatasetTask, tokenizer: Any, math_config=None, sandbox_config=None):
+        self.task = task
+        self.tokenizer = tokenizer
+        self.verifier = None
+        self._sandbox = sandbox_config
+        if task.kind == "math":
+            from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig
+
+            self.verifier = MathVerifier(math_config or MathVerifyConfig())
+        elif self._sandbox is None:
+            from pipo_jax.tasks.code import SandboxConfig
+
+            self._sandbox = SandboxConfig()
+
+    def decode(self, tokens_br, mask_br) -> list[str]:
+        tokens_br, mask_br = np.asarray(tokens_br), np.asarray(mask_br)
+        return [self.tokenizer.decode(row[m == 1].tolist(), skip_special_tokens=True)
+                for row, m in zip(tokens_br, mask_br)]
+
+    def score_texts(self, texts: Sequence[str], index_b) -> tuple[np.ndarray, list[str]]:
+        refs = [self.task.references[int(i)] for i in np.asarray(index_b)]
+        if self.task.kind == "math":
+            results = self.verifier.score_batch(list(texts), refs)
+        else:
+            from pipo_jax.tasks.code import score_code_batch
+
+            results = score_code_batch(list(texts), refs, self._sandbox)
+        return np.asarray([r.reward for r in results], np.float32), [r.feedback for r in results]
+
+    def __call__(self, tokens_br, mask_br, index_b) -> tuple[np.ndarray, list[str]]:
+        return self.score_texts(self.decode(tokens_br, mask_br), index_b)
+
+    def close(self) -> None:
+        if self.verifier is not None:
+            self.verifier.close()
+
+    def __enter__(self) -> DatasetReward:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,189 @@
+"""Dataset tasks in the trainer: math answers / code tests from files, scored on the host,
+with the held-out accuracy and benchmark pass@k of the shared evaluation harness."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import grpo
+from pipo_jax.data import prompts as pr
+from pipo_jax.data import tokenizer as tk
+from pipo_jax.models import hf, qwen3
+from pipo_jax.rl import evaluate, rollout
+from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.trainer import dataset_reward, train
+from pipo_jax.tasks import dataset
+from tests.data.tiny_tokenizer import save_tiny_tokenizer
+
+QUESTIONS = [(f"What is {a} + {b}?", str(a + b)) for a, b in
+             [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 9), (4, 5), (6, 3), (8, 1), (2, 7), (3, 3), (5, 5)]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A random tiny Qwen3 with the tiny BPE tokenizer (300 tokens) in one HF directory."""
+    path = tmp_path_factory.mktemp("model")
+    save_tiny_tokenizer(path)
+    config = qwen3.Qwen3Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                               max_position_embeddings=512, tie_word_embeddings=True)
+    hf.save(str(path), config, qwen3.init_params(config, jax.random.PRNGKey(0)))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def math_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "math.jsonl"
+    path.write_text("".join(json.dumps({"problem": q, "answer": a}) + "\n" for q, a in QUESTIONS))
+    return str(path)
+
+
+def math_config(model_dir, math_file, **overrides):
+    c = grpo.get_config("micro")
+    c.model.path = model_dir
+    c.warmup.enabled = False
+    c.task.name = "math"
+    c.task.path = math_file
+    c.task.heldout_fraction = 0.25
+    c.task.max_prompt_tokens = 128
+    c.rollout.max_new_tokens = 24
+    c.log.jit_loop = False
+    c.eval.n = 3
+    for key, value in overrides.items():
+        node = c
+        *path, last = key.split(".")
+        for p in path:
+            node = node[p]
+        node[last] = value
+    return c
+
+
+def test_prompt_table_and_splits(model_dir, math_file):
+    spec = train_spec(math_config(model_dir, math_file))
+    task = spec.task
+    assert spec.is_dataset_task and task.kind == "math" and task.size == 12
+    tok = tk.load_tokenizer(model_dir)
+    for i, (q, a) in enumerate(QUESTIONS):  # left-padded chat-template ids of each question
+        text = tok.apply_chat_template([{"role": "user", "content": q + "\n" + pr.DEFAULT_INSTRUCTION}],
+                                       tokenize=False, add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        row = task.prompt_tokens_np[i]
+        assert task.prompt_lengths_np[i] == len(ids)
+        assert list(row[len(row) - len(ids):]) == ids and np.all(row[:len(row) - len(ids)] == task.pad_id)
+        assert task.references[i] == a
+    assert task.prompt_len % 8 == 0 and task.prompt_len >= task.prompt_lengths_np.max()
+    assert len(task.heldout_rows_np) == 3 and len(task.train_rows_np) == 9
+    assert not set(task.heldout_rows_np) & set(task.train_rows_np)
+    assert task.stop_token_ids == (2,) and task.pad_id == 0
+
+    sample = jax.jit(lambda k: dataset.sample_problems(task, k, 64))
+    probs = sample(jax.random.PRNGKey(1))
+    assert set(np.asarray(probs.index_b)) <= set(task.train_rows_np)
+    np.testing.assert_array_equal(probs.prompt_tokens_bp, task.prompt_tokens_np[np.asarray(probs.index_b)])
+    np.testing.assert_array_equal(probs.prompt_mask_bp.sum(1), task.prompt_lengths_np[np.asarray(probs.index_b)])
+    held = dataset.sample_problems(task, jax.random.PRNGKey(1), 16, split="heldout")
+    assert set(np.asarray(held.index_b)) <= set(task.heldout_rows_np)
+
+
+def test_host_reward_verifies_each_response_against_its_row(model_dir, math_file):
+    spec = train_spec(math_config(model_dir, math_file))
+    tok = tk.load_tokenizer(model_dir)
+    r = spec.response_len
+    rows = np.asarray([0, 0, 1, 2], np.int32)  # answers 3, 3, 7, 11
+    texts = ["so \\boxed{3}", "\\boxed{4}", "\\boxed{7}", "\\boxed{11}"]
+    resp = np.full((4, r), spec.task.pad_id, np.int32)
+    mask = np.zeros((4, r), np.int32)
+    for i, t in enumerate(texts):
+        ids = tok(t, add_special_tokens=False)["input_ids"][: r - 1] + [2]  # then <|im_end|>
+        resp[i, :len(ids)], mask[i, :len(ids)] = ids, 1
+    mask[3, :] = 0  # an empty (masked-out) response scores 0 whatever its tokens
+    problems = dataset.problems_at(spec.task, rows)
+    tokens = jnp.concatenate([problems.prompt_tokens_bp, jnp.asarray(resp)], axis=1)
+    full_mask = jnp.concatenate([problems.prompt_mask_bp, jnp.asarray(mask)], axis=1)
+    batch = rollout.Rollout(problems=problems, tokens_bl=tokens, mask_bl=full_mask,
+                            sample_logp_br=jnp.zeros((4, r)), rewards_b=jnp.zeros((4,)))
+    reward = dataset_reward(spec, math_config(model_dir, math_file))
+    try:
+        decoded = reward.decode(resp, mask)
+        assert decoded[:3] == [t for t in texts[:3]] and decoded[3] == ""
+        np.testing.assert_array_equal(rollout.dataset_rewards(spec, reward, batch), [1.0, 0.0, 1.0, 0.0])
+        _, feedback = reward(resp, mask, rows)
+        assert "4" in feedback[1] and feedback[0] != feedback[1]
+    finally:
+        reward.close()
+
+
+def test_code_task_scores_with_the_sandbox(model_dir, tmp_path):
+    path = tmp_path / "code.jsonl"
+    rows = [{"problem": "Write f(x) returning x + 1.", "tests": ["assert f(1) == 2", "assert f(5) == 6"]},
+            {"problem": "Write g(s) returning s reversed.", "tests": ["assert g('ab') == 'ba'"]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    c = math_config(model_dir, str(path), **{"task.name": "code", "task.heldout_fraction": 0.0})
+    spec = train_spec(c)
+    assert spec.task.kind == "code" and len(spec.task.references[0]) == 2
+    with dataset_reward(spec, c) as reward:
+        rewards, feedback = reward.score_texts(
+            ["```python\ndef f(x):\n    return x + 1\n```", "```python\ndef g(s):\n    return s\n```"], [0, 1])
+    np.testing.assert_array_equal(rewards, [1.0, 0.0])
+    assert "assert g('ab') == 'ba'" in feedback[1]
+
+
+def test_dataset_task_config_errors_name_the_key(model_dir, math_file, tmp_path):
+    cases = [
+        ({"log.jit_loop": True}, "config.log.jit_loop"),
+        ({"task.path": ""}, "config.task.path"),
+        ({"model.path": ""}, "config.model.path"),
+        ({"algorithm": "sdpo"}, "config.algorithm"),
+        ({"rollout.max_new_tokens": 0}, "config.rollout.max_new_tokens"),
+        ({"task.path": str(tmp_path / "nope.jsonl")}, "config.task.*nope.jsonl"),
+        ({"task.enable_thinking": "maybe"}, "config.task.enable_thinking"),
+        ({"eval.benchmarks": "B"}, "config.eval.benchmarks.*NAME=PATH"),
+        ({"eval.benchmarks": f"B={math_file}", "eval.ks": "1,9"}, "config.eval.ks"),
+    ]
+    for overrides, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            train_spec(math_config(model_dir, math_file, **overrides))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"problem": "q", "answer": "1"}) + "\n{not json\n")
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:2"):
+        train_spec(math_config(model_dir, str(bad)))
+    c = grpo.get_config("micro")
+    c.eval.benchmarks = f"B={math_file}"
+    with pytest.raises(ConfigError, match="config.eval.benchmarks: math benchmarks need a math task"):
+        train_spec(c)
+
+
+def test_trainer_on_a_math_file_with_benchmarks_then_eval_cli(model_dir, math_file, tmp_path):
+    c = math_config(model_dir, math_file, **{"iterations": 2, "log.every": 1, "eval.every": 1,
+                                               "eval.benchmarks": f"mini={math_file}", "eval.samples": 2,
+                                               "eval.ks": "1,2", "checkpoint.export_hf": True})
+    out = train(c, str(tmp_path / "run"))
+    rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        for key in ("heldout_accuracy", "mini_pass@1", "mini_pass@2", "average_pass@1"):
+            assert 0.0 <= r[key] <= 1.0
+            assert r["mini_pass@1"] <= r["mini_pass@2"]
+    for r in rows[1:]:
+        assert r["tokens"] > 0 and np.isfinite(r["train/loss"]) and 0 <= r["reward_mean"] <= 1
+    assert out["final_eval"]["mini_pass@1"] == rows[-1]["mini_pass@1"]
+    # The held-out accuracy is the shared harness on the exported policy (greedy, same rows).
+    spec = train_spec(c)
+    _, params = hf.load(out["hf_export"])
+    with dataset_reward(spec, c) as reward:
+        assert evaluate.dataset_heldout_accuracy(spec, params, reward, c.eval.n) == out["final_accuracy"]
+
+    # experiments/eval.py on the run workdir: the tokenizer comes from the run's config.
+    res = subprocess.run([sys.executable, "-m", "experiments.eval", f"--policy={tmp_path / 'run'}",
+                          f"--benchmark=mini={math_file}", "--n=2", "--ks=1,2", "--max_new_tokens=24",
+                          f"--out={tmp_path / 'eval.json'}"], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert res.returncode == 0, res.stderr[-2000:]
+    table = json.loads((tmp_path / "eval.json").read_text())
+    assert "mini" in json.dumps(table) and "mini" in res.stdout
