@@ -54,8 +54,11 @@ class RunLogger:
 
             # Purge events a previous attempt logged after the checkpoint we resume from
             # (all of them on a fresh start), as `_truncate_after` does for metrics.jsonl.
+            # The suffix keeps a resumed attempt from reusing (truncating) the earlier file,
+            # whose name has only the second it was opened.
             self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
-                                     purge_step=start_step + 1 if start_step else 0)
+                                     purge_step=start_step + 1 if start_step else 0,
+                                     filename_suffix=f".from{start_step}")
         self._wandb = None
         if wandb:
             try:

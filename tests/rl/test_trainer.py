@@ -160,6 +160,15 @@ def test_dapo_raises_when_no_informative_group_is_found():
         loop.host_iteration(spec, state, lambda r: np.zeros(r.size, np.float32))
 
 
+def test_dapo_exhaustion_in_the_scan_loop_is_an_error():
+    from pipo_jax.rl.placement import Placement
+
+    c = micro("dapo", False, **{"task.reward_mode": "exact", "dapo.max_num_gen_batches": 2})
+    spec, state = fresh_state(c)
+    with pytest.raises(loop.DynamicSamplingExhausted, match=r"kept only 0 of 4 .*max_num_gen_batches=2"):
+        Placement().run(spec, state, 1, True, None)
+
+
 def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
     from pipo_jax.data import char_vocab as cv
     from pipo_jax.rl.rollout import Rollout
