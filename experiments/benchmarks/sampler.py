@@ -13,8 +13,10 @@ Same random Qwen3-shaped weights (saved once with `hf.save`, loaded by both JAX 
    batches of as many requests as the engine has slots, each batch running until its
    longest response is done).
 3. machine limits measured in the same run: fp32 FLOP/s of a large matmul and the
-   memory-copy bandwidth (`2 * bytes / time` of a large array copy); the decode step's
-   FLOP/s at batch 32 and its weight + KV bytes per step at batch 1 as fractions of them.
+   memory-copy bandwidth (`2 * bytes / time` of a large array copy) and the read-only
+   bandwidth (XLA's large matrix-vector product, torch's two-thread sum); the decode
+   step's FLOP/s at batch 32 and its weight + KV bytes per step at batch 1 as fractions
+   of them.
 
 Prints a table; `--out FILE.json` writes every number. `--quick` runs a shorter version.
 Timings are never asserted.
@@ -104,6 +106,26 @@ def copy_bandwidth(nbytes: int, repeats: int) -> dict:
         state["x"].block_until_ready()
 
     out["xla_inplace"] = 2 * src.nbytes / best_time(xla_update, repeats)
+    out["best"] = max(out.values())
+    return out
+
+
+def read_bandwidth(nbytes: int, repeats: int) -> dict:
+    """Bytes/s read by large read-only passes (nothing written back): XLA's matrix-vector
+    product over a `[rows, 2048]` fp32 matrix (the decode step's access pattern, at its
+    best: one large matrix), and torch's two-thread sum. `best` is the read ceiling."""
+    rows = nbytes // (4 * 2048)
+    w = jnp.ones((rows, 2048), jnp.float32)
+    x = jnp.ones((1, 2048), jnp.float32)
+    matvec = jax.jit(lambda v, m: jnp.einsum("bi,oi->bo", v, m))
+    out = {"xla_matvec": w.nbytes / best_time(lambda: matvec(x, w).block_until_ready(), repeats)}
+    try:
+        import torch
+
+        t = torch.ones(rows * 2048)
+        out["torch_sum"] = t.numel() * 4 / best_time(lambda: t.sum(), repeats)
+    except ImportError:
+        pass
     out["best"] = max(out.values())
     return out
 
@@ -252,8 +274,9 @@ def main(argv=None) -> dict:
 
         model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
 
-    mm, cp = matmul_flops(2048, 5), copy_bandwidth(256 << 20, 5)
-    limits = dict(matmul_flops=mm["best"], copy_bytes_s=cp["best"], matmul_detail=mm, copy_detail=cp)
+    mm, cp, rd = matmul_flops(2048, 5), copy_bandwidth(256 << 20, 5), read_bandwidth(256 << 20, 5)
+    limits = dict(matmul_flops=mm["best"], copy_bytes_s=cp["best"], read_bytes_s=rd["best"], matmul_detail=mm,
+                  copy_detail=cp, read_detail=rd)
     results: dict = dict(
         machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__, device=str(jax.devices()[0])),
         model=dict(params=config.num_params, intermediate=config.intermediate_size, dtype="float32"),
@@ -284,6 +307,7 @@ def main(argv=None) -> dict:
         row["step_ms"] = 1e3 / steps_s
         row["flops_frac_of_matmul"] = flops * steps_s / limits["matmul_flops"]
         row["bytes_frac_of_copy_bw"] = nbytes * steps_s / limits["copy_bytes_s"]
+        row["bytes_frac_of_read_bw"] = nbytes * steps_s / limits["read_bytes_s"]
         row["bytes_per_step"] = nbytes
         results["batches"][b] = row
         del engine, eparams
@@ -309,14 +333,16 @@ def log(msg: str) -> None:
 def print_table(r: dict) -> None:
     lim = r["limits"]
     print(f"model: {r['model']['params'] / 1e6:.1f}M params fp32 | machine: {r['machine']['cpus']} CPUs, "
-          f"matmul {lim['matmul_flops'] / 1e9:.0f} GFLOP/s, copy {lim['copy_bytes_s'] / 1e9:.1f} GB/s")
+          f"matmul {lim['matmul_flops'] / 1e9:.0f} GFLOP/s, copy {lim['copy_bytes_s'] / 1e9:.1f} GB/s, "
+          f"read {lim['read_bytes_s'] / 1e9:.1f} GB/s (XLA large matvec {lim['read_detail']['xla_matvec'] / 1e9:.1f})")
     print(f"{'batch':>5} | {'one-jit tok/s':>13} | {'engine tok/s':>12} | {'HF tok/s':>9} | {'jax/HF':>6} | "
-          f"{'eng/HF':>6} | {'step ms':>7} | {'FLOP frac':>9} | {'BW frac':>7} | {'eq HF':>5}")
+          f"{'eng/HF':>6} | {'step ms':>7} | {'FLOP frac':>9} | {'BW/copy':>7} | {'BW/read':>7} | {'eq HF':>5}")
     for b, row in r["batches"].items():
         hf_s = row.get("hf_tok_s", float("nan"))
         print(f"{b:>5} | {row['jax_tok_s']:>13.1f} | {row['engine_tok_s']:>12.1f} | {hf_s:>9.1f} | "
               f"{row.get('jax_vs_hf', float('nan')):>6.2f} | {row.get('engine_vs_hf', float('nan')):>6.2f} | "
               f"{row['step_ms']:>7.2f} | {row['flops_frac_of_matmul']:>9.2f} | {row['bytes_frac_of_copy_bw']:>7.2f} | "
+              f"{row.get('bytes_frac_of_read_bw', float('nan')):>7.2f} | "
               f"{row.get('hf_matches_jax', float('nan')):>5.2f}")
     t = r["long_tail"]
     print(f"long tail: {t['requests']} requests, {t['slots']} slots, {t['total_tokens']} tokens (longest "

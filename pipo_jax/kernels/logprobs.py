@@ -39,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from pipo_jax.losses.entropy import token_entropy
+
 IMPLS = ("auto", "reference", "chunked", "pallas")
 PALLAS_VARIANTS = ("auto", "mosaic_tpu", "triton")
 
@@ -380,8 +382,7 @@ def _reference_stats(h, w, t, inv_temperature: float, with_entropy: bool):
     zt = jnp.sum(jnp.where(cols[None, :] == t[:, None], z, 0.0), axis=-1)
     if not with_entropy:
         return lse, zt
-    p = jax.nn.softmax(z, axis=-1)
-    return lse, zt, lse - jnp.sum(p * z, axis=-1)
+    return lse, zt, token_entropy(z)
 
 
 # ----------------------------------------------------------------------------------------
@@ -493,7 +494,7 @@ def _reference_logprobs(h, w, t, inv_temperature: float, with_entropy: bool):
     logp = jnp.take_along_axis(logp_all, t[:, None], axis=-1, mode="fill", fill_value=jnp.nan)[:, 0]
     if not with_entropy:
         return logp, None
-    return logp, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    return logp, token_entropy(z)
 
 
 def token_logprobs(

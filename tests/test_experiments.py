@@ -1,0 +1,43 @@
+"""The experiment scripts end to end on the micro preset: compare (PIPO off / on per seed,
+PNG + JSON table) and sweep (a lam x K grid with a baseline)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_module(*args):
+    res = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+def test_compare_writes_table_and_plot(tmp_path):
+    out = run_module("experiments.compare", "--config=configs/grpo.py:micro", "--seeds=0", f"--out={tmp_path}")
+    result = json.loads((tmp_path / "compare.json").read_text())
+    table = result["table"]
+    assert sorted(table) == ["grpo", "grpo+PIPO"] and result["seeds"] == [0]
+    assert table["grpo"]["pi_steps_mean"] == 0  # PIPO off never takes a PI step
+    # Both arms start from the same warmed-up base model, so they start equal.
+    assert table["grpo"]["initial_accuracy_mean"] == table["grpo+PIPO"]["initial_accuracy_mean"]
+    for arm in table.values():
+        assert 0 <= arm["final_accuracy_mean"] <= 1 and arm["final_accuracy_std"] == 0  # one seed
+    run = result["runs"]["grpo+PIPO"][0]
+    assert len(run["reward"]) == len(run["steps"]) == 3
+    assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| grpo+PIPO |" in out
+
+
+def test_sweep_runs_the_grid_and_baseline(tmp_path):
+    out = run_module("experiments.sweep", "--config=configs/grpo.py:micro", "--seeds=0", "--lams=0.1,0.5",
+                     "--windows=2", f"--out={tmp_path}")
+    rows = json.loads((tmp_path / "sweep.json").read_text())
+    assert [r["name"] for r in rows] == ["seed0_lam0.1_K2", "seed0_lam0.5_K2", "seed0_baseline"]
+    assert rows[-1]["pi_steps"] == 0 and not rows[-1]["pipo"]
+    for r in rows:
+        assert 0 <= r["final_accuracy"] <= 1
+        assert (tmp_path / r["name"] / "metrics.jsonl").exists()
+    assert "| seed0_baseline |" in out
