@@ -195,15 +195,6 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
-def keep_builtin_task(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """SDPO / VPD teacher contexts are built from the built-in task's feedback tokens (text
-    feedback from the math verifier is not wired to them), so their qwen3 presets keep it."""
-    c.task.name = "arithmetic"
-    c.task.epochs = 0.0
-    c.log.jit_loop = True
-    return c
-
-
 def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.ConfigDict:
     """Sets the run size: `tiny` (CPU main job), `micro` (tests), `qwen3_4b` / `qwen3_8b` (paper Table 5)."""
     if preset not in PRESETS:

@@ -11,6 +11,4 @@ def get_config(preset: str = "tiny"):
     c.loss.agg_mode = "token-mean"
     c.loss.kl_coef = 0.0  # the teacher anchors the student; no reference KL term
     c.pipo.attribution = "sdpo_token"
-    if preset in ("qwen3_4b", "qwen3_8b"):
-        base.keep_builtin_task(c)
     return c

@@ -18,8 +18,6 @@ def get_config(preset: str = "tiny"):
     c.loss.agg_mode = "token-mean"
     c.loss.kl_coef = 0.0
     c.pipo.attribution = "sdpo_token"
-    if preset in ("qwen3_4b", "qwen3_8b"):
-        base.keep_builtin_task(c)
     return c
 
 

@@ -25,7 +25,8 @@ from pipo_jax.tasks import arithmetic
 
 
 def teacher_contexts(spec: TrainSpec, rollout: Rollout, rewards_b) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """SDPO teacher inputs `[B, Q + R]` and `sd_mask_b`.
+    """SDPO teacher inputs `[B, Q + R]` and `sd_mask_b` (dataset tasks: the host-built
+    `rollout.teacher_context` followed by the response).
 
     Context: `<solution> sibling-response` (first other response of the group with reward
     >= success_threshold) or else `<feedback> environment-feedback`, then `<solve>` and the
@@ -33,6 +34,13 @@ def teacher_contexts(spec: TrainSpec, rollout: Rollout, rewards_b) -> tuple[jax.
     """
     p, r = spec.prompt_len, spec.response_len
     resp_tokens, resp_mask = response_part(spec, rollout)
+    if rollout.teacher_context is not None:  # dataset tasks: prompts built on the host
+        ctx_tokens, ctx_mask, has_context = rollout.teacher_context
+        return (jnp.concatenate([ctx_tokens, resp_tokens], axis=1),
+                jnp.concatenate([ctx_mask, resp_mask], axis=1), has_context.astype(jnp.float32))
+    if spec.is_dataset_task:
+        raise ValueError("a dataset task's teacher prompts are built on the host (rollout.DatasetScorer); "
+                         "this rollout has none")
     demo_row, has_demo = distill.select_demonstrations(rewards_b, spec.group_size,
                                                        success_threshold=spec.sdpo_success_threshold)
     safe_row = jnp.maximum(demo_row, 0)
@@ -118,6 +126,8 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[dict,
         "groups_all_fail": groups["all_fail"], "groups_mixed": groups["mixed"],
         "groups_all_success": groups["all_success"], "tokens": jnp.sum(mask_br),
     }
+    if spec.uses_teacher:  # share of responses the teacher sees a solution or feedback for
+        metrics["teacher_context_frac"] = jnp.mean(batch["sd_mask_b"])
     return batch, mu_t, metrics
 
 

@@ -74,6 +74,8 @@ def _host_learn(spec: TrainSpec, state: TrainState, batch: Rollout, rng) -> tupl
 
 
 def _scored(rollout: Rollout, reward_fn: HostReward) -> Rollout:
+    if hasattr(reward_fn, "score_rollout"):  # a dataset task's scorer (rewards + SDPO teacher prompts)
+        return reward_fn.score_rollout(rollout)
     rewards = np.asarray(reward_fn(rollout), np.float32)
     if rewards.shape != (rollout.size,):
         raise ValueError(f"reward function returned shape {rewards.shape}, expected ({rollout.size},)")

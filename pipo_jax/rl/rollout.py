@@ -28,6 +28,9 @@ class Rollout:
     mask_bl: jax.Array  # int32 [B, P + R]
     sample_logp_br: jax.Array  # float32 [B, R] the sampler's log-probs
     rewards_b: jax.Array  # float32 [B] task rewards
+    # Dataset tasks with SDPO / VPD: host-built teacher prompts (tokens [B, Q], mask [B, Q],
+    # has_context [B]); the built-in task's are built in the jitted learn step instead.
+    teacher_context: Any = None
 
     @property
     def size(self) -> int:
@@ -82,6 +85,33 @@ def dataset_rewards(spec: TrainSpec, reward: dataset.DatasetReward, rollout: Rol
     tokens_br, mask_br = jax.device_get(response_part(spec, rollout))
     rewards_b, _ = reward(tokens_br, mask_br, jax.device_get(rollout.problems.index_b))
     return rewards_b
+
+
+class DatasetScorer:
+    """A dataset task's host scoring for the host loop: `scorer(rollout)` gives the rewards
+    `[B]`; `scorer.score_rollout(rollout)` also attaches, for SDPO / VPD, the teacher prompts
+    built from those rewards (a successful sibling, else the verifier's feedback)."""
+
+    def __init__(self, spec: TrainSpec, reward: dataset.DatasetReward, prompt_config):
+        self.spec, self.reward, self.prompt_config = spec, reward, prompt_config
+
+    def __call__(self, rollout: Rollout) -> np.ndarray:
+        return dataset_rewards(self.spec, self.reward, rollout)
+
+    def score_rollout(self, rollout: Rollout) -> Rollout:
+        spec = self.spec
+        tokens_br, mask_br = jax.device_get(response_part(spec, rollout))
+        index_b = np.asarray(jax.device_get(rollout.problems.index_b))
+        texts = self.reward.decode(tokens_br, mask_br)
+        rewards_b, feedback = self.reward.score_texts(texts, index_b)
+        out = with_rewards(rollout, rewards_b)
+        if spec.uses_teacher:
+            context = dataset.teacher_prompts(
+                spec.task, self.reward.tokenizer, self.prompt_config, index_b, rewards_b, texts, feedback,
+                group_size=spec.group_size, success_threshold=spec.sdpo_success_threshold,
+                use_feedback=spec.sdpo_use_feedback, width=spec.teacher_prompt_len)
+            out = out.replace(teacher_context=tuple(jnp.asarray(x) for x in context))
+        return out
 
 
 def with_rewards(rollout: Rollout, rewards_b) -> Rollout:

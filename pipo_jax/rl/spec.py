@@ -101,6 +101,12 @@ class TrainSpec:
         return isinstance(self.task, DatasetTask)
 
     @property
+    def teacher_prompt_len(self) -> int:
+        """Width of a dataset task's SDPO teacher prompt: the prompt, a sibling's response
+        (or feedback) and 128 tokens of template, rounded up to 8."""
+        return -(-(self.prompt_len + self.response_len + 128) // 8) * 8
+
+    @property
     def prompt_len(self) -> int:
         return self.task.prompt_len
 
@@ -181,8 +187,6 @@ def make_dataset_task(c: ml_collections.ConfigDict) -> DatasetTask:
     _need(bool(tc.path), "task.path", f"task.name={tc.name!r} needs a dataset file (JSONL / parquet) or tfds name")
     _need(not c.log.jit_loop, "log.jit_loop", f"task.name={tc.name!r} is scored on the host (math verifier / code "
           "sandbox): set --config.log.jit_loop=false")
-    _need(c.algorithm not in ("sdpo", "vpd"), "algorithm", f"{c.algorithm!r} builds teacher contexts from the "
-          "built-in task's feedback tokens; dataset tasks train with ppo / grpo / gspo / dapo")
     tok_path = tc.tokenizer_path or c.model.path
     prompts = prompt_config(tc)
     try:

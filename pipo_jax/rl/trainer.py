@@ -7,7 +7,6 @@ On several devices or processes the same job runs sharded over `config.mesh`
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -107,11 +106,12 @@ def run_iterations(spec: TrainSpec, state: TrainState, n: int, jit_loop: bool,
     return (where or Placement()).run(spec, state, n, jit_loop, reward_fn or host_task_reward(spec))
 
 
-def host_task_reward(spec: TrainSpec, reward: DatasetReward | None = None) -> loop.HostReward:
+def host_task_reward(spec: TrainSpec, reward: DatasetReward | None = None, prompts=None) -> loop.HostReward:
     """The task's reward as a host (numpy) function, for the host loop: the built-in task's
-    JAX reward, or a dataset task's verifier / sandbox (`reward`)."""
+    JAX reward, or a dataset task's verifier / sandbox (`reward`; `prompts`, its
+    `PromptConfig`, renders SDPO / VPD teacher prompts)."""
     if spec.is_dataset_task:
-        return functools.partial(rollout.dataset_rewards, spec, reward)
+        return rollout.DatasetScorer(spec, reward, prompts)
     return lambda r: np.asarray(rollout.task_rewards(spec, r))
 
 
@@ -172,7 +172,10 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe()}
     try:
         evaluation = Evaluation(spec, config, where, reward)
-        reward_fn = host_task_reward(spec, reward)
+        if spec.is_dataset_task and spec.uses_teacher and where.mesh is not None:
+            raise ConfigError("config.mesh.enabled: SDPO / VPD on a dataset task build teacher prompts on one "
+                              "host; run them on one device (--config.mesh.enabled=false)")
+        reward_fn = host_task_reward(spec, reward, prompt_config(config.task) if spec.is_dataset_task else None)
         logger = observe.RunLogger(workdir, total=config.iterations, tensorboard=config.log.tensorboard,
                                    wandb=config.log.wandb, wandb_project=config.log.wandb_project,
                                    progress=config.log.progress, run_config=config.to_dict(), start_step=step,

@@ -62,6 +62,7 @@ class DatasetTask:
     stop_token_ids: tuple[int, ...]
     pad_id: int
     origins: tuple[str, ...] = ()
+    questions: tuple = ()  # each row's prompt (text or chat messages), for SDPO teacher prompts
     num_dropped: int = 0
     num_truncated: int = 0
 
@@ -141,7 +142,8 @@ def load_dataset_task(kind: str, examples: Sequence[Example], tokenizer: Any, pr
         kind=kind, prompt_tokens_np=table, prompt_lengths_np=lengths,
         references=references_of(kind, prompts.examples, tests_field), train_rows_np=train_rows,
         heldout_rows_np=heldout_rows, stop_token_ids=tuple(int(i) for i in stop_token_ids), pad_id=int(pad_id),
-        origins=tuple(ex.origin for ex in prompts.examples), num_dropped=prompts.num_dropped,
+        origins=tuple(ex.origin for ex in prompts.examples), questions=tuple(ex.prompt for ex in prompts.examples),
+        num_dropped=prompts.num_dropped,
         num_truncated=prompts.num_truncated)
     log.info("%s task: %d prompts (%d train, %d held out; %d dropped, %d truncated for length), prompt width %d",
              kind, task.size, len(train_rows), len(heldout_rows), task.num_dropped, task.num_truncated,
@@ -168,6 +170,68 @@ def sample_problems(task: DatasetTask, rng: jax.Array, batch: int, split: str = 
         raise ValueError(f"the {split} split is empty (task.heldout_fraction)")
     pick = jax.random.randint(rng, (batch,), 0, len(rows))
     return problems_at(task, jnp.asarray(rows)[pick])
+
+
+# ----------------------------------------------------------------------------- SDPO teacher prompts
+
+SOLUTION_CONTEXT = "Here is a correct solution to this problem:\n{text}\n\nNow solve the problem yourself."
+FEEDBACK_CONTEXT = "Feedback on an earlier attempt at this problem:\n{text}\n\nNow solve the problem again."
+
+
+def with_context(question, context: str):
+    """The question (text, or chat messages: the last user turn) followed by `context`."""
+    if isinstance(question, str):
+        return question + "\n\n" + context
+    messages = [dict(m) for m in question]
+    last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    messages[last]["content"] = messages[last]["content"] + "\n\n" + context
+    return messages
+
+
+def teacher_prompt_ids(tokenizer: Any, prompt_config: PromptConfig, question, context: str, width: int) -> list[int]:
+    """Token ids of the chat-template prompt of `question` plus `context`, at most `width` long:
+    a context that does not fit is cut (at token level, from its end) until the prompt fits."""
+    from pipo_jax.data.prompts import render_prompt
+
+    def ids_for(ctx: str) -> list[int]:
+        text = render_prompt(tokenizer, with_context(question, ctx), prompt_config)
+        return list(tokenizer(text, add_special_tokens=prompt_config.add_special_tokens)["input_ids"])
+
+    ids = ids_for(context)
+    ctx_ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+    while len(ids) > width and ctx_ids:
+        ctx_ids = ctx_ids[: max(0, len(ctx_ids) - (len(ids) - width) - 1)]
+        ids = ids_for(tokenizer.decode(ctx_ids))
+    return ids if len(ids) <= width else []
+
+
+def teacher_prompts(task: DatasetTask, tokenizer: Any, prompt_config: PromptConfig, index_b, rewards_b,
+                    responses: Sequence[str], feedback: Sequence[str], *, group_size: int,
+                    success_threshold: float, use_feedback: bool, width: int) -> tuple[np.ndarray, ...]:
+    """SDPO teacher prompts `[B, width]` (left-padded) and `has_context_b`: the question with a
+    successful sibling's response as the solution (first other response of the group with
+    reward >= threshold), else the verifier's feedback on this response (`use_feedback`);
+    rows with neither get has_context 0 and an empty prompt. Host (numpy) function."""
+    from pipo_jax.losses.distill import select_demonstrations
+
+    demo_b, has_demo_b = (np.asarray(x) for x in select_demonstrations(
+        np.asarray(rewards_b, np.float32), group_size, success_threshold=success_threshold))
+    b = len(responses)
+    tokens = np.full((b, width), task.pad_id, np.int32)
+    mask = np.zeros((b, width), np.int32)
+    has = np.zeros((b,), np.float32)
+    for i in range(b):
+        if has_demo_b[i]:
+            context = SOLUTION_CONTEXT.format(text=responses[int(demo_b[i])])
+        elif use_feedback and feedback[i]:
+            context = FEEDBACK_CONTEXT.format(text=feedback[i])
+        else:
+            continue
+        ids = teacher_prompt_ids(tokenizer, prompt_config, task.questions[int(np.asarray(index_b)[i])], context,
+                                 width)
+        if ids:
+            tokens[i, width - len(ids):], mask[i, width - len(ids):], has[i] = ids, 1, 1.0
+    return tokens, mask, has
 
 
 # ----------------------------------------------------------------------------- host reward

@@ -187,3 +187,93 @@ def test_trainer_on_a_math_file_with_benchmarks_then_eval_cli(model_dir, math_fi
     assert res.returncode == 0, res.stderr[-2000:]
     table = json.loads((tmp_path / "eval.json").read_text())
     assert "mini" in json.dumps(table) and "mini" in res.stdout
+
+
+def sdpo_config(model_dir, math_file, **overrides):
+    from configs import sdpo
+
+    c = sdpo.get_config("micro")
+    base = math_config(model_dir, math_file)
+    for key in ("model", "warmup", "task", "log"):
+        c[key] = base[key]
+    c.rollout.max_new_tokens = base.rollout.max_new_tokens
+    c.eval.n = base.eval.n
+    for key, value in overrides.items():
+        node = c
+        *path, last = key.split(".")
+        for p in path:
+            node = node[p]
+        node[last] = value
+    return c
+
+
+def test_sdpo_teacher_prompts_show_a_sibling_solution_or_feedback(model_dir, math_file):
+    from pipo_jax.rl import learn
+
+    c = sdpo_config(model_dir, math_file, **{"rollout.group_size": 2, "rollout.prompts_per_batch": 2,
+                                              "train.mini_batch_prompts": 1})
+    spec = train_spec(c)
+    tok = tk.load_tokenizer(model_dir)
+    r = spec.response_len
+    rows = np.asarray([0, 0, 1, 1], np.int32)  # answers 3, 3, 7, 7
+    texts = ["\\boxed{3}", "\\boxed{5}", "\\boxed{1}", "\\boxed{2}"]
+    resp = np.full((4, r), spec.task.pad_id, np.int32)
+    mask = np.zeros((4, r), np.int32)
+    for i, t in enumerate(texts):
+        ids = tok(t, add_special_tokens=False)["input_ids"] + [2]
+        resp[i, :len(ids)], mask[i, :len(ids)] = ids, 1
+    problems = dataset.problems_at(spec.task, rows)
+    batch = rollout.Rollout(
+        problems=problems, tokens_bl=jnp.concatenate([problems.prompt_tokens_bp, jnp.asarray(resp)], axis=1),
+        mask_bl=jnp.concatenate([problems.prompt_mask_bp, jnp.asarray(mask)], axis=1),
+        sample_logp_br=jnp.zeros((4, r)), rewards_b=jnp.zeros((4,)))
+    with dataset_reward(spec, c) as reward:
+        scored = rollout.DatasetScorer(spec, reward, pr.PromptConfig(max_prompt_tokens=128)).score_rollout(batch)
+        _, feedback = reward(resp, mask, rows)
+    np.testing.assert_array_equal(scored.rewards_b, [1, 0, 0, 0])
+    ctx_tokens, ctx_mask, has = (np.asarray(x) for x in scored.teacher_context)
+    assert ctx_tokens.shape == (4, spec.teacher_prompt_len)
+    np.testing.assert_array_equal(has, [1, 1, 1, 1])
+    prompts = [tok.decode(t[m == 1].tolist()) for t, m in zip(ctx_tokens, ctx_mask)]
+    # Row 1 failed; its sibling (row 0) solved it: the teacher sees that solution.
+    assert "What is 1 + 2?" in prompts[1] and "Here is a correct solution to this problem:\n\\boxed{3}" in prompts[1]
+    assert prompts[1].endswith("<|im_start|>assistant\n")
+    # Rows 0, 2, 3 have no successful sibling: the verifier's feedback on their own answer.
+    for i in (0, 2, 3):
+        assert "Feedback on an earlier attempt" in prompts[i] and feedback[i] in prompts[i]
+    assert "What is 3 + 4?" in prompts[2]
+    # The learn step appends the response to the host-built prompt.
+    t_tokens, t_mask, sd_mask = learn.teacher_contexts(spec, scored, scored.rewards_b)
+    np.testing.assert_array_equal(t_tokens[:, spec.teacher_prompt_len:], resp)
+    np.testing.assert_array_equal(t_mask[:, :spec.teacher_prompt_len], ctx_mask)
+    np.testing.assert_array_equal(sd_mask, has)
+    # Without feedback only the row with a successful sibling gets a teacher prompt.
+    spec_nofb = train_spec(sdpo_config(model_dir, math_file, **{"rollout.group_size": 2, "rollout.prompts_per_batch": 2,
+                                                                "train.mini_batch_prompts": 1,
+                                                                "sdpo.use_feedback": False}))
+    with dataset_reward(spec_nofb, c) as reward:
+        scored = rollout.DatasetScorer(spec_nofb, reward, pr.PromptConfig(max_prompt_tokens=128)).score_rollout(batch)
+    ctx_tokens, ctx_mask, has = (np.asarray(x) for x in scored.teacher_context)
+    np.testing.assert_array_equal(has, [0, 1, 0, 0])
+    assert ctx_mask[[0, 2, 3]].sum() == 0
+
+
+def test_teacher_prompt_cuts_a_context_that_does_not_fit(model_dir):
+    tok = tk.load_tokenizer(model_dir)
+    cfg = pr.PromptConfig(max_prompt_tokens=128)
+    full = dataset.teacher_prompt_ids(tok, cfg, "What is 1 + 2?", "x" * 40, 1000)
+    short = dataset.teacher_prompt_ids(tok, cfg, "What is 1 + 2?", "x" * 40, len(full) - 5)
+    assert 0 < len(short) <= len(full) - 5
+    assert tok.decode(short).endswith(tok.decode(full[-8:]))  # the template's end survives
+    assert dataset.teacher_prompt_ids(tok, cfg, "What is 1 + 2?", "x" * 40, 5) == []  # not even the question fits
+
+
+def test_sdpo_trains_on_a_math_file(model_dir, math_file, tmp_path):
+    c = sdpo_config(model_dir, math_file, **{"iterations": 2, "log.every": 1})
+    train(c, str(tmp_path / "run"))
+    rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows[1:]:
+        assert np.isfinite(r["train/loss"]) and r["tokens"] > 0
+        # A random policy fails every problem: each response gets the verifier's feedback.
+        assert r["reward_mean"] == 0 and r["teacher_context_frac"] == 1.0
