@@ -139,7 +139,6 @@ def test_dataset_task_config_errors_name_the_key(model_dir, math_file, tmp_path)
         ({"log.jit_loop": True}, "config.log.jit_loop"),
         ({"task.path": ""}, "config.task.path"),
         ({"model.path": ""}, "config.model.path"),
-        ({"algorithm": "sdpo"}, "config.algorithm"),
         ({"rollout.max_new_tokens": 0}, "config.rollout.max_new_tokens"),
         ({"task.path": str(tmp_path / "nope.jsonl")}, "config.task.*nope.jsonl"),
         ({"task.enable_thinking": "maybe"}, "config.task.enable_thinking"),
