@@ -88,3 +88,14 @@ def pytest_collection_modifyitems(config, items):
         path = item.nodeid.split("::", 1)[0]
         group = "tests/parallel" if path.startswith("tests/parallel/") else path
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def override(config, overrides: dict):
+    """Sets dotted keys of an ml-collections config (`{"pipo.lam": 0.2}`), as the command line does."""
+    for key, value in overrides.items():
+        node = config
+        *path, last = key.split(".")
+        for p in path:
+            node = node[p]
+        node[last] = value
+    return config

@@ -19,6 +19,7 @@ from pipo_jax.rl import evaluate, rollout
 from pipo_jax.rl.spec import ConfigError, train_spec
 from pipo_jax.rl.trainer import dataset_reward, train
 from pipo_jax.tasks import dataset
+from tests.conftest import override
 from tests.data.tiny_tokenizer import save_tiny_tokenizer
 
 QUESTIONS = [(f"What is {a} + {b}?", str(a + b)) for a, b in
@@ -55,13 +56,7 @@ def math_config(model_dir, math_file, **overrides):
     c.rollout.max_new_tokens = 24
     c.log.jit_loop = False
     c.eval.n = 3
-    for key, value in overrides.items():
-        node = c
-        *path, last = key.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = value
-    return c
+    return override(c, overrides)
 
 
 def test_prompt_table_and_splits(model_dir, math_file):
@@ -91,23 +86,31 @@ def test_prompt_table_and_splits(model_dir, math_file):
     assert set(np.asarray(held.index_b)) <= set(task.heldout_rows_np)
 
 
+def constructed_rollout(spec, tok, rows, texts):
+    """A rollout of the task's rows with the given response texts (each then <|im_end|>):
+    (rollout, response tokens [B, R], response mask [B, R])."""
+    r = spec.response_len
+    resp = np.full((len(texts), r), spec.task.pad_id, np.int32)
+    mask = np.zeros((len(texts), r), np.int32)
+    for i, t in enumerate(texts):
+        ids = tok(t, add_special_tokens=False)["input_ids"][: r - 1] + [2]
+        resp[i, :len(ids)], mask[i, :len(ids)] = ids, 1
+    problems = dataset.problems_at(spec.task, np.asarray(rows, np.int32))
+    batch = rollout.Rollout(
+        problems=problems, tokens_bl=jnp.concatenate([problems.prompt_tokens_bp, jnp.asarray(resp)], axis=1),
+        mask_bl=jnp.concatenate([problems.prompt_mask_bp, jnp.asarray(mask)], axis=1),
+        sample_logp_br=jnp.zeros((len(texts), r)), rewards_b=jnp.zeros((len(texts),)))
+    return batch, resp, mask
+
+
 def test_host_reward_verifies_each_response_against_its_row(model_dir, math_file):
     spec = train_spec(math_config(model_dir, math_file))
     tok = tk.load_tokenizer(model_dir)
-    r = spec.response_len
     rows = np.asarray([0, 0, 1, 2], np.int32)  # answers 3, 3, 7, 11
     texts = ["so \\boxed{3}", "\\boxed{4}", "\\boxed{7}", "\\boxed{11}"]
-    resp = np.full((4, r), spec.task.pad_id, np.int32)
-    mask = np.zeros((4, r), np.int32)
-    for i, t in enumerate(texts):
-        ids = tok(t, add_special_tokens=False)["input_ids"][: r - 1] + [2]  # then <|im_end|>
-        resp[i, :len(ids)], mask[i, :len(ids)] = ids, 1
+    batch, resp, mask = constructed_rollout(spec, tok, rows, texts)
     mask[3, :] = 0  # an empty (masked-out) response scores 0 whatever its tokens
-    problems = dataset.problems_at(spec.task, rows)
-    tokens = jnp.concatenate([problems.prompt_tokens_bp, jnp.asarray(resp)], axis=1)
-    full_mask = jnp.concatenate([problems.prompt_mask_bp, jnp.asarray(mask)], axis=1)
-    batch = rollout.Rollout(problems=problems, tokens_bl=tokens, mask_bl=full_mask,
-                            sample_logp_br=jnp.zeros((4, r)), rewards_b=jnp.zeros((4,)))
+    batch = batch.replace(mask_bl=batch.mask_bl.at[3, spec.prompt_len:].set(0))
     reward = dataset_reward(spec, math_config(model_dir, math_file))
     try:
         decoded = reward.decode(resp, mask)
@@ -197,13 +200,7 @@ def sdpo_config(model_dir, math_file, **overrides):
         c[key] = base[key]
     c.rollout.max_new_tokens = base.rollout.max_new_tokens
     c.eval.n = base.eval.n
-    for key, value in overrides.items():
-        node = c
-        *path, last = key.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = value
-    return c
+    return override(c, overrides)
 
 
 def test_sdpo_teacher_prompts_show_a_sibling_solution_or_feedback(model_dir, math_file):
@@ -213,19 +210,8 @@ def test_sdpo_teacher_prompts_show_a_sibling_solution_or_feedback(model_dir, mat
                                               "train.mini_batch_prompts": 1})
     spec = train_spec(c)
     tok = tk.load_tokenizer(model_dir)
-    r = spec.response_len
     rows = np.asarray([0, 0, 1, 1], np.int32)  # answers 3, 3, 7, 7
-    texts = ["\\boxed{3}", "\\boxed{5}", "\\boxed{1}", "\\boxed{2}"]
-    resp = np.full((4, r), spec.task.pad_id, np.int32)
-    mask = np.zeros((4, r), np.int32)
-    for i, t in enumerate(texts):
-        ids = tok(t, add_special_tokens=False)["input_ids"] + [2]
-        resp[i, :len(ids)], mask[i, :len(ids)] = ids, 1
-    problems = dataset.problems_at(spec.task, rows)
-    batch = rollout.Rollout(
-        problems=problems, tokens_bl=jnp.concatenate([problems.prompt_tokens_bp, jnp.asarray(resp)], axis=1),
-        mask_bl=jnp.concatenate([problems.prompt_mask_bp, jnp.asarray(mask)], axis=1),
-        sample_logp_br=jnp.zeros((4, r)), rewards_b=jnp.zeros((4,)))
+    batch, resp, mask = constructed_rollout(spec, tok, rows, ["\\boxed{3}", "\\boxed{5}", "\\boxed{1}", "\\boxed{2}"])
     with dataset_reward(spec, c) as reward:
         scored = rollout.DatasetScorer(spec, reward, pr.PromptConfig(max_prompt_tokens=128)).score_rollout(batch)
         _, feedback = reward(resp, mask, rows)

@@ -2,7 +2,6 @@
 PNG plots, and what a resume does to each."""
 
 import glob
-import json
 import struct
 
 import numpy as np

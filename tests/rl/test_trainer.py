@@ -14,6 +14,7 @@ from pipo_jax.rl import learn, logprobs, loop
 from pipo_jax.rl.spec import ConfigError, train_spec
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.rl.trainer import train
+from tests.conftest import override
 
 ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
 
@@ -21,13 +22,7 @@ ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
 def micro(algo: str, pipo_on: bool = True, **overrides):
     c = importlib.import_module(f"configs.{algo}").get_config("micro")
     c.pipo.enabled = pipo_on
-    for key, value in overrides.items():
-        node = c
-        *path, last = key.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = value
-    return c
+    return override(c, overrides)
 
 
 def fresh_state(c):
