@@ -73,18 +73,11 @@ def generate(spec: TrainSpec, params, problems, rng) -> Rollout:
 
 
 def task_rewards(spec: TrainSpec, rollout: Rollout) -> jax.Array:
-    """The built-in task's JAX reward `[B]` (dataset tasks are scored on the host: `dataset_rewards`)."""
+    """The built-in task's JAX reward `[B]` (dataset tasks are scored on the host: `DatasetScorer`)."""
     if spec.is_dataset_task:
         raise ValueError(f"the {spec.task.kind} task has no JAX reward; it is scored on the host")
     tokens_br, mask_br = response_part(spec, rollout)
     return arithmetic.reward(spec.task, rollout.problems, tokens_br, mask_br)
-
-
-def dataset_rewards(spec: TrainSpec, reward: dataset.DatasetReward, rollout: Rollout) -> np.ndarray:
-    """Host rewards `[B]` of a dataset task's rollout (the verifier / sandbox on each response)."""
-    tokens_br, mask_br = jax.device_get(response_part(spec, rollout))
-    rewards_b, _ = reward(tokens_br, mask_br, jax.device_get(rollout.problems.index_b))
-    return rewards_b
 
 
 class DatasetScorer:
@@ -92,22 +85,26 @@ class DatasetScorer:
     `[B]`; `scorer.score_rollout(rollout)` also attaches, for SDPO / VPD, the teacher prompts
     built from those rewards (a successful sibling, else the verifier's feedback)."""
 
-    def __init__(self, spec: TrainSpec, reward: dataset.DatasetReward, prompt_config):
-        self.spec, self.reward, self.prompt_config = spec, reward, prompt_config
+    def __init__(self, spec: TrainSpec, reward: dataset.DatasetReward):
+        self.spec, self.reward = spec, reward
+
+    def _scores(self, rollout: Rollout) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
+        """(row ids, decoded responses, rewards, feedback) of the rollout's responses."""
+        tokens_br, mask_br = jax.device_get(response_part(self.spec, rollout))
+        index_b = np.asarray(jax.device_get(rollout.problems.index_b))
+        texts = self.reward.decode(tokens_br, mask_br)
+        return (index_b, texts, *self.reward.score_texts(texts, index_b))
 
     def __call__(self, rollout: Rollout) -> np.ndarray:
-        return dataset_rewards(self.spec, self.reward, rollout)
+        return self._scores(rollout)[2]
 
     def score_rollout(self, rollout: Rollout) -> Rollout:
         spec = self.spec
-        tokens_br, mask_br = jax.device_get(response_part(spec, rollout))
-        index_b = np.asarray(jax.device_get(rollout.problems.index_b))
-        texts = self.reward.decode(tokens_br, mask_br)
-        rewards_b, feedback = self.reward.score_texts(texts, index_b)
+        index_b, texts, rewards_b, feedback = self._scores(rollout)
         out = with_rewards(rollout, rewards_b)
         if spec.uses_teacher:
             context = dataset.teacher_prompts(
-                spec.task, self.reward.tokenizer, self.prompt_config, index_b, rewards_b, texts, feedback,
+                spec.task, index_b, rewards_b, texts, feedback,
                 group_size=spec.group_size, success_threshold=spec.sdpo_success_threshold,
                 use_feedback=spec.sdpo_use_feedback, width=spec.teacher_prompt_len)
             out = out.replace(teacher_context=tuple(jnp.asarray(x) for x in context))

@@ -22,23 +22,13 @@ from pipo_jax.parallel.distributed import initialize_distributed
 from pipo_jax.rl import evaluate, loop, observe, rollout, warmup
 from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.placement import Placement, placement_from_config
-from pipo_jax.rl.spec import (ConfigError, TrainSpec, eval_benchmarks, prompt_config, run_iterations_of,
-                              train_spec)
+from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, train_spec
 from pipo_jax.rl.state import TrainState
 from pipo_jax.tasks.dataset import DatasetReward
 
 log = logging.getLogger(__name__)
 
 EVAL_SEED = 1234  # the held-out problems are the same at every evaluation
-
-
-def heldout_accuracy(spec: TrainSpec, params, n: int, where: Placement | None = None,
-                     reward: DatasetReward | None = None) -> float:
-    """Greedy accuracy on `n` fixed held-out problems (a dataset task: the mean verified reward)."""
-    where = where or Placement()
-    if spec.is_dataset_task:
-        return evaluate.dataset_heldout_accuracy(spec, where.to_host(params), reward, n)
-    return where.heldout_accuracy(spec, params, n, jax.random.PRNGKey(EVAL_SEED))
 
 
 class Evaluation:
@@ -59,13 +49,18 @@ class Evaluation:
                                for name, path in paths.items()}
 
     def __call__(self, params, step: int) -> dict[str, float]:
+        """Greedy accuracy on `eval.n` fixed held-out problems (a dataset task: the mean verified
+        reward, on host-gathered params), and the benchmarks' pass@k."""
         spec, ec = self.spec, self.config.eval
-        out = {"heldout_accuracy": heldout_accuracy(spec, params, ec.n, self.where, self.reward)}
+        if not spec.is_dataset_task:
+            return {"heldout_accuracy": self.where.heldout_accuracy(spec, params, ec.n, jax.random.PRNGKey(EVAL_SEED))}
+        params = self.where.to_host(params)  # gathered once for every evaluation below
+        out = {"heldout_accuracy": evaluate.dataset_heldout_accuracy(spec, params, self.reward, ec.n)}
         if self.benchmarks:
             stop_ids, pad_id = rollout.stop_and_pad_ids(spec)
             rows, _ = evaluate.math_benchmarks(
-                spec.model, self.where.to_host(params), self.reward.tokenizer, self.benchmarks,
-                prompt_config(self.config.task), self.reward.verifier, ec.samples, self.ks,
+                spec.model, params, spec.task.tokenizer, self.benchmarks,
+                spec.task.prompt_config, self.reward.verifier, ec.samples, self.ks,
                 jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step), max_new_tokens=spec.response_len,
                 temperature=ec.temperature, stop_token_ids=stop_ids, pad_id=pad_id, batch_size=ec.batch_size)
             for row in rows:
@@ -106,12 +101,12 @@ def run_iterations(spec: TrainSpec, state: TrainState, n: int, jit_loop: bool,
     return (where or Placement()).run(spec, state, n, jit_loop, reward_fn or host_task_reward(spec))
 
 
-def host_task_reward(spec: TrainSpec, reward: DatasetReward | None = None, prompts=None) -> loop.HostReward:
+def host_task_reward(spec: TrainSpec, reward: DatasetReward | None = None) -> loop.HostReward:
     """The task's reward as a host (numpy) function, for the host loop: the built-in task's
-    JAX reward, or a dataset task's verifier / sandbox (`reward`; `prompts`, its
-    `PromptConfig`, renders SDPO / VPD teacher prompts)."""
+    JAX reward, or a dataset task's verifier / sandbox (`reward`; with SDPO / VPD it also
+    builds the teacher prompts)."""
     if spec.is_dataset_task:
-        return rollout.DatasetScorer(spec, reward, prompts)
+        return rollout.DatasetScorer(spec, reward)
     return lambda r: np.asarray(rollout.task_rewards(spec, r))
 
 
@@ -119,14 +114,12 @@ def dataset_reward(spec: TrainSpec, config: ml_collections.ConfigDict) -> Datase
     """A dataset task's host reward (math verifier processes / code sandbox), else None."""
     if not spec.is_dataset_task:
         return None
-    from pipo_jax.data.tokenizer import load_tokenizer
     from pipo_jax.tasks.code import SandboxConfig
     from pipo_jax.tasks.math import MathVerifyConfig
 
     tc = config.task
     return DatasetReward(
-        spec.task, load_tokenizer(tc.tokenizer_path or config.model.path),
-        math_config=MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
+        spec.task, math_config=MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
                                      num_workers=tc.verify_workers),
         sandbox_config=SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
                                      max_workers=tc.verify_workers))
@@ -147,6 +140,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         log.info("task.epochs=%g over %d training rows: %d iterations", config.task.epochs,
                  len(spec.task.train_rows_np), config.iterations)
     where = placement_from_config(config)
+    if spec.is_dataset_task and spec.uses_teacher and where.mesh is not None:
+        raise ConfigError("config.mesh.enabled: SDPO / VPD on a dataset task build teacher prompts on one "
+                          "host; run them on one device (--config.mesh.enabled=false)")
     main = where.is_main_process
     if main:
         os.makedirs(workdir, exist_ok=True)
@@ -172,10 +168,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe()}
     try:
         evaluation = Evaluation(spec, config, where, reward)
-        if spec.is_dataset_task and spec.uses_teacher and where.mesh is not None:
-            raise ConfigError("config.mesh.enabled: SDPO / VPD on a dataset task build teacher prompts on one "
-                              "host; run them on one device (--config.mesh.enabled=false)")
-        reward_fn = host_task_reward(spec, reward, prompt_config(config.task) if spec.is_dataset_task else None)
+        reward_fn = host_task_reward(spec, reward)
         logger = observe.RunLogger(workdir, total=config.iterations, tensorboard=config.log.tensorboard,
                                    wandb=config.log.wandb, wandb_project=config.log.wandb_project,
                                    progress=config.log.progress, run_config=config.to_dict(), start_step=step,

@@ -49,6 +49,8 @@ class DatasetTask:
     references: per row, the math answer or the code tests.
     train_rows_np / heldout_rows_np: row ids of the two splits.
     stop_token_ids, pad_id: the tokenizer's response end and padding ids.
+    tokenizer, prompt_config: what rendered the prompts; responses are decoded and SDPO
+      teacher prompts rendered with the same.
     origins: where each row came from ("file.jsonl:12"), for messages.
     num_dropped / num_truncated: prompts dropped or truncated for length while loading.
     """
@@ -61,6 +63,8 @@ class DatasetTask:
     heldout_rows_np: np.ndarray
     stop_token_ids: tuple[int, ...]
     pad_id: int
+    tokenizer: Any = None
+    prompt_config: PromptConfig = PromptConfig()
     origins: tuple[str, ...] = ()
     questions: tuple = ()  # each row's prompt (text or chat messages), for SDPO teacher prompts
     num_dropped: int = 0
@@ -142,6 +146,7 @@ def load_dataset_task(kind: str, examples: Sequence[Example], tokenizer: Any, pr
         kind=kind, prompt_tokens_np=table, prompt_lengths_np=lengths,
         references=references_of(kind, prompts.examples, tests_field), train_rows_np=train_rows,
         heldout_rows_np=heldout_rows, stop_token_ids=tuple(int(i) for i in stop_token_ids), pad_id=int(pad_id),
+        tokenizer=tokenizer, prompt_config=prompt_config,
         origins=tuple(ex.origin for ex in prompts.examples), questions=tuple(ex.prompt for ex in prompts.examples),
         num_dropped=prompts.num_dropped,
         num_truncated=prompts.num_truncated)
@@ -205,9 +210,9 @@ def teacher_prompt_ids(tokenizer: Any, prompt_config: PromptConfig, question, co
     return ids if len(ids) <= width else []
 
 
-def teacher_prompts(task: DatasetTask, tokenizer: Any, prompt_config: PromptConfig, index_b, rewards_b,
-                    responses: Sequence[str], feedback: Sequence[str], *, group_size: int,
-                    success_threshold: float, use_feedback: bool, width: int) -> tuple[np.ndarray, ...]:
+def teacher_prompts(task: DatasetTask, index_b, rewards_b, responses: Sequence[str], feedback: Sequence[str], *,
+                    group_size: int, success_threshold: float, use_feedback: bool,
+                    width: int) -> tuple[np.ndarray, ...]:
     """SDPO teacher prompts `[B, width]` (left-padded) and `has_context_b`: the question with a
     successful sibling's response as the solution (first other response of the group with
     reward >= threshold), else the verifier's feedback on this response (`use_feedback`);
@@ -217,6 +222,7 @@ def teacher_prompts(task: DatasetTask, tokenizer: Any, prompt_config: PromptConf
     demo_b, has_demo_b = (np.asarray(x) for x in select_demonstrations(
         np.asarray(rewards_b, np.float32), group_size, success_threshold=success_threshold))
     b = len(responses)
+    index_b = np.asarray(index_b)
     tokens = np.full((b, width), task.pad_id, np.int32)
     mask = np.zeros((b, width), np.int32)
     has = np.zeros((b,), np.float32)
@@ -227,8 +233,7 @@ def teacher_prompts(task: DatasetTask, tokenizer: Any, prompt_config: PromptConf
             context = FEEDBACK_CONTEXT.format(text=feedback[i])
         else:
             continue
-        ids = teacher_prompt_ids(tokenizer, prompt_config, task.questions[int(np.asarray(index_b)[i])], context,
-                                 width)
+        ids = teacher_prompt_ids(task.tokenizer, task.prompt_config, task.questions[int(index_b[i])], context, width)
         if ids:
             tokens[i, width - len(ids):], mask[i, width - len(ids):], has[i] = ids, 1, 1.0
     return tokens, mask, has
@@ -240,14 +245,14 @@ def teacher_prompts(task: DatasetTask, tokenizer: Any, prompt_config: PromptConf
 class DatasetReward:
     """Host reward of a dataset task: `rewards_b, feedback_b = reward(tokens_br, mask_br, index_b)`.
 
-    Decodes each response's valid tokens (special tokens skipped) and scores it against
+    Decodes each response's valid tokens (special tokens skipped; the task's tokenizer) and scores it against
     its row's reference with the math verifier (answers) or the code sandbox (tests).
     A context manager: the math verifier's worker processes stop on `close()`.
     """
 
-    def __init__(self, task: DatasetTask, tokenizer: Any, math_config=None, sandbox_config=None):
+    def __init__(self, task: DatasetTask, math_config=None, sandbox_config=None):
         self.task = task
-        self.tokenizer = tokenizer
+        self.tokenizer = task.tokenizer
         self.verifier = None
         self._sandbox = sandbox_config
         if task.kind == "math":

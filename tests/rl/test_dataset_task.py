@@ -115,7 +115,7 @@ def test_host_reward_verifies_each_response_against_its_row(model_dir, math_file
     try:
         decoded = reward.decode(resp, mask)
         assert decoded[:3] == [t for t in texts[:3]] and decoded[3] == ""
-        np.testing.assert_array_equal(rollout.dataset_rewards(spec, reward, batch), [1.0, 0.0, 1.0, 0.0])
+        np.testing.assert_array_equal(rollout.DatasetScorer(spec, reward)(batch), [1.0, 0.0, 1.0, 0.0])
         _, feedback = reward(resp, mask, rows)
         assert "4" in feedback[1] and feedback[0] != feedback[1]
     finally:
@@ -213,7 +213,7 @@ def test_sdpo_teacher_prompts_show_a_sibling_solution_or_feedback(model_dir, mat
     rows = np.asarray([0, 0, 1, 1], np.int32)  # answers 3, 3, 7, 7
     batch, resp, mask = constructed_rollout(spec, tok, rows, ["\\boxed{3}", "\\boxed{5}", "\\boxed{1}", "\\boxed{2}"])
     with dataset_reward(spec, c) as reward:
-        scored = rollout.DatasetScorer(spec, reward, pr.PromptConfig(max_prompt_tokens=128)).score_rollout(batch)
+        scored = rollout.DatasetScorer(spec, reward).score_rollout(batch)
         _, feedback = reward(resp, mask, rows)
     np.testing.assert_array_equal(scored.rewards_b, [1, 0, 0, 0])
     ctx_tokens, ctx_mask, has = (np.asarray(x) for x in scored.teacher_context)
@@ -237,7 +237,7 @@ def test_sdpo_teacher_prompts_show_a_sibling_solution_or_feedback(model_dir, mat
                                                                 "train.mini_batch_prompts": 1,
                                                                 "sdpo.use_feedback": False}))
     with dataset_reward(spec_nofb, c) as reward:
-        scored = rollout.DatasetScorer(spec_nofb, reward, pr.PromptConfig(max_prompt_tokens=128)).score_rollout(batch)
+        scored = rollout.DatasetScorer(spec_nofb, reward).score_rollout(batch)
     ctx_tokens, ctx_mask, has = (np.asarray(x) for x in scored.teacher_context)
     np.testing.assert_array_equal(has, [0, 1, 0, 0])
     assert ctx_mask[[0, 2, 3]].sum() == 0
