@@ -15,41 +15,64 @@ organised for decode speed:
   width is the attention window, so attention is two plain batched matmuls over
   exactly the slots it needs (callers grow/shrink it with `resize_cache` along a short
   ladder of widths);
-* RoPE tables are computed once per step, not per layer.
+* RoPE tables are computed once per step, not per layer;
+* on a single-device CPU, products of at most `GEMV_MAX_ROWS` rows (every decode step
+  of up to 8 rows) go through `kernels.cpu_gemv`, an FFI kernel that streams each
+  weight matrix once over all cores (`DecodeWeights.use_gemv`; XLA's matmul otherwise).
 
 Positions index the cache as in `qwen3.KVCache`, which `to_kv_cache` converts to.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
+from pipo_jax.kernels import cpu_gemv
 from pipo_jax.models import qwen3
 from pipo_jax.models.qwen3 import KVCache, Qwen3Config
 
 
-class DecodeWeights(NamedTuple):
+# Row count up to which `cpu_gemv` beats XLA's matmul on the decode step's matrices
+# (experiments/benchmarks/sampler.py; at 16 rows they tie, at 32 XLA's GEMM wins).
+GEMV_MAX_ROWS = 8
+
+
+@struct.dataclass
+class DecodeWeights:
     """Parameters re-laid-out for decoding (built by `prepare_weights`).
 
     Matrices are stored `[out, in]` (as `torch.nn.Linear`): XLA:CPU's small-batch
-    matmuls ran 1.3-2.8x faster with the contraction over both operands' minor axis.
-    `layers` is a tuple with one dict per layer (separate buffers, so no per-step
-    slicing of stacked weights): attn_norm `[D]`, qkv `[(H+2K)*Dh, D]`, q_norm / k_norm
-    `[Dh]`, o `[D, H*Dh]`, mlp_norm `[D]`, gate_up `[2F, D]`, down `[D, F]`.
+    matmuls ran 1.3-2.8x faster with the contraction over both operands' minor axis,
+    and `cpu_gemv` reads each output's weights as one contiguous row. `layers` is a
+    tuple with one dict per layer (separate buffers, so no per-step slicing of stacked
+    weights): attn_norm `[D]`, qkv `[(H+2K)*Dh, D]`, q_norm / k_norm `[Dh]`, o
+    `[D, H*Dh]`, mlp_norm `[D]`, gate_up `[2F, D]`, down `[D, F]`. `use_gemv` (static)
+    sends products of at most `GEMV_MAX_ROWS` rows through `cpu_gemv`.
     """
 
     embed: jax.Array  # [V, D]
     lm_head: jax.Array  # [V, D]
     final_norm: jax.Array  # [D]
     layers: tuple
+    use_gemv: bool = struct.field(pytree_node=False, default=False)
 
 
-def prepare_weights(config: Qwen3Config, params: qwen3.Params) -> DecodeWeights:
-    """Decode layout of `params`: one copy of the weights, matrices in the compute dtype."""
+def prepare_weights(config: Qwen3Config, params: qwen3.Params, use_gemv: bool | None = None) -> DecodeWeights:
+    """Decode layout of `params`: one copy of the weights, matrices in the compute dtype.
+
+    `use_gemv`: route few-row products through `cpu_gemv` (default: when the compute
+    dtype is float32 and `cpu_gemv.available()`, i.e. a single-device CPU).
+    """
     c = config
+    if use_gemv is None:
+        use_gemv = c.jnp_dtype == jnp.float32 and cpu_gemv.available()
+    elif use_gemv and not cpu_gemv.available():
+        raise ValueError("use_gemv=True but cpu_gemv is not available here (see pipo_jax.kernels.cpu_gemv)")
     dt = c.jnp_dtype
     lp = params["layers"]
     d = c.hidden_size
@@ -71,6 +94,7 @@ def prepare_weights(config: Qwen3Config, params: qwen3.Params) -> DecodeWeights:
         lm_head=qwen3.lm_head_weight(c, params).T.astype(dt),
         final_norm=params["final_norm"],
         layers=tuple(layers),
+        use_gemv=bool(use_gemv),
     )
 
 
@@ -141,8 +165,10 @@ def resize_cache(cache: DecodeCache, max_len: int) -> DecodeCache:
                        tuple(jnp.pad(v, ((0, 0), (0, 0), (0, extra), (0, 0))) for v in cache.v))
 
 
-def _linear(x: jax.Array, w_out_in: jax.Array) -> jax.Array:
-    """`x @ w.T` for a weight stored `[out, in]`."""
+def _linear(x: jax.Array, w_out_in: jax.Array, use_gemv: bool) -> jax.Array:
+    """`x @ w.T` for a weight stored `[out, in]` (`cpu_gemv` for few fp32 rows when `use_gemv`)."""
+    if use_gemv and x.dtype == w_out_in.dtype == jnp.float32 and math.prod(x.shape[:-1]) <= GEMV_MAX_ROWS:
+        return cpu_gemv.gemv(x, w_out_in)
     return jnp.einsum("...i,oi->...o", x, w_out_in)
 
 
@@ -226,7 +252,7 @@ def cached_forward(
     # a layer out of a stacked array when a scan or a static index slices it).
     for lw, ck, cv in zip(weights.layers, cache.k, cache.v):
         hid = qwen3.rms_norm(x_btd, lw["attn_norm"], eps)
-        qkv = _linear(hid, lw["qkv"])
+        qkv = _linear(hid, lw["qkv"], weights.use_gemv)
         q = qkv[..., : h * dh].reshape(b, t, h, dh)
         kk = qkv[..., h * dh : (h + k) * dh].reshape(b, t, k, dh)
         v = qkv[..., (h + k) * dh :].reshape(b, t, k, dh)
@@ -236,16 +262,18 @@ def cached_forward(
         new_k.append(ck)
         new_v.append(cv)
         attn = _attend(q, ck.astype(dt), cv.astype(dt), allowed_bts, dt)
-        x_btd = x_btd + _linear(attn, lw["o"])
+        x_btd = x_btd + _linear(attn, lw["o"], weights.use_gemv)
         hid = qwen3.rms_norm(x_btd, lw["mlp_norm"], eps)
-        gu = _linear(hid, lw["gate_up"])
+        gu = _linear(hid, lw["gate_up"], weights.use_gemv)
         f = gu.shape[-1] // 2
-        x_btd = x_btd + _linear(jax.nn.silu(gu[..., :f]) * gu[..., f:], lw["down"])
+        x_btd = x_btd + _linear(jax.nn.silu(gu[..., :f]) * gu[..., f:], lw["down"], weights.use_gemv)
     return qwen3.rms_norm(x_btd, weights.final_norm, eps), DecodeCache(tuple(new_k), tuple(new_v))
 
 
 def head_logits(weights: DecodeWeights, hidden_bd: jax.Array) -> jax.Array:
     """Float32 logits `[B, V]` of final-normed hidden states `[B, D]`."""
+    if weights.use_gemv and hidden_bd.dtype == weights.lm_head.dtype == jnp.float32:
+        return _linear(hidden_bd, weights.lm_head, True)
     return jnp.einsum("bd,vd->bv", hidden_bd, weights.lm_head, preferred_element_type=jnp.float32)
 
 

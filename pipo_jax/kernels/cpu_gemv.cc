@@ -1,0 +1,204 @@
+// Few-row matmul `y[B, N] = x[B, K] @ w[N, K]^T` (fp32) for decoding on the CPU.
+//
+// At decode time a step multiplies a handful of rows by every weight matrix once, so
+// it is bound by how fast the weights stream from memory. This kernel reads each
+// weight row exactly once, as one contiguous stream, and spreads contiguous blocks of
+// rows over XLA's intra-op thread pool (the calling thread works too and takes any
+// block a pool thread has not started, so a late or busy pool never delays a call).
+// Built at first use by `cpu_gemv.py` with the machine's compiler (-O3 -march=native);
+// the arithmetic is portable C++ (GCC/Clang vector extensions), not hand intrinsics.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+typedef float v8f __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));  // unaligned load
+  return v;
+}
+
+inline float hsum(v8f v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// y[r, o] = dot(w[o, :], x[r, :]) for R rows of x (row stride k, output stride n) and
+// weight rows o in [o0, o1). Two accumulators per x row keep the FMA chains short.
+template <int R>
+void dot_rows(const float* x, const float* w, float* y, int64_t k, int64_t n, int64_t o0, int64_t o1) {
+  const int64_t k16 = k - k % 16;
+  for (int64_t o = o0; o < o1; ++o) {
+    const float* wr = w + o * k;
+    v8f a[R], b[R];
+    for (int r = 0; r < R; ++r) a[r] = b[r] = v8f{};
+    for (int64_t i = 0; i < k16; i += 16) {
+      const v8f w0 = load8(wr + i), w1 = load8(wr + i + 8);
+      for (int r = 0; r < R; ++r) {
+        a[r] += w0 * load8(x + r * k + i);
+        b[r] += w1 * load8(x + r * k + i + 8);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float s = hsum(a[r] + b[r]);
+      for (int64_t i = k16; i < k; ++i) s += wr[i] * x[r * k + i];
+      y[r * n + o] = s;
+    }
+  }
+}
+
+// All B rows of x against weight rows [o0, o1), in groups of at most four x rows
+// (a weight row is re-read from L1 for each group).
+void block(const float* x, const float* w, float* y, int64_t b, int64_t k, int64_t n, int64_t o0, int64_t o1) {
+  int64_t r = 0;
+  for (; r + 4 <= b; r += 4) dot_rows<4>(x + r * k, w, y + r * n, k, n, o0, o1);
+  switch (b - r) {
+    case 3: dot_rows<3>(x + r * k, w, y + r * n, k, n, o0, o1); break;
+    case 2: dot_rows<2>(x + r * k, w, y + r * n, k, n, o0, o1); break;
+    case 1: dot_rows<1>(x + r * k, w, y + r * n, k, n, o0, o1); break;
+    default: break;
+  }
+}
+
+// Blocks of weight rows claimed by whichever thread asks first. Shared-owned, so a
+// pool task that starts after the call returned finds nothing left and touches
+// nothing but this struct.
+struct Work {
+  const float* x;
+  const float* w;
+  float* y;
+  int64_t b, k, n, rows_per_block, blocks;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> finished{0};
+
+  void run() {
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < blocks;) {
+      const int64_t o0 = i * rows_per_block, o1 = std::min(n, o0 + rows_per_block);
+      block(x, w, y, b, k, n, o0, o1);
+      finished.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Helper threads that spin for a while after each job (decode calls come every few
+// microseconds; waking a sleeping thread takes longer than a small matvec), then sleep.
+class Helpers {
+ public:
+  explicit Helpers(int64_t count) {
+    for (int64_t i = 0; i < count; ++i) std::thread([this] { loop(); }).detach();
+  }
+  void submit(const std::shared_ptr<Work>& work) {
+    std::atomic_store(&current_, work);
+    generation_.fetch_add(1);
+    if (sleeping_.load() > 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      cv_.notify_all();
+    }
+  }
+
+ private:
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+      int spins = 0;
+      while (generation_.load() == seen) {
+        cpu_relax();
+        if (++spins % 1024 == 0 && std::chrono::steady_clock::now() > deadline) {
+          std::unique_lock<std::mutex> lock(mu_);
+          sleeping_.fetch_add(1);
+          cv_.wait(lock, [&] { return generation_.load() != seen; });
+          sleeping_.fetch_sub(1);
+        }
+      }
+      seen = generation_.load();
+      if (auto work = std::atomic_load(&current_)) work->run();
+    }
+  }
+  std::shared_ptr<Work> current_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> sleeping_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// Below this many weight bytes a call runs on the calling thread alone (handing work
+// to another thread costs more than it saves).
+constexpr int64_t kMinParallelBytes = 256 * 1024;
+// Each thread's share is split in this many blocks so a slow thread can be helped.
+constexpr int64_t kBlocksPerThread = 4;
+
+ffi::Error GemvImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                    ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (wd.size() != 2 || xd.size() < 1 || yd.size() != xd.size())
+    return ffi::Error::InvalidArgument("cpu_gemv: expects x [..., K], w [N, K], y [..., N]");
+  const int64_t n = wd[0], k = wd[1];
+  if (xd.back() != k || yd.back() != n)
+    return ffi::Error::InvalidArgument("cpu_gemv: x's last axis must equal w's and y's must equal w's first");
+  int64_t b = 1;
+  for (size_t i = 0; i + 1 < xd.size(); ++i) {
+    if (xd[i] != yd[i]) return ffi::Error::InvalidArgument("cpu_gemv: x and y leading axes differ");
+    b *= xd[i];
+  }
+  if (b == 0 || n == 0) return ffi::Error::Success();
+  if (k == 0) {
+    std::memset(y->typed_data(), 0, sizeof(float) * b * n);
+    return ffi::Error::Success();
+  }
+
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t bytes = n * k * static_cast<int64_t>(sizeof(float));
+  if (threads == 1 || bytes < kMinParallelBytes) {
+    block(x.typed_data(), w.typed_data(), y->typed_data(), b, k, n, 0, n);
+    return ffi::Error::Success();
+  }
+  auto work = std::make_shared<Work>();
+  work->x = x.typed_data();
+  work->w = w.typed_data();
+  work->y = y->typed_data();
+  work->b = b;
+  work->k = k;
+  work->n = n;
+  work->blocks = std::min(n, threads * kBlocksPerThread);
+  work->rows_per_block = (n + work->blocks - 1) / work->blocks;
+  work->blocks = (n + work->rows_per_block - 1) / work->rows_per_block;
+  // The caller is one worker; the pool supplies the others.
+  static Helpers* helpers = new Helpers(threads - 1);  // never destroyed: threads outlive exit
+  helpers->submit(work);
+  work->run();
+  while (work->finished.load(std::memory_order_acquire) < work->blocks) std::this_thread::yield();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PipoCpuGemvF32, GemvImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [..., K]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w [N, K]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y [..., N]
+);
