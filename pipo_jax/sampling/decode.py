@@ -36,7 +36,6 @@ from pipo_jax.kernels import cpu_gemv
 from pipo_jax.models import qwen3
 from pipo_jax.models.qwen3 import KVCache, Qwen3Config
 
-
 # Row count up to which `cpu_gemv` beats XLA's matmul on the decode step's matrices
 # (experiments/benchmarks/sampler.py; at 16 rows they tie, at 32 XLA's GEMM wins).
 GEMV_MAX_ROWS = 8
