@@ -5,18 +5,23 @@ Same random Qwen3-shaped weights (saved once with `hf.save`, loaded by both JAX 
 
 1. decode tokens/s at batch 1, 8, 32 of `sampler.generate`, of `continuous_batching.
    rollout` on an `Engine` with as many slots as rows, and of `transformers` `generate`
-   (torch CPU). Decode rate = `B * (N - 1) / (t(N new tokens) - t(1 new token))`, so
+   (torch CPU). Both JAX systems use `kernels.cpu_gemv` for steps of <= 8 rows where it
+   is available; `sampler.generate` with XLA's matmul throughout (`use_gemv=False`)
+   runs beside them as the baseline of that kernel. Decode rate = `B * (N - 1) / (t(N new tokens) - t(1 new token))`, so
    prefill is excluded; each time is the best of `--repeats` runs (other jobs share
    the machine; the minimum is the least disturbed run).
 2. a long-tail mix (most responses short, a few long; lengths set per request through
    the budgets): the engine vs static batching (`sampler.generate` on consecutive
    batches of as many requests as the engine has slots, each batch running until its
    longest response is done).
-3. machine limits measured in the same run: fp32 FLOP/s of a large matmul and the
-   memory-copy bandwidth (`2 * bytes / time` of a large array copy) and the read-only
-   bandwidth (XLA's large matrix-vector product, torch's two-thread sum); the decode
-   step's FLOP/s at batch 32 and its weight + KV bytes per step at batch 1 as fractions
-   of them.
+3. machine limits measured in the same run, before and after the decode measurements
+   (the larger of the two counts, so a quiet moment raises the bound, not the score):
+   fp32 FLOP/s of a large matmul, the memory-copy bandwidth (`2 * bytes / time` of a
+   large array copy) and the read-only bandwidth (one pass over a 256 MB matrix: XLA's
+   matrix-vector product, `cpu_gemv`, torch's two-thread sum); the decode step's
+   FLOP/s at batch 32 and its weight + KV bytes per step at batch 1 as fractions of
+   them. Decoding only reads, and on this kind of machine every read-only pass tops out
+   near 0.75-0.8 of the copy figure (a copy's writes drain without holding up reads).
 
 Prints a table; `--out FILE.json` writes every number. `--quick` runs a shorter version.
 Timings are never asserted.
@@ -25,6 +30,7 @@ Timings are never asserted.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -36,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipo_jax.kernels import cpu_gemv
 from pipo_jax.models import hf, qwen3
 from pipo_jax.sampling import continuous_batching, decode, sampler
 from pipo_jax.sampling.engine import Engine
@@ -82,20 +89,19 @@ def matmul_flops(n: int, repeats: int) -> dict:
     return out
 
 
-def copy_bandwidth(nbytes: int, repeats: int) -> dict:
-    """Bytes/s moved (read + write, `2 * size / time`) by large pre-faulted copies.
+def copy_passes(nbytes: int) -> dict:
+    """Large pre-faulted copies, `name -> (fn, bytes moved)` (read + write: `2 * size`).
 
-    numpy's copy is single-threaded; torch's `copy_` and an in-place XLA update use
-    both cores. `best` (the largest) is the bound the decode step is compared with.
+    numpy's copy is single-threaded; torch's `copy_` and an in-place XLA update use both cores.
     """
     src = np.ones(nbytes // 4, np.float32)
     dst = np.zeros_like(src)
-    out = {"numpy": 2 * src.nbytes / best_time(lambda: np.copyto(dst, src), repeats)}
+    passes = {"numpy": (lambda: np.copyto(dst, src), 2 * src.nbytes)}
     try:
         import torch
 
         tsrc, tdst = torch.from_numpy(src), torch.from_numpy(dst)
-        out["torch"] = 2 * src.nbytes / best_time(lambda: tdst.copy_(tsrc), repeats)
+        passes["torch"] = (lambda: tdst.copy_(tsrc), 2 * src.nbytes)
     except ImportError:
         pass
     scale = jax.jit(lambda x: x * 1.0001, donate_argnums=0)
@@ -105,29 +111,76 @@ def copy_bandwidth(nbytes: int, repeats: int) -> dict:
         state["x"] = scale(state["x"])
         state["x"].block_until_ready()
 
-    out["xla_inplace"] = 2 * src.nbytes / best_time(xla_update, repeats)
-    out["best"] = max(out.values())
-    return out
+    passes["xla_inplace"] = (xla_update, 2 * src.nbytes)
+    return passes
 
 
-def read_bandwidth(nbytes: int, repeats: int) -> dict:
-    """Bytes/s read by large read-only passes (nothing written back): XLA's matrix-vector
-    product over a `[rows, 2048]` fp32 matrix (the decode step's access pattern, at its
-    best: one large matrix), and torch's two-thread sum. `best` is the read ceiling."""
+def read_passes(nbytes: int) -> dict:
+    """Large read-only passes (nothing written back), `name -> (fn, bytes read)`: a
+    matrix-vector product over one `[rows, 2048]` fp32 matrix (the decode step's access
+    pattern, at its best) by XLA and by `cpu_gemv`, and torch's two-thread sum."""
     rows = nbytes // (4 * 2048)
     w = jnp.ones((rows, 2048), jnp.float32)
     x = jnp.ones((1, 2048), jnp.float32)
-    matvec = jax.jit(lambda v, m: jnp.einsum("bi,oi->bo", v, m))
-    out = {"xla_matvec": w.nbytes / best_time(lambda: matvec(x, w).block_until_ready(), repeats)}
+    matvec = jax.jit(cpu_gemv.gemv_reference)
+    passes = {"xla_matvec": (lambda: matvec(x, w).block_until_ready(), w.nbytes)}
+    if cpu_gemv.available():
+        kernel = jax.jit(cpu_gemv.gemv)
+        passes["cpu_gemv"] = (lambda: kernel(x, w).block_until_ready(), w.nbytes)
     try:
         import torch
 
         t = torch.ones(rows * 2048)
-        out["torch_sum"] = t.numel() * 4 / best_time(lambda: t.sum(), repeats)
+        passes["torch_sum"] = (lambda: t.sum(), t.numel() * 4)
     except ImportError:
         pass
+    return passes
+
+
+def bandwidth(passes: dict, repeats: int) -> dict:
+    """Bytes/s of each pass (its best of `repeats`) and `best`, the largest."""
+    out = {name: nbytes / best_time(fn, repeats) for name, (fn, nbytes) in passes.items()}
     out["best"] = max(out.values())
     return out
+
+
+def paired_fractions(run_n, run_1, new_tokens: int, step_bytes: float, passes: dict, repeats: int) -> dict:
+    """Batch-1 decode bytes/s as a fraction of the read and copy bandwidth measured beside it.
+
+    The machine's bandwidth drifts during a run (other tenants), so each repeat times the
+    decode (`N` and 1 new tokens) and then every read and copy pass once, and forms the
+    ratio of the decode's bytes/s to the best read / copy pass of that repeat. Returns the
+    medians (and all values) of those per-repeat ratios.
+    """
+    for fn in (run_n, run_1, *(fn for fn, _ in passes["read"].values()), *(fn for fn, _ in passes["copy"].values())):
+        fn()
+    reads, copies = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run_n()
+        t1 = time.perf_counter()
+        run_1()
+        t2 = time.perf_counter()
+        rate = step_bytes * (new_tokens - 1) / max((t1 - t0) - (t2 - t1), 1e-9)
+        best = {}
+        for kind in ("read", "copy"):
+            rates = []
+            for fn, nbytes in passes[kind].values():
+                start = time.perf_counter()
+                fn()
+                rates.append(nbytes / (time.perf_counter() - start))
+            best[kind] = max(rates)
+        reads.append(rate / best["read"])
+        copies.append(rate / best["copy"])
+    return dict(read=float(np.median(reads)), copy=float(np.median(copies)), read_all=reads, copy_all=copies)
+
+
+def machine_limits(passes: dict) -> dict:
+    """FLOP/s of a large matmul, copy and read-only bandwidth (bytes/s) of `passes["copy"]` /
+    `passes["read"]`, with each method's figure."""
+    mm, cp, rd = matmul_flops(2048, 5), bandwidth(passes["copy"], 5), bandwidth(passes["read"], 5)
+    return dict(matmul_flops=mm["best"], copy_bytes_s=cp["best"], read_bytes_s=rd["best"], matmul_detail=mm,
+                copy_detail=cp, read_detail=rd)
 
 
 def decode_costs(config: qwen3.Qwen3Config, weights: decode.DecodeWeights, batch: int, context: float,
@@ -248,6 +301,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--intermediate", type=int, default=2048, help="MLP width (2048: 39.9M parameters)")
+    ap.add_argument("--paired-repeats", type=int, default=15,
+                    help="repeats of the batch-1 decode / read / copy triple (median of the per-repeat ratios)")
     ap.add_argument("--skip-hf", action="store_true", help="skip transformers (JAX systems only)")
     ap.add_argument("--tail-requests", type=int, default=64)
     ap.add_argument("--tail-slots", type=int, default=16)
@@ -256,6 +311,7 @@ def main(argv=None) -> dict:
     if args.quick:
         args.new_tokens = min(args.new_tokens, 48)
         args.repeats = min(args.repeats, 2)
+        args.paired_repeats = min(args.paired_repeats, 3)
         args.tail_requests = min(args.tail_requests, 32)
         args.tail_slots = min(args.tail_slots, 8)
         args.tail_long = min(args.tail_long, 128)
@@ -274,9 +330,8 @@ def main(argv=None) -> dict:
 
         model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
 
-    mm, cp, rd = matmul_flops(2048, 5), copy_bandwidth(256 << 20, 5), read_bandwidth(256 << 20, 5)
-    limits = dict(matmul_flops=mm["best"], copy_bytes_s=cp["best"], read_bytes_s=rd["best"], matmul_detail=mm,
-                  copy_detail=cp, read_detail=rd)
+    passes = dict(read=read_passes(256 << 20), copy=copy_passes(256 << 20))
+    limits = machine_limits(passes)
     results: dict = dict(
         machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__, device=str(jax.devices()[0])),
         model=dict(params=config.num_params, intermediate=config.intermediate_size, dtype="float32"),
@@ -285,8 +340,10 @@ def main(argv=None) -> dict:
     max_len = args.prompt_len + max(args.new_tokens, args.tail_long)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
     weights = jax.jit(decode.prepare_weights, static_argnums=0)(config, params)
+    weights_xla = jax.jit(functools.partial(decode.prepare_weights, use_gemv=False), static_argnums=0)(config, params)
+    results["model"]["cpu_gemv"] = weights.use_gemv
     for b in batches:
-        log(f"batch {b}: one-jit generate, engine, transformers")
+        log(f"batch {b}: one-jit generate (default, then XLA matmul only), engine, transformers")
         pb = prompts[:b]
         engine = Engine(config, greedy, max_concurrent_decodes=b, max_len=max_len)
         eparams = engine.load_params(params)
@@ -296,21 +353,36 @@ def main(argv=None) -> dict:
         row["engine_tok_s"], eng_toks = decode_rate(lambda n: engine_fn(config, eparams, engine, pb, n), b,
                                                     args.new_tokens, args.repeats)
         row["engine_matches_jax"] = float(np.mean(eng_toks == jax_toks))
+        row["jax_xla_tok_s"], xla_toks = decode_rate(lambda n: jax_generate_fn(config, weights_xla, pb, n), b,
+                                                     args.new_tokens, args.repeats)
+        row["xla_matches_jax"] = float(np.mean(xla_toks == jax_toks))
+        row["jax_vs_xla"] = row["jax_tok_s"] / row["jax_xla_tok_s"]
         if model is not None:
             row["hf_tok_s"], hf_toks = decode_rate(lambda n: hf_fn(model, pb, n), b, args.new_tokens, args.repeats)
             row["hf_matches_jax"] = float(np.mean(hf_toks == jax_toks))
             row["jax_vs_hf"] = row["jax_tok_s"] / row["hf_tok_s"]
             row["engine_vs_hf"] = row["engine_tok_s"] / row["hf_tok_s"]
         context = args.prompt_len + args.new_tokens / 2
-        flops, nbytes = decode_costs(config, weights, b, context)
-        steps_s = row["jax_tok_s"] / b
-        row["step_ms"] = 1e3 / steps_s
-        row["flops_frac_of_matmul"] = flops * steps_s / limits["matmul_flops"]
-        row["bytes_frac_of_copy_bw"] = nbytes * steps_s / limits["copy_bytes_s"]
-        row["bytes_frac_of_read_bw"] = nbytes * steps_s / limits["read_bytes_s"]
-        row["bytes_per_step"] = nbytes
+        row["flops_per_step"], row["bytes_per_step"] = decode_costs(config, weights, b, context)
+        row["step_ms"] = 1e3 * b / row["jax_tok_s"]
+        if b == 1:
+            paired = paired_fractions(jax_generate_fn(config, weights, pb, args.new_tokens),
+                                      jax_generate_fn(config, weights, pb, 1), args.new_tokens, row["bytes_per_step"],
+                                      passes, args.paired_repeats)
+            row["paired_frac_of_read_bw"], row["paired_frac_of_copy_bw"] = paired["read"], paired["copy"]
+            row["paired_detail"] = paired
         results["batches"][b] = row
         del engine, eparams
+
+    after = machine_limits(passes)  # the bound is the larger of the two measurements
+    for key in ("matmul_flops", "copy_bytes_s", "read_bytes_s"):
+        limits[key] = max(limits[key], after[key])
+    limits["after_detail"] = after
+    for row in results["batches"].values():
+        steps_s = 1e3 / row["step_ms"]
+        row["flops_frac_of_matmul"] = row["flops_per_step"] * steps_s / limits["matmul_flops"]
+        row["bytes_frac_of_copy_bw"] = row["bytes_per_step"] * steps_s / limits["copy_bytes_s"]
+        row["bytes_frac_of_read_bw"] = row["bytes_per_step"] * steps_s / limits["read_bytes_s"]
 
     log("long-tail mix: engine vs static batching")
     budgets = long_tail_budgets(args.tail_requests, (4, 16), args.tail_long, 1 / 16, seed=0)
@@ -334,16 +406,23 @@ def print_table(r: dict) -> None:
     lim = r["limits"]
     print(f"model: {r['model']['params'] / 1e6:.1f}M params fp32 | machine: {r['machine']['cpus']} CPUs, "
           f"matmul {lim['matmul_flops'] / 1e9:.0f} GFLOP/s, copy {lim['copy_bytes_s'] / 1e9:.1f} GB/s, "
-          f"read {lim['read_bytes_s'] / 1e9:.1f} GB/s (XLA large matvec {lim['read_detail']['xla_matvec'] / 1e9:.1f})")
-    print(f"{'batch':>5} | {'one-jit tok/s':>13} | {'engine tok/s':>12} | {'HF tok/s':>9} | {'jax/HF':>6} | "
-          f"{'eng/HF':>6} | {'step ms':>7} | {'FLOP frac':>9} | {'BW/copy':>7} | {'BW/read':>7} | {'eq HF':>5}")
+          f"read {lim['read_bytes_s'] / 1e9:.1f} GB/s (XLA large matvec {lim['read_detail']['xla_matvec'] / 1e9:.1f}); "
+          f"cpu_gemv {'on' if r['model'].get('cpu_gemv') else 'off'}")
+    print(f"{'batch':>5} | {'one-jit tok/s':>13} | {'XLA-mm tok/s':>12} | {'engine tok/s':>12} | {'HF tok/s':>9} | "
+          f"{'jax/HF':>6} | {'eng/HF':>6} | {'step ms':>7} | {'FLOP frac':>9} | {'BW/copy':>7} | {'BW/read':>7} | "
+          f"{'eq HF':>5}")
     for b, row in r["batches"].items():
         hf_s = row.get("hf_tok_s", float("nan"))
-        print(f"{b:>5} | {row['jax_tok_s']:>13.1f} | {row['engine_tok_s']:>12.1f} | {hf_s:>9.1f} | "
+        print(f"{b:>5} | {row['jax_tok_s']:>13.1f} | {row['jax_xla_tok_s']:>12.1f} | {row['engine_tok_s']:>12.1f} | "
+              f"{hf_s:>9.1f} | "
               f"{row.get('jax_vs_hf', float('nan')):>6.2f} | {row.get('engine_vs_hf', float('nan')):>6.2f} | "
               f"{row['step_ms']:>7.2f} | {row['flops_frac_of_matmul']:>9.2f} | {row['bytes_frac_of_copy_bw']:>7.2f} | "
               f"{row.get('bytes_frac_of_read_bw', float('nan')):>7.2f} | "
               f"{row.get('hf_matches_jax', float('nan')):>5.2f}")
+    one = r["batches"].get(1) or r["batches"].get("1")
+    if one and "paired_frac_of_read_bw" in one:
+        print(f"batch 1, paired with the bandwidth passes (median of {len(one['paired_detail']['read_all'])}): "
+              f"{one['paired_frac_of_read_bw']:.2f} of read, {one['paired_frac_of_copy_bw']:.2f} of copy bandwidth")
     t = r["long_tail"]
     print(f"long tail: {t['requests']} requests, {t['slots']} slots, {t['total_tokens']} tokens (longest "
           f"{t['longest']}): engine {t['engine_tok_s']:.1f} tok/s ({t['engine_s']:.2f} s, slot use "
