@@ -10,6 +10,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["pipo_jax", "pipo_jax.*", "configs", "experiments", "experiments.*"]),
+    package_data={"pipo_jax.kernels": ["cpu_gemv.cc"]},  # compiled at first use (pipo_jax/kernels/cpu_gemv.py)
     install_requires=[
         "jax>=0.4.35",
         "flax>=0.10",
