@@ -3,8 +3,10 @@
 // At decode time a step multiplies a handful of rows by every weight matrix once, so
 // it is bound by how fast the weights stream from memory. This kernel reads each
 // weight row exactly once, as one contiguous stream, and spreads contiguous blocks of
-// rows over XLA's intra-op thread pool (the calling thread works too and takes any
-// block a pool thread has not started, so a late or busy pool never delays a call).
+// rows over as many threads as XLA's intra-op pool has: the calling thread and helper
+// threads of its own, which spin between the calls of a decode step (the gaps are
+// shorter than waking a sleeping thread; scheduling on XLA's pool measured slower).
+// Blocks go to whichever thread asks first, so a late helper never delays a call.
 // Built at first use by `cpu_gemv.py` with the machine's compiler (-O3 -march=native);
 // the arithmetic is portable C++ (GCC/Clang vector extensions), not hand intrinsics.
 
@@ -75,7 +77,7 @@ void block(const float* x, const float* w, float* y, int64_t b, int64_t k, int64
 }
 
 // Blocks of weight rows claimed by whichever thread asks first. Shared-owned, so a
-// pool task that starts after the call returned finds nothing left and touches
+// helper that picks it up after the call returned finds nothing left and touches
 // nothing but this struct.
 struct Work {
   const float* x;
@@ -185,7 +187,7 @@ ffi::Error GemvImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
   work->blocks = std::min(n, threads * kBlocksPerThread);
   work->rows_per_block = (n + work->blocks - 1) / work->blocks;
   work->blocks = (n + work->rows_per_block - 1) / work->rows_per_block;
-  // The caller is one worker; the pool supplies the others.
+  // The caller is one worker, the helpers the others.
   static Helpers* helpers = new Helpers(threads - 1);  // never destroyed: threads outlive exit
   helpers->submit(work);
   work->run();
