@@ -7,9 +7,11 @@ Same random Qwen3-shaped weights (saved once with `hf.save`, loaded by both JAX 
    rollout` on an `Engine` with as many slots as rows, and of `transformers` `generate`
    (torch CPU). Both JAX systems use `kernels.cpu_gemv` for steps of <= 8 rows where it
    is available; `sampler.generate` with XLA's matmul throughout (`use_gemv=False`)
-   runs beside them as the baseline of that kernel. Decode rate = `B * (N - 1) / (t(N new tokens) - t(1 new token))`, so
-   prefill is excluded; each time is the best of `--repeats` runs (other jobs share
-   the machine; the minimum is the least disturbed run).
+   runs beside them as the baseline of that kernel. Decode rate = `B * (N - 1) /
+   (t(N new tokens) - t(1 new token))`, so prefill is excluded. The systems run interleaved, one after the other in each of
+   `--repeats` rounds, and the table gives medians: of each system's rate and, for
+   the ratios, of the per-round ratios (the machine's memory bandwidth drifts with the
+   other tenants of its host, so only neighbouring measurements compare fairly).
 2. a long-tail mix (most responses short, a few long; lengths set per request through
    the budgets): the engine vs static batching (`sampler.generate` on consecutive
    batches of as many requests as the engine has slots, each batch running until its
@@ -20,8 +22,11 @@ Same random Qwen3-shaped weights (saved once with `hf.save`, loaded by both JAX 
    large array copy) and the read-only bandwidth (one pass over a 256 MB matrix: XLA's
    matrix-vector product, `cpu_gemv`, torch's two-thread sum); the decode step's
    FLOP/s at batch 32 and its weight + KV bytes per step at batch 1 as fractions of
-   them. Decoding only reads, and on this kind of machine every read-only pass tops out
-   near 0.75-0.8 of the copy figure (a copy's writes drain without holding up reads).
+   them (the limits as the best of their passes, the step at its median rate); at
+   batch 1 also paired: per round, the decode against one read and one copy pass run
+   right after it (median of the per-round fractions). Decoding only reads, and on
+   this machine every read-only pass tops out near 0.75-0.8 of the copy figure (a
+   copy's writes drain without holding up reads).
 
 Prints a table; `--out FILE.json` writes every number. `--quick` runs a shorter version.
 Timings are never asserted.
@@ -233,12 +238,33 @@ def hf_fn(model, prompts_bp, new_tokens: int):
     return run
 
 
-def decode_rate(make, batch: int, new_tokens: int, repeats: int) -> tuple[float, np.ndarray]:
-    """(decode tokens/s, greedy tokens) of a system built by `make(new_tokens)`."""
-    run_n, run_1 = make(new_tokens), make(1)
-    t_n = best_time(run_n, repeats)
-    t_1 = best_time(run_1, repeats)
-    return batch * (new_tokens - 1) / max(t_n - t_1, 1e-9), run_n()
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved_decode_rates(makers: dict, batch: int, new_tokens: int, repeats: int) -> tuple[dict, dict]:
+    """Decode tokens/s of each system per repeat, and each system's greedy tokens.
+
+    `makers[name](n)` builds a call generating `n` new tokens. Each repeat times every
+    system once (`N` and 1 new tokens) one after the other, so per-repeat ratios compare
+    systems under the same machine conditions (the bandwidth drifts during a run).
+    """
+    runs = {name: (make(new_tokens), make(1)) for name, make in makers.items()}
+    tokens = {name: run_n() for name, (run_n, run_1) in runs.items()}  # warm-up (compiles)
+    for _, run_1 in runs.values():
+        run_1()
+    rates: dict = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, (run_n, run_1) in runs.items():
+            rates[name].append(batch * (new_tokens - 1) / max(timed(run_n) - timed(run_1), 1e-9))
+    return rates, tokens
+
+
+def median_ratio(a: list, b: list) -> float:
+    """Median over repeats of `a[r] / b[r]`."""
+    return float(np.median(np.asarray(a) / np.asarray(b)))
 
 
 # ----------------------------------------------------------------------------- long tail
@@ -275,15 +301,20 @@ def long_tail(config, params, eparams_engine, prompts_rp, budgets, slots: int, r
             lengths.append(np.asarray(out.lengths_b))
         return np.concatenate(lengths)
 
-    t_engine = best_time(run_engine, repeats)
-    t_static = best_time(run_static, repeats)
+    run_engine(), run_static()  # compiles
+    t_engine, t_static = [], []
+    for _ in range(repeats):  # interleaved; medians and the median per-repeat ratio
+        t_engine.append(timed(run_engine))
+        t_static.append(timed(run_static))
+    speedup = median_ratio(t_static, t_engine)
+    t_engine, t_static = float(np.median(t_engine)), float(np.median(t_static))
     res = run_engine()
     assert (res.lengths == budgets).all() and (run_static() == budgets).all()
     total = int(budgets.sum())
     return dict(
         requests=n, slots=slots, total_tokens=total, budgets_short=f"{int(budgets.min())}..",
         longest=width, engine_s=t_engine, static_s=t_static, engine_tok_s=total / t_engine,
-        static_tok_s=total / t_static, speedup=t_static / t_engine,
+        static_tok_s=total / t_static, speedup=speedup,
         engine_slot_utilisation=res.stats["slot_steps_used"] / max(res.stats["slot_steps_total"], 1),
         engine_decode_steps=res.stats["decode_steps"],
     )
@@ -299,7 +330,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats (medians are reported)")
     ap.add_argument("--intermediate", type=int, default=2048, help="MLP width (2048: 39.9M parameters)")
     ap.add_argument("--paired-repeats", type=int, default=15,
                     help="repeats of the batch-1 decode / read / copy triple (median of the per-repeat ratios)")
@@ -347,21 +378,23 @@ def main(argv=None) -> dict:
         pb = prompts[:b]
         engine = Engine(config, greedy, max_concurrent_decodes=b, max_len=max_len)
         eparams = engine.load_params(params)
-        row = {}
-        row["jax_tok_s"], jax_toks = decode_rate(lambda n: jax_generate_fn(config, weights, pb, n), b, args.new_tokens,
-                                                 args.repeats)
-        row["engine_tok_s"], eng_toks = decode_rate(lambda n: engine_fn(config, eparams, engine, pb, n), b,
-                                                    args.new_tokens, args.repeats)
-        row["engine_matches_jax"] = float(np.mean(eng_toks == jax_toks))
-        row["jax_xla_tok_s"], xla_toks = decode_rate(lambda n: jax_generate_fn(config, weights_xla, pb, n), b,
-                                                     args.new_tokens, args.repeats)
-        row["xla_matches_jax"] = float(np.mean(xla_toks == jax_toks))
-        row["jax_vs_xla"] = row["jax_tok_s"] / row["jax_xla_tok_s"]
+        makers = {
+            "jax": lambda n: jax_generate_fn(config, weights, pb, n),
+            "engine": lambda n: engine_fn(config, eparams, engine, pb, n),
+            "jax_xla": lambda n: jax_generate_fn(config, weights_xla, pb, n),
+        }
         if model is not None:
-            row["hf_tok_s"], hf_toks = decode_rate(lambda n: hf_fn(model, pb, n), b, args.new_tokens, args.repeats)
-            row["hf_matches_jax"] = float(np.mean(hf_toks == jax_toks))
-            row["jax_vs_hf"] = row["jax_tok_s"] / row["hf_tok_s"]
-            row["engine_vs_hf"] = row["engine_tok_s"] / row["hf_tok_s"]
+            makers["hf"] = lambda n: hf_fn(model, pb, n)
+        rates, toks = interleaved_decode_rates(makers, b, args.new_tokens, args.repeats)
+        row = {f"{name}_tok_s": float(np.median(r)) for name, r in rates.items()}
+        row["rates_per_repeat"] = rates
+        row["engine_matches_jax"] = float(np.mean(toks["engine"] == toks["jax"]))
+        row["xla_matches_jax"] = float(np.mean(toks["jax_xla"] == toks["jax"]))
+        row["jax_vs_xla"] = median_ratio(rates["jax"], rates["jax_xla"])
+        if model is not None:
+            row["hf_matches_jax"] = float(np.mean(toks["hf"] == toks["jax"]))
+            row["jax_vs_hf"] = median_ratio(rates["jax"], rates["hf"])
+            row["engine_vs_hf"] = median_ratio(rates["engine"], rates["hf"])
         context = args.prompt_len + args.new_tokens / 2
         row["flops_per_step"], row["bytes_per_step"] = decode_costs(config, weights, b, context)
         row["step_ms"] = 1e3 * b / row["jax_tok_s"]
