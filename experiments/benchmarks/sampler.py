@@ -161,19 +161,10 @@ def paired_fractions(run_n, run_1, new_tokens: int, step_bytes: float, passes: d
         fn()
     reads, copies = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        run_n()
-        t1 = time.perf_counter()
-        run_1()
-        t2 = time.perf_counter()
-        rate = step_bytes * (new_tokens - 1) / max((t1 - t0) - (t2 - t1), 1e-9)
+        rate = step_bytes * (new_tokens - 1) / max(timed(run_n) - timed(run_1), 1e-9)
         best = {}
         for kind in ("read", "copy"):
-            rates = []
-            for fn, nbytes in passes[kind].values():
-                start = time.perf_counter()
-                fn()
-                rates.append(nbytes / (time.perf_counter() - start))
+            rates = [nbytes / timed(fn) for fn, nbytes in passes[kind].values()]
             best[kind] = max(rates)
         reads.append(rate / best["read"])
         copies.append(rate / best["copy"])
@@ -238,7 +229,15 @@ def hf_fn(model, prompts_bp, new_tokens: int):
     return run
 
 
+# Pause before each timed call: torch's OpenMP threads and XLA's pool spin for a while
+# after a parallel region, and in interleaved rounds that spinning would land on the
+# next system's time.
+SETTLE_S = 0.2
+
+
 def timed(fn) -> float:
+    """Wall time of `fn()` (after `SETTLE_S` of idling)."""
+    time.sleep(SETTLE_S)
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
