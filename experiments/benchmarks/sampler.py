@@ -8,10 +8,11 @@ Same random Qwen3-shaped weights (saved once with `hf.save`, loaded by both JAX 
    (torch CPU). Both JAX systems use `kernels.cpu_gemv` for steps of <= 8 rows where it
    is available; `sampler.generate` with XLA's matmul throughout (`use_gemv=False`)
    runs beside them as the baseline of that kernel. Decode rate = `B * (N - 1) /
-   (t(N new tokens) - t(1 new token))`, so prefill is excluded. The systems run interleaved, one after the other in each of
-   `--repeats` rounds, and the table gives medians: of each system's rate and, for
-   the ratios, of the per-round ratios (the machine's memory bandwidth drifts with the
-   other tenants of its host, so only neighbouring measurements compare fairly).
+   (t(N new tokens) - t(1 new token))`, so prefill is excluded. The systems run
+   interleaved, one after the other in each of `--repeats` rounds, and the table gives
+   medians: of each system's rate and, for the ratios, of the per-round ratios (the
+   machine's memory bandwidth drifts with the other tenants of its host, so only
+   neighbouring measurements compare fairly).
 2. a long-tail mix (most responses short, a few long; lengths set per request through
    the budgets): the engine vs static batching (`sampler.generate` on consecutive
    batches of as many requests as the engine has slots, each batch running until its

@@ -24,6 +24,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import math
 import os
 import platform
 import shutil
@@ -60,10 +61,8 @@ def gemv(x: jax.Array, w: jax.Array) -> jax.Array:
 
 def use_for(x: jax.Array, w: jax.Array, max_rows: int) -> bool:
     """Whether `x @ w.T` should go through the kernel: fp32, at most `max_rows` rows, kernel available."""
-    rows = 1
-    for d in x.shape[:-1]:
-        rows *= d
-    return x.dtype == jnp.float32 and w.dtype == jnp.float32 and rows <= max_rows and available()
+    return (x.dtype == jnp.float32 and w.dtype == jnp.float32 and math.prod(x.shape[:-1]) <= max_rows
+            and available())
 
 
 @functools.cache

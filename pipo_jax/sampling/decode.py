@@ -25,7 +25,6 @@ Positions index the cache as in `qwen3.KVCache`, which `to_kv_cache` converts to
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -166,7 +165,7 @@ def resize_cache(cache: DecodeCache, max_len: int) -> DecodeCache:
 
 def _linear(x: jax.Array, w_out_in: jax.Array, use_gemv: bool) -> jax.Array:
     """`x @ w.T` for a weight stored `[out, in]` (`cpu_gemv` for few fp32 rows when `use_gemv`)."""
-    if use_gemv and x.dtype == w_out_in.dtype == jnp.float32 and math.prod(x.shape[:-1]) <= GEMV_MAX_ROWS:
+    if use_gemv and cpu_gemv.use_for(x, w_out_in, GEMV_MAX_ROWS):
         return cpu_gemv.gemv(x, w_out_in)
     return jnp.einsum("...i,oi->...o", x, w_out_in)
 
@@ -271,8 +270,8 @@ def cached_forward(
 
 def head_logits(weights: DecodeWeights, hidden_bd: jax.Array) -> jax.Array:
     """Float32 logits `[B, V]` of final-normed hidden states `[B, D]`."""
-    if weights.use_gemv and hidden_bd.dtype == weights.lm_head.dtype == jnp.float32:
-        return _linear(hidden_bd, weights.lm_head, True)
+    if weights.use_gemv and cpu_gemv.use_for(hidden_bd, weights.lm_head, GEMV_MAX_ROWS):
+        return cpu_gemv.gemv(hidden_bd, weights.lm_head)
     return jnp.einsum("bd,vd->bv", hidden_bd, weights.lm_head, preferred_element_type=jnp.float32)
 
 

@@ -120,6 +120,10 @@ def test_decode_step_with_kernel_equals_xla(params):
     tokens = jnp.asarray(np.random.RandomState(0).randint(1, 300, (3, 9)), jnp.int32)
     mask = jnp.ones_like(tokens).at[0, :4].set(0)
     step = jax.jit(decode.decode_step, static_argnums=0)
+    for w, calls in ((fast, 4 * CONFIG.num_hidden_layers + 1), (plain, 0)):  # qkv, o, gate_up, down; head
+        jaxpr = jax.make_jaxpr(lambda w, c: decode.decode_step(CONFIG, w, c, tokens[:, 0], tokens[:, 0]))(
+            w, decode.init_cache(CONFIG, 3, 16))
+        assert str(jaxpr).count("ffi_call") == calls
     results = []
     for w in (fast, plain):
         _, lengths, cache = decode.prefill(CONFIG, w, tokens, mask, 16)
