@@ -119,7 +119,8 @@ def dataset_reward(spec: TrainSpec, config: ml_collections.ConfigDict) -> Datase
 
     tc = config.task
     return DatasetReward(
-        spec.task, math_config=MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
+        spec.task,
+        math_config=MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
                                      num_workers=tc.verify_workers),
         sandbox_config=SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
                                      max_workers=tc.verify_workers))
