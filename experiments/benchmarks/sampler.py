@@ -6,7 +6,7 @@ Same random Qwen3-shaped weights (saved once with `hf.save`, loaded by both JAX 
 1. decode tokens/s at batch 1, 8, 32 of `sampler.generate`, of `continuous_batching.
    rollout` on an `Engine` with as many slots as rows, and of `transformers` `generate`
    (torch CPU). Both JAX systems use `kernels.cpu_gemv` for steps of <= 8 rows where it
-   is available; `sampler.generate` with XLA's matmul throughout (`use_gemv=False`)
+   is available; `sampler.generate` with XLA's matmul throughout (`cpu_kernels=False`)
    runs beside them as the baseline of that kernel. Decode rate = `B * (N - 1) /
    (t(N new tokens) - t(1 new token))`, so prefill is excluded. The systems run
    interleaved, one after the other in each of `--repeats` rounds, and the table gives
@@ -371,8 +371,8 @@ def main(argv=None) -> dict:
     max_len = args.prompt_len + max(args.new_tokens, args.tail_long)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
     weights = jax.jit(decode.prepare_weights, static_argnums=0)(config, params)
-    weights_xla = jax.jit(functools.partial(decode.prepare_weights, use_gemv=False), static_argnums=0)(config, params)
-    results["model"]["cpu_gemv"] = weights.use_gemv
+    weights_xla = jax.jit(functools.partial(decode.prepare_weights, cpu_kernels=False), static_argnums=0)(config, params)
+    results["model"]["cpu_gemv"] = weights.cpu_kernels
     for b in batches:
         log(f"batch {b}: one-jit generate (default, then XLA matmul only), engine, transformers")
         pb = prompts[:b]

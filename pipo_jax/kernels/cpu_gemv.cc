@@ -3,41 +3,24 @@
 // At decode time a step multiplies a handful of rows by every weight matrix once, so
 // it is bound by how fast the weights stream from memory. This kernel reads each
 // weight row exactly once, as one contiguous stream, and spreads contiguous blocks of
-// rows over as many threads as XLA's intra-op pool has: the calling thread and helper
-// threads of its own, which spin between the calls of a decode step (the gaps are
-// shorter than waking a sleeping thread; scheduling on XLA's pool measured slower).
-// Blocks go to whichever thread asks first, so a late helper never delays a call.
-// Built at first use by `cpu_gemv.py` with the machine's compiler (-O3 -march=native);
+// rows over as many threads as XLA's intra-op pool has (`cpu_parallel.h`).
+// Built at first use by `cpu_ffi.py` with the machine's compiler (-O3 -march=native);
 // the arithmetic is portable C++ (GCC/Clang vector extensions), not hand intrinsics.
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <mutex>
-#include <vector>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <thread>
 
+#include "cpu_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float v8f __attribute__((vector_size(32)));
-
-inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));  // unaligned load
-  return v;
-}
-
-inline float hsum(v8f v) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-}
+using pipo::hsum;
+using pipo::load8;
+using pipo::v8f;
 
 // y[r, o] = dot(w[o, :], x[r, :]) for R rows of x (row stride k, output stride n) and
 // weight rows o in [o0, o1). Two accumulators per x row keep the FMA chains short.
@@ -76,76 +59,6 @@ void block(const float* x, const float* w, float* y, int64_t b, int64_t k, int64
   }
 }
 
-// Blocks of weight rows claimed by whichever thread asks first. Shared-owned, so a
-// helper that picks it up after the call returned finds nothing left and touches
-// nothing but this struct.
-struct Work {
-  const float* x;
-  const float* w;
-  float* y;
-  int64_t b, k, n, rows_per_block, blocks;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> finished{0};
-
-  void run() {
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < blocks;) {
-      const int64_t o0 = i * rows_per_block, o1 = std::min(n, o0 + rows_per_block);
-      block(x, w, y, b, k, n, o0, o1);
-      finished.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// Helper threads that spin for a while after each job (decode calls come every few
-// microseconds; waking a sleeping thread takes longer than a small matvec), then sleep.
-class Helpers {
- public:
-  explicit Helpers(int64_t count) {
-    for (int64_t i = 0; i < count; ++i) std::thread([this] { loop(); }).detach();
-  }
-  void submit(const std::shared_ptr<Work>& work) {
-    std::atomic_store(&current_, work);
-    generation_.fetch_add(1);
-    if (sleeping_.load() > 0) {
-      std::lock_guard<std::mutex> lock(mu_);
-      cv_.notify_all();
-    }
-  }
-
- private:
-  void loop() {
-    uint64_t seen = 0;
-    for (;;) {
-      auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
-      int spins = 0;
-      while (generation_.load() == seen) {
-        cpu_relax();
-        if (++spins % 1024 == 0 && std::chrono::steady_clock::now() > deadline) {
-          std::unique_lock<std::mutex> lock(mu_);
-          sleeping_.fetch_add(1);
-          cv_.wait(lock, [&] { return generation_.load() != seen; });
-          sleeping_.fetch_sub(1);
-        }
-      }
-      seen = generation_.load();
-      if (auto work = std::atomic_load(&current_)) work->run();
-    }
-  }
-  std::shared_ptr<Work> current_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> sleeping_{0};
-  std::mutex mu_;
-  std::condition_variable cv_;
-};
-
 // Below this many weight bytes a call runs on the calling thread alone (handing work
 // to another thread costs more than it saves).
 constexpr int64_t kMinParallelBytes = 256 * 1024;
@@ -177,21 +90,16 @@ ffi::Error GemvImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
     block(x.typed_data(), w.typed_data(), y->typed_data(), b, k, n, 0, n);
     return ffi::Error::Success();
   }
-  auto work = std::make_shared<Work>();
-  work->x = x.typed_data();
-  work->w = w.typed_data();
-  work->y = y->typed_data();
-  work->b = b;
-  work->k = k;
-  work->n = n;
-  work->blocks = std::min(n, threads * kBlocksPerThread);
-  work->rows_per_block = (n + work->blocks - 1) / work->blocks;
-  work->blocks = (n + work->rows_per_block - 1) / work->rows_per_block;
-  // The caller is one worker, the helpers the others.
-  static Helpers* helpers = new Helpers(threads - 1);  // never destroyed: threads outlive exit
-  helpers->submit(work);
-  work->run();
-  while (work->finished.load(std::memory_order_acquire) < work->blocks) std::this_thread::yield();
+  const float* xp = x.typed_data();
+  const float* wp = w.typed_data();
+  float* yp = y->typed_data();
+  int64_t blocks = std::min(n, threads * kBlocksPerThread);
+  const int64_t rows_per_block = (n + blocks - 1) / blocks;
+  blocks = (n + rows_per_block - 1) / rows_per_block;
+  pipo::parallel_for(threads, blocks, [=](int64_t i) {
+    const int64_t o0 = i * rows_per_block;
+    block(xp, wp, yp, b, k, n, o0, std::min(n, o0 + rows_per_block));
+  });
   return ffi::Error::Success();
 }
 

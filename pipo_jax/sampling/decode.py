@@ -16,9 +16,11 @@ organised for decode speed:
   exactly the slots it needs (callers grow/shrink it with `resize_cache` along a short
   ladder of widths);
 * RoPE tables are computed once per step, not per layer;
-* on a single-device CPU, products of at most `GEMV_MAX_ROWS` rows (every decode step
-  of up to 8 rows) go through `kernels.cpu_gemv`, an FFI kernel that streams each
-  weight matrix once over all cores (`DecodeWeights.use_gemv`; XLA's matmul otherwise).
+* on a single-device CPU in fp32 (`DecodeWeights.cpu_kernels`), C++ FFI kernels take
+  the two memory-bound parts of a decode step: products of at most `GEMV_MAX_ROWS`
+  rows go through `kernels.cpu_gemv` (streams each weight matrix once over all cores)
+  and one-token attention through `kernels.cpu_attention` (streams each row's cache
+  slots up to its position once); XLA's ops otherwise.
 
 Positions index the cache as in `qwen3.KVCache`, which `to_kv_cache` converts to.
 """
@@ -31,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from pipo_jax.kernels import cpu_gemv
+from pipo_jax.kernels import cpu_attention, cpu_ffi, cpu_gemv
 from pipo_jax.models import qwen3
 from pipo_jax.models.qwen3 import KVCache, Qwen3Config
 
@@ -49,28 +51,29 @@ class DecodeWeights:
     and `cpu_gemv` reads each output's weights as one contiguous row. `layers` is a
     tuple with one dict per layer (separate buffers, so no per-step slicing of stacked
     weights): attn_norm `[D]`, qkv `[(H+2K)*Dh, D]`, q_norm / k_norm `[Dh]`, o
-    `[D, H*Dh]`, mlp_norm `[D]`, gate_up `[2F, D]`, down `[D, F]`. `use_gemv` (static)
-    sends products of at most `GEMV_MAX_ROWS` rows through `cpu_gemv`.
+    `[D, H*Dh]`, mlp_norm `[D]`, gate_up `[2F, D]`, down `[D, F]`. `cpu_kernels` (static)
+    sends products of at most `GEMV_MAX_ROWS` rows through `cpu_gemv` and one-token
+    attention over an fp32 cache through `cpu_attention`.
     """
 
     embed: jax.Array  # [V, D]
     lm_head: jax.Array  # [V, D]
     final_norm: jax.Array  # [D]
     layers: tuple
-    use_gemv: bool = struct.field(pytree_node=False, default=False)
+    cpu_kernels: bool = struct.field(pytree_node=False, default=False)
 
 
-def prepare_weights(config: Qwen3Config, params: qwen3.Params, use_gemv: bool | None = None) -> DecodeWeights:
+def prepare_weights(config: Qwen3Config, params: qwen3.Params, cpu_kernels: bool | None = None) -> DecodeWeights:
     """Decode layout of `params`: one copy of the weights, matrices in the compute dtype.
 
-    `use_gemv`: route few-row products through `cpu_gemv` (default: when the compute
-    dtype is float32 and `cpu_gemv.available()`, i.e. a single-device CPU).
+    `cpu_kernels`: use the CPU FFI kernels (`cpu_gemv`, `cpu_attention`; default: when
+    the compute dtype is float32 and `cpu_ffi.available()`, i.e. a single-device CPU).
     """
     c = config
-    if use_gemv is None:
-        use_gemv = c.jnp_dtype == jnp.float32 and cpu_gemv.available()
-    elif use_gemv and not cpu_gemv.available():
-        raise ValueError("use_gemv=True but cpu_gemv is not available here (see pipo_jax.kernels.cpu_gemv)")
+    if cpu_kernels is None:
+        cpu_kernels = c.jnp_dtype == jnp.float32 and cpu_ffi.available()
+    elif cpu_kernels and not cpu_ffi.available():
+        raise ValueError("cpu_kernels=True but the CPU kernels are not available here (see pipo_jax.kernels.cpu_ffi)")
     dt = c.jnp_dtype
     lp = params["layers"]
     d = c.hidden_size
@@ -92,7 +95,7 @@ def prepare_weights(config: Qwen3Config, params: qwen3.Params, use_gemv: bool | 
         lm_head=qwen3.lm_head_weight(c, params).T.astype(dt),
         final_norm=params["final_norm"],
         layers=tuple(layers),
-        use_gemv=bool(use_gemv),
+        cpu_kernels=bool(cpu_kernels),
     )
 
 
@@ -163,9 +166,9 @@ def resize_cache(cache: DecodeCache, max_len: int) -> DecodeCache:
                        tuple(jnp.pad(v, ((0, 0), (0, 0), (0, extra), (0, 0))) for v in cache.v))
 
 
-def _linear(x: jax.Array, w_out_in: jax.Array, use_gemv: bool) -> jax.Array:
-    """`x @ w.T` for a weight stored `[out, in]` (`cpu_gemv` for few fp32 rows when `use_gemv`)."""
-    if use_gemv and cpu_gemv.use_for(x, w_out_in, GEMV_MAX_ROWS):
+def _linear(x: jax.Array, w_out_in: jax.Array, cpu_kernels: bool) -> jax.Array:
+    """`x @ w.T` for a weight stored `[out, in]` (`cpu_gemv` for few fp32 rows with `cpu_kernels`)."""
+    if cpu_kernels and cpu_gemv.use_for(x, w_out_in, GEMV_MAX_ROWS):
         return cpu_gemv.gemv(x, w_out_in)
     return jnp.einsum("...i,oi->...o", x, w_out_in)
 
@@ -245,32 +248,36 @@ def cached_forward(
     x_btd = jnp.take(weights.embed, tokens_bt, axis=0).astype(dt)
     cos, sin = qwen3.rope_tables(positions_bt, dh, c.rope_theta)
     rows_bt = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+    one_token = valid_bt is None and t == 1  # a decode step
     new_k, new_v = [], []
     # Python loop: each layer's weights and cache are their own buffers (XLA:CPU copies
     # a layer out of a stacked array when a scan or a static index slices it).
     for lw, ck, cv in zip(weights.layers, cache.k, cache.v):
         hid = qwen3.rms_norm(x_btd, lw["attn_norm"], eps)
-        qkv = _linear(hid, lw["qkv"], weights.use_gemv)
+        qkv = _linear(hid, lw["qkv"], weights.cpu_kernels)
         q = qkv[..., : h * dh].reshape(b, t, h, dh)
         kk = qkv[..., h * dh : (h + k) * dh].reshape(b, t, k, dh)
         v = qkv[..., (h + k) * dh :].reshape(b, t, k, dh)
         q = qwen3.apply_rope(qwen3.rms_norm(q, lw["q_norm"], eps), cos, sin)
         kk = qwen3.apply_rope(qwen3.rms_norm(kk, lw["k_norm"], eps), cos, sin)
-        ck, cv = _write(ck, cv, rows_bt, write_bt, kk, v, one_per_row=valid_bt is None and t == 1)
+        ck, cv = _write(ck, cv, rows_bt, write_bt, kk, v, one_per_row=one_token)
         new_k.append(ck)
         new_v.append(cv)
-        attn = _attend(q, ck.astype(dt), cv.astype(dt), allowed_bts, dt)
-        x_btd = x_btd + _linear(attn, lw["o"], weights.use_gemv)
+        if one_token and weights.cpu_kernels and cpu_attention.use_for(q, ck):
+            attn = cpu_attention.decode_attention(q[:, 0], ck, cv, positions_bt[:, 0]).reshape(b, 1, h * dh)
+        else:
+            attn = _attend(q, ck.astype(dt), cv.astype(dt), allowed_bts, dt)
+        x_btd = x_btd + _linear(attn, lw["o"], weights.cpu_kernels)
         hid = qwen3.rms_norm(x_btd, lw["mlp_norm"], eps)
-        gu = _linear(hid, lw["gate_up"], weights.use_gemv)
+        gu = _linear(hid, lw["gate_up"], weights.cpu_kernels)
         f = gu.shape[-1] // 2
-        x_btd = x_btd + _linear(jax.nn.silu(gu[..., :f]) * gu[..., f:], lw["down"], weights.use_gemv)
+        x_btd = x_btd + _linear(jax.nn.silu(gu[..., :f]) * gu[..., f:], lw["down"], weights.cpu_kernels)
     return qwen3.rms_norm(x_btd, weights.final_norm, eps), DecodeCache(tuple(new_k), tuple(new_v))
 
 
 def head_logits(weights: DecodeWeights, hidden_bd: jax.Array) -> jax.Array:
     """Float32 logits `[B, V]` of final-normed hidden states `[B, D]`."""
-    if weights.use_gemv and cpu_gemv.use_for(hidden_bd, weights.lm_head, GEMV_MAX_ROWS):
+    if weights.cpu_kernels and cpu_gemv.use_for(hidden_bd, weights.lm_head, GEMV_MAX_ROWS):
         return cpu_gemv.gemv(hidden_bd, weights.lm_head)
     return jnp.einsum("bd,vd->bv", hidden_bd, weights.lm_head, preferred_element_type=jnp.float32)
 

@@ -1,19 +1,13 @@
-"""`cpu_gemv` (FFI few-row matmul) against float64 numpy and XLA, and the decode path through it."""
-
-import dataclasses
-import logging
+"""`cpu_gemv` (FFI few-row matmul) against float64 numpy and XLA."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pipo_jax.kernels import cpu_gemv
-from pipo_jax.models import qwen3
-from pipo_jax.sampling import decode, sampler
-from pipo_jax.sampling.sampling_params import SamplingParams
+from pipo_jax.kernels import cpu_ffi, cpu_gemv
 
-pytestmark = pytest.mark.skipif(not cpu_gemv.available(), reason="cpu_gemv needs a single-device CPU and a compiler")
+pytestmark = pytest.mark.skipif(not cpu_ffi.available(), reason="the CPU kernels need a single-device CPU and a compiler")
 
 
 def _operands(lead, k, n, seed=0):
@@ -75,68 +69,3 @@ def test_gemv_rejects_bad_operands():
         cpu_gemv.gemv(jnp.asarray(x, jnp.bfloat16), w)
     with pytest.raises(ValueError, match=r"\[N, K\]"):
         cpu_gemv.gemv(x, w.T)
-
-
-def test_switch_off_and_failed_build(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("PIPO_JAX_CPU_GEMV", "0")
-    assert cpu_gemv.available.__wrapped__() is False
-    monkeypatch.delenv("PIPO_JAX_CPU_GEMV")
-    monkeypatch.setenv("PIPO_JAX_CACHE", str(tmp_path))
-    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
-    with caplog.at_level(logging.WARNING, logger=cpu_gemv.__name__):
-        assert cpu_gemv._build() is None
-    assert "building the kernel failed" in caplog.text
-    assert list(tmp_path.iterdir()) == []  # no half-written library left behind
-
-
-def test_build_is_cached(monkeypatch, tmp_path):
-    monkeypatch.setenv("PIPO_JAX_CACHE", str(tmp_path))
-    first = cpu_gemv._build()
-    assert first is not None and first.parent == tmp_path
-    mtime = first.stat().st_mtime_ns
-    assert cpu_gemv._build() == first and first.stat().st_mtime_ns == mtime
-
-
-CONFIG = qwen3.Qwen3Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10_000.0,
-                           max_position_embeddings=256, tie_word_embeddings=False)
-
-
-@pytest.fixture(scope="module")
-def params():
-    return qwen3.init_params(CONFIG, jax.random.key(1))
-
-
-def test_prepare_weights_picks_the_kernel_here(params):
-    assert decode.prepare_weights(CONFIG, params).use_gemv is True
-    assert decode.prepare_weights(CONFIG, params, use_gemv=False).use_gemv is False
-    bf16 = dataclasses.replace(CONFIG, dtype="bfloat16")
-    assert decode.prepare_weights(bf16, params).use_gemv is False
-
-
-def test_decode_step_with_kernel_equals_xla(params):
-    fast = decode.prepare_weights(CONFIG, params, use_gemv=True)
-    plain = decode.prepare_weights(CONFIG, params, use_gemv=False)
-    tokens = jnp.asarray(np.random.RandomState(0).randint(1, 300, (3, 9)), jnp.int32)
-    mask = jnp.ones_like(tokens).at[0, :4].set(0)
-    step = jax.jit(decode.decode_step, static_argnums=0)
-    for w, calls in ((fast, 4 * CONFIG.num_hidden_layers + 1), (plain, 0)):  # qkv, o, gate_up, down; head
-        jaxpr = jax.make_jaxpr(lambda w, c: decode.decode_step(CONFIG, w, c, tokens[:, 0], tokens[:, 0]))(
-            w, decode.init_cache(CONFIG, 3, 16))
-        assert str(jaxpr).count("ffi_call") == calls
-    results = []
-    for w in (fast, plain):
-        _, lengths, cache = decode.prefill(CONFIG, w, tokens, mask, 16)
-        logits, _ = step(CONFIG, w, cache, tokens[:, -1], lengths)
-        results.append(np.asarray(logits))
-    np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-5)
-
-
-def test_generate_with_kernel_equals_xla(params):
-    tokens = jnp.asarray(np.random.RandomState(1).randint(1, 300, (2, 6)), jnp.int32)
-    mask = jnp.ones_like(tokens)
-    outs = [sampler.generate(CONFIG, decode.prepare_weights(CONFIG, params, use_gemv=g), tokens, mask,
-                             jax.random.key(0), SamplingParams(temperature=0.0, max_new_tokens=12))
-            for g in (True, False)]
-    np.testing.assert_array_equal(np.asarray(outs[0].tokens_br), np.asarray(outs[1].tokens_br))
-    np.testing.assert_allclose(np.asarray(outs[0].logprobs_br), np.asarray(outs[1].logprobs_br), atol=1e-5)
