@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipo_jax.kernels import cpu_gemv
+from pipo_jax.kernels import cpu_ffi, cpu_gemv
 from pipo_jax.models import hf, qwen3
 from pipo_jax.sampling import continuous_batching, decode, sampler
 from pipo_jax.sampling.engine import Engine
@@ -130,7 +130,7 @@ def read_passes(nbytes: int) -> dict:
     x = jnp.ones((1, 2048), jnp.float32)
     matvec = jax.jit(cpu_gemv.gemv_reference)
     passes = {"xla_matvec": (lambda: matvec(x, w).block_until_ready(), w.nbytes)}
-    if cpu_gemv.available():
+    if cpu_ffi.available():
         kernel = jax.jit(cpu_gemv.gemv)
         passes["cpu_gemv"] = (lambda: kernel(x, w).block_until_ready(), w.nbytes)
     try:
