@@ -85,8 +85,9 @@ def build() -> Path | None:
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         os.unlink(tmp)
+        errors = [ln for ln in result.stderr.splitlines() if "error" in ln]  # not the headers' warnings
         log.warning("CPU kernels: building the library failed (decoding uses XLA's ops):\n%s\n%s",
-                    " ".join(cmd), result.stderr[-2000:])
+                    " ".join(cmd), "\n".join(errors[:20]) or result.stderr[-2000:])
         return None
     os.replace(tmp, library)  # atomic: concurrent builders each install a whole file
     return library

@@ -17,10 +17,11 @@ organised for decode speed:
   ladder of widths);
 * RoPE tables are computed once per step, not per layer;
 * on a single-device CPU in fp32 (`DecodeWeights.cpu_kernels`), C++ FFI kernels take
-  the two memory-bound parts of a decode step: products of at most `GEMV_MAX_ROWS`
-  rows go through `kernels.cpu_gemv` (streams each weight matrix once over all cores)
-  and one-token attention through `kernels.cpu_attention` (streams each row's cache
-  slots up to its position once); XLA's ops otherwise.
+  the heavy parts of a decode step: products of at most `KERNEL_MAX_ROWS` rows go
+  through `kernels.cpu_gemv` (up to 8 rows it streams each weight matrix once over all
+  cores; above, a packed-panel GEMM) and one-token attention through
+  `kernels.cpu_attention` (streams each row's cache slots up to its position once);
+  XLA's ops otherwise (and for larger products, e.g. prefill of many tokens).
 
 Positions index the cache as in `qwen3.KVCache`, which `to_kv_cache` converts to.
 """
@@ -38,8 +39,8 @@ from pipo_jax.models import qwen3
 from pipo_jax.models.qwen3 import KVCache, Qwen3Config
 
 # Row count up to which `cpu_gemv` beats XLA's matmul on the decode step's matrices
-# (experiments/benchmarks/sampler.py; at 16 rows they tie, at 32 XLA's GEMM wins).
-GEMV_MAX_ROWS = 8
+# (experiments/benchmarks/cpu_kernels.py).
+KERNEL_MAX_ROWS = 32
 
 
 @struct.dataclass
@@ -52,7 +53,7 @@ class DecodeWeights:
     tuple with one dict per layer (separate buffers, so no per-step slicing of stacked
     weights): attn_norm `[D]`, qkv `[(H+2K)*Dh, D]`, q_norm / k_norm `[Dh]`, o
     `[D, H*Dh]`, mlp_norm `[D]`, gate_up `[2F, D]`, down `[D, F]`. `cpu_kernels` (static)
-    sends products of at most `GEMV_MAX_ROWS` rows through `cpu_gemv` and one-token
+    sends products of at most `KERNEL_MAX_ROWS` rows through `cpu_gemv` and one-token
     attention over an fp32 cache through `cpu_attention`.
     """
 
@@ -168,7 +169,7 @@ def resize_cache(cache: DecodeCache, max_len: int) -> DecodeCache:
 
 def _linear(x: jax.Array, w_out_in: jax.Array, cpu_kernels: bool) -> jax.Array:
     """`x @ w.T` for a weight stored `[out, in]` (`cpu_gemv` for few fp32 rows with `cpu_kernels`)."""
-    if cpu_kernels and cpu_gemv.use_for(x, w_out_in, GEMV_MAX_ROWS):
+    if cpu_kernels and cpu_gemv.use_for(x, w_out_in, KERNEL_MAX_ROWS):
         return cpu_gemv.gemv(x, w_out_in)
     return jnp.einsum("...i,oi->...o", x, w_out_in)
 
@@ -277,7 +278,7 @@ def cached_forward(
 
 def head_logits(weights: DecodeWeights, hidden_bd: jax.Array) -> jax.Array:
     """Float32 logits `[B, V]` of final-normed hidden states `[B, D]`."""
-    if weights.cpu_kernels and cpu_gemv.use_for(hidden_bd, weights.lm_head, GEMV_MAX_ROWS):
+    if weights.cpu_kernels and cpu_gemv.use_for(hidden_bd, weights.lm_head, KERNEL_MAX_ROWS):
         return cpu_gemv.gemv(hidden_bd, weights.lm_head)
     return jnp.einsum("bd,vd->bv", hidden_bd, weights.lm_head, preferred_element_type=jnp.float32)
 

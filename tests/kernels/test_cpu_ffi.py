@@ -66,12 +66,13 @@ def test_decode_step_routes_through_the_kernels(params):
     plain = decode.prepare_weights(CONFIG, params, cpu_kernels=False)
     layers = CONFIG.num_hidden_layers
     assert _kernel_calls(fast, 3) == (4 * layers + 1, layers)  # qkv, o, gate_up, down per layer + head
-    assert _kernel_calls(fast, decode.GEMV_MAX_ROWS + 1) == (0, layers)  # XLA's GEMM above 8 rows
+    assert _kernel_calls(fast, decode.KERNEL_MAX_ROWS) == (4 * layers + 1, layers)
+    assert _kernel_calls(fast, decode.KERNEL_MAX_ROWS + 1) == (0, layers)  # XLA's GEMM above
     assert _kernel_calls(fast, 3, jnp.bfloat16) == (4 * layers + 1, 0)  # a bf16 cache: XLA's attention
     assert _kernel_calls(plain, 3) == (0, 0)
 
 
-@pytest.mark.parametrize("batch", [3, decode.GEMV_MAX_ROWS + 2])
+@pytest.mark.parametrize("batch", [3, 12, decode.KERNEL_MAX_ROWS + 2])
 def test_decode_step_with_kernels_equals_xla(params, batch):
     fast = decode.prepare_weights(CONFIG, params, cpu_kernels=True)
     plain = decode.prepare_weights(CONFIG, params, cpu_kernels=False)

@@ -24,11 +24,13 @@ def _assert_matmul(y, x, w):
     assert np.all(np.abs(np.asarray(y, np.float64) - exact) <= bound), np.max(np.abs(y - exact) / bound)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 13, 16, 32, 37, 64])
 @pytest.mark.parametrize("k,n", [(1, 1), (15, 7), (16, 64), (17, 33), (300, 1000), (512, 1024)])
 def test_gemv_equals_float64_product(rows, k, n):
-    # (300, 1000) and (512, 1024) are above the size split over threads; K = 15 / 17 /
-    # 300 exercise the scalar tail after the 16-wide loop.
+    # Rows 1-8 take the streaming path, 9+ the packed-panel GEMM (tiles of 6, 5, 4 ...
+    # rows; 37 and 13 leave uneven tiles). N = 1 / 7 / 33 / 1000 leave a partial panel of
+    # 16 weight rows; (300, 1000) and (512, 1024) are above the size split over threads;
+    # K = 15 / 17 / 300 exercise the tails after the 8- and 16-wide loops.
     x, w = _operands((rows,), k, n, seed=rows * 1000 + k)
     _assert_matmul(np.asarray(jax.jit(cpu_gemv.gemv)(x, w)), x, w)
 
@@ -55,8 +57,9 @@ def test_gemv_inside_while_loop_and_vmap():
     np.testing.assert_allclose(np.asarray(got), np.stack([x @ w.T, x @ (2 * w).T]), rtol=1e-5, atol=1e-5)
 
 
-def test_gemv_is_deterministic():
-    x, w = _operands((3,), 512, 2048, seed=5)  # split over threads
+@pytest.mark.parametrize("rows", [3, 32])
+def test_gemv_is_deterministic(rows):
+    x, w = _operands((rows,), 512, 2048, seed=5)  # split over threads
     f = jax.jit(cpu_gemv.gemv)
     first = np.asarray(f(x, w))
     for _ in range(5):
