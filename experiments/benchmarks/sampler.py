@@ -5,9 +5,10 @@ Same random Qwen3-shaped weights (saved once with `hf.save`, loaded by both JAX 
 
 1. decode tokens/s at batch 1, 8, 32 of `sampler.generate`, of `continuous_batching.
    rollout` on an `Engine` with as many slots as rows, and of `transformers` `generate`
-   (torch CPU). Both JAX systems use `kernels.cpu_gemv` for steps of <= 8 rows where it
-   is available; `sampler.generate` with XLA's matmul throughout (`cpu_kernels=False`)
-   runs beside them as the baseline of that kernel. Decode rate = `B * (N - 1) /
+   (torch CPU). Both JAX systems use the CPU decode kernels where they are available
+   (`kernels.cpu_gemv` for products of <= 32 rows, `kernels.cpu_attention`);
+   `sampler.generate` with XLA's ops throughout (`cpu_kernels=False`) runs beside them
+   as the baseline of those kernels. Decode rate = `B * (N - 1) /
    (t(N new tokens) - t(1 new token))`, so prefill is excluded. The systems run
    interleaved, one after the other in each of `--repeats` rounds, and the table gives
    medians: of each system's rate and, for the ratios, of the per-round ratios (the
@@ -372,9 +373,9 @@ def main(argv=None) -> dict:
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
     weights = jax.jit(decode.prepare_weights, static_argnums=0)(config, params)
     weights_xla = jax.jit(functools.partial(decode.prepare_weights, cpu_kernels=False), static_argnums=0)(config, params)
-    results["model"]["cpu_gemv"] = weights.cpu_kernels
+    results["model"]["cpu_kernels"] = weights.cpu_kernels
     for b in batches:
-        log(f"batch {b}: one-jit generate (default, then XLA matmul only), engine, transformers")
+        log(f"batch {b}: one-jit generate (default, then XLA ops only), engine, transformers")
         pb = prompts[:b]
         engine = Engine(config, greedy, max_concurrent_decodes=b, max_len=max_len)
         eparams = engine.load_params(params)
@@ -440,8 +441,8 @@ def print_table(r: dict) -> None:
     print(f"model: {r['model']['params'] / 1e6:.1f}M params fp32 | machine: {r['machine']['cpus']} CPUs, "
           f"matmul {lim['matmul_flops'] / 1e9:.0f} GFLOP/s, copy {lim['copy_bytes_s'] / 1e9:.1f} GB/s, "
           f"read {lim['read_bytes_s'] / 1e9:.1f} GB/s (XLA large matvec {lim['read_detail']['xla_matvec'] / 1e9:.1f}); "
-          f"cpu_gemv {'on' if r['model'].get('cpu_gemv') else 'off'}")
-    print(f"{'batch':>5} | {'one-jit tok/s':>13} | {'XLA-mm tok/s':>12} | {'engine tok/s':>12} | {'HF tok/s':>9} | "
+          f"CPU kernels {'on' if r['model'].get('cpu_kernels') else 'off'}")
+    print(f"{'batch':>5} | {'one-jit tok/s':>13} | {'XLA-op tok/s':>12} | {'engine tok/s':>12} | {'HF tok/s':>9} | "
           f"{'jax/HF':>6} | {'eng/HF':>6} | {'step ms':>7} | {'FLOP frac':>9} | {'BW/copy':>7} | {'BW/read':>7} | "
           f"{'eq HF':>5}")
     for b, row in r["batches"].items():
