@@ -21,14 +21,13 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.benchmarks.sampler import bench_config
+from experiments.benchmarks.sampler import bench_config, log
 from pipo_jax.kernels import cpu_attention, cpu_ffi, cpu_gemv
 from pipo_jax.models import qwen3
 from pipo_jax.sampling import decode
@@ -124,10 +123,6 @@ def bench_attention(config, batches, widths, repeats: int, calls: int) -> list:
     return out
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 def print_table(r: dict) -> None:
     print(f"cpu_gemv vs XLA matmul: chain of one decode step's 33 products "
           f"({r['model']['step_weight_mb']:.0f} MB of weights)")
@@ -138,7 +133,8 @@ def print_table(r: dict) -> None:
     print("cpu_attention vs XLA (decode._attend): 8 layers, every slot attended")
     print(f"{'batch':>5} | {'width':>5} | {'cache MB':>8} | {'kernel GB/s':>11} | {'XLA GB/s':>8} | {'kernel/XLA':>10}")
     for row in r["attention"]:
-        print(f"{row['batch']:>5} | {row['width']:>5} | {row['cache_mb']:>8.1f} | {row['kernel']['cache_gb_s']:>11.1f} | "
+        print(f"{row['batch']:>5} | {row['width']:>5} | {row['cache_mb']:>8.1f} | "
+              f"{row['kernel']['cache_gb_s']:>11.1f} | "
               f"{row['xla']['cache_gb_s']:>8.1f} | {row['kernel_over_xla']:>10.2f}")
 
 

@@ -372,7 +372,8 @@ def main(argv=None) -> dict:
     max_len = args.prompt_len + max(args.new_tokens, args.tail_long)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
     weights = jax.jit(decode.prepare_weights, static_argnums=0)(config, params)
-    weights_xla = jax.jit(functools.partial(decode.prepare_weights, cpu_kernels=False), static_argnums=0)(config, params)
+    weights_xla = jax.jit(functools.partial(decode.prepare_weights, cpu_kernels=False),
+                          static_argnums=0)(config, params)
     results["model"]["cpu_kernels"] = weights.cpu_kernels
     for b in batches:
         log(f"batch {b}: one-jit generate (default, then XLA ops only), engine, transformers")

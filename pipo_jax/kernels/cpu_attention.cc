@@ -6,9 +6,9 @@
 // [B, K, Dh, S] (scores are AXPYs along the contiguous slot axis), values [B, K, S, Dh]
 // (the output is an AXPY along the contiguous head axis). Each (row, kv head) pair is
 // one block of `cpu_parallel.h`'s parallel_for: its keys and values are read once from
-// memory (the G query heads of the group re-read them from cache). XLA:CPU runs the
-// same computation as G-row batched matmuls at ~12 GB/s; this streams the cache at the
-// machine's read bandwidth.
+// memory, the group's query heads going in pairs that share each load. XLA:CPU runs the
+// same computation as G-row batched matmuls at ~12 GB/s; this streams the cache at
+// ~0.75 of the machine's read bandwidth (`experiments/benchmarks/cpu_kernels.py`).
 
 #include <algorithm>
 #include <cmath>
@@ -57,41 +57,44 @@ inline v8f exp8(v8f x) {
   return p;
 }
 
-// s[i, j] = scale * sum_d q[i, d] * keys[d * stride + j] for query rows i < G of a
-// group (G = 1 or 2: both heads share each key load) and slots j < n (s is [G, n]).
-// 32 slots at a time are accumulated over all of Dh in registers.
+// out[i, c] = factor[i] * sum_{t < terms} coef[i, t] * m[t * stride + c] for G = 1 or 2
+// rows i (sharing each load of m) and c < cols, with coef rows coef_stride apart and out
+// rows cols apart. The rows of m stream in order while 32 columns at a time accumulate
+// in registers. Scores are this with m = keys [Dh, S] (terms Dh, columns the slots), the
+// output with m = values [S, Dh] (terms the slots, columns Dh).
 template <int G>
-void scores(const float* q, const float* keys, int64_t dh, int64_t stride, int64_t n, float scale, float* s) {
-  int64_t j = 0;
-  for (; j + 32 <= n; j += 32) {
+void combine_rows(const float* coef, int64_t coef_stride, const float* m, int64_t stride, int64_t terms,
+                  int64_t cols, const float* factor, float* out) {
+  int64_t c = 0;
+  for (; c + 32 <= cols; c += 32) {
     v8f a[G][4] = {};
-    for (int64_t d = 0; d < dh; ++d) {
-      const float* row = keys + d * stride + j;
-      const v8f k0 = load8(row), k1 = load8(row + 8), k2 = load8(row + 16), k3 = load8(row + 24);
+    for (int64_t t = 0; t < terms; ++t) {
+      const float* row = m + t * stride + c;
+      const v8f m0 = load8(row), m1 = load8(row + 8), m2 = load8(row + 16), m3 = load8(row + 24);
       for (int i = 0; i < G; ++i) {
-        const float qd = q[i * dh + d];
-        a[i][0] += qd * k0;
-        a[i][1] += qd * k1;
-        a[i][2] += qd * k2;
-        a[i][3] += qd * k3;
+        const float w = coef[i * coef_stride + t];
+        a[i][0] += w * m0;
+        a[i][1] += w * m1;
+        a[i][2] += w * m2;
+        a[i][3] += w * m3;
       }
     }
     for (int i = 0; i < G; ++i)
-      for (int r = 0; r < 4; ++r) store8(s + i * n + j + 8 * r, a[i][r] * scale);
+      for (int r = 0; r < 4; ++r) store8(out + i * cols + c + 8 * r, a[i][r] * factor[i]);
   }
-  for (; j + 8 <= n; j += 8) {
+  for (; c + 8 <= cols; c += 8) {
     v8f a[G] = {};
-    for (int64_t d = 0; d < dh; ++d) {
-      const v8f kd = load8(keys + d * stride + j);
-      for (int i = 0; i < G; ++i) a[i] += q[i * dh + d] * kd;
+    for (int64_t t = 0; t < terms; ++t) {
+      const v8f mt = load8(m + t * stride + c);
+      for (int i = 0; i < G; ++i) a[i] += coef[i * coef_stride + t] * mt;
     }
-    for (int i = 0; i < G; ++i) store8(s + i * n + j, a[i] * scale);
+    for (int i = 0; i < G; ++i) store8(out + i * cols + c, a[i] * factor[i]);
   }
-  for (; j < n; ++j) {
+  for (; c < cols; ++c) {
     for (int i = 0; i < G; ++i) {
       float a = 0.0f;
-      for (int64_t d = 0; d < dh; ++d) a += q[i * dh + d] * keys[d * stride + j];
-      s[i * n + j] = a * scale;
+      for (int64_t t = 0; t < terms; ++t) a += coef[i * coef_stride + t] * m[t * stride + c];
+      out[i * cols + c] = a * factor[i];
     }
   }
 }
@@ -124,46 +127,6 @@ float exp_shifted(float* s, int64_t n) {
     sum += s[j];
   }
   return sum;
-}
-
-// out[i, d] = inv_total[i] * sum_{j < n} p[i, j] * vals[j * dh + d] for G = 1 or 2
-// query rows sharing each value load (p is [G, n], out rows dh apart); 32 floats of the
-// value rows at a time are accumulated over all n slots in registers.
-template <int G>
-void weighted_values(const float* p, const float* vals, int64_t dh, int64_t n, const float* inv_total,
-                     float* out) {
-  int64_t d = 0;
-  for (; d + 32 <= dh; d += 32) {
-    v8f a[G][4] = {};
-    for (int64_t j = 0; j < n; ++j) {
-      const float* row = vals + j * dh + d;
-      const v8f v0 = load8(row), v1 = load8(row + 8), v2 = load8(row + 16), v3 = load8(row + 24);
-      for (int i = 0; i < G; ++i) {
-        const float pj = p[i * n + j];
-        a[i][0] += pj * v0;
-        a[i][1] += pj * v1;
-        a[i][2] += pj * v2;
-        a[i][3] += pj * v3;
-      }
-    }
-    for (int i = 0; i < G; ++i)
-      for (int r = 0; r < 4; ++r) store8(out + i * dh + d + 8 * r, a[i][r] * inv_total[i]);
-  }
-  for (; d + 8 <= dh; d += 8) {
-    v8f a[G] = {};
-    for (int64_t j = 0; j < n; ++j) {
-      const v8f vj = load8(vals + j * dh + d);
-      for (int i = 0; i < G; ++i) a[i] += p[i * n + j] * vj;
-    }
-    for (int i = 0; i < G; ++i) store8(out + i * dh + d, a[i] * inv_total[i]);
-  }
-  for (; d < dh; ++d) {
-    for (int i = 0; i < G; ++i) {
-      float a = 0.0f;
-      for (int64_t j = 0; j < n; ++j) a += p[i * n + j] * vals[j * dh + d];
-      out[i * dh + d] = a * inv_total[i];
-    }
-  }
 }
 
 // Below this many cache bytes a call runs on the calling thread alone.
@@ -203,16 +166,17 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
       const float* qj = qp + (row * h + head0 + j) * dh;
       float* pj = p.data() + j * n;
       float* oj = op + (row * h + head0 + j) * dh;
+      const float scales[2] = {scale, scale};
       float inv_total[2];
       if (j + 1 < g) {
-        scores<2>(qj, keys, dh, s, n, scale, pj);
+        combine_rows<2>(qj, dh, keys, s, dh, n, scales, pj);
         inv_total[0] = 1.0f / exp_shifted(pj, n);
         inv_total[1] = 1.0f / exp_shifted(pj + n, n);
-        weighted_values<2>(pj, vals, dh, n, inv_total, oj);
+        combine_rows<2>(pj, n, vals, dh, n, dh, inv_total, oj);
       } else {
-        scores<1>(qj, keys, dh, s, n, scale, pj);
+        combine_rows<1>(qj, dh, keys, s, dh, n, scales, pj);
         inv_total[0] = 1.0f / exp_shifted(pj, n);
-        weighted_values<1>(pj, vals, dh, n, inv_total, oj);
+        combine_rows<1>(pj, n, vals, dh, n, dh, inv_total, oj);
       }
     }
   };

@@ -8,7 +8,8 @@ import pytest
 from pipo_jax.kernels import cpu_attention, cpu_ffi
 from pipo_jax.sampling import decode
 
-pytestmark = pytest.mark.skipif(not cpu_ffi.available(), reason="the CPU kernels need a single-device CPU and a compiler")
+pytestmark = pytest.mark.skipif(not cpu_ffi.available(),
+                                reason="the CPU kernels need a single-device CPU and a compiler")
 
 
 def _operands(b, k, g, dh, s, seed=0):

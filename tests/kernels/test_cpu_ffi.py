@@ -2,6 +2,7 @@
 
 import dataclasses
 import logging
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,8 @@ from pipo_jax.models import qwen3
 from pipo_jax.sampling import decode, sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.skipif(not cpu_ffi.available(), reason="the CPU kernels need a single-device CPU and a compiler")
+pytestmark = pytest.mark.skipif(not cpu_ffi.available(),
+                                reason="the CPU kernels need a single-device CPU and a compiler")
 
 
 def test_switch_off_and_failed_build(monkeypatch, tmp_path, caplog):
@@ -26,6 +28,12 @@ def test_switch_off_and_failed_build(monkeypatch, tmp_path, caplog):
         assert cpu_ffi.build() is None
     assert "building the library failed" in caplog.text
     assert list(tmp_path.iterdir()) == []  # no half-written library left behind
+
+
+def test_sources_ship_with_the_package():
+    setup_py = (Path(__file__).parents[2] / "setup.py").read_text()
+    for path in (*cpu_ffi.SOURCES, *cpu_ffi.HEADERS):
+        assert path.exists() and f'"{path.name}"' in setup_py, path.name
 
 
 def test_build_is_cached(monkeypatch, tmp_path):

@@ -7,7 +7,8 @@ import pytest
 
 from pipo_jax.kernels import cpu_ffi, cpu_gemv
 
-pytestmark = pytest.mark.skipif(not cpu_ffi.available(), reason="the CPU kernels need a single-device CPU and a compiler")
+pytestmark = pytest.mark.skipif(not cpu_ffi.available(),
+                                reason="the CPU kernels need a single-device CPU and a compiler")
 
 
 def _operands(lead, k, n, seed=0):
