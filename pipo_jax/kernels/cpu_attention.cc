@@ -129,8 +129,17 @@ float exp_shifted(float* s, int64_t n) {
   return sum;
 }
 
-// Below this many cache bytes a call runs on the calling thread alone.
-constexpr int64_t kMinParallelBytes = 256 * 1024;
+// Attention of G = 1 or 2 query heads (q rows dh apart, out rows dh apart) over the n
+// slots of one kv head: scores into p [G, n], softmax, weighted values.
+template <int G>
+void attend_heads(const float* q, const float* keys, const float* vals, int64_t dh, int64_t s, int64_t n,
+                  float scale, float* p, float* out) {
+  float scales[G], inv_total[G];
+  for (int i = 0; i < G; ++i) scales[i] = scale;
+  combine_rows<G>(q, dh, keys, s, dh, n, scales, p);
+  for (int i = 0; i < G; ++i) inv_total[i] = 1.0f / exp_shifted(p + i * n, n);
+  combine_rows<G>(p, n, vals, dh, n, dh, inv_total, out);
+}
 
 ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                          ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> positions,
@@ -159,30 +168,21 @@ ffi::Error AttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
     const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(pos[row]) + 1, 1, s);
     const int64_t head0 = (i % kv) * g;
     thread_local std::vector<float> p;
-    p.resize(g * n);
+    p.resize(2 * n);
     const float* keys = kp + i * dh * s;
     const float* vals = vp + i * s * dh;
     for (int64_t j = 0; j < g; j += 2) {  // query heads in pairs, sharing each key and value load
       const float* qj = qp + (row * h + head0 + j) * dh;
-      float* pj = p.data() + j * n;
       float* oj = op + (row * h + head0 + j) * dh;
-      const float scales[2] = {scale, scale};
-      float inv_total[2];
-      if (j + 1 < g) {
-        combine_rows<2>(qj, dh, keys, s, dh, n, scales, pj);
-        inv_total[0] = 1.0f / exp_shifted(pj, n);
-        inv_total[1] = 1.0f / exp_shifted(pj + n, n);
-        combine_rows<2>(pj, n, vals, dh, n, dh, inv_total, oj);
-      } else {
-        combine_rows<1>(qj, dh, keys, s, dh, n, scales, pj);
-        inv_total[0] = 1.0f / exp_shifted(pj, n);
-        combine_rows<1>(pj, n, vals, dh, n, dh, inv_total, oj);
-      }
+      if (j + 1 < g)
+        attend_heads<2>(qj, keys, vals, dh, s, n, scale, p.data(), oj);
+      else
+        attend_heads<1>(qj, keys, vals, dh, s, n, scale, p.data(), oj);
     }
   };
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t bytes = 2 * b * kv * s * dh * static_cast<int64_t>(sizeof(float));
-  pipo::parallel_for(bytes < kMinParallelBytes ? 1 : threads, b * kv, pair);
+  pipo::parallel_for(threads, bytes, b * kv, pair);
   return ffi::Error::Success();
 }
 

@@ -4,7 +4,7 @@ Each decode step's attention reads the whole KV cache once (at batch 32 and 160 
 of the benchmark model, 84 MB a step beside 160 MB of weights). XLA:CPU computes it as
 batched `[G, Dh] x [Dh, S]` matmuls at ~12 GB/s; `cpu_attention.cc` streams each
 (row, kv head) block once, split over the cores, skips the masked slots past each
-row's position, and reaches the machine's read bandwidth.
+row's position, and runs 1.1-1.9x faster (`experiments/benchmarks/cpu_kernels.py`).
 
 `decode_attention` is the kernel; its plain reference is `sampling.decode._attend`
 (the tests hold them equal). `use_for` is the check of when to use it. The kernel is

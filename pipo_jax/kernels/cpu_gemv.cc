@@ -2,8 +2,8 @@
 //
 // Up to kDotMaxRows rows (decoding batch 1-8) a step is bound by how fast the weights
 // stream from memory: each weight row is read exactly once, as one contiguous stream,
-// and dotted with every x row while it is in L1. With more rows (batch 16-64) the step
-// is bound by the FMA units instead, and the product runs as a small GEMM: panels of 16
+// and dotted with every x row while it is in L1. With more rows the step is bound by
+// the FMA units instead, and the product runs as a small GEMM: panels of 16
 // weight rows are transposed into a k-major buffer (in L1/L2) and a 6 x 16 register
 // tile (12 accumulators, 2 loads + 6 broadcasts per 12 FMAs) sweeps the x rows over
 // each panel, with no horizontal sums. Either way contiguous blocks of weight rows are
@@ -181,9 +181,6 @@ void gemm_block(const float* x, const float* w, float* y, int64_t b, int64_t k, 
   }
 }
 
-// Below this many weight bytes a call runs on the calling thread alone (handing work
-// to another thread costs more than it saves).
-constexpr int64_t kMinParallelBytes = 256 * 1024;
 // Each thread's share is split in this many blocks so a slow thread can be helped.
 constexpr int64_t kBlocksPerThread = 4;
 
@@ -218,17 +215,13 @@ ffi::Error GemvImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
     else
       block(xp, wp, yp, b, k, n, o0, o1);
   };
-  if (threads == 1 || bytes < kMinParallelBytes) {
-    rows(0, n);
-    return ffi::Error::Success();
-  }
   // Contiguous blocks of weight rows (whole panels on the GEMM path).
   const int64_t unit = gemm ? kPanel : 1;
   const int64_t units = (n + unit - 1) / unit;
   int64_t blocks = std::min(units, threads * kBlocksPerThread);
   const int64_t rows_per_block = (units + blocks - 1) / blocks * unit;
   blocks = (n + rows_per_block - 1) / rows_per_block;
-  pipo::parallel_for(threads, blocks, [=](int64_t i) {
+  pipo::parallel_for(threads, bytes, blocks, [=](int64_t i) {
     const int64_t o0 = i * rows_per_block;
     rows(o0, std::min(n, o0 + rows_per_block));
   });

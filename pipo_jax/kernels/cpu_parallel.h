@@ -6,9 +6,9 @@
 // by spinning for a while (2 ms) and then sleep. They spin with sched_yield, not a
 // pause: when XLA's own pool runs a large op between two kernel calls (a batch-32
 // GEMM), a pause-spinning helper holds a core against it (measured: the batch-32 step
-// 25% slower), a yielding one hands the core over. Work is split in blocks that go to whichever thread
-// asks first (the caller included), so a late helper never delays a call; which block
-// a thread computes never changes the result.
+// 25% slower), a yielding one hands the core over. Work is split in blocks that go to
+// whichever thread asks first (the caller included), so a late helper never delays a
+// call; which block a thread computes never changes the result.
 
 #pragma once
 
@@ -96,10 +96,15 @@ class Helpers {
   std::condition_variable cv_;
 };
 
+// Below this many bytes of operands a call runs on the calling thread alone (handing
+// work to another thread costs more than it saves).
+constexpr int64_t kMinParallelBytes = 256 * 1024;
+
 // Runs body(0..blocks-1) over `threads` threads (the caller and threads - 1 helpers,
-// created at the first parallel call and shared by every kernel of the library).
-inline void parallel_for(int64_t threads, int64_t blocks, std::function<void(int64_t)> body) {
-  if (threads <= 1 || blocks <= 1) {
+// created at the first parallel call and shared by every kernel of the library), or on
+// the caller alone when the call reads fewer than kMinParallelBytes.
+inline void parallel_for(int64_t threads, int64_t bytes, int64_t blocks, std::function<void(int64_t)> body) {
+  if (threads <= 1 || blocks <= 1 || bytes < kMinParallelBytes) {
     for (int64_t i = 0; i < blocks; ++i) body(i);
     return;
   }
