@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from pipo_jax.losses import pipo
+
 PRESETS = ("tiny", "micro", "qwen3_4b", "qwen3_8b")
 
 
@@ -137,7 +139,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.pipo.window = 8  # K
     c.pipo.lam = 0.1
     c.pipo.lr = 1e-6  # alpha_PI
-    c.pipo.compat = False  # authors' code behaviour (ddof 0, no lower clip for rhat < 0, run at c == 0)
+    c.pipo.compat = False  # true: every behaviour of the authors' code below (README "PIPO: paper vs authors' code")
+    c.pipo.authors = ml_collections.ConfigDict()  # the authors' behaviours one by one (all false = paper)
+    for name in pipo.AUTHORS_BEHAVIOURS:
+        c.pipo.authors[name] = False
+    c.pipo.mu_source = "filtered"  # DAPO: mu_t over the filtered batch (SPEC, authors) | raw: every sampled group
 
     c.warmup = ml_collections.ConfigDict()  # supervised warm-up of the built-in task's base model
     c.warmup.enabled = True

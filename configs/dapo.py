@@ -11,7 +11,8 @@ def get_config(preset: str = "tiny"):
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.28, 3.0
     c.loss.agg_mode = "token-mean"
     c.dapo.dynamic_sampling = True
-    c.dapo.gen_prompts_per_batch = c.rollout.prompts_per_batch
+    # dapo.gen_prompts_per_batch stays 0: each generation batch is rollout.prompts_per_batch prompts,
+    # read when the config is validated, so a command-line override of the batch carries over
     c.pipo.attribution = "group"
     if preset in ("qwen3_4b", "qwen3_8b"):
         c.task.epochs = 9.0  # paper Table 5 (filtered groups consume more prompts)

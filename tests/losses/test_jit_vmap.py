@@ -124,7 +124,7 @@ CASES = {
                                lambda r: (f32(r, B, T), mask(r))),
     "pipo.gae_attribution": (pipo.gae_attribution, lambda r: (f32(r, B, T), mask(r))),
     "pipo.pi_rewards": (pipo.pi_rewards, lambda r: (f32(r, B, T), f32(r), mask(r))),
-    "pipo.pi_surrogate_loss": (functools.partial(pipo.pi_surrogate_loss, loss_agg_mode="token-mean", compat=True),
+    "pipo.pi_surrogate_loss": (functools.partial(pipo.pi_surrogate_loss, loss_agg_mode="token-mean", no_lower_clip=True),
                                lambda r: (logp(r), logp(r), f32(r, B, T), mask(r))),
     "pipo.pi_verification": (pipo.pi_verification, lambda r: (state(r), f32(r))),
     "pipo.push": (pipo.push, lambda r: (state(r), f32(r), stored(r))),
