@@ -142,7 +142,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.pipo.window = 8  # K
     c.pipo.lam = 0.1
     c.pipo.lr = 1e-6  # alpha_PI
-    c.pipo.compat = False  # true: every behaviour of the authors' code below (README "PIPO: paper vs authors' code")
+    c.pipo.compat = False  # true: every behaviour of `authors` below (README "PIPO: the paper and the authors' code")
     c.pipo.authors = ml_collections.ConfigDict()  # the authors' behaviours one by one (all false = paper)
     for name in pipo.AUTHORS_BEHAVIOURS:
         c.pipo.authors[name] = False

@@ -354,7 +354,8 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _choice(p.mu_source, "pipo.mu_source", ("filtered", "raw"))
     authors = dict(p.authors.items()) if "authors" in p else {}
     for name in authors:
-        _need(name in AUTHORS_BEHAVIOURS, f"pipo.authors.{name}", f"unknown behaviour; expected one of {AUTHORS_BEHAVIOURS}")
+        _need(name in AUTHORS_BEHAVIOURS, f"pipo.authors.{name}",
+              f"unknown behaviour; expected one of {AUTHORS_BEHAVIOURS}")
     options = pipo_options(bool(p.compat), **authors)
     _choice(p.attribution, "pipo.attribution", tuple(registry.ATTRIBUTIONS))
     expected_attr = {"ppo": "gae", "sdpo": "sdpo_token"}.get(c.algorithm, "group")
