@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import ml_collections
 
+from pipo_jax.losses import pipo
+
 PRESETS = ("tiny", "micro", "qwen3_4b", "qwen3_8b")
+# The authors' runs (JacckMa/pipo_verl, verl/trainer/config/experiments/math/*_pipo.yaml) on top of
+# the paper preset of the same size; only configs/{grpo,gspo,dapo}.py have them.
+AUTHORS_PRESETS = ("authors_qwen3_4b", "authors_qwen3_8b")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -137,7 +142,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.pipo.window = 8  # K
     c.pipo.lam = 0.1
     c.pipo.lr = 1e-6  # alpha_PI
-    c.pipo.compat = False  # authors' code behaviour (ddof 0, no lower clip for rhat < 0, run at c == 0)
+    c.pipo.compat = False  # true: every behaviour of `authors` below (README "PIPO: the paper and the authors' code")
+    c.pipo.authors = ml_collections.ConfigDict()  # the authors' behaviours one by one (all false = paper)
+    for name in pipo.AUTHORS_BEHAVIOURS:
+        c.pipo.authors[name] = False
+    c.pipo.mu_source = "filtered"  # DAPO: mu_t over the filtered batch (SPEC, authors) | raw: every sampled group
 
     c.warmup = ml_collections.ConfigDict()  # supervised warm-up of the built-in task's base model
     c.warmup.enabled = True
@@ -195,10 +204,31 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+def paper_preset(preset: str, algorithm: str) -> tuple[str, bool]:
+    """(the size preset, whether the authors' settings go on top) for `preset`; `authors_*`
+    presets exist for the algorithms with a run in the authors' release (grpo, gspo, dapo)."""
+    if preset in AUTHORS_PRESETS and algorithm in ("grpo", "gspo", "dapo"):
+        return preset[len("authors_"):], True
+    return preset, False  # apply_preset rejects an authors' preset of another algorithm
+
+
+def apply_authors(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The settings every authors' math run shares (README "paper setting vs authors' setting")."""
+    c.pipo.compat = True  # every behaviour of their trainer (the DAPO preset turns one back off)
+    c.advantage.std_ddof = 1  # torch.std in compute_grpo_outcome_advantage
+    c.train.shuffle = False  # actor.shuffle: false: mini-batches in batch order
+    c.eval.temperature = 0.7  # val_kwargs: n 1, temperature 0.7
+    c.eval.samples = 1
+    c.eval.ks = "1"
+    return c
+
+
 def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.ConfigDict:
     """Sets the run size: `tiny` (CPU main job), `micro` (tests), `qwen3_4b` / `qwen3_8b` (paper Table 5)."""
+    if preset in AUTHORS_PRESETS:
+        raise ValueError(f"preset {preset!r}: the authors' release has runs of grpo, gspo and dapo only")
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; expected one of {PRESETS}")
+        raise ValueError(f"unknown preset {preset!r}; expected one of {PRESETS + AUTHORS_PRESETS}")
     if preset in ("tiny", "micro"):
         c.model.preset = "task_tiny"
         c.iterations = 200

@@ -21,7 +21,8 @@ def get_config(preset: str = "tiny"):
     elif preset == "micro":
         c.rollout.prompts_per_batch = 16
         c.train.mini_batch_prompts = 8
-    else:  # paper Table 5: batch 1024, mini-batch 512, 24 epochs (the responses of G = 8 x 3)
+    else:  # paper Table 5: batch 1024, mini-batch 512, 24 passes over the training prompts (task.epochs:
+        # 3 passes x the G = 8 responses the group methods draw per prompt; not train.epochs)
         c.rollout.prompts_per_batch = 1024
         c.train.mini_batch_prompts = 512
         c.task.epochs = 24.0

@@ -11,8 +11,8 @@ params. Shapes: `*_bt` [B, T] per response token; `*_btv` [B, T, V] per vocabula
   KL(T||S), alpha=1 reverse KL(S||T), else (1-a) KL(S||M) + a KL(T||M), M = (1-a) S + a T.
 - `reverse_kl_token_loss(logp_bt, logp_teacher_bt)` = sg(logp_S - logp_T) * logp_S.
 - `importance_weight(logp_bt, logp_old_bt, is_clip)` = sg(min(exp(logp - logp_old), is_clip)).
-- `token_attribution(logp_teacher_bt, logp_student_bt, mask_bt)` = logp_T - logp_S (paper Eq. 4),
-  SDPO's local attribution for PIPO.
+- `token_attribution(logp_teacher_bt, logp_student_bt, mask_bt, sd_mask_b)` = logp_T - logp_S (paper Eq. 4)
+  where sd_mask = 1, else 0: SDPO's local attribution for PIPO.
 - `select_demonstrations(rewards_b, group_size)`: the first *other* successful response of each group.
 - `ema_update(teacher_params, student_params, rate)`: the EMA teacher.
 
@@ -165,9 +165,12 @@ def sdpo_jsd_loss(
     return _sdpo_finish(per_token_bt, logp_bt, logp_old_bt, logp_teacher_bt, mask_bt, sd_mask_b, is_clip, cfg)
 
 
-def token_attribution(logp_teacher_bt, logp_student_bt, mask_bt):
-    """SDPO attribution a_t = logp_T(y_t) - logp_S(y_t) on valid tokens (paper Eq. 4), [B, T]."""
-    m = as_mask(mask_bt)
+def token_attribution(logp_teacher_bt, logp_student_bt, mask_bt, sd_mask_b=None):
+    """SDPO attribution a_t = logp_T(y_t) - logp_S(y_t) on valid tokens (paper Eq. 4), [B, T].
+
+    Eq. 4 defines it only where the teacher has a signal: rows with `sd_mask_b` [B] = 0 get 0.
+    """
+    m = _sd_mask(mask_bt, sd_mask_b)
     return jnp.where(m > 0, logp_teacher_bt - logp_student_bt, 0.0)
 
 

@@ -9,19 +9,22 @@ State (`PipoState`, a flax struct so it rides through jit / lax.scan / orbax):
 
 Per iteration t (the trainer drives it):
     xi, c, mu_his, sigma_his = improvement_signal(mu_t, state.mu_window_k, state.count, lam=, ddof=)
-    if pi_step_ready(state, c, compat=):   # window full, has_prev, c != 0 (compat: run anyway)
+    if pi_step_ready(state, c, xi):   # window full, has_prev, c != 0
         rhat_bt = pi_rewards(state.prev.attr_bt, c, state.prev.mask_bt)
         loss = pi_surrogate_loss(logp_bt, state.prev.logp_old_bt, rhat_bt, state.prev.mask_bt, ...)
     ... base step on B_t ...
     state = push(state, mu_t, StoredBatch(B_t with its attributions a_t))
 
-Formulas (paper default; `compat=True` gives the authors' code, see `pipo_options`):
-    mu_his = mean(window); sigma_his = std(window, ddof=1) (compat: ddof=0); sigma < 1e-8 -> 1.0
+Formulas (paper default):
+    mu_his = mean(window); sigma_his = std(window, ddof=1); sigma < 1e-8 -> 1.0
     xi = (mu_t - mu_his) / sigma_his;  c = phi_lam(xi) = xi if xi >= 0 else lam * xi
     group attribution a_i = G * abar_i / max(sum_j |abar_j|, 1e-6), abar_i = token mean of A_i
     PPO attribution = its GAE advantages; SDPO = `distill.token_attribution`
     rhat = a_{t-1} * c;  PI loss = clipped surrogate with rhat as the advantage and the ratio
     to the stored behaviour log-probs (token ratio, or GSPO's sequence ratio).
+
+`PipoOptions` names each place where the authors' released code (JacckMa/pipo_verl) departs
+from these formulas; every one is off by default and can be switched on alone.
 """
 
 from __future__ import annotations
@@ -41,18 +44,49 @@ ATTRIBUTION_DENOM_FLOOR = 1e-6
 
 
 class PipoOptions(NamedTuple):
-    """Behaviour switched by `compat` (paper default vs. the authors' pipo_verl code)."""
+    """The authors' code's behaviours (JacckMa/pipo_verl), each a switch; all False = the paper.
 
-    ddof: int  # window std: 1 (paper Eq. 8) / 0 (compat)
-    run_when_c_zero: bool  # c == 0 exactly: skip the PI step (paper) / run it anyway (compat)
-    lower_clip_negative_adv: bool  # PI surrogate keeps the lower clip for rhat < 0 (paper) / not (compat)
+    window_twice        mu_t enters the window before xi is computed and again after the base
+                        step (so the window holds mu_t itself and each mean twice)
+    std_ddof0           window std with ddof 0 (np.std), not 1
+    xi_clip             xi = clip(mu_t - mu_his, -5, 5) / sigma_his, std floor 1e-6 (not 1e-8)
+    pi_no_lower_clip    token-ratio PI loss -min(nu, clip(nu)) * rhat: for rhat < 0 no lower clip
+                        and zero gradient once nu > 1 + eps (GSPO's PI step keeps both clips)
+    rhat_clamp          rhat = clamp(a * xi, -10, 10), then times lam when xi < 0
+    run_at_xi_zero      the PI step runs when xi == 0 exactly (c == 0: a KL-only step); with
+                        lam = 0 and xi < 0 it is skipped, as in paper mode
+    pi_symmetric_clip   token-ratio PI clip [1 - eps_low, 1 + eps_low] (DAPO: 0.2, not 0.2 / 0.28)
+    attribution_eps_add group attribution G * abar_i / (sum_j |abar_j| + 1e-6), not max(., 1e-6)
+    """
+
+    window_twice: bool = False
+    std_ddof0: bool = False
+    xi_clip: bool = False
+    pi_no_lower_clip: bool = False
+    rhat_clamp: bool = False
+    run_at_xi_zero: bool = False
+    pi_symmetric_clip: bool = False
+    attribution_eps_add: bool = False
+
+    @property
+    def ddof(self) -> int:
+        return 0 if self.std_ddof0 else 1
 
 
-def pipo_options(compat: bool = False) -> PipoOptions:
-    """The three `compat` switches of SPEC 2."""
+AUTHORS_BEHAVIOURS = PipoOptions._fields
+XI_DIFF_CLIP = 5.0  # authors: np.clip(mu_t - rho, -5, 5)
+AUTHORS_SIGMA_FLOOR = 1e-6  # authors: compute_layback_coefficients(epsilon=1e-6)
+RHAT_CLAMP = 10.0  # authors: torch.clamp(coefficients, -10, 10)
+
+
+def pipo_options(compat: bool = False, **behaviours: bool) -> PipoOptions:
+    """`compat=True`: every behaviour of the authors' code; else the named ones (default: the paper)."""
+    unknown = sorted(set(behaviours) - set(AUTHORS_BEHAVIOURS))
+    if unknown:
+        raise ValueError(f"unknown PIPO behaviour {unknown[0]!r}; expected one of {AUTHORS_BEHAVIOURS}")
     if compat:
-        return PipoOptions(ddof=0, run_when_c_zero=True, lower_clip_negative_adv=False)
-    return PipoOptions(ddof=1, run_when_c_zero=False, lower_clip_negative_adv=True)
+        return PipoOptions(*(True for _ in AUTHORS_BEHAVIOURS))
+    return PipoOptions(**{k: bool(v) for k, v in behaviours.items()})
 
 
 @struct.dataclass
@@ -147,6 +181,14 @@ def push(state: PipoState, mu, batch: StoredBatch) -> PipoState:
     )
 
 
+@jax.jit
+def push_mean(state: PipoState, mu) -> PipoState:
+    """Append mu_t to the window only (the authors' first push of each iteration, `window_twice`)."""
+    window_k = jnp.concatenate([state.mu_window_k[1:], jnp.asarray(mu, jnp.float32).reshape(1)])
+    return state.replace(mu_window_k=window_k,
+                         count=jnp.minimum(state.count + 1, state.window_size).astype(jnp.int32))
+
+
 def window_statistics(window_k, count, *, ddof: int):
     """(mu_his, sigma_raw) over the valid (last `count`) entries; std with `ddof`, no fallback.
 
@@ -168,22 +210,26 @@ def rectify(xi, lam: float):
     return jnp.where(xi >= 0, xi, lam * xi)
 
 
-@functools.partial(jax.jit, static_argnames=("lam", "ddof"))
-def improvement_signal(mu_t, window_k, count, *, lam: float = 0.1, ddof: int = 1):
+@functools.partial(jax.jit, static_argnames=("lam", "ddof", "xi_clip"))
+def improvement_signal(mu_t, window_k, count, *, lam: float = 0.1, ddof: int = 1, xi_clip: bool = False):
     """Standardised improvement feedback (paper Eqs. 8-10). Returns (xi, c, mu_his, sigma_his).
 
     `window_k` [K] holds previous means, most recent last, valid entries the last `count`.
     sigma_his is the std actually divided by: std(window, ddof), or 1.0 when that is < 1e-8.
     Until the window holds K means (count < K) there is no signal: xi = c = 0 (mu_his and
-    sigma_his are still the statistics of the valid entries, for logging).
+    sigma_his are still the statistics of the valid entries, for logging). `xi_clip` (authors'
+    code): xi = clip(mu_t - mu_his, -5, 5) / sigma_his with the 1.0 fallback below 1e-6.
     """
     if ddof not in (0, 1):
-        raise ValueError(f"pipo ddof={ddof!r} must be 1 (paper) or 0 (compat)")
+        raise ValueError(f"pipo ddof={ddof!r} must be 1 (paper) or 0 (authors' code)")
     window_k = jnp.asarray(window_k, jnp.float32)
     mu_his, sigma_raw = window_statistics(window_k, count, ddof=ddof)
-    sigma_his = jnp.where(sigma_raw < SIGMA_FLOOR, 1.0, sigma_raw)
+    sigma_his = jnp.where(sigma_raw < (AUTHORS_SIGMA_FLOOR if xi_clip else SIGMA_FLOOR), 1.0, sigma_raw)
     ready = jnp.asarray(count) >= window_k.shape[-1]
-    xi = jnp.where(ready, (jnp.asarray(mu_t, jnp.float32) - mu_his) / sigma_his, 0.0)
+    diff = jnp.asarray(mu_t, jnp.float32) - mu_his
+    if xi_clip:
+        diff = jnp.clip(diff, -XI_DIFF_CLIP, XI_DIFF_CLIP)
+    xi = jnp.where(ready, diff / sigma_his, 0.0)
     return xi, rectify(xi, lam), mu_his, sigma_his
 
 
@@ -192,24 +238,36 @@ def window_full(state: PipoState):
     return (state.count >= state.window_size) & state.has_prev
 
 
-def pi_step_ready(state: PipoState, c, *, compat: bool = False):
-    """Whether the PI (verification) step runs: window full, has_prev, and c != 0 unless compat."""
-    nonzero = jnp.ones((), bool) if pipo_options(compat).run_when_c_zero else (c != 0)
+def pi_step_ready(state: PipoState, c, xi=None, *, run_at_xi_zero: bool = False):
+    """Whether the PI (verification) step runs: window full, has_prev, and c != 0.
+
+    `run_at_xi_zero` (authors' code) also runs it when xi == 0 exactly (needs `xi`).
+    """
+    nonzero = c != 0
+    if run_at_xi_zero:
+        if xi is None:
+            raise ValueError("pi_step_ready(run_at_xi_zero=True) needs xi")
+        nonzero = nonzero | (xi == 0)
     return window_full(state) & nonzero
 
 
-@functools.partial(jax.jit, static_argnames=("group_size",))
-def group_attribution(adv_bt, mask_bt, group_size: int):
+@functools.partial(jax.jit, static_argnames=("group_size", "additive_eps"))
+def group_attribution(adv_bt, mask_bt, group_size: int, additive_eps: bool = False):
     """Group-normalised attribution a_i = G * abar_i / max(sum_j |abar_j|, 1e-6), on valid tokens. [B, T].
 
     abar_i is the token mean of A_i over row i's valid tokens (0 for an empty row); groups are
     `group_size` contiguous rows. sum_i |a_i| = G within every group with a nonzero signal.
+    `additive_eps` (authors' code): divide by sum_j |abar_j| + 1e-6 instead.
     """
     m = as_mask(mask_bt)
     if group_size < 1 or m.shape[0] % group_size:
         raise ValueError(f"group_size={group_size} does not divide the batch of {m.shape[0]} responses")
     abar_pg = masked_mean(adv_bt, m, axis=-1).reshape(-1, group_size)
-    denom_p1 = jnp.maximum(jnp.sum(jnp.abs(abar_pg), axis=-1, keepdims=True), ATTRIBUTION_DENOM_FLOOR)
+    abs_sum_p1 = jnp.sum(jnp.abs(abar_pg), axis=-1, keepdims=True)
+    if additive_eps:
+        denom_p1 = abs_sum_p1 + ATTRIBUTION_DENOM_FLOOR
+    else:
+        denom_p1 = jnp.maximum(abs_sum_p1, ATTRIBUTION_DENOM_FLOOR)
     a_b = (group_size * abar_pg / denom_p1).reshape(-1)
     return a_b[:, None] * m
 
@@ -219,14 +277,24 @@ def gae_attribution(adv_bt, mask_bt):
     return jnp.where(as_mask(mask_bt) > 0, adv_bt, 0.0)
 
 
-def pi_rewards(attr_bt, c, mask_bt):
-    """PI rewards rhat = a_{t-1} * c on the stored batch's valid tokens. [B, T]."""
-    return jnp.where(as_mask(mask_bt) > 0, attr_bt * c, 0.0)
+def pi_rewards(attr_bt, c, mask_bt, *, xi=None, lam: float | None = None, clamp: bool = False):
+    """PI rewards rhat = a_{t-1} * c on the stored batch's valid tokens. [B, T].
+
+    `clamp` (authors' code): rhat = clamp(a * xi, -10, 10) * (lam if xi < 0 else 1) (needs xi, lam).
+    """
+    valid = as_mask(mask_bt) > 0
+    if not clamp:
+        return jnp.where(valid, attr_bt * c, 0.0)
+    if xi is None or lam is None:
+        raise ValueError("pi_rewards(clamp=True) needs xi and lam")
+    rhat = jnp.clip(attr_bt * xi, -RHAT_CLAMP, RHAT_CLAMP) * jnp.where(xi >= 0, 1.0, lam)
+    return jnp.where(valid, rhat, 0.0)
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("ratio", "eps_low", "eps_high", "clip_ratio_c", "compat", "loss_agg_mode", "norm_length"),
+    static_argnames=("ratio", "eps_low", "eps_high", "clip_ratio_c", "no_lower_clip", "symmetric_clip",
+                     "loss_agg_mode", "norm_length"),
 )
 def pi_surrogate_loss(
     logp_bt,
@@ -238,7 +306,8 @@ def pi_surrogate_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     clip_ratio_c: float = 0.0,
-    compat: bool = False,
+    no_lower_clip: bool = False,
+    symmetric_clip: bool = False,
     loss_agg_mode: str,
     num_tokens=None,
     num_seqs=None,
@@ -249,13 +318,15 @@ def pi_surrogate_loss(
     `ratio="token"`: nu = exp(logp - logp_old) per token (PPO/GRPO/DAPO/SDPO);
     `ratio="sequence"`: GSPO's sequence ratio in token form. `logp_old_bt` are the stored
     behaviour log-probs of B_{t-1}. Eq. 11 has no dual clip (`clip_ratio_c=0`); pass the base
-    value to mirror a dual-clipped base loss. `compat` drops the lower clip for rhat < 0.
+    value to mirror a dual-clipped base loss. Authors' code, token ratio only (their GSPO PI loss
+    keeps both clips): `no_lower_clip` gives -min(nu, clip(nu)) * rhat, `symmetric_clip` clips
+    nu to [1 - eps_low, 1 + eps_low].
     """
-    lower = pipo_options(compat).lower_clip_negative_adv
+    token = ratio == "token"
     common = {
         "eps_low": eps_low,
-        "eps_high": eps_high,
-        "lower_clip_negative_adv": lower,
+        "eps_high": eps_low if symmetric_clip and token else eps_high,
+        "lower_clip_negative_adv": not (no_lower_clip and token),
         "loss_agg_mode": loss_agg_mode,
         "num_tokens": num_tokens,
         "num_seqs": num_seqs,
@@ -270,18 +341,20 @@ def pi_surrogate_loss(
     raise ValueError(f"pi ratio={ratio!r} must be 'token' or 'sequence'")
 
 
-@functools.partial(jax.jit, static_argnames=("lam", "compat"))
-def pi_verification(state: PipoState, mu_t, *, lam: float = 0.1, compat: bool = False):
+@functools.partial(jax.jit, static_argnames=("lam", "options"))
+def pi_verification(state: PipoState, mu_t, *, lam: float = 0.1, options: PipoOptions = PipoOptions()):
     """Step 3 of SPEC 2 in one call: the signal, the go/no-go and the PI rewards for `state.prev`.
 
     Returns (rhat_bt, metrics) with metrics {"mu_t", "mu_his", "sigma_his", "xi", "c",
-    "pi_step_applied"}; rhat_bt is zero when the step does not apply.
+    "pi_step_applied"}; rhat_bt is zero when the step does not apply. With
+    `options.window_twice` the caller has already pushed mu_t (`push_mean`).
     """
     xi, c, mu_his, sigma_his = improvement_signal(
-        mu_t, state.mu_window_k, state.count, lam=lam, ddof=pipo_options(compat).ddof
+        mu_t, state.mu_window_k, state.count, lam=lam, ddof=options.ddof, xi_clip=options.xi_clip
     )
-    apply = pi_step_ready(state, c, compat=compat)
-    rhat_bt = jnp.where(apply, pi_rewards(state.prev.attr_bt, c, state.prev.mask_bt), 0.0)
+    apply = pi_step_ready(state, c, xi, run_at_xi_zero=options.run_at_xi_zero)
+    rhat_bt = pi_rewards(state.prev.attr_bt, c, state.prev.mask_bt, xi=xi, lam=lam, clamp=options.rhat_clamp)
+    rhat_bt = jnp.where(apply, rhat_bt, 0.0)
     metrics = {
         "mu_t": jnp.asarray(mu_t, jnp.float32),
         "mu_his": mu_his,

@@ -10,8 +10,9 @@ GSPO: log s_i = sum_t m (logp - logp_old) / max(|y_i|, 1); token form
     log s_it = min(logp - sg(logp) + sg(log s_i), 10), then the token clip without dual clip.
     With A constant over a sequence this has the value and gradient of the sequence form
     max(-A s_i, -A clip(s_i)) under `seq-mean-token-mean` aggregation.
-`lower_clip_negative_adv=False` is PIPO's `compat` switch: for A < 0 the clipped ratio has no
-lower bound (min(r, 1 + eps_high)), so negative signals are never clipped.
+`lower_clip_negative_adv=False` is the authors' PIPO loss (`pipo.PipoOptions.pi_no_lower_clip`):
+    L = -A min(r, clip(r, 1 - eps_low, 1 + eps_high)) on every token, so for A < 0 there is no
+    lower clip and the gradient is zero once r > 1 + eps_high (for A >= 0 it is the token clip).
 
 Registered losses share one signature (the trainer calls them through `registry.POLICY_LOSSES`):
     loss_fn(logp_bt, logp_old_bt, adv_bt, mask_bt, *, loss_agg_mode, num_tokens=None,
@@ -75,12 +76,13 @@ def clipped_surrogate(
     check_clip_config(eps_low, eps_high, clip_ratio_c)
     ratio_bt = jnp.exp(log_ratio_bt)
     clipped_ratio_bt = jnp.clip(ratio_bt, 1.0 - eps_low, 1.0 + eps_high)
-    if not lower_clip_negative_adv:
-        clipped_ratio_bt = jnp.where(adv_bt < 0, jnp.minimum(ratio_bt, 1.0 + eps_high), clipped_ratio_bt)
     unclipped_loss_bt = -adv_bt * ratio_bt
     clipped_loss_bt = -adv_bt * clipped_ratio_bt
     loss_bt = jnp.maximum(unclipped_loss_bt, clipped_loss_bt)
     clipped_bt = clipped_loss_bt > unclipped_loss_bt
+    if not lower_clip_negative_adv:  # -A min(r, clip(r)): pipo_verl core_algos.py grpo_layback
+        loss_bt = -adv_bt * jnp.minimum(ratio_bt, clipped_ratio_bt)
+        clipped_bt = clipped_ratio_bt < ratio_bt
     if clip_ratio_c == 0.0:
         return loss_bt, clipped_bt, jnp.zeros_like(clipped_bt)
     dual_loss_bt = -adv_bt * clip_ratio_c

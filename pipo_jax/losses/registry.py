@@ -20,9 +20,9 @@ POLICY_LOSSES[name](logp_bt, logp_old_bt, adv_bt, mask_bt, **cfg) -> (loss scala
     The PI step calls `pipo.pi_surrogate_loss`, i.e. "token_clip" or "gspo" with rhat as adv.
 
 ATTRIBUTIONS[name](batch, **cfg) -> attr_bt  (PIPO local attribution a_t, zero at padding)
-    "group"       needs adv_bt, mask_bt; cfg group_size     (G * abar_i / sum_j |abar_j|)
+    "group"       needs adv_bt, mask_bt; cfg group_size, additive_eps  (G * abar_i / sum_j |abar_j|)
     "gae"         needs adv_bt, mask_bt                     (PPO: the GAE advantages)
-    "sdpo_token"  needs logp_teacher_bt, logp_bt, mask_bt   (logp_T - logp_S)
+    "sdpo_token"  needs logp_teacher_bt, logp_bt, mask_bt; sd_mask_b  (logp_T - logp_S where sd_mask = 1)
 
 AGGREGATIONS[mode](loss_bt, mask_bt, *, num_tokens=None, num_seqs=None, norm_length=None) -> scalar
 
@@ -72,9 +72,10 @@ def _group_relative_estimator(batch, *, group_size: int, std_ddof: int = 0, norm
     return advantages.broadcast_over_tokens(adv_b, _need(batch, "mask_bt", "advantage 'grpo'")), {}
 
 
-def _group_attribution(batch, *, group_size: int):
+def _group_attribution(batch, *, group_size: int, additive_eps: bool = False):
     return pipo.group_attribution(
-        _need(batch, "adv_bt", "attribution 'group'"), _need(batch, "mask_bt", "attribution 'group'"), group_size
+        _need(batch, "adv_bt", "attribution 'group'"), _need(batch, "mask_bt", "attribution 'group'"), group_size,
+        additive_eps,
     )
 
 
@@ -86,7 +87,7 @@ def _gae_attribution(batch):
 def _sdpo_attribution(batch):
     who = "attribution 'sdpo_token'"
     return distill.token_attribution(_need(batch, "logp_teacher_bt", who), _need(batch, "logp_bt", who),
-                                     _need(batch, "mask_bt", who))
+                                     _need(batch, "mask_bt", who), batch.get("sd_mask_b"))
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable] = {

@@ -161,7 +161,10 @@ def sharded_generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules: Rules |
 def _learn(spec: TrainSpec, mesh: Mesh, rules_items: tuple) -> ShardedFunction:
     rules = make_rules(dict(rules_items))
     sh = state_shardings(spec, mesh, rules)
-    r_sh = batch_shardings(_abstract_rollout(spec, spec.prompts), mesh, rules)
+    r_abstract = _abstract_rollout(spec, spec.prompts)
+    if spec.dynamic_sampling:  # the host loop's DAPO batch carries its raw mean reward
+        r_abstract = r_abstract.replace(mu_raw=jax.ShapeDtypeStruct((), jnp.float32))
+    r_sh = batch_shardings(r_abstract, mesh, rules)
 
     def step(state, batch, rng):
         return learn_lib.learn(spec, state, batch, rng)

@@ -87,6 +87,8 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[dict,
                                                               beta=spec.kl_coef, estimator=spec.kl_estimator)
     seq_rewards = advantages.sequence_rewards(token_rewards, mask_br)
     mu_t = jnp.mean(seq_rewards)
+    if spec.pipo_mu_source == "raw" and rollout.mu_raw is not None:  # DAPO: every sampled group
+        mu_t = rollout.mu_raw
 
     attr_inputs = {"mask_bt": mask_br}
     if spec.estimator != "none":
@@ -110,11 +112,13 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[dict,
         logp_teacher = steps.teacher_logprobs(spec, teacher, t_tokens, t_mask)
         batch.update(teacher_tokens_bq=t_tokens, teacher_mask_bq=t_mask, sd_mask_b=sd_mask,
                      rewards_b=rollout.rewards_b)
-        attr_inputs.update(logp_teacher_bt=logp_teacher, logp_bt=logp_old)
+        attr_inputs.update(logp_teacher_bt=logp_teacher, logp_bt=logp_old, sd_mask_b=sd_mask)
         if spec.vpd_hybrid == "reshape":  # A' = A + w (logp_T - logp_S): the advantage-reshaping hybrid
             batch["adv_br"] = vpd_loss.reshaped_advantages(batch["adv_br"], logp_teacher, logp_old, mask_br,
                                                            weight=spec.vpd.hybrid_weight, sd_mask_b=sd_mask)
-    attr_cfg = {"group_size": spec.group_size} if spec.attribution == "group" else {}
+    attr_cfg = {}
+    if spec.attribution == "group":
+        attr_cfg = {"group_size": spec.group_size, "additive_eps": spec.pipo_options.attribution_eps_add}
     batch["attr_br"] = registry.ATTRIBUTIONS[spec.attribution](attr_inputs, **attr_cfg)
 
     groups = advantages.group_outcome_counts(rollout.rewards_b, spec.group_size)
@@ -138,7 +142,7 @@ def _pi_batch(prev: pipo.StoredBatch, rhat_br) -> dict:
 
 def pi_step(spec: TrainSpec, params, opt_state, pipo_state: pipo.PipoState, mu_t, rng):
     """Step 3: verification on B_{t-1}; returns (params, opt_state, metrics). A no-op unless it applies."""
-    rhat, signal = pipo.pi_verification(pipo_state, mu_t, lam=spec.pipo_lam, compat=spec.pipo_compat)
+    rhat, signal = pipo.pi_verification(pipo_state, mu_t, lam=spec.pipo_lam, options=spec.pipo_options)
     optimizer = make_optimizer(spec.lr, spec)
     loss_fn = steps.pi_loss_fn(spec)
     batch = _pi_batch(pipo_state.prev, rhat)
@@ -176,10 +180,14 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         metrics.update(e_metrics)
         if spec.vpd.e_step and spec.attribution == "sdpo_token":
             logp_t = steps.teacher_logprobs(spec, teacher, batch["teacher_tokens_bq"], batch["teacher_mask_bq"])
-            batch["attr_br"] = distill.token_attribution(logp_t, batch["logp_old_br"], batch["mask_br"])
+            batch["attr_br"] = distill.token_attribution(logp_t, batch["logp_old_br"], batch["mask_br"],
+                                                         batch["sd_mask_b"])
         metrics.update(vpd.teacher_diagnostics(spec, teacher, params, batch))
+    pipo_state = state.pipo
     if spec.pipo:
-        params, opt_state, pi_metrics = pi_step(spec, params, opt_state, state.pipo, mu_t, k_pi)
+        if spec.pipo_options.window_twice:  # authors' code: mu_t enters the window before xi, and again below
+            pipo_state = pipo.push_mean(pipo_state, mu_t)
+        params, opt_state, pi_metrics = pi_step(spec, params, opt_state, pipo_state, mu_t, k_pi)
         metrics.update(pi_metrics)
     else:
         metrics["mu_t"] = mu_t
@@ -206,7 +214,7 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         stored = pipo.StoredBatch(tokens_bt=batch["tokens_bl"], attention_mask_bt=batch["mask_bl"],
                                   mask_bt=batch["mask_br"], logp_old_bt=batch["logp_old_br"],
                                   logp_ref_bt=batch["logp_ref_br"], attr_bt=batch["attr_br"])
-        new_pipo = pipo.push(state.pipo, mu_t, stored)
+        new_pipo = pipo.push(pipo_state, mu_t, stored)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, critic=critic,
                               teacher_params=teacher, pipo=new_pipo, teacher_opt_state=teacher_opt,
                               vpd_delta=vpd_delta)

@@ -65,7 +65,7 @@ def _host_merge(spec: TrainSpec, buffer: Rollout | None, filled, new: Rollout):
         filled = jnp.zeros((), jnp.int32)
     keep_p, _, counts = advantages.dapo_group_filter(new.rewards_b, spec.group_size)
     buffer, filled = rollout_lib.merge_kept_groups(spec, buffer, filled, new, keep_p)
-    return buffer, filled, counts["num_dropped"]
+    return buffer, filled, counts["num_dropped"], rollout_lib.sequence_reward_sum(spec, new)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
@@ -107,11 +107,12 @@ def host_collect(spec: TrainSpec, params, rng, reward_fn: HostReward,
     programs = programs or single_device_programs(spec)
     if not spec.dynamic_sampling:
         return programs.score(programs.generate(params, rng, spec.prompts), reward_fn), {}
-    buffer, filled, n, dropped = None, None, 0, 0
+    buffer, filled, n, dropped, raw_sum = None, None, 0, 0, 0.0
     while (filled is None or int(filled) < spec.prompts) and n < spec.max_num_gen_batches:
         new = programs.score(programs.generate(params, jax.random.fold_in(rng, n), spec.gen_prompts), reward_fn)
-        buffer, filled, d = _host_merge(spec, buffer, filled, new)
-        n, dropped = n + 1, dropped + int(d)
+        buffer, filled, d, r = _host_merge(spec, buffer, filled, new)
+        n, dropped, raw_sum = n + 1, dropped + int(d), raw_sum + float(r)
+    buffer = buffer.replace(mu_raw=jnp.float32(raw_sum / (n * spec.gen_prompts * spec.group_size)))
     stats = {"dapo_gen_batches": n, "dapo_groups_dropped": dropped, "dapo_groups_kept": int(filled),
              "dapo_exhausted": int(filled) < spec.prompts}
     return buffer, stats

@@ -31,6 +31,9 @@ class Rollout:
     # Dataset tasks with SDPO / VPD: host-built teacher prompts (tokens [B, Q], mask [B, Q],
     # has_context [B]); the built-in task's are built in the jitted learn step instead.
     teacher_context: Any = None
+    # DAPO's dynamic sampling: float32 [] mean sequence reward over every sampled group, kept or
+    # filtered out (`pipo.mu_source=raw`); None without dynamic sampling.
+    mu_raw: Any = None
 
     @property
     def size(self) -> int:
@@ -118,6 +121,17 @@ def with_rewards(rollout: Rollout, rewards_b) -> Rollout:
 # ----------------------------------------------------------------------------- DAPO
 
 
+def sequence_reward_sum(spec: TrainSpec, rollout: Rollout) -> jax.Array:
+    """Sum over the rows of the sequence reward `learn.prepare` takes mu_t from (the task reward
+    plus DAPO's overlong shaping), before any filtering. float32 []."""
+    rewards_b = rollout.rewards_b
+    if spec.overlong_buffer:
+        lengths_b = jnp.sum(response_part(spec, rollout)[1].astype(jnp.float32), axis=1)
+        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.response_len,
+                                                            buffer=spec.overlong_buffer, factor=spec.overlong_factor)
+    return jnp.sum(rewards_b)
+
+
 def merge_kept_groups(spec: TrainSpec, buffer: Rollout, filled, new: Rollout, keep_p) -> tuple[Rollout, jax.Array]:
     """Appends the kept groups of `new` after the `filled` groups of `buffer` (extra ones drop).
 
@@ -159,18 +173,20 @@ def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Arr
     buffer = jax.tree.map(lambda x: jnp.zeros((spec.batch,) + x.shape[1:], x.dtype), template)
 
     def cond(carry):
-        _, filled, n, _ = carry
+        _, filled, n, _, _ = carry
         return (filled < spec.prompts) & (n < spec.max_num_gen_batches)
 
     def body(carry):
-        buf, filled, n, dropped = carry
+        buf, filled, n, dropped, raw_sum = carry
         new = gen_batch(n)
         keep_p, _, counts = advantages.dapo_group_filter(new.rewards_b, spec.group_size)
         buf, filled = merge_kept_groups(spec, buf, filled, new, keep_p)
-        return buf, filled, n + 1, dropped + counts["num_dropped"]
+        return buf, filled, n + 1, dropped + counts["num_dropped"], raw_sum + sequence_reward_sum(spec, new)
 
     zero = jnp.zeros((), jnp.int32)
-    buffer, filled, n, dropped = jax.lax.while_loop(cond, body, (buffer, zero, zero, zero))
+    buffer, filled, n, dropped, raw_sum = jax.lax.while_loop(cond, body, (buffer, zero, zero, zero,
+                                                                           jnp.zeros((), jnp.float32)))
+    buffer = buffer.replace(mu_raw=raw_sum / (n * spec.gen_prompts * spec.group_size).astype(jnp.float32))
     stats = {"dapo_gen_batches": n, "dapo_groups_dropped": dropped, "dapo_groups_kept": filled,
              "dapo_exhausted": filled < spec.prompts}
     return buffer, stats

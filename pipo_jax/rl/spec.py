@@ -14,6 +14,7 @@ from typing import Any
 import ml_collections
 
 from pipo_jax.losses import registry
+from pipo_jax.losses.pipo import AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
 from pipo_jax.losses.aggregation import AGG_MODES
 from pipo_jax.models import qwen3
 from pipo_jax.rl import warmup
@@ -86,7 +87,8 @@ class TrainSpec:
     pipo_window: int
     pipo_lam: float
     pipo_lr: float
-    pipo_compat: bool
+    pipo_options: PipoOptions  # the authors' code's behaviours that are on (all off = paper)
+    pipo_mu_source: str  # DAPO: "filtered" (mu_t over the trained batch) | "raw" (every sampled group)
     attribution: str
     vpd: Any = None  # pipo_jax.rl.vpd.VpdConfig when algorithm == "vpd"
 
@@ -296,6 +298,8 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _need(mini % micro == 0, "train.micro_batch_size", f"{t.micro_batch_size} does not divide the mini-batch of {mini}")
     _need(t.epochs >= 1, "train.epochs", f"{t.epochs} must be >= 1")
     _need(t.lr > 0, "train.lr", f"{t.lr} must be > 0")
+    _need(t.weight_decay >= 0, "train.weight_decay", f"{t.weight_decay} must be >= 0")
+    _need(c.critic.lr > 0, "critic.lr", f"{c.critic.lr} must be > 0")
     _need(t.grad_clip > 0, "train.grad_clip", f"{t.grad_clip} must be > 0")
 
     lo = c.loss
@@ -347,6 +351,12 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _need(p.window >= 2, "pipo.window", f"K={p.window} must be >= 2 (the window std needs two means)")
     _need(0 <= p.lam <= 1, "pipo.lam", f"{p.lam} must be in [0, 1]")
     _need(p.lr > 0, "pipo.lr", f"{p.lr} must be > 0")
+    _choice(p.mu_source, "pipo.mu_source", ("filtered", "raw"))
+    authors = dict(p.authors.items()) if "authors" in p else {}
+    for name in authors:
+        _need(name in AUTHORS_BEHAVIOURS, f"pipo.authors.{name}",
+              f"unknown behaviour; expected one of {AUTHORS_BEHAVIOURS}")
+    options = pipo_options(bool(p.compat), **authors)
     _choice(p.attribution, "pipo.attribution", tuple(registry.ATTRIBUTIONS))
     expected_attr = {"ppo": "gae", "sdpo": "sdpo_token"}.get(c.algorithm, "group")
     if c.algorithm == "vpd":
@@ -369,6 +379,7 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
         _need(not c.model.path, "warmup.enabled", "the supervised warm-up trains a fresh task model; "
               "disable it when loading model.path")
         _need(c.warmup.steps >= 1, "warmup.steps", f"{c.warmup.steps} must be >= 1")
+        _need(c.warmup.lr > 0, "warmup.lr", f"{c.warmup.lr} must be > 0")
 
     return TrainSpec(
         algorithm=c.algorithm, model=model, model_path=c.model.path, logprob_impl=c.model.logprob_impl, task=task,
@@ -387,6 +398,7 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
         sdpo_alpha=float(s.alpha), sdpo_topk=int(s.topk), sdpo_teacher=s.teacher, sdpo_ema_rate=float(s.ema_rate),
         sdpo_success_threshold=float(s.success_threshold), sdpo_is_clip=float(s.is_clip),
         sdpo_use_feedback=bool(s.use_feedback), pipo=bool(p.enabled), pipo_window=int(p.window),
-        pipo_lam=float(p.lam), pipo_lr=float(p.lr), pipo_compat=bool(p.compat), attribution=p.attribution,
+        pipo_lam=float(p.lam), pipo_lr=float(p.lr), pipo_options=options, pipo_mu_source=p.mu_source,
+        attribution=p.attribution,
         vpd=vpd,
     )

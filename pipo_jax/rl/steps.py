@@ -49,8 +49,12 @@ def minibatch_order(spec: TrainSpec, rng, batch_size: int) -> jax.Array:
 
 
 def response_counts(mini: Batch) -> dict:
-    """Global counts of a mini-batch's response mask: {"num_tokens", "num_seqs"}."""
-    return aggregation_counts(mini["mask_br"])
+    """Global counts of a mini-batch's response mask: {"num_tokens", "num_seqs"}; with SDPO
+    teacher contexts also "sd": the counts of `mask * sd_mask`, which SDPO's loss averages over."""
+    counts = aggregation_counts(mini["mask_br"])
+    if "sd_mask_b" in mini:
+        counts["sd"] = aggregation_counts(mini["mask_br"] * mini["sd_mask_b"][:, None])
+    return counts
 
 
 def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state,
@@ -121,7 +125,7 @@ def teacher_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq):
 
 def _sdpo_loss(spec: TrainSpec, params, teacher_params, mb: Batch, counts: dict):
     q = mb["teacher_tokens_bq"].shape[1] - spec.response_len
-    common = dict(is_clip=spec.sdpo_is_clip, sd_mask_b=mb["sd_mask_b"], **_agg(spec, counts))
+    common = dict(is_clip=spec.sdpo_is_clip, sd_mask_b=mb["sd_mask_b"], **_agg(spec, counts["sd"]))
     if spec.policy_loss == "sdpo_token":
         logp, ent = _student_logprobs(spec, params, mb)
         logp_t = teacher_logprobs(spec, teacher_params, mb["teacher_tokens_bq"], mb["teacher_mask_bq"])
@@ -178,13 +182,20 @@ def base_loss_fn(spec: TrainSpec, teacher_params=None) -> LossFn:
 
 
 def pi_loss_fn(spec: TrainSpec) -> LossFn:
-    """PIPO's verification loss on the stored batch: clipped surrogate with rhat (+ KL term)."""
+    """PIPO's verification loss on the stored batch: clipped surrogate with rhat (+ KL term).
+
+    The authors' token-ratio PI loss (`pi_no_lower_clip`, `pi_symmetric_clip`) is their
+    `grpo_layback`; their PPO PI step uses `ppo_layback`, the ordinary clip, so PPO keeps it.
+    """
+    options = spec.pipo_options
+    authors_token_loss = spec.algorithm != "ppo"
 
     def loss_fn(params, mb: Batch, counts: dict):
         logp, ent = _student_logprobs(spec, params, mb)
         loss, metrics = pipo.pi_surrogate_loss(
             logp, mb["logp_old_br"], mb["rhat_br"], mb["mask_br"], ratio=spec.pi_ratio, eps_low=spec.clip_low,
-            eps_high=spec.clip_high, compat=spec.pipo_compat, **_agg(spec, counts))
+            eps_high=spec.clip_high, no_lower_clip=options.pi_no_lower_clip and authors_token_loss,
+            symmetric_clip=options.pi_symmetric_clip and authors_token_loss, **_agg(spec, counts))
         reg, reg_metrics = _regularisers(spec, logp, ent, mb, counts)
         loss = loss + reg
         return loss, dict(metrics, **reg_metrics, loss=loss)

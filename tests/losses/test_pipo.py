@@ -104,10 +104,11 @@ def test_pi_step_ready_and_compat_for_c_zero():
         state = pipo.push(state, float(i), make_batch(float(i)))
     assert bool(pipo.pi_step_ready(state, jnp.float32(0.3)))
     assert not bool(pipo.pi_step_ready(state, jnp.float32(0.0)))
-    assert bool(pipo.pi_step_ready(state, jnp.float32(0.0), compat=True))
+    assert bool(pipo.pi_step_ready(state, jnp.float32(0.0), jnp.float32(0.0), run_at_xi_zero=True))
     no_prev = state.replace(has_prev=jnp.zeros((), bool))
-    assert not bool(pipo.pi_step_ready(no_prev, jnp.float32(0.3), compat=True))
-    assert pipo.pipo_options(False) == (1, False, True) and pipo.pipo_options(True) == (0, True, False)
+    assert not bool(pipo.pi_step_ready(no_prev, jnp.float32(0.3), jnp.float32(0.3), run_at_xi_zero=True))
+    assert pipo.pipo_options(False) == pipo.PipoOptions() and pipo.pipo_options(False).ddof == 1
+    assert all(pipo.pipo_options(True)) and pipo.pipo_options(True).ddof == 0
 
 
 def test_push_errors_name_the_field():
@@ -162,7 +163,7 @@ def test_pi_surrogate_loss_is_eq11():
     loss, _ = pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, loss_agg_mode="token-mean")
     # -min(nu r, clip(nu) r): -0.48, -0.2, 0.24 (lower clip), 0.33
     chex.assert_trees_all_close(loss, jnp.float32((-0.48 - 0.2 + 0.24 + 0.33) / 4), rtol=1e-5)
-    loss_c, _ = pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, loss_agg_mode="token-mean", compat=True)
+    loss_c, _ = pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, loss_agg_mode="token-mean", no_lower_clip=True)
     chex.assert_trees_all_close(loss_c, jnp.float32((-0.48 - 0.2 + 0.15 + 0.33) / 4), rtol=1e-5)
     ref, _ = token_clip_loss(logp, logp_old, rhat, mask, clip_ratio_c=0.0, loss_agg_mode="token-mean")
     chex.assert_trees_all_close(loss, ref)

@@ -49,11 +49,14 @@ def test_token_clip_gradient_zero_where_clipped():
 
 
 def test_token_clip_compat_no_lower_clip_for_negative_adv():
+    # authors' -A min(r, clip(r)): A = -1 tokens give min(.5, .8) = .5 (no lower clip), min(1.5, 1.28) = 1.28,
+    # min(5, 1.28) = 1.28 (then under the dual clip 3); A > 0 tokens as the token clip
     loss, _ = token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, **CLIP_CFG, lower_clip_negative_adv=False)
-    chex.assert_trees_all_close(loss, jnp.float32((-1.28 - 0.5 + 0.5 + 1.5 + 3.0 - 2.0) / 6), rtol=1e-5)
+    chex.assert_trees_all_close(loss, jnp.float32((-1.28 - 0.5 + 0.5 + 1.28 + 1.28 - 2.0) / 6), rtol=1e-5)
     grad = jax.grad(lambda lp: token_clip_loss(lp, LOGP_OLD, ADV, ONES, **CLIP_CFG, lower_clip_negative_adv=False)[0])(
         LOGP)
-    chex.assert_trees_all_close(grad, jnp.array([[0.0, -0.5, 0.5, 1.5, 0.0, -2.0]]) / 6, atol=1e-6)
+    # gradient -A r where r is not clipped; zero for A < 0 once r > 1 + eps_high
+    chex.assert_trees_all_close(grad, jnp.array([[0.0, -0.5, 0.5, 0.0, 0.0, -2.0]]) / 6, atol=1e-6)
 
 
 def test_token_clip_ratio_log_clamp():

@@ -1,0 +1,64 @@
+"""Config: validation of learning rates / weight decay, DAPO's generation batch, the authors'
+PIPO behaviours and presets (README "paper setting vs authors' setting")."""
+
+import pytest
+
+from configs import base, dapo, gspo, grpo, ppo, sdpo
+from pipo_jax.losses import pipo
+from pipo_jax.rl.spec import ConfigError, train_spec
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("critic.lr", -1e-5, r"config.critic.lr: -1e-05 must be > 0"),
+    ("warmup.lr", -3e-3, r"config.warmup.lr: -0.003 must be > 0"),
+    ("train.weight_decay", -0.01, r"config.train.weight_decay: -0.01 must be >= 0"),
+    ("pipo.authors.clamp", True, r"config.pipo.authors.clamp: unknown behaviour; expected one of \('window_twice'"),
+])
+def test_bad_values_name_the_key(key, value, message):
+    c = ppo.get_config("micro")
+    *sections, name = key.split(".")
+    target = c
+    for section in sections:
+        target = target[section]
+    target[name] = value
+    with pytest.raises(ConfigError, match=message):
+        train_spec(c)
+
+
+def test_dapo_generation_batch_follows_a_batch_override():
+    c = dapo.get_config("micro")
+    c.rollout.prompts_per_batch = 8  # as --config.rollout.prompts_per_batch=8 would
+    assert train_spec(c).gen_prompts == 8
+    c.dapo.gen_prompts_per_batch = 12
+    assert train_spec(c).gen_prompts == 12
+
+
+def test_authors_behaviours_one_by_one_and_all():
+    c = grpo.get_config("micro")
+    assert train_spec(c).pipo_options == pipo.PipoOptions()
+    c.pipo.authors.rhat_clamp = True
+    assert train_spec(c).pipo_options == pipo.PipoOptions(rhat_clamp=True)
+    c.pipo.compat = True
+    assert all(train_spec(c).pipo_options)
+    assert sorted(c.pipo.authors) == sorted(pipo.AUTHORS_BEHAVIOURS)
+
+
+def test_authors_presets():
+    g = grpo.get_config("authors_qwen3_4b")
+    assert (g.rollout.temperature, g.rollout.top_p, g.loss.agg_mode) == (0.7, 0.95, "token-mean")
+    assert (g.advantage.std_ddof, g.pipo.compat, g.loss.kl_coef, g.train.shuffle) == (1, True, 0.001, False)
+    assert (g.model.preset, g.rollout.prompts_per_batch, g.train.mini_batch_prompts) == ("qwen3_4b", 128, 64)
+    s = gspo.get_config("authors_qwen3_8b")
+    assert (s.loss.kl_coef, s.rollout.temperature, s.rollout.top_p, s.loss.agg_mode) == (
+        0.0, 1.0, 1.0, "seq-mean-token-mean")
+    assert (s.advantage.std_ddof, s.pipo.compat, s.model.preset) == (1, True, "qwen3_8b")
+    d = dapo.get_config("authors_qwen3_4b")
+    assert (d.loss.clip_low, d.loss.clip_high, d.loss.clip_ratio_c, d.loss.kl_coef) == (0.2, 0.28, 10.0, 0.001)
+    assert not d.pipo.compat and {k for k, v in d.pipo.authors.items() if not v} == {"window_twice"}
+    assert d.task.epochs == 9.0 and d.advantage.std_ddof == 1
+    for module in (ppo, sdpo):
+        with pytest.raises(ValueError, match="the authors' release has runs of grpo, gspo and dapo only"):
+            module.get_config("authors_qwen3_4b")
+    with pytest.raises(ValueError, match="unknown preset 'authors_tiny'"):
+        grpo.get_config("authors_tiny")
+    assert base.AUTHORS_PRESETS == ("authors_qwen3_4b", "authors_qwen3_8b")
