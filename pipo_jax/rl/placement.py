@@ -54,8 +54,9 @@ class Placement:
             return init_train_state(spec, params, seed)
         return sharded.init_sharded_train_state(spec, self.mesh, params, seed, self.rules)
 
-    def restore(self, ckpt: Checkpointer, spec: TrainSpec, step: int) -> TrainState:
-        """The state saved at `step`, laid out on this placement (whatever mesh it was saved from).
+    def restore(self, ckpt: Checkpointer, spec: TrainSpec, step: int | None = None) -> TrainState:
+        """The state saved at `step` (None: the newest that reads, see `Checkpointer.restore`),
+        laid out on this placement (whatever mesh it was saved from).
 
         The template is abstract (shapes, dtypes, shardings), so nothing is initialised first.
         """

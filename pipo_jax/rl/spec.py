@@ -178,17 +178,31 @@ def prompt_config(tc: ml_collections.ConfigDict) -> PromptConfig:
         raise ConfigError(f"config.task: {e}") from e
 
 
+def dataset_task_settings_missing(c: ml_collections.ConfigDict) -> list[str]:
+    """What a dataset task (math / code) needs and `c` lacks, one `--config...` hint each."""
+    tc, out = c.task, []
+    if not c.model.path:
+        out.append("--config.model.path=/path/to/hf_model (a Hugging Face model and its tokenizer)")
+    if not tc.path:
+        out.append("--config.task.path=FILE (a JSONL / parquet file or tfds name)")
+    if c.log.jit_loop:
+        out.append("--config.log.jit_loop=false (the reward is computed on the host)")
+    if c.rollout.max_new_tokens < 1:
+        out.append("--config.rollout.max_new_tokens=N (the response budget; there is no task default)")
+    if c.warmup.enabled:
+        out.append("--config.warmup.enabled=false (the warm-up trains the built-in task's model)")
+    return out
+
+
 def make_dataset_task(c: ml_collections.ConfigDict) -> DatasetTask:
     """Loads `config.task.path` with the tokenizer of `task.tokenizer_path` (default `model.path`)."""
     from pipo_jax.data import tokenizer as tok_lib
     from pipo_jax.data.sources import DataError, SourceConfig, load_examples
 
     tc = c.task
-    _need(bool(c.model.path), "model.path", f"task.name={tc.name!r} trains a Hugging Face model: set "
-          "--config.model.path=/path/to/model (the built-in task's tiny model has no tokenizer)")
-    _need(bool(tc.path), "task.path", f"task.name={tc.name!r} needs a dataset file (JSONL / parquet) or tfds name")
-    _need(not c.log.jit_loop, "log.jit_loop", f"task.name={tc.name!r} is scored on the host (math verifier / code "
-          "sandbox): set --config.log.jit_loop=false")
+    missing = dataset_task_settings_missing(c)
+    if missing:  # every one at once, not one per start
+        raise ConfigError(f"config: task.name={tc.name!r} needs " + "; ".join(missing))
     tok_path = tc.tokenizer_path or c.model.path
     prompts = prompt_config(tc)
     try:
