@@ -11,9 +11,12 @@ save needs its step number).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import shutil
+import sys
 
 import jax
 import orbax.checkpoint as ocp
@@ -43,6 +46,26 @@ def saved_steps(directory: str) -> list[int]:
         return list(manager.all_steps())
     finally:
         manager.close()
+
+
+@contextlib.contextmanager
+def _quiet_abandoned_reads():
+    """When one array of a damaged checkpoint fails, orbax abandons its other pending read
+    coroutines; closing them raises again, and Python would print each (a many-line
+    tensorstore spec) as "Exception ignored in <coroutine ...>". They are collected here,
+    silently: the failure is already reported in one line."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not (unraisable.object is not None and type(unraisable.object).__name__ == "coroutine"):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        gc.collect()
+        sys.unraisablehook = previous
 
 
 class Checkpointer:
@@ -90,7 +113,8 @@ class Checkpointer:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
         for s in steps:
             try:
-                return self._restore_step(s, abstract)
+                with _quiet_abandoned_reads():
+                    return self._restore_step(s, abstract)
             except Exception as e:  # noqa: BLE001 - any read failure means: try the next older one
                 self.unreadable[s] = _reason(e)
                 log.warning("checkpoint step %d at %s is unreadable (%s): skipped, left in place",

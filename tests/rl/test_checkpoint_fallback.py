@@ -144,21 +144,24 @@ def test_saving_over_an_unreadable_step_moves_it_aside(saved, tmp_path):
     assert _file_digests(f"{root}.unreadable/3") == damaged
 
 
-def test_refused_run_leaves_the_workdir_byte_for_byte(tmp_path):
+def test_refused_run_leaves_the_workdir_byte_for_byte(saved, tmp_path):
+    # A finished run's workdir: its config, metrics, export and checkpoints 1..3 (as `train` writes them).
+    _copy_of(saved, tmp_path)
     c = grpo.get_config("micro")
-    c.iterations, c.checkpoint.every, c.eval.every = 2, 1, 0
-    c.log.progress = c.log.plots = False
-    workdir = str(tmp_path / "run")
-    train(c, workdir)
-    before = _file_digests(workdir)
-    mtimes = {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(workdir, "**"), recursive=True)}
+    c.pipo.enabled = True
+    (tmp_path / "config.json").write_text(c.to_json_best_effort(indent=2))
+    (tmp_path / "metrics.jsonl").write_text('{"step": 3, "reward_mean": 0.5}\n')
+    (tmp_path / "hf_export").mkdir()
+    (tmp_path / "hf_export" / "config.json").write_text("{}")
+    before = _file_digests(tmp_path)
+    mtimes = {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(tmp_path, "**"), recursive=True)}
     refused = c.copy_and_resolve_references()
     refused.checkpoint.resume = False
-    refused.rollout.max_new_tokens = c.rollout.max_new_tokens + 1  # a config that must not land in config.json
-    with pytest.raises(ConfigError, match=r"config\.checkpoint\.resume: false, but .* holds checkpoints \[1, 2\]"):
-        train(refused, workdir)
-    assert _file_digests(workdir) == before
-    assert {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(workdir, "**"), recursive=True)} == mtimes
+    refused.rollout.max_new_tokens = 7  # a different config, which must not land in config.json
+    with pytest.raises(ConfigError, match=r"config\.checkpoint\.resume: false, but .* holds checkpoints \[1, 2, 3\]"):
+        train(refused, str(tmp_path))
+    assert _file_digests(tmp_path) == before
+    assert {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(tmp_path, "**"), recursive=True)} == mtimes
 
 
 def test_invalid_config_creates_no_workdir(tmp_path):
