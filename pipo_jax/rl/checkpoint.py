@@ -123,6 +123,10 @@ class Checkpointer:
                               f"(newest, step {steps[0]}: {self.unreadable[steps[0]]})")
 
     def _restore_step(self, step: int, abstract):
+        # Without the tree metadata orbax fails with a pytree-structure error that hides the cause.
+        metadata = os.path.join(self.step_path(step), "default", "_METADATA")
+        if not os.path.exists(metadata):
+            raise FileNotFoundError(f"{metadata} is missing")
         return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
     def wait(self) -> None:

@@ -64,8 +64,13 @@ def _delete_data(step_dir):
         os.remove(path)
 
 
-DAMAGES = {"truncated": _truncate, "garbage": _garbage, "deleted_manifest": _delete_manifest,
-           "deleted_data": _delete_data}
+def _delete_metadata(step_dir):
+    os.remove(os.path.join(step_dir, "default", "_METADATA"))
+
+
+DAMAGES = {"truncated": _truncate, "garbage": _garbage, "deleted_metadata": _delete_metadata,
+           "deleted_manifest": _delete_manifest, "deleted_data": _delete_data}
+REASONS = {"truncated": "local file", "garbage": "local file", "deleted_metadata": "_METADATA is missing"}
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +109,7 @@ def test_damaged_newest_falls_back_to_the_previous(saved, tmp_path, caplog, dama
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"checkpoint step 3 at {root / '3'} is unreadable (")
     assert lines[0].endswith("): skipped, left in place") and "\n" not in lines[0]
+    assert REASONS.get(damage, "") in lines[0]  # the reason names the file where tensorstore does
     assert _file_digests(root) == before  # nothing deleted or repaired
 
 
