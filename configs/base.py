@@ -81,6 +81,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.adam_b1 = 0.9
     c.train.adam_b2 = 0.999
     c.train.grad_clip = 1.0
+    # Updates whose gradients hold a NaN / inf are skipped (params and optimizer state kept) and
+    # counted; this many in a row (base and PI steps alike) stop the run with an error.
+    c.train.max_bad_steps = 8
     c.train.mini_batch_prompts = 8  # prompts per optimizer step (paper: 64 of 128)
     c.train.micro_batch_size = 0  # sequences per gradient-accumulation step; 0 = whole mini-batch
     c.train.epochs = 1

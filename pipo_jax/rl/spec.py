@@ -91,6 +91,7 @@ class TrainSpec:
     pipo_mu_source: str  # DAPO: "filtered" (mu_t over the trained batch) | "raw" (every sampled group)
     attribution: str
     vpd: Any = None  # pipo_jax.rl.vpd.VpdConfig when algorithm == "vpd"
+    max_bad_steps: int = 8  # optimizer updates with non-finite gradients in a row before the run stops
 
     @property
     def batch(self) -> int:
@@ -315,6 +316,7 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _need(t.weight_decay >= 0, "train.weight_decay", f"{t.weight_decay} must be >= 0")
     _need(c.critic.lr > 0, "critic.lr", f"{c.critic.lr} must be > 0")
     _need(t.grad_clip > 0, "train.grad_clip", f"{t.grad_clip} must be > 0")
+    _need(t.max_bad_steps >= 1, "train.max_bad_steps", f"{t.max_bad_steps} must be >= 1")
 
     lo = c.loss
     _choice(lo.policy, "loss.policy", tuple(registry.POLICY_LOSSES))
@@ -414,5 +416,5 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
         sdpo_use_feedback=bool(s.use_feedback), pipo=bool(p.enabled), pipo_window=int(p.window),
         pipo_lam=float(p.lam), pipo_lr=float(p.lr), pipo_options=options, pipo_mu_source=p.mu_source,
         attribution=p.attribution,
-        vpd=vpd,
+        vpd=vpd, max_bad_steps=int(t.max_bad_steps),
     )
