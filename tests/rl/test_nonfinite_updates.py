@@ -15,11 +15,10 @@ from pipo_jax.rl.state import init_train_state
 from pipo_jax.rl.trainer import host_task_reward
 
 
-def _setup(**train):
+def _setup():
     c = grpo.get_config("micro")  # 4 prompts, mini-batches of 2 prompts, 1 epoch: 2 updates per iteration
     c.log.jit_loop = False
-    for k, v in train.items():
-        setattr(c.train, k, v)
+    c.train.max_bad_steps = 3  # one spec for both tests: the second reuses the first's compiled programs
     spec = train_spec(c)
     return spec, init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), 0)
 
@@ -28,6 +27,7 @@ def _host(tree):
     return jax.tree.map(np.array, jax.device_get(tree))
 
 
+@pytest.mark.slow  # compiles the host loop's generate and learn (~1 min on a loaded 2-core CPU)
 def test_nan_iteration_is_skipped_counted_and_the_next_one_applies():
     spec, state = _setup()
     task_reward = host_task_reward(spec)
@@ -57,8 +57,9 @@ def test_nan_iteration_is_skipped_counted_and_the_next_one_applies():
     assert int(state.opt_state.total_notfinite) == 2
 
 
+@pytest.mark.slow
 def test_max_bad_steps_in_a_row_stop_the_run():
-    spec, state = _setup(max_bad_steps=3)
+    spec, state = _setup()
     with pytest.raises(NonFiniteUpdates, match=r"train\.max_bad_steps=3: 4 policy optimizer updates in a row had "
                                                 r"non-finite .* up to iteration 2;"):
         Placement().run(spec, state, 3, False, lambda rollout: np.full((rollout.size,), np.nan, np.float32))
