@@ -66,6 +66,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.task.verify_timeout_s = 5.0  # math: per answer; code: per test
     c.task.verify_workers = 1  # math verifier processes / concurrent code sandboxes
     c.task.sandbox_memory_mb = 1024  # code
+    # code: run generated programs even where the kernel has no Landlock (file system then open to them)
+    c.task.sandbox_allow_unconfined = False
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.prompts_per_batch = 16  # P prompts per iteration (train batch, in prompts)

@@ -19,7 +19,7 @@ from pipo_jax.losses.aggregation import AGG_MODES
 from pipo_jax.models import qwen3
 from pipo_jax.rl import warmup
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
-from pipo_jax.tasks import arithmetic, dataset
+from pipo_jax.tasks import arithmetic, code, dataset
 from pipo_jax.tasks.dataset import DatasetTask
 
 ALGORITHMS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
@@ -204,6 +204,11 @@ def make_dataset_task(c: ml_collections.ConfigDict) -> DatasetTask:
     missing = dataset_task_settings_missing(c)
     if missing:  # every one at once, not one per start
         raise ConfigError(f"config: task.name={tc.name!r} needs " + "; ".join(missing))
+    if tc.name == "code":
+        try:
+            code.check_confinement(code.SandboxConfig(allow_unconfined=bool(tc.sandbox_allow_unconfined)))
+        except code.SandboxUnavailable as e:
+            raise ConfigError(f"config.task.sandbox_allow_unconfined: {e}") from e
     tok_path = tc.tokenizer_path or c.model.path
     prompts = prompt_config(tc)
     try:

@@ -124,6 +124,7 @@ def dataset_reward(spec: TrainSpec, config: ml_collections.ConfigDict) -> Datase
         math_config=MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
                                      num_workers=tc.verify_workers),
         sandbox_config=SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
+                                     allow_unconfined=tc.sandbox_allow_unconfined,
                                      max_workers=tc.verify_workers))
 
 
