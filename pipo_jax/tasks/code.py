@@ -842,7 +842,10 @@ def _harness_main(report_fd: int) -> None:
     _supervise()  # from here on: the program's process
     _set_limits(limits)
     if spec["confine"]:
-        _landlock_confine(os.getcwd())
+        try:
+            _landlock_confine(os.getcwd())
+        except OSError as e:  # never run the program unconfined by accident
+            return report(-1, "crash", f"sandbox set-up failed: {e}")
     signal.signal(signal.SIGALRM, on_alarm)
     if limits["audit"]:
         sys.addaudithook(_audit)
