@@ -120,7 +120,7 @@ class Checkpointer:
                 log.warning("checkpoint step %d at %s is unreadable (%s): skipped, left in place",
                             s, self.step_path(s), self.unreadable[s])
         raise NoReadableCheckpoint(f"{self.directory}: none of the checkpoints {sorted(steps)} is readable "
-                              f"(newest, step {steps[0]}: {self.unreadable[steps[0]]})")
+                                   f"(newest, step {steps[0]}: {self.unreadable[steps[0]]})")
 
     def _restore_step(self, step: int, abstract):
         # Without the tree metadata orbax fails with a pytree-structure error that hides the cause.

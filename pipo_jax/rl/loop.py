@@ -143,7 +143,8 @@ def check_finite_updates(spec: TrainSpec, metrics: dict, first_step: int) -> Non
             what = "critic" if key.startswith("critic") else "policy"
             raise NonFiniteUpdates(
                 f"train.max_bad_steps={spec.max_bad_steps}: {int(in_a_row[hit[0]])} {what} optimizer updates in a "
-                f"row had non-finite (NaN / inf) gradients and were skipped, up to iteration {first_step + hit[0] + 1}; "
+                f"row had non-finite (NaN / inf) gradients and were skipped, up to iteration "
+                f"{first_step + hit[0] + 1}; "
                 "the state is the last finite one: lower train.lr or check the rewards / data of those iterations")
 
 

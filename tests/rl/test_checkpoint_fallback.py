@@ -131,7 +131,8 @@ def test_none_readable_is_one_clear_error(saved, tmp_path):
     for s in (1, 2, 3):
         _garbage(str(root / str(s)))
     ckpt = Checkpointer(str(root), keep=5)
-    with pytest.raises(NoReadableCheckpoint, match=r"none of the checkpoints \[1, 2, 3\] is readable \(newest, step 3: "):
+    with pytest.raises(NoReadableCheckpoint,
+                       match=r"none of the checkpoints \[1, 2, 3\] is readable \(newest, step 3: "):
         Placement().restore(ckpt, spec)
     ckpt.close()
 
