@@ -66,6 +66,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.task.verify_timeout_s = 5.0  # math: per answer; code: per test
     c.task.verify_workers = 1  # math verifier processes / concurrent code sandboxes
     c.task.sandbox_memory_mb = 1024  # code
+    # code: run generated programs even where the kernel has no Landlock (file system then open to them)
+    c.task.sandbox_allow_unconfined = False
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.prompts_per_batch = 16  # P prompts per iteration (train batch, in prompts)
@@ -81,6 +83,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.adam_b1 = 0.9
     c.train.adam_b2 = 0.999
     c.train.grad_clip = 1.0
+    # Updates whose gradients hold a NaN / inf are skipped (params and optimizer state kept) and
+    # counted; this many in a row (base and PI steps alike) stop the run with an error.
+    c.train.max_bad_steps = 8
     c.train.mini_batch_prompts = 8  # prompts per optimizer step (paper: 64 of 128)
     c.train.micro_batch_size = 0  # sequences per gradient-accumulation step; 0 = whole mini-batch
     c.train.epochs = 1

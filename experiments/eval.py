@@ -6,7 +6,7 @@ Built-in task (a training run's workdir, latest orbax checkpoint):
 
 Math benchmarks (a Hugging Face model directory with its tokenizer, JSONL/parquet files):
     python -m experiments.eval --policy=/models/Qwen3-4B --n=8 --max_new_tokens=4096 \
-        --benchmark=MATH500=data/math500.jsonl --benchmark=AIME25=data/aime25.jsonl --out=eval.json
+        --benchmark=MATH500=data/math500.jsonl --benchmark=AIME25=data/aime25.jsonl --out=runs/qwen3_4b_eval.json
 
 A run workdir trained on a math task takes its tokenizer from the run's config
 (`task.tokenizer_path` or `model.path`); `--tokenizer` overrides it. The trainer's
@@ -17,10 +17,12 @@ periodic evaluation (`config.eval.benchmarks`) scores benchmarks with the same
 from __future__ import annotations
 
 import logging
+import os
 
 import jax
 from absl import app, flags
 
+from experiments import cli
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
 from pipo_jax.data.sources import SourceConfig, load_examples
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
@@ -35,7 +37,7 @@ _KS = flags.DEFINE_list("ks", ["1", "8"], "k values of pass@k (each <= n)")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "sampling temperature")
 _SEED = flags.DEFINE_integer("seed", 0, "sampling seed")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "sequences per generate call")
-_OUT = flags.DEFINE_string("out", "eval.json", "JSON output path")
+_OUT = flags.DEFINE_string("out", None, "JSON output path (default: eval.json in the --policy directory)")
 _BUILTIN = flags.DEFINE_integer("builtin_problems", 0, "held-out problems of the built-in task (run workdirs)")
 _BENCHMARKS = flags.DEFINE_multi_string("benchmark", [], "NAME=PATH of a JSONL/parquet file (repeatable)")
 _FORMAT = flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "parquet"], "benchmark file format")
@@ -104,9 +106,10 @@ def main(argv):
     print(passk.format_table(rows))
     for name, i in info.items():
         print(f"{name}: {i['problems']} problems, {i['dropped']} prompts dropped as too long")
-    passk.write_json(_OUT.value, rows)
-    print(f"wrote {_OUT.value}")
+    out = _OUT.value or os.path.join(_POLICY.value, "eval.json")
+    passk.write_json(out, rows)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

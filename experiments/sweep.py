@@ -13,9 +13,10 @@ import itertools
 import json
 import os
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from experiments import cli
 from experiments.runs import run, warmed_up_model
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/grpo.py:tiny", "run config file:preset")
@@ -57,4 +58,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from experiments import cli
 from pipo_jax.rl.spec import train_spec
 from pipo_jax.rl.trainer import train
 
@@ -40,4 +41,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

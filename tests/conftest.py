@@ -7,6 +7,8 @@ import jax
 import numpy as np
 import pytest
 
+from pipo_jax.tasks import code as code_sandbox
+
 # Every XLA:CPU executable keeps its JIT-compiled code in memory mappings for as long as a jit
 # cache holds it; the programs of one trainer test take ~2,000 mappings. Linux caps a process at
 # vm.max_map_count (65,530 by default) and XLA crashes (SIGSEGV in compile) past it, so one
@@ -28,6 +30,16 @@ def _free_compiled_programs():
     if _memory_mappings() > MAPS_LIMIT:
         jax.clear_caches()
         gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _sandbox_where_the_kernel_has_no_landlock(request, monkeypatch):
+    """Without Landlock the code sandbox refuses to run generated code; that refusal is
+    tested where a module sets SANDBOX_REFUSAL_TESTED (tests/tasks/test_sandbox_confinement.py).
+    Every other test runs the sandbox unconfined there, as `allow_unconfined=True` would."""
+    if code_sandbox.landlock_abi() == 0 and not getattr(request.module, "SANDBOX_REFUSAL_TESTED", False):
+        monkeypatch.setattr(code_sandbox, "check_confinement", lambda config: False)
+    yield
 
 
 def make_hf_qwen3(path, *, tied: bool, seed: int = 0, vocab_size: int = 128, num_hidden_layers: int = 2):

@@ -134,7 +134,9 @@ def iter_jsonl(config: SourceConfig) -> Iterator[Example]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                # Without the trailing newline: an error at the end of the line is "column len + 1",
+                # not "line 2 column 1".
+                row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
             yield example_from_row(row, config, where)

@@ -33,17 +33,14 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
 def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, Any, TrainSpec | None]:
     """(model config, params, the run's TrainSpec or None) from a HF dir or a run workdir.
 
-    A run workdir is recognised by `checkpoints/`; `step` picks a checkpoint (default latest).
+    A run workdir is recognised by `checkpoints/`; `step` picks a checkpoint (default: the newest that reads).
     """
     if os.path.isdir(os.path.join(path, "checkpoints")):
         from pipo_jax.rl.placement import Placement
 
         spec = train_spec(load_run_config(path))
         ckpt = Checkpointer(os.path.join(path, "checkpoints"))
-        try:
-            step = ckpt.latest_step() if step is None else step
-            if step is None:
-                raise FileNotFoundError(f"{path}: no complete checkpoint in {ckpt.directory}")
+        try:  # step None: the newest checkpoint that reads
             state = Placement().restore(ckpt, spec, step)  # from an abstract template: nothing initialised
         finally:
             ckpt.close()

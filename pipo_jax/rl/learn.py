@@ -20,7 +20,7 @@ from pipo_jax.losses.masking import masked_mean
 from pipo_jax.rl import logprobs, steps, vpd
 from pipo_jax.rl.rollout import Rollout, response_part
 from pipo_jax.rl.spec import TrainSpec
-from pipo_jax.rl.state import TrainState, make_optimizer, with_lr
+from pipo_jax.rl.state import TrainState, make_optimizer, nonfinite_counts, with_lr
 from pipo_jax.tasks import arithmetic
 
 
@@ -208,6 +208,11 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
 
     if teacher is not None:
         teacher = distill.ema_update(teacher, params, spec.sdpo_ema_rate)
+
+    metrics.update(nonfinite_counts(state.opt_state, opt_state))  # base and PI steps share the count
+    if spec.has_critic:
+        metrics.update({f"critic/{k}": v for k, v in nonfinite_counts(state.critic["opt_state"],
+                                                                      critic["opt_state"]).items()})
 
     new_pipo = state.pipo
     if spec.pipo:

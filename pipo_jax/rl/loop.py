@@ -29,6 +29,10 @@ class DynamicSamplingExhausted(RuntimeError):
     """DAPO could not fill a batch with informative groups within `max_num_gen_batches`."""
 
 
+class NonFiniteUpdates(RuntimeError):
+    """`train.max_bad_steps` optimizer updates in a row had non-finite gradients."""
+
+
 def _iteration_keys(state: TrainState):
     rng, k_collect, k_learn = jax.random.split(state.rng, 3)
     return rng, k_collect, k_learn
@@ -127,6 +131,21 @@ def host_iteration(spec: TrainSpec, state: TrainState, reward_fn: HostReward,
     check_dynamic_sampling(spec, stats)
     state, metrics = programs.learn(state.replace(rng=rng), batch, k_learn)
     return state, dict(metrics, **stats)
+
+
+def check_finite_updates(spec: TrainSpec, metrics: dict, first_step: int) -> None:
+    """Raises `NonFiniteUpdates` if `metrics` (stacked `[n]`, iterations from `first_step`)
+    reach `spec.max_bad_steps` skipped updates in a row (policy or critic)."""
+    for key in ("nonfinite_in_a_row", "critic/nonfinite_in_a_row"):
+        in_a_row = np.asarray(metrics.get(key, np.zeros(0)))
+        hit = np.flatnonzero(in_a_row >= spec.max_bad_steps)
+        if hit.size:
+            what = "critic" if key.startswith("critic") else "policy"
+            raise NonFiniteUpdates(
+                f"train.max_bad_steps={spec.max_bad_steps}: {int(in_a_row[hit[0]])} {what} optimizer updates in a "
+                f"row had non-finite (NaN / inf) gradients and were skipped, up to iteration "
+                f"{first_step + hit[0] + 1}; "
+                "the state is the last finite one: lower train.lr or check the rewards / data of those iterations")
 
 
 def check_dynamic_sampling(spec: TrainSpec, stats: dict) -> None:

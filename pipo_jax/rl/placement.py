@@ -54,8 +54,9 @@ class Placement:
             return init_train_state(spec, params, seed)
         return sharded.init_sharded_train_state(spec, self.mesh, params, seed, self.rules)
 
-    def restore(self, ckpt: Checkpointer, spec: TrainSpec, step: int) -> TrainState:
-        """The state saved at `step`, laid out on this placement (whatever mesh it was saved from).
+    def restore(self, ckpt: Checkpointer, spec: TrainSpec, step: int | None = None) -> TrainState:
+        """The state saved at `step` (None: the newest that reads, see `Checkpointer.restore`),
+        laid out on this placement (whatever mesh it was saved from).
 
         The template is abstract (shapes, dtypes, shardings), so nothing is initialised first.
         """
@@ -73,15 +74,19 @@ class Placement:
         if jit_loop:
             chunk = (lambda s: loop.scan_chunk(spec, s, n)) if self.mesh is None else \
                 sharded.sharded_scan_chunk(spec, self.mesh, n, self.rules)
+            first = int(self.to_host(state.step))
             state, metrics = chunk(state)
             metrics = self.to_host(metrics)
             loop.check_dynamic_sampling(spec, metrics)
+            loop.check_finite_updates(spec, metrics, first)
             return state, metrics
         programs = None if self.mesh is None else sharded.mesh_host_programs(spec, self.mesh, self.rules)
         rows = []
         for _ in range(n):
+            first = int(self.to_host(state.step))
             state, m = loop.host_iteration(spec, state, reward_fn, programs)
             rows.append(self.to_host(m))
+            loop.check_finite_updates(spec, {k: np.asarray(v)[None] for k, v in rows[-1].items()}, first)
         return state, {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}
 
     def heldout_accuracy(self, spec: TrainSpec, params, n: int, rng) -> float:

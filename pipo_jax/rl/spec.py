@@ -19,7 +19,7 @@ from pipo_jax.losses.aggregation import AGG_MODES
 from pipo_jax.models import qwen3
 from pipo_jax.rl import warmup
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
-from pipo_jax.tasks import arithmetic, dataset
+from pipo_jax.tasks import arithmetic, code, dataset
 from pipo_jax.tasks.dataset import DatasetTask
 
 ALGORITHMS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
@@ -91,6 +91,7 @@ class TrainSpec:
     pipo_mu_source: str  # DAPO: "filtered" (mu_t over the trained batch) | "raw" (every sampled group)
     attribution: str
     vpd: Any = None  # pipo_jax.rl.vpd.VpdConfig when algorithm == "vpd"
+    max_bad_steps: int = 8  # optimizer updates with non-finite gradients in a row before the run stops
 
     @property
     def batch(self) -> int:
@@ -178,17 +179,36 @@ def prompt_config(tc: ml_collections.ConfigDict) -> PromptConfig:
         raise ConfigError(f"config.task: {e}") from e
 
 
+def dataset_task_settings_missing(c: ml_collections.ConfigDict) -> list[str]:
+    """What a dataset task (math / code) needs and `c` lacks, one `--config...` hint each."""
+    tc, out = c.task, []
+    if not c.model.path:
+        out.append("--config.model.path=/path/to/hf_model (a Hugging Face model and its tokenizer)")
+    if not tc.path:
+        out.append("--config.task.path=FILE (a JSONL / parquet file or tfds name)")
+    if c.log.jit_loop:
+        out.append("--config.log.jit_loop=false (the reward is computed on the host)")
+    if c.rollout.max_new_tokens < 1:
+        out.append("--config.rollout.max_new_tokens=N (the response budget; there is no task default)")
+    if c.warmup.enabled:
+        out.append("--config.warmup.enabled=false (the warm-up trains the built-in task's model)")
+    return out
+
+
 def make_dataset_task(c: ml_collections.ConfigDict) -> DatasetTask:
     """Loads `config.task.path` with the tokenizer of `task.tokenizer_path` (default `model.path`)."""
     from pipo_jax.data import tokenizer as tok_lib
     from pipo_jax.data.sources import DataError, SourceConfig, load_examples
 
     tc = c.task
-    _need(bool(c.model.path), "model.path", f"task.name={tc.name!r} trains a Hugging Face model: set "
-          "--config.model.path=/path/to/model (the built-in task's tiny model has no tokenizer)")
-    _need(bool(tc.path), "task.path", f"task.name={tc.name!r} needs a dataset file (JSONL / parquet) or tfds name")
-    _need(not c.log.jit_loop, "log.jit_loop", f"task.name={tc.name!r} is scored on the host (math verifier / code "
-          "sandbox): set --config.log.jit_loop=false")
+    missing = dataset_task_settings_missing(c)
+    if missing:  # every one at once, not one per start
+        raise ConfigError(f"config: task.name={tc.name!r} needs " + "; ".join(missing))
+    if tc.name == "code":
+        try:
+            code.check_confinement(code.SandboxConfig(allow_unconfined=bool(tc.sandbox_allow_unconfined)))
+        except code.SandboxUnavailable as e:
+            raise ConfigError(f"config.task.sandbox_allow_unconfined: {e}") from e
     tok_path = tc.tokenizer_path or c.model.path
     prompts = prompt_config(tc)
     try:
@@ -301,6 +321,7 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _need(t.weight_decay >= 0, "train.weight_decay", f"{t.weight_decay} must be >= 0")
     _need(c.critic.lr > 0, "critic.lr", f"{c.critic.lr} must be > 0")
     _need(t.grad_clip > 0, "train.grad_clip", f"{t.grad_clip} must be > 0")
+    _need(t.max_bad_steps >= 1, "train.max_bad_steps", f"{t.max_bad_steps} must be >= 1")
 
     lo = c.loss
     _choice(lo.policy, "loss.policy", tuple(registry.POLICY_LOSSES))
@@ -400,5 +421,5 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
         sdpo_use_feedback=bool(s.use_feedback), pipo=bool(p.enabled), pipo_window=int(p.window),
         pipo_lam=float(p.lam), pipo_lr=float(p.lr), pipo_options=options, pipo_mu_source=p.mu_source,
         attribution=p.attribution,
-        vpd=vpd,
+        vpd=vpd, max_bad_steps=int(t.max_bad_steps),
     )

@@ -33,24 +33,38 @@ class TrainState:
     vpd_delta: Any = None  # VPD: running mean of implicit rewards (losses.vpd.DeltaState)
 
 
+# `optax.apply_if_finite` gives up and applies a non-finite update after this many in a row;
+# the trainer stops at `spec.max_bad_steps` instead, so that point is never reached.
+_NEVER_APPLY_NONFINITE = 2**30
+
+
 def make_optimizer(lr: float, spec: TrainSpec) -> optax.GradientTransformation:
-    """Global-norm clipping then AdamW whose learning rate lives in the state (see `with_lr`).
+    """Global-norm clipping then AdamW whose learning rate lives in the state (see `with_lr`),
+    inside `optax.apply_if_finite`: an update whose gradients hold a NaN / inf is skipped
+    (params and inner state unchanged) and counted (`nonfinite_counts`).
 
     The PI step and the base step share this optimizer state (SPEC 2) and differ only in
     the learning rate written into it before each update.
     """
-    return optax.chain(
+    return optax.apply_if_finite(optax.chain(
         optax.clip_by_global_norm(spec.grad_clip),
         optax.inject_hyperparams(optax.adamw)(
             learning_rate=lr, b1=spec.adam_b1, b2=spec.adam_b2, weight_decay=spec.weight_decay),
-    )
+    ), max_consecutive_errors=_NEVER_APPLY_NONFINITE)
 
 
 def with_lr(opt_state, lr) -> Any:
     """The same optimizer state with its AdamW learning rate set to `lr`."""
-    clip_state, adam_state = opt_state
+    clip_state, adam_state = opt_state.inner_state
     hyper = dict(adam_state.hyperparams, learning_rate=jnp.asarray(lr, jnp.float32))
-    return (clip_state, adam_state._replace(hyperparams=hyper))
+    return opt_state._replace(inner_state=(clip_state, adam_state._replace(hyperparams=hyper)))
+
+
+def nonfinite_counts(before, after) -> dict[str, jax.Array]:
+    """Skipped (non-finite) updates between two states of one `make_optimizer` optimizer, and
+    how many in a row end `after`."""
+    return {"nonfinite_updates": after.total_notfinite - before.total_notfinite,
+            "nonfinite_in_a_row": after.notfinite_count}
 
 
 def stored_batch_template(spec: TrainSpec) -> pipo.StoredBatch:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ import numpy as np
 from pipo_jax.models import hf, qwen3
 from pipo_jax.parallel.distributed import initialize_distributed
 from pipo_jax.rl import evaluate, loop, observe, rollout, warmup
-from pipo_jax.rl.checkpoint import Checkpointer
+from pipo_jax.rl.checkpoint import Checkpointer, saved_steps
 from pipo_jax.rl.placement import Placement, placement_from_config
 from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, train_spec
 from pipo_jax.rl.state import TrainState
@@ -123,7 +124,17 @@ def dataset_reward(spec: TrainSpec, config: ml_collections.ConfigDict) -> Datase
         math_config=MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
                                      num_workers=tc.verify_workers),
         sandbox_config=SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
+                                     allow_unconfined=tc.sandbox_allow_unconfined,
                                      max_workers=tc.verify_workers))
+
+
+def export_tokenizer(spec: TrainSpec, config: ml_collections.ConfigDict, export: str) -> None:
+    """A dataset run's tokenizer files (and the source's generation_config.json, whose eos ids
+    end responses) into the HF export, so it loads as a model and tokenizer directory."""
+    spec.task.tokenizer.save_pretrained(export)
+    source = os.path.join(config.task.tokenizer_path or config.model.path, "generation_config.json")
+    if os.path.exists(source):
+        shutil.copyfile(source, os.path.join(export, "generation_config.json"))
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -145,30 +156,39 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         raise ConfigError("config.mesh.enabled: SDPO / VPD on a dataset task build teacher prompts on one "
                           "host; run them on one device (--config.mesh.enabled=false)")
     main = where.is_main_process
+    # Nothing is written into the workdir before the config is validated, the evaluation
+    # files are read and the resume decision is made: a refused run leaves it as it was.
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    existing = saved_steps(ckpt_dir)
+    if not config.checkpoint.resume and existing:
+        raise ConfigError(f"config.checkpoint.resume: false, but {os.path.abspath(ckpt_dir)} holds checkpoints "
+                          f"{existing}: use a new --workdir, delete them, or resume")
+    evaluation = Evaluation(spec, config, where, None)
     if main:
         os.makedirs(workdir, exist_ok=True)
         with open(os.path.join(workdir, "config.json"), "w") as f:
             f.write(config.to_json_best_effort(indent=2))
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
-    resume_step = ckpt.latest_step() if config.checkpoint.resume else None
-    if not config.checkpoint.resume and ckpt.all_steps():
-        ckpt.close()
-        raise ConfigError(f"config.checkpoint.resume: false, but {ckpt.directory} holds checkpoints "
-                          f"{ckpt.all_steps()}: use a new --workdir, delete them, or resume")
+    ckpt = Checkpointer(ckpt_dir, keep=config.checkpoint.keep)
 
     pre_rows: list[dict] = []
-    if resume_step is not None:
-        state = where.restore(ckpt, spec, resume_step)
-        log.info("resumed from %s at iteration %d", ckpt.directory, resume_step)
-    else:
-        state = where.init_state(spec, base_params(spec, config, pre_rows), config.seed)
+    resume_step = None
+    try:
+        if existing:
+            state = where.restore(ckpt, spec)  # the newest checkpoint that reads
+            resume_step = int(state.step)
+            log.info("resumed from %s at iteration %d", ckpt.directory, resume_step)
+        else:
+            state = where.init_state(spec, base_params(spec, config, pre_rows), config.seed)
+    except BaseException:
+        ckpt.close()
+        raise
     step = int(state.step)
 
     reward = dataset_reward(spec, config)
+    evaluation.reward = reward
     logger = None
     summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe()}
     try:
-        evaluation = Evaluation(spec, config, where, reward)
         reward_fn = host_task_reward(spec, reward)
         logger = observe.RunLogger(workdir, total=config.iterations, tensorboard=config.log.tensorboard,
                                    wandb=config.log.wandb, wandb_project=config.log.wandb_project,
@@ -204,6 +224,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             params = where.to_host(state.params)  # every process takes part in the gather
             if main:
                 hf.save(export, spec.model, params)
+                if spec.is_dataset_task:
+                    export_tokenizer(spec, config, export)
             summary["hf_export"] = export
     finally:
         ckpt.close()

@@ -7,14 +7,32 @@ error or limit. Three test kinds: `AssertTest` (a Python statement such as
 and `IOTest` (feed ``stdin``, compare stdout, one fresh process per test).
 
 Isolation of the child (what is guaranteed):
-- Kernel-enforced: it runs in a fresh session (the parent kills its whole process
-  group on exit or timeout); wall-clock limits (``startup_s + timeout_s`` to start
+- File system (kernel-enforced, Landlock): the program can read the Python installation
+  and the system libraries (``/usr/lib``, ``/lib`` ...) and read and write only its
+  fresh scratch working directory (deleted afterwards); ``/etc``, ``/proc``, home
+  directories and the working tree are closed to it (PermissionError). Landlock is
+  used because it is the Linux kernel's own, maintained sandbox for unprivileged
+  processes: it needs no root, no setuid helper (bubblewrap needs unprivileged user
+  namespaces, which many clusters switch off) and no syscall list to keep in step
+  with libc (seccomp filters syscalls, not paths). It is three syscalls, called here
+  through ctypes. Where the kernel has no Landlock (before Linux 5.13, or disabled)
+  the sandbox refuses to run generated code (`SandboxUnavailable`) unless
+  ``SandboxConfig.allow_unconfined`` (trainer: ``task.sandbox_allow_unconfined``).
+- Processes (kernel-enforced): a supervisor process is the program's parent and its
+  child subreaper (``PR_SET_CHILD_SUBREAPER``), so every descendant, however it
+  detaches (``setsid``, double fork), stays below it and is SIGKILLed, until none is
+  left, when the program ends or its time is up; ``RLIMIT_NPROC`` caps how many it can
+  start (``max_processes``), so a fork bomb ends. With Landlock ABI >= 6 the program
+  cannot signal (kill) anything outside its sandbox, the supervisor and the trainer
+  included. Inside PID namespaces (below) the supervisor is PID 1 and the kernel kills
+  the namespace with it.
+- Kernel-enforced: it runs in a fresh session (the parent ends its supervisor, then
+  kills its whole process group on exit or timeout); wall-clock limits (``startup_s + timeout_s`` to start
   and define the solution, then ``timeout_s`` + 1 s per test, enforced by the parent
   even if the program swallows the in-process timer); rlimits set by the harness
   before any generated code runs: address space (``memory_mb``, so allocations fail
   with MemoryError), total CPU seconds, size of any file written
-  (``max_output_bytes``, stdout included), no core dumps, and optionally
-  ``max_processes``. With ``network="namespace"`` (or
+  (``max_output_bytes``, stdout included), no core dumps, and ``max_processes``. With ``network="namespace"`` (or
   "auto" where ``unshare`` works) it runs in new user + network + PID namespaces:
   no network interfaces but a downed loopback, and killing the namespace's first
   process kills every process the program started.
@@ -22,9 +40,7 @@ Isolation of the child (what is guaranteed):
   socket creation/connection, process creation (fork, exec, spawn, subprocess,
   os.system), os.kill and setrlimit. It stops honest mistakes and accidental fork
   bombs; code using ctypes can get past it, so it is not a security boundary.
-- Not isolated: the file system (the program runs with the caller's permissions in
-  a fresh temporary working directory that is deleted afterwards). The tests and
-  expected outputs are never written where the program can read them.
+- The tests and expected outputs are never written where the program can read them.
 - Rlimits are set inside the child rather than in ``preexec_fn``, which is unsafe
   when the caller has threads (a JAX trainer does).
 
@@ -35,6 +51,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import ctypes
 import dataclasses
 import errno
 import functools
@@ -57,6 +74,7 @@ logger = logging.getLogger(__name__)
 
 _FEEDBACK_CHARS = 300
 _RECORD_SLACK_S = 1.0  # harness overhead allowed between a test's time limit and its record
+_SUPERVISOR_EXIT_S = 5.0  # time the supervisor gets to kill the program's tree at a deadline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,24 +116,28 @@ class SandboxConfig:
     startup_s: extra wall-clock seconds for interpreter start-up per process.
     memory_mb: address-space limit of the child.
     max_output_bytes: largest file the child may write (its stdout included).
-    max_processes: RLIMIT_NPROC of the child (0 = leave unchanged). Linux counts
-      every process and thread of the user against it and ignores it for root.
+    max_processes: how many processes / threads the program may add: RLIMIT_NPROC is
+      set to the user's count at start plus this (Linux counts every process and thread
+      of the user, and ignores the limit for root); 0 = leave RLIMIT_NPROC unchanged.
     network: "auto" (namespace if available, else audit hook only), "namespace"
       (require unshare; error if unavailable) or "audit".
     audit_hook: block sockets, process creation, kill and setrlimit in Python.
     python: interpreter that runs the generated code.
     max_workers: parallel runs in `score_code_batch`.
+    allow_unconfined: run generated code even where the kernel offers no Landlock
+      (then the file system is open to it; a warning is logged once).
     """
 
     timeout_s: float = 5.0
     startup_s: float = 10.0
     memory_mb: int = 1024
     max_output_bytes: int = 1 << 20
-    max_processes: int = 0
+    max_processes: int = 64
     network: str = "auto"
     audit_hook: bool = True
     python: str = sys.executable
     max_workers: int = 1
+    allow_unconfined: bool = False
 
     def __post_init__(self):
         if self.network not in ("auto", "namespace", "audit"):
@@ -198,6 +220,68 @@ def _joined(x: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------
+# Landlock (used by both sides; standard library only)
+# ----------------------------------------------------------------------------------
+
+# Linux uapi <linux/landlock.h>; the syscall numbers are the same on every architecture.
+_SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_RULE_PATH_BENEATH = 1
+_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+# All file-system rights an ABI knows: 13 in ABI 1, then REFER (2), TRUNCATE (3), IOCTL_DEV (5).
+_FS_RIGHTS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}
+# The rights a rule on a file (not a directory) may hold: EXECUTE, WRITE, READ, TRUNCATE, IOCTL_DEV.
+_FS_FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | (1 << 14) | (1 << 15)
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI >= 6
+_PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 38, 36
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1  # struct landlock_path_beneath_attr is packed
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+@functools.lru_cache(maxsize=None)
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none: before Linux 5.13, not built in, or disabled)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    abi = _libc().syscall(_SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                          ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+    return max(int(abi), 0)
+
+
+class SandboxUnavailable(RuntimeError):
+    """The kernel cannot confine generated code's file system access (no Landlock)."""
+
+
+def check_confinement(config: SandboxConfig) -> bool:
+    """True when generated code will run confined; raises `SandboxUnavailable` where the
+    kernel has no Landlock and ``config.allow_unconfined`` is off."""
+    if landlock_abi() >= 1:
+        return True
+    if not config.allow_unconfined:
+        raise SandboxUnavailable(
+            "this kernel offers no Landlock, so the code sandbox cannot keep generated programs out of the file "
+            "system; refusing to run them. Set SandboxConfig(allow_unconfined=True) (trainer: "
+            "--config.task.sandbox_allow_unconfined=true) to run them with your permissions anyway")
+    _warn_unconfined()
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unconfined() -> None:
+    logger.warning("no Landlock on this kernel: generated code runs with this user's file system access "
+                   "(allow_unconfined=True)")
+
+
+# ----------------------------------------------------------------------------------
 # Parent side
 # ----------------------------------------------------------------------------------
 
@@ -249,7 +333,34 @@ def _read_all(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _wait_or_kill(proc: subprocess.Popen, config: SandboxConfig, progress_fd: int) -> bool:
+def _child_of(pid: int) -> int | None:
+    """A child process of `pid` (from /proc), or None."""
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    return int(name)
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
+
+
+def _end_program(proc: subprocess.Popen, namespaced: bool) -> None:
+    """At a deadline: SIGKILL the namespace's first process (the kernel then kills the whole
+    namespace before `unshare` returns), or SIGTERM the supervisor (it kills the program's
+    tree, then exits); waits for that."""
+    try:
+        target = _child_of(proc.pid) if namespaced else None
+        if target is not None:
+            os.kill(target, signal.SIGKILL)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=_SUPERVISOR_EXIT_S)
+    except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+        pass
+
+
+def _wait_or_kill(proc: subprocess.Popen, config: SandboxConfig, progress_fd: int, namespaced: bool) -> bool:
     """Wait for the child while it makes progress; then kill its whole process group.
 
     The child has ``startup_s + timeout_s`` to start and define the solution, and
@@ -270,6 +381,8 @@ def _wait_or_kill(proc: subprocess.Popen, config: SandboxConfig, progress_fd: in
             break
         time.sleep(delay)
         delay = min(delay * 2, 0.02)
+    if killed:
+        _end_program(proc, namespaced)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -286,8 +399,10 @@ def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, 
     program could read or overwrite is on disk. Returns (records, stdout, return
     code, killed_by_deadline).
     """
+    spec = dict(spec, confine=check_confinement(config))
     cmd = [config.python, "-I", "-X", "utf8", os.path.abspath(__file__), "--harness"]
-    if _use_namespaces(config):
+    namespaced = _use_namespaces(config)
+    if namespaced:
         cmd = [shutil.which("unshare"), *_UNSHARE_FLAGS, *cmd]
     spec_fd = _memfd_with(json.dumps(spec).encode(), "spec")
     results_fd = os.memfd_create("results")
@@ -299,7 +414,7 @@ def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, 
             proc = subprocess.Popen(cmd + [str(results_fd)], stdin=spec_fd, stdout=stdout_fd,
                                     stderr=subprocess.DEVNULL, cwd=workdir, env=env,
                                     start_new_session=True, pass_fds=(results_fd,))
-            killed = _wait_or_kill(proc, config, results_fd)
+            killed = _wait_or_kill(proc, config, results_fd, namespaced)
         records = []
         for line in _read_all(results_fd, 1 << 24).decode("utf-8", errors="replace").splitlines():
             try:
@@ -466,6 +581,22 @@ def _audit(event: str, args: tuple) -> None:
         raise PermissionError(f"{event} is not allowed in the sandbox")
 
 
+def _user_tasks() -> int:
+    """Processes and threads of this real uid now (what RLIMIT_NPROC counts), from /proc."""
+    uid, n = os.getuid(), 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields.get("Uid", "-1 ").split()[0]) == uid:
+            n += int(fields.get("Threads", "1"))
+    return n
+
+
 def _set_limits(limits: dict) -> None:
     import resource
 
@@ -473,7 +604,147 @@ def _set_limits(limits: dict) -> None:
                        (resource.RLIMIT_FSIZE, limits["fsize"]), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(res, (value, value))
     if limits["nproc"]:
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits["nproc"], limits["nproc"]))
+        nproc = _user_tasks() + limits["nproc"]
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+
+def _readable_roots() -> list[str]:
+    """What the program may read (and execute): the interpreter's installation and the
+    system libraries, never /etc, /proc, home directories or the caller's working tree."""
+    import sysconfig
+
+    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths |= {os.path.realpath(p) for p in list(paths)}
+    paths |= {"/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/usr/share/zoneinfo"}
+    return sorted(p for p in paths if os.path.isdir(p))
+
+
+def _landlock_confine(scratch: str) -> None:
+    """Restricts this process and everything it starts: read + execute below
+    `_readable_roots()`, everything below `scratch`, /dev/null read + write, nothing else;
+    with ABI >= 6 also no signals to and no abstract unix sockets of processes outside."""
+    libc = _libc()
+    abi = landlock_abi()
+    fs_rights = _FS_RIGHTS_BY_ABI[max(k for k in _FS_RIGHTS_BY_ABI if k <= abi)]
+    scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
+    # struct landlock_ruleset_attr {u64 handled_access_fs, handled_access_net, scoped}: pass the
+    # fields this ABI knows (network rights are not handled: `network` / the audit hook do that).
+    attr = (ctypes.c_uint64 * 3)(fs_rights, 0, scoped)
+    size = 24 if abi >= 6 else 8
+    ruleset = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    read_exec = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
+    rules = [(p, read_exec) for p in _readable_roots()] + [(scratch, fs_rights)]
+    rules += [("/dev/null", _FS_READ_FILE | _FS_WRITE_FILE)]
+    try:
+        for path, rights in rules:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                if not os.path.isdir(path):
+                    rights &= _FS_FILE_RIGHTS
+                rule = _PathBeneath(rights & fs_rights, fd)
+                if libc.syscall(_SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset),
+                                ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
+                    raise OSError(ctypes.get_errno(), f"landlock_add_rule({path}) failed")
+            finally:
+                os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    finally:
+        os.close(ruleset)
+
+
+class _Terminate(BaseException):
+    """SIGTERM to the supervisor: the parent's deadline passed."""
+
+
+def _on_terminate(signum, frame):
+    raise _Terminate()
+
+
+def _descendants(root: int) -> tuple[list[int], bool]:
+    """(live descendants of `root`, whether any zombie child waits to be reaped), from /proc."""
+    parent, zombie = {}, set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)"
+        except OSError:
+            continue
+        parent[int(name)] = int(fields[1])
+        if fields[0] in ("Z", "X"):
+            zombie.add(int(name))
+    found, frontier = [], [root]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        found += kids
+        frontier += kids
+    return [p for p in found if p not in zombie], any(parent.get(z) == root for z in zombie)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def _kill_tree() -> None:
+    """SIGKILLs every live descendant of this process until none is left (the subreaper
+    inherits each orphan, so none escapes the scan); reaps them."""
+    while True:
+        _reap()
+        live, _ = _descendants(os.getpid())
+        if not live:
+            _reap()
+            return
+        for pid in live:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _supervise() -> None:
+    """Forks the program's process; this one becomes its supervisor (child subreaper),
+    waits for it, kills whatever it left behind and exits with its status. Returns only
+    in the program's process. In a PID namespace the program is PID 1 itself: when it
+    ends, the kernel kills every process of the namespace."""
+    if os.getpid() == 1:
+        return
+    _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    signal.signal(signal.SIGTERM, _on_terminate)
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return
+    status = None
+    try:
+        while status is None:
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:
+                break
+    except _Terminate:
+        os.kill(pid, signal.SIGKILL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _kill_tree()
+    code = os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
+    if code < 0:  # the program died of a signal: so does its supervisor (the parent reads rc < 0)
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else 128 - code)
 
 
 def _error_message(e: BaseException) -> str:
@@ -570,7 +841,13 @@ def _harness_main(report_fd: int) -> None:
     def on_alarm(signum, frame):
         raise _TestTimeout()
 
+    _supervise()  # from here on: the program's process
     _set_limits(limits)
+    if spec["confine"]:
+        try:
+            _landlock_confine(os.getcwd())
+        except OSError as e:  # never run the program unconfined by accident
+            return report(-1, "crash", f"sandbox set-up failed: {e}")
     signal.signal(signal.SIGALRM, on_alarm)
     if limits["audit"]:
         sys.addaudithook(_audit)

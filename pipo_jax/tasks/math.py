@@ -18,6 +18,12 @@ thread, so the timer works whatever thread the trainer calls from) and the paren
 kills a worker that misses ``timeout_s + grace_s`` (stuck in C code, e.g. a huge
 integer power) or dies; the answer then scores 0 with a "could not be checked"
 feedback. ``isolation="inline"`` checks in the calling thread (must be the main one).
+
+A batch is spread over ``num_workers`` processes and has a deadline of its own:
+``ceil(n / num_workers) * timeout_s + grace_s``. An adversarial batch (every answer
+burning its whole limit) therefore takes about ``n / num_workers`` limits, answers still
+unchecked at the deadline score 0 as timed out, and a killed worker's replacement starts
+in the background, so the pool is whole for the next batch.
 """
 from __future__ import annotations
 
@@ -61,6 +67,8 @@ class MathVerifyConfig:
       its own timer.
     worker_memory_mb: address-space limit of each worker (0 = no limit).
     startup_timeout_s: how long a worker may take to import sympy/math-verify.
+    max_answer_chars: longer extracted answers are not compared (reward 0): a 1 MB
+      string or thousands of nested braces only burn the time limit.
     float_rounding, numeric_precision, strict, allow_set_relation_comp: passed to
       ``math_verify.verify`` (decimal places for floats, sympy evalf precision,
       variables must match / sets != tuples, allow ``1<x<2`` vs ``(1,2)``).
@@ -73,6 +81,7 @@ class MathVerifyConfig:
     grace_s: float = 5.0
     worker_memory_mb: int = 4096
     startup_timeout_s: float = 120.0
+    max_answer_chars: int = 1000
     float_rounding: int = 6
     numeric_precision: int = 15
     strict: bool = True
@@ -85,8 +94,9 @@ class MathVerifyConfig:
             raise ValueError(f"MathVerifyConfig.timeout_s must be > 0, got {self.timeout_s}")
         if self.num_workers < 1:
             raise ValueError(f"MathVerifyConfig.num_workers must be >= 1, got {self.num_workers}")
-        if self.grace_s < 0 or self.worker_memory_mb < 0 or self.startup_timeout_s <= 0:
-            raise ValueError("MathVerifyConfig: grace_s and worker_memory_mb must be >= 0, startup_timeout_s > 0")
+        if self.grace_s < 0 or self.worker_memory_mb < 0 or self.startup_timeout_s <= 0 or self.max_answer_chars < 1:
+            raise ValueError("MathVerifyConfig: grace_s and worker_memory_mb must be >= 0, startup_timeout_s > 0, "
+                             "max_answer_chars >= 1")
         if self.answer_pattern is not None:
             try:
                 re.compile(self.answer_pattern)
@@ -420,10 +430,33 @@ class _Worker:
             start_new_session=True,  # a Ctrl-C to the trainer's group does not hit workers
         )
         self._buf = b""
-        first = self.read_line(time.monotonic() + config.startup_timeout_s)
-        if first is None or not json.loads(first).get("ready"):
+        self.ready = False
+        self.start_deadline = time.monotonic() + config.startup_timeout_s
+
+    def check_ready(self) -> bool:
+        """Reads the worker's "ready" line once it is there (call after `select` says readable,
+        or to wait: `wait_ready`). Raises RuntimeError if it died or missed its start-up time."""
+        if not self.ready:
+            line = self.take_line()
+            if line is None and time.monotonic() >= self.start_deadline:
+                self.kill()
+                raise RuntimeError("math verification worker did not start in time (see its stderr above)")
+            if line is not None:
+                if not json.loads(line).get("ready"):
+                    self.kill()
+                    raise RuntimeError("math verification worker failed to start (see its stderr above)")
+                self.ready = True
+        return self.ready
+
+    def wait_ready(self) -> None:
+        """Blocks until the worker has started; RuntimeError if it dies or misses its start-up time."""
+        if self.ready:
+            return
+        line = self.read_line(self.start_deadline)
+        if line is None or not json.loads(line).get("ready"):
             self.kill()
             raise RuntimeError("math verification worker failed to start (see its stderr above)")
+        self.ready = True
 
     def send(self, request: dict) -> None:
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -509,6 +542,9 @@ class MathVerifier:
             extracted = extract_final_answer(resp, cfg.answer_pattern)
             if extracted is None:
                 results[i] = _no_answer_result(cfg)
+            elif len(extracted) > cfg.max_answer_chars:
+                results[i] = _verdict_result(extracted, STATUS_ERROR, cfg,
+                                             f"longer than {cfg.max_answer_chars} characters")
             else:
                 todo.append((i, extracted, gold_answer(gold)))
         if cfg.isolation == "inline":
@@ -522,44 +558,68 @@ class MathVerifier:
             self._run_in_workers(todo, results)
         return results  # type: ignore[return-value]
 
-    def _worker(self, slot: int) -> _Worker:
-        w = self._workers[slot]
-        if w is not None and w.proc.poll() is not None:  # died while idle
-            self._retire(slot)
-            w = None
-        if w is None:
-            w = self._workers[slot] = _Worker(self.config)
-        return w
+    def _start_missing(self) -> None:
+        """Starts a worker in every empty or dead slot (without waiting for it)."""
+        for slot, w in enumerate(self._workers):
+            if w is not None and w.proc.poll() is not None:  # died while idle
+                self._retire(slot)
+                w = None
+            if w is None:
+                self._workers[slot] = _Worker(self.config)
 
-    def _retire(self, slot: int) -> None:
+    def _retire(self, slot: int, replace: bool = False) -> None:
+        """Kills the slot's worker; `replace`: starts its successor now (ready in the background)."""
         w = self._workers[slot]
         if w is not None:
             w.kill()
-        self._workers[slot] = None
+        self._workers[slot] = _Worker(self.config) if replace else None
         self.restarts += 1
 
     def _run_in_workers(self, todo: deque, results: list) -> None:
+        """Checks `todo` on the workers, each answer within `timeout_s + grace_s` and the whole
+        batch within `ceil(n / num_workers) * timeout_s + grace_s` (see the module doc)."""
         cfg = self.config
+        if not todo:
+            return
+        self._start_missing()
+        for w in self._workers:  # they start in parallel; wait for all once
+            w.wait_ready()
+        rounds = -(-len(todo) // cfg.num_workers)
+        batch_deadline = time.monotonic() + rounds * cfg.timeout_s + cfg.grace_s
         busy: dict[int, tuple[int, str, float]] = {}  # slot -> (index, pred, deadline)
         while todo or busy:
+            now = time.monotonic()
+            if now >= batch_deadline:
+                self._abandon(todo, busy, results, rounds * cfg.timeout_s + cfg.grace_s)
+                return
             for slot in range(cfg.num_workers):
-                if slot not in busy and todo:
+                w = self._workers[slot]
+                if slot not in busy and todo and w.ready:
                     i, pred, gold = todo.popleft()
                     try:
-                        self._worker(slot).send({"pred": pred, "gold": gold})
-                    except OSError:  # died while idle (killed, OOM): replace it once
-                        self._retire(slot)
-                        self._worker(slot).send({"pred": pred, "gold": gold})
-                    busy[slot] = (i, pred, time.monotonic() + cfg.timeout_s + cfg.grace_s)
+                        w.send({"pred": pred, "gold": gold})
+                    except OSError:  # died while idle (killed, OOM): replace it, retry the answer
+                        todo.appendleft((i, pred, gold))
+                        self._retire(slot, replace=True)
+                        continue
+                    busy[slot] = (i, pred, min(now + cfg.timeout_s + cfg.grace_s, batch_deadline))
+            starting = [w for w in self._workers if not w.ready]
             waiting = {slot: self._workers[slot] for slot in busy}
-            wait_s = max(0.0, min(d for _, _, d in busy.values()) - time.monotonic())
-            ready = select.select(list(waiting.values()), [], [], wait_s)[0]
+            wait_s = max(0.0, min([d for _, _, d in busy.values()] + [batch_deadline]) - time.monotonic())
+            if starting:
+                wait_s = min(wait_s, 0.05)  # their start-up deadlines are checked below
+            ready = select.select(list(waiting.values()) + starting, [], [], wait_s)[0]
+            for w in starting:
+                if w in ready and not w.pump():
+                    w.kill()
+                    raise RuntimeError("math verification worker failed to start (see its stderr above)")
+                w.check_ready()
             for slot, w in waiting.items():
                 i, pred, deadline = busy[slot]
                 if w in ready and not w.pump():
                     results[i] = _verdict_result(pred, STATUS_ERROR, cfg, "the checker process died")
                     del busy[slot]
-                    self._retire(slot)
+                    self._retire(slot, replace=True)
                     continue
                 line = w.take_line()
                 if line is not None:
@@ -570,7 +630,20 @@ class MathVerifier:
                                    cfg.timeout_s + cfg.grace_s)
                     results[i] = _verdict_result(pred, STATUS_TIMEOUT, cfg)
                     del busy[slot]
-                    self._retire(slot)
+                    self._retire(slot, replace=True)
+
+    def _abandon(self, todo: deque, busy: dict, results: list, budget_s: float) -> None:
+        """The batch deadline passed: what is running or waiting scores 0 as timed out; the
+        busy workers are replaced (their successors start in the background)."""
+        for slot, (i, pred, _) in busy.items():
+            results[i] = _verdict_result(pred, STATUS_TIMEOUT, self.config)
+            self._retire(slot, replace=True)
+        for i, pred, _ in todo:
+            results[i] = _verdict_result(pred, STATUS_TIMEOUT, self.config)
+        logger.warning("math batch: %d answers not checked within the batch limit of %.1f s",
+                       len(busy) + len(todo), budget_s)
+        busy.clear()
+        todo.clear()
 
     def _reply_result(self, pred: str, reply: dict) -> MathResult:
         if "equal" in reply:

@@ -47,7 +47,7 @@ def train_runs(out: str) -> dict:
         summary = scenario.run_summary(steps.to_host(new_state), steps.to_host(metrics))
         summary["param_spec/embed"] = np.asarray(str(new_state.params["embed"].sharding.spec))
         summary["param_spec/q_proj"] = np.asarray(str(new_state.params["layers"]["q_proj"].sharding.spec))
-        summary["opt_spec/mu_embed"] = np.asarray(str(new_state.opt_state[1].inner_state[0].mu["embed"].sharding.spec))
+        summary["opt_spec/mu_embed"] = np.asarray(str(new_state.opt_state.inner_state[1].inner_state[0].mu["embed"].sharding.spec))
         summary["stored_tokens_spec"] = np.asarray(str(new_state.pipo.prev.tokens_bt.sharding.spec))
         np.savez(os.path.join(out, f"train_{name}.npz"), **summary)
         states[name] = (spec, new_state)

@@ -1,4 +1,5 @@
 """Code sandbox: extraction, test specs, pass/fail/timeout/memory/crash/fork/network."""
+import os
 import socket
 import threading
 import time
@@ -145,27 +146,41 @@ def test_fork_bomb_is_blocked():
 
 
 @pytest.mark.parametrize("network", ["audit", "namespace"])
-def test_stray_child_processes_are_killed(tmp_path, network):
-    """A child forked below the audit hook (via libc) dies with the run."""
+def test_stray_child_processes_are_killed(network):
+    """A child forked below the audit hook (via libc) dies with the run. The program
+    passes only once the child has named itself (a pipe says so); afterwards no process
+    of that name is left (the file system outside the scratch directory is closed to it,
+    so /proc is how the test sees it)."""
     if network == "namespace" and not cd.namespaces_available():
         pytest.skip("unshare with user/net/pid namespaces is not usable here")
-    counter = tmp_path / "count"
+    name = f"pipostray{os.getpid() % 100000}"
     code = (
-        "import ctypes, time\n"
+        "import ctypes, os, time\n"
         "def add(a, b):\n"
-        "    if ctypes.CDLL(None).fork() == 0:\n"
+        "    r, w = os.pipe()\n"
+        "    libc = ctypes.CDLL(None)\n"
+        "    if libc.fork() == 0:\n"
+        f"        libc.prctl(15, {name.encode()!r}, 0, 0, 0)\n"
+        "        os.write(w, b'x')\n"
         "        while True:\n"
-        f"            open({str(counter)!r}, 'a').write('x')\n"
         "            time.sleep(0.02)\n"
-        "    time.sleep(0.3)\n"
-        "    return a + b\n")
+        "    return a + b if os.read(r, 1) == b'x' else -1\n")
     r = cd.run_tests(code, ADD_TESTS[:1], cd.SandboxConfig(timeout_s=5.0, network=network))
-    assert r.outcomes == ("pass",)
-    time.sleep(0.3)
-    first = counter.stat().st_size
-    assert first > 0  # the stray child did run
-    time.sleep(0.5)
-    assert counter.stat().st_size == first  # and is gone
+    assert r.outcomes == ("pass",)  # the stray child did run
+    assert processes_named(name) == []  # and is gone
+
+
+def processes_named(name: str) -> list[int]:
+    """Pids whose /proc/<pid>/comm is `name`."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == name:
+                    out.append(int(pid))
+        except OSError:
+            pass
+    return out
 
 
 def _listener():
