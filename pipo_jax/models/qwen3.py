@@ -257,6 +257,8 @@ def _constrain(x: jax.Array, logical_axes: tuple) -> jax.Array:
 
 
 _RESIDUAL_AXES = ("batch", "length", "hidden")
+RESIDUAL_AXES = _RESIDUAL_AXES  # logical axes of the residual stream `[B, T, D]`
+constrain = _constrain  # for other forwards over these weights (sampling/decode.py)
 
 
 # ----------------------------------------------------------------------------- layers
