@@ -127,8 +127,8 @@ def splash_block(t: int) -> int:
     return min(SPLASH_BLOCK, -(-t // _LANES) * _LANES)
 
 
-@functools.lru_cache(maxsize=64)
 def _splash_kernel(heads: int, t: int, block: int, interpret: bool):
+    """A splash kernel for causal `[t, t]` masks (built per trace: it holds arrays of its trace)."""
     mask = splash.MultiHeadMask([splash.CausalMask((t, t)) for _ in range(heads)])
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                               block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
