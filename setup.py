@@ -10,8 +10,6 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["pipo_jax", "pipo_jax.*", "configs", "experiments", "experiments.*"]),
-    # C++ decode kernels, compiled at first use (pipo_jax/kernels/cpu_ffi.py)
-    package_data={"pipo_jax.kernels": ["cpu_gemv.cc", "cpu_attention.cc", "cpu_parallel.h"]},
     install_requires=[
         "jax>=0.4.35",
         "flax>=0.10",

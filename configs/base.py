@@ -32,6 +32,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.dtype = "float32"
     c.model.remat = "none"  # none | full | dots_saveable
     c.model.logprob_impl = "auto"  # fused log-prob kernel: auto | reference | chunked | pallas
+    # The platform the programs are built for: auto (that of this run's devices) | cpu | cuda |
+    # tpu. It picks the attention kernel, the log-prob kernel's block sizes and Pallas mode.
+    c.model.platform = "auto"
+    c.model.attention_impl = "auto"  # auto (by platform) | xla | cudnn | splash
 
     c.task = ml_collections.ConfigDict()
     c.task.name = "arithmetic"  # the built-in JAX-reward task

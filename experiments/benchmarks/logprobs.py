@@ -32,6 +32,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from pipo_jax import platforms
 from pipo_jax.kernels import logprobs as lp
 
 VOCAB = 151_936
@@ -57,6 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _platform() -> str:
+    """The platform of this host's devices: the benchmark times programs built for them."""
+    return platforms.of_devices(jax.devices())
+
+
 def _variants(args) -> list[tuple[str, str, dict]]:
     """(row label, impl, kernel kwargs) for every configuration to measure."""
     impls = [s for s in args.impls.split(",") if s]
@@ -65,7 +71,8 @@ def _variants(args) -> list[tuple[str, str, dict]]:
             raise SystemExit(f"--impls: unknown implementation {impl!r}")
     rows = [("reference", "reference", {})]
     if "chunked" in impls:
-        rows.append((f"chunked {lp.CHUNKED_BLOCK_N}x{lp.CHUNKED_BLOCK_V}", "chunked", {}))
+        bn, bv = lp.CHUNKED_BLOCKS[_platform()]
+        rows.append((f"chunked {bn}x{bv}", "chunked", {}))
     for spec in filter(None, args.chunked_blocks.split(",")):
         try:
             bn, bv = (int(x) for x in spec.lower().split("x"))
@@ -81,7 +88,7 @@ def _functions(impl: str, kwargs: dict):
     """(forward, forward+backward), both jitted, of (hidden, w, targets, g_logp, g_entropy)."""
 
     def forward(h, w, t, g_lp, g_ent):
-        return lp.token_logprobs(h, w, t, return_entropy=True, impl=impl, **kwargs)
+        return lp.token_logprobs(h, w, t, return_entropy=True, impl=impl, platform=_platform(), **kwargs)
 
     def loss(h, w, t, g_lp, g_ent):
         logp, ent = forward(h, w, t, g_lp, g_ent)

@@ -5,10 +5,8 @@ Same random Qwen3-shaped weights (saved once with `hf.save`, loaded by both JAX 
 
 1. decode tokens/s at batch 1, 8, 32 of `sampler.generate`, of `continuous_batching.
    rollout` on an `Engine` with as many slots as rows, and of `transformers` `generate`
-   (torch CPU). Both JAX systems use the CPU decode kernels where they are available
-   (`kernels.cpu_gemv` for products of <= 32 rows, `kernels.cpu_attention`);
-   `sampler.generate` with XLA's ops throughout (`cpu_kernels=False`) runs beside them
-   as the baseline of those kernels. Decode rate = `B * (N - 1) /
+   (torch CPU). Both JAX systems run XLA's ops (the decode path of
+   `sampling/decode.py`: one layer scan over the stored weights). Decode rate = `B * (N - 1) /
    (t(N new tokens) - t(1 new token))`, so prefill is excluded. The systems run
    interleaved, one after the other in each of `--repeats` rounds, and the table gives
    medians: of each system's rate and, for the ratios, of the per-round ratios (the
@@ -22,7 +20,7 @@ Same random Qwen3-shaped weights (saved once with `hf.save`, loaded by both JAX 
    (the larger of the two counts, so a quiet moment raises the bound, not the score):
    fp32 FLOP/s of a large matmul, the memory-copy bandwidth (`2 * bytes / time` of a
    large array copy) and the read-only bandwidth (one pass over a 256 MB matrix: XLA's
-   matrix-vector product, `cpu_gemv`, torch's two-thread sum); the decode step's
+   matrix-vector product, torch's two-thread sum); the decode step's
    FLOP/s at batch 32 and its weight + KV bytes per step at batch 1 as fractions of
    them (the limits as the best of their passes, the step at its median rate); at
    batch 1 also paired: per round, the decode against one read and one copy pass run
@@ -37,10 +35,10 @@ Timings are never asserted.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,9 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipo_jax.kernels import cpu_ffi, cpu_gemv
 from pipo_jax.models import hf, qwen3
-from pipo_jax.sampling import continuous_batching, decode, sampler
+from pipo_jax.sampling import continuous_batching, sampler
 from pipo_jax.sampling.engine import Engine
 from pipo_jax.sampling.sampling_params import SamplingParams
 
@@ -125,15 +122,12 @@ def copy_passes(nbytes: int) -> dict:
 def read_passes(nbytes: int) -> dict:
     """Large read-only passes (nothing written back), `name -> (fn, bytes read)`: a
     matrix-vector product over one `[rows, 2048]` fp32 matrix (the decode step's access
-    pattern, at its best) by XLA and by `cpu_gemv`, and torch's two-thread sum."""
+    pattern, at its best) by XLA, and torch's two-thread sum."""
     rows = nbytes // (4 * 2048)
     w = jnp.ones((rows, 2048), jnp.float32)
     x = jnp.ones((1, 2048), jnp.float32)
-    matvec = jax.jit(cpu_gemv.gemv_reference)
+    matvec = jax.jit(lambda x, w: jnp.einsum("bi,oi->bo", x, w))
     passes = {"xla_matvec": (lambda: matvec(x, w).block_until_ready(), w.nbytes)}
-    if cpu_ffi.available():
-        kernel = jax.jit(cpu_gemv.gemv)
-        passes["cpu_gemv"] = (lambda: kernel(x, w).block_until_ready(), w.nbytes)
     try:
         import torch
 
@@ -181,14 +175,21 @@ def machine_limits(passes: dict) -> dict:
                 copy_detail=cp, read_detail=rd)
 
 
-def decode_costs(config: qwen3.Qwen3Config, weights: decode.DecodeWeights, batch: int, context: float,
-                 cache_bytes_per_el: int = 4) -> tuple[float, float]:
-    """(FLOPs, bytes) of one decode step: weight matmuls + attention over `context` slots."""
+def step_params(config: qwen3.Qwen3Config) -> int:
+    """Parameters one decode step reads: all but the embedding table (one row per token)
+    when the head is untied; with a tied head the table is the head and is read whole."""
     c = config
-    matmul_params = decode.weight_bytes(weights) / 4
+    return c.num_params - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
+
+
+def decode_costs(config: qwen3.Qwen3Config, batch: int, context: float,
+                 cache_bytes_per_el: int = 4) -> tuple[float, float]:
+    """(FLOPs, bytes) of one fp32 decode step: weight matmuls + attention over `context` slots."""
+    c = config
+    matmul_params = step_params(c)
     attn_flops = 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * context
     kv_bytes = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * context * cache_bytes_per_el
-    return batch * (2 * matmul_params + attn_flops), decode.weight_bytes(weights) + batch * kv_bytes
+    return batch * (2 * matmul_params + attn_flops), 4 * matmul_params + batch * kv_bytes
 
 
 # ----------------------------------------------------------------------------- systems
@@ -290,13 +291,11 @@ def long_tail(config, params, eparams_engine, prompts_rp, budgets, slots: int, r
     def run_engine():
         return continuous_batching.rollout(engine, eparams, prompts, 1, jax.random.key(1), max_new_tokens=budgets)
 
-    weights = jax.jit(decode.prepare_weights, static_argnums=0)(config, params)
-
     def run_static():
         lengths = []
         for start in range(0, n, slots):
             chunk = jnp.asarray(prompts_rp[start : start + slots])
-            out = sampler.generate(config, weights, chunk, jnp.ones_like(chunk),
+            out = sampler.generate(config, params, chunk, jnp.ones_like(chunk),
                                    jax.random.fold_in(jax.random.key(1), start), sp.replace(max_new_tokens=width),
                                    max_new_b=jnp.asarray(budgets[start : start + slots]))
             lengths.append(np.asarray(out.lengths_b))
@@ -365,25 +364,22 @@ def main(argv=None) -> dict:
     passes = dict(read=read_passes(256 << 20), copy=copy_passes(256 << 20))
     limits = machine_limits(passes)
     results: dict = dict(
-        machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__, device=str(jax.devices()[0])),
+        machine=dict(platform=platform.platform(), cpus=os.cpu_count(), jax=jax.__version__, device=str(jax.devices()[0]),
+                     commit=_commit(), torch=_version("torch"), transformers=_version("transformers")),
+        seeds=dict(params=0, prompts=0, long_tail=1),
         model=dict(params=config.num_params, intermediate=config.intermediate_size, dtype="float32"),
         args=vars(args), limits=limits, batches={},
     )
     max_len = args.prompt_len + max(args.new_tokens, args.tail_long)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
-    weights = jax.jit(decode.prepare_weights, static_argnums=0)(config, params)
-    weights_xla = jax.jit(functools.partial(decode.prepare_weights, cpu_kernels=False),
-                          static_argnums=0)(config, params)
-    results["model"]["cpu_kernels"] = weights.cpu_kernels
     for b in batches:
-        log(f"batch {b}: one-jit generate (default, then XLA ops only), engine, transformers")
+        log(f"batch {b}: one-jit generate, engine, transformers")
         pb = prompts[:b]
         engine = Engine(config, greedy, max_concurrent_decodes=b, max_len=max_len)
         eparams = engine.load_params(params)
         makers = {
-            "jax": lambda n: jax_generate_fn(config, weights, pb, n),
+            "jax": lambda n: jax_generate_fn(config, params, pb, n),
             "engine": lambda n: engine_fn(config, eparams, engine, pb, n),
-            "jax_xla": lambda n: jax_generate_fn(config, weights_xla, pb, n),
         }
         if model is not None:
             makers["hf"] = lambda n: hf_fn(model, pb, n)
@@ -391,18 +387,16 @@ def main(argv=None) -> dict:
         row = {f"{name}_tok_s": float(np.median(r)) for name, r in rates.items()}
         row["rates_per_repeat"] = rates
         row["engine_matches_jax"] = float(np.mean(toks["engine"] == toks["jax"]))
-        row["xla_matches_jax"] = float(np.mean(toks["jax_xla"] == toks["jax"]))
-        row["jax_vs_xla"] = median_ratio(rates["jax"], rates["jax_xla"])
         if model is not None:
             row["hf_matches_jax"] = float(np.mean(toks["hf"] == toks["jax"]))
             row["jax_vs_hf"] = median_ratio(rates["jax"], rates["hf"])
             row["engine_vs_hf"] = median_ratio(rates["engine"], rates["hf"])
         context = args.prompt_len + args.new_tokens / 2
-        row["flops_per_step"], row["bytes_per_step"] = decode_costs(config, weights, b, context)
+        row["flops_per_step"], row["bytes_per_step"] = decode_costs(config, b, context)
         row["step_ms"] = 1e3 * b / row["jax_tok_s"]
         if b == 1:
-            paired = paired_fractions(jax_generate_fn(config, weights, pb, args.new_tokens),
-                                      jax_generate_fn(config, weights, pb, 1), args.new_tokens, row["bytes_per_step"],
+            paired = paired_fractions(jax_generate_fn(config, params, pb, args.new_tokens),
+                                      jax_generate_fn(config, params, pb, 1), args.new_tokens, row["bytes_per_step"],
                                       passes, args.paired_repeats)
             row["paired_frac_of_read_bw"], row["paired_frac_of_copy_bw"] = paired["read"], paired["copy"]
             row["paired_detail"] = paired
@@ -433,6 +427,19 @@ def main(argv=None) -> dict:
     return results
 
 
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    return out.stdout.strip() or "unknown"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return __import__(package).__version__
+    except ImportError:
+        return None
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -441,14 +448,13 @@ def print_table(r: dict) -> None:
     lim = r["limits"]
     print(f"model: {r['model']['params'] / 1e6:.1f}M params fp32 | machine: {r['machine']['cpus']} CPUs, "
           f"matmul {lim['matmul_flops'] / 1e9:.0f} GFLOP/s, copy {lim['copy_bytes_s'] / 1e9:.1f} GB/s, "
-          f"read {lim['read_bytes_s'] / 1e9:.1f} GB/s (XLA large matvec {lim['read_detail']['xla_matvec'] / 1e9:.1f}); "
-          f"CPU kernels {'on' if r['model'].get('cpu_kernels') else 'off'}")
-    print(f"{'batch':>5} | {'one-jit tok/s':>13} | {'XLA-op tok/s':>12} | {'engine tok/s':>12} | {'HF tok/s':>9} | "
+          f"read {lim['read_bytes_s'] / 1e9:.1f} GB/s (XLA large matvec {lim['read_detail']['xla_matvec'] / 1e9:.1f})")
+    print(f"{'batch':>5} | {'one-jit tok/s':>13} | {'engine tok/s':>12} | {'HF tok/s':>9} | "
           f"{'jax/HF':>6} | {'eng/HF':>6} | {'step ms':>7} | {'FLOP frac':>9} | {'BW/copy':>7} | {'BW/read':>7} | "
           f"{'eq HF':>5}")
     for b, row in r["batches"].items():
         hf_s = row.get("hf_tok_s", float("nan"))
-        print(f"{b:>5} | {row['jax_tok_s']:>13.1f} | {row['jax_xla_tok_s']:>12.1f} | {row['engine_tok_s']:>12.1f} | "
+        print(f"{b:>5} | {row['jax_tok_s']:>13.1f} | {row['engine_tok_s']:>12.1f} | "
               f"{hf_s:>9.1f} | "
               f"{row.get('jax_vs_hf', float('nan')):>6.2f} | {row.get('engine_vs_hf', float('nan')):>6.2f} | "
               f"{row['step_ms']:>7.2f} | {row['flops_frac_of_matmul']:>9.2f} | {row['bytes_frac_of_copy_bw']:>7.2f} | "

@@ -39,15 +39,28 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from pipo_jax import platforms
 from pipo_jax.losses.entropy import token_entropy
 
 IMPLS = ("auto", "reference", "chunked", "pallas")
 PALLAS_VARIANTS = ("auto", "mosaic_tpu", "triton")
 
-# Chunked-XLA defaults: one [1024, 8192] fp32 logits block = 32 MiB. Measured on a
-# 2-core CPU for D in {2560, 4096}, V = 151,936 by experiments/benchmarks/logprobs.py.
-CHUNKED_BLOCK_N = 1024
-CHUNKED_BLOCK_V = 8192
+# Chunked-XLA (block_n, block_v) per target platform. Each inner step multiplies a
+# [block_n, D] slice of h by a [D, block_v] slice of w and holds a few fp32
+# [block_n, block_v] blocks (logits, exp, cotangent).
+CHUNKED_BLOCKS = {
+    # Measured on a 2-core CPU for D in {2560, 4096}, V = 151,936
+    # (experiments/benchmarks/logprobs.py): one fp32 block = 32 MiB.
+    "cpu": (1024, 8192),
+    # Accelerators, not yet timed on hardware. The w block is loaded once per vocab step
+    # and the h block once per inner step, so the inner matmul does block_v FLOP per
+    # byte of h (bf16): 8192 is far above every target's ridge (H20 148 TFLOP/s / 4 TB/s
+    # ~ 37, TPU v5p ~ 166, H100 ~ 295). block_n = 2048 halves the loop trips of the CPU
+    # choice (each trip is a few kernel launches on a GPU) at 64 MiB per fp32 block, small
+    # next to the 48 GB per-device budget.
+    "cuda": (2048, 8192),
+    "tpu": (2048, 8192),
+}
 
 _F32_MIN = float(np.finfo(np.float32).min)
 
@@ -422,19 +435,20 @@ def _make_config(
     block_d: int | None,
     interpret: bool | None,
     pallas_variant: str,
+    platform: str,
 ) -> KernelConfig:
-    backend = jax.default_backend()
+    platforms.check(platform)
     if impl == "pallas":
         from pipo_jax.kernels import logprobs_pallas
 
-        variant = logprobs_pallas.resolve_variant(pallas_variant, backend)
+        variant = logprobs_pallas.resolve_variant(pallas_variant, platform)
         defaults = logprobs_pallas.default_blocks(variant)
-        interpret = backend == "cpu" if interpret is None else bool(interpret)
+        interpret = platform == "cpu" if interpret is None else bool(interpret)
     else:
         if pallas_variant not in PALLAS_VARIANTS:
             raise ValueError(f"pallas_variant must be one of {PALLAS_VARIANTS}, got {pallas_variant!r}")
         variant = "mosaic_tpu"
-        defaults = (CHUNKED_BLOCK_N, CHUNKED_BLOCK_V, None)
+        defaults = (*CHUNKED_BLOCKS[platform], None)
         interpret = False
     blocks = []
     for name, given, default in zip(("block_n", "block_v", "block_d"), (block_n, block_v, block_d), defaults):
@@ -451,7 +465,7 @@ def _make_config(
         block_d=blocks[2],
         interpret=interpret,
         variant=variant,
-        xla_cpu=backend == "cpu",
+        xla_cpu=platform == "cpu",
     )
 
 
@@ -511,6 +525,7 @@ def token_logprobs(
     block_d: int | None = None,
     interpret: bool | None = None,
     pallas_variant: str = "auto",
+    platform: str = "cpu",
 ):
     """Per-token log p(target) (and entropy) under softmax((hidden @ w) / temperature).
 
@@ -522,12 +537,15 @@ def token_logprobs(
       return_entropy: also return the per-token entropy (nats).
       valid_n: optional [N] bool; invalid rows return 0 and get zero gradients.
       impl: "auto" (= "chunked" on every backend), "reference", "chunked" or "pallas".
-      block_n, block_v: token / vocab block sizes (chunked defaults 1024 / 8192; Pallas
-        defaults depend on the kernel variant). block_d: hidden chunk of the Triton kernel
-        (default: the largest of 64, 32, 16 dividing D).
-      interpret: Pallas interpret mode; None = True exactly when the backend is CPU.
-      pallas_variant: "auto" (Triton on GPU, Mosaic TPU kernel elsewhere), "mosaic_tpu"
-        or "triton".
+      block_n, block_v: token / vocab block sizes (chunked defaults per platform in
+        `CHUNKED_BLOCKS`; Pallas defaults depend on the kernel variant). block_d: hidden
+        chunk of the Triton kernel (default: the largest of 64, 32, 16 dividing D).
+      interpret: Pallas interpret mode; None = True exactly when `platform` is "cpu".
+      pallas_variant: "auto" (Triton for "cuda", the Mosaic TPU kernel otherwise),
+        "mosaic_tpu" or "triton".
+      platform: the platform the program is for (`pipo_jax.platforms.PLATFORMS`), not
+        the host's: it picks the block sizes (`CHUNKED_BLOCKS`, Pallas variant
+        defaults), interpret mode and the XLA:CPU workarounds.
 
     Returns:
       logp_n [N] fp32 (NaN on valid rows whose target is outside [0, V)), and if
@@ -546,7 +564,8 @@ def token_logprobs(
     if impl == "reference":
         logp, ent = _reference_logprobs(h, w_dv, t, 1.0 / temperature, return_entropy)
     else:
-        cfg = _make_config(impl, temperature, return_entropy, block_n, block_v, block_d, interpret, pallas_variant)
+        cfg = _make_config(impl, temperature, return_entropy, block_n, block_v, block_d, interpret, pallas_variant,
+                           platform)
         h, w_dv, t = align_varying(h, w_dv, t)
         stats = _softmax_stats(cfg, h, w_dv, t)
         in_vocab = (t >= 0) & (t < v)
@@ -574,6 +593,7 @@ def token_logprobs_vocab_parallel(
     block_d: int | None = None,
     interpret: bool | None = None,
     pallas_variant: str = "auto",
+    platform: str = "cpu",
 ):
     """`token_logprobs` for a vocab-sharded LM head; call inside `shard_map`.
 
@@ -603,7 +623,8 @@ def token_logprobs_vocab_parallel(
     if impl == "reference":
         stats = _reference_stats(h, w_dv_shard, t_local, 1.0 / temperature, return_entropy)
     else:
-        cfg = _make_config(impl, temperature, return_entropy, block_n, block_v, block_d, interpret, pallas_variant)
+        cfg = _make_config(impl, temperature, return_entropy, block_n, block_v, block_d, interpret, pallas_variant,
+                           platform)
         stats = _softmax_stats(cfg, h, w_dv_shard, t_local)
     lse_local, zt_local = stats[0], stats[1]
 

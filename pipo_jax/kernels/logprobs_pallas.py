@@ -42,15 +42,24 @@ from jax.experimental.pallas import triton as pltriton
 from pipo_jax.kernels import logprobs as lp
 
 VARIANTS = ("mosaic_tpu", "triton")
-# (block_n, block_v, block_d); untuned first guesses for hardware (see module doc).
-_DEFAULT_BLOCKS = {"mosaic_tpu": (256, 512, None), "triton": (64, 128, None)}
+# (block_n, block_v, block_d) per kernel family; not yet timed on hardware (module doc).
+_DEFAULT_BLOCKS = {
+    # TPU: each grid step holds an h block [256, D] and a w block [D, 512] (bf16, double
+    # buffered) and an fp32 [256, 512] logits tile in VMEM: ~13 MiB at D = 4096, inside
+    # the 64 MiB limit set below; the w block is reused by 256 rows (256 FLOP per byte of
+    # w, above the v5p ridge ~166), and 512 / 256 are multiples of the 128-lane tiles.
+    "mosaic_tpu": (256, 512, None),
+    # GPU (Triton): a program's [64, 128] fp32 logits tile plus a [64, block_d] h and a
+    # [block_d, 128] w tile fit in registers / shared memory at block_d <= 64.
+    "triton": (64, 128, None),
+}
 _TPU_VMEM_LIMIT_BYTES = 64 * 1024 * 1024
 
 
-def resolve_variant(variant: str, backend: str) -> str:
-    """'auto' -> 'triton' on GPU backends, 'mosaic_tpu' on TPU and CPU (interpret)."""
+def resolve_variant(variant: str, platform: str) -> str:
+    """'auto' -> 'triton' for a "cuda" target, 'mosaic_tpu' for TPU and CPU (interpret)."""
     if variant == "auto":
-        return "triton" if backend in ("gpu", "cuda", "rocm") else "mosaic_tpu"
+        return "triton" if platform == "cuda" else "mosaic_tpu"
     if variant not in VARIANTS:
         raise ValueError(f"pallas_variant must be 'auto' or one of {VARIANTS}, got {variant!r}")
     return variant

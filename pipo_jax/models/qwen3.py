@@ -21,6 +21,9 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pipo_jax import platforms
+from pipo_jax.models import attention as attention_lib
+
 Params = dict[str, Any]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -32,7 +35,11 @@ class Qwen3Config:
     """Shapes and numerics of a Qwen3 causal LM (field names follow HF config.json).
 
     `param_dtype` is the storage dtype of the weights, `dtype` the matmul/activation
-    dtype; norms, softmax and logits are always computed in float32.
+    dtype; norms, softmax and logits are always computed in float32. `platform` is the
+    platform the programs are built for (`pipo_jax.platforms.PLATFORMS`; not read from
+    the host), which picks the attention kernel (`attention_impl`: "auto" = cuDNN on
+    "cuda" in 16-bit compute, splash on "tpu", XLA on "cpu"; see `models/attention.py`)
+    and the fused log-prob kernel's defaults.
     """
 
     vocab_size: int = 151_936
@@ -49,8 +56,13 @@ class Qwen3Config:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: str = "none"  # one of _REMAT_POLICIES
+    platform: str = "cpu"  # one of pipo_jax.platforms.PLATFORMS
+    attention_impl: str = "auto"  # one of models.attention.IMPLS
 
     def __post_init__(self):
+        platforms.check(self.platform, "Qwen3Config.platform")
+        if self.attention_impl not in attention_lib.IMPLS:
+            raise ValueError(f"Qwen3Config.attention_impl={self.attention_impl!r}; expected one of {attention_lib.IMPLS}")
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(f"Qwen3Config.{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}")
@@ -245,6 +257,8 @@ def _constrain(x: jax.Array, logical_axes: tuple) -> jax.Array:
 
 
 _RESIDUAL_AXES = ("batch", "length", "hidden")
+RESIDUAL_AXES = _RESIDUAL_AXES  # logical axes of the residual stream `[B, T, D]`
+constrain = _constrain  # for other forwards over these weights (sampling/decode.py)
 
 
 # ----------------------------------------------------------------------------- layers
@@ -274,24 +288,12 @@ def apply_rope(x_bthd: jax.Array, cos_btd: jax.Array, sin_btd: jax.Array) -> jax
     return out.astype(x_bthd.dtype)
 
 
-def attention(q_bthd, k_bskd, v_bskd, allowed_bts, dtype):
-    """Grouped-query softmax attention; `allowed_bts` is the boolean key mask per query.
-
-    Query rows with no allowed key (padding) return zeros-weighted averages, never NaN.
-    """
-    b, t, h, dh = q_bthd.shape
-    kv = k_bskd.shape[2]
-    q = q_bthd.reshape(b, t, kv, h // kv, dh)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k_bskd, preferred_element_type=jnp.float32)
-    scores = scores * (dh**-0.5)
-    scores = jnp.where(allowed_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v_bskd, preferred_element_type=jnp.float32)
-    return out.reshape(b, t, h, dh).astype(dtype)
+# The plain reference attention (`[B, T, S]` mask; used with a cache and on CPU).
+attention = attention_lib.reference
 
 
-def _decoder_layer(config: Qwen3Config, x_btd, lp, cos, sin, positions_bt, valid_bt, allowed_bts, cache_kv):
-    """One pre-norm block; returns the new residual stream and (k, v) cache for this layer."""
+def layer_qkv(config: Qwen3Config, x_btd, lp, cos, sin):
+    """Attention inputs of one block: q `[B, T, H, Dh]`, k, v `[B, T, K, Dh]` (normed, RoPE'd)."""
     dt = config.jnp_dtype
     eps = config.rms_norm_eps
     h = rms_norm(x_btd, lp["attn_norm"], eps)
@@ -300,26 +302,44 @@ def _decoder_layer(config: Qwen3Config, x_btd, lp, cos, sin, positions_bt, valid
     v = jnp.einsum("btd,dhk->bthk", h, lp["v_proj"].astype(dt))
     q = apply_rope(rms_norm(q, lp["q_norm"], eps), cos, sin)
     k = apply_rope(rms_norm(k, lp["k_norm"], eps), cos, sin)
-    if cache_kv is None:
-        keys, values = k, v
-        new_cache = None
-    else:
-        ck, cv = cache_kv
-        max_len = ck.shape[1]
-        # Padding tokens write to an out-of-range slot, which `mode="drop"` discards.
-        slots = jnp.where(valid_bt, positions_bt, max_len)
-        rows = jnp.broadcast_to(jnp.arange(x_btd.shape[0])[:, None], slots.shape)
-        ck = ck.at[rows, slots].set(k.astype(ck.dtype), mode="drop")
-        cv = cv.at[rows, slots].set(v.astype(cv.dtype), mode="drop")
-        keys, values = ck.astype(dt), cv.astype(dt)
-        new_cache = (ck, cv)
-    a = attention(q, keys, values, allowed_bts, dt)
-    x_btd = x_btd + jnp.einsum("bthk,hkd->btd", a, lp["o_proj"].astype(dt))
-    h = rms_norm(x_btd, lp["mlp_norm"], eps)
+    return q, k, v
+
+
+def layer_out(config: Qwen3Config, x_btd, lp, a_bthd):
+    """The rest of one block after attention `a_bthd`: output projection and MLP, residuals."""
+    dt = config.jnp_dtype
+    x_btd = x_btd + jnp.einsum("bthk,hkd->btd", a_bthd, lp["o_proj"].astype(dt))
+    h = rms_norm(x_btd, lp["mlp_norm"], config.rms_norm_eps)
     gate = jnp.einsum("btd,df->btf", h, lp["gate_proj"].astype(dt))
     up = jnp.einsum("btd,df->btf", h, lp["up_proj"].astype(dt))
-    x_btd = x_btd + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp["down_proj"].astype(dt))
-    return x_btd, new_cache
+    return x_btd + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp["down_proj"].astype(dt))
+
+
+def self_attention(config: Qwen3Config, q_bthd, k_btkd, v_btkd, valid_bt):
+    """Causal attention of padded rows with the kernel of `config.platform` / `attention_impl`."""
+    return attention_lib.self_attention(q_bthd, k_btkd, v_btkd, valid_bt, config.jnp_dtype,
+                                        impl=config.attention_impl, platform=config.platform)
+
+
+def _decoder_layer(config: Qwen3Config, x_btd, lp, cos, sin, positions_bt, valid_bt, allowed_bts, cache_kv):
+    """One pre-norm block; returns the new residual stream and (k, v) cache for this layer.
+
+    Without a cache `allowed_bts` is None and attention is `self_attention` (fused on
+    accelerators); with a cache it is the reference over the cache slots.
+    """
+    dt = config.jnp_dtype
+    q, k, v = layer_qkv(config, x_btd, lp, cos, sin)
+    if cache_kv is None:
+        return layer_out(config, x_btd, lp, self_attention(config, q, k, v, valid_bt)), None
+    ck, cv = cache_kv
+    max_len = ck.shape[1]
+    # Padding tokens write to an out-of-range slot, which `mode="drop"` discards.
+    slots = jnp.where(valid_bt, positions_bt, max_len)
+    rows = jnp.broadcast_to(jnp.arange(x_btd.shape[0])[:, None], slots.shape)
+    ck = ck.at[rows, slots].set(k.astype(ck.dtype), mode="drop")
+    cv = cv.at[rows, slots].set(v.astype(cv.dtype), mode="drop")
+    a = attention(q, ck.astype(dt), cv.astype(dt), allowed_bts, dt)
+    return layer_out(config, x_btd, lp, a), (ck, cv)
 
 
 def _remat(fn, policy: str):
@@ -367,8 +387,7 @@ def forward(
     if positions_bt is None:
         positions_bt = default_positions(attention_mask_bt)
     if cache is None:
-        idx = jnp.arange(t)
-        allowed = (idx[None, :, None] >= idx[None, None, :]) & valid_bt[:, None, :] & valid_bt[:, :, None]
+        allowed = None  # causal + padding, inside `self_attention`
     else:
         slots = jnp.arange(cache.max_len)
         allowed = (slots[None, None, :] <= positions_bt[:, :, None]) & valid_bt[:, :, None]

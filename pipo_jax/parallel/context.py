@@ -21,9 +21,11 @@ from collections.abc import Iterator, Sequence
 import jax
 from jax.sharding import Mesh
 
-from pipo_jax.models import qwen3
+from jax.sharding import PartitionSpec as P
+
+from pipo_jax.models import attention, qwen3
 from pipo_jax.parallel.mesh import mesh_sizes
-from pipo_jax.parallel.rules import DEFAULT_RULES, Rules, named_sharding
+from pipo_jax.parallel.rules import DEFAULT_RULES, Rules, named_sharding, spec_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,27 @@ def constrain_kv_cache(cache: qwen3.KVCache) -> qwen3.KVCache:
     return jax.lax.with_sharding_constraint(cache, kv_cache_shardings(cache, ctx.mesh, ctx.rules))
 
 
+def shard_kernel(fn, args, in_logical_axes, out_logical_axes):
+    """`fn(*args)` under `shard_map` on the active mesh, each operand split by its logical axes.
+
+    For kernels XLA cannot partition (Pallas / Mosaic custom calls): every device runs
+    `fn` on its own block. `fn` must be correct per block along the split axes (rows,
+    kv-head groups). check_vma=False: the Pallas interpreter cannot evaluate vma-typed
+    values (see kernels/logprobs_pallas.py). Outside a context: `fn(*args)`.
+    """
+    ctx = _ACTIVE.get()
+    if ctx is None:
+        return fn(*args)
+
+    def spec(axes, shape):
+        return P(*spec_for(tuple(axes), tuple(shape), ctx.mesh, ctx.rules))
+
+    in_specs = tuple(spec(a, x.shape) for a, x in zip(in_logical_axes, args))
+    out_shape = jax.eval_shape(fn, *args)
+    out_specs = spec(out_logical_axes, out_shape.shape)
+    return jax.shard_map(fn, mesh=ctx.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
+
+
 @contextlib.contextmanager
 def sharding_context(mesh: Mesh, rules: Rules | None = None) -> Iterator[ShardingContext]:
     """Activates `mesh` / `rules` for code traced inside the block (and Qwen3's activation hook).
@@ -72,7 +95,7 @@ def sharding_context(mesh: Mesh, rules: Rules | None = None) -> Iterator[Shardin
     ctx = ShardingContext(mesh, DEFAULT_RULES if rules is None else rules)
     token = _ACTIVE.set(ctx)
     try:
-        with jax.set_mesh(mesh), qwen3.activation_constraint(constrain):
+        with jax.set_mesh(mesh), qwen3.activation_constraint(constrain), attention.kernel_partitioner(shard_kernel):
             yield ctx
     finally:
         _ACTIVE.reset(token)

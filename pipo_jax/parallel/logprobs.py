@@ -7,8 +7,10 @@ the `[N, V]` logits are never gathered. Tokens (rows) are split over the `batch`
 mesh axes at the same time.
 
 `token_logprobs` is a drop-in for `kernels.logprobs.token_logprobs`: inside a
-`sharding_context` whose mesh has `tensor > 1` it runs the sharded version, otherwise
-the plain kernel.
+`sharding_context` whose mesh has `tensor > 1` it runs the sharded version; the Pallas
+kernels run under `shard_map` on every mesh (tensor = 1 included: a Mosaic / Triton
+custom call cannot be partitioned automatically, so each device runs the kernel on its
+own rows); otherwise the plain kernel.
 """
 
 from __future__ import annotations
@@ -64,13 +66,34 @@ def token_logprobs_tensor_parallel(hidden_nd: jax.Array, w_dv: jax.Array, target
     return sharded(hidden_nd, w_dv, targets_n, valid_n)
 
 
-def token_logprobs(hidden_nd: jax.Array, w_dv: jax.Array, targets_n: jax.Array, **kwargs):
-    """Drop-in `kernels.logprobs.token_logprobs`: vocab-parallel under an active tensor-parallel context.
+def token_logprobs_row_parallel(hidden_nd: jax.Array, w_dv: jax.Array, targets_n: jax.Array, *, mesh: Mesh,
+                                rules: Rules | None = None, return_entropy: bool = False,
+                                valid_n: jax.Array | None = None, **kernel_kwargs):
+    """`kernels.logprobs.token_logprobs` under `shard_map` with rows split like the batch and
+    `w_dv` whole on every device (for kernels that cannot be partitioned automatically)."""
+    rows = _row_axes(hidden_nd.shape[0], mesh, rules)
+    fn = functools.partial(kernel.token_logprobs, return_entropy=return_entropy, **kernel_kwargs)
+    out_specs = (P(rows), P(rows)) if return_entropy else P(rows)
+    if valid_n is None:
+        return jax.shard_map(lambda h, w, tg: fn(h, w, tg), mesh=mesh, check_vma=False,
+                             in_specs=(P(rows, None), P(), P(rows)), out_specs=out_specs)(hidden_nd, w_dv, targets_n)
+    return jax.shard_map(lambda h, w, tg, ok: fn(h, w, tg, valid_n=ok), mesh=mesh, check_vma=False,
+                         in_specs=(P(rows, None), P(), P(rows), P(rows)),
+                         out_specs=out_specs)(hidden_nd, w_dv, targets_n, valid_n)
 
-    Falls back to the plain kernel when no `sharding_context` is active, its mesh has
-    tensor = 1, or the vocab size is not divisible by the tensor size.
+
+def token_logprobs(hidden_nd: jax.Array, w_dv: jax.Array, targets_n: jax.Array, **kwargs):
+    """Drop-in `kernels.logprobs.token_logprobs`, placed for the active `sharding_context`.
+
+    No context: the plain kernel. tensor > 1 dividing the vocab: vocab-parallel. Else
+    with `impl="pallas"`: row-parallel under `shard_map`. Else the plain kernel, which XLA
+    partitions.
     """
     ctx = active_context()
-    if ctx is None or ctx.tensor_size == 1 or w_dv.shape[1] % ctx.tensor_size:
+    if ctx is None:
         return kernel.token_logprobs(hidden_nd, w_dv, targets_n, **kwargs)
-    return token_logprobs_tensor_parallel(hidden_nd, w_dv, targets_n, mesh=ctx.mesh, rules=ctx.rules, **kwargs)
+    if ctx.tensor_size > 1 and w_dv.shape[1] % ctx.tensor_size == 0:
+        return token_logprobs_tensor_parallel(hidden_nd, w_dv, targets_n, mesh=ctx.mesh, rules=ctx.rules, **kwargs)
+    if kwargs.get("impl") == "pallas":
+        return token_logprobs_row_parallel(hidden_nd, w_dv, targets_n, mesh=ctx.mesh, rules=ctx.rules, **kwargs)
+    return kernel.token_logprobs(hidden_nd, w_dv, targets_n, **kwargs)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from pipo_jax import platforms
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.spec import TrainSpec, train_spec
@@ -47,7 +48,8 @@ def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, 
         return spec.model, state.params, spec
     if os.path.exists(os.path.join(path, "config.json")):
         config, params = hf.load(path)
-        return config, params, None
+        # Programs for this host's devices (start-up, not trace time).
+        return config.replace(platform=platforms.of_devices(jax.devices())), params, None
     raise FileNotFoundError(f"{path}: neither a Hugging Face directory (config.json) nor a run workdir (checkpoints/)")
 
 

@@ -34,7 +34,8 @@ def response_logprobs(model: qwen3.Qwen3Config, params, tokens_bl, mask_bl, prom
     targets_n = tokens_bl[:, prompt_len:].reshape(-1)
     valid_n = mask_bl[:, prompt_len:].reshape(-1).astype(bool)
     out = token_logprobs(hidden_brd.reshape(b * r, d), qwen3.lm_head_weight(model, params).astype(hidden_brd.dtype),
-                         targets_n, temperature=temperature, return_entropy=with_entropy, valid_n=valid_n, impl=impl)
+                         targets_n, temperature=temperature, return_entropy=with_entropy, valid_n=valid_n, impl=impl,
+                         platform=model.platform)
     if with_entropy:
         return out[0].reshape(b, r), out[1].reshape(b, r)
     return out.reshape(b, r), None

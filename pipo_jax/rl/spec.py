@@ -11,12 +11,14 @@ import dataclasses
 import os
 from typing import Any
 
+import jax
 import ml_collections
 
+from pipo_jax import platforms
 from pipo_jax.losses import registry
 from pipo_jax.losses.pipo import AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
 from pipo_jax.losses.aggregation import AGG_MODES
-from pipo_jax.models import qwen3
+from pipo_jax.models import attention, qwen3
 from pipo_jax.rl import warmup
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
 from pipo_jax.tasks import arithmetic, code, dataset
@@ -248,7 +250,11 @@ def eval_benchmarks(ec: ml_collections.ConfigDict) -> tuple[dict[str, str], tupl
 
 def make_model_config(mc: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
     """The model's shapes: the built-in task model, a preset, or the HF directory's config.json."""
-    overrides = dict(param_dtype=mc.param_dtype, dtype=mc.dtype, remat=mc.remat)
+    _choice(mc.platform, "model.platform", ("auto", *platforms.PLATFORMS))
+    _choice(mc.attention_impl, "model.attention_impl", attention.IMPLS)
+    platform = platforms.of_devices(jax.devices()) if mc.platform == "auto" else mc.platform
+    overrides = dict(param_dtype=mc.param_dtype, dtype=mc.dtype, remat=mc.remat, platform=platform,
+                     attention_impl=mc.attention_impl)
     try:
         if mc.path:
             from pipo_jax.models import hf

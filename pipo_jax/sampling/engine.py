@@ -10,7 +10,7 @@ once, `init_decode_state()`, `free_resource(slot)`, `max_concurrent_decodes`.
   `true_length`, as in JetStream; the KV of prompt token j sits at cache slot j.
 * `DecodeState` is a pytree of device arrays; `insert` and `generate` are jitted with
   the state donated, so the KV cache is updated in place.
-* The cache (`decode.DecodeCache`, per-layer buffers) is as wide as the attention
+* The cache (a `qwen3.KVCache`, layers stacked) is as wide as the attention
   window currently needed, one of the ladder `cache_widths` (up to `max_len`):
   `generate` reads all of it, and the driver `resize`s the state when the longest
   running request crosses a width (or when it finished and the rest are short).
@@ -33,7 +33,6 @@ import numpy as np
 
 from pipo_jax.models.qwen3 import KVCache, Params, Qwen3Config
 from pipo_jax.sampling import decode
-from pipo_jax.sampling.decode import DecodeCache
 from pipo_jax.sampling.sampler import DEFAULT_ATTN_BLOCK, attention_lengths
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.sampling.token_sampling import is_stop_token, sample_tokens
@@ -42,7 +41,7 @@ from pipo_jax.sampling.token_sampling import is_stop_token, sample_tokens
 class Prefix(NamedTuple):
     """A prefilled request, ready to `insert` (scalars are 0-d arrays)."""
 
-    cache: DecodeCache  # batch 1, width = the prefill bucket
+    cache: KVCache  # batch 1, width = the prefill bucket
     length: jax.Array  # int32: true prompt length
     logits_v: jax.Array  # float32 [V]: next-token logits after the prompt
     token: jax.Array  # int32: first sampled token (response index 0)
@@ -55,7 +54,7 @@ class Prefix(NamedTuple):
 class DecodeState(NamedTuple):
     """All decode slots (`S = max_concurrent_decodes`); a pytree of device arrays."""
 
-    cache: DecodeCache  # batch S, width one of Engine.cache_widths
+    cache: KVCache  # batch S, width one of Engine.cache_widths
     tokens_s: jax.Array  # int32 [S]: last sampled token, fed at the next step
     positions_s: jax.Array  # int32 [S]: cache slot / position of tokens_s
     keys_s: jax.Array  # typed keys [S]
@@ -64,8 +63,8 @@ class DecodeState(NamedTuple):
     done_s: jax.Array  # bool [S]: finished or empty
 
     def kv_cache(self) -> KVCache:
-        """The cache as a `qwen3.KVCache` `[layers, S, width, kv_heads, head_dim]` (a copy)."""
-        return decode.to_kv_cache(self.cache)
+        """The cache `[layers, S, width, kv_heads, head_dim]`."""
+        return self.cache
 
 
 class ResultTokens(NamedTuple):
@@ -79,9 +78,9 @@ class ResultTokens(NamedTuple):
 
 
 class EngineParams(NamedTuple):
-    """`Engine.load_params` output: the decode weight layout (see `decode.prepare_weights`)."""
+    """`Engine.load_params` output: the parameters in the compute dtype (`decode.compute_params`)."""
 
-    weights: decode.DecodeWeights
+    weights: Params
 
 
 class Engine:
@@ -143,8 +142,8 @@ class Engine:
         return self.prefill_buckets[-1]
 
     def load_params(self, params: Params) -> EngineParams:
-        """Re-lays-out `params` for the engine (one copy of the weights)."""
-        return EngineParams(jax.jit(decode.prepare_weights, static_argnums=0)(self.config, params))
+        """`params` for the engine: as stored, cast to the compute dtype if stored in another."""
+        return EngineParams(jax.jit(decode.compute_params, static_argnums=0)(self.config, params))
 
     def init_decode_state(self, width: int | None = None) -> DecodeState:
         """All slots empty (done); a zero cache `width` wide (default the smallest width)."""
@@ -288,10 +287,9 @@ class Engine:
         return prefix._replace(token=tok, logprob=lp, key=key, budget=budget, done=done)
 
     def _insert_impl(self, prefix: Prefix, state: DecodeState, slot) -> DecodeState:
-        start = (slot, 0, 0, 0)
+        start = (0, slot, 0, 0, 0)
         put = lambda big, small: jax.lax.dynamic_update_slice(big, small.astype(big.dtype), start)  # noqa: E731
-        cache = DecodeCache(tuple(map(put, state.cache.k, prefix.cache.k)),
-                            tuple(map(put, state.cache.v, prefix.cache.v)))
+        cache = decode.constrain_cache(KVCache(put(state.cache.k, prefix.cache.k), put(state.cache.v, prefix.cache.v)))
         return DecodeState(
             cache=cache,
             tokens_s=state.tokens_s.at[slot].set(prefix.token),

@@ -121,7 +121,7 @@ class _Loop(NamedTuple):
 )
 def generate(
     config: Qwen3Config,
-    params: Params | decode.DecodeWeights,
+    params: Params,
     prompt_tokens_bp: jax.Array,
     prompt_mask_bp: jax.Array,
     rng: jax.Array,
@@ -141,9 +141,8 @@ def generate(
     """Samples a response for every prompt row, in one jit.
 
     Args:
-      config, params: the Qwen3 model (`qwen3.init_params` / `hf.load` layout), or
-        `decode.prepare_weights(config, params)` to skip the per-call re-layout (one
-        copy of the weights) when calling repeatedly with the same weights.
+      config, params: the Qwen3 model (`qwen3.init_params` / `hf.load` layout), used
+        as stored (cast once to the compute dtype if stored in another).
       prompt_tokens_bp, prompt_mask_bp: left-padded prompts and their 0/1 mask `[B, P]`;
         every row needs at least one real token.
       rng: one PRNG key (row b uses `fold_in(rng, b)`) or per-row keys `[B]`.
@@ -170,7 +169,7 @@ def generate(
     if max_new_b is not None:
         budget_b = jnp.clip(jnp.asarray(max_new_b, jnp.int32), 1, r)
 
-    weights = params if isinstance(params, decode.DecodeWeights) else decode.prepare_weights(config, params)
+    weights = decode.compute_params(config, params)
     # Cache widths: a ladder of attention windows (one while-loop each), so a step
     # reads only ~the slots it needs; the last sampled token is never fed back, so
     # positions stay below P + R - 1.

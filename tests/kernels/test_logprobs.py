@@ -183,7 +183,7 @@ def test_primitive_gives_zero_target_logit_outside_vocab(impl, variant):
     n, d, v = 16, 16, 200
     h, w, _, g_lp, g_ent = _inputs(n, d, v)
     t = jnp.array([205, -3, 200, 255, 0, 199, 256, 50] * 2, jnp.int32)
-    cfg = lp._make_config(impl, 1.0, True, 16, 128, None, None, variant)
+    cfg = lp._make_config(impl, 1.0, True, 16, 128, None, None, variant, "cpu")
 
     def stats_loss(fn):
         def loss(h, w):

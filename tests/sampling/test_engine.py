@@ -77,7 +77,7 @@ def test_manual_prefill_insert_generate(params, prompts, engine_and_params):
     engine, eparams = engine_and_params
     keys = [jax.random.key(100), jax.random.key(200)]
     state = engine.init_decode_state()
-    assert isinstance(state, DecodeState) and state.cache.k[0].shape == (4, 2, 16, 16)  # [S, K, Dh, width]
+    assert isinstance(state, DecodeState) and state.cache.k.shape == (2, 4, 16, 2, 16)  # [L, S, width, K, Dh]
     assert engine.cache_widths == (16, 32, 48)
     state = engine.resize(state, 32)
     outs = {}
@@ -89,7 +89,7 @@ def test_manual_prefill_insert_generate(params, prompts, engine_and_params):
         outs[slot] = ([int(prefix.token)], [float(prefix.logprob)])
     old = state
     state, result = engine.generate(eparams, state)
-    assert old.cache.k[0].is_deleted()  # the state was donated
+    assert old.cache.k.is_deleted()  # the state was donated
     for _ in range(25):
         for slot, (t, lp) in outs.items():
             if result.valid_s[slot]:

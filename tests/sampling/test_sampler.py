@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.models import hf, qwen3
-from pipo_jax.sampling import decode, sampler
+from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.sampling.token_sampling import reference_truncation_mask
 from tests.conftest import make_hf_qwen3
@@ -168,8 +168,7 @@ def test_attention_ladder_phases_do_not_change_results(hf_model, prompts):
     tokens, mask = left_padded(prompts)
     sp = SamplingParams(temperature=1.0, max_new_tokens=30)
     a = sampler.generate(config, params, tokens, mask, jax.random.key(2), sp, attn_block=8)  # 4 phases
-    weights = decode.prepare_weights(config, params)  # pre-laid-out weights are accepted too
-    b = sampler.generate(config, weights, tokens, mask, jax.random.key(2), sp, attn_block=4096)  # 1 phase
+    b = sampler.generate(config, params, tokens, mask, jax.random.key(2), sp, attn_block=4096)  # 1 phase
     np.testing.assert_array_equal(np.asarray(a.tokens_br), np.asarray(b.tokens_br))
     np.testing.assert_allclose(np.asarray(a.logprobs_br), np.asarray(b.logprobs_br), atol=1e-5)
 
