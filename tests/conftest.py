@@ -15,7 +15,8 @@ from pipo_jax.tasks import code as code_sandbox
 # Every XLA:CPU executable keeps its JIT-compiled code in memory mappings for as long as a jit
 # cache holds it; the programs of one trainer test take ~2,000 mappings. Linux caps a process at
 # vm.max_map_count (65,530 by default) and XLA crashes (SIGSEGV in compile) past it, so one
-# pytest process running the whole suite must drop its compiled programs now and then.
+# pytest process running the whole suite must drop its compiled programs now and then (a
+# dropped program needed again loads from the persistent compilation cache below, not recompiled).
 MAPS_LIMIT = 25_000
 
 
