@@ -205,8 +205,11 @@ def test_e_step_is_skipped_between_schedule_points_and_absent_when_off(micro):
 
 
 def _sgd(lr, spec):
-    """`make_teacher_optimizer` with plain SGD in AdamW's place (same clip, same `with_lr` state layout)."""
-    return optax.chain(optax.clip_by_global_norm(spec.grad_clip), optax.inject_hyperparams(optax.sgd)(learning_rate=lr))
+    """`make_teacher_optimizer` with plain SGD in AdamW's place (same clip and non-finite guard, same
+    `with_lr` state layout)."""
+    return optax.apply_if_finite(optax.chain(
+        optax.clip_by_global_norm(spec.grad_clip), optax.inject_hyperparams(optax.sgd)(learning_rate=lr)),
+        max_consecutive_errors=2**30)
 
 
 def test_micro_batching_does_not_change_the_e_step(micro, monkeypatch):
