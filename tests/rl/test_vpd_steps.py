@@ -128,7 +128,7 @@ def _np_rtilde_mean(logq, ref, batch, beta):
 
 
 def _max_diff(a, b):
-    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))), a, b)))
+    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))), a, b)))
 
 
 @pytest.mark.parametrize("reference", ["dynamic", "fixed"])
@@ -145,7 +145,7 @@ def test_e_step_trains_the_teacher_only_and_sets_delta(micro, reference):
     # the teacher moved, by Adam steps of the teacher's lr (1e-3; the student's is 1e-4): |step| <~ lr each
     assert 0.5 * micro.cfg.lr < _max_diff(t, teacher_before) < 2.5 * micro.cfg.lr
     assert _max_diff(micro.state.params, student_before) == 0.0  # the student did not
-    assert int(s[1].count) == 2  # two optimizer steps: B = 16, mini-batch 8, one epoch
+    assert int(s.inner_state[1].count) == 2  # two optimizer steps: B = 16, mini-batch 8, one epoch
     # delta after the first update (cumulative from the initial state) = mean implicit reward before the update
     expected = _np_rtilde_mean(micro.logq(teacher_before, batch), ref, batch, micro.cfg.beta)
     assert float(m["vpd/rtilde_mean"]) == pytest.approx(expected, rel=1e-4, abs=1e-6)
