@@ -128,7 +128,8 @@ def _np_rtilde_mean(logq, ref, batch, beta):
 
 
 def _max_diff(a, b):
-    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))), a, b)))
+    diff = lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))  # noqa: E731
+    return max(jax.tree.leaves(jax.tree.map(diff, a, b)))
 
 
 @pytest.mark.parametrize("reference", ["dynamic", "fixed"])
