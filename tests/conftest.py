@@ -1,7 +1,10 @@
 """Shared fixtures: tiny random Hugging Face Qwen3 checkpoints written to temp dirs; a guard
-that frees compiled programs before a test process runs out of memory mappings."""
+that frees compiled programs before a test process runs out of memory mappings; a persistent
+XLA compilation cache shared by the test processes and the JAX subprocesses they start."""
 
 import gc
+import os
+import tempfile
 
 import jax
 import numpy as np
@@ -12,8 +15,32 @@ from pipo_jax.tasks import code as code_sandbox
 # Every XLA:CPU executable keeps its JIT-compiled code in memory mappings for as long as a jit
 # cache holds it; the programs of one trainer test take ~2,000 mappings. Linux caps a process at
 # vm.max_map_count (65,530 by default) and XLA crashes (SIGSEGV in compile) past it, so one
-# pytest process running the whole suite must drop its compiled programs now and then.
+# pytest process running the whole suite must drop its compiled programs now and then (a
+# dropped program needed again loads from the persistent compilation cache below, not recompiled).
 MAPS_LIMIT = 25_000
+
+
+# The persistent compilation cache: a program compiled once (in any xdist worker, any subprocess,
+# or before `jax.clear_caches()` below) is loaded from disk instead of compiled again. It lives in
+# the pytest cache (`.pytest_cache/d/jax_compilation_cache`), so the next run of the same code
+# compiles nothing it compiled before; keys hash the HLO, XLA flags and jax/jaxlib versions, so
+# an entry is never reused for a different program. A size cap switches on JAX's LRU eviction,
+# which also takes a file lock around every read and write: xdist workers and subprocesses never
+# read an entry another process is half-way through writing.
+COMPILATION_CACHE = {
+    "jax_persistent_cache_min_compile_time_secs": 0.1,  # skip the many tiny eager-op programs
+    "jax_compilation_cache_max_size": 2 * 1024**3,  # bytes
+}
+
+
+def pytest_configure(config):
+    cache = getattr(config, "cache", None)  # None under `-p no:cacheprovider`
+    path = str(cache.mkdir("jax_compilation_cache")) if cache is not None else os.path.join(
+        tempfile.gettempdir(), "pipo_jax_test_compilation_cache")
+    settings = dict(COMPILATION_CACHE, jax_compilation_cache_dir=path)
+    for name, value in settings.items():
+        jax.config.update(name, value)
+        os.environ[name.upper()] = str(value)  # read by the JAX subprocesses the tests start
 
 
 def _memory_mappings() -> int:

@@ -6,6 +6,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each script runs the micro trainer end to end in a fresh JAX process
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a fresh JAX process with 4 host devices
+
 
 def test_vocab_parallel_equals_reference_on_4_devices():
     root = Path(__file__).resolve().parents[2]

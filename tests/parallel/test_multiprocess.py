@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from pipo_jax.parallel import steps
 from pipo_jax.rl.checkpoint import Checkpointer
 from tests.parallel import scenario
 from tests.parallel.equivalence import assert_run_matches
+
+pytestmark = pytest.mark.slow  # the session fixture `runs` starts the 8-device and two-process workers
 
 
 def _result(runs) -> dict:

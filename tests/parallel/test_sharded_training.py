@@ -11,6 +11,8 @@ import pytest
 from tests.parallel import scenario
 from tests.parallel.equivalence import assert_run_matches
 
+pytestmark = pytest.mark.slow  # the session fixture `runs` starts the 8-device and two-process workers
+
 
 def _load(path) -> dict:
     with np.load(path) as f:

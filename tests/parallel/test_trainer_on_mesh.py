@@ -17,10 +17,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
 from pipo_jax.rl.trainer import train
 from tests.rl.test_trainer import micro
+
+pytestmark = pytest.mark.slow  # the main job three times, twice in a 4-device subprocess
 
 REPO = Path(__file__).resolve().parents[2]
 FLAGS = ["--config=configs/grpo.py:micro", "--config.pipo.enabled=true", "--config.iterations=4"]

@@ -161,6 +161,7 @@ def test_dataset_task_config_errors_name_the_key(model_dir, math_file, tmp_path)
         train_spec(c)
 
 
+@pytest.mark.slow  # the trainer end to end on a Hugging Face model and a math file
 def test_trainer_on_a_math_file_with_benchmarks_then_eval_cli(model_dir, math_file, tmp_path):
     c = math_config(model_dir, math_file, **{"iterations": 2, "log.every": 1, "eval.every": 1,
                                                "eval.benchmarks": f"mini={math_file}", "eval.samples": 2,
@@ -253,6 +254,7 @@ def test_teacher_prompt_cuts_a_context_that_does_not_fit(model_dir):
     assert dataset.teacher_prompt_ids(tok, cfg, "What is 1 + 2?", "x" * 40, 5) == []  # not even the question fits
 
 
+@pytest.mark.slow  # the trainer end to end on a Hugging Face model and a math file
 def test_sdpo_trains_on_a_math_file(model_dir, math_file, tmp_path):
     c = sdpo_config(model_dir, math_file, **{"iterations": 2, "log.every": 1})
     train(c, str(tmp_path / "run"))

@@ -30,8 +30,11 @@ def fresh_state(c):
     return spec, init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
 
 
-@pytest.mark.parametrize("pipo_on", [False, True], ids=["base", "pipo"])
-@pytest.mark.parametrize("algo", ALGOS)
+# Every algorithm with PIPO (its base step, the PI step with its attribution, its extras);
+# PIPO off once: switching PIPO off removes the PI step for every algorithm alike, and each
+# compile of the micro trainer costs tens of seconds.
+@pytest.mark.parametrize("algo, pipo_on", [pytest.param(a, True, id=f"{a}-pipo") for a in ALGOS]
+                         + [pytest.param("grpo", False, id="grpo-base", marks=pytest.mark.slow)])
 def test_every_variant_runs_three_iterations(algo, pipo_on):
     c = micro(algo, pipo_on)
     spec, state = fresh_state(c)
@@ -105,7 +108,7 @@ def test_pi_step_is_skipped_during_warmup_and_at_c_zero(case):
     np.testing.assert_array_equal(delta, 0.0)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "dapo"])
+@pytest.mark.parametrize("algo", ["grpo", pytest.param("dapo", marks=pytest.mark.slow)])
 def test_jitted_scan_loop_equals_host_loop(algo):
     c = micro(algo, True)
     spec, state = fresh_state(c)
@@ -121,6 +124,7 @@ def test_jitted_scan_loop_equals_host_loop(algo):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), scanned.params, host.params)
 
 
+@pytest.mark.slow  # four training runs of the main job
 def test_resume_is_exact(tmp_path):
     c = micro("grpo", True, iterations=4, **{"log.every": 2, "checkpoint.every": 2, "checkpoint.export_hf": False})
     full = train(c, str(tmp_path / "full"))
@@ -155,6 +159,7 @@ def test_dapo_raises_when_no_informative_group_is_found():
         loop.host_iteration(spec, state, lambda r: np.zeros(r.size, np.float32))
 
 
+@pytest.mark.slow  # compiles the scan loop of its own DAPO variant
 def test_dapo_exhaustion_in_the_scan_loop_is_an_error():
     from pipo_jax.rl.placement import Placement
 
@@ -190,6 +195,7 @@ def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
     np.testing.assert_array_equal(tokens[:, -spec.response_len:], resp)
 
 
+@pytest.mark.slow  # one compile of the trainer per hybrid
 @pytest.mark.parametrize("mode", ["joint", "reshape"])
 def test_vpd_hybrids_run(mode):
     from configs import vpd as vpd_configs
@@ -202,6 +208,7 @@ def test_vpd_hybrids_run(mode):
     assert np.all(np.isfinite(m["train/loss"])) and list(m["vpd/e_step_applied"]) == [1.0, 0.0]
 
 
+@pytest.mark.slow  # two compiles of the trainer
 def test_vpd_without_e_step_is_sdpo():
     vpd_c = micro("vpd", True, **{"vpd.e_step": False})
     sdpo_c = micro("sdpo", True, **{"loss.policy": "sdpo_token"})
