@@ -73,7 +73,7 @@ from pipo_jax.models import qwen3  # noqa: E402
 from pipo_jax.parallel import steps as sharded  # noqa: E402
 from pipo_jax.parallel.context import sharding_context  # noqa: E402
 from pipo_jax.parallel.rules import make_rules, replicated  # noqa: E402
-from pipo_jax.parallel.shardings import batch_shardings, param_shardings  # noqa: E402
+from pipo_jax.parallel.shardings import batch_shardings, kv_cache_shardings, param_shardings  # noqa: E402
 from pipo_jax.rl import learn as learn_lib  # noqa: E402
 from pipo_jax.rl import logprobs as rl_logprobs  # noqa: E402
 from pipo_jax.rl import rollout as rollout_lib  # noqa: E402
@@ -238,13 +238,28 @@ def build_forward_grad(spec: TrainSpec, mesh: Mesh) -> Program:
     return Program(jax.jit(jax.value_and_grad(loss)), (params, tokens, mask), mesh)
 
 
+def decode_shardings(tree, mesh: Mesh):
+    """Batch-major leaves split over the batch axes; a `qwen3.KVCache` (layer-major) by its own rule."""
+    def one(x):
+        return kv_cache_shardings(x, mesh) if isinstance(x, qwen3.KVCache) else batch_shardings(x, mesh)
+
+    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, qwen3.KVCache))
+
+
+def decode_weights(model: qwen3.Qwen3Config, params):
+    """What `decode.prefill` / `decode.decode_step` take: the re-laid-out `DecodeWeights` where the
+    decoder has them, else the params as stored (issue 15 item 7). The one place that API differs."""
+    prepare = getattr(decode, "prepare_weights", None)
+    return params if prepare is None else prepare(model, params)
+
+
 def build_prefill(spec: TrainSpec, mesh: Mesh) -> Program:
     params, _ = _params(spec, mesh)
     tokens = _rows((16, 16), jnp.int32, mesh)
     mask = _rows((16, 16), jnp.int32, mesh)
 
     def prefill(params, tokens, mask):
-        return decode.prefill(spec.model, decode.prepare_weights(spec.model, params), tokens, mask, 32)
+        return decode.prefill(spec.model, decode_weights(spec.model, params), tokens, mask, 32)
 
     return Program(jax.jit(prefill), (params, tokens, mask), mesh)
 
@@ -253,12 +268,12 @@ def build_decode(spec: TrainSpec, mesh: Mesh) -> Program:
     params, _ = _params(spec, mesh)
     b, width = 16, 32
     cache = jax.eval_shape(lambda: decode.init_cache(spec.model, b, width))
-    cache = abstract(cache, batch_shardings(cache, mesh))
+    cache = abstract(cache, decode_shardings(cache, mesh))
     tokens = _rows((b,), jnp.int32, mesh)
     positions = _rows((b,), jnp.int32, mesh)
 
     def step(params, cache, tokens, positions):
-        return decode.decode_step(spec.model, decode.prepare_weights(spec.model, params), cache, tokens, positions)
+        return decode.decode_step(spec.model, decode_weights(spec.model, params), cache, tokens, positions)
 
     return Program(jax.jit(step), (params, cache, tokens, positions), mesh)
 
@@ -297,7 +312,7 @@ def build_engine_generate(spec: TrainSpec, mesh: Mesh) -> Program:
     eng = _engine(spec)
     params, _ = _params(spec, mesh)
     state = jax.eval_shape(eng.init_decode_state)
-    state = abstract(state, batch_shardings(state, mesh))
+    state = abstract(state, decode_shardings(state, mesh))
 
     def step(params, state):
         return eng.generate(eng.load_params(params), state)
@@ -309,7 +324,7 @@ def build_engine_insert(spec: TrainSpec, mesh: Mesh) -> Program:
     eng = _engine(spec)
     params, _ = _params(spec, mesh)
     state = jax.eval_shape(eng.init_decode_state)
-    state = abstract(state, batch_shardings(state, mesh))
+    state = abstract(state, decode_shardings(state, mesh))
     tokens = jax.ShapeDtypeStruct((16,), jnp.int32, sharding=replicated(mesh))
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh))
 
@@ -460,6 +475,11 @@ def format_lowering_row(row: dict) -> str:
 
 # ----------------------------------------------------------------------------- paper scale
 
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps", "max_position_embeddings",
+                "tie_word_embeddings")
+
+
 def paper_spec(model: str, prompts: int = 128, prompt_len: int = 512, response_len: int = 4096) -> TrainSpec:
     """GRPO + PIPO at paper Table 5 (`configs/grpo.py:<model>`), with a synthetic prompt table
     `[256, prompt_len]` standing in for the MATH file (only its shape enters the programs)."""
@@ -467,15 +487,16 @@ def paper_spec(model: str, prompts: int = 128, prompt_len: int = 512, response_l
 
     c = grpo.get_config(model)
     c.pipo.enabled = True
-    dtypes = dict(param_dtype=c.model.param_dtype, dtype=c.model.dtype, remat=c.model.remat)
-    # Validate everything but the model and the data file: the built-in task and model stand in.
+    # Validate everything but the model files and the data file: the built-in task and model
+    # stand in, then the preset's shapes replace the stand-in's (numerics and every other model
+    # setting stay the config's).
     c.model.preset, c.task.name, c.task.epochs, c.eval.benchmarks = "task_tiny", "arithmetic", 0.0, ""
     c.rollout.max_new_tokens = 8
     c.rollout.prompts_per_batch = prompts
     if c.train.mini_batch_prompts > prompts:
         c.train.mini_batch_prompts = prompts
     spec = train_spec(c)
-    model_cfg = qwen3.preset(model, **dtypes)
+    model_cfg = spec.model.replace(**{k: getattr(qwen3.preset(model), k) for k in SHAPE_FIELDS})
     n = 256
     table = np.full((n, prompt_len), 151643, np.int32)
     table[:, -16:] = 1000  # left-padded prompts of 16 real tokens

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import pytest
 
 from experiments.benchmarks import hlo_cost
-from experiments.benchmarks.readiness import custom_calls, model_train_flops, roofline
+from experiments.benchmarks.readiness import custom_calls, model_train_flops, paper_spec, roofline
 from pipo_jax.models import qwen3
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,6 +85,18 @@ def test_model_train_flops_by_hand():
     head = 2 * 8 * 100 * rows * response  # 28,800
     assert model_train_flops(cfg, rows, prompt, response, remat=False) == 3 * (decoder + attention) + 4 * head
     assert model_train_flops(cfg, rows, prompt, response, remat=True) == 4 * (decoder + attention) + 4 * head
+
+
+def test_paper_spec_is_table_5():
+    spec = paper_spec("qwen3_8b")
+    assert (spec.prompts, spec.group_size, spec.batch) == (128, 8, 1024)
+    assert (spec.prompt_len, spec.response_len) == (512, 4096)
+    assert spec.mini_batch == 64 * 8 and spec.pipo and spec.algorithm == "grpo"
+    assert spec.model == qwen3.preset("qwen3_8b", param_dtype=spec.model.param_dtype, dtype=spec.model.dtype,
+                                      remat=spec.model.remat)
+    assert spec.model.remat == "full" and spec.lr == spec.pipo_lr == 1e-6
+    small = paper_spec("qwen3_4b", prompts=16, prompt_len=256, response_len=2048)
+    assert (small.batch, small.prompt_len + small.response_len) == (128, 2304)
 
 
 def test_roofline_is_the_slower_of_compute_and_memory():
