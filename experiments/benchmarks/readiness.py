@@ -706,6 +706,50 @@ def format_memory_row(row: dict) -> str:
 
 # ----------------------------------------------------------------------------- report
 
+def markdown(result: dict) -> str:
+    """The report's tables as Markdown (for the README)."""
+    lines = []
+    if result.get("lowering"):
+        meshes = sorted({r["mesh"] for r in result["lowering"]}, key=lambda m: SMALL_MESHES.index(
+            tuple(int(x) for x in m.split("x"))))
+        lines += ["| entry point | " + " | ".join(meshes) + " |", "|---|" + "---|" * len(meshes)]
+        by = {(r["entry_point"], r["mesh"]): r for r in result["lowering"]}
+        for name in dict.fromkeys(r["entry_point"] for r in result["lowering"]):
+            cells = []
+            for m in meshes:
+                r = by.get((name, m))
+                if r is None:
+                    cells.append("")
+                    continue
+                marks = [f"{p} {'ok' if r['export'][p]['ok'] else 'FAIL'}" for p in PLATFORMS]
+                tc = r["tpu_compile"].get("ok")
+                marks.append("v5p " + ("skip" if tc is None else "ok" if tc else "FAIL"))
+                cells.append(", ".join(marks))
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    paper = result.get("paper", {})
+    if paper.get("memory"):
+        lines += ["| model | program | target | peak GB/device | temp GB | limit | status | "
+                  "H20 / H100 / v5p roofline s |", "|---|---|---|---:|---:|---:|---|---|"]
+        for r in paper["memory"]:
+            if not r["ok"]:
+                lines.append(f"| {r['model']} | {r['program']} | {r['target']} | | | {r['limit_gb']:.0f} | "
+                             f"{r['status']}: {r['error'][:90]} | |")
+                continue
+            roof = " / ".join(f"{v:.0f}" for v in r["roofline_s"].values()) if "roofline_s" in r else ""
+            if roof and r.get("unknown_trip_counts"):
+                roof = ">= " + roof
+            lines.append(f"| {r['model']} | {r['program']} | {r['target']} | {r['peak_bytes'] / GB:.1f} | "
+                         f"{r['temp_bytes'] / GB:.1f} | {r['limit_gb']:.0f} | {r['status']} | {roof} |")
+        lines.append("")
+    if paper.get("checks"):
+        lines += ["| model | check | value | limit | status |", "|---|---|---:|---:|---|"]
+        for c in paper["checks"]:
+            v = "n/a" if c["value"] is None else f"{c['value']:.2f}"
+            lines.append(f"| {c['model']} | {c['check']} | {v} | {c['limit']} | {c['status']} |")
+    return "\n".join(lines)
+
+
 def provenance() -> dict:
     def version(pkg):
         try:
@@ -733,7 +777,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--parts", default="lowering,paper", help="which parts: lowering, paper")
     ap.add_argument("--models", default="qwen3_4b,qwen3_8b")
     ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--markdown", default="", help="print the tables of this JSON report as Markdown and exit")
     args = ap.parse_args(argv)
+    if args.markdown:
+        with open(args.markdown) as f:
+            text = markdown(json.load(f))
+        print(text)
+        return {"markdown": text}
     only = [o for o in args.only.split(",") if o]
     parts = set(args.parts.split(","))
     models = ["qwen3_4b"] if args.quick else [m for m in args.models.split(",") if m]
