@@ -574,6 +574,17 @@ def memory_row(compiled) -> dict:
 _COMPILED: dict[tuple, dict] = {}
 
 
+_HBM = re.compile(r"memory required for HLO temporaries \(([0-9.]+)([KMGT]?)\)")
+
+
+def hbm_exceeded_bytes(message: str) -> float | None:
+    """The temporaries XLA:TPU's 'Ran out of memory on HBM' error reports, in bytes (None if absent)."""
+    m = _HBM.search(message)
+    if m is None:
+        return None
+    return float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")
+
+
 def compile_program(key: tuple, build: Callable[[], Program], count_cost: bool) -> dict:
     """Compiles `build()` once per `key` (model, target, program, shape): per-device memory, and with
     `count_cost` FLOPs, bytes and roofline times (XLA:CPU programs only: XLA:TPU's optimized HLO
@@ -585,6 +596,9 @@ def compile_program(key: tuple, build: Callable[[], Program], count_cost: bool) 
         compiled = build().lower().compile()
     except Exception as e:  # noqa: BLE001
         row = {"ok": False, "error": _one_line(e), "compile_s": time.perf_counter() - t0}
+        needed = hbm_exceeded_bytes(str(e))
+        if needed is not None:  # XLA:TPU refuses programs larger than the chip; it says by how much
+            row["temp_bytes_at_least"] = needed
     else:
         row = {"ok": True, "compile_s": time.perf_counter() - t0, **memory_row(compiled)}
     if row["ok"] and count_cost:
@@ -692,7 +706,8 @@ def paper_checks(model: str, memory_target: str, log) -> list[dict]:
 
 def format_memory_row(row: dict) -> str:
     if not row["ok"]:
-        return f"{row['status']:4} {row['model']:9} {row['target']:14} {row['program']:10} <- {row['error']}"
+        at_least = (f"temp >= {row['temp_bytes_at_least'] / GB:.0f} GB " if "temp_bytes_at_least" in row else "")
+        return f"{row['status']:4} {row['model']:9} {row['target']:14} {row['program']:10} {at_least}<- {row['error']}"
     s = (f"{row['status']:4} {row['model']:9} {row['target']:14} {row['program']:10} "
          f"peak {row['peak_bytes'] / GB:9.2f} GB (args {row['argument_bytes'] / GB:.2f}, temp "
          f"{row['temp_bytes'] / GB:.2f}; limit {row['limit_gb']:.0f}) compile {row['compile_s']:.0f}s")
@@ -733,6 +748,11 @@ def markdown(result: dict) -> str:
                   "H20 / H100 / v5p roofline s |", "|---|---|---|---:|---:|---:|---|---|"]
         for r in paper["memory"]:
             if not r["ok"]:
+                if "temp_bytes_at_least" in r:
+                    lines.append(f"| {r['model']} | {r['program']} | {r['target']} | | >= "
+                                 f"{r['temp_bytes_at_least'] / GB:.0f} | {r['limit_gb']:.0f} | {r['status']}: "
+                                 "exceeds the chip's HBM (compiler) | |")
+                    continue
                 lines.append(f"| {r['model']} | {r['program']} | {r['target']} | | | {r['limit_gb']:.0f} | "
                              f"{r['status']}: {r['error'][:90]} | |")
                 continue

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import pytest
 
 from experiments.benchmarks import hlo_cost
-from experiments.benchmarks.readiness import custom_calls, model_train_flops, paper_spec, roofline
+from experiments.benchmarks.readiness import (custom_calls, hbm_exceeded_bytes, model_train_flops, paper_spec,
+                                              roofline)
 from pipo_jax.models import qwen3
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,6 +111,13 @@ def test_custom_calls_found_in_stablehlo_text():
     text = ('%0 = stablehlo.custom_call @tpu_custom_call(%a) {backend_config = "x"}\n'
             '%1 = stablehlo.custom_call @Sharding(%0)\n%2 = stablehlo.custom_call @cpu_gemv(%1)')
     assert custom_calls(text) == ["cpu_gemv", "tpu_custom_call"]
+
+
+def test_hbm_exceeded_bytes_reads_the_tpu_compiler_message():
+    msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (1.28T) "
+           "exceeds available HBM (95.74G).")
+    assert hbm_exceeded_bytes(msg) == pytest.approx(1.28 * 2**40)
+    assert hbm_exceeded_bytes("INVALID_ARGUMENT: something else") is None
 
 
 def _run_readiness(tmp_path: Path, only: str) -> dict:
