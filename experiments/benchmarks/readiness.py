@@ -84,6 +84,7 @@ from pipo_jax.rl.spec import TrainSpec, train_spec  # noqa: E402
 from pipo_jax.rl.state import make_optimizer  # noqa: E402
 from pipo_jax.sampling import decode, engine as engine_lib, sampler  # noqa: E402
 from pipo_jax.sampling.sampling_params import SamplingParams  # noqa: E402
+from pipo_jax.tasks import dataset  # noqa: E402
 from pipo_jax.tasks.dataset import DatasetTask  # noqa: E402
 
 PLATFORMS = ("tpu", "cuda")
@@ -508,12 +509,28 @@ def paper_spec(model: str, prompts: int = 128, prompt_len: int = 512, response_l
     return dataclasses.replace(spec, model=model_cfg, task=task, response_len=response_len)
 
 
+def prompt_table(spec: TrainSpec, mesh: Mesh):
+    """The dataset prompt table as an abstract replicated argument where the rollout programs take
+    it as one (issue 15 item 8: `rollout.prompt_table`), else None (a constant of the program).
+    The one place that API differs."""
+    if not hasattr(rollout_lib, "prompt_table"):
+        return None
+    table = dataset.prompt_arrays(spec.task)
+    return abstract(table, jax.tree.map(lambda _: replicated(mesh), table))
+
+
+def _sample_problems(spec: TrainSpec, table, rng):
+    kwargs = {} if table is None else {"table": table}
+    return rollout_lib.sample_problems(spec, rng, spec.prompts, **kwargs)
+
+
 def _abstract_rollout(spec: TrainSpec, mesh: Mesh, rules):
     b, p, r = spec.batch, spec.prompt_len, spec.response_len
-    shapes = jax.eval_shape(lambda: rollout_lib.Rollout(
-        problems=rollout_lib.sample_problems(spec, jax.random.PRNGKey(0), spec.prompts),
+    table = prompt_table(spec, mesh)
+    shapes = jax.eval_shape(lambda t: rollout_lib.Rollout(
+        problems=_sample_problems(spec, t, jax.random.PRNGKey(0)),
         tokens_bl=jnp.zeros((b, p + r), jnp.int32), mask_bl=jnp.zeros((b, p + r), jnp.int32),
-        sample_logp_br=jnp.zeros((b, r), jnp.float32), rewards_b=jnp.zeros((b,), jnp.float32)))
+        sample_logp_br=jnp.zeros((b, r), jnp.float32), rewards_b=jnp.zeros((b,), jnp.float32)), table)
     return shapes, batch_shardings(shapes, mesh, rules)
 
 
@@ -555,7 +572,9 @@ def paper_programs(spec: TrainSpec, mesh: Mesh) -> dict[str, Callable[[], Progra
 
     def generate():
         gen = sharded.sharded_generate(spec, mesh, spec.prompts, rules)
-        return Program(gen.jitted, (state.params, rng), mesh, gen.rules)
+        table = prompt_table(spec, mesh)
+        args = (state.params, rng) if table is None else (state.params, table, rng)
+        return Program(gen.jitted, args, mesh, gen.rules)
 
     return {"prepare": prepare, "pi_step": pi_step, "base_step": base_step, "generate": generate}
 
