@@ -423,8 +423,8 @@ def _one_line(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
 
 
-def run_lowering(quick: bool, only: list[str], have_tpu: bool, log=print) -> list[dict]:
-    rows = []
+def run_lowering(quick: bool, only: list[str], have_tpu: bool, rows: list, save=lambda: None, log=print) -> list:
+    """Appends one row per (entry point, mesh) to `rows`; `save()` after each."""
     meshes = SMALL_MESHES[:2] if quick else SMALL_MESHES
     for name, builder in entry_points(quick).items():
         for shape in meshes:
@@ -444,6 +444,7 @@ def run_lowering(quick: bool, only: list[str], have_tpu: bool, log=print) -> lis
             row["status"] = status(all(row["export"][p]["ok"] for p in PLATFORMS) and row["tpu_compile"]["ok"])
             rows.append(row)
             log(format_lowering_row(row))
+            save()
     return rows
 
 
@@ -672,9 +673,11 @@ def paper_row(model: str, target: str, program: str, prompts: int = 128, prompt_
                            count_cost=target == HOST_FSDP8)
 
 
-def run_paper_scale(models: list[str], quick: bool, only: list[str], have_tpu: bool, log=print) -> dict:
-    out = {"memory": [], "checks": []}
-    targets = [HOST_FSDP8] + (list(TPU_TARGETS) if have_tpu and not quick else [])
+def run_paper_scale(models: list[str], targets: list[str], only: list[str], out: dict, save=lambda: None,
+                    log=print) -> dict:
+    """Fills `out` {"memory": rows, "checks": rows}; `save()` after each row (a long run keeps what it has)."""
+    out.setdefault("memory", [])
+    out.setdefault("checks", [])
     for model in models:
         for target in targets:
             for name in PAPER_PROGRAMS:
@@ -685,8 +688,10 @@ def run_paper_scale(models: list[str], quick: bool, only: list[str], have_tpu: b
                 row["status"] = status(row["ok"] and row["peak_bytes"] <= row["limit_gb"] * GB)
                 out["memory"].append(row)
                 log(format_memory_row(row))
+                save()
         if selected(f"{model}:checks", only):
-            out["checks"] += paper_checks(model, TPU_FSDP8 if have_tpu and not quick else HOST_FSDP8, log)
+            out["checks"] += paper_checks(model, TPU_FSDP8 if TPU_FSDP8 in targets else HOST_FSDP8, log)
+            save()
     return out
 
 
@@ -815,6 +820,8 @@ def main(argv=None) -> dict:
                     "any run ('^generate@', 'iteration_grpo', '@1x4x2', 'qwen3_8b:prepare', 'qwen3_4b:checks')")
     ap.add_argument("--parts", default="lowering,paper", help="which parts: lowering, paper")
     ap.add_argument("--models", default="qwen3_4b,qwen3_8b")
+    ap.add_argument("--targets", default=",".join((HOST_FSDP8,) + TPU_TARGETS),
+                    help="paper-scale targets (the TPU slices need libtpu)")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--markdown", default="", help="print the tables of this JSON report as Markdown and exit")
     args = ap.parse_args(argv)
@@ -834,24 +841,35 @@ def main(argv=None) -> dict:
           + ("libtpu present: TPU programs compiled for v5p" if not tpu_missing else
              f"libtpu ABSENT ({tpu_missing}): TPU compiles skipped (pip install -e '.[readiness]')"))
     print(f"platform selection: {result['platform_selection']}")
+    targets = [t for t in args.targets.split(",") if t and (t == HOST_FSDP8 or not tpu_missing)]
+    if args.quick:
+        targets = [HOST_FSDP8]
+    unknown = set(targets) - {HOST_FSDP8, *TPU_TARGETS}
+    if unknown:
+        raise SystemExit(f"--targets: unknown {sorted(unknown)}; expected of {[HOST_FSDP8, *TPU_TARGETS]}")
     t0 = time.perf_counter()
+
+    def save():
+        result["seconds"] = time.perf_counter() - t0
+        rows = result.get("lowering", []) + result.get("paper", {}).get("memory", []) + \
+            result.get("paper", {}).get("checks", [])
+        result["summary"] = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1, default=str)
+
     if "lowering" in parts:
         print("\n== lowering: jax.export for tpu and cuda, TPU v5p compile (tiny model) ==")
-        result["lowering"] = run_lowering(args.quick, only, not tpu_missing)
+        run_lowering(args.quick, only, not tpu_missing, result.setdefault("lowering", []), save)
     if "paper" in parts:
         print("\n== paper scale: GRPO + PIPO, Table 5 (per-device peak memory, FLOPs, roofline) ==")
-        result["paper"] = run_paper_scale(models, args.quick, only, not tpu_missing)
-    result["seconds"] = time.perf_counter() - t0
-    rows = result.get("lowering", []) + result.get("paper", {}).get("memory", []) + \
-        result.get("paper", {}).get("checks", [])
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
-    result["summary"] = counts
+        run_paper_scale(models, targets, only, result.setdefault("paper", {}), save)
+    save()
+    counts = result["summary"]
     print(f"\nsummary: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP "
           f"in {result['seconds']:.0f} s")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1, default=str)
         print(f"wrote {args.out}")
     return result
 
