@@ -1,0 +1,174 @@
+"""The readiness report's pieces: HLO cost counting (hand-counted FLOPs), model FLOPs, and the
+small-shape lowering of entry points on simulated 8-device meshes for `tpu` and `cuda`.
+
+The lowering runs `python -m experiments.benchmarks.readiness` in a subprocess (the 8
+simulated devices need XLA_FLAGS before jax starts); with libtpu installed
+(`pip install -e ".[readiness]"`) its TPU programs are compiled for a v5p slice too,
+without it those cells are SKIP and the TPU-compile test skips.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from experiments.benchmarks import hlo_cost
+from experiments.benchmarks.readiness import (custom_calls, hbm_exceeded_bytes, model_train_flops, paper_spec,
+                                              roofline)
+from pipo_jax.models import qwen3
+
+REPO = Path(__file__).resolve().parents[2]
+HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
+
+
+def _layers(w_ldd, x_nd):
+    return jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x_nd, w_ldd)[0].sum()
+
+
+W = jax.ShapeDtypeStruct((10, 64, 64), jnp.float32)
+X = jax.ShapeDtypeStruct((32, 64), jnp.float32)
+LAYER_FLOPS = 2 * 32 * 64 * 64  # one [32, 64] x [64, 64] matmul
+
+
+def test_hlo_cost_counts_every_loop_trip():
+    compiled = jax.jit(_layers).lower(W, X).compile()
+    cost = hlo_cost.program_cost(compiled.as_text())
+    assert cost.flops == 10 * LAYER_FLOPS
+    assert cost.unknown_trip_counts == 0
+    # XLA's own count sees the loop body once: the reason hlo_cost exists.
+    assert compiled.cost_analysis()["flops"] < 2 * LAYER_FLOPS
+
+
+def test_hlo_cost_backward_is_three_matmuls_per_layer():
+    compiled = jax.jit(jax.grad(_layers)).lower(W, X).compile()
+    # forward x @ w, backward dx = g @ w.T and dw = x.T @ g: 3 matmuls of the same size per layer.
+    assert hlo_cost.program_cost(compiled.as_text()).flops == 30 * LAYER_FLOPS
+
+
+def test_hlo_cost_conditional_takes_the_costlier_branch_and_flags_unknown_trips():
+    def f(p, x_nd, w_dd):
+        y = jax.lax.cond(p, lambda: (x_nd @ w_dd) @ w_dd, lambda: x_nd)
+        # a data-dependent exit: no known trip count, counted once and flagged
+        return jax.lax.while_loop(lambda c: jnp.sum(c) < 1e9, lambda c: c @ w_dd + 1.0, y)
+
+    w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    cost = hlo_cost.program_cost(jax.jit(f).lower(jax.ShapeDtypeStruct((), bool), X, w).compile().as_text())
+    assert cost.flops == 3 * LAYER_FLOPS
+    assert cost.unknown_trip_counts == 1
+
+
+def test_hlo_cost_charges_a_slice_of_stacked_weights_not_the_stack():
+    cost = hlo_cost.program_cost(jax.jit(_layers).lower(W, X).compile().as_text())
+    layer = 64 * 64 * 4
+    # Each of the 10 steps reads its [64, 64] layer (16 KiB) at least once; XLA:CPU copies the
+    # slice out and runs the matmul and tanh as separate ops (~80 KiB a step in all). Charging
+    # the whole 160 KiB stack to the slicing op every step alone would be 10 x 160 KiB.
+    assert 10 * layer <= cost.bytes < 10 * 10 * layer
+
+
+def test_model_train_flops_by_hand():
+    cfg = qwen3.Qwen3Config(vocab_size=100, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=4, rope_theta=1e4,
+                            max_position_embeddings=64, tie_word_embeddings=True)
+    # per layer: qkv 8*4*(2+2) = 128, o 2*4*8 = 64, mlp 3*8*16 = 384 -> 576 params
+    rows, prompt, response = 3, 4, 6
+    seq = 10
+    decoder = 2 * 2 * 576 * rows * seq  # 69,120
+    attention = 2 * 2 * 2 * 2 * 4 * (seq * seq / 2) * rows  # 19,200
+    head = 2 * 8 * 100 * rows * response  # 28,800
+    assert model_train_flops(cfg, rows, prompt, response, remat=False) == 3 * (decoder + attention) + 4 * head
+    assert model_train_flops(cfg, rows, prompt, response, remat=True) == 4 * (decoder + attention) + 4 * head
+
+
+def test_paper_spec_is_table_5():
+    spec = paper_spec("qwen3_8b")
+    assert (spec.prompts, spec.group_size, spec.batch) == (128, 8, 1024)
+    assert (spec.prompt_len, spec.response_len) == (512, 4096)
+    assert spec.mini_batch == 64 * 8 and spec.pipo and spec.algorithm == "grpo"
+    assert spec.model == qwen3.preset("qwen3_8b", param_dtype=spec.model.param_dtype, dtype=spec.model.dtype,
+                                      remat=spec.model.remat)
+    assert spec.model.remat == "full" and spec.lr == spec.pipo_lr == 1e-6
+    small = paper_spec("qwen3_4b", prompts=16, prompt_len=256, response_len=2048)
+    assert (small.batch, small.prompt_len + small.response_len) == (128, 2304)
+
+
+def test_roofline_is_the_slower_of_compute_and_memory():
+    t = roofline(148e12, 1.0e12)  # 148 TFLOP and 1 TB
+    assert t["H20"] == pytest.approx(1.0)  # compute-bound: 148 / 148
+    assert t["H100"] == pytest.approx(1.0 / 3.35)  # memory-bound: 1 TB / 3.35 TB/s
+    assert t["TPU v5p"] == pytest.approx(1.0 / 2.76)  # memory-bound: 0.362 s > 148 / 459 = 0.322 s
+
+
+def test_custom_calls_found_in_stablehlo_text():
+    text = ('%0 = stablehlo.custom_call @tpu_custom_call(%a) {backend_config = "x"}\n'
+            '%1 = stablehlo.custom_call @Sharding(%0)\n%2 = stablehlo.custom_call @cpu_gemv(%1)')
+    assert custom_calls(text) == ["cpu_gemv", "tpu_custom_call"]
+
+
+def test_hbm_exceeded_bytes_reads_the_tpu_compiler_message():
+    msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (1.28T) "
+           "exceeds available HBM (95.74G).")
+    assert hbm_exceeded_bytes(msg) == pytest.approx(1.28 * 2**40)
+    assert hbm_exceeded_bytes("INVALID_ARGUMENT: something else") is None
+
+
+def _run_readiness(tmp_path: Path, only: str) -> dict:
+    out = tmp_path / "readiness.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, "-m", "experiments.benchmarks.readiness", "--parts", "lowering",
+                           "--only", only, "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+# Today's entry points that must export for both platforms on a tensor-parallel and a 3-axis mesh.
+FAST_ROWS = ["^qwen3_forward_grad@1x4x2", "^logprobs_chunked@2x2x2", "^decode_step@2x2x2", "^engine_generate@1x4x2"]
+
+
+@pytest.fixture(scope="module")
+def fast_report(tmp_path_factory):
+    return _run_readiness(tmp_path_factory.mktemp("readiness"), ",".join(FAST_ROWS))
+
+
+def test_entry_points_export_for_tpu_and_cuda(fast_report):
+    rows = {f"{r['entry_point']}@{r['mesh']}": r for r in fast_report["lowering"]}
+    assert sorted(rows) == sorted(r.lstrip("^") for r in FAST_ROWS)
+    for name, row in rows.items():
+        for plat in ("tpu", "cuda"):
+            assert row["export"][plat]["ok"], (name, plat, row["export"][plat])
+            assert not any("cpu_gemv" in c or "cpu_attention" in c for c in row["export"][plat]["custom_calls"])
+
+
+def test_report_records_provenance_and_libtpu(fast_report):
+    assert len(fast_report["commit"]) == 40
+    assert fast_report["packages"]["jax"] == jax.__version__
+    assert fast_report["machine"]["host_devices"] == 8
+    assert (fast_report["libtpu"] == "present") == HAVE_LIBTPU
+    expected = "PASS" if HAVE_LIBTPU else "SKIP"
+    assert [r["status"] for r in fast_report["lowering"]] == [expected] * len(FAST_ROWS)
+
+
+@pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install -e '.[readiness]')")
+def test_tpu_programs_compile_for_v5p(fast_report):
+    for row in fast_report["lowering"]:
+        assert row["tpu_compile"]["ok"], (row["entry_point"], row["mesh"], row["tpu_compile"])
+        assert row["tpu_compile"]["peak_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_generate_and_trainer_iterations_export(tmp_path):
+    rows = ["^prefill@1x8x1", "^generate@2x2x2", "^iteration_grpo_pipo@2x2x2", "^iteration_ppo@1x4x2"]
+    report = _run_readiness(tmp_path, ",".join(rows))
+    assert sorted(f"{r['entry_point']}@{r['mesh']}" for r in report["lowering"]) == sorted(r.lstrip("^") for r in rows)
+    for row in report["lowering"]:
+        assert row["status"] == ("PASS" if HAVE_LIBTPU else "SKIP"), row
