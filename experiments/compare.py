@@ -33,7 +33,7 @@ import numpy as np
 from absl import flags
 
 from experiments import cli, provenance, stats
-from experiments.runs import warmed_up_model
+from experiments.runs import parse_seeds, warmed_up_model
 from pipo_jax.models import hf
 from pipo_jax.rl import loop, warmup
 from pipo_jax.rl.spec import TrainSpec, train_spec
@@ -47,17 +47,6 @@ _SEEDS = flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comm
 _ITERATIONS = flags.DEFINE_integer("iterations", 0, "RL iterations; 0 = the preset's")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 0, "iterations between evaluations; 0 = the preset's eval.every")
 _OUT = flags.DEFINE_string("out", "runs/compare", "output directory (base models are cached here)")
-
-
-def parse_seeds(text: str) -> list[int]:
-    """'0-9' -> [0..9]; '0,3,5' -> [0, 3, 5]."""
-    text = text.strip()
-    if "-" in text and "," not in text:
-        low, high = (int(x) for x in text.split("-"))
-        if high < low:
-            raise ValueError(f"--seeds={text!r}: empty range")
-        return list(range(low, high + 1))
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def stack(trees: list) -> Any:

@@ -23,7 +23,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments import provenance
-from experiments.compare import parse_seeds
+from experiments.runs import parse_seeds
 from pipo_jax.rl import observe
 
 _SEEDS = flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comma list")

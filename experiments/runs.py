@@ -17,6 +17,17 @@ from pipo_jax.rl.spec import train_spec
 from pipo_jax.rl.trainer import train, warmup_kwargs
 
 
+def parse_seeds(text: str) -> list[int]:
+    """'0-9' -> [0..9]; '0,3,5' -> [0, 3, 5]."""
+    text = text.strip()
+    if "-" in text and "," not in text:
+        low, high = (int(x) for x in text.split("-"))
+        if high < low:
+            raise ValueError(f"--seeds={text!r}: empty range")
+        return list(range(low, high + 1))
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> str:
     """Runs the supervised warm-up of `config` once for `seed` and saves it as a HF directory."""
     path = os.path.join(root, f"base_seed{seed}")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from configs import grpo as grpo_configs
-from experiments import compare
+from experiments import compare, runs
 from pipo_jax.models import qwen3
 from pipo_jax.rl import loop
 from pipo_jax.rl.spec import train_spec
@@ -13,10 +13,10 @@ from pipo_jax.rl.state import init_train_state
 
 
 def test_parse_seeds():
-    assert compare.parse_seeds("0-3") == [0, 1, 2, 3]
-    assert compare.parse_seeds("0,5,7") == [0, 5, 7]
+    assert runs.parse_seeds("0-3") == [0, 1, 2, 3]
+    assert runs.parse_seeds("0,5,7") == [0, 5, 7]
     with pytest.raises(ValueError, match="empty range"):
-        compare.parse_seeds("3-1")
+        runs.parse_seeds("3-1")
 
 
 @pytest.mark.parametrize("pipo", [False, True])

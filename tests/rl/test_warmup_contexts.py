@@ -77,3 +77,21 @@ def test_demonstrations_flaw_only_plain_rows(rate):
     np.testing.assert_array_equal(demo.answer_b, expected)
     want = ar.with_answers(TASK, true, expected)
     np.testing.assert_array_equal(demo.target_tokens_ba, want.target_tokens_ba)
+
+
+def test_trainer_logs_the_teacher_accuracy_with_a_context(tmp_path):
+    from pipo_jax.rl import observe
+    from pipo_jax.rl.trainer import EVAL_SEED, train, warmup_kwargs
+
+    c = sdpo_configs.get_config("micro")
+    c.iterations, c.log.every = 1, 1
+    c.checkpoint.export_hf = False
+    train(c, str(tmp_path))
+    row = observe.read_metrics(str(tmp_path / "metrics.jsonl"))[0]
+    spec = train_spec(c)
+    base, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(c, c.seed))  # deterministic: the run's base
+    assert row["warmup_teacher_solution_accuracy"] == m["final_teacher_solution_accuracy"]
+    for kind in ("solution", "feedback"):
+        expected = float(warmup.context_accuracy(spec.model, base, spec.task, c.eval.n, jax.random.PRNGKey(EVAL_SEED),
+                                                 kind))
+        assert row[f"teacher_accuracy_{kind}"] == expected
