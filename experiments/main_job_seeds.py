@@ -30,6 +30,8 @@ _SEEDS = flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comm
 _WORKERS = flags.DEFINE_integer("workers", 1, "runs at a time (each is a whole training process)")
 _OUT = flags.DEFINE_string("out", "runs/main_job_seeds", "output directory (one workdir per seed)")
 _EXTRA = flags.DEFINE_list("extra", [], "further --config.* overrides, e.g. config.iterations=100")
+_COLLECT = flags.DEFINE_bool("collect_only", False, "run nothing: summarise the seeds whose workdirs in --out "
+                             "hold a finished run (wall / CPU time as printed in <out>/seed<s>.time, if any)")
 
 COMMAND = ["-m", "experiments.train", "--config=configs/grpo.py:tiny", "--config.pipo.enabled=true"]
 
@@ -75,13 +77,38 @@ def run_seeds(seeds: list[int], out: str, workers: int, extra: list[str]) -> dic
             raise RuntimeError(f"seed {seed}: the main job failed (exit {status}); see {log.name}")
         results[seed] = seed_result(workdir) | {"seed": seed, "wall_time_s": time.perf_counter() - t0,
                                                 "cpu_time_s": usage.ru_utime + usage.ru_stime}
+        with open(os.path.join(out, f"seed{seed}.time"), "w") as f:
+            json.dump({k: results[seed][k] for k in ("wall_time_s", "cpu_time_s")}, f)
         print(f"seed {seed}: {results[seed]['initial_accuracy']:.3f} -> {results[seed]['final_accuracy']:.3f} "
               f"({results[seed]['wall_time_s']:.0f}s wall, {results[seed]['cpu_time_s']:.0f}s CPU)", flush=True)
-    per_seed = [results[s] for s in seeds]
+    return aggregate([results[s] for s in seeds], seeds, workers, extra, time.perf_counter() - start)
+
+
+def collect(seeds: list[int], out: str, extra: list[str]) -> dict:
+    """The record of the seeds already finished in `out` (others are left out and listed)."""
+    per_seed = []
+    for seed in seeds:
+        workdir = os.path.join(out, f"seed{seed}")
+        if not os.path.exists(os.path.join(workdir, "summary.json")):
+            continue
+        row = seed_result(workdir) | {"seed": seed, "wall_time_s": None, "cpu_time_s": None}
+        timing = os.path.join(out, f"seed{seed}.time")
+        if os.path.exists(timing):
+            with open(timing) as f:
+                row.update(json.load(f))
+        per_seed.append(row)
+    record = aggregate(per_seed, [r["seed"] for r in per_seed], 0, extra, None)
+    record["seeds_not_finished"] = [s for s in seeds if s not in record["seeds"]]
+    return record
+
+
+def aggregate(per_seed: list[dict], seeds: list[int], workers: int, extra: list[str], wall: float | None) -> dict:
+    if not per_seed:
+        raise ValueError("main_job_seeds: no finished seed to summarise")
     gains = np.array([r["gain"] for r in per_seed])
     return {"script": "experiments/main_job_seeds.py", "command": "python " + " ".join(COMMAND) + " " +
             " ".join(f"--{e}" for e in extra), "seeds": seeds, "workers": workers, **provenance.record(),
-            "total_wall_time_s": time.perf_counter() - start,
+            "total_wall_time_s": wall,
             "gain_mean": float(gains.mean()), "gain_min": float(gains.min()),
             "initial_accuracy_mean": float(np.mean([r["initial_accuracy"] for r in per_seed])),
             "final_accuracy_mean": float(np.mean([r["final_accuracy"] for r in per_seed])),
@@ -90,7 +117,11 @@ def run_seeds(seeds: list[int], out: str, workers: int, extra: list[str]) -> dic
 
 def main(argv):
     del argv
-    record = run_seeds(parse_seeds(_SEEDS.value), _OUT.value, _WORKERS.value, _EXTRA.value)
+    seeds = parse_seeds(_SEEDS.value)
+    if _COLLECT.value:
+        record = collect(seeds, _OUT.value, _EXTRA.value)
+    else:
+        record = run_seeds(seeds, _OUT.value, _WORKERS.value, _EXTRA.value)
     path = os.path.join(_OUT.value, "main_job_seeds.json")
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
