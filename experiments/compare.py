@@ -39,7 +39,6 @@ from pipo_jax.rl import loop, warmup
 from pipo_jax.rl.spec import TrainSpec, train_spec
 from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.rl.trainer import EVAL_SEED
-from pipo_jax.tasks import arithmetic
 
 _ALGORITHMS = flags.DEFINE_list("algorithms", ["grpo"], "algorithms (configs/<name>.py) to compare")
 _PRESET = flags.DEFINE_string("preset", "tiny", "preset of the algorithm configs")

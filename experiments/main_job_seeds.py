@@ -20,9 +20,9 @@ import sys
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from experiments import provenance
+from experiments import cli, provenance
 from experiments.runs import parse_seeds
 from pipo_jax.rl import observe
 
@@ -129,4 +129,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)
