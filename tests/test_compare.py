@@ -36,7 +36,6 @@ def test_vmapped_seeds_equal_separate_runs(pipo):
         np.testing.assert_array_equal(m_together["reward_mean"][i], m_alone["reward_mean"])
         if pipo:
             np.testing.assert_array_equal(m_together["pi_step_applied"][i], m_alone["pi_step_applied"])
-            assert m_alone["pi_step_applied"][-1] == 1  # window K=2 full at iteration 3: PIPO acted
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a[i], b, rtol=0, atol=2 * c.train.lr * 9),
                      jax.device_get(together.params), jax.device_get(alone.params))
     assert not np.array_equal(m_together["reward_mean"][0], m_together["reward_mean"][1])  # seeds differ
