@@ -162,7 +162,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.warmup.steps = 800
     c.warmup.batch = 64
     c.warmup.lr = 3e-3
-    c.warmup.target_accuracy = 0.25  # stop at a partial solver (~30% held-out) so RL has room
+    c.warmup.target_accuracy = 0.25  # stop at a partial solver (~30% held-out) so RL has room; None = run all steps
+    c.warmup.mistake_rate = 0.0  # share of carrying / borrowing demonstrations shown with the column mistake
+    c.warmup.context_fraction = 0.0  # share of rows shown with an SDPO / VPD teacher context (solution / feedback)
 
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 20  # iterations; 0 = only at start and end
@@ -248,6 +250,19 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
         c.critic.lr = 1e-4
         c.vpd.lr = 1e-4
         c.eval.every = 20
+    if preset == "tiny":
+        # 2-digit '+'/'-': the base model learns from flawed demonstrations (65% of carrying /
+        # borrowing answers with the column mistake), so greedy decoding solves about the
+        # carry-free share (~40%) while sampling solves the rest ~35% of the time: mixed groups
+        # for RL, and a gap that the verified reward closes. The warm-up also teaches reading
+        # the SDPO / VPD teacher contexts (a sibling's solution; feedback revealing the answer).
+        c.iterations = 100
+        c.task.min_digits = 2
+        c.task.feedback_style = "reveal"
+        c.warmup.steps = 1200
+        c.warmup.target_accuracy = None
+        c.warmup.mistake_rate = 0.65
+        c.warmup.context_fraction = 0.5
     if preset == "micro":
         c.iterations = 3
         c.task.reward_mode = "per_token"  # graded rewards: a random model still gets signal

@@ -1,58 +1,187 @@
-"""Algorithms with and without PIPO over several seeds on the tiny task: mean +- std
-curves (PNG) and a table of final held-out accuracy and area under the reward curve.
+"""Algorithms with and without PIPO over many seeds on the built-in task, with uncertainty.
 
-    python -m experiments.compare --config=configs/grpo.py:tiny --seeds=0,1,2 --out=runs/compare
-    python -m experiments.compare --algorithms=grpo,sdpo,vpd --preset=tiny --seeds=0,1,2 --out=runs/compare_vpd
+    python -m experiments.compare --algorithms=grpo --seeds=0-9 --out=runs/compare_grpo
+    python -m experiments.compare --algorithms=sdpo,vpd --seeds=0-4 --iterations=150 --out=runs/compare_sdpo
 
-Every run of a seed starts from the same warmed-up base model and sees the same RNG
-stream, so within an algorithm the difference is PIPO's verification step alone.
+Each seed has its own warmed-up base model (`experiments.runs.warmed_up_model`); both arms
+of an algorithm start from it and see the same RNG stream, so within a seed the two runs
+differ by PIPO's verification step alone. All seeds of one arm run as ONE program: the
+`TrainState`s of the seeds are stacked and `jax.vmap(loop.scan_chunk)` advances them
+together (`run_arm`; equal to separate runs, tests/test_compare.py).
+
+Per algorithm it reports the paired difference (with PIPO minus without, same seed and
+base model) of final held-out greedy accuracy and of reward AUC (mean batch reward over
+the run): mean, 95% bootstrap confidence interval and the exact Wilcoxon signed-rank
+p-value (`experiments.stats`); per arm, the gain over the base model the same way.
+Writes compare.json (with commit, package versions, CPU, seeds, wall / CPU time) and
+compare.png (mean curves with 95% bootstrap bands over seeds).
 """
 
 from __future__ import annotations
 
-import copy
+import functools
 import importlib
 import json
 import os
+import time
+from typing import Any
 
+import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from absl import flags
-from ml_collections import config_flags
 
-from experiments import cli
-from experiments.runs import run, warmed_up_model
+from experiments import cli, provenance, stats
+from experiments.runs import parse_seeds, warmed_up_model
+from pipo_jax.models import hf
+from pipo_jax.rl import loop, warmup
+from pipo_jax.rl.spec import TrainSpec, train_spec
+from pipo_jax.rl.state import TrainState, init_train_state
+from pipo_jax.rl.trainer import EVAL_SEED
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/grpo.py:tiny", "run config file:preset")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "seeds")
-_ALGORITHMS = flags.DEFINE_list("algorithms", [], "algorithms (configs/<name>.py) to compare; default: --config's")
-_PRESET = flags.DEFINE_string("preset", "tiny", "preset of the --algorithms configs")
-_OUT = flags.DEFINE_string("out", "runs/compare", "output directory")
+_ALGORITHMS = flags.DEFINE_list("algorithms", ["grpo"], "algorithms (configs/<name>.py) to compare")
+_PRESET = flags.DEFINE_string("preset", "tiny", "preset of the algorithm configs")
+_SEEDS = flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comma list")
+_ITERATIONS = flags.DEFINE_integer("iterations", 0, "RL iterations; 0 = the preset's")
+_EVAL_EVERY = flags.DEFINE_integer("eval_every", 0, "iterations between evaluations; 0 = the preset's eval.every")
+_OUT = flags.DEFINE_string("out", "runs/compare", "output directory (base models are cached here)")
 
 
-def compare(configs: dict, seeds: list[int], out: str) -> dict:
-    """Runs every config of `configs` ({name: config}) with PIPO off and on for each seed."""
+def stack(trees: list) -> Any:
+    """Stacks equal-structure pytrees along a new leading (seed) axis."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def unstack(tree: Any, n: int) -> list:
+    return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(n)]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2), donate_argnums=1)
+def vmapped_chunk(spec: TrainSpec, states: TrainState, length: int) -> tuple[TrainState, dict]:
+    """`length` iterations of every seed at once: `loop.scan_chunk` under `jax.vmap` over the
+    stacked states (metrics `[S, length]`)."""
+    return jax.vmap(lambda s: loop.scan_chunk(spec, s, length))(states)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 3))
+def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none") -> jax.Array:
+    """Greedy accuracy `[S]` of stacked params on the trainer's `n` fixed held-out problems
+    (kind: 'none' = the student; 'solution' / 'feedback' = shown a teacher context)."""
+    key = jax.random.PRNGKey(EVAL_SEED)
+    return jax.vmap(lambda p: warmup.context_accuracy(spec.model, p, spec.task, n, key, kind))(params)
+
+
+def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: list, eval_every: int
+            ) -> list[dict[str, Any]]:
+    """Runs `config` for every seed (seed s from base_params[i]) as one vmapped program.
+
+    Returns per seed: steps / reward (batch reward per iteration), acc_steps / accuracy
+    (held-out greedy accuracy at 0 and every `eval_every`), teacher accuracies (SDPO / VPD),
+    initial / final accuracy, reward_auc (mean batch reward), pi_steps.
+    """
+    spec = train_spec(config)
+    if spec.is_dataset_task:
+        raise ValueError("compare.run_arm: the built-in task only (its JAX reward runs inside the vmapped scan)")
+    states = stack([init_train_state(spec, p, s) for p, s in zip(base_params, seeds)])
+    n_eval, total = config.eval.n, config.iterations
+    kinds = ("none", "solution", "feedback") if spec.uses_teacher else ("none",)
+
+    def evaluate(params):
+        return {k: np.asarray(vmapped_accuracy(spec, params, n_eval, k)) for k in kinds}
+
+    evals, acc_steps, chunks = [evaluate(states.params)], [0], []
+    step = 0
+    while step < total:
+        n = min(eval_every or total, total - step)
+        states, metrics = vmapped_chunk(spec, states, n)
+        chunks.append(jax.device_get({k: metrics[k] for k in ("reward_mean", "pi_step_applied") if k in metrics}))
+        step += n
+        evals.append(evaluate(states.params))
+        acc_steps.append(step)
+    reward = np.concatenate([c["reward_mean"] for c in chunks], axis=1)  # [S, total]
+    pi = np.concatenate([c.get("pi_step_applied", np.zeros_like(c["reward_mean"])) for c in chunks], axis=1)
+    out = []
+    for i, seed in enumerate(seeds):
+        acc = [float(e["none"][i]) for e in evals]
+        row = {"seed": seed, "steps": list(range(1, total + 1)), "reward": reward[i].tolist(),
+               "acc_steps": acc_steps, "accuracy": acc, "initial_accuracy": acc[0], "final_accuracy": acc[-1],
+               "reward_auc": float(reward[i].mean()), "pi_steps": int(pi[i].sum())}
+        for kind in kinds[1:]:
+            row[f"teacher_accuracy_{kind}"] = [float(e[kind][i]) for e in evals]
+        out.append(row)
+    return out
+
+
+def algorithm_config(name: str, preset: str, iterations: int) -> ml_collections.ConfigDict:
+    c = importlib.import_module(f"configs.{name}").get_config(preset)
+    if iterations:
+        c.iterations = iterations
+    return c
+
+
+def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
+    """Per arm: gain over the base; per algorithm: PIPO minus no PIPO (paired by seed)."""
+    arms = {}
+    for label, rs in results.items():
+        final = [r["final_accuracy"] for r in rs]
+        initial = [r["initial_accuracy"] for r in rs]
+        arms[label] = {"n": len(rs), "initial_accuracy_mean": float(np.mean(initial)),
+                       "final_accuracy_mean": float(np.mean(final)),
+                       "reward_auc_mean": float(np.mean([r["reward_auc"] for r in rs])),
+                       "gain_over_base": stats.paired_difference(final, initial),
+                       "seeds_improved": int(np.sum(np.asarray(final) > np.asarray(initial))),
+                       "pi_steps_mean": float(np.mean([r["pi_steps"] for r in rs]))}
+        if "teacher_accuracy_solution" in rs[0]:
+            arms[label]["teacher_accuracy_solution_initial_mean"] = float(
+                np.mean([r["teacher_accuracy_solution"][0] for r in rs]))
+            arms[label]["teacher_accuracy_feedback_initial_mean"] = float(
+                np.mean([r["teacher_accuracy_feedback"][0] for r in rs]))
+    paired = {}
+    for a in algorithms:
+        off, on = results[a], results[a + "+PIPO"]
+        paired[a] = {metric: stats.paired_difference([r[metric] for r in on], [r[metric] for r in off])
+                     for metric in ("final_accuracy", "reward_auc")}
+    return {"arms": arms, "pipo_minus_base": paired}
+
+
+def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iterations: int = 0,
+            eval_every: int = 0) -> dict:
+    """Runs every algorithm with PIPO off and on for all `seeds`; writes compare.json / .png."""
+    os.makedirs(out, exist_ok=True)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    configs = {a: algorithm_config(a, preset, iterations) for a in algorithms}
+    first = next(iter(configs.values()))
+    bases = []
+    for seed in seeds:  # one base model per seed, shared by every arm
+        _, params = hf.load(warmed_up_model(first, seed, out))
+        bases.append(params)
     results: dict[str, list[dict]] = {}
-    for seed in seeds:
-        base = warmed_up_model(next(iter(configs.values())), seed, out)  # one base model for every arm
-        for name, config in configs.items():
-            for arm, enabled in (("", False), ("+PIPO", True)):
-                c = copy.deepcopy(config)
-                c.seed, c.pipo.enabled = seed, enabled
-                c.checkpoint.resume = False
-                label = name + arm
-                results.setdefault(label, []).append(run(c, os.path.join(out, f"{label}_seed{seed}"), base))
-    table = {label: {
-        "final_accuracy_mean": float(np.mean([r["final_accuracy"] for r in rs])),
-        "final_accuracy_std": float(np.std([r["final_accuracy"] for r in rs])),
-        "reward_auc_mean": float(np.mean([r["reward_auc"] for r in rs])),
-        "reward_auc_std": float(np.std([r["reward_auc"] for r in rs])),
-        "initial_accuracy_mean": float(np.mean([r["initial_accuracy"] for r in rs])),
-        "pi_steps_mean": float(np.mean([r["pi_steps"] for r in rs])),
-    } for label, rs in results.items()}
+    for name, config in configs.items():
+        for arm, enabled in (("", False), ("+PIPO", True)):
+            c = config.copy_and_resolve_references()
+            c.pipo.enabled = enabled
+            t0 = time.perf_counter()
+            results[name + arm] = run_arm(c, seeds, bases, eval_every or c.eval.every)
+            print(f"{name + arm}: {len(seeds)} seeds in {time.perf_counter() - t0:.0f}s", flush=True)
+            jax.clear_caches()
+    summary = summarise(results, algorithms)
+    record = {"script": "experiments/compare.py", "algorithms": algorithms, "preset": preset, "seeds": seeds,
+              "iterations": first.iterations, "wall_time_s": time.perf_counter() - start,
+              "cpu_time_s": time.process_time() - cpu_start, **provenance.record(),
+              "summary": summary, "runs": results}
     with open(os.path.join(out, "compare.json"), "w") as f:
-        json.dump({"seeds": seeds, "table": table, "runs": results}, f, indent=2)
+        json.dump(record, f, indent=1)
     plot(results, os.path.join(out, "compare.png"))
-    return table
+    return record
+
+
+def mean_band(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over seeds (axis 0) and its 95% bootstrap band, per column."""
+    if y.shape[0] < 2:
+        return y.mean(0), y.mean(0), y.mean(0)
+    bands = np.array([stats.bootstrap_mean_ci(col, resamples=2000) for col in y.T])
+    return y.mean(0), bands[:, 0], bands[:, 1]
 
 
 def plot(results: dict, path: str) -> None:
@@ -64,13 +193,13 @@ def plot(results: dict, path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     for label, rs in results.items():
         for ax, xk, yk in ((axes[0], "steps", "reward"), (axes[1], "acc_steps", "accuracy")):
-            n = min(len(r[yk]) for r in rs)
-            x = np.asarray(rs[0][xk][:n])
-            y = np.asarray([r[yk][:n] for r in rs])
-            ax.plot(x, y.mean(0), label=label)
-            ax.fill_between(x, y.mean(0) - y.std(0), y.mean(0) + y.std(0), alpha=0.25)
-    axes[0].set_title("batch reward (mean +- std over seeds)")
-    axes[1].set_title("held-out accuracy (mean +- std over seeds)")
+            x = np.asarray(rs[0][xk])
+            mean, low, high = mean_band(np.asarray([r[yk] for r in rs]))
+            ax.plot(x, mean, label=label)
+            ax.fill_between(x, low, high, alpha=0.2)
+    n = len(next(iter(results.values())))
+    axes[0].set_title(f"batch reward (mean, 95% CI over {n} seeds)")
+    axes[1].set_title(f"held-out greedy accuracy (mean, 95% CI, {n} seeds)")
     for ax in axes:
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
@@ -80,26 +209,32 @@ def plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-def format_table(table: dict) -> str:
-    lines = ["| run | initial acc | final acc (mean +- std) | reward AUC (mean +- std) | PI steps |",
-             "| --- | --- | --- | --- | --- |"]
-    for arm, t in table.items():
-        lines.append(f"| {arm} | {t['initial_accuracy_mean']:.3f} | {t['final_accuracy_mean']:.3f} +- "
-                     f"{t['final_accuracy_std']:.3f} | {t['reward_auc_mean']:.3f} +- {t['reward_auc_std']:.3f} | "
-                     f"{t['pi_steps_mean']:.1f} |")
+def format_table(record: dict) -> str:
+    """Markdown: per arm the gain over the base; per algorithm PIPO's paired difference."""
+    s = record["summary"]
+    lines = ["| run | seeds | base acc | final acc | gain (95% CI) | seeds improved | reward AUC |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for label, a in s["arms"].items():
+        g = a["gain_over_base"]
+        lines.append(f"| {label} | {a['n']} | {a['initial_accuracy_mean']:.3f} | {a['final_accuracy_mean']:.3f} | "
+                     f"{g['mean']:+.3f} [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] | {a['seeds_improved']}/{a['n']} | "
+                     f"{a['reward_auc_mean']:.3f} |")
+    lines += ["", "| algorithm | PIPO - base: final acc (95% CI), Wilcoxon p | reward AUC (95% CI), Wilcoxon p |",
+              "| --- | --- | --- |"]
+    for name, p in s["pipo_minus_base"].items():
+        f, r = p["final_accuracy"], p["reward_auc"]
+        lines.append(f"| {name} | {f['mean']:+.3f} [{f['ci95'][0]:+.3f}, {f['ci95'][1]:+.3f}], p = {f['wilcoxon_p']:.3g} | "
+                     f"{r['mean']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}], p = {r['wilcoxon_p']:.3g} |")
     return "\n".join(lines)
 
 
 def main(argv):
     del argv
-    os.makedirs(_OUT.value, exist_ok=True)
-    if _ALGORITHMS.value:
-        configs = {a: importlib.import_module(f"configs.{a}").get_config(_PRESET.value) for a in _ALGORITHMS.value}
-    else:
-        configs = {_CONFIG.value.algorithm: _CONFIG.value}
-    table = compare(configs, [int(s) for s in _SEEDS.value], _OUT.value)
-    print(format_table(table))
-    print(f"wrote {os.path.join(_OUT.value, 'compare.png')} and compare.json")
+    record = compare(_ALGORITHMS.value, _PRESET.value, parse_seeds(_SEEDS.value), _OUT.value,
+                     _ITERATIONS.value, _EVAL_EVERY.value)
+    print(format_table(record))
+    print(f"wrote {os.path.join(_OUT.value, 'compare.json')} and compare.png "
+          f"({record['wall_time_s']:.0f}s wall, {record['cpu_time_s']:.0f}s CPU)")
 
 
 if __name__ == "__main__":

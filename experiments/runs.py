@@ -14,7 +14,18 @@ import numpy as np
 from pipo_jax.models import hf
 from pipo_jax.rl import observe, warmup
 from pipo_jax.rl.spec import train_spec
-from pipo_jax.rl.trainer import train
+from pipo_jax.rl.trainer import train, warmup_kwargs
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-9' -> [0..9]; '0,3,5' -> [0, 3, 5]."""
+    text = text.strip()
+    if "-" in text and "," not in text:
+        low, high = (int(x) for x in text.split("-"))
+        if high < low:
+            raise ValueError(f"--seeds={text!r}: empty range")
+        return list(range(low, high + 1))
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> str:
@@ -23,9 +34,7 @@ def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> 
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     spec = train_spec(config)
-    params, _ = warmup.warmup(spec.model, spec.task, steps=config.warmup.steps, batch=config.warmup.batch,
-                              lr=config.warmup.lr, seed=seed, target_accuracy=config.warmup.target_accuracy,
-                              eval_n=config.eval.n)
+    params, _ = warmup.warmup(spec.model, spec.task, **warmup_kwargs(config, seed))
     hf.save(path, spec.model, jax.device_get(params))
     return path
 

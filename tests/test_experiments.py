@@ -20,17 +20,20 @@ def run_module(*args):
 
 
 def test_compare_writes_table_and_plot(tmp_path):
-    out = run_module("experiments.compare", "--config=configs/grpo.py:micro", "--seeds=0", f"--out={tmp_path}")
+    out = run_module("experiments.compare", "--algorithms=grpo", "--preset=micro", "--seeds=0,1", f"--out={tmp_path}")
     result = json.loads((tmp_path / "compare.json").read_text())
-    table = result["table"]
-    assert sorted(table) == ["grpo", "grpo+PIPO"] and result["seeds"] == [0]
-    assert table["grpo"]["pi_steps_mean"] == 0  # PIPO off never takes a PI step
-    # Both arms start from the same warmed-up base model, so they start equal.
-    assert table["grpo"]["initial_accuracy_mean"] == table["grpo+PIPO"]["initial_accuracy_mean"]
-    for arm in table.values():
-        assert 0 <= arm["final_accuracy_mean"] <= 1 and arm["final_accuracy_std"] == 0  # one seed
+    arms = result["summary"]["arms"]
+    assert sorted(arms) == ["grpo", "grpo+PIPO"] and result["seeds"] == [0, 1]
+    assert arms["grpo"]["pi_steps_mean"] == 0  # PIPO off never takes a PI step
+    # Both arms of a seed start from the same warmed-up base model, so they start equal.
+    for off, on in zip(result["runs"]["grpo"], result["runs"]["grpo+PIPO"]):
+        assert off["initial_accuracy"] == on["initial_accuracy"] and off["seed"] == on["seed"]
+    paired = result["summary"]["pipo_minus_base"]["grpo"]["final_accuracy"]
+    diffs = [b["final_accuracy"] - a["final_accuracy"] for a, b in zip(result["runs"]["grpo"], result["runs"]["grpo+PIPO"])]
+    assert paired["diffs"] == diffs and 0 <= paired["wilcoxon_p"] <= 1
     run = result["runs"]["grpo+PIPO"][0]
     assert len(run["reward"]) == len(run["steps"]) == 3
+    assert result["commit"] and result["cpu_model"] and result["versions"]["jax"]
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
     assert "| grpo+PIPO |" in out
 

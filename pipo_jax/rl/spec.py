@@ -407,6 +407,8 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
               "disable it when loading model.path")
         _need(c.warmup.steps >= 1, "warmup.steps", f"{c.warmup.steps} must be >= 1")
         _need(c.warmup.lr > 0, "warmup.lr", f"{c.warmup.lr} must be > 0")
+        for key in ("mistake_rate", "context_fraction"):
+            _need(0.0 <= c.warmup[key] <= 1.0, f"warmup.{key}", f"{c.warmup[key]} must be in [0, 1]")
 
     return TrainSpec(
         algorithm=c.algorithm, model=model, model_path=c.model.path, logprob_impl=c.model.logprob_impl, task=task,

@@ -51,10 +51,19 @@ class Evaluation:
 
     def __call__(self, params, step: int) -> dict[str, float]:
         """Greedy accuracy on `eval.n` fixed held-out problems (a dataset task: the mean verified
-        reward, on host-gathered params), and the benchmarks' pass@k."""
+        reward, on host-gathered params), and the benchmarks' pass@k. SDPO / VPD on the built-in
+        task: also the policy's greedy accuracy on the same problems shown a correct sibling's
+        solution / the feedback on a wrong response (`teacher_accuracy_{solution,feedback}`)."""
         spec, ec = self.spec, self.config.eval
         if not spec.is_dataset_task:
-            return {"heldout_accuracy": self.where.heldout_accuracy(spec, params, ec.n, jax.random.PRNGKey(EVAL_SEED))}
+            key = jax.random.PRNGKey(EVAL_SEED)
+            out = {"heldout_accuracy": self.where.heldout_accuracy(spec, params, ec.n, key)}
+            if spec.uses_teacher:  # the SDPO / VPD teacher's view: the same problems with a context
+                host = params if self.where.mesh is None else self.where.to_host(params)
+                for kind in ("solution", "feedback"):
+                    out[f"teacher_accuracy_{kind}"] = float(
+                        warmup.context_accuracy(spec.model, host, spec.task, ec.n, key, kind))
+            return out
         params = self.where.to_host(params)  # gathered once for every evaluation below
         out = {"heldout_accuracy": evaluate.dataset_heldout_accuracy(spec, params, self.reward, ec.n)}
         if self.benchmarks:
@@ -69,19 +78,27 @@ class Evaluation:
         return out
 
 
+def warmup_kwargs(config: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
+    """`warmup.warmup` keyword arguments of `config.warmup` for `seed`."""
+    w = config.warmup
+    return dict(steps=w.steps, batch=w.batch, lr=w.lr, seed=seed, target_accuracy=w.target_accuracy,
+                eval_n=config.eval.n, mistake_rate=w.mistake_rate, context_fraction=w.context_fraction)
+
+
 def base_params(spec: TrainSpec, config: ml_collections.ConfigDict, logger_rows: list) -> Any:
     """The RL starting point: HF weights, the supervised warm-up, or a random init."""
     if spec.model_path:
         _, params = hf.load(spec.model_path, dtype=spec.model.param_dtype, compute_dtype=spec.model.dtype)
         return params
     if config.warmup.enabled:
-        params, m = warmup.warmup(spec.model, spec.task, steps=config.warmup.steps, batch=config.warmup.batch,
-                                  lr=config.warmup.lr, seed=config.seed, target_accuracy=config.warmup.target_accuracy,
-                                  eval_n=config.eval.n)
+        params, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(config, config.seed))
         logger_rows.append({"warmup_steps": m["steps_run"], "warmup_accuracy": m["final_accuracy"],
+                            "warmup_teacher_solution_accuracy": m["final_teacher_solution_accuracy"],
+                            "warmup_teacher_feedback_accuracy": m["final_teacher_feedback_accuracy"],
                             "warmup_time_s": m["wall_time_s"]})
-        log.info("warm-up: %d steps, held-out accuracy %.3f, %.1fs", m["steps_run"], m["final_accuracy"],
-                 m["wall_time_s"])
+        log.info("warm-up: %d steps, held-out accuracy %.3f (teacher with a solution %.3f, with feedback %.3f), "
+                 "%.1fs", m["steps_run"], m["final_accuracy"], m["final_teacher_solution_accuracy"],
+                 m["final_teacher_feedback_accuracy"], m["wall_time_s"])
         return params
     return qwen3.init_params(spec.model, jax.random.PRNGKey(config.seed))
 

@@ -5,6 +5,21 @@ Cross-entropy on the target tokens only (answer and EOS; prompt tokens carry no 
 AdamW through optax, `eval_every` steps per jitted `lax.scan` chunk, greedy held-out
 accuracy (`arithmetic.heldout_accuracy`, on a fixed held-out set) between chunks.
 Deterministic given the seed: the same seed gives bit-identical params on one machine.
+
+With `mistake_rate > 0` the demonstrations are flawed: on a plain row whose column sum
+carries (or difference borrows) the target is, with that probability, the answer with
+the classic column mistake (`arithmetic.carryless_answer`). Trained to convergence on
+such data, the model knows both ways; with a rate above 1/2 greedy decoding prefers the
+mistake, so the base model solves about the carry-free share of problems, and sampling
+solves the others at about 1 - rate: a partial solver whose gap RL can close (the
+reward verifies the true answer).
+
+With `context_fraction > 0` a share of each batch is shown in the form SDPO / VPD give
+their teacher (`rl.learn.teacher_contexts`): `<solution>` + a correct response, or
+`<feedback>` + the environment's feedback on a response, then `<solve>` and the prompt.
+The model thus learns to read a context (with `feedback_style='reveal'` the feedback
+holds the answer; with 'position' only the solution context carries it), and the
+teacher's greedy accuracy with each context is measured beside the student's.
 """
 
 from __future__ import annotations
@@ -44,6 +59,61 @@ def answer_loss(model_config: qwen3.Qwen3Config, params, problems: arithmetic.Pr
     return jnp.sum(nll_ba * mask) / jnp.sum(mask)
 
 
+CONTEXT_KINDS = ("none", "solution", "feedback")
+
+
+def context_prompts(task: arithmetic.ArithmeticTask, problems: arithmetic.Problems, kind_b,
+                    feedback_correct_b) -> tuple[jax.Array, jax.Array]:
+    """Teacher prompts `[b, q]` (left-padded, q = 3 + answer_len + feedback_len + prompt_len)
+    with the token sequence `rl.learn.teacher_contexts` builds for a response of width
+    answer_len. `kind_b` indexes CONTEXT_KINDS: 0 -> the plain prompt (no tags);
+    1 -> `<solution> ANSWER <eos> <solve> prompt` (a sibling's correct response);
+    2 -> `<feedback> FEEDBACK <solve> prompt`, the task's feedback on a response that is
+    correct where `feedback_correct_b` (the target) and else empty (wrong at position 1).
+    """
+    b, a = problems.target_tokens_ba.shape
+    kind_b = jnp.asarray(kind_b, jnp.int32)
+    resp_mask = problems.target_mask_ba * jnp.asarray(feedback_correct_b, jnp.int32)[:, None]
+    fb_tokens, fb_mask = arithmetic.feedback_tokens(task, problems, problems.target_tokens_ba, resp_mask)
+
+    def tag(token_id, on_b):
+        return jnp.full((b, 1), token_id, jnp.int32), on_b[:, None].astype(jnp.int32)
+
+    solution, feedback = kind_b == 1, kind_b == 2
+    pieces = [tag(char_vocab.SOLUTION_ID, solution), (problems.target_tokens_ba, problems.target_mask_ba * solution[:, None]),
+              tag(char_vocab.FEEDBACK_ID, feedback), (fb_tokens, fb_mask * feedback[:, None]),
+              tag(char_vocab.SOLVE_ID, kind_b > 0), (problems.prompt_tokens_bp, problems.prompt_mask_bp)]
+    q = 3 + a + task.feedback_len + task.prompt_len
+    return arithmetic.pack(pieces, q, left_pad=True)
+
+
+def with_contexts(task: arithmetic.ArithmeticTask, problems: arithmetic.Problems, kind_b,
+                  feedback_correct_b) -> arithmetic.Problems:
+    """`problems` whose prompts are `context_prompts(...)` (targets unchanged)."""
+    tokens, mask = context_prompts(task, problems, kind_b, feedback_correct_b)
+    return problems._replace(prompt_tokens_bp=tokens, prompt_mask_bp=mask)
+
+
+def draw_contexts(rng, batch: int, context_fraction: float) -> tuple[jax.Array, jax.Array]:
+    """(kind_b, feedback_correct_b): a context on a `context_fraction` share of rows, half
+    solution, half feedback (the feedback's verdict a fair coin)."""
+    k_kind, k_verdict = jax.random.split(rng)
+    u = jax.random.uniform(k_kind, (batch,))
+    kind = jnp.where(u < context_fraction, jnp.where(u < context_fraction / 2, 1, 2), 0)
+    return kind.astype(jnp.int32), jax.random.bernoulli(k_verdict, 0.5, (batch,))
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "task", "n", "kind"))
+def context_accuracy(model_config: qwen3.Qwen3Config, params, task: arithmetic.ArithmeticTask, n: int,
+                     rng: jax.Array, kind: str):
+    """Greedy accuracy (float32 scalar) on `n` held-out problems drawn with `rng`, each shown
+    with context `kind` ('none' = the student; 'solution'; 'feedback' on a wrong response)."""
+    problems = arithmetic.sample_problems(task, rng, n, split="heldout")
+    kind_b = jnp.full((n,), CONTEXT_KINDS.index(kind), jnp.int32)
+    problems = with_contexts(task, problems, kind_b, jnp.zeros((n,), bool))
+    return jnp.mean(arithmetic.greedy_correct(model_config, params, problems).astype(jnp.float32))
+
+
 def _seed_keys(seed: int):
     """(init, train, eval) keys of a warm-up seed."""
     return jax.random.split(jax.random.PRNGKey(seed), 3)
@@ -65,17 +135,38 @@ def make_optimizer(lr: float, weight_decay: float = 0.01, warmup_steps: int = 20
     return optax.chain(optax.clip_by_global_norm(clip_norm), optax.adamw(schedule, weight_decay=weight_decay))
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "task", "optimizer", "batch", "num_steps"),
+def demonstrations(task: arithmetic.ArithmeticTask, rng, batch: int, context_fraction: float = 0.0,
+                   mistake_rate: float = 0.0) -> arithmetic.Problems:
+    """A warm-up batch of train problems: a `context_fraction` share shown with a teacher
+    context (`draw_contexts`, true targets), and on the plain rows the target replaced by
+    `arithmetic.carryless_answer` with probability `mistake_rate`."""
+    problems = arithmetic.sample_problems(task, rng, batch, split="train")
+    kind_b = jnp.zeros((batch,), jnp.int32)
+    if context_fraction > 0:
+        kind_b, correct_b = draw_contexts(jax.random.fold_in(rng, 1), batch, context_fraction)
+        problems = with_contexts(task, problems, kind_b, correct_b)
+    if mistake_rate > 0:
+        wrong = arithmetic.carryless_answer(problems.lhs_b, problems.op_b, problems.rhs_b, task.max_digits)
+        flawed_b = jax.random.bernoulli(jax.random.fold_in(rng, 2), mistake_rate, (batch,)) & (kind_b == 0)
+        demo = arithmetic.with_answers(task, problems, wrong)
+        problems = jax.tree.map(lambda d, t: jnp.where(flawed_b.reshape((-1,) + (1,) * (t.ndim - 1)), d, t),
+                                demo, problems)
+    return problems
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "task", "optimizer", "batch", "num_steps",
+                                             "context_fraction", "mistake_rate"),
                    donate_argnames=("params", "opt_state"))
-def train_chunk(model_config, task, optimizer, params, opt_state, rng, *, batch: int, num_steps: int):
-    """`num_steps` AdamW steps on fresh train problems, one `lax.scan`.
+def train_chunk(model_config, task, optimizer, params, opt_state, rng, *, batch: int, num_steps: int,
+                context_fraction: float = 0.0, mistake_rate: float = 0.0):
+    """`num_steps` AdamW steps on fresh `demonstrations`, one `lax.scan`.
 
     Returns (params, opt_state, losses `[num_steps]` measured before each update).
     """
 
     def step(carry, key):
         p, s = carry
-        problems = arithmetic.sample_problems(task, key, batch, split="train")
+        problems = demonstrations(task, key, batch, context_fraction, mistake_rate)
         loss, grads = jax.value_and_grad(answer_loss, argnums=1)(model_config, p, problems)
         updates, s = optimizer.update(grads, s, p)
         return (optax.apply_updates(p, updates), s), loss
@@ -98,19 +189,24 @@ def warmup(
     weight_decay: float = 0.01,
     lr_warmup_steps: int = 20,
     params: Any = None,
+    context_fraction: float = 0.0,
+    mistake_rate: float = 0.0,
 ) -> tuple[Any, dict[str, Any]]:
     """Trains `params` (default: `initial_params(model_config, seed)`) for up to `steps` steps.
 
     Held-out accuracy is measured on the same `eval_n` held-out problems at step 0 and
     after every `eval_every` steps (and at the last step). With `target_accuracy` set,
     training stops at the first evaluation (step 0 included) with accuracy >=
-    target_accuracy. The seed drives the initial params, the train batches and the
+    target_accuracy. `mistake_rate`: flawed demonstrations (module docstring). `context_fraction` of each batch's rows carry a teacher context
+    (`draw_contexts`); the teacher's accuracy with a solution / a feedback context is
+    measured at every evaluation beside the student's. The seed drives the initial params, the train batches and the
     held-out set; the result is a deterministic function of the arguments.
 
     Returns (params, metrics) with metrics:
       loss: float array `[steps_run]` (train loss of each step's batch, before its update),
       eval_steps / heldout_accuracy: lists (the accuracy curve),
-      initial_accuracy, final_accuracy, steps_run, stopped_early, wall_time_s.
+      teacher_solution_accuracy / teacher_feedback_accuracy: lists, the same problems with a context,
+      initial_accuracy, final_accuracy, final_teacher_solution_accuracy, final_teacher_feedback_accuracy, steps_run, stopped_early, wall_time_s.
     """
     for name, value in (("steps", steps), ("batch", batch), ("eval_every", eval_every), ("eval_n", eval_n)):
         if value < 1:
@@ -123,6 +219,10 @@ def warmup(
                          f"< task.sequence_len={task.sequence_len}")
     if target_accuracy is not None and not 0.0 <= target_accuracy <= 1.0:
         raise ValueError(f"warmup: target_accuracy={target_accuracy} must be in [0, 1]")
+    if not 0.0 <= context_fraction <= 1.0:
+        raise ValueError(f"warmup: context_fraction={context_fraction} must be in [0, 1]")
+    if not 0.0 <= mistake_rate <= 1.0:
+        raise ValueError(f"warmup: mistake_rate={mistake_rate} must be in [0, 1]")
 
     start = time.perf_counter()
     _, k_train, k_eval = _seed_keys(seed)
@@ -136,7 +236,13 @@ def warmup(
     def evaluate():
         return float(arithmetic.heldout_accuracy(model_config, params, task, eval_n, k_eval))
 
+    def evaluate_teacher():
+        for kind, curve in teacher.items():
+            curve.append(float(context_accuracy(model_config, params, task, eval_n, k_eval, kind)))
+
+    teacher: dict[str, list[float]] = {"solution": [], "feedback": []}
     eval_steps, accuracy, losses = [0], [evaluate()], [np.zeros((0,), np.float32)]
+    evaluate_teacher()
     done = 0
     def reached() -> bool:
         return target_accuracy is not None and accuracy[-1] >= target_accuracy
@@ -144,17 +250,23 @@ def warmup(
     while done < steps and not reached():
         n = min(eval_every, steps - done)
         params, opt_state, chunk_losses = train_chunk(
-            model_config, task, optimizer, params, opt_state, jax.random.fold_in(k_train, done), batch=batch, num_steps=n)
+            model_config, task, optimizer, params, opt_state, jax.random.fold_in(k_train, done), batch=batch, num_steps=n,
+            context_fraction=float(context_fraction), mistake_rate=float(mistake_rate))
         losses.append(np.asarray(chunk_losses))
         done += n
         eval_steps.append(done)
         accuracy.append(evaluate())
+        evaluate_teacher()
     metrics = {
         "loss": np.concatenate(losses),
         "eval_steps": eval_steps,
         "heldout_accuracy": accuracy,
         "initial_accuracy": accuracy[0],
         "final_accuracy": accuracy[-1],
+        "teacher_solution_accuracy": teacher["solution"],
+        "teacher_feedback_accuracy": teacher["feedback"],
+        "final_teacher_solution_accuracy": teacher["solution"][-1],
+        "final_teacher_feedback_accuracy": teacher["feedback"][-1],
         "steps_run": done,
         "stopped_early": done < steps,
         "wall_time_s": time.perf_counter() - start,

@@ -331,6 +331,28 @@ def make_problems(task: ArithmeticTask, lhs_b, op_b, rhs_b) -> Problems:
                     jnp.sum(target_mask, axis=1))
 
 
+def carryless_answer(lhs_b, op_b, rhs_b, max_digits: int) -> jax.Array:
+    """int32 `[b]`: the answer with the classic column mistake: '+' drops every carry
+    (digit i is (l_i + r_i) mod 10), '-' takes |l_i - r_i| in each column (no borrow);
+    '*' rows keep the true product. Equal to the true answer exactly when no column
+    carries / borrows."""
+    lhs_b, op_b, rhs_b = (jnp.asarray(x, jnp.int32) for x in (lhs_b, op_b, rhs_b))
+    powers = 10 ** jnp.arange(max_digits, dtype=jnp.int32)
+    l_bd, r_bd = (lhs_b[:, None] // powers) % 10, (rhs_b[:, None] // powers) % 10
+    plus = jnp.sum(((l_bd + r_bd) % 10) * powers, axis=1)
+    minus = jnp.sum(jnp.abs(l_bd - r_bd) * powers, axis=1)
+    return jnp.select([op_b == 0, op_b == 1], [plus, minus], lhs_b * rhs_b).astype(jnp.int32)
+
+
+def with_answers(task: ArithmeticTask, problems: Problems, answer_b) -> Problems:
+    """`problems` whose answers and targets are `answer_b` (e.g. flawed demonstrations)."""
+    answer_b = jnp.asarray(answer_b, jnp.int32)
+    target_tokens, target_mask = pack(_answer_body_pieces(task, answer_b) + [_const(cv.EOS_ID, answer_b.shape[0])],
+                                      task.answer_len, left_pad=False)
+    return problems._replace(answer_b=answer_b, target_tokens_ba=target_tokens, target_mask_ba=target_mask,
+                             target_len_b=jnp.sum(target_mask, axis=1))
+
+
 # ----------------------------------------------------------------------------- sampling
 
 

@@ -1,0 +1,97 @@
+"""Warm-up demonstrations: flawed (carry-less) answers and SDPO / VPD teacher contexts."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import sdpo as sdpo_configs
+from pipo_jax.data import char_vocab as cv
+from pipo_jax.rl import learn, warmup
+from pipo_jax.rl.rollout import Rollout
+from pipo_jax.rl.spec import train_spec
+from pipo_jax.tasks import arithmetic as ar
+
+TASK = ar.ArithmeticTask(min_digits=2, max_digits=2, answer_format="reversed", feedback_style="reveal")
+
+
+def rows(tokens, mask):
+    return [cv.decode(np.asarray(t)[np.asarray(m) == 1]) for t, m in zip(tokens, mask)]
+
+
+def test_carryless_answer_by_hand():
+    # 47+85: columns 7+5 -> 2, 4+8 -> 2 (carries dropped); 52-38: |2-8| = 6, |5-3| = 2;
+    # 12+30 and 58-23 carry / borrow nowhere, so the mistake is the true answer.
+    lhs, op, rhs = np.array([47, 52, 12, 58]), np.array([0, 1, 0, 1]), np.array([85, 38, 30, 23])
+    np.testing.assert_array_equal(ar.carryless_answer(lhs, op, rhs, 2), [22, 26, 42, 35])
+    flawed = ar.with_answers(TASK, ar.make_problems(TASK, lhs, op, rhs), ar.carryless_answer(lhs, op, rhs, 2))
+    assert rows(flawed.target_tokens_ba, flawed.target_mask_ba) == ["22<eos>", "62<eos>", "24<eos>", "53<eos>"]
+    np.testing.assert_array_equal(flawed.target_len_b, [3, 3, 3, 3])
+
+
+def test_context_prompts_by_hand():
+    p = ar.make_problems(TASK, np.array([47, 47, 47, 47]), np.array([0, 0, 0, 0]), np.array([85, 85, 85, 85]))
+    tokens, mask = warmup.context_prompts(TASK, p, np.array([0, 1, 2, 2]), np.array([False, False, True, False]))
+    assert tokens.shape == (4, 3 + TASK.answer_len + TASK.feedback_len + TASK.prompt_len)
+    assert rows(tokens, mask) == ["<bos>47+85=", "<solution>231<eos><solve><bos>47+85=",
+                                  "<feedback><correct><answer>231<solve><bos>47+85=",
+                                  "<feedback><wrong><answer>231<solve><bos>47+85="]
+
+
+def test_context_prompts_match_the_sdpo_teacher_contexts():
+    c = sdpo_configs.get_config("micro")
+    c.task.min_digits, c.task.max_digits, c.task.feedback_style, c.task.reward_mode = 2, 2, "reveal", "exact"
+    c.rollout.group_size, c.rollout.prompts_per_batch, c.train.mini_batch_prompts = 2, 2, 1
+    spec = train_spec(c)
+    lhs, op, rhs = np.array([47, 47, 52, 52]), np.array([0, 0, 1, 1]), np.array([85, 85, 38, 38])
+    problems = ar.make_problems(spec.task, lhs, op, rhs)
+    # group 0: row 0 right (row 1 sees it as a solution, row 0 gets feedback <correct>);
+    # group 1: both wrong (feedback <wrong> on each)
+    texts = ["231<eos>", "221<eos>", "42<eos>", "3<eos>"]
+    r = spec.response_len
+    resp = jnp.array([cv.encode(t) + [cv.PAD_ID] * (r - len(cv.encode(t))) for t in texts])
+    resp_mask = (jnp.arange(r)[None] < jnp.array([[len(cv.encode(t))] for t in texts])).astype(jnp.int32)
+    rewards = ar.reward(spec.task, problems, resp, resp_mask)
+    np.testing.assert_array_equal(rewards, [1, 0, 0, 0])
+    rollout = Rollout(problems=problems, tokens_bl=jnp.concatenate([problems.prompt_tokens_bp, resp], 1),
+                      mask_bl=jnp.concatenate([problems.prompt_mask_bp, resp_mask], 1),
+                      sample_logp_br=jnp.zeros(resp.shape), rewards_b=rewards)
+    t_tokens, t_mask, _ = learn.teacher_contexts(spec, rollout, rewards)
+    q = t_tokens.shape[1] - r
+    expected = rows(t_tokens[:, :q], t_mask[:, :q])
+    got = rows(*warmup.context_prompts(spec.task, problems, np.array([2, 1, 2, 2]),
+                                       np.array([True, False, False, False])))
+    assert got == expected
+    assert got[1] == "<solution>231<eos><solve><bos>47+85="
+
+
+@pytest.mark.parametrize("rate", [0.0, 1.0])
+def test_demonstrations_flaw_only_plain_rows(rate):
+    batch = 64
+    demo = jax.jit(warmup.demonstrations, static_argnums=(0, 2, 3, 4))(TASK, jax.random.PRNGKey(3), batch, 0.5, rate)
+    true = ar.make_problems(TASK, demo.lhs_b, demo.op_b, demo.rhs_b)
+    flawed = ar.carryless_answer(demo.lhs_b, demo.op_b, demo.rhs_b, 2)
+    plain = np.asarray(demo.prompt_tokens_bp[:, -TASK.prompt_len - 1]) != cv.SOLVE_ID
+    assert 10 < plain.sum() < batch - 10  # about half the rows carry a context
+    expected = np.where(plain & (rate == 1.0), flawed, true.answer_b)
+    np.testing.assert_array_equal(demo.answer_b, expected)
+    want = ar.with_answers(TASK, true, expected)
+    np.testing.assert_array_equal(demo.target_tokens_ba, want.target_tokens_ba)
+
+
+def test_trainer_logs_the_teacher_accuracy_with_a_context(tmp_path):
+    from pipo_jax.rl import observe
+    from pipo_jax.rl.trainer import EVAL_SEED, train, warmup_kwargs
+
+    c = sdpo_configs.get_config("micro")
+    c.iterations, c.log.every = 1, 1
+    c.checkpoint.export_hf = False
+    train(c, str(tmp_path))
+    row = observe.read_metrics(str(tmp_path / "metrics.jsonl"))[0]
+    spec = train_spec(c)
+    base, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(c, c.seed))  # deterministic: the run's base
+    assert row["warmup_teacher_solution_accuracy"] == m["final_teacher_solution_accuracy"]
+    for kind in ("solution", "feedback"):
+        expected = float(warmup.context_accuracy(spec.model, base, spec.task, c.eval.n, jax.random.PRNGKey(EVAL_SEED),
+                                                 kind))
+        assert row[f"teacher_accuracy_{kind}"] == expected
