@@ -17,7 +17,6 @@ import sys
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from configs import grpo
