@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -94,7 +95,6 @@ def main(out_path: str) -> None:
 
     def mlp_rows(compiled) -> list[int]:
         """Row counts of the MLP activations `[rows, L, F]` in the per-device HLO."""
-        import re
         return sorted({int(r) for r in re.findall(rf"\[(\d+),{L},{F}\]", compiled.as_text())})
 
     # prepare's per-device temporaries at two rollout sizes (16 and 64 sequences)
