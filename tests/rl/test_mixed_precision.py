@@ -73,10 +73,10 @@ def test_bf16_compute_with_pipo_is_finite_and_close_to_float32():
     s16, m16 = run_learn(spec16, primed_state(spec16), rollouts)
 
     # fp32 masters and AdamW state; the frozen reference in the compute dtype
-    for leaf in jax.tree.leaves((s16.params, s16.opt_state[1].inner_state[0].mu, s16.opt_state[1].inner_state[0].nu)):
-        assert leaf.dtype == jnp.float32
+    floats = [x for x in jax.tree.leaves((s16.params, s16.opt_state)) if jnp.issubdtype(x.dtype, jnp.floating)]
+    assert len(floats) > 3 * len(jax.tree.leaves(s16.params))  # params, Adam's mu and nu, the learning rate
+    assert all(x.dtype == jnp.float32 for x in floats)
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(s16.ref_params))
-    assert s16.opt_state[1].hyperparams["learning_rate"].dtype == jnp.float32
 
     for a, b in zip(m32, m16):
         assert a["pi_step_applied"] == b["pi_step_applied"] == 1.0  # the PI step ran in every step
