@@ -28,8 +28,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.preset = "task_tiny"  # `task_tiny` (built-in task) or a qwen3 preset name
     c.model.path = ""  # Hugging Face directory (config.json + safetensors); "" = random init
-    c.model.param_dtype = "float32"
-    c.model.dtype = "float32"
+    c.model.param_dtype = "float32"  # master weights and AdamW state; the trainer requires float32
+    c.model.dtype = "float32"  # matmul / activation dtype (bfloat16: mixed precision, cast inside the model)
     c.model.remat = "none"  # none | full | dots_saveable
     c.model.logprob_impl = "auto"  # fused log-prob kernel: auto | reference | chunked | pallas
     # The platform the programs are built for: auto (that of this run's devices) | cpu | cuda |
@@ -91,7 +91,9 @@ def base_config() -> ml_collections.ConfigDict:
     # counted; this many in a row (base and PI steps alike) stop the run with an error.
     c.train.max_bad_steps = 8
     c.train.mini_batch_prompts = 8  # prompts per optimizer step (paper: 64 of 128)
-    c.train.micro_batch_size = 0  # sequences per gradient-accumulation step; 0 = whole mini-batch
+    # Sequences each device computes per gradient-accumulation step (verl's *_micro_batch_size_per_gpu),
+    # also the chunk of the no-gradient passes over the rollout; 0 = the device's share of the mini-batch.
+    c.train.micro_batch_size_per_device = 0
     c.train.epochs = 1
     c.train.shuffle = True
 
@@ -282,7 +284,7 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
     if preset in ("qwen3_4b", "qwen3_8b"):
         c.model.preset = preset
         c.model.path = ""  # must be set: --config.model.path=/path/to/Qwen3-4B
-        c.model.param_dtype = "bfloat16"
+        c.model.param_dtype = "float32"  # fp32 masters, bf16 compute
         c.model.dtype = "bfloat16"
         c.model.remat = "full"
         c.warmup.enabled = False
@@ -291,7 +293,7 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
         c.rollout.group_size = 8
         c.rollout.max_new_tokens = 4096
         c.train.mini_batch_prompts = 64
-        c.train.micro_batch_size = 4
+        c.train.micro_batch_size_per_device = 4
         c.train.lr = 1e-6
         c.pipo.lr = 1e-6
         c.eval.every = 25

@@ -4,7 +4,8 @@ shardings, the vocab-parallel fused log-prob, process-split data and
 `jax.distributed` start-up. See the README section "Running sharded / multi-host".
 """
 
-from pipo_jax.parallel.context import (ShardingContext, active_context, constrain, constrain_kv_cache,
+from pipo_jax.parallel.context import (ShardingContext, active_context, batch_shards, constrain,
+                                       mesh_batch_shards, constrain_kv_cache,
                                        sharding_context)
 from pipo_jax.parallel.distributed import DistributedSettings, distributed_settings, initialize_distributed
 from pipo_jax.parallel.host_data import (global_batch_from_process_local, process_local_reward, process_local_rows,
@@ -17,10 +18,10 @@ from pipo_jax.parallel.shardings import (batch_shardings, critic_axes, kv_cache_
                                          tree_shardings, with_shardings)
 
 __all__ = [
-    "AXES", "BATCH_AXES", "DEFAULT_RULES", "DistributedSettings", "MeshSpec", "ShardingContext", "active_context",
+    "AXES", "BATCH_AXES", "DEFAULT_RULES", "DistributedSettings", "MeshSpec", "ShardingContext", "active_context", "batch_shards",
     "batch_shardings", "constrain", "constrain_kv_cache", "critic_axes", "describe", "distributed_settings",
     "global_batch_from_process_local", "initialize_distributed", "kv_cache_shardings", "make_mesh", "make_rules",
-    "mesh_from_config", "mesh_sizes", "mirror_shardings", "named_sharding", "param_shardings", "parse_rules",
+    "mesh_batch_shards", "mesh_from_config", "mesh_sizes", "mirror_shardings", "named_sharding", "param_shardings", "parse_rules",
     "pipo_state_shardings", "process_local_reward", "process_local_rows", "process_row_slice", "replicated",
     "sharding_context", "spec_for", "token_logprobs", "token_logprobs_tensor_parallel", "train_state_shardings",
     "tree_shardings", "with_shardings",

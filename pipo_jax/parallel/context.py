@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -44,6 +45,20 @@ _ACTIVE: contextvars.ContextVar[ShardingContext | None] = contextvars.ContextVar
 def active_context() -> ShardingContext | None:
     """The innermost `sharding_context`, or None."""
     return _ACTIVE.get()
+
+
+def mesh_batch_shards(mesh: Mesh, rules: Rules | None = None) -> int:
+    """How many ways the `batch` logical axis is split on `mesh` (the product of its rule's mesh axes)."""
+    axes = (DEFAULT_RULES if rules is None else rules).get("batch")
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    sizes = mesh_sizes(mesh)
+    return math.prod(sizes.get(a, 1) for a in axes)
+
+
+def batch_shards() -> int:
+    """Devices the `batch` logical axis is split over under the active context (1 outside one)."""
+    ctx = _ACTIVE.get()
+    return 1 if ctx is None else mesh_batch_shards(ctx.mesh, ctx.rules)
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:

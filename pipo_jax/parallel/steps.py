@@ -39,6 +39,7 @@ from pipo_jax.rl import loop
 from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
+from pipo_jax.tasks import dataset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,13 +127,18 @@ def sharded_scan_chunk(spec: TrainSpec, mesh: Mesh, length: int, rules: Rules | 
     return _scan_chunk(spec, mesh, int(length), rules_key(rules))
 
 
+def _abstract_table(spec: TrainSpec):
+    return None if not spec.is_dataset_task else jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dataset.prompt_arrays(spec.task))
+
+
 def _abstract_rollout(spec: TrainSpec, n_prompts: int):
-    def make():
+    def make(table):
         key = jax.random.PRNGKey(0)
         params = qwen3.init_params(spec.model, key)
-        return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, key, n_prompts), key)
+        return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, key, n_prompts, table=table), key)
 
-    return jax.eval_shape(make)
+    return jax.eval_shape(make, _abstract_table(spec))
 
 
 @functools.lru_cache(maxsize=32)
@@ -141,17 +147,27 @@ def _generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules_items: tuple) -
     p_sh = state_shardings(spec, mesh, rules).params
     out = batch_shardings(_abstract_rollout(spec, n_prompts), mesh, rules)
 
-    def gen(params, rng):
+    def gen(params, table, rng):
         k_prob, k_gen = jax.random.split(rng)
-        return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, k_prob, n_prompts), k_gen)
+        return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, k_prob, n_prompts, table=table),
+                                    k_gen)
 
-    return ShardedFunction(jax.jit(gen, in_shardings=(p_sh, replicated(mesh)), out_shardings=out), mesh, rules)
+    jitted = jax.jit(gen, in_shardings=(p_sh, replicated(mesh), replicated(mesh)), out_shardings=out)
+    return ShardedFunction(jitted, mesh, rules)
+
+
+def mesh_prompt_table(spec: TrainSpec, mesh: Mesh) -> dataset.PromptTable | None:
+    """A dataset task's prompt table replicated on `mesh` (None for the built-in task)."""
+    if not spec.is_dataset_task:
+        return None
+    return place_tree(dataset.prompt_arrays(spec.task), jax.tree.map(lambda _: replicated(mesh), _abstract_table(spec)))
 
 
 def sharded_generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules: Rules | None = None) -> ShardedFunction:
-    """The host loop's generate on `mesh`: `fn(params, rng) -> Rollout` of `n_prompts x G` rows.
+    """The host loop's generate on `mesh`: `fn(params, table, rng) -> Rollout` of `n_prompts x G` rows
+    (`table`: `mesh_prompt_table`, None for the built-in task).
 
-    Same keys and result as `loop._host_generate(spec, params, rng, n_prompts)`; the
+    Same keys and result as `loop._host_generate(spec, params, table, rng, n_prompts)`; the
     rollout comes back split over `batch`.
     """
     return _generate(spec, mesh, int(n_prompts), rules_key(rules))
@@ -195,6 +211,7 @@ def mesh_host_programs(spec: TrainSpec, mesh: Mesh, rules: Rules | None = None) 
     def score(rollout, reward_fn):
         return rollout_lib.with_rewards(rollout, process_local_reward(reward_fn, rollout, mesh, rules))
 
+    table = mesh_prompt_table(spec, mesh)
     return loop.HostPrograms(
-        generate=lambda params, rng, n_prompts: sharded_generate(spec, mesh, n_prompts, rules)(params, rng),
+        generate=lambda params, rng, n_prompts: sharded_generate(spec, mesh, n_prompts, rules)(params, table, rng),
         score=score, learn=sharded_learn(spec, mesh, rules))

@@ -100,7 +100,7 @@ def dataset_heldout_accuracy(spec: TrainSpec, params, reward, n: int, batch_size
     rows = spec.task.heldout_rows_np[:n]
     if len(rows) == 0:
         raise ValueError("the dataset task has no held-out rows: set task.heldout_fraction > 0")
-    problems = jax.device_get(dataset.problems_at(spec.task, rows))
+    problems = jax.device_get(dataset.problems_at(dataset.prompt_arrays(spec.task), rows))
     stop_ids, pad_id = stop_and_pad_ids(spec)
     tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, 1,
                             jax.random.PRNGKey(0), max_new_tokens=spec.response_len, temperature=0.0,

@@ -64,17 +64,50 @@ def teacher_contexts(spec: TrainSpec, rollout: Rollout, rewards_b) -> tuple[jax.
     return tokens, mask, (has_demo | use_fb).astype(jnp.float32)
 
 
+def rollout_passes(spec: TrainSpec, state: TrainState, tokens_bl, mask_bl, teacher_inputs=None) -> dict:
+    """The no-gradient passes over the rollout under theta_t, one micro-batch at a time
+    (`steps.map_micro_batches`: the update's per-device micro-batch, so peak memory does not
+    grow with the rollout): {"logp_old_br", "entropy_br", "logp_ref_br"} `[B, R]` float32,
+    plus "values_br" (PPO's critic) and "logp_teacher_br" (`teacher_inputs` = SDPO / VPD
+    teacher (tokens `[B, Q + R]`, mask)).
+    """
+    p = spec.prompt_len
+    inputs = {"tokens_bl": tokens_bl, "mask_bl": mask_bl}
+    teacher = None
+    if teacher_inputs is not None:
+        inputs.update(teacher_tokens_bq=teacher_inputs[0], teacher_mask_bq=teacher_inputs[1])
+        teacher = state.params if spec.sdpo_teacher == "live" and spec.vpd is None else state.teacher_params
+
+    def one(mb):
+        out = {}
+        out["logp_old_br"], out["entropy_br"] = logprobs.response_logprobs(
+            spec.model, state.params, mb["tokens_bl"], mb["mask_bl"], p, temperature=spec.temperature,
+            impl=spec.logprob_impl, with_entropy=True)
+        out["logp_ref_br"], _ = logprobs.response_logprobs(spec.model, state.ref_params, mb["tokens_bl"],
+                                                           mb["mask_bl"], p, temperature=spec.temperature,
+                                                           impl=spec.logprob_impl)
+        if spec.has_critic:
+            out["values_br"] = steps.critic_values(spec, state.critic["params"], mb["tokens_bl"], mb["mask_bl"])
+        if teacher is not None:
+            out["logp_teacher_br"] = steps.teacher_logprobs(spec, teacher, mb["teacher_tokens_bq"],
+                                                            mb["teacher_mask_bq"])
+        return out
+
+    return steps.map_micro_batches(spec, one, inputs)
+
+
 def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[dict, jax.Array, dict]:
     """Step 2: the training batch of B_t under theta_t, mu_t, and batch metrics."""
     p = spec.prompt_len
     tokens, mask = rollout.tokens_bl, rollout.mask_bl
     mask_br = mask[:, p:].astype(jnp.float32)
     lengths_b = jnp.sum(mask_br, axis=1)
-    logp_old, entropy = logprobs.response_logprobs(spec.model, state.params, tokens, mask, p,
-                                                   temperature=spec.temperature, impl=spec.logprob_impl,
-                                                   with_entropy=True)
-    logp_ref, _ = logprobs.response_logprobs(spec.model, state.ref_params, tokens, mask, p,
-                                             temperature=spec.temperature, impl=spec.logprob_impl)
+    teacher_inputs = None
+    if spec.uses_teacher:
+        t_tokens, t_mask, sd_mask = teacher_contexts(spec, rollout, rollout.rewards_b)
+        teacher_inputs = (t_tokens, t_mask)
+    passes = rollout_passes(spec, state, tokens, mask, teacher_inputs)
+    logp_old, entropy, logp_ref = passes["logp_old_br"], passes["entropy_br"], passes["logp_ref_br"]
     rewards_b = rollout.rewards_b
     if spec.overlong_buffer:
         rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.response_len,
@@ -95,7 +128,7 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[dict,
         est_inputs = {"mask_bt": mask_br, "seq_rewards_b": seq_rewards, "token_rewards_bt": token_rewards}
         cfg = {}
         if spec.has_critic:
-            values = steps.critic_values(spec, state.critic["params"], tokens, mask)
+            values = passes["values_br"]
             est_inputs["values_bt"] = values
             batch["values_br"] = values
             cfg = dict(gamma=spec.gamma, lam=spec.gae_lam)
@@ -107,9 +140,7 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[dict,
             batch["returns_br"] = aux["returns_bt"]
         attr_inputs["adv_bt"] = adv
     if spec.uses_teacher:
-        t_tokens, t_mask, sd_mask = teacher_contexts(spec, rollout, rollout.rewards_b)
-        teacher = state.params if spec.sdpo_teacher == "live" and spec.vpd is None else state.teacher_params
-        logp_teacher = steps.teacher_logprobs(spec, teacher, t_tokens, t_mask)
+        logp_teacher = passes["logp_teacher_br"]
         batch.update(teacher_tokens_bq=t_tokens, teacher_mask_bq=t_mask, sd_mask_b=sd_mask,
                      rewards_b=rollout.rewards_b)
         attr_inputs.update(logp_teacher_bt=logp_teacher, logp_bt=logp_old, sd_mask_b=sd_mask)
@@ -179,7 +210,8 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
             spec, spec.vpd, state.step, teacher, teacher_opt, batch, None, vpd_delta, jax.random.fold_in(rng, 3))
         metrics.update(e_metrics)
         if spec.vpd.e_step and spec.attribution == "sdpo_token":
-            logp_t = steps.teacher_logprobs(spec, teacher, batch["teacher_tokens_bq"], batch["teacher_mask_bq"])
+            logp_t = steps.micro_teacher_logprobs(spec, teacher, batch["teacher_tokens_bq"],
+                                                  batch["teacher_mask_bq"])
             batch["attr_br"] = distill.token_attribution(logp_t, batch["logp_old_br"], batch["mask_br"],
                                                          batch["sd_mask_b"])
         metrics.update(vpd.teacher_diagnostics(spec, teacher, params, batch))

@@ -56,10 +56,12 @@ def scan_chunk(spec: TrainSpec, state: TrainState, length: int) -> tuple[TrainSt
 # ----------------------------------------------------------------------------- host loop
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _host_generate(spec: TrainSpec, params, rng, n_prompts: int) -> Rollout:
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _host_generate(spec: TrainSpec, params, table, rng, n_prompts: int) -> Rollout:
+    """Sample `n_prompts` problems (a dataset task: from `table`, an argument) and generate."""
     k_prob, k_gen = jax.random.split(rng)
-    return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, k_prob, n_prompts), k_gen)
+    return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, k_prob, n_prompts, table=table),
+                                k_gen)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -100,9 +102,10 @@ class HostPrograms:
 
 
 def single_device_programs(spec: TrainSpec) -> HostPrograms:
-    """The host loop's programs on the default device."""
-    return HostPrograms(generate=functools.partial(_host_generate, spec), score=_scored,
-                        learn=functools.partial(_host_learn, spec))
+    """The host loop's programs on the default device (a dataset task's prompt table placed once)."""
+    table = rollout_lib.prompt_table(spec)
+    return HostPrograms(generate=lambda params, rng, n_prompts: _host_generate(spec, params, table, rng, n_prompts),
+                        score=_scored, learn=functools.partial(_host_learn, spec))
 
 
 def host_collect(spec: TrainSpec, params, rng, reward_fn: HostReward,

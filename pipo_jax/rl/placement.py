@@ -80,7 +80,8 @@ class Placement:
             loop.check_dynamic_sampling(spec, metrics)
             loop.check_finite_updates(spec, metrics, first)
             return state, metrics
-        programs = None if self.mesh is None else sharded.mesh_host_programs(spec, self.mesh, self.rules)
+        programs = loop.single_device_programs(spec) if self.mesh is None else \
+            sharded.mesh_host_programs(spec, self.mesh, self.rules)
         rows = []
         for _ in range(n):
             first = int(self.to_host(state.step))

@@ -46,10 +46,24 @@ def response_part(spec: TrainSpec, rollout: Rollout) -> tuple[jax.Array, jax.Arr
     return rollout.tokens_bl[:, p:], rollout.mask_bl[:, p:]
 
 
-def sample_problems(spec: TrainSpec, rng, n_prompts: int, split: str = "train"):
-    """`n_prompts` task problems, each repeated G times (rows of a group are adjacent)."""
-    sample = dataset.sample_problems if spec.is_dataset_task else arithmetic.sample_problems
-    problems = sample(spec.task, rng, n_prompts, split=split)
+def prompt_table(spec: TrainSpec) -> dataset.PromptTable | None:
+    """A dataset task's prompt table on the default device (the `table` argument of the
+    rollout programs), or None for the built-in task."""
+    return jax.device_put(dataset.prompt_arrays(spec.task)) if spec.is_dataset_task else None
+
+
+def sample_problems(spec: TrainSpec, rng, n_prompts: int, split: str = "train",
+                    table: dataset.PromptTable | None = None):
+    """`n_prompts` task problems, each repeated G times (rows of a group are adjacent).
+
+    A dataset task draws from `table` (`prompt_table`), an argument of the caller's program.
+    """
+    if spec.is_dataset_task:
+        if table is None:
+            raise ValueError(f"the {spec.task.kind} task samples from its prompt table: pass table=prompt_table(spec)")
+        problems = dataset.sample_problems(table, rng, n_prompts, split=split)
+    else:
+        problems = arithmetic.sample_problems(spec.task, rng, n_prompts, split=split)
     return jax.tree.map(lambda x: jnp.repeat(x, spec.group_size, axis=0), problems)
 
 

@@ -54,7 +54,7 @@ class TrainSpec:
     adam_b2: float
     grad_clip: float
     mini_batch: int  # sequences per optimizer step
-    micro_batch: int  # sequences per gradient-accumulation step
+    micro_batch_per_device: int  # sequences per device per gradient-accumulation step; 0 = its mini-batch share
     epochs: int
     shuffle: bool
     estimator: str
@@ -292,6 +292,9 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
               f"token ids up to {vocab - 1} do not fit the model's vocab_size {model.vocab_size}")
     _need(not c.eval.benchmarks or isinstance(task, DatasetTask) and task.kind == "math", "eval.benchmarks",
           "math benchmarks need a math task's tokenizer and prompts: set task.name=math")
+    _need(c.model.param_dtype == "float32", "model.param_dtype",
+          f"{c.model.param_dtype!r}: the trainer keeps float32 master weights and AdamW state (bf16 cannot hold "
+          "AdamW's b2 = 0.999 or a 1e-6 update); set model.dtype=bfloat16 for bf16 compute")
     _choice(c.model.logprob_impl, "model.logprob_impl", ("auto", "reference", "chunked", "pallas"))
 
     r = c.rollout
@@ -320,8 +323,11 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _need(t.mini_batch_prompts >= 1 and r.prompts_per_batch % t.mini_batch_prompts == 0, "train.mini_batch_prompts",
           f"{t.mini_batch_prompts} does not divide rollout.prompts_per_batch={r.prompts_per_batch}")
     mini = t.mini_batch_prompts * r.group_size
-    micro = t.micro_batch_size or mini
-    _need(mini % micro == 0, "train.micro_batch_size", f"{t.micro_batch_size} does not divide the mini-batch of {mini}")
+    _need("micro_batch_size" not in t, "train.micro_batch_size",
+          "the global micro-batch is gone: set train.micro_batch_size_per_device (sequences per device)")
+    micro = t.micro_batch_size_per_device
+    _need(micro >= 0 and (micro == 0 or mini % micro == 0), "train.micro_batch_size_per_device",
+          f"{micro} does not divide the mini-batch of {mini}")
     _need(t.epochs >= 1, "train.epochs", f"{t.epochs} must be >= 1")
     _need(t.lr > 0, "train.lr", f"{t.lr} must be > 0")
     _need(t.weight_decay >= 0, "train.weight_decay", f"{t.weight_decay} must be >= 0")
@@ -415,7 +421,7 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
         prompts=r.prompts_per_batch, group_size=r.group_size, response_len=response_len,
         temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p),
         lr=float(t.lr), weight_decay=float(t.weight_decay), adam_b1=float(t.adam_b1), adam_b2=float(t.adam_b2),
-        grad_clip=float(t.grad_clip), mini_batch=mini, micro_batch=micro, epochs=int(t.epochs),
+        grad_clip=float(t.grad_clip), mini_batch=mini, micro_batch_per_device=micro, epochs=int(t.epochs),
         shuffle=bool(t.shuffle), estimator=a.estimator, std_ddof=int(a.std_ddof), norm_by_std=bool(a.norm_by_std),
         gamma=float(a.gamma), gae_lam=float(a.lam), policy_loss=lo.policy, clip_low=float(lo.clip_low),
         clip_high=float(lo.clip_high), clip_ratio_c=float(lo.clip_ratio_c), agg_mode=lo.agg_mode,

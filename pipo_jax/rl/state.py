@@ -56,7 +56,10 @@ def make_optimizer(lr: float, spec: TrainSpec) -> optax.GradientTransformation:
 def with_lr(opt_state, lr) -> Any:
     """The same optimizer state with its AdamW learning rate set to `lr`."""
     clip_state, adam_state = opt_state.inner_state
-    hyper = dict(adam_state.hyperparams, learning_rate=jnp.asarray(lr, jnp.float32))
+    # The dtype inject_hyperparams stored (the params' dtype), so both branches of the PI
+    # step's `lax.cond` carry the same state type.
+    stored = adam_state.hyperparams["learning_rate"]
+    hyper = dict(adam_state.hyperparams, learning_rate=jnp.asarray(lr, jnp.asarray(stored).dtype))
     return opt_state._replace(inner_state=(clip_state, adam_state._replace(hyperparams=hyper)))
 
 
@@ -84,8 +87,16 @@ def _copy(tree):
     return jax.tree.map(jnp.copy, tree)
 
 
+def reference_copy(spec: TrainSpec, params):
+    """The frozen reference policy: `params` stored in the compute dtype (`model.dtype`). The
+    forward casts weights to it anyway, so its log-probs are those of `params`, at half the
+    memory of float32 masters under bf16 compute."""
+    return jax.tree.map(lambda x: jnp.copy(x).astype(spec.model.jnp_dtype), params)
+
+
 def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
-    """A fresh state around `params` (the reference, critic backbone and teacher start as copies)."""
+    """A fresh state around `params` (the reference, critic backbone and teacher start as copies;
+    the reference in the compute dtype, see `reference_copy`)."""
     critic = None
     if spec.has_critic:
         critic_params = {"backbone": _copy(params),
@@ -103,7 +114,7 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
         step=jnp.zeros((), jnp.int32),
         params=params,
         opt_state=make_optimizer(spec.lr, spec).init(params),
-        ref_params=_copy(params),
+        ref_params=reference_copy(spec, params),
         critic=critic,
         teacher_params=teacher,
         pipo=pipo.init_pipo_state(spec.pipo_window, stored_batch_template(spec)),

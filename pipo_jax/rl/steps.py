@@ -16,13 +16,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from pipo_jax import parallel
 from pipo_jax.losses import distill, pipo, registry
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import aggregate, aggregation_counts
 from pipo_jax.losses.kl import kl_loss
 from pipo_jax.losses.value import clipped_value_loss
 from pipo_jax.rl import logprobs
-from pipo_jax.rl.spec import TrainSpec
+from pipo_jax.rl.spec import ConfigError, TrainSpec
 
 Batch = dict[str, jax.Array]
 LossFn = Callable[[Any, Batch, dict], tuple[jax.Array, dict]]
@@ -57,6 +58,77 @@ def response_counts(mini: Batch) -> dict:
     return counts
 
 
+def micro_rows_per_device(spec: TrainSpec, shards: int) -> int:
+    """Sequences one device computes per micro-batch: `train.micro_batch_size_per_device`, or
+    (0) the device's share of the mini-batch."""
+    return spec.micro_batch_per_device or spec.mini_batch // shards
+
+
+def check_micro_batching(spec: TrainSpec, shards: int) -> None:
+    """Raises `ConfigError` naming the key unless `shards` devices split every mini-batch into
+    whole per-device micro-batches."""
+    per_device = micro_rows_per_device(spec, shards)
+    if per_device < 1 or spec.mini_batch % (per_device * shards):
+        raise ConfigError(
+            f"config.train.micro_batch_size_per_device: {spec.micro_batch_per_device} x {shards} batch shards "
+            f"(mesh axes of `batch`) does not divide the mini-batch of {spec.mini_batch} sequences")
+
+
+def split_micro(x: jax.Array, n_micro: int, shards: int) -> jax.Array:
+    """`[N, ...]` -> `[n_micro, N / n_micro, ...]` so that, with the rows split over `shards`
+    devices in contiguous blocks, micro-batch i holds rows i*m..(i+1)*m of every device's block
+    (m = N / (n_micro * shards)): each device computes only rows it already holds."""
+    m = x.shape[0] // (n_micro * shards)
+    x = x.reshape((shards, n_micro, m) + x.shape[1:]).swapaxes(0, 1)
+    return parallel.constrain(x.reshape((n_micro, shards * m) + x.shape[3:]), (None, "batch") + (None,) * (x.ndim - 3))
+
+
+def merge_micro(y: jax.Array, shards: int) -> jax.Array:
+    """Inverse of `split_micro`: `[n_micro, shards * m, ...]` -> `[n_micro * shards * m, ...]` in row order."""
+    n_micro, rows = y.shape[:2]
+    y = y.reshape((n_micro, shards, rows // shards) + y.shape[2:]).swapaxes(0, 1)
+    return parallel.constrain(y.reshape((n_micro * rows,) + y.shape[3:]), ("batch",) + (None,) * (y.ndim - 3))
+
+
+def micro_split_count(spec: TrainSpec, rows: int) -> tuple[int, int]:
+    """(micro-batches, batch shards) for `rows` sequences under the active sharding context."""
+    shards = parallel.batch_shards()
+    check_micro_batching(spec, shards)
+    per_step = micro_rows_per_device(spec, shards) * shards
+    if rows % per_step:
+        raise ConfigError(f"config.train.micro_batch_size_per_device: {rows} rows do not split into micro-batches "
+                          f"of {per_step} ({shards} batch shards)")
+    return rows // per_step, shards
+
+
+def map_micro_batches(spec: TrainSpec, fn: Callable[[Batch], Any], batch: Batch) -> Any:
+    """`fn(micro_batch) -> tree of [rows, ...]` over `batch` one micro-batch at a time (`lax.map`,
+    the update's micro-batch size per device), results back in row order `[B, ...]`.
+
+    Peak memory is that of one micro-batch whatever the batch size, and each device computes
+    only its own rows. For the no-gradient passes over a whole rollout (behaviour, reference
+    and teacher log-probs, values, entropies).
+    """
+    n_micro, shards = micro_split_count(spec, jax.tree.leaves(batch)[0].shape[0])
+    out = jax.lax.map(fn, jax.tree.map(lambda x: split_micro(x, n_micro, shards), batch))
+    return jax.tree.map(lambda y: merge_micro(y, shards), out)
+
+
+def accumulate_grads(spec: TrainSpec, loss_fn: LossFn, params, mini: Batch, counts: dict) -> tuple[Any, dict]:
+    """Summed gradients and metrics of `loss_fn` over the micro-batches of one mini-batch."""
+    n_micro, shards = micro_split_count(spec, jax.tree.leaves(mini)[0].shape[0])
+    micros = jax.tree.map(lambda x: split_micro(x, n_micro, shards), mini)
+
+    def micro_step(acc, micro):
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, micro, counts)
+        return jax.tree.map(jnp.add, acc, (grads, metrics)), None
+
+    zero_metrics = jax.eval_shape(lambda: loss_fn(params, jax.tree.map(lambda x: x[0], micros), counts)[1])
+    zeros = (jax.tree.map(jnp.zeros_like, params), jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), zero_metrics))
+    (grads, metrics), _ = jax.lax.scan(micro_step, zeros, micros)
+    return grads, metrics
+
+
 def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state,
                       batch: Batch, rng, counts_fn: Callable[[Batch], dict] = response_counts) -> tuple[Any, Any, dict]:
     """Runs `epochs x (B / mini_batch)` optimizer steps of `loss_fn` on `batch`.
@@ -64,28 +136,16 @@ def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.Gradien
     `loss_fn(params, micro_batch, counts) -> (loss, metrics)` must aggregate with the
     mini-batch `counts = counts_fn(mini_batch)` (default: valid tokens and non-empty rows
     of `batch["mask_br"]`), so losses and metrics of micro-batches add up to the
-    mini-batch's. Returns (params, opt_state, metrics averaged over the optimizer steps,
-    plus "grad_norm").
+    mini-batch's. Each mini-batch is split into micro-batches of
+    `spec.micro_batch_per_device` rows per device (`accumulate_grads`). Returns (params,
+    opt_state, metrics averaged over the optimizer steps, plus "grad_norm").
     """
     size = batch["mask_br"].shape[0]
-    n_micro = spec.mini_batch // spec.micro_batch
-
-    def micro_split(x):
-        return x.reshape((n_micro, spec.micro_batch) + x.shape[1:])
 
     def mini_step(carry, idx):
         p, s = carry
-        mini = jax.tree.map(lambda x: x[idx], batch)
-        counts = counts_fn(mini)
-
-        def micro_step(acc, micro):
-            (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, micro, counts)
-            return jax.tree.map(jnp.add, acc, (grads, metrics)), None
-
-        zero_metrics = jax.eval_shape(lambda: loss_fn(p, jax.tree.map(lambda x: x[0], jax.tree.map(micro_split, mini)),
-                                                      counts)[1])
-        zeros = (jax.tree.map(jnp.zeros_like, p), jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), zero_metrics))
-        (grads, metrics), _ = jax.lax.scan(micro_step, zeros, jax.tree.map(micro_split, mini))
+        mini = jax.tree.map(lambda x: parallel.constrain(x[idx], ("batch",) + (None,) * (x.ndim - 1)), batch)
+        grads, metrics = accumulate_grads(spec, loss_fn, p, mini, counts_fn(mini))
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
         updates, s = optimizer.update(grads, s, p)
         return (optax.apply_updates(p, updates), s), metrics
@@ -121,6 +181,12 @@ def teacher_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq):
     logp, _ = logprobs.response_logprobs(spec.model, jax.lax.stop_gradient(teacher_params), tokens_bq, mask_bq, q,
                                          temperature=spec.temperature, impl=spec.logprob_impl)
     return jax.lax.stop_gradient(logp)
+
+
+def micro_teacher_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
+    """`teacher_logprobs` over a whole batch `[B, R]`, one micro-batch at a time (`map_micro_batches`)."""
+    return map_micro_batches(spec, lambda mb: teacher_logprobs(spec, teacher_params, mb["tokens"], mb["mask"]),
+                             {"tokens": tokens_bq, "mask": mask_bq})
 
 
 def _sdpo_loss(spec: TrainSpec, params, teacher_params, mb: Batch, counts: dict):

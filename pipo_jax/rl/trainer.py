@@ -19,8 +19,9 @@ import ml_collections
 import numpy as np
 
 from pipo_jax.models import hf, qwen3
+from pipo_jax.parallel import mesh_batch_shards
 from pipo_jax.parallel.distributed import initialize_distributed
-from pipo_jax.rl import evaluate, loop, observe, rollout, warmup
+from pipo_jax.rl import evaluate, loop, observe, rollout, steps, warmup
 from pipo_jax.rl.checkpoint import Checkpointer, saved_steps
 from pipo_jax.rl.placement import Placement, placement_from_config
 from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, train_spec
@@ -169,6 +170,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         log.info("task.epochs=%g over %d training rows: %d iterations", config.task.epochs,
                  len(spec.task.train_rows_np), config.iterations)
     where = placement_from_config(config)
+    if where.mesh is not None:  # every device computes whole micro-batches of its own rows
+        steps.check_micro_batching(spec, mesh_batch_shards(where.mesh, where.rules))
     if spec.is_dataset_task and spec.uses_teacher and where.mesh is not None:
         raise ConfigError("config.mesh.enabled: SDPO / VPD on a dataset task build teacher prompts on one "
                           "host; run them on one device (--config.mesh.enabled=false)")

@@ -4,7 +4,7 @@ The teacher is the SDPO teacher (`TrainState.teacher_params`: the same network, 
 param copy, fed the feedback context `batch["teacher_tokens_bq"]`). Every `every` student
 iterations the E-step trains it with the BCO-style loss of `pipo_jax.losses.vpd` on the
 current batch, through the same mini-batch x epoch machinery as the student
-(`steps.minibatch_updates`: `spec.mini_batch`, `spec.micro_batch`, `spec.epochs`,
+(`steps.minibatch_updates`: `spec.mini_batch`, `spec.micro_batch_per_device`, `spec.epochs`,
 `spec.shuffle`), with its own AdamW state and learning rate `VpdConfig.lr`. Gradient flows
 into the teacher params only.
 
@@ -141,9 +141,13 @@ def reference_logprobs(cfg: VpdConfig, batch: Mapping) -> jax.Array:
 
 def student_reference_logprobs(spec: TrainSpec, student_params, batch: Mapping) -> jax.Array:
     """The dynamic reference recomputed under `student_params` `[B, R]` (for a student that moved since `prepare`)."""
-    logp, _ = logprobs.response_logprobs(spec.model, jax.lax.stop_gradient(student_params), batch["tokens_bl"],
-                                         batch["mask_bl"], spec.prompt_len, temperature=spec.temperature,
-                                         impl=spec.logprob_impl)
+    student = jax.lax.stop_gradient(student_params)
+
+    def one(mb):
+        return logprobs.response_logprobs(spec.model, student, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len,
+                                          temperature=spec.temperature, impl=spec.logprob_impl)[0]
+
+    logp = steps.map_micro_batches(spec, one, {"tokens_bl": batch["tokens_bl"], "mask_bl": batch["mask_bl"]})
     return jax.lax.stop_gradient(logp)
 
 
@@ -209,7 +213,8 @@ def e_step(spec: TrainSpec, cfg: VpdConfig, teacher_params, teacher_opt_state, b
     pos, neg = labels(spec, batch)
     e_batch = e_step_batch(batch, ref, pos, neg)
 
-    logq_before = steps.teacher_logprobs(spec, teacher_params, batch["teacher_tokens_bq"], batch["teacher_mask_bq"])
+    logq_before = steps.micro_teacher_logprobs(spec, teacher_params, batch["teacher_tokens_bq"],
+                                               batch["teacher_mask_bq"])
     rtilde_before = vpd_loss.implicit_reward(logq_before, ref, batch["mask_br"], beta=cfg.beta,
                                              seq_logprob=cfg.seq_logprob)
     delta_state = vpd_loss.update_delta(delta_state, rtilde_before, pos | neg, mode=cfg.delta_mode,
@@ -261,18 +266,20 @@ def teacher_diagnostics(spec: TrainSpec, teacher_params, student_params, batch: 
 
     {"vpd/teacher_entropy", "vpd/student_entropy", "vpd/kl_teacher_student"}: exact, from the
     full `[chunk_rows, R, V]` log-distributions of the teacher (teacher context) and the
-    student (plain prompt), computed `chunk_rows` sequences at a time (default
-    `spec.micro_batch`: the memory SDPO's JSD loss already needs); no gradient.
+    student (plain prompt), computed `chunk_rows` sequences at a time (default: the
+    update's micro-batches, `steps.map_micro_batches`' layout); no gradient.
     """
     _require(batch, ("tokens_bl", "mask_bl", "mask_br", "teacher_tokens_bq", "teacher_mask_bq", "sd_mask_b"))
     b = batch["mask_br"].shape[0]
-    rows = spec.micro_batch if chunk_rows is None else chunk_rows
-    if rows < 1 or b % rows:
-        raise ValueError(f"teacher_diagnostics chunk_rows={rows} does not divide the batch of {b}")
-    n = b // rows
+    if chunk_rows is None:
+        n, shards = steps.micro_split_count(spec, b)
+    elif chunk_rows < 1 or b % chunk_rows:
+        raise ValueError(f"teacher_diagnostics chunk_rows={chunk_rows} does not divide the batch of {b}")
+    else:
+        n, shards = b // chunk_rows, 1
     q = batch["teacher_tokens_bq"].shape[1] - spec.response_len
     keys = ("tokens_bl", "mask_bl", "mask_br", "teacher_tokens_bq", "teacher_mask_bq", "sd_mask_b")
-    chunks = {k: batch[k].reshape((n, b // n) + batch[k].shape[1:]) for k in keys}
+    chunks = {k: steps.split_micro(batch[k], n, shards) for k in keys}
     teacher, student = jax.lax.stop_gradient(teacher_params), jax.lax.stop_gradient(student_params)
 
     def one(mb):

@@ -2,9 +2,10 @@
 
 `load_dataset_task` reads a JSONL / parquet / tensorflow-datasets source, renders each
 question with the tokenizer's chat template (`pipo_jax.data.prompts`), and keeps the
-prompts as one left-padded token table `[N, P]`. The table is a constant of the jitted
-rollout, so prompts are drawn inside the same programs as the built-in task's
-(`sample_problems`: pure, jit-able), and only the reward runs on the host:
+prompts as one left-padded token table `[N, P]`. The table (`PromptTable`) is an argument
+of the jitted rollout, not a constant compiled into it; prompts are drawn inside the same
+programs as the built-in task's (`sample_problems`: pure, jit-able), and only the reward
+runs on the host:
 `DatasetReward` decodes each response and scores it with the math verifier or the code
 sandbox against the row's reference (`Problems.index_b` names the row).
 
@@ -156,25 +157,43 @@ def load_dataset_task(kind: str, examples: Sequence[Example], tokenizer: Any, pr
     return task
 
 
-def problems_at(task: DatasetTask, rows_b: jax.Array) -> Problems:
-    """The problems of table rows `rows_b` (jit-able: the table is a constant)."""
-    p = task.prompt_len
+class PromptTable(NamedTuple):
+    """A dataset task's prompts as arrays (a pytree): what the jitted rollout takes as an
+    argument, so the compiled program holds no copy of the dataset and serves any table of
+    the same shapes. tokens_np: left-padded `[N, P]`; lengths_n `[N]`; train_rows /
+    heldout_rows: row ids of the two splits."""
+
+    tokens_np: Any
+    lengths_n: Any
+    train_rows: Any
+    heldout_rows: Any
+
+
+def prompt_arrays(task: DatasetTask) -> PromptTable:
+    """`task`'s prompt table as host (numpy) arrays; `jax.device_put` it once and pass it to the programs."""
+    return PromptTable(tokens_np=task.prompt_tokens_np, lengths_n=task.prompt_lengths_np,
+                       train_rows=task.train_rows_np, heldout_rows=task.heldout_rows_np)
+
+
+def problems_at(table: PromptTable, rows_b: jax.Array) -> Problems:
+    """The problems of table rows `rows_b` (jit-able, the table an argument)."""
+    p = table.tokens_np.shape[1]
     rows_b = jnp.asarray(rows_b, jnp.int32)
-    tokens = jnp.asarray(task.prompt_tokens_np)[rows_b]
-    lengths = jnp.asarray(task.prompt_lengths_np)[rows_b]
+    tokens = jnp.asarray(table.tokens_np)[rows_b]
+    lengths = jnp.asarray(table.lengths_n)[rows_b]
     mask = (jnp.arange(p)[None, :] >= p - lengths[:, None]).astype(jnp.int32)
     return Problems(prompt_tokens_bp=tokens, prompt_mask_bp=mask, index_b=rows_b)
 
 
-def sample_problems(task: DatasetTask, rng: jax.Array, batch: int, split: str = "train") -> Problems:
+def sample_problems(table: PromptTable, rng: jax.Array, batch: int, split: str = "train") -> Problems:
     """`batch` problems drawn uniformly (with replacement) from `split`; pure and jit-able."""
-    rows = {"train": task.train_rows_np, "heldout": task.heldout_rows_np}.get(split)
+    rows = {"train": table.train_rows, "heldout": table.heldout_rows}.get(split)
     if rows is None:
         raise ValueError(f"split {split!r} is not 'train' or 'heldout'")
-    if len(rows) == 0:
+    if rows.shape[0] == 0:
         raise ValueError(f"the {split} split is empty (task.heldout_fraction)")
-    pick = jax.random.randint(rng, (batch,), 0, len(rows))
-    return problems_at(task, jnp.asarray(rows)[pick])
+    pick = jax.random.randint(rng, (batch,), 0, rows.shape[0])
+    return problems_at(table, jnp.asarray(rows)[pick])
 
 
 # ----------------------------------------------------------------------------- SDPO teacher prompts

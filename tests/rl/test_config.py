@@ -43,7 +43,7 @@ def test_algorithm_settings_follow_the_paper():
     assert config("ppo", "qwen3_8b").rollout.prompts_per_batch == 1024
 
 
-# Paper Table 5 (Qwen3-4B/8B runs): batch, mini-batch, micro-batch, epochs, clip low/high,
+# Paper Table 5 (Qwen3-4B/8B runs): batch, mini-batch, micro-batch (per GPU), epochs, clip low/high,
 # G, filter groups, KL in reward / loss; shared: KL coef 0.001, lr 1e-6, temperature 1.0,
 # prompt <= 512 and response <= 4096 tokens, K = 8, alpha_PI = 1e-6, lam = 0.1.
 TABLE5 = {
@@ -58,12 +58,14 @@ TABLE5 = {
 @pytest.mark.parametrize("algo", sorted(TABLE5))
 def test_qwen3_presets_are_table5(algo, preset):
     c = config(algo, preset)
-    got = (c.rollout.prompts_per_batch, c.train.mini_batch_prompts, c.train.micro_batch_size, c.task.epochs,
+    got = (c.rollout.prompts_per_batch, c.train.mini_batch_prompts, c.train.micro_batch_size_per_device,
+           c.task.epochs,
            c.loss.clip_low, c.loss.clip_high, c.rollout.group_size, c.dapo.dynamic_sampling, c.loss.kl_in_reward)
     assert got == TABLE5[algo]
     assert (c.loss.kl_coef, c.train.lr, c.rollout.temperature, c.task.max_prompt_tokens, c.rollout.max_new_tokens,
             c.pipo.window, c.pipo.lr, c.pipo.lam) == (0.001, 1e-6, 1.0, 512, 4096, 8, 1e-6, 0.1)
     assert c.task.name == "math" and c.model.preset == preset
+    assert (c.model.param_dtype, c.model.dtype) == ("float32", "bfloat16")  # fp32 masters, bf16 compute
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -100,7 +102,10 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
         (lambda c: setattr(c.pipo, "lam", -0.1), r"config\.pipo\.lam"),
         (lambda c: setattr(c.rollout, "group_size", 1), r"config\.rollout\.group_size: G=1 with a group method"),
         (lambda c: setattr(c.train, "mini_batch_prompts", 3), r"config\.train\.mini_batch_prompts: 3 does not divide"),
-        (lambda c: setattr(c.train, "micro_batch_size", 3), r"config\.train\.micro_batch_size: 3 does not divide"),
+        (lambda c: setattr(c.train, "micro_batch_size_per_device", 3),
+         r"config\.train\.micro_batch_size_per_device: 3 does not divide"),
+        (lambda c: setattr(c.train, "micro_batch_size", 4), r"config\.train\.micro_batch_size: .*per_device"),
+        (lambda c: setattr(c.model, "param_dtype", "bfloat16"), r"config\.model\.param_dtype: 'bfloat16'.*float32"),
         (lambda c: setattr(c.loss, "agg_mode", "mean"), r"config\.loss\.agg_mode: 'mean' is not one of"),
         (lambda c: setattr(c.loss, "policy", "sdpo_jsd"), r"config\.loss\.policy: 'sdpo_jsd' does not fit"),
         (lambda c: setattr(c.rollout, "top_p", 0.0), r"config\.rollout\.top_p"),

@@ -77,12 +77,13 @@ def test_prompt_table_and_splits(model_dir, math_file):
     assert not set(task.heldout_rows_np) & set(task.train_rows_np)
     assert task.stop_token_ids == (2,) and task.pad_id == 0
 
-    sample = jax.jit(lambda k: dataset.sample_problems(task, k, 64))
-    probs = sample(jax.random.PRNGKey(1))
+    table = dataset.prompt_arrays(task)
+    sample = jax.jit(lambda t, k: dataset.sample_problems(t, k, 64))
+    probs = sample(table, jax.random.PRNGKey(1))
     assert set(np.asarray(probs.index_b)) <= set(task.train_rows_np)
     np.testing.assert_array_equal(probs.prompt_tokens_bp, task.prompt_tokens_np[np.asarray(probs.index_b)])
     np.testing.assert_array_equal(probs.prompt_mask_bp.sum(1), task.prompt_lengths_np[np.asarray(probs.index_b)])
-    held = dataset.sample_problems(task, jax.random.PRNGKey(1), 16, split="heldout")
+    held = dataset.sample_problems(table, jax.random.PRNGKey(1), 16, split="heldout")
     assert set(np.asarray(held.index_b)) <= set(task.heldout_rows_np)
 
 
@@ -95,7 +96,7 @@ def constructed_rollout(spec, tok, rows, texts):
     for i, t in enumerate(texts):
         ids = tok(t, add_special_tokens=False)["input_ids"][: r - 1] + [2]
         resp[i, :len(ids)], mask[i, :len(ids)] = ids, 1
-    problems = dataset.problems_at(spec.task, np.asarray(rows, np.int32))
+    problems = dataset.problems_at(dataset.prompt_arrays(spec.task), np.asarray(rows, np.int32))
     batch = rollout.Rollout(
         problems=problems, tokens_bl=jnp.concatenate([problems.prompt_tokens_bp, jnp.asarray(resp)], axis=1),
         mask_bl=jnp.concatenate([problems.prompt_mask_bp, jnp.asarray(mask)], axis=1),

@@ -223,7 +223,7 @@ def test_micro_batching_does_not_change_the_e_step(micro, monkeypatch):
     batch = dict(micro.batch, rewards_b=PATTERN)
     teacher = micro.state.teacher_params
     opt0 = _sgd(micro.cfg.lr, micro.spec).init(teacher)
-    spec2 = dataclasses.replace(micro.spec, micro_batch=micro.spec.mini_batch // 2)
+    spec2 = dataclasses.replace(micro.spec, micro_batch_per_device=micro.spec.mini_batch // 2)
     step = lambda spec: jax.jit(lambda t, s, b, d, k: vpd.e_step(spec, micro.cfg, t, s, b, None, d, k))  # noqa: E731
     split, whole = (step(s)(teacher, opt0, batch, vpd_loss.init_delta_state(), jax.random.PRNGKey(5))
                     for s in (spec2, micro.spec))  # ref None: read logp_old_br ("dynamic")
@@ -249,7 +249,7 @@ def test_micro_batching_does_not_change_the_e_step(micro, monkeypatch):
 def test_teacher_diagnostics_match_a_full_batch_computation(micro):
     spec, batch = micro.spec, micro.batch
     teacher = jax.tree.map(lambda x: x * 1.5, micro.state.teacher_params)  # a sharper teacher
-    got, got4 = jax.jit(lambda t, s, b: (vpd.teacher_diagnostics(spec, t, s, b),  # chunks of micro_batch = 8
+    got, got4 = jax.jit(lambda t, s, b: (vpd.teacher_diagnostics(spec, t, s, b),  # micro-batches of 8 (the mini-batch)
                                          vpd.teacher_diagnostics(spec, t, s, b, chunk_rows=4)))(
         teacher, micro.state.params, batch)
     chex.assert_trees_all_close(got, got4, rtol=1e-5)
