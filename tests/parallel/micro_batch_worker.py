@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from configs import grpo
+from experiments.benchmarks.prepare_memory import prepare_memory
 from pipo_jax import parallel
 from pipo_jax.models import qwen3
 from pipo_jax.parallel import steps as sharded
@@ -101,13 +102,7 @@ def main(out_path: str) -> None:
     temps = {}
     for prompts in (4, 16):
         s = make_spec(prompts)
-        abstract_state = sharded.abstract_train_state(s)
-        abstract_ro = sharded._abstract_rollout(s, s.prompts)
-        with parallel.sharding_context(mesh):
-            c = jax.jit(lambda st, r: learn.prepare(s, st, r),
-                        in_shardings=(sharded.state_shardings(s, mesh), batch_shardings(abstract_ro, mesh))
-                        ).lower(abstract_state, abstract_ro).compile()
-        temps[str(s.batch)] = int(c.memory_analysis().temp_size_in_bytes)
+        temps[str(s.batch)] = prepare_memory(s, mesh)["temp_bytes"]
 
     with parallel.sharding_context(mesh):  # 4 per device x 8 shards does not divide the mini-batch of 16
         try:
