@@ -80,6 +80,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0
     c.rollout.top_k = 0  # 0 = off
     c.rollout.top_p = 1.0
+    # Rows one device decodes per generation pass (lax.map over passes): the KV cache, the largest
+    # buffer of a rollout, then holds this many rows, not the device's whole share. 0 = one pass.
+    c.rollout.generate_rows_per_device = 0
 
     c.train = ml_collections.ConfigDict()
     c.train.lr = 1e-6
@@ -292,6 +295,7 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
         c.rollout.prompts_per_batch = 128
         c.rollout.group_size = 8
         c.rollout.max_new_tokens = 4096
+        c.rollout.generate_rows_per_device = 8  # rows decoded per device per pass (KV cache 8 x 4608 positions)
         c.train.mini_batch_prompts = 64
         c.train.micro_batch_size_per_device = 4
         c.train.lr = 1e-6

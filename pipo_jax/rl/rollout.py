@@ -14,9 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from pipo_jax import parallel
 from pipo_jax.data import char_vocab
 from pipo_jax.losses import advantages
-from pipo_jax.rl.spec import TrainSpec
+from pipo_jax.rl import steps
+from pipo_jax.rl.spec import ConfigError, TrainSpec
 from pipo_jax.sampling import sampler
 from pipo_jax.tasks import arithmetic, dataset
 
@@ -74,18 +76,49 @@ def stop_and_pad_ids(spec: TrainSpec) -> tuple[tuple[int, ...], int]:
     return (char_vocab.EOS_ID,), char_vocab.PAD_ID
 
 
+def generation_passes(spec: TrainSpec, rows: int) -> tuple[int, int]:
+    """(passes, batch shards) for decoding `rows` rows, `rollout.generate_rows_per_device` per
+    device per pass, under the active sharding context (one pass when the key is 0)."""
+    shards = parallel.batch_shards()
+    per_pass = spec.generate_rows_per_device * shards
+    if not per_pass or per_pass >= rows:
+        return 1, shards
+    if rows % per_pass:
+        raise ConfigError(f"config.rollout.generate_rows_per_device: {rows} rows do not split into passes of "
+                          f"{per_pass} ({spec.generate_rows_per_device} per device x {shards} batch shards)")
+    return rows // per_pass, shards
+
+
 def generate(spec: TrainSpec, params, problems, rng) -> Rollout:
-    """Samples one response per row of `problems` with the policy `params` (rewards left 0)."""
+    """Samples one response per row of `problems` with the policy `params` (rewards left 0).
+
+    With `generate_rows_per_device` set the rows are decoded in passes (`lax.map`), each device
+    decoding only rows it holds, so the KV cache holds one pass's rows; row b samples with key
+    `fold_in(rng, b)` either way, so the passes change no token.
+    """
     # "tempered" log-probs: log_softmax(logits / T) over the full vocabulary, what the
     # trainer recomputes as the behaviour policy (top-k / top-p only shape the sampling).
     stop_ids, pad_id = stop_and_pad_ids(spec)
-    out = sampler.generate(
-        spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, rng,
-        max_new_tokens=spec.response_len, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
-        stop_token_ids=stop_ids, pad_id=pad_id, logprobs="tempered")
-    tokens = jnp.concatenate([problems.prompt_tokens_bp, out.tokens_br], axis=1).astype(jnp.int32)
-    mask = jnp.concatenate([problems.prompt_mask_bp, out.mask_br], axis=1).astype(jnp.int32)
-    return Rollout(problems=problems, tokens_bl=tokens, mask_bl=mask, sample_logp_br=out.logprobs_br,
+
+    def one_pass(args):
+        tokens_bp, mask_bp, keys = args
+        out = sampler.generate(
+            spec.model, params, tokens_bp, mask_bp, keys,
+            max_new_tokens=spec.response_len, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+            stop_token_ids=stop_ids, pad_id=pad_id, logprobs="tempered")
+        return out.tokens_br, out.mask_br, out.logprobs_br
+
+    rows = problems.prompt_tokens_bp.shape[0]
+    n_pass, shards = generation_passes(spec, rows)
+    if n_pass == 1:
+        tokens_br, mask_br, logp_br = one_pass((problems.prompt_tokens_bp, problems.prompt_mask_bp, rng))
+    else:
+        args = (problems.prompt_tokens_bp, problems.prompt_mask_bp, sampler.row_keys(rng, rows))
+        out = jax.lax.map(one_pass, jax.tree.map(lambda x: steps.split_micro(x, n_pass, shards), args))
+        tokens_br, mask_br, logp_br = jax.tree.map(lambda y: steps.merge_micro(y, shards), out)
+    tokens = jnp.concatenate([problems.prompt_tokens_bp, tokens_br], axis=1).astype(jnp.int32)
+    mask = jnp.concatenate([problems.prompt_mask_bp, mask_br], axis=1).astype(jnp.int32)
+    return Rollout(problems=problems, tokens_bl=tokens, mask_bl=mask, sample_logp_br=logp_br,
                    rewards_b=jnp.zeros((tokens.shape[0],), jnp.float32))
 
 

@@ -94,6 +94,7 @@ class TrainSpec:
     attribution: str
     vpd: Any = None  # pipo_jax.rl.vpd.VpdConfig when algorithm == "vpd"
     max_bad_steps: int = 8  # optimizer updates with non-finite gradients in a row before the run stops
+    generate_rows_per_device: int = 0  # rows one device decodes per generation pass; 0 = all its rows at once
 
     @property
     def batch(self) -> int:
@@ -307,6 +308,8 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _need(r.temperature > 0, "rollout.temperature", f"{r.temperature} must be > 0")
     _need(r.top_k >= 0, "rollout.top_k", f"{r.top_k} must be >= 0 (0 = off)")
     _need(0 < r.top_p <= 1, "rollout.top_p", f"{r.top_p} must be in (0, 1]")
+    _need(r.generate_rows_per_device >= 0, "rollout.generate_rows_per_device",
+          f"{r.generate_rows_per_device} must be >= 0 (0 = all of a device's rows in one pass)")
     _need(task.prompt_len + response_len <= model.max_position_embeddings, "rollout.max_new_tokens",
           f"prompt {task.prompt_len} + response {response_len} exceeds the model's max_position_embeddings "
           f"{model.max_position_embeddings}")
@@ -435,5 +438,5 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
         sdpo_use_feedback=bool(s.use_feedback), pipo=bool(p.enabled), pipo_window=int(p.window),
         pipo_lam=float(p.lam), pipo_lr=float(p.lr), pipo_options=options, pipo_mu_source=p.mu_source,
         attribution=p.attribution,
-        vpd=vpd, max_bad_steps=int(t.max_bad_steps),
+        vpd=vpd, max_bad_steps=int(t.max_bad_steps), generate_rows_per_device=int(r.generate_rows_per_device),
     )

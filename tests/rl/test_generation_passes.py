@@ -1,0 +1,53 @@
+"""Rollout generation in passes (`rollout.generate_rows_per_device`): the KV cache holds one
+pass's rows, and since row b samples with `fold_in(rng, b)` whatever the pass, the rollout is
+the one-pass rollout."""
+
+import dataclasses
+import importlib
+
+import jax
+import numpy as np
+import pytest
+
+from pipo_jax.models import qwen3
+from pipo_jax.rl import rollout
+from pipo_jax.rl.spec import ConfigError, train_spec
+
+
+def micro_spec(**overrides):
+    c = importlib.import_module("configs.grpo").get_config("micro")
+    c.rollout.temperature = 1.0  # sampled, not greedy: the per-row keys must line up across passes
+    return dataclasses.replace(train_spec(c), **overrides)
+
+
+def test_generation_in_passes_equals_one_pass():
+    spec = micro_spec()
+    params = qwen3.init_params(spec.model, jax.random.PRNGKey(0))
+    problems = rollout.sample_problems(spec, jax.random.PRNGKey(1), spec.prompts)
+    rng = jax.random.PRNGKey(2)
+    gen = jax.jit(rollout.generate, static_argnums=0)
+    one = gen(spec, params, problems, rng)
+    assert rollout.generation_passes(dataclasses.replace(spec, generate_rows_per_device=4), spec.batch) == (
+        spec.batch // 4, 1)
+    passes = gen(dataclasses.replace(spec, generate_rows_per_device=4), params, problems, rng)
+    np.testing.assert_array_equal(passes.tokens_bl, one.tokens_bl)
+    np.testing.assert_array_equal(passes.mask_bl, one.mask_bl)
+    # Same rows, same keys; only the decode batch size differs, which can move float32 matmul
+    # rounding by a few ulp of the log-probs (|logp| < 20): 1e-5 bounds that.
+    np.testing.assert_allclose(passes.sample_logp_br, one.sample_logp_br, rtol=0, atol=1e-5)
+    assert np.asarray(one.mask_bl[:, -spec.response_len:]).sum() > 0
+
+
+def test_generation_passes_that_do_not_divide_name_the_key():
+    spec = micro_spec(generate_rows_per_device=3)
+    with pytest.raises(ConfigError, match=r"config\.rollout\.generate_rows_per_device: 16 rows do not split"):
+        rollout.generation_passes(spec, 16)
+    assert rollout.generation_passes(micro_spec(generate_rows_per_device=0), 16) == (1, 1)
+    assert rollout.generation_passes(micro_spec(generate_rows_per_device=32), 16) == (1, 1)
+
+
+def test_negative_rows_per_pass_is_a_config_error():
+    c = importlib.import_module("configs.grpo").get_config("micro")
+    c.rollout.generate_rows_per_device = -1
+    with pytest.raises(ConfigError, match=r"rollout\.generate_rows_per_device"):
+        train_spec(c)
