@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+# 8 simulated devices when run as the benchmark; never on import (a caller keeps its own devices).
+if __name__ == "__main__" and "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import argparse  # noqa: E402

@@ -41,17 +41,20 @@ from __future__ import annotations
 import os
 import sys
 
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-# With libtpu installed JAX would try to start a TPU client on a host without one; the TPU
-# programs here are compiled for a topology description instead (deviceless).
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# libtpu describes the host it runs on from these; there is no TPU here, so name one (quiets its
-# start-up errors; the topologies compiled for are chosen explicitly below). Deviceless compiles
-# hold no chip, so concurrent runs may each load libtpu (it otherwise takes a lock file).
-for _key, _value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", "v5p-8"),
-                     ("TPU_WORKER_HOSTNAMES", "localhost"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
-    os.environ.setdefault(_key, _value)
+# The host set-up below applies when this file runs as the report (`python -m ...`), never on
+# import: a process that imports its helpers (the test session) keeps its own devices.
+if __name__ == "__main__":
+    if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    # With libtpu installed JAX would try to start a TPU client on a host without one; the TPU
+    # programs here are compiled for a topology description instead (deviceless).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # libtpu describes the host it runs on from these; there is no TPU here, so name one (quiets its
+    # start-up errors; the topologies compiled for are chosen explicitly below). Deviceless compiles
+    # hold no chip, so concurrent runs may each load libtpu (it otherwise takes a lock file).
+    for _key, _value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", "v5p-8"),
+                         ("TPU_WORKER_HOSTNAMES", "localhost"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
+        os.environ.setdefault(_key, _value)
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402

@@ -36,9 +36,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(args: list[str], log: Path) -> subprocess.Popen:
+def _launch(args: list[str], log: Path, compilation_cache: bool = True) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("XLA_FLAGS", None)
+    if not compilation_cache:
+        env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     with open(log, "w") as f:
         return subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
 
@@ -66,7 +68,11 @@ def runs(tmp_path_factory) -> Runs:
                              mesh_dir / "log.txt")}
     for pid in ("0", "1"):
         log = mp_dir / f"log{pid}.txt"
-        procs[f"process {pid}"] = (_launch(["tests.parallel.multiprocess_worker", port, pid, str(mp_dir)], log), log)
+        # No persistent compilation cache for the two processes: with programs loaded from a warm
+        # cache their gloo collectives hung (both processes idle in the first device-to-host copy,
+        # seen on jax 0.10.2), while compiling cold completes in about a minute.
+        procs[f"process {pid}"] = (_launch(["tests.parallel.multiprocess_worker", port, pid, str(mp_dir)], log,
+                                           compilation_cache=False), log)
     deadline = time.monotonic() + TIMEOUT_S
     try:
         from pipo_jax.rl import loop

@@ -40,7 +40,7 @@ def test_raw_mean_is_over_every_sampled_group(setup):
     n = int(stats["dapo_gen_batches"])
     assert n >= 2 and int(stats["dapo_groups_dropped"]) >= n  # half of every generation batch is dropped
     # plain reference: the mean task reward over all n generation batches (collect's keys)
-    rewards = [np.asarray(reward_fn(loop._host_generate(spec, state.params, jax.random.fold_in(rng, i),
+    rewards = [np.asarray(reward_fn(loop._host_generate(spec, state.params, None, jax.random.fold_in(rng, i),
                                                         spec.gen_prompts))) for i in range(n)]
     expected = np.mean(np.concatenate(rewards))
     np.testing.assert_allclose(float(ro.mu_raw), expected, rtol=1e-6)  # float32 sum of <= 160 rewards in [0, 1]
