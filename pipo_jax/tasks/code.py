@@ -60,6 +60,7 @@ import logging
 import math
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -598,8 +599,6 @@ def _user_tasks() -> int:
 
 
 def _set_limits(limits: dict) -> None:
-    import resource
-
     for res, value in ((resource.RLIMIT_AS, limits["memory"]), (resource.RLIMIT_CPU, limits["cpu_s"]),
                        (resource.RLIMIT_FSIZE, limits["fsize"]), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(res, (value, value))
@@ -739,8 +738,6 @@ def _supervise() -> None:
     _kill_tree()
     code = os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
     if code < 0:  # the program died of a signal: so does its supervisor (the parent reads rc < 0)
-        import resource
-
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
