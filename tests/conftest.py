@@ -119,16 +119,6 @@ def right_padded_batch():
     return tokens, mask
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n N`, with `--dist loadgroup` from pytest.ini) each test file runs
-    whole on one worker, so its module fixtures are built once; tests/parallel shares one
-    session fixture (the sharded runs), so all of it goes to one worker."""
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        group = "tests/parallel" if path.startswith("tests/parallel/") else path
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 def override(config, overrides: dict):
     """Sets dotted keys of an ml-collections config (`{"pipo.lam": 0.2}`), as the command line does."""
     for key, value in overrides.items():

@@ -1,10 +1,11 @@
-"""Session fixture: the scenario on one device (in this process) and, concurrently, the
-8-simulated-device worker and the two-process worker pair (each its own subprocess, so
-their XLA flags / jax.distributed never touch this test session)."""
+"""Fixtures of the sharded runs: the scenario on one device (in this process, once per test
+process) and, in subprocesses so that their XLA flags / jax.distributed never touch this test
+session, the 8-simulated-device worker (`mesh_run`, tests/parallel/test_sharded_training.py) and
+the two-process worker pair (`multiprocess_run`, tests/parallel/test_multiprocess.py). Each
+module fixture starts its subprocesses first and runs the reference while they work."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import subprocess
@@ -16,18 +17,11 @@ import jax
 import numpy as np
 import pytest
 
+from pipo_jax.rl import loop
 from tests.parallel import scenario
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1800  # generous: compiles on a loaded 2-core machine are slow
-
-
-@dataclasses.dataclass
-class Runs:
-    reference: dict  # run_summary of the single-device run
-    reference_metrics: dict
-    mesh_dir: Path  # outputs of tests.parallel.mesh_worker
-    multiprocess_dir: Path  # outputs of tests.parallel.multiprocess_worker (process 0)
 
 
 def _free_port() -> int:
@@ -60,30 +54,47 @@ def _wait(procs: dict[str, tuple[subprocess.Popen, Path]], deadline: float) -> N
 
 
 @pytest.fixture(scope="session")
-def runs(tmp_path_factory) -> Runs:
-    mesh_dir = tmp_path_factory.mktemp("mesh_worker")
-    mp_dir = tmp_path_factory.mktemp("multiprocess_worker")
-    port = str(_free_port())
-    procs = {"mesh_worker": (_launch(["tests.parallel.mesh_worker", str(mesh_dir)], mesh_dir / "log.txt"),
-                             mesh_dir / "log.txt")}
-    for pid in ("0", "1"):
-        log = mp_dir / f"log{pid}.txt"
-        # No persistent compilation cache for the two processes: with programs loaded from a warm
-        # cache their gloo collectives hung (both processes idle in the first device-to-host copy,
-        # seen on jax 0.10.2), while compiling cold completes in about a minute.
-        procs[f"process {pid}"] = (_launch(["tests.parallel.multiprocess_worker", port, pid, str(mp_dir)], log,
-                                           compilation_cache=False), log)
+def reference() -> tuple[dict, dict]:
+    """(run_summary, metrics) of the scenario's iterations on one device: what every sharded run
+    is compared with."""
+    spec, state = scenario.initial_state()
+    state, metrics = loop.scan_chunk(spec, state, scenario.ITERATIONS)
+    state, metrics = jax.device_get((state, metrics))
+    return scenario.run_summary(state, metrics), {k: np.asarray(v) for k, v in metrics.items()}
+
+
+def _reference_beside(procs: dict, request) -> tuple[dict, dict]:
+    """The reference (computed while `procs` run, unless this process has it), then the procs' end."""
     deadline = time.monotonic() + TIMEOUT_S
     try:
-        from pipo_jax.rl import loop
-
-        spec, state = scenario.initial_state()
-        state, metrics = loop.scan_chunk(spec, state, scenario.ITERATIONS)
-        state, metrics = jax.device_get((state, metrics))
-        reference = scenario.run_summary(state, metrics)
+        ref = request.getfixturevalue("reference")
     except BaseException:
         for proc, _ in procs.values():
             proc.kill()
         raise
     _wait(procs, deadline)
-    return Runs(reference, {k: np.asarray(v) for k, v in metrics.items()}, mesh_dir, mp_dir)
+    return ref
+
+
+@pytest.fixture(scope="module")
+def mesh_run(tmp_path_factory, request) -> tuple[Path, tuple[dict, dict]]:
+    """(outputs of tests.parallel.mesh_worker, reference)."""
+    out = tmp_path_factory.mktemp("mesh_worker")
+    procs = {"mesh_worker": (_launch(["tests.parallel.mesh_worker", str(out)], out / "log.txt"), out / "log.txt")}
+    return out, _reference_beside(procs, request)
+
+
+@pytest.fixture(scope="module")
+def multiprocess_run(tmp_path_factory, request) -> tuple[Path, tuple[dict, dict]]:
+    """(outputs of tests.parallel.multiprocess_worker's process 0, reference)."""
+    out = tmp_path_factory.mktemp("multiprocess_worker")
+    port = str(_free_port())
+    procs = {}
+    for pid in ("0", "1"):
+        log = out / f"log{pid}.txt"
+        # No persistent compilation cache for the two processes: with programs loaded from a warm
+        # cache their gloo collectives hung (both processes idle in the first device-to-host copy,
+        # seen on jax 0.10.2), while compiling cold completes in about a minute.
+        procs[f"process {pid}"] = (_launch(["tests.parallel.multiprocess_worker", port, pid, str(out)], log,
+                                           compilation_cache=False), log)
+    return out, _reference_beside(procs, request)

@@ -11,7 +11,7 @@ import pytest
 from tests.parallel import scenario
 from tests.parallel.equivalence import assert_run_matches
 
-pytestmark = pytest.mark.slow  # the session fixture `runs` starts the 8-device and two-process workers
+pytestmark = pytest.mark.slow  # the module fixture `mesh_run` runs the 8-device worker (a subprocess)
 
 
 def _load(path) -> dict:
@@ -24,9 +24,9 @@ def _initial_params() -> tuple[dict, float]:
     return scenario.flatten(state.params), max(spec.lr, spec.pipo_lr)
 
 
-def test_reference_runs_pi_and_base_steps(runs):
+def test_reference_runs_pi_and_base_steps(mesh_run):
     """The scenario exercises what the sharded runs are compared on."""
-    m = runs.reference_metrics
+    _, (_, m) = mesh_run
     np.testing.assert_array_equal(m["pi_step_applied"], [1.0] * scenario.ITERATIONS)
     assert np.all(m["c"] != 0)
     assert np.any(m["reward_std"] > 0), "no reward variance: the base step would have no policy gradient"
@@ -42,27 +42,27 @@ MESHES = {
 
 
 @pytest.mark.parametrize("mesh", sorted(MESHES))
-def test_iteration_matches_single_device(runs, mesh):
-    run = _load(runs.mesh_dir / f"train_{mesh}.npz")
+def test_iteration_matches_single_device(mesh_run, mesh):
+    run = _load(mesh_run[0] / f"train_{mesh}.npz")
     initial, lr = _initial_params()
-    assert_run_matches(run, runs.reference, initial, lr)
+    assert_run_matches(run, mesh_run[1][0], initial, lr)
     embed_spec, batch_spec = MESHES[mesh]
     assert str(run["param_spec/embed"]) == embed_spec
     assert str(run["opt_spec/mu_embed"]) == embed_spec  # Adam moments sharded like their params
     assert str(run["stored_tokens_spec"]) == batch_spec
 
 
-def test_host_loop_with_sharded_sampler_matches_single_device(runs):
+def test_host_loop_with_sharded_sampler_matches_single_device(mesh_run):
     """Sharded generate -> host reward per process -> sharded learn, two iterations: the sampled
     tokens (stored batch) are identical and the state / metrics equal the single-device run."""
-    run = _load(runs.mesh_dir / "host_loop_1x2x4.npz")
+    run = _load(mesh_run[0] / "host_loop_1x2x4.npz")
     assert str(run["rollout_tokens_spec"]) == "P('fsdp', None)"
     initial, lr = _initial_params()
-    assert_run_matches(run, runs.reference, initial, lr)
+    assert_run_matches(run, mesh_run[1][0], initial, lr)
 
 
-def test_sharded_init_equals_host_init(runs):
-    r = _load(runs.mesh_dir / "init.npz")
+def test_sharded_init_equals_host_init(mesh_run):
+    r = _load(mesh_run[0] / "init.npz")
     assert bool(r["shardings_match"])
     host = {k[len("host"):]: v for k, v in r.items() if k.startswith("host")}
     assert len(host) > 20
@@ -71,8 +71,8 @@ def test_sharded_init_equals_host_init(runs):
 
 
 @pytest.mark.parametrize("case", ["1x2x4_chunked", "2x2x2_chunked", "2x1x4_reference", "1x2x4_pallas"])
-def test_vocab_parallel_logprobs_equal_plain_kernel(runs, case):
-    r = _load(runs.mesh_dir / "logprobs.npz")
+def test_vocab_parallel_logprobs_equal_plain_kernel(mesh_run, case):
+    r = _load(mesh_run[0] / "logprobs.npz")
     for part in ("lp", "ent", "dh", "dw"):
         ref = r[f"ref_{part}"]
         assert np.any(ref != 0), part
@@ -82,8 +82,8 @@ def test_vocab_parallel_logprobs_equal_plain_kernel(runs, case):
 
 
 @pytest.mark.parametrize("target", ["1x2x4", "8x1x1", "single"])
-def test_checkpoint_from_2x2x2_restores_on_another_mesh(runs, target):
-    c = _load(runs.mesh_dir / "checkpoint.npz")
+def test_checkpoint_from_2x2x2_restores_on_another_mesh(mesh_run, target):
+    c = _load(mesh_run[0] / "checkpoint.npz")
     assert bool(c[f"{target}_shardings_match"])
     saved = {k[len("saved"):]: v for k, v in c.items() if k.startswith("saved")}
     assert len(saved) > 20
