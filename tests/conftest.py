@@ -119,6 +119,27 @@ def right_padded_batch():
     return tokens, mask
 
 
+# Files whose tests run the trainer end to end, subprocesses or many compiles, with seconds measured
+# on the 2-core machine (cold compilation cache, two xdist workers): handed to the workers first,
+# longest first, so that no long file starts while the other worker has nothing left to do.
+LONG_FILES = {
+    "tests/rl/test_learning_slow.py": 120, "tests/parallel/test_sharded_training.py": 105,
+    "tests/parallel/test_trainer_on_mesh.py": 90, "tests/rl/test_trainer.py": 250,
+    "tests/benchmarks/test_readiness.py": 80, "tests/test_experiments.py": 55,
+    "tests/parallel/test_multiprocess.py": 50, "tests/rl/test_mixed_precision.py": 40,
+    "tests/rl/test_dataset_task.py": 40, "tests/parallel/test_micro_batch_per_device.py": 30,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Orders files by LONG_FILES (longest first), the rest after them in collection order."""
+    first_index = {}
+    for i, item in enumerate(items):
+        first_index.setdefault(item.nodeid.split("::", 1)[0], i)
+    items.sort(key=lambda item: (-LONG_FILES.get(item.nodeid.split("::", 1)[0], 0),
+                                 first_index[item.nodeid.split("::", 1)[0]]))
+
+
 def override(config, overrides: dict):
     """Sets dotted keys of an ml-collections config (`{"pipo.lam": 0.2}`), as the command line does."""
     for key, value in overrides.items():

@@ -33,7 +33,9 @@ from pipo_jax.rl.state import init_train_state
 from tests.parallel import scenario
 
 # (data, fsdp, tensor); with tensor > 1 the trainer's log-probs run vocab-parallel
-MESHES = {"8x1x1": (8, 1, 1), "2x2x2": (2, 2, 2), "1x2x4": (1, 2, 4)}
+# The jitted scan loop on pure data parallelism and on all three axes at once; 1x2x4 (tensor 4)
+# runs the host loop (host_loop_run).
+MESHES = {"8x1x1": (8, 1, 1), "2x2x2": (2, 2, 2)}
 
 
 def train_runs(out: str) -> dict:
@@ -108,6 +110,9 @@ def host_loop_run(out: str) -> None:
     metrics = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
     summary = scenario.run_summary(steps.to_host(state), metrics)
     summary["rollout_tokens_spec"] = np.asarray(str(generated[-1].tokens_bl.sharding.spec))
+    summary["param_spec/embed"] = np.asarray(str(state.params["embed"].sharding.spec))
+    summary["opt_spec/mu_embed"] = np.asarray(str(state.opt_state.inner_state[1].inner_state[0].mu["embed"].sharding.spec))
+    summary["stored_tokens_spec"] = np.asarray(str(state.pipo.prev.tokens_bt.sharding.spec))
     np.savez(os.path.join(out, "host_loop_1x2x4.npz"), **summary)
 
 
