@@ -21,6 +21,7 @@ def test_parse_seeds():
 
 # With PIPO: the PI step's `lax.cond` becomes a select under vmap, and the base step is the
 # program without PIPO. (Both arms run vmapped end to end in tests/test_experiments.py.)
+@pytest.mark.slow  # the trainer compiled twice (vmapped and alone)
 def test_vmapped_seeds_equal_separate_runs():
     c = grpo_configs.get_config("micro")
     c.pipo.enabled = True

@@ -37,7 +37,10 @@ def fresh_state(c):
 # Switching PIPO off removes the PI step for every algorithm alike, the compute dtype only
 # casts (float32 compute is the default of every other trainer test), and each compile of
 # the micro trainer costs tens of seconds.
-@pytest.mark.parametrize("algo, pipo_on, dtype", [pytest.param(a, True, "bfloat16", id=f"{a}-pipo-bf16") for a in ALGOS]
+# The fast tier keeps GRPO; every algorithm's loss is checked against its reference in tests/losses.
+@pytest.mark.parametrize("algo, pipo_on, dtype",
+                         [pytest.param(a, True, "bfloat16", id=f"{a}-pipo-bf16",
+                                       marks=() if a == "grpo" else pytest.mark.slow) for a in ALGOS]
                          + [pytest.param("grpo", False, "float32", id="grpo-base", marks=pytest.mark.slow)])
 def test_every_variant_runs_three_iterations(algo, pipo_on, dtype):
     # Seed 1: the random micro policy earns graded rewards with variance in every iteration (at
@@ -127,7 +130,8 @@ def test_pi_step_is_skipped_during_warmup_and_at_c_zero(case):
     np.testing.assert_array_equal(delta, 0.0)
 
 
-@pytest.mark.parametrize("algo", ["grpo", pytest.param("dapo", marks=pytest.mark.slow)])
+@pytest.mark.slow  # two compiles of the trainer (one jit; generate and learn jitted apart)
+@pytest.mark.parametrize("algo", ["grpo", "dapo"])
 def test_jitted_scan_loop_equals_host_loop(algo):
     c = micro(algo, True)
     spec, state = fresh_state(c)

@@ -79,6 +79,7 @@ def test_demonstrations_flaw_only_plain_rows(rate):
     np.testing.assert_array_equal(demo.target_tokens_ba, want.target_tokens_ba)
 
 
+@pytest.mark.slow  # the main job end to end (warm-up, trainer, evaluation)
 def test_trainer_logs_the_teacher_accuracy_with_a_context(tmp_path):
     from pipo_jax.rl import observe
     from pipo_jax.rl.trainer import EVAL_SEED, train, warmup_kwargs
