@@ -28,7 +28,11 @@ def test_tiny_main_job_learns(tmp_path):
     print(json.dumps({k: first.get(k) for k in ("warmup_accuracy", "warmup_teacher_solution_accuracy",
                                                  "warmup_teacher_feedback_accuracy")}),
           out["initial_accuracy"], out["final_accuracy"])
-    assert 0.2 <= out["initial_accuracy"] <= 0.5  # a partial solver
+    # A partial solver, leaving room to learn. The base model's accuracy is a property of the
+    # warm-up's trajectory, which the CPU's float32 codegen moves as a seed does: 0.42-0.49 over
+    # five seeds (experiments/results/main_job_seeds.json), 0.516 for seed 0 with
+    # XLA_FLAGS=--xla_cpu_max_isa=AVX2; the bound is that spread with room on either side.
+    assert 0.3 <= out["initial_accuracy"] <= 0.6
     assert out["final_accuracy"] >= out["initial_accuracy"] + 0.1
     # the warm-up taught the model to read SDPO / VPD teacher contexts
     for kind in ("solution", "feedback"):
