@@ -1,0 +1,174 @@
+"""The import graph of `pipo_jax/`, `configs/` and `experiments/` points one way (ARCHITECTURE.md 1).
+
+Layers, lowest first: models -> kernels -> losses -> sampling -> tasks -> rl -> configs -> experiments.
+A module imports only from its own layer or lower ones. `platforms.py`, `data/` and `parallel/` are
+leaves anything may import; `parallel/` itself imports nothing of the package but `platforms`.
+No module cycles; no function-level imports except of the optional third-party packages below.
+Imports are read with `ast` (module- and function-level), nothing is executed.
+"""
+
+import ast
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("pipo_jax", "configs", "experiments")
+
+LAYERS = ("models", "kernels", "losses", "sampling", "tasks", "rl", "configs", "experiments")
+LEAVES = ("pipo_jax.platforms", "pipo_jax.data", "pipo_jax.parallel")
+
+# Imported inside the function that needs them, so the package runs without them installed.
+OPTIONAL_THIRD_PARTY = frozenset({"pyarrow", "tensorflow_datasets", "transformers", "torch", "tensorboardX",
+                                  "wandb", "matplotlib", "tqdm", "math_verify"})
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _is_package_module(name: str) -> bool:
+    return name.split(".")[0] in PACKAGES
+
+
+def _resolve(name: str) -> str:
+    """The module `name` refers to: itself if it is one, else its longest module prefix
+    (`from pipo_jax.models.qwen3 import forward` -> `pipo_jax.models.qwen3`)."""
+    while name not in MODULES and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def _imports(module: str) -> list[tuple[str, int, bool]]:
+    """(imported module, line, function-level) of every import statement in `module`."""
+    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
+    out = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                out.extend((a.name, child.lineno, in_function) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                assert child.level == 0, f"{module}:{child.lineno}: relative import"
+                base = child.module or ""
+                for a in child.names:
+                    # `from pkg import sub` names the submodule `pkg.sub` when there is one.
+                    full = f"{base}.{a.name}"
+                    out.append((full if full in MODULES else base, child.lineno, in_function))
+            visit(child, nested)
+
+    visit(tree, False)
+    return out
+
+
+IMPORTS = {m: _imports(m) for m in MODULES}
+
+
+def _layer(module: str) -> int:
+    """-1 for a leaf; else the index in LAYERS (configs and experiments are top-level packages)."""
+    if any(module == leaf or module.startswith(leaf + ".") for leaf in LEAVES):
+        return -1
+    parts = module.split(".")
+    if parts[0] == "pipo_jax":
+        if len(parts) == 1:
+            return -1  # the package's __init__ (a docstring and __version__)
+        return LAYERS.index(parts[1])
+    return LAYERS.index(parts[0])
+
+
+def _package_edges(function_level: bool | None = None) -> list[tuple[str, str, int]]:
+    return [(m, _resolve(name), line) for m, imps in IMPORTS.items() for name, line, fn in imps
+            if _is_package_module(name) and (function_level is None or fn == function_level)]
+
+
+def test_every_module_is_placed_in_a_layer():
+    for module in MODULES:
+        _layer(module)  # raises ValueError for a package outside LAYERS / LEAVES
+    assert "pipo_jax.rl.trainer" in MODULES and "experiments.train" in MODULES
+
+
+def test_no_import_points_to_a_higher_layer():
+    bad = [f"{m}:{line} imports {target}" for m, target, line in _package_edges()
+           if _layer(target) > _layer(m)]
+    assert not bad, "imports pointing up a layer:\n" + "\n".join(bad)
+
+
+def test_leaves_import_only_leaves_and_parallel_only_platforms():
+    bad = []
+    for m, target, line in _package_edges():
+        if m.startswith("pipo_jax.parallel"):
+            if not (target.startswith("pipo_jax.parallel") or target == "pipo_jax.platforms"):
+                bad.append(f"{m}:{line} imports {target}")
+        elif _layer(m) == -1 and _layer(target) != -1:
+            bad.append(f"{m}:{line} imports {target}")
+    assert not bad, "leaf modules importing the package:\n" + "\n".join(bad)
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(edges) + 100))
+
+    def strongconnect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            strongconnect(v)
+    return out
+
+
+def test_no_import_cycles_between_modules():
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    for m, target, _ in _package_edges():
+        # A package's __init__ importing its own modules is not a cycle with them.
+        if target != m and not (MODULES[m].name == "__init__.py" and target.startswith(m + ".")):
+            edges[m].add(target)
+    assert not _cycles(edges)
+
+
+def test_no_function_level_imports_but_optional_dependencies():
+    bad = [f"{m}:{line} imports {name}" for m, imps in IMPORTS.items() for name, line, fn in imps
+           if fn and name.split(".")[0] not in OPTIONAL_THIRD_PARTY]
+    assert not bad, "function-level imports (move them to module level):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import a\n\ndef f():\n    from b import c\n", [("a", 1, False), ("b", 4, True)]),
+    ("try:\n    import a\nexcept ImportError:\n    a = None\n", [("a", 2, False)]),
+    ("class K:\n    def m(self):\n        import a\n", [("a", 3, True)]),
+])
+def test_imports_are_read_at_module_and_function_level(source, expected, tmp_path, monkeypatch):
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    monkeypatch.setitem(MODULES, "probe", path)
+    assert _imports("probe") == expected
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
