@@ -30,9 +30,8 @@ import numpy as np  # noqa: E402
 from configs import grpo  # noqa: E402
 from pipo_jax import parallel  # noqa: E402
 from pipo_jax.models import qwen3  # noqa: E402
-from pipo_jax.parallel import steps as sharded  # noqa: E402
 from pipo_jax.parallel.shardings import batch_shardings  # noqa: E402
-from pipo_jax.rl import learn  # noqa: E402
+from pipo_jax.rl import learn, sharded_steps  # noqa: E402
 from pipo_jax.rl.spec import train_spec  # noqa: E402
 from pipo_jax.tasks.dataset import DatasetTask  # noqa: E402
 
@@ -51,11 +50,11 @@ def table5_spec(preset: str, rows: int, prompt_len: int, response_len: int, micr
 
 
 def prepare_memory(spec, mesh) -> dict:
-    state = sharded.abstract_train_state(spec)
-    ro = sharded._abstract_rollout(spec, spec.prompts)
+    state = sharded_steps.abstract_train_state(spec)
+    ro = sharded_steps.abstract_rollout(spec, spec.prompts)
     with parallel.sharding_context(mesh):
         compiled = jax.jit(lambda s, r: learn.prepare(spec, s, r),
-                           in_shardings=(sharded.state_shardings(spec, mesh), batch_shardings(ro, mesh))
+                           in_shardings=(sharded_steps.state_shardings(spec, mesh), batch_shardings(ro, mesh))
                            ).lower(state, ro).compile()
     m = compiled.memory_analysis()
     return {"temp_bytes": int(m.temp_size_in_bytes), "argument_bytes": int(m.argument_size_in_bytes),

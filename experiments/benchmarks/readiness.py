@@ -59,6 +59,7 @@ if __name__ == "__main__":
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import datetime  # noqa: E402
+import importlib  # noqa: E402
 import importlib.metadata  # noqa: E402
 import json  # noqa: E402
 import platform as host_platform  # noqa: E402
@@ -70,19 +71,22 @@ from typing import Any, Callable  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 
+from configs import grpo  # noqa: E402
 from experiments.benchmarks import hlo_cost  # noqa: E402
 from pipo_jax import parallel  # noqa: E402
+from pipo_jax.kernels import logprobs_sharded  # noqa: E402
 from pipo_jax.models import qwen3  # noqa: E402
-from pipo_jax.parallel import steps as sharded  # noqa: E402
 from pipo_jax.parallel.context import sharding_context  # noqa: E402
 from pipo_jax.parallel.rules import make_rules, replicated  # noqa: E402
-from pipo_jax.parallel.shardings import batch_shardings, kv_cache_shardings, param_shardings  # noqa: E402
+from pipo_jax.parallel.shardings import batch_shardings, tree_shardings  # noqa: E402
 from pipo_jax.rl import learn as learn_lib  # noqa: E402
-from pipo_jax.rl import logprobs as rl_logprobs  # noqa: E402
 from pipo_jax.rl import rollout as rollout_lib  # noqa: E402
+from pipo_jax.rl import sharded_steps  # noqa: E402
 from pipo_jax.rl import steps as rl_steps  # noqa: E402
+from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
 from pipo_jax.rl.spec import TrainSpec, train_spec  # noqa: E402
 from pipo_jax.rl.state import make_optimizer  # noqa: E402
 from pipo_jax.sampling import decode, engine as engine_lib, sampler  # noqa: E402
@@ -146,8 +150,6 @@ def libtpu_status() -> str:
 def tpu_devices(slice_name: str) -> list:
     """Compile-only devices of a TPU slice (needs libtpu; no TPU)."""
     if slice_name not in _TOPOLOGY_CACHE:
-        from jax.experimental import topologies
-
         _TOPOLOGY_CACHE[slice_name] = topologies.get_topology_desc(TPU_TOPOLOGIES[slice_name], "tpu").devices
     return list(_TOPOLOGY_CACHE[slice_name])
 
@@ -197,8 +199,6 @@ def abstract(tree, shardings):
 
 def small_spec(algorithm: str, pipo: bool) -> TrainSpec:
     """The `micro` preset of `algorithm` (tiny model, built-in task)."""
-    import importlib
-
     c = importlib.import_module(f"configs.{algorithm}").get_config("micro")
     c.pipo.enabled = pipo
     return train_spec(c)
@@ -206,7 +206,7 @@ def small_spec(algorithm: str, pipo: bool) -> TrainSpec:
 
 def _params(spec: TrainSpec, mesh: Mesh, rules=None):
     shapes = jax.eval_shape(lambda: qwen3.init_params(spec.model, jax.random.PRNGKey(0)))
-    sh = param_shardings(spec.model, shapes, mesh, rules)
+    sh = tree_shardings(shapes, qwen3.param_axes(spec.model), mesh, rules)
     return abstract(shapes, sh), sh
 
 
@@ -228,7 +228,7 @@ def build_logprobs(impl: str):
 
         def loss(h, p, t):
             w = qwen3.lm_head_weight(m, p).astype(h.dtype)
-            return jnp.sum(parallel.token_logprobs(h, w, t, impl=impl, **target))
+            return jnp.sum(logprobs_sharded.token_logprobs(h, w, t, impl=impl, **target))
 
         fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
         return Program(fn, (hidden, params, targets), mesh)
@@ -243,7 +243,7 @@ def build_forward_grad(spec: TrainSpec, mesh: Mesh) -> Program:
     mask = _rows((b, p + r), jnp.int32, mesh)
 
     def loss(params, tokens, mask):
-        logp, _ = rl_logprobs.response_logprobs(spec.model, params, tokens, mask, p, impl=spec.logprob_impl)
+        logp, _ = response_logprobs(spec.model, params, tokens, mask, p, impl=spec.logprob_impl)
         return jnp.mean(logp)
 
     return Program(jax.jit(jax.value_and_grad(loss)), (params, tokens, mask), mesh)
@@ -252,7 +252,9 @@ def build_forward_grad(spec: TrainSpec, mesh: Mesh) -> Program:
 def decode_shardings(tree, mesh: Mesh):
     """Batch-major leaves split over the batch axes; a `qwen3.KVCache` (layer-major) by its own rule."""
     def one(x):
-        return kv_cache_shardings(x, mesh) if isinstance(x, qwen3.KVCache) else batch_shardings(x, mesh)
+        if isinstance(x, qwen3.KVCache):
+            return tree_shardings(x, qwen3.KVCache(decode.KV_CACHE_AXES, decode.KV_CACHE_AXES), mesh)
+        return batch_shardings(x, mesh)
 
     return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, qwen3.KVCache))
 
@@ -349,8 +351,8 @@ def build_engine_insert(spec: TrainSpec, mesh: Mesh) -> Program:
 def build_iteration(algorithm: str, pipo: bool):
     def build(_: TrainSpec, mesh: Mesh, target: str) -> Program:
         spec = for_target(small_spec(algorithm, pipo), target)
-        chunk = sharded.sharded_scan_chunk(spec, mesh, 1)
-        state = abstract(sharded.abstract_train_state(spec), sharded.state_shardings(spec, mesh, chunk.rules))
+        chunk = sharded_steps.sharded_scan_chunk(spec, mesh, 1)
+        state = abstract(sharded_steps.abstract_train_state(spec), sharded_steps.state_shardings(spec, mesh, chunk.rules))
         return Program(chunk.jitted, (state,), mesh, chunk.rules)
 
     build.takes_target = True
@@ -495,8 +497,6 @@ SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_la
 def paper_spec(model: str, prompts: int = 128, prompt_len: int = 512, response_len: int = 4096) -> TrainSpec:
     """GRPO + PIPO at paper Table 5 (`configs/grpo.py:<model>`), with a synthetic prompt table
     `[256, prompt_len]` standing in for the MATH file (only its shape enters the programs)."""
-    from configs import grpo
-
     c = grpo.get_config(model)
     c.pipo.enabled = True
     # Validate everything but the model files and the data file: the built-in task and model
@@ -546,8 +546,8 @@ def _abstract_rollout(spec: TrainSpec, mesh: Mesh, rules):
 def paper_programs(spec: TrainSpec, mesh: Mesh) -> dict[str, Callable[[], Program]]:
     """{name: () -> Program} of one GRPO + PIPO iteration's programs on `mesh` (abstract inputs)."""
     rules = make_rules(None)
-    state_sh = sharded.state_shardings(spec, mesh, rules)
-    state = abstract(sharded.abstract_train_state(spec), state_sh)
+    state_sh = sharded_steps.state_shardings(spec, mesh, rules)
+    state = abstract(sharded_steps.abstract_train_state(spec), state_sh)
     rollout_shapes, rollout_sh = _abstract_rollout(spec, mesh, rules)
     rollout = abstract(rollout_shapes, rollout_sh)
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh))
@@ -580,7 +580,7 @@ def paper_programs(spec: TrainSpec, mesh: Mesh) -> dict[str, Callable[[], Progra
         return Program(fn, (state.params, state.opt_state, batch, rng), mesh, rules)
 
     def generate():
-        gen = sharded.sharded_generate(spec, mesh, spec.prompts, rules)
+        gen = sharded_steps.sharded_generate(spec, mesh, spec.prompts, rules)
         table = prompt_table(spec, mesh)
         args = (state.params, rng) if table is None else (state.params, table, rng)
         return Program(gen.jitted, args, mesh, gen.rules)

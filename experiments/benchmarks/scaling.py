@@ -4,7 +4,7 @@ single-device MFU of a policy train step.
 1. For each model size (`tiny`: the built-in task model, ~0.3M parameters; `mid`: a
    Qwen3-shaped 8-layer model of ~25M parameters on the same task) and each mesh, one
    GRPO + PIPO iteration (sample, reward, PI step, base step) is jitted with
-   `parallel.steps.sharded_scan_chunk` and measured: compile time, iteration time (best
+   `rl.sharded_steps.sharded_scan_chunk` and measured: compile time, iteration time (best
    of `--repeats` after one warm-up) and the compiled program's per-device memory
    (`memory_analysis()`: arguments = the train state shard, temporaries, outputs).
    Without accelerators the devices are simulated CPU devices
@@ -39,10 +39,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
+from configs import grpo  # noqa: E402
 from pipo_jax import parallel  # noqa: E402
 from pipo_jax.models import qwen3  # noqa: E402
-from pipo_jax.parallel import steps  # noqa: E402
-from pipo_jax.rl import logprobs  # noqa: E402
+from pipo_jax.rl import sharded_steps  # noqa: E402
+from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
 from pipo_jax.rl.spec import TrainSpec, train_spec  # noqa: E402
 
 DEFAULT_MESHES = "1x1x1,1x2x1,1x2x2,2x2x2"
@@ -53,8 +54,6 @@ PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0, "TPU v5
 
 def model_spec(size: str) -> TrainSpec:
     """GRPO + PIPO on the built-in task (tiny preset batch: 16 prompts x 8) with the `size` model."""
-    from configs import grpo
-
     c = grpo.get_config("tiny")
     c.pipo.enabled = True
     spec = train_spec(c)
@@ -78,8 +77,8 @@ def parse_mesh(text: str) -> tuple[int, int, int]:
 def measure_iteration(spec: TrainSpec, shape: tuple[int, int, int], repeats: int) -> dict:
     n = int(np.prod(shape))
     mesh = parallel.make_mesh(*shape, devices=jax.devices()[:n])
-    chunk = steps.sharded_scan_chunk(spec, mesh, 1)
-    state = steps.init_sharded_train_state(spec, mesh, None, seed=0)
+    chunk = sharded_steps.sharded_scan_chunk(spec, mesh, 1)
+    state = sharded_steps.init_sharded_train_state(spec, mesh, None, seed=0)
     t0 = time.perf_counter()
     compiled = chunk.lower(state).compile()
     compile_s = time.perf_counter() - t0
@@ -131,7 +130,7 @@ def measure_mfu(preset: str, batch: int, seq: int, repeats: int, peak_tflops: fl
 
     def step(params, opt_state, tokens, mask):
         def loss_fn(p):
-            logp, _ = logprobs.response_logprobs(cfg, p, tokens, mask, prompt)
+            logp, _ = response_logprobs(cfg, p, tokens, mask, prompt)
             return -jnp.mean(logp)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)

@@ -17,6 +17,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 logger = logging.getLogger(__name__)
 
 FORMATS = ("auto", "jsonl", "parquet", "tfds")
@@ -167,8 +169,6 @@ def iter_parquet(config: SourceConfig) -> Iterator[Example]:
 
 def _decoded(value: Any) -> Any:
     """tfds/numpy values -> Python: bytes to str, arrays to lists, recursively."""
-    import numpy as np
-
     if isinstance(value, bytes):
         return value.decode("utf-8")
     if isinstance(value, np.ndarray):

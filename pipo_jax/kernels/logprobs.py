@@ -17,8 +17,8 @@ Implementations (all behind `token_logprobs(..., impl=...)`):
 * `pallas`: Pallas kernels (`logprobs_pallas.py`) with the same forward/backward split:
   a Mosaic-TPU grid kernel and a Triton (GPU) kernel; both run on CPU in interpret mode.
 
-Both fast paths share the block math below (`_online_update`, `_finalize`,
-`_dlogits`) and one `custom_vjp` (`_softmax_stats`), whose outputs are the per-token
+Both fast paths share the block math of `softmax_stats.py` (`online_update`, `finalize`,
+`dlogits`) and one `custom_vjp` (`_softmax_stats`), whose outputs are the per-token
 (lse, target logit[, entropy]) and whose backward takes a cotangent for each of them.
 `token_logprobs_vocab_parallel` composes the same primitive with collectives for a
 vocab-sharded head under `shard_map`.
@@ -30,7 +30,6 @@ target lies outside [0, V) yields NaN (a bad-input signal; eager calls raise ins
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
@@ -40,7 +39,10 @@ import numpy as np
 from jax import lax
 
 from pipo_jax import platforms
-from pipo_jax.losses.entropy import token_entropy
+from pipo_jax.kernels import logprobs_pallas
+from pipo_jax.kernels.softmax_stats import (KernelConfig, align_varying, compute_dtype, dlogits, dot_f32, dot_nt,
+                                            finalize, init_stats, online_update, pad_rows, token_entropy,
+                                            varying_axes, vary_like)
 
 IMPLS = ("auto", "reference", "chunked", "pallas")
 PALLAS_VARIANTS = ("auto", "mosaic_tpu", "triton")
@@ -61,112 +63,6 @@ CHUNKED_BLOCKS = {
     "cuda": (2048, 8192),
     "tpu": (2048, 8192),
 }
-
-_F32_MIN = float(np.finfo(np.float32).min)
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelConfig:
-    """Static configuration of one fused log-prob call (hashable: a custom_vjp nondiff arg).
-
-    impl: "chunked" or "pallas". inv_temperature: 1 / temperature. with_entropy: also
-    compute the per-token entropy. block_n / block_v / block_d: token, vocab and hidden
-    block sizes (block_d: Triton kernel only; None = the largest of 64, 32, 16 that
-    divides D). interpret: run Pallas in interpret mode. variant: Pallas kernel family,
-    "mosaic_tpu" or "triton".
-    """
-
-    impl: str
-    inv_temperature: float
-    with_entropy: bool
-    block_n: int
-    block_v: int
-    block_d: int | None = None
-    interpret: bool = False
-    variant: str = "mosaic_tpu"
-    xla_cpu: bool = False
-
-
-# ----------------------------------------------------------------------------------------
-# Block math shared by the chunked and Pallas paths. Per-token statistics carry a
-# trailing singleton axis ([..., 1]) so that the same code works on [bn, 1] kernel refs.
-# ----------------------------------------------------------------------------------------
-
-
-def _init_stats(shape: tuple[int, ...]) -> tuple[jax.Array, ...]:
-    """Empty online-softmax state (max, sum-exp, sum (z-max)exp, target logit), fp32."""
-    return (
-        jnp.full(shape, _F32_MIN, jnp.float32),
-        jnp.zeros(shape, jnp.float32),
-        jnp.zeros(shape, jnp.float32),
-        jnp.zeros(shape, jnp.float32),
-    )
-
-
-def _online_update(stats, z, hit, with_entropy: bool):
-    """Folds one logits block into the running statistics.
-
-    stats: (m, s, a, zt), each [..., 1] fp32, where s = sum exp(z - m) and
-    a = sum (z - m) exp(z - m) over the columns seen so far, zt = target logit.
-    z: [..., bv] fp32 logits of the block, masked (out-of-vocab) columns = -inf.
-    hit: [..., bv] bool, True at the target column.
-    """
-    m, s, a, zt = stats
-    m_new = jnp.maximum(m, jnp.max(z, axis=-1, keepdims=True))
-    scale = jnp.exp(m - m_new)
-    d = z - m_new
-    e = jnp.exp(d)
-    s_new = s * scale + jnp.sum(e, axis=-1, keepdims=True)
-    if with_entropy:
-        # (m - m_new) * s rebases the old sum onto the new max; guarded because the
-        # initial m is the fp32 minimum and s = 0 there. Masked columns have d = -inf.
-        rebase = jnp.where(s > 0, (m - m_new) * s, 0.0)
-        a_new = scale * (a + rebase) + jnp.sum(
-            jnp.where(e > 0, d * e, 0.0), axis=-1, keepdims=True
-        )
-    else:
-        a_new = a
-    zt_new = zt + jnp.sum(jnp.where(hit, z, 0.0), axis=-1, keepdims=True)
-    return m_new, s_new, a_new, zt_new
-
-
-def _finalize(stats):
-    """(m, s, a, zt) -> (lse, zt, entropy), each [..., 1] fp32."""
-    m, s, a, zt = stats
-    log_s = jnp.log(s)
-    return m + log_s, zt, log_s - a / s
-
-
-def _dlogits(z, hit, lse, ent, g_lse, g_zt, g_ent, with_entropy: bool, col_ok=None):
-    """Cotangent of the block's logits z ([..., bv] fp32) from per-token cotangents.
-
-    d lse / dz = p, d zt / dz = onehot(target), d H / dz = -p (log p + H).
-    col_ok: optional [..., bv] bool, False on padded columns (their z is -inf); the
-    result is exactly 0 there.
-    """
-    logp = z - lse
-    p = jnp.exp(logp)
-    dz = g_lse * p + jnp.where(hit, g_zt, 0.0)
-    if with_entropy:
-        dz = dz - g_ent * p * (logp + ent)
-    if col_ok is not None:
-        dz = jnp.where(col_ok, dz, 0.0)
-    return dz
-
-
-def _compute_dtype(h: jax.Array, w: jax.Array):
-    """Dtype in which the backward matmuls consume the logits cotangent."""
-    return jnp.result_type(h.dtype, w.dtype)
-
-
-def _dot_f32(a, b):
-    return jnp.dot(a, b, preferred_element_type=jnp.float32)
-
-
-def _dot_nt(a, b):
-    """a [m, k] . b[n, k]^T -> [m, n] fp32."""
-    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-
 
 # ----------------------------------------------------------------------------------------
 # chunked: pure XLA
@@ -209,20 +105,13 @@ def _slice_columns(w: jax.Array, start, width: int, xla_cpu: bool) -> jax.Array:
 
 def _matmul_dtype(cfg: KernelConfig, h: jax.Array, w: jax.Array):
     """Operand dtype of the chunked block matmuls (and of the logits cotangent)."""
-    return jnp.dtype(jnp.float32) if cfg.xla_cpu else _compute_dtype(h, w)
+    return jnp.dtype(jnp.float32) if cfg.xla_cpu else compute_dtype(h, w)
 
 
 def _token_blocks(n: int, block_n: int) -> tuple[int, int]:
     """(block size, number of blocks) covering n tokens."""
     bn = max(1, min(block_n, n))
     return bn, -(-n // bn)
-
-
-def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
-    if x.shape[0] == rows:
-        return x
-    pad = [(0, rows - x.shape[0])] + [(0, 0)] * (x.ndim - 1)
-    return jnp.pad(x, pad)
 
 
 def _vocab_blocks(v: int, block_v: int) -> tuple[int, int, int]:
@@ -242,17 +131,17 @@ def _chunked_forward(cfg: KernelConfig, h, w, t):
     bn, nb = _token_blocks(n, cfg.block_n)
     bv, nvf, tail = _vocab_blocks(v, cfg.block_v)
     mdt = _matmul_dtype(cfg, h, w)
-    h_b = _pad_rows(h.astype(mdt), nb * bn).reshape(nb, bn, d)
-    t_b = _pad_rows(t, nb * bn).reshape(nb, bn, 1)
+    h_b = pad_rows(h.astype(mdt), nb * bn).reshape(nb, bn, d)
+    t_b = pad_rows(t, nb * bn).reshape(nb, bn, 1)
 
     def vocab_step(stats, w_blk, col0):
         w_blk = w_blk.astype(mdt)
         cols = col0 + lax.broadcasted_iota(jnp.int32, (1, w_blk.shape[1]), 1)
 
         def token_step(i, stats):
-            z = _dot_f32(h_b[i], w_blk) * cfg.inv_temperature
+            z = dot_f32(h_b[i], w_blk) * cfg.inv_temperature
             block = tuple(x[i] for x in stats)
-            new = _online_update(block, z, cols == t_b[i], cfg.with_entropy)
+            new = online_update(block, z, cols == t_b[i], cfg.with_entropy)
             return tuple(x.at[i].set(y) for x, y in zip(stats, new))
 
         return lax.fori_loop(0, nb, token_step, stats)
@@ -260,10 +149,10 @@ def _chunked_forward(cfg: KernelConfig, h, w, t):
     def full_block(j, stats):
         return vocab_step(stats, _slice_columns(w, j * bv, bv, cfg.xla_cpu), j * bv)
 
-    stats = lax.fori_loop(0, nvf, full_block, _vary_like(_init_stats((nb, bn, 1)), h, w, t))
+    stats = lax.fori_loop(0, nvf, full_block, vary_like(init_stats((nb, bn, 1)), h, w, t))
     if tail:
         stats = vocab_step(stats, w[:, nvf * bv :], nvf * bv)
-    lse, zt, ent = (x.reshape(nb * bn)[:n] for x in _finalize(stats))
+    lse, zt, ent = (x.reshape(nb * bn)[:n] for x in finalize(stats))
     return lse, zt, (ent if cfg.with_entropy else None)
 
 
@@ -280,13 +169,13 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
     bv, nvf, tail = _vocab_blocks(v, cfg.block_v)
     mdt = _matmul_dtype(cfg, h, w)
     refs = (h, w, t, lse, ent, g_lse, g_zt, g_ent)  # loop carries vary like these under shard_map
-    h_b = _pad_rows(h.astype(mdt), nb * bn).reshape(nb, bn, d)
+    h_b = pad_rows(h.astype(mdt), nb * bn).reshape(nb, bn, d)
     # h^T blocks so that dw_blk = h_i^T dz is a plain [D, bn] x [bn, bv] matmul (XLA:CPU
     # runs the transposed-lhs form at about half speed).
     ht_b = h_b.transpose(0, 2, 1)
 
     def per_token(x):  # [N] -> [nb, bn, 1]
-        return _pad_rows(x.reshape(n, 1), nb * bn).reshape(nb, bn, 1)
+        return pad_rows(x.reshape(n, 1), nb * bn).reshape(nb, bn, 1)
 
     t_b, lse_b, g_lse_b, g_zt_b = map(per_token, (t, lse, g_lse, g_zt))
     ent_b = per_token(ent) if cfg.with_entropy else None
@@ -299,8 +188,8 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
 
         def token_step(i, carry):
             dh_acc, dw_blk = carry
-            z = _dot_f32(h_b[i], w_blk) * cfg.inv_temperature
-            dz = _dlogits(
+            z = dot_f32(h_b[i], w_blk) * cfg.inv_temperature
+            dz = dlogits(
                 z,
                 cols == t_b[i],
                 lse_b[i],
@@ -311,10 +200,10 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
                 cfg.with_entropy,
             )
             dz = (dz * cfg.inv_temperature).astype(mdt)
-            dh_acc = dh_acc.at[i].add(_dot_nt(dz, w_blk))
-            return dh_acc, dw_blk + _dot_f32(ht_b[i], dz)
+            dh_acc = dh_acc.at[i].add(dot_nt(dz, w_blk))
+            return dh_acc, dw_blk + dot_f32(ht_b[i], dz)
 
-        init = (dh_acc, _vary_like(jnp.zeros((d, width), jnp.float32), *refs))
+        init = (dh_acc, vary_like(jnp.zeros((d, width), jnp.float32), *refs))
         return lax.fori_loop(0, nb, token_step, init)
 
     def write_dw(dw_bits, dw_blk, col0):
@@ -329,7 +218,7 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
 
     # dw is built in place, block by block (as uint16 bits on XLA:CPU, see above).
     dw_bits = jnp.zeros((d, v), _to_bits(jnp.zeros((), w.dtype), cfg.xla_cpu).dtype)
-    carry = _vary_like((jnp.zeros((nb, bn, d), jnp.float32), dw_bits), *refs)
+    carry = vary_like((jnp.zeros((nb, bn, d), jnp.float32), dw_bits), *refs)
     dh_acc, dw_bits = lax.fori_loop(0, nvf, full_block, carry)
     if tail:
         dh_acc, dw_blk = vocab_step(dh_acc, w[:, nvf * bv :], nvf * bv)
@@ -346,17 +235,12 @@ def _chunked_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
 def _stats_forward(cfg: KernelConfig, h, w, t):
     if cfg.impl == "chunked":
         return _chunked_forward(cfg, h, w, t)
-    # Imported here: logprobs_pallas imports this module.
-    from pipo_jax.kernels import logprobs_pallas
-
     return logprobs_pallas.forward(cfg, h, w, t)
 
 
 def _stats_backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
     if cfg.impl == "chunked":
         return _chunked_backward(cfg, h, w, t, lse, ent, g_lse, g_zt, g_ent)
-    from pipo_jax.kernels import logprobs_pallas
-
     return logprobs_pallas.backward(cfg, h, w, t, lse, ent, g_lse, g_zt, g_ent)
 
 
@@ -389,7 +273,7 @@ _softmax_stats.defvjp(_softmax_stats_fwd, _softmax_stats_bwd)
 
 def _reference_stats(h, w, t, inv_temperature: float, with_entropy: bool):
     """Plain-autodiff twin of `_softmax_stats` (full fp32 logits)."""
-    z = _dot_f32(h, w) * inv_temperature
+    z = dot_f32(h, w) * inv_temperature
     lse = jax.nn.logsumexp(z, axis=-1)
     cols = jnp.arange(w.shape[1], dtype=jnp.int32)
     zt = jnp.sum(jnp.where(cols[None, :] == t[:, None], z, 0.0), axis=-1)
@@ -439,8 +323,6 @@ def _make_config(
 ) -> KernelConfig:
     platforms.check(platform)
     if impl == "pallas":
-        from pipo_jax.kernels import logprobs_pallas
-
         variant = logprobs_pallas.resolve_variant(pallas_variant, platform)
         defaults = logprobs_pallas.default_blocks(variant)
         interpret = platform == "cpu" if interpret is None else bool(interpret)
@@ -503,7 +385,7 @@ def _check_target_range(targets_n, valid_n, lo: int, hi: int, name: str) -> None
 
 def _reference_logprobs(h, w, t, inv_temperature: float, with_entropy: bool):
     """The spec: full [N, V] fp32 logits, log_softmax, gather; plain autodiff."""
-    z = _dot_f32(h, w) * inv_temperature
+    z = dot_f32(h, w) * inv_temperature
     logp_all = jax.nn.log_softmax(z, axis=-1)
     logp = jnp.take_along_axis(logp_all, t[:, None], axis=-1, mode="fill", fill_value=jnp.nan)[:, 0]
     if not with_entropy:
@@ -644,43 +526,8 @@ def token_logprobs_vocab_parallel(
     return (logp, ent) if return_entropy else logp
 
 
-def align_varying(*xs: jax.Array, extra_axes: tuple[str, ...] = ()) -> list[jax.Array]:
-    """Makes all operands vary over the same shard_map axes (a no-op outside shard_map).
-
-    Inside `shard_map` (default check_vma=True) the fused primitive's outputs and
-    cotangents vary over the union of its operands' axes. Aligning the operands first,
-    outside the custom_vjp, lets autodiff psum the cotangent of an operand that was
-    replicated over an axis (w over data-parallel rows, hidden over the vocab axis), and
-    gives the Pallas calls one set of axes for their outputs.
-    """
-    axes = frozenset(extra_axes).union(*(_varying_axes(x) for x in xs))
-    return [_vary_over(x, axes) for x in xs]
-
-
-def _vary_like(tree, *refs):
-    """`tree` cast to vary over every mesh axis that any of `refs` varies over.
-
-    Inside `shard_map` a loop carry built from constants is invariant while the loop
-    body makes it vary like its inputs; the carry types must match. No-op outside.
-    """
-    axes = frozenset().union(*(_varying_axes(r) for r in refs if r is not None))
-    return jax.tree.map(lambda x: _vary_over(x, axes), tree)
-
-
-def _vary_over(x: jax.Array, axes: frozenset) -> jax.Array:
-    missing = tuple(sorted(axes - _varying_axes(x)))
-    return lax.pcast(x, missing, to="varying") if missing else x
-
-
-def _varying_axes(x) -> frozenset:
-    """Mesh axes `x` varies over inside `shard_map` (empty outside)."""
-    aval = jax.typeof(x)
-    mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.9; older releases call it `vma`
-    return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", frozenset()))
-
-
 def _sum_to_primal(ct, primal):
     """Under `shard_map`, sums a cotangent over the mesh axes it varies over but its primal
     does not (e.g. dw of a head replicated over the batch axes); identity elsewhere."""
-    extra = tuple(sorted(_varying_axes(ct) - _varying_axes(primal)))
+    extra = tuple(sorted(varying_axes(ct) - varying_axes(primal)))
     return lax.psum(ct, extra) if extra else ct

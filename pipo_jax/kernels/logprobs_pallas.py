@@ -39,7 +39,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-from pipo_jax.kernels import logprobs as lp
+from pipo_jax.kernels.softmax_stats import (KernelConfig, align_varying, compute_dtype, dlogits, dot_f32, dot_nt,
+                                            finalize, init_stats, online_update, pad_rows, varying_axes)
 
 VARIANTS = ("mosaic_tpu", "triton")
 # (block_n, block_v, block_d) per kernel family; not yet timed on hardware (module doc).
@@ -77,10 +78,10 @@ def _per_token(x: jax.Array | None, rows: int) -> jax.Array | None:
     """[N] vector -> zero-padded [rows, 1] column (the kernels' per-token layout)."""
     if x is None:
         return None
-    return lp._pad_rows(x.reshape(-1, 1), rows)
+    return pad_rows(x.reshape(-1, 1), rows)
 
 
-def _triton_config(cfg: lp.KernelConfig, d: int) -> lp.KernelConfig:
+def _triton_config(cfg: KernelConfig, d: int) -> KernelConfig:
     """cfg with block_d resolved for hidden size d, after checking the Triton tiling rules."""
     if cfg.block_d is None:
         fits = [b for b in (64, 32, 16) if d % b == 0]
@@ -91,7 +92,7 @@ def _triton_config(cfg: lp.KernelConfig, d: int) -> lp.KernelConfig:
     return cfg
 
 
-def _check_triton_blocks(cfg: lp.KernelConfig, d: int) -> None:
+def _check_triton_blocks(cfg: KernelConfig, d: int) -> None:
     for name, value in (("block_n", cfg.block_n), ("block_v", cfg.block_v), ("block_d", cfg.block_d)):
         if value < 16 or value & (value - 1):
             raise ValueError(f"triton kernel: {name} must be a power of two >= 16, got {value}")
@@ -101,22 +102,22 @@ def _check_triton_blocks(cfg: lp.KernelConfig, d: int) -> None:
 
 def _out(shape: tuple[int, ...], dtype, like: jax.Array) -> jax.ShapeDtypeStruct:
     """Output struct varying over the same shard_map axes as `like` (operands are aligned)."""
-    if not lp._varying_axes(like):
+    if not varying_axes(like):
         return jax.ShapeDtypeStruct(shape, dtype)
     return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).manual_axis_type)
 
 
-def _padded_tokens(cfg: lp.KernelConfig, n: int) -> tuple[int, int]:
+def _padded_tokens(cfg: KernelConfig, n: int) -> tuple[int, int]:
     """(block_n, padded N). TPU blocks get at least 8 rows (sublane tiling)."""
     bn = cfg.block_n if cfg.variant == "triton" else min(cfg.block_n, max(8, -(-n // 8) * 8))
     return bn, _cdiv(n, bn) * bn
 
 
-def forward(cfg: lp.KernelConfig, h, w, t):
+def forward(cfg: KernelConfig, h, w, t):
     """h [N, D], w [D, V], t [N] int32 -> (lse, zt, ent or None), each [N] fp32."""
     n = h.shape[0]
     bn, n_pad = _padded_tokens(cfg, n)
-    h_p, w, t_p = lp.align_varying(lp._pad_rows(h, n_pad), w, _per_token(t, n_pad))
+    h_p, w, t_p = align_varying(pad_rows(h, n_pad), w, _per_token(t, n_pad))
     if cfg.variant == "triton":
         outs = _triton_forward(_triton_config(cfg, h.shape[1]), h_p, w, t_p, bn)
     else:
@@ -126,14 +127,14 @@ def forward(cfg: lp.KernelConfig, h, w, t):
     return lse, zt, ent
 
 
-def backward(cfg: lp.KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
+def backward(cfg: KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
     """Per-token cotangents -> (dh [N, D] h.dtype, dw [D, V] w.dtype)."""
     n = h.shape[0]
     bn, n_pad = _padded_tokens(cfg, n)
     per_token = [_per_token(x, n_pad) for x in (t, lse, g_lse, g_zt)]
     if cfg.with_entropy:
         per_token += [_per_token(ent, n_pad), _per_token(g_ent, n_pad)]
-    h_p, w, *per_token = lp.align_varying(lp._pad_rows(h, n_pad), w, *per_token)
+    h_p, w, *per_token = align_varying(pad_rows(h, n_pad), w, *per_token)
     if cfg.variant == "triton":
         dh, dw = _triton_backward(_triton_config(cfg, h.shape[1]), h_p, w, per_token, bn)
     else:
@@ -141,14 +142,14 @@ def backward(cfg: lp.KernelConfig, h, w, t, lse, ent, g_lse, g_zt, g_ent):
     return dh[:n].astype(h.dtype), dw.astype(w.dtype)
 
 
-def _logits_cotangent(cfg: lp.KernelConfig, z, hit, col_ok, vectors):
+def _logits_cotangent(cfg: KernelConfig, z, hit, col_ok, vectors):
     """dz (already divided by the temperature) from the per-token vectors of a block.
 
     vectors: [lse, g_lse, g_zt] (+ [ent, g_ent] with entropy), each [bn, 1] fp32.
     """
     lse, g_lse, g_zt = vectors[:3]
     ent, g_ent = (vectors[3], vectors[4]) if cfg.with_entropy else (None, None)
-    dz = lp._dlogits(z, hit, lse, ent, g_lse, g_zt, g_ent, cfg.with_entropy, col_ok)
+    dz = dlogits(z, hit, lse, ent, g_lse, g_zt, g_ent, cfg.with_entropy, col_ok)
     return dz * cfg.inv_temperature
 
 
@@ -161,7 +162,7 @@ def _tpu_params(semantics: tuple[str, str]):
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=_TPU_VMEM_LIMIT_BYTES)
 
 
-def _tpu_block_logits(cfg: lp.KernelConfig, h, w, t, j, v: int):
+def _tpu_block_logits(cfg: KernelConfig, h, w, t, j, v: int):
     """Block (., j) of the logits for targets t [bn, 1].
 
     Returns z [bn, bv] fp32 (out-of-vocab columns at -inf), hit (target column, never a
@@ -171,33 +172,33 @@ def _tpu_block_logits(cfg: lp.KernelConfig, h, w, t, j, v: int):
     bn, bv = h.shape[0], w.shape[1]
     cols = j * bv + lax.broadcasted_iota(jnp.int32, (bn, bv), 1)
     col_ok = cols < v
-    z = lp._dot_f32(h, w) * cfg.inv_temperature
+    z = dot_f32(h, w) * cfg.inv_temperature
     return jnp.where(col_ok, z, -jnp.inf), (cols == t) & col_ok, col_ok
 
 
-def _tpu_forward_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int):
+def _tpu_forward_kernel(h_ref, w_ref, t_ref, *refs, cfg: KernelConfig, v: int):
     n_out = 3 if cfg.with_entropy else 2
     out_refs, scratch = refs[:n_out], refs[n_out:]
     j = pl.program_id(1)
 
     @pl.when(j == 0)
     def _init():
-        for ref, value in zip(scratch, lp._init_stats(scratch[0].shape)):
+        for ref, value in zip(scratch, init_stats(scratch[0].shape)):
             ref[...] = value
 
     z, hit, _ = _tpu_block_logits(cfg, h_ref[...], w_ref[...], t_ref[...], j, v)
     stats = tuple(ref[...] for ref in scratch)
-    stats = lp._online_update(stats, z, hit, cfg.with_entropy)
+    stats = online_update(stats, z, hit, cfg.with_entropy)
     for ref, value in zip(scratch, stats):
         ref[...] = value
 
     @pl.when(j == pl.num_programs(1) - 1)
     def _write():
-        for ref, value in zip(out_refs, lp._finalize(stats)):
+        for ref, value in zip(out_refs, finalize(stats)):
             ref[...] = value
 
 
-def _tpu_forward(cfg: lp.KernelConfig, h, w, t, bn: int):
+def _tpu_forward(cfg: KernelConfig, h, w, t, bn: int):
     n_pad, d = h.shape
     v = w.shape[1]
     bv = min(cfg.block_v, v)
@@ -221,7 +222,7 @@ def _tpu_forward(cfg: lp.KernelConfig, h, w, t, bn: int):
     )(h, w, t)
 
 
-def _tpu_dh_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int):
+def _tpu_dh_kernel(h_ref, w_ref, t_ref, *refs, cfg: KernelConfig, v: int):
     *vector_refs, dh_ref, acc_ref = refs
     j = pl.program_id(1)
 
@@ -235,14 +236,14 @@ def _tpu_dh_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int):
     # Padded columns of w may hold anything (NaN included): zero them, since 0 * NaN = NaN.
     w_cols_ok = (j * w.shape[1] + lax.broadcasted_iota(jnp.int32, w.shape, 1)) < v
     w = jnp.where(w_cols_ok, w, jnp.zeros((), w.dtype))
-    acc_ref[...] += lp._dot_nt(dz.astype(lp._compute_dtype(h_ref, w_ref)), w)
+    acc_ref[...] += dot_nt(dz.astype(compute_dtype(h_ref, w_ref)), w)
 
     @pl.when(j == pl.num_programs(1) - 1)
     def _write():
         dh_ref[...] = acc_ref[...]
 
 
-def _tpu_dw_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int):
+def _tpu_dw_kernel(h_ref, w_ref, t_ref, *refs, cfg: KernelConfig, v: int):
     *vector_refs, dw_ref, acc_ref = refs
     j, i = pl.program_id(0), pl.program_id(1)
 
@@ -253,7 +254,7 @@ def _tpu_dw_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int):
     h = h_ref[...]
     z, hit, col_ok = _tpu_block_logits(cfg, h, w_ref[...], t_ref[...], j, v)
     dz = _logits_cotangent(cfg, z, hit, col_ok, [r[...] for r in vector_refs])
-    dz = dz.astype(lp._compute_dtype(h_ref, w_ref))
+    dz = dz.astype(compute_dtype(h_ref, w_ref))
     acc_ref[...] += lax.dot_general(h, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
     @pl.when(i == pl.num_programs(1) - 1)
@@ -261,7 +262,7 @@ def _tpu_dw_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int):
         dw_ref[...] = acc_ref[...].astype(dw_ref.dtype)
 
 
-def _tpu_backward(cfg: lp.KernelConfig, h, w, per_token, bn: int):
+def _tpu_backward(cfg: KernelConfig, h, w, per_token, bn: int):
     n_pad, d = h.shape
     v = w.shape[1]
     bv = min(cfg.block_v, v)
@@ -316,13 +317,13 @@ def _triton_params():
     return pltriton.CompilerParams(num_warps=4, num_stages=2)
 
 
-def _triton_w_tile(cfg: lp.KernelConfig, w_ref, k, col0, col_ok):
+def _triton_w_tile(cfg: KernelConfig, w_ref, k, col0, col_ok):
     """w[k*block_d : (k+1)*block_d, col0 : col0 + block_v], zero outside the vocabulary."""
     rows = pl.ds(k * cfg.block_d, cfg.block_d)
     return pltriton.load(w_ref.at[rows, pl.ds(col0, cfg.block_v)], mask=col_ok, other=0)
 
 
-def _triton_block_logits(cfg: lp.KernelConfig, h_ref, row0, w_ref, t, j, v: int, d: int):
+def _triton_block_logits(cfg: KernelConfig, h_ref, row0, w_ref, t, j, v: int, d: int):
     """Logits [bn, bv] of token rows [row0, row0 + bn) and vocab tile j, -inf outside V.
 
     Returns (z, hit, col_ok, tile_ok) as `_tpu_block_logits` plus the [block_d, bv]
@@ -336,25 +337,25 @@ def _triton_block_logits(cfg: lp.KernelConfig, h_ref, row0, w_ref, t, j, v: int,
 
     def k_step(k, acc):
         h_k = h_ref[pl.ds(row0, bn), pl.ds(k * bk, bk)]
-        return acc + lp._dot_f32(h_k, _triton_w_tile(cfg, w_ref, k, col0, tile_ok))
+        return acc + dot_f32(h_k, _triton_w_tile(cfg, w_ref, k, col0, tile_ok))
 
     z = lax.fori_loop(0, d // bk, k_step, jnp.zeros((bn, bv), jnp.float32)) * cfg.inv_temperature
     return jnp.where(col_ok, z, -jnp.inf), (cols == t) & col_ok, col_ok, tile_ok
 
 
-def _triton_forward_kernel(h_ref, w_ref, t_ref, *out_refs, cfg: lp.KernelConfig, v: int, d: int):
+def _triton_forward_kernel(h_ref, w_ref, t_ref, *out_refs, cfg: KernelConfig, v: int, d: int):
     t = t_ref[...]
 
     def vocab_tile(j, stats):
         z, hit, _, _ = _triton_block_logits(cfg, h_ref, 0, w_ref, t, j, v, d)
-        return lp._online_update(stats, z, hit, cfg.with_entropy)
+        return online_update(stats, z, hit, cfg.with_entropy)
 
-    stats = lax.fori_loop(0, _cdiv(v, cfg.block_v), vocab_tile, lp._init_stats((cfg.block_n, 1)))
-    for ref, value in zip(out_refs, lp._finalize(stats)):
+    stats = lax.fori_loop(0, _cdiv(v, cfg.block_v), vocab_tile, init_stats((cfg.block_n, 1)))
+    for ref, value in zip(out_refs, finalize(stats)):
         ref[...] = value
 
 
-def _triton_forward(cfg: lp.KernelConfig, h, w, t, bn: int):
+def _triton_forward(cfg: KernelConfig, h, w, t, bn: int):
     n_pad, d = h.shape
     v = w.shape[1]
     row = pl.BlockSpec((bn, 1), lambda i: (i, 0))
@@ -371,13 +372,13 @@ def _triton_forward(cfg: lp.KernelConfig, h, w, t, bn: int):
     )(h, w, t)
 
 
-def _triton_dh_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int, d: int):
+def _triton_dh_kernel(h_ref, w_ref, t_ref, *refs, cfg: KernelConfig, v: int, d: int):
     *vector_refs, dh_ref = refs
     bk = cfg.block_d
     nk = d // bk
     t = t_ref[...]
     vectors = [r[...] for r in vector_refs]
-    cdt = lp._compute_dtype(h_ref, w_ref)
+    cdt = compute_dtype(h_ref, w_ref)
 
     def zero(k, carry):
         dh_ref[:, pl.ds(k * bk, bk)] = jnp.zeros((cfg.block_n, bk), jnp.float32)
@@ -391,7 +392,7 @@ def _triton_dh_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int, 
 
         def k_step(k, carry):
             w_k = _triton_w_tile(cfg, w_ref, k, j * cfg.block_v, tile_ok)
-            dh_ref[:, pl.ds(k * bk, bk)] += lp._dot_nt(dz, w_k)
+            dh_ref[:, pl.ds(k * bk, bk)] += dot_nt(dz, w_k)
             return carry
 
         return lax.fori_loop(0, nk, k_step, carry)
@@ -399,12 +400,12 @@ def _triton_dh_kernel(h_ref, w_ref, t_ref, *refs, cfg: lp.KernelConfig, v: int, 
     lax.fori_loop(0, _cdiv(v, cfg.block_v), vocab_tile, 0)
 
 
-def _triton_dw_kernel(h_ref, w_ref, *refs, cfg: lp.KernelConfig, v: int, d: int, n_pad: int):
+def _triton_dw_kernel(h_ref, w_ref, *refs, cfg: KernelConfig, v: int, d: int, n_pad: int):
     *vector_refs, t_ref, dw_ref = refs
     bn, bk = cfg.block_n, cfg.block_d
     nk = d // bk
     j = pl.program_id(0)
-    cdt = lp._compute_dtype(h_ref, w_ref)
+    cdt = compute_dtype(h_ref, w_ref)
 
     def zero(k, carry):
         dw_ref[pl.ds(k * bk, bk), :] = jnp.zeros((bk, cfg.block_v), jnp.float32)
@@ -430,7 +431,7 @@ def _triton_dw_kernel(h_ref, w_ref, *refs, cfg: lp.KernelConfig, v: int, d: int,
     lax.fori_loop(0, n_pad // bn, token_block, 0)
 
 
-def _triton_backward(cfg: lp.KernelConfig, h, w, per_token, bn: int):
+def _triton_backward(cfg: KernelConfig, h, w, per_token, bn: int):
     n_pad, d = h.shape
     v = w.shape[1]
     nv = _cdiv(v, cfg.block_v)

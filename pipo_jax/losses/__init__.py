@@ -5,7 +5,6 @@ Modules (one concept each; all functions are pure and jit/vmap-able):
     advantages    GAE + masked whitening, group-relative advantages, DAPO filter / overlong
     policy        token clip (asymmetric eps, dual clip), GSPO sequence ratio
     kl            k1 / k2 / k3 KL-to-reference estimators and the KL loss term
-    entropy       per-token entropy from logits
     value         clipped value loss (PPO critic)
     distill       SDPO generalised JSD / reverse-KL token loss, IS weight, attribution, EMA
     pipo          PipoState, window statistics, xi, rectifier, attributions, PI rewards / loss

@@ -23,21 +23,19 @@ Implementations (`IMPLS`; `resolve_impl` picks one for a target platform):
 The fused kernels never build a `[T, T]` tensor. Padding queries get zero outputs from
 them (the reference gives them a uniform average); nothing downstream reads those rows.
 Under a `sharding_context` the splash kernel runs inside `shard_map` (Mosaic kernels
-cannot be partitioned automatically): `kernel_partitioner` is the hook it uses.
+cannot be partitioned automatically), through `parallel.context.shard_kernel`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
 from pipo_jax import platforms
+from pipo_jax.parallel.context import shard_kernel
 
 IMPLS = ("auto", "xla", "cudnn", "splash")
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -158,21 +156,6 @@ def splash_attention(q_bthd, k_btkd, v_btkd, valid_bt, dtype, interpret: bool = 
 
 # ----------------------------------------------------------------------------- dispatch
 
-# A callable `(fn, args, in_logical_axes, out_logical_axes) -> fn(*args)` that runs `fn`
-# under `shard_map` on the active mesh, installed by `pipo_jax.parallel.sharding_context`.
-_PARTITIONER: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("attention_partitioner", default=None)
-
-
-@contextlib.contextmanager
-def kernel_partitioner(fn: Callable | None):
-    """Within the block, kernels that cannot be partitioned automatically run through `fn`."""
-    token = _PARTITIONER.set(fn)
-    try:
-        yield
-    finally:
-        _PARTITIONER.reset(token)
-
-
 # q is grouped [B, T, K, G, Dh] so that q, k and v split their kv heads alike.
 _Q_AXES = ("batch", None, "kv_heads", None, None)
 _KV_AXES = ("batch", None, "kv_heads", None)
@@ -194,11 +177,8 @@ def self_attention(q_bthd, k_btkd, v_btkd, valid_bt, dtype, *, impl: str, platfo
     # The Pallas interpreter only on a CPU target (tests); a TPU target gets Mosaic.
     run = functools.partial(_splash_grouped, dtype=dtype, interpret=platform == "cpu")
     args = (q_bthd.reshape(b, t, kv, h // kv, dh), k_btkd, v_btkd, valid_bt)
-    partition = _PARTITIONER.get()
-    if partition is None:
-        out = run(*args)
-    else:
-        out = partition(run, args, (_Q_AXES, _KV_AXES, _KV_AXES, ("batch", None)), _Q_AXES)
+    # Under a `sharding_context` each device runs the kernel on its own rows / kv heads.
+    out = shard_kernel(run, args, (_Q_AXES, _KV_AXES, _KV_AXES, ("batch", None)), _Q_AXES)
     return out.reshape(b, t, h, dh)
 
 

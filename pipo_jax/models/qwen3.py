@@ -13,16 +13,15 @@ serves a full forward, prefill and one-token decode, and left- or right-padded r
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from pipo_jax import platforms
 from pipo_jax.models import attention as attention_lib
+from pipo_jax.parallel.context import constrain
 
 Params = dict[str, Any]
 
@@ -234,31 +233,11 @@ def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype=None) -> KVC
 
 # ----------------------------------------------------------------------------- activation sharding
 
-# A callable `(x, logical_axis_names) -> x` applied to activations at block boundaries,
-# installed by `pipo_jax.parallel.sharding_context` (it adds sharding constraints). Unset
-# (the default) the forward pass is exactly the unconstrained one.
-_ACTIVATION_CONSTRAINT: contextvars.ContextVar[Callable | None] = contextvars.ContextVar(
-    "qwen3_activation_constraint", default=None)
-
-
-@contextlib.contextmanager
-def activation_constraint(fn: Callable[[jax.Array, tuple], jax.Array] | None):
-    """Within the block, traced forwards pass activations through `fn(x, logical_axes)`."""
-    token = _ACTIVATION_CONSTRAINT.set(fn)
-    try:
-        yield
-    finally:
-        _ACTIVATION_CONSTRAINT.reset(token)
-
-
-def _constrain(x: jax.Array, logical_axes: tuple) -> jax.Array:
-    fn = _ACTIVATION_CONSTRAINT.get()
-    return x if fn is None else fn(x, logical_axes)
-
-
+# Activations are constrained by their logical axes at block boundaries
+# (`parallel.context.constrain`): under an active `sharding_context` that adds sharding
+# constraints; outside one it is the identity, so the forward is exactly the unconstrained one.
 _RESIDUAL_AXES = ("batch", "length", "hidden")
 RESIDUAL_AXES = _RESIDUAL_AXES  # logical axes of the residual stream `[B, T, D]`
-constrain = _constrain  # for other forwards over these weights (sampling/decode.py)
 
 
 # ----------------------------------------------------------------------------- layers
@@ -393,20 +372,20 @@ def forward(
         allowed = (slots[None, None, :] <= positions_bt[:, :, None]) & valid_bt[:, :, None]
 
     dt = config.jnp_dtype
-    x = _constrain(jnp.take(params["embed"], tokens_bt, axis=0).astype(dt), _RESIDUAL_AXES)
+    x = constrain(jnp.take(params["embed"], tokens_bt, axis=0).astype(dt), _RESIDUAL_AXES)
     cos, sin = rope_tables(positions_bt, config.head_dim, config.rope_theta)
 
     def body(x_btd, layer_inputs):
         lp, cache_kv = layer_inputs
         x_btd, new_kv = _decoder_layer(config, x_btd, lp, cos, sin, positions_bt, valid_bt, allowed, cache_kv)
-        return _constrain(x_btd, _RESIDUAL_AXES), new_kv
+        return constrain(x_btd, _RESIDUAL_AXES), new_kv
 
     body = _remat(body, config.remat)
     cache_xs = None if cache is None else (cache.k, cache.v)
     x, new_kv = jax.lax.scan(body, x, (params["layers"], cache_xs))
     new_cache = None if cache is None else KVCache(*new_kv)
 
-    x = _constrain(rms_norm(x, params["final_norm"], config.rms_norm_eps), _RESIDUAL_AXES)
+    x = constrain(rms_norm(x, params["final_norm"], config.rms_norm_eps), _RESIDUAL_AXES)
     if return_hidden:
         return x, new_cache
     w = lm_head_weight(config, params).astype(dt)

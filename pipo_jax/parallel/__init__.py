@@ -1,28 +1,26 @@
-"""Sharding and multi-host: a (data, fsdp, tensor) mesh, one logical-axis rules table,
-shardings for every piece of the train state, jitted steps with explicit in / out
-shardings, the vocab-parallel fused log-prob, process-split data and
-`jax.distributed` start-up. See the README section "Running sharded / multi-host".
+"""Sharding and multi-host, a leaf library (it imports nothing of the package but `platforms`):
+a (data, fsdp, tensor) mesh, one logical-axis rules table, shardings for every piece of the
+train state, the active sharding context (activation constraints, `shard_map` for kernels),
+process-split data and `jax.distributed` start-up. The trainer's sharded steps are
+`pipo_jax.rl.sharded_steps`, the vocab-parallel log-prob `pipo_jax.kernels.logprobs_sharded`.
+See the README section "Running sharded / multi-host".
 """
 
-from pipo_jax.parallel.context import (ShardingContext, active_context, batch_shards, constrain,
-                                       mesh_batch_shards, constrain_kv_cache,
-                                       sharding_context)
+from pipo_jax.parallel.context import (ShardingContext, active_context, batch_shards, constrain, mesh_batch_shards,
+                                       shard_kernel, sharding_context)
 from pipo_jax.parallel.distributed import DistributedSettings, distributed_settings, initialize_distributed
 from pipo_jax.parallel.host_data import (global_batch_from_process_local, process_local_reward, process_local_rows,
                                          process_row_slice)
-from pipo_jax.parallel.logprobs import token_logprobs, token_logprobs_tensor_parallel
 from pipo_jax.parallel.mesh import AXES, BATCH_AXES, MeshSpec, describe, make_mesh, mesh_from_config, mesh_sizes
 from pipo_jax.parallel.rules import DEFAULT_RULES, make_rules, named_sharding, parse_rules, replicated, spec_for
-from pipo_jax.parallel.shardings import (batch_shardings, critic_axes, kv_cache_shardings, mirror_shardings,
-                                         param_shardings, pipo_state_shardings, train_state_shardings,
-                                         tree_shardings, with_shardings)
+from pipo_jax.parallel.shardings import (batch_shardings, critic_axes, mirror_shardings, pipo_state_shardings,
+                                         train_state_shardings, tree_shardings, with_shardings)
 
 __all__ = [
     "AXES", "BATCH_AXES", "DEFAULT_RULES", "DistributedSettings", "MeshSpec", "ShardingContext", "active_context", "batch_shards",
-    "batch_shardings", "constrain", "constrain_kv_cache", "critic_axes", "describe", "distributed_settings",
-    "global_batch_from_process_local", "initialize_distributed", "kv_cache_shardings", "make_mesh", "make_rules",
-    "mesh_batch_shards", "mesh_from_config", "mesh_sizes", "mirror_shardings", "named_sharding", "param_shardings", "parse_rules",
+    "batch_shardings", "constrain", "critic_axes", "describe", "distributed_settings",
+    "global_batch_from_process_local", "initialize_distributed", "make_mesh", "make_rules",
+    "mesh_batch_shards", "mesh_from_config", "mesh_sizes", "mirror_shardings", "named_sharding", "parse_rules",
     "pipo_state_shardings", "process_local_reward", "process_local_rows", "process_row_slice", "replicated",
-    "sharding_context", "spec_for", "token_logprobs", "token_logprobs_tensor_parallel", "train_state_shardings",
-    "tree_shardings", "with_shardings",
+    "shard_kernel", "sharding_context", "spec_for", "train_state_shardings", "tree_shardings", "with_shardings",
 ]

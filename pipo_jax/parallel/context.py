@@ -1,5 +1,7 @@
 """The active sharding context: a mesh and rules under which traced code adds activation
-sharding constraints (Qwen3 block boundaries) and picks vocab-parallel kernels.
+sharding constraints (`constrain`: Qwen3 block boundaries, the sampler's KV cache), runs
+kernels that cannot be partitioned under `shard_map` (`shard_kernel`: splash attention)
+and picks vocab-parallel log-probs (`kernels/logprobs_sharded.py`).
 
     with sharding_context(mesh, rules):
         jitted_step(...)   # traced inside: constraints are baked into the program
@@ -7,8 +9,8 @@ sharding constraints (Qwen3 block boundaries) and picks vocab-parallel kernels.
 Enter it *outside* `jax.jit`: it also sets `jax.set_mesh(mesh)`, which makes the mesh
 part of JAX's trace-cache key, so a jitted function traced outside the context (or
 under another mesh) is traced afresh instead of reusing a program without (or with
-other) constraints. Outside a context nothing changes: `constrain` is the identity and
-`qwen3.forward` is exactly the unconstrained function.
+other) constraints. Outside a context nothing changes: `constrain` is the identity,
+`shard_kernel` calls the kernel, and `qwen3.forward` is exactly the unconstrained function.
 """
 
 from __future__ import annotations
@@ -21,10 +23,8 @@ from collections.abc import Iterator, Sequence
 
 import jax
 from jax.sharding import Mesh
-
 from jax.sharding import PartitionSpec as P
 
-from pipo_jax.models import attention, qwen3
 from pipo_jax.parallel.mesh import mesh_sizes
 from pipo_jax.parallel.rules import DEFAULT_RULES, Rules, named_sharding, spec_for
 
@@ -69,17 +69,6 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, named_sharding(ctx.mesh, tuple(logical_axes), x.shape, ctx.rules))
 
 
-def constrain_kv_cache(cache: qwen3.KVCache) -> qwen3.KVCache:
-    """The KV cache constrained to `kv_cache_shardings` (batch and kv heads split) under the
-    active context; unchanged outside one. For samplers to call after creating / updating a cache."""
-    ctx = _ACTIVE.get()
-    if ctx is None:
-        return cache
-    from pipo_jax.parallel.shardings import kv_cache_shardings
-
-    return jax.lax.with_sharding_constraint(cache, kv_cache_shardings(cache, ctx.mesh, ctx.rules))
-
-
 def shard_kernel(fn, args, in_logical_axes, out_logical_axes):
     """`fn(*args)` under `shard_map` on the active mesh, each operand split by its logical axes.
 
@@ -103,14 +92,14 @@ def shard_kernel(fn, args, in_logical_axes, out_logical_axes):
 
 @contextlib.contextmanager
 def sharding_context(mesh: Mesh, rules: Rules | None = None) -> Iterator[ShardingContext]:
-    """Activates `mesh` / `rules` for code traced inside the block (and Qwen3's activation hook).
+    """Activates `mesh` / `rules` (and `jax.set_mesh(mesh)`) for code traced inside the block.
 
     Must be entered outside `jax.jit` (JAX's `set_mesh` raises otherwise).
     """
     ctx = ShardingContext(mesh, DEFAULT_RULES if rules is None else rules)
     token = _ACTIVE.set(ctx)
     try:
-        with jax.set_mesh(mesh), qwen3.activation_constraint(constrain), attention.kernel_partitioner(shard_kernel):
+        with jax.set_mesh(mesh):
             yield ctx
     finally:
         _ACTIVE.reset(token)

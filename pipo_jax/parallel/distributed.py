@@ -28,6 +28,7 @@ from typing import Any
 from collections.abc import Mapping
 
 import jax
+from jax._src import distributed as jax_distributed  # `_is_initialized`: no public query exists
 
 from pipo_jax.parallel.mesh import config_get
 
@@ -169,8 +170,6 @@ def distributed_settings(cfg: Any = None, env: Mapping[str, str] | None = None) 
 
 
 def _is_initialized() -> bool:
-    from jax._src import distributed as jax_distributed  # no public query exists
-
     return jax_distributed.global_state.client is not None
 
 

@@ -1,5 +1,5 @@
 """NamedShardings of everything the trainer carries: params, optimizer state, the PPO
-critic, reference / teacher params, the PIPO state, batches and the KV cache.
+critic, reference / teacher params, the PIPO state and batches.
 
 All functions take the tree itself (arrays or `jax.ShapeDtypeStruct`s, e.g. from
 `jax.eval_shape`) and return a tree of the same structure with a `NamedSharding` per
@@ -9,7 +9,8 @@ and orbax restore templates alike.
 Optimizer states are sharded like the parameters they mirror: every sub-tree of the
 state with the parameters' tree structure and shapes (Adam's `mu`, `nu`, ...) gets the
 parameter shardings; everything else (step counts, injected hyper-parameters) is
-replicated.
+replicated. The model enters as its parameters' logical axes (`param_axes`, e.g.
+`qwen3.param_axes(config)`): this module imports nothing of the model.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from pipo_jax.models import qwen3
 from pipo_jax.parallel.rules import Rules, named_sharding, replicated
 
 
@@ -39,14 +39,9 @@ def tree_shardings(tree: Any, axes_tree: Any, mesh: Mesh, rules: Rules | None = 
                         is_leaf=_is_axes)
 
 
-def param_shardings(model: qwen3.Qwen3Config, params: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
-    """Shardings of Qwen3 `params` from `qwen3.param_axes`."""
-    return tree_shardings(params, qwen3.param_axes(model), mesh, rules)
-
-
-def critic_axes(model: qwen3.Qwen3Config) -> dict:
-    """Logical axes of the PPO critic params `{"backbone": <qwen3 params>, "value_head": [D]}`."""
-    return {"backbone": qwen3.param_axes(model), "value_head": ("embed",)}
+def critic_axes(param_axes: Any) -> dict:
+    """Logical axes of the PPO critic params `{"backbone": <policy params>, "value_head": [D]}`."""
+    return {"backbone": param_axes, "value_head": ("embed",)}
 
 
 def mirror_shardings(tree: Any, like: Any, like_shardings: Any, mesh: Mesh) -> Any:
@@ -96,16 +91,8 @@ def pipo_state_shardings(pipo_state: Any, mesh: Mesh, rules: Rules | None = None
     )
 
 
-KV_CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
-
-
-def kv_cache_shardings(cache: qwen3.KVCache, mesh: Mesh, rules: Rules | None = None) -> qwen3.KVCache:
-    """`KVCache` k / v `[layers, batch, max_len, kv_heads, head_dim]`: batch and kv heads split."""
-    return qwen3.KVCache(*(named_sharding(mesh, KV_CACHE_AXES, _shape(x), rules) for x in cache))
-
-
-def train_state_shardings(model: qwen3.Qwen3Config, state: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
-    """Shardings of a `TrainState` (concrete or abstract) with the policy model `model`.
+def train_state_shardings(param_axes: Any, state: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """Shardings of a `TrainState` (concrete or abstract) whose policy params have the logical axes `param_axes`.
 
     params, ref_params, teacher_params: `param_axes`; opt_state mirrors params; the critic
     `{"params", "opt_state"}` likewise with `critic_axes`; PIPO state per
@@ -113,14 +100,14 @@ def train_state_shardings(model: qwen3.Qwen3Config, state: Any, mesh: Mesh, rule
     `teacher_opt_state`, `vpd_delta`) is sharded like the params where it mirrors them
     and replicated elsewhere.
     """
-    params = param_shardings(model, state.params, mesh, rules)
+    params = tree_shardings(state.params, param_axes, mesh, rules)
 
     def maybe_params(tree):
-        return None if tree is None else param_shardings(model, tree, mesh, rules)
+        return None if tree is None else tree_shardings(tree, param_axes, mesh, rules)
 
     critic = None
     if state.critic is not None:
-        c_params = tree_shardings(state.critic["params"], critic_axes(model), mesh, rules)
+        c_params = tree_shardings(state.critic["params"], critic_axes(param_axes), mesh, rules)
         critic = {"params": c_params,
                   "opt_state": mirror_shardings(state.critic["opt_state"], state.critic["params"], c_params, mesh)}
     known = dict(

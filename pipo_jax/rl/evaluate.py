@@ -15,11 +15,15 @@ import ml_collections
 import numpy as np
 
 from pipo_jax import platforms
+from pipo_jax.data import char_vocab
+from pipo_jax.data.prompts import build_prompts
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl.checkpoint import Checkpointer
+from pipo_jax.rl.placement import Placement
+from pipo_jax.rl.rollout import stop_and_pad_ids
 from pipo_jax.rl.spec import TrainSpec, train_spec
 from pipo_jax.sampling import sampler
-from pipo_jax.tasks import arithmetic
+from pipo_jax.tasks import arithmetic, dataset, passk
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
@@ -37,8 +41,6 @@ def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, 
     A run workdir is recognised by `checkpoints/`; `step` picks a checkpoint (default: the newest that reads).
     """
     if os.path.isdir(os.path.join(path, "checkpoints")):
-        from pipo_jax.rl.placement import Placement
-
         spec = train_spec(load_run_config(path))
         ckpt = Checkpointer(os.path.join(path, "checkpoints"))
         try:  # step None: the newest checkpoint that reads
@@ -78,8 +80,6 @@ def sample_n(model: qwen3.Qwen3Config, params, prompt_tokens_bp, prompt_mask_bp,
 def builtin_rewards(spec: TrainSpec, params, n_problems: int, n: int, rng, temperature: float = 1.0,
                     batch_size: int = 256) -> np.ndarray:
     """Rewards `[n_problems, n]` of `n` samples on held-out problems of the built-in task."""
-    from pipo_jax.data import char_vocab
-
     k_prob, k_gen = jax.random.split(rng)
     problems = arithmetic.sample_problems(spec.task, k_prob, n_problems, split="heldout")
     tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, n, k_gen,
@@ -94,9 +94,6 @@ def builtin_rewards(spec: TrainSpec, params, n_problems: int, n: int, rng, tempe
 def dataset_heldout_accuracy(spec: TrainSpec, params, reward, n: int, batch_size: int = 64) -> float:
     """Mean greedy reward on the first `n` held-out rows of a dataset task (the same rows
     every time): the fraction solved for math, of tests passed for code."""
-    from pipo_jax.rl.rollout import stop_and_pad_ids
-    from pipo_jax.tasks import dataset
-
     rows = spec.task.heldout_rows_np[:n]
     if len(rows) == 0:
         raise ValueError("the dataset task has no held-out rows: set task.heldout_fraction > 0")
@@ -118,8 +115,6 @@ def math_benchmarks(model: qwen3.Qwen3Config, params, tokenizer, benchmarks: dic
     stop_token_ids, pad_id, batch_size). The trainer's periodic evaluation and
     experiments/eval.py both score benchmarks through here.
     """
-    from pipo_jax.tasks import passk
-
     rewards, info = {}, {}
     for i, (name, examples) in enumerate(benchmarks.items()):
         rewards[name], info[name] = math_rewards(model, params, tokenizer, examples, prompt_config, verifier, n,
@@ -135,8 +130,6 @@ def math_rewards(model: qwen3.Qwen3Config, params, tokenizer, examples, prompt_c
     Prompts longer than `prompt_config.max_prompt_tokens` follow `prompt_config.overlong`
     (dropped ones are counted in the returned info).
     """
-    from pipo_jax.data.prompts import build_prompts
-
     prompt_set = build_prompts(examples, tokenizer, prompt_config)
     width = max(len(ids) for ids in prompt_set.token_ids)
     tokens = np.full((len(prompt_set.token_ids), width), pad_id, np.int32)

@@ -17,7 +17,8 @@ from pipo_jax.losses import advantages, distill, pipo, registry
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.kl import kl_estimate
 from pipo_jax.losses.masking import masked_mean
-from pipo_jax.rl import logprobs, steps, vpd
+from pipo_jax.rl import steps, vpd_estep
+from pipo_jax.rl.response_logprobs import response_logprobs
 from pipo_jax.rl.rollout import Rollout, response_part
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, make_optimizer, nonfinite_counts, with_lr
@@ -80,12 +81,12 @@ def rollout_passes(spec: TrainSpec, state: TrainState, tokens_bl, mask_bl, teach
 
     def one(mb):
         out = {}
-        out["logp_old_br"], out["entropy_br"] = logprobs.response_logprobs(
+        out["logp_old_br"], out["entropy_br"] = response_logprobs(
             spec.model, state.params, mb["tokens_bl"], mb["mask_bl"], p, temperature=spec.temperature,
             impl=spec.logprob_impl, with_entropy=True)
-        out["logp_ref_br"], _ = logprobs.response_logprobs(spec.model, state.ref_params, mb["tokens_bl"],
-                                                           mb["mask_bl"], p, temperature=spec.temperature,
-                                                           impl=spec.logprob_impl)
+        out["logp_ref_br"], _ = response_logprobs(spec.model, state.ref_params, mb["tokens_bl"],
+                                                  mb["mask_bl"], p, temperature=spec.temperature,
+                                                  impl=spec.logprob_impl)
         if spec.has_critic:
             out["values_br"] = steps.critic_values(spec, state.critic["params"], mb["tokens_bl"], mb["mask_bl"])
         if teacher is not None:
@@ -206,7 +207,7 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
     if spec.vpd is not None:
         # VPD E-step: refine the teacher on this batch's outcomes (anchored to theta_t), so the
         # M-step below distils toward the refined teacher; the attribution follows it.
-        teacher, teacher_opt, vpd_delta, e_metrics = vpd.maybe_e_step(
+        teacher, teacher_opt, vpd_delta, e_metrics = vpd_estep.maybe_e_step(
             spec, spec.vpd, state.step, teacher, teacher_opt, batch, None, vpd_delta, jax.random.fold_in(rng, 3))
         metrics.update(e_metrics)
         if spec.vpd.e_step and spec.attribution == "sdpo_token":
@@ -214,7 +215,7 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
                                                   batch["teacher_mask_bq"])
             batch["attr_br"] = distill.token_attribution(logp_t, batch["logp_old_br"], batch["mask_br"],
                                                          batch["sd_mask_b"])
-        metrics.update(vpd.teacher_diagnostics(spec, teacher, params, batch))
+        metrics.update(vpd_estep.teacher_diagnostics(spec, teacher, params, batch))
     pipo_state = state.pipo
     if spec.pipo:
         if spec.pipo_options.window_twice:  # authors' code: mu_t enters the window before xi, and again below

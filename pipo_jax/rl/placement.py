@@ -22,9 +22,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipo_jax import parallel
-from pipo_jax.parallel import steps as sharded
 from pipo_jax.parallel.rules import Rules, make_rules
-from pipo_jax.rl import loop
+from pipo_jax.rl import loop, sharded_steps
 from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.spec import ConfigError, TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
@@ -52,7 +51,7 @@ class Placement:
         """`init_train_state` on this placement (params: host or device arrays, the same on every process)."""
         if self.mesh is None:
             return init_train_state(spec, params, seed)
-        return sharded.init_sharded_train_state(spec, self.mesh, params, seed, self.rules)
+        return sharded_steps.init_sharded_train_state(spec, self.mesh, params, seed, self.rules)
 
     def restore(self, ckpt: Checkpointer, spec: TrainSpec, step: int | None = None) -> TrainState:
         """The state saved at `step` (None: the newest that reads, see `Checkpointer.restore`),
@@ -60,12 +59,12 @@ class Placement:
 
         The template is abstract (shapes, dtypes, shardings), so nothing is initialised first.
         """
-        abstract = sharded.abstract_train_state(spec)
+        abstract = sharded_steps.abstract_train_state(spec)
         if self.mesh is None:
             device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
             shardings = jax.tree.map(lambda _: device, abstract)
         else:
-            shardings = sharded.state_shardings(spec, self.mesh, self.rules)
+            shardings = sharded_steps.state_shardings(spec, self.mesh, self.rules)
         return ckpt.restore(parallel.with_shardings(abstract, shardings), step)
 
     def run(self, spec: TrainSpec, state: TrainState, n: int, jit_loop: bool,
@@ -73,7 +72,7 @@ class Placement:
         """`n` iterations (one scan chunk, or the host loop with `reward_fn`); metrics `[n]` on host."""
         if jit_loop:
             chunk = (lambda s: loop.scan_chunk(spec, s, n)) if self.mesh is None else \
-                sharded.sharded_scan_chunk(spec, self.mesh, n, self.rules)
+                sharded_steps.sharded_scan_chunk(spec, self.mesh, n, self.rules)
             first = int(self.to_host(state.step))
             state, metrics = chunk(state)
             metrics = self.to_host(metrics)
@@ -81,7 +80,7 @@ class Placement:
             loop.check_finite_updates(spec, metrics, first)
             return state, metrics
         programs = loop.single_device_programs(spec) if self.mesh is None else \
-            sharded.mesh_host_programs(spec, self.mesh, self.rules)
+            sharded_steps.mesh_host_programs(spec, self.mesh, self.rules)
         rows = []
         for _ in range(n):
             first = int(self.to_host(state.step))
@@ -99,7 +98,7 @@ class Placement:
 
     def to_host(self, tree: Any) -> Any:
         """numpy copies of `tree` (gathered across processes on a mesh)."""
-        return jax.device_get(tree) if self.mesh is None else sharded.to_host(tree)
+        return jax.device_get(tree) if self.mesh is None else sharded_steps.to_host(tree)
 
 
 def placement_from_config(config: ml_collections.ConfigDict) -> Placement:

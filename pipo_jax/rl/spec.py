@@ -8,19 +8,24 @@ mini-batch that does not divide the batch, a missing model path, ...).
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
-from typing import Any
+from collections.abc import Mapping
 
 import jax
 import ml_collections
 
 from pipo_jax import platforms
 from pipo_jax.losses import registry
+from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.pipo import AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
 from pipo_jax.losses.aggregation import AGG_MODES
-from pipo_jax.models import attention, qwen3
+from pipo_jax.models import attention, hf, qwen3
 from pipo_jax.rl import warmup
+from pipo_jax.data import tokenizer as tok_lib
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
+from pipo_jax.data.sources import DataError, SourceConfig, load_examples
 from pipo_jax.tasks import arithmetic, code, dataset
 from pipo_jax.tasks.dataset import DatasetTask
 
@@ -31,6 +36,73 @@ TASKS = ("arithmetic",) + dataset.KINDS
 
 class ConfigError(ValueError):
     """An invalid run config; the message names the key."""
+
+
+VPD_REFERENCES = ("dynamic", "fixed")
+VPD_HYBRIDS = ("none", "joint", "reshape")
+
+
+@dataclasses.dataclass(frozen=True)
+class VpdConfig:
+    """VPD settings (hashable: jit-static). Errors name the field as `config.vpd.<field>`.
+
+    beta: implicit-reward scale in rtilde = beta * log(q / pi_ref).
+    every: F, run the E-step on iterations with step % F == 0 (step = student iterations done).
+    lr: the teacher's AdamW learning rate (its own optimizer state; written into it at every E-step).
+    e_step: False turns VPD into SDPO (the teacher is never trained).
+    reference: "dynamic" (the student at theta_t, paper default) or "fixed" (initial params).
+    delta_mode / delta_ema_rate: running mean of implicit rewards, see `losses.vpd.update_delta`.
+    seq_logprob: "sum" (sequence log-likelihood ratio) or "mean" (per valid token).
+    hybrid / hybrid_weight: GRPO + SDPO ablation ("none", "joint", "reshape") and its w.
+    """
+
+    beta: float = 0.1
+    every: int = 5
+    lr: float = 1e-6
+    e_step: bool = True
+    reference: str = "dynamic"
+    delta_mode: str = "cumulative"
+    delta_ema_rate: float = 0.1
+    seq_logprob: str = "sum"
+    hybrid: str = "none"
+    hybrid_weight: float = 1.0
+
+    def __post_init__(self):
+        def need(cond, field, message):
+            if not cond:
+                raise ConfigError(f"config.vpd.{field}: {message}")
+
+        def number(field):
+            value = getattr(self, field)
+            need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), field,
+                 f"{value!r} must be a finite number")
+            return value
+
+        def choice(field, choices):
+            value = getattr(self, field)
+            need(value in choices, field, f"{value!r} is not one of {choices}")
+
+        need(number("beta") > 0, "beta", f"{self.beta} must be > 0")
+        need(isinstance(self.every, int) and not isinstance(self.every, bool) and self.every >= 1, "every",
+             f"{self.every!r} must be an integer >= 1")
+        need(number("lr") > 0, "lr", f"{self.lr} must be > 0")
+        need(isinstance(self.e_step, bool), "e_step", f"{self.e_step!r} must be True or False")
+        choice("reference", VPD_REFERENCES)
+        choice("delta_mode", vpd_loss.DELTA_MODES)
+        need(0 < number("delta_ema_rate") <= 1, "delta_ema_rate", f"{self.delta_ema_rate} must be in (0, 1]")
+        choice("seq_logprob", vpd_loss.SEQ_LOGPROB_MODES)
+        choice("hybrid", VPD_HYBRIDS)
+        need(number("hybrid_weight") >= 0, "hybrid_weight", f"{self.hybrid_weight} must be >= 0")
+
+    @classmethod
+    def from_config(cls, section: Mapping) -> VpdConfig:
+        """From a `config.vpd` ml-collections section (or dict); missing keys keep their defaults."""
+        items = dict(section.items())
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(items) - fields)
+        if unknown:
+            raise ConfigError(f"config.vpd.{unknown[0]}: unknown key; valid keys are {sorted(fields)}")
+        return cls(**items)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +164,7 @@ class TrainSpec:
     pipo_options: PipoOptions  # the authors' code's behaviours that are on (all off = paper)
     pipo_mu_source: str  # DAPO: "filtered" (mu_t over the trained batch) | "raw" (every sampled group)
     attribution: str
-    vpd: Any = None  # pipo_jax.rl.vpd.VpdConfig when algorithm == "vpd"
+    vpd: VpdConfig | None = None  # when algorithm == "vpd"
     max_bad_steps: int = 8  # optimizer updates with non-finite gradients in a row before the run stops
     generate_rows_per_device: int = 0  # rows one device decodes per generation pass; 0 = all its rows at once
 
@@ -200,9 +272,6 @@ def dataset_task_settings_missing(c: ml_collections.ConfigDict) -> list[str]:
 
 def make_dataset_task(c: ml_collections.ConfigDict) -> DatasetTask:
     """Loads `config.task.path` with the tokenizer of `task.tokenizer_path` (default `model.path`)."""
-    from pipo_jax.data import tokenizer as tok_lib
-    from pipo_jax.data.sources import DataError, SourceConfig, load_examples
-
     tc = c.task
     missing = dataset_task_settings_missing(c)
     if missing:  # every one at once, not one per start
@@ -258,11 +327,7 @@ def make_model_config(mc: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
                      attention_impl=mc.attention_impl)
     try:
         if mc.path:
-            from pipo_jax.models import hf
-
             _need(os.path.isdir(mc.path), "model.path", f"{mc.path!r} is not a directory")
-            import json
-
             with open(os.path.join(mc.path, "config.json")) as f:
                 return hf.config_from_hf(json.load(f), os.path.join(mc.path, "config.json"), **overrides)
         if mc.preset == "task_tiny":
@@ -350,8 +415,6 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     is_sdpo = lo.policy.startswith("sdpo")
     vpd = None
     if c.algorithm == "vpd":
-        from pipo_jax.rl.vpd import VpdConfig  # imports this module
-
         vpd = VpdConfig.from_config(c.vpd)
     hybrid = "none" if vpd is None else vpd.hybrid
     distills = c.algorithm == "sdpo" or (c.algorithm == "vpd" and hybrid == "none")

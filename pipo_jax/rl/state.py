@@ -16,7 +16,8 @@ import optax
 from flax import struct
 
 from pipo_jax.losses import pipo
-from pipo_jax.rl.spec import TrainSpec
+from pipo_jax.losses import vpd as vpd_loss
+from pipo_jax.rl.spec import TrainSpec, VpdConfig
 
 
 @struct.dataclass
@@ -63,6 +64,15 @@ def with_lr(opt_state, lr) -> Any:
     return opt_state._replace(inner_state=(clip_state, adam_state._replace(hyperparams=hyper)))
 
 
+def make_teacher_optimizer(spec: TrainSpec, cfg: VpdConfig) -> optax.GradientTransformation:
+    """VPD's teacher optimizer: the student's recipe (global-norm clip + AdamW, spec's betas / decay) at `cfg.lr`."""
+    return make_optimizer(cfg.lr, spec)
+
+
+def init_teacher_opt_state(spec: TrainSpec, cfg: VpdConfig, teacher_params):
+    return make_teacher_optimizer(spec, cfg).init(teacher_params)
+
+
 def nonfinite_counts(before, after) -> dict[str, jax.Array]:
     """Skipped (non-finite) updates between two states of one `make_optimizer` optimizer, and
     how many in a row end `after`."""
@@ -105,10 +115,7 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
     teacher = _copy(params) if spec.uses_teacher and (spec.sdpo_teacher == "ema" or spec.vpd) else None
     teacher_opt_state = vpd_delta = None
     if spec.vpd is not None:
-        from pipo_jax.losses import vpd as vpd_loss
-        from pipo_jax.rl import vpd  # imports this module
-
-        teacher_opt_state = vpd.init_teacher_opt_state(spec, spec.vpd, teacher)
+        teacher_opt_state = init_teacher_opt_state(spec, spec.vpd, teacher)
         vpd_delta = vpd_loss.init_delta_state()
     return TrainState(
         step=jnp.zeros((), jnp.int32),

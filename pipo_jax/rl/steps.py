@@ -22,7 +22,7 @@ from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import aggregate, aggregation_counts
 from pipo_jax.losses.kl import kl_loss
 from pipo_jax.losses.value import clipped_value_loss
-from pipo_jax.rl import logprobs
+from pipo_jax.rl.response_logprobs import response_hidden, response_log_softmax, response_logprobs
 from pipo_jax.rl.spec import ConfigError, TrainSpec
 
 Batch = dict[str, jax.Array]
@@ -170,7 +170,7 @@ def _regularisers(spec: TrainSpec, logp_br, ent_br, mb: Batch, counts: dict) -> 
 
 
 def _student_logprobs(spec: TrainSpec, params, mb: Batch):
-    return logprobs.response_logprobs(
+    return response_logprobs(
         spec.model, params, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len, temperature=spec.temperature,
         impl=spec.logprob_impl, with_entropy=spec.entropy_coef > 0)
 
@@ -178,8 +178,8 @@ def _student_logprobs(spec: TrainSpec, params, mb: Batch):
 def teacher_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq):
     """Teacher log-probs `[B, R]` of the response tokens in the teacher context (no gradient)."""
     q = tokens_bq.shape[1] - spec.response_len
-    logp, _ = logprobs.response_logprobs(spec.model, jax.lax.stop_gradient(teacher_params), tokens_bq, mask_bq, q,
-                                         temperature=spec.temperature, impl=spec.logprob_impl)
+    logp, _ = response_logprobs(spec.model, jax.lax.stop_gradient(teacher_params), tokens_bq, mask_bq, q,
+                                temperature=spec.temperature, impl=spec.logprob_impl)
     return jax.lax.stop_gradient(logp)
 
 
@@ -198,9 +198,9 @@ def _sdpo_loss(spec: TrainSpec, params, teacher_params, mb: Batch, counts: dict)
         loss, m = distill.sdpo_token_loss(logp, mb["logp_old_br"], None, mb["mask_br"], logp_teacher_bt=logp_t,
                                           **common)
         return loss, m, logp, ent
-    student = logprobs.response_log_softmax(spec.model, params, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len,
-                                            temperature=spec.temperature)
-    teacher = jax.lax.stop_gradient(logprobs.response_log_softmax(
+    student = response_log_softmax(spec.model, params, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len,
+                                   temperature=spec.temperature)
+    teacher = jax.lax.stop_gradient(response_log_softmax(
         spec.model, jax.lax.stop_gradient(teacher_params), mb["teacher_tokens_bq"], mb["teacher_mask_bq"], q,
         temperature=spec.temperature))
     targets = mb["tokens_bl"][:, spec.prompt_len:]
@@ -271,7 +271,7 @@ def pi_loss_fn(spec: TrainSpec) -> LossFn:
 
 def critic_values(spec: TrainSpec, critic_params, tokens_bl, mask_bl) -> jax.Array:
     """V(s_t) `[B, R]` float32: the value head on the critic backbone's response hidden states."""
-    hidden = logprobs.response_hidden(spec.model, critic_params["backbone"], tokens_bl, mask_bl, spec.prompt_len)
+    hidden = response_hidden(spec.model, critic_params["backbone"], tokens_bl, mask_bl, spec.prompt_len)
     values = jnp.einsum("brd,d->br", hidden.astype(jnp.float32), critic_params["value_head"])
     return jnp.where(mask_bl[:, spec.prompt_len:] > 0, values, 0.0)
 

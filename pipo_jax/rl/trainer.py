@@ -18,6 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from pipo_jax.data.sources import SourceConfig, load_examples
 from pipo_jax.models import hf, qwen3
 from pipo_jax.parallel import mesh_batch_shards
 from pipo_jax.parallel.distributed import initialize_distributed
@@ -26,7 +27,9 @@ from pipo_jax.rl.checkpoint import Checkpointer, saved_steps
 from pipo_jax.rl.placement import Placement, placement_from_config
 from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, train_spec
 from pipo_jax.rl.state import TrainState
+from pipo_jax.tasks.code import SandboxConfig
 from pipo_jax.tasks.dataset import DatasetReward
+from pipo_jax.tasks.math import MathVerifyConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +45,6 @@ class Evaluation:
         self.spec, self.config, self.where, self.reward = spec, config, where, reward
         self.benchmarks, self.ks = {}, ()
         if config.eval.benchmarks:
-            from pipo_jax.data.sources import SourceConfig, load_examples
-
             paths, self.ks = eval_benchmarks(config.eval)
             tc = config.task
             self.benchmarks = {name: load_examples(SourceConfig(path, prompt_field=tc.prompt_field,
@@ -133,9 +134,6 @@ def dataset_reward(spec: TrainSpec, config: ml_collections.ConfigDict) -> Datase
     """A dataset task's host reward (math verifier processes / code sandbox), else None."""
     if not spec.is_dataset_task:
         return None
-    from pipo_jax.tasks.code import SandboxConfig
-    from pipo_jax.tasks.math import MathVerifyConfig
-
     tc = config.task
     return DatasetReward(
         spec.task,

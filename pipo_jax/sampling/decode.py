@@ -27,8 +27,9 @@ import jax.numpy as jnp
 
 from pipo_jax.models import qwen3
 from pipo_jax.models.qwen3 import KVCache, Params, Qwen3Config
+from pipo_jax.parallel.context import constrain
 
-# Logical axes of the cache (see `pipo_jax.parallel.shardings.KV_CACHE_AXES`).
+# Logical axes of the cache `[layers, B, S, kv_heads, head_dim]`.
 KV_CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
 
 
@@ -40,7 +41,7 @@ def compute_params(config: Qwen3Config, params: Params) -> Params:
 
 def constrain_cache(cache: KVCache) -> KVCache:
     """The cache with its sharding constraint under an active `sharding_context` (else as is)."""
-    return KVCache(*(qwen3.constrain(x, KV_CACHE_AXES) for x in cache))
+    return KVCache(*(constrain(x, KV_CACHE_AXES) for x in cache))
 
 
 def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype=None) -> KVCache:
@@ -101,7 +102,7 @@ def cached_forward(
     if not prefill:
         allowed_bts = (jnp.arange(width)[None, None, :] <= positions_bt[:, :, None]) & valid_bt[:, :, None]
 
-    x_btd = qwen3.constrain(jnp.take(params["embed"], tokens_bt, axis=0).astype(c.jnp_dtype), qwen3.RESIDUAL_AXES)
+    x_btd = constrain(jnp.take(params["embed"], tokens_bt, axis=0).astype(c.jnp_dtype), qwen3.RESIDUAL_AXES)
     cos, sin = qwen3.rope_tables(positions_bt, c.head_dim, c.rope_theta)
 
     def layer(carry, xs):
@@ -114,7 +115,7 @@ def cached_forward(
             a = qwen3.self_attention(c, q, k, v, valid_bt)
         else:
             a = qwen3.attention(q, ck[i].astype(c.jnp_dtype), cv[i].astype(c.jnp_dtype), allowed_bts, c.jnp_dtype)
-        x_btd = qwen3.constrain(qwen3.layer_out(c, x_btd, lp, a), qwen3.RESIDUAL_AXES)
+        x_btd = constrain(qwen3.layer_out(c, x_btd, lp, a), qwen3.RESIDUAL_AXES)
         return (x_btd, ck, cv), None
 
     layers = jnp.arange(c.num_hidden_layers)

@@ -65,8 +65,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Union
@@ -610,8 +612,6 @@ def _set_limits(limits: dict) -> None:
 def _readable_roots() -> list[str]:
     """What the program may read (and execute): the interpreter's installation and the
     system libraries, never /etc, /proc, home directories or the caller's working tree."""
-    import sysconfig
-
     paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     paths |= {os.path.realpath(p) for p in list(paths)}
     paths |= {"/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/usr/share/zoneinfo"}
@@ -745,8 +745,6 @@ def _supervise() -> None:
 
 
 def _error_message(e: BaseException) -> str:
-    import traceback
-
     line = ""
     for frame in reversed(traceback.extract_tb(e.__traceback__)):
         if frame.filename == "<solution>":

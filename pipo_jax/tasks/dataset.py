@@ -23,8 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipo_jax.data.prompts import PromptConfig, build_prompts
-from pipo_jax.data.sources import Example
+from pipo_jax.data.prompts import PromptConfig, build_prompts, render_prompt
+from pipo_jax.data.sources import DataError, Example
+from pipo_jax.losses.distill import select_demonstrations
+from pipo_jax.tasks import code
+from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +116,11 @@ def split_rows(n: int, heldout_fraction: float, seed: int) -> tuple[np.ndarray, 
 
 def references_of(kind: str, examples: Sequence[Example], tests_field: str) -> tuple:
     """Per example: the reference answer (math) or the parsed tests (code); errors name the row."""
-    from pipo_jax.data.sources import DataError
-
     if kind == "math":
         for ex in examples:
             if ex.answer is None or (isinstance(ex.answer, str) and not ex.answer.strip()):
                 raise DataError(f"{ex.origin}: empty reference answer")
         return tuple(ex.answer for ex in examples)
-    from pipo_jax.tasks import code
-
     out = []
     for ex in examples:
         try:
@@ -215,8 +214,6 @@ def with_context(question, context: str):
 def teacher_prompt_ids(tokenizer: Any, prompt_config: PromptConfig, question, context: str, width: int) -> list[int]:
     """Token ids of the chat-template prompt of `question` plus `context`, at most `width` long:
     a context that does not fit is cut (at token level, from its end) until the prompt fits."""
-    from pipo_jax.data.prompts import render_prompt
-
     def ids_for(ctx: str) -> list[int]:
         text = render_prompt(tokenizer, with_context(question, ctx), prompt_config)
         return list(tokenizer(text, add_special_tokens=prompt_config.add_special_tokens)["input_ids"])
@@ -236,8 +233,6 @@ def teacher_prompts(task: DatasetTask, index_b, rewards_b, responses: Sequence[s
     successful sibling's response as the solution (first other response of the group with
     reward >= threshold), else the verifier's feedback on this response (`use_feedback`);
     rows with neither get has_context 0 and an empty prompt. Host (numpy) function."""
-    from pipo_jax.losses.distill import select_demonstrations
-
     demo_b, has_demo_b = (np.asarray(x) for x in select_demonstrations(
         np.asarray(rewards_b, np.float32), group_size, success_threshold=success_threshold))
     b = len(responses)
@@ -275,13 +270,9 @@ class DatasetReward:
         self.verifier = None
         self._sandbox = sandbox_config
         if task.kind == "math":
-            from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig
-
             self.verifier = MathVerifier(math_config or MathVerifyConfig())
         elif self._sandbox is None:
-            from pipo_jax.tasks.code import SandboxConfig
-
-            self._sandbox = SandboxConfig()
+            self._sandbox = code.SandboxConfig()
 
     def decode(self, tokens_br, mask_br) -> list[str]:
         tokens_br, mask_br = np.asarray(tokens_br), np.asarray(mask_br)
@@ -293,9 +284,7 @@ class DatasetReward:
         if self.task.kind == "math":
             results = self.verifier.score_batch(list(texts), refs)
         else:
-            from pipo_jax.tasks.code import score_code_batch
-
-            results = score_code_batch(list(texts), refs, self._sandbox)
+            results = code.score_code_batch(list(texts), refs, self._sandbox)
         return np.asarray([r.reward for r in results], np.float32), [r.feedback for r in results]
 
     def __call__(self, tokens_br, mask_br, index_b) -> tuple[np.ndarray, list[str]]:

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import re
+import resource
 import select
 import signal
 import subprocess
@@ -393,8 +394,6 @@ def _worker_main() -> None:
     """
     config = MathVerifyConfig(**json.loads(sys.argv[1]))
     if config.worker_memory_mb > 0:
-        import resource
-
         limit = config.worker_memory_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     # Replies go to a private copy of stdout; anything a library prints goes to stderr.

@@ -13,6 +13,7 @@ import numpy as np
 
 from pipo_jax import parallel
 from pipo_jax.kernels import logprobs as kernel
+from pipo_jax.kernels import logprobs_sharded
 from pipo_jax.models import qwen3
 from pipo_jax.sampling import decode
 
@@ -36,11 +37,11 @@ def check_pallas_logprobs(mesh, name):
     h, w, t, valid, g = _logprob_inputs()
     want = _logprob_grads(functools.partial(kernel.token_logprobs, impl="reference"), h, w, t, valid, g)
     with parallel.sharding_context(mesh):
-        got = _logprob_grads(functools.partial(parallel.token_logprobs, impl="pallas", block_n=8, block_v=128),
+        got = _logprob_grads(functools.partial(logprobs_sharded.token_logprobs, impl="pallas", block_n=8, block_v=128),
                              h, w, t, valid, g)
         # The same call built for a TPU: Mosaic kernels inside shard_map, no interpreter.
         args = [jax.ShapeDtypeStruct(x.shape, jnp.bfloat16 if x.dtype == jnp.float32 else x.dtype) for x in (h, w, t)]
-        lowered = jax.jit(jax.grad(lambda h, w, t: jnp.sum(parallel.token_logprobs(
+        lowered = jax.jit(jax.grad(lambda h, w, t: jnp.sum(logprobs_sharded.token_logprobs(
             h, w, t, impl="pallas", platform="tpu")), (0, 1))).trace(*args).lower(lowering_platforms=("tpu",))
         text = lowered.as_text()
     for a, b in zip(got, want):
@@ -76,7 +77,7 @@ def check_kv_cache_sharded(mesh, name):
     mask = jnp.ones((4, 8), jnp.int32)
     with parallel.sharding_context(mesh):
         _, _, cache = jax.jit(decode.prefill, static_argnums=(0, 4))(config, params, tokens, mask, 16)
-    want = parallel.kv_cache_shardings(cache, mesh).k
+    want = parallel.tree_shardings(cache, qwen3.KVCache(decode.KV_CACHE_AXES, decode.KV_CACHE_AXES), mesh).k
     assert want.spec[1] is not None and cache.k.sharding.is_equivalent_to(want, cache.k.ndim), (cache.k.sharding, want)
     print(f"kv_cache_{name} ok")
 

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pipo_jax.kernels import softmax_stats
 from pipo_jax.losses import advantages as adv
-from pipo_jax.losses import aggregation, distill, entropy, kl, masking, pipo, policy, theory, value
+from pipo_jax.losses import aggregation, distill, kl, masking, pipo, policy, theory, value
 
 B, T, V, L, K = 4, 3, 6, 5, 3
 
@@ -82,7 +83,7 @@ CASES = {
     "kl.kl_estimate": (functools.partial(kl.kl_estimate, estimator="k3"), lambda r: (logp(r), logp(r))),
     "kl.kl_loss": (functools.partial(kl.kl_loss, loss_agg_mode="seq-mean-token-mean"),
                    lambda r: (logp(r), logp(r), mask(r))),
-    "entropy.token_entropy": (entropy.token_entropy, lambda r: (f32(r, B, T, V, scale=3.0),)),
+    "softmax_stats.token_entropy": (softmax_stats.token_entropy, lambda r: (f32(r, B, T, V, scale=3.0),)),
     "value.clipped_value_loss": (functools.partial(value.clipped_value_loss, loss_agg_mode="token-mean"),
                                  lambda r: (f32(r, B, T), f32(r, B, T), f32(r, B, T), mask(r))),
     "policy.token_log_ratio": (policy.token_log_ratio, lambda r: (logp(r), logp(r))),

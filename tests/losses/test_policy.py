@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.losses.aggregation import AGG_MODES, aggregation_counts
-from pipo_jax.losses.entropy import token_entropy
+from pipo_jax.kernels.softmax_stats import token_entropy
 from pipo_jax.losses.kl import kl_estimate, kl_k3, kl_loss
 from pipo_jax.losses.policy import (
     gspo_loss,

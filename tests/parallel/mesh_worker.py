@@ -24,8 +24,9 @@ import numpy as np
 
 from pipo_jax import parallel
 from pipo_jax.kernels import logprobs as kernel
-from pipo_jax.parallel import steps
+from pipo_jax.kernels import logprobs_sharded
 from pipo_jax.models import qwen3
+from pipo_jax.rl import sharded_steps as steps
 from pipo_jax.rl import loop
 from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.checkpoint import Checkpointer
@@ -80,7 +81,7 @@ def logprob_check(out: str) -> None:
     for name, (dd, f, t, impl) in cases.items():
         mesh = parallel.make_mesh(dd, f, t)
         blocks = dict(block_n=8, block_v=8) if impl != "reference" else {}
-        fn = functools.partial(parallel.token_logprobs_tensor_parallel, mesh=mesh, impl=impl, **blocks)
+        fn = functools.partial(logprobs_sharded.token_logprobs_tensor_parallel, mesh=mesh, impl=impl, **blocks)
         program = compiled(fn)
         (_, (lp, ent)), (dh, dw) = program(h, w)
         results.update({f"{name}_lp": lp, f"{name}_ent": ent, f"{name}_dh": dh, f"{name}_dw": dw})

@@ -24,7 +24,7 @@ from configs import grpo
 from experiments.benchmarks.prepare_memory import prepare_memory
 from pipo_jax import parallel
 from pipo_jax.models import qwen3
-from pipo_jax.parallel import steps as sharded
+from pipo_jax.rl import sharded_steps as sharded
 from pipo_jax.parallel.shardings import batch_shardings
 from pipo_jax.rl import learn, rollout, steps
 from pipo_jax.rl.spec import train_spec

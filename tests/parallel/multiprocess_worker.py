@@ -29,7 +29,7 @@ def main(port: int, process_id: int, out: str) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from pipo_jax.parallel import steps
+    from pipo_jax.rl import sharded_steps as steps
     from pipo_jax.rl.checkpoint import Checkpointer
     from tests.parallel import scenario
 

@@ -14,6 +14,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 from pipo_jax import parallel
 from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
+from pipo_jax.sampling import decode
 from pipo_jax.parallel.mesh import MeshSpec, mesh_spec_from_config, resolve_sizes
 
 MESH = AbstractMesh((2, 2, 2), parallel.AXES)
@@ -85,7 +86,7 @@ def _tiny():
 def test_param_and_optimizer_state_shardings():
     cfg = _tiny()
     params = jax.eval_shape(lambda: qwen3.init_params(cfg, jax.random.PRNGKey(0)))
-    sh = parallel.param_shardings(cfg, params, MESH)
+    sh = parallel.tree_shardings(params, qwen3.param_axes(cfg), MESH)
     specs = parallel.shardings.spec_tree(sh)
     assert specs["embed"] == P("tensor", "fsdp")
     assert specs["layers"]["q_proj"] == P(None, "fsdp", "tensor", None)
@@ -103,7 +104,7 @@ def test_critic_pipo_and_cache_shardings():
     cfg = _tiny()
     critic = {"backbone": jax.eval_shape(lambda: qwen3.init_params(cfg, jax.random.PRNGKey(0))),
               "value_head": jax.ShapeDtypeStruct((cfg.hidden_size,), jnp.float32)}
-    c_specs = parallel.shardings.spec_tree(parallel.tree_shardings(critic, parallel.critic_axes(cfg), MESH))
+    c_specs = parallel.shardings.spec_tree(parallel.tree_shardings(critic, parallel.critic_axes(qwen3.param_axes(cfg)), MESH))
     assert c_specs["value_head"] == P("fsdp") and c_specs["backbone"]["embed"] == P("tensor", "fsdp")
 
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
@@ -115,7 +116,7 @@ def test_critic_pipo_and_cache_shardings():
     assert p_specs.prev.tokens_bt == P(("data", "fsdp"), None)
 
     cache = jax.eval_shape(lambda: qwen3.init_cache(cfg, 4, 16))
-    k_spec = parallel.kv_cache_shardings(cache, MESH).k.spec
+    k_spec = parallel.tree_shardings(cache, qwen3.KVCache(decode.KV_CACHE_AXES, decode.KV_CACHE_AXES), MESH).k.spec
     assert k_spec == P(None, ("data", "fsdp"), None, "tensor", None)
 
 
@@ -124,7 +125,7 @@ def test_train_state_shardings_cover_every_algorithm(algo):
     """Every leaf of every algorithm's TrainState (critic, teacher, VPD state, ...) gets a sharding."""
     import importlib
 
-    from pipo_jax.parallel import steps
+    from pipo_jax.rl import sharded_steps as steps
     from pipo_jax.rl.spec import train_spec
 
     c = importlib.import_module(f"configs.{algo}").get_config("micro")

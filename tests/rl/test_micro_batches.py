@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from pipo_jax.models import qwen3
-from pipo_jax.rl import learn, logprobs, rollout, steps
+from pipo_jax.rl import learn, rollout, steps
+from pipo_jax.rl import response_logprobs as logprobs
 from pipo_jax.rl.spec import ConfigError, train_spec
 from pipo_jax.rl.state import init_train_state
 

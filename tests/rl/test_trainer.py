@@ -10,7 +10,8 @@ import pytest
 
 from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
-from pipo_jax.rl import learn, logprobs, loop
+from pipo_jax.rl import learn, loop
+from pipo_jax.rl import response_logprobs as logprobs
 from pipo_jax.rl.spec import ConfigError, train_spec
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.rl.trainer import train

@@ -18,9 +18,10 @@ import pytest
 from configs import sdpo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.models import qwen3
-from pipo_jax.rl import learn, rollout, vpd
+from pipo_jax.rl import learn, rollout
+from pipo_jax.rl import vpd_estep as vpd
 from pipo_jax.rl.spec import ConfigError, train_spec
-from pipo_jax.rl.state import init_train_state
+from pipo_jax.rl.state import init_teacher_opt_state, init_train_state
 
 # ----------------------------------------------------------------------------- config and schedule
 
@@ -116,7 +117,7 @@ def micro():
 
     logq = jax.jit(lambda t, b: vpd.teacher_response_logprobs(spec, t, b["teacher_tokens_bq"], b["teacher_mask_bq"]))
     return SimpleNamespace(spec=spec, state=state, batch=batch, cfg=cfg, run=run, logq=logq,
-                           opt0=vpd.init_teacher_opt_state(spec, cfg, state.teacher_params))
+                           opt0=init_teacher_opt_state(spec, cfg, state.teacher_params))
 
 
 def _np_rtilde_mean(logq, ref, batch, beta):
@@ -258,7 +259,7 @@ def test_teacher_diagnostics_match_a_full_batch_computation(micro):
 
     @jax.jit
     def full(t, s, b):
-        from pipo_jax.rl import logprobs
+        from pipo_jax.rl import response_logprobs as logprobs
         q = b["teacher_tokens_bq"].shape[1] - spec.response_len
         t_btv = logprobs.response_log_softmax(spec.model, t, b["teacher_tokens_bq"], b["teacher_mask_bq"], q,
                                               temperature=spec.temperature)

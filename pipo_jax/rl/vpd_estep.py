@@ -12,7 +12,7 @@ Reference log-probs: by default the E-step reads them from the batch `learn.prep
 built at theta_t, so it needs no student forward: `logp_old_br` (the student at theta_t,
 i.e. the *current* student when the E-step runs before the student's updates: "dynamic")
 or `logp_ref_br` (the initial params: the "fixed" ablation). A caller whose student has
-already moved passes `student_reference_logprobs(spec, params, batch)` instead.
+already moved passes its own `ref_logp_br` (the student's log-probs under its current params).
 
 Margin delta: updated once per E-step from the implicit rewards of the whole batch under
 the teacher *before* the update (one extra no-gradient teacher forward), then held fixed
@@ -25,86 +25,18 @@ micro-batching never changes the loss or the gradient.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from pipo_jax.losses import vpd as vpd_loss
-from pipo_jax.rl import logprobs, steps
-from pipo_jax.rl.spec import ConfigError, TrainSpec
-from pipo_jax.rl.state import make_optimizer, with_lr
-
-REFERENCES = ("dynamic", "fixed")
-HYBRIDS = ("none", "joint", "reshape")
+from pipo_jax.rl import steps
+from pipo_jax.rl.response_logprobs import response_log_softmax, response_logprobs
+from pipo_jax.rl.spec import TrainSpec, VpdConfig
+from pipo_jax.rl.state import make_teacher_optimizer, with_lr
 
 Batch = dict[str, jax.Array]
-
-
-@dataclasses.dataclass(frozen=True)
-class VpdConfig:
-    """VPD settings (hashable: jit-static). Errors name the field as `config.vpd.<field>`.
-
-    beta: implicit-reward scale in rtilde = beta * log(q / pi_ref).
-    every: F, run the E-step on iterations with step % F == 0 (step = student iterations done).
-    lr: the teacher's AdamW learning rate (its own optimizer state; written into it at every E-step).
-    e_step: False turns VPD into SDPO (the teacher is never trained).
-    reference: "dynamic" (the student at theta_t, paper default) or "fixed" (initial params).
-    delta_mode / delta_ema_rate: running mean of implicit rewards, see `losses.vpd.update_delta`.
-    seq_logprob: "sum" (sequence log-likelihood ratio) or "mean" (per valid token).
-    hybrid / hybrid_weight: GRPO + SDPO ablation ("none", "joint", "reshape") and its w.
-    """
-
-    beta: float = 0.1
-    every: int = 5
-    lr: float = 1e-6
-    e_step: bool = True
-    reference: str = "dynamic"
-    delta_mode: str = "cumulative"
-    delta_ema_rate: float = 0.1
-    seq_logprob: str = "sum"
-    hybrid: str = "none"
-    hybrid_weight: float = 1.0
-
-    def __post_init__(self):
-        def need(cond, field, message):
-            if not cond:
-                raise ConfigError(f"config.vpd.{field}: {message}")
-
-        def number(field):
-            value = getattr(self, field)
-            need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), field,
-                 f"{value!r} must be a finite number")
-            return value
-
-        def choice(field, choices):
-            value = getattr(self, field)
-            need(value in choices, field, f"{value!r} is not one of {choices}")
-
-        need(number("beta") > 0, "beta", f"{self.beta} must be > 0")
-        need(isinstance(self.every, int) and not isinstance(self.every, bool) and self.every >= 1, "every",
-             f"{self.every!r} must be an integer >= 1")
-        need(number("lr") > 0, "lr", f"{self.lr} must be > 0")
-        need(isinstance(self.e_step, bool), "e_step", f"{self.e_step!r} must be True or False")
-        choice("reference", REFERENCES)
-        choice("delta_mode", vpd_loss.DELTA_MODES)
-        need(0 < number("delta_ema_rate") <= 1, "delta_ema_rate", f"{self.delta_ema_rate} must be in (0, 1]")
-        choice("seq_logprob", vpd_loss.SEQ_LOGPROB_MODES)
-        choice("hybrid", HYBRIDS)
-        need(number("hybrid_weight") >= 0, "hybrid_weight", f"{self.hybrid_weight} must be >= 0")
-
-    @classmethod
-    def from_config(cls, section: Mapping) -> VpdConfig:
-        """From a `config.vpd` ml-collections section (or dict); missing keys keep their defaults."""
-        items = dict(section.items())
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(items) - fields)
-        if unknown:
-            raise ConfigError(f"config.vpd.{unknown[0]}: unknown key; valid keys are {sorted(fields)}")
-        return cls(**items)
 
 
 def should_run(step, every: int) -> jax.Array:
@@ -115,15 +47,6 @@ def should_run(step, every: int) -> jax.Array:
     if every < 1:
         raise ValueError(f"vpd every={every} must be >= 1")
     return jnp.asarray(step) % every == 0
-
-
-def make_teacher_optimizer(spec: TrainSpec, cfg: VpdConfig) -> optax.GradientTransformation:
-    """The student's optimizer recipe (global-norm clip + AdamW, spec's betas / decay) at the teacher's lr."""
-    return make_optimizer(cfg.lr, spec)
-
-
-def init_teacher_opt_state(spec: TrainSpec, cfg: VpdConfig, teacher_params):
-    return make_teacher_optimizer(spec, cfg).init(teacher_params)
 
 
 def _require(batch: Mapping, keys) -> None:
@@ -137,18 +60,6 @@ def reference_logprobs(cfg: VpdConfig, batch: Mapping) -> jax.Array:
     key = "logp_old_br" if cfg.reference == "dynamic" else "logp_ref_br"
     _require(batch, (key,))
     return jax.lax.stop_gradient(batch[key])
-
-
-def student_reference_logprobs(spec: TrainSpec, student_params, batch: Mapping) -> jax.Array:
-    """The dynamic reference recomputed under `student_params` `[B, R]` (for a student that moved since `prepare`)."""
-    student = jax.lax.stop_gradient(student_params)
-
-    def one(mb):
-        return logprobs.response_logprobs(spec.model, student, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len,
-                                          temperature=spec.temperature, impl=spec.logprob_impl)[0]
-
-    logp = steps.map_micro_batches(spec, one, {"tokens_bl": batch["tokens_bl"], "mask_bl": batch["mask_bl"]})
-    return jax.lax.stop_gradient(logp)
 
 
 def outcome_counts(mini: Mapping) -> dict:
@@ -175,8 +86,8 @@ def e_step_batch(batch: Mapping, ref_logp_br, positive_b, negative_b) -> Batch:
 def teacher_response_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
     """log q(y_t) `[B, R]` of the response tokens in the teacher context, differentiable in `teacher_params`."""
     q = tokens_bq.shape[1] - spec.response_len
-    logp, _ = logprobs.response_logprobs(spec.model, teacher_params, tokens_bq, mask_bq, q,
-                                         temperature=spec.temperature, impl=spec.logprob_impl)
+    logp, _ = response_logprobs(spec.model, teacher_params, tokens_bq, mask_bq, q,
+                                temperature=spec.temperature, impl=spec.logprob_impl)
     return logp
 
 
@@ -283,10 +194,10 @@ def teacher_diagnostics(spec: TrainSpec, teacher_params, student_params, batch: 
     teacher, student = jax.lax.stop_gradient(teacher_params), jax.lax.stop_gradient(student_params)
 
     def one(mb):
-        t = logprobs.response_log_softmax(spec.model, teacher, mb["teacher_tokens_bq"], mb["teacher_mask_bq"], q,
-                                          temperature=spec.temperature)
-        s = logprobs.response_log_softmax(spec.model, student, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len,
-                                          temperature=spec.temperature)
+        t = response_log_softmax(spec.model, teacher, mb["teacher_tokens_bq"], mb["teacher_mask_bq"], q,
+                                 temperature=spec.temperature)
+        s = response_log_softmax(spec.model, student, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len,
+                                 temperature=spec.temperature)
         return vpd_loss.teacher_collapse_sums(t, s, mb["mask_br"] * mb["sd_mask_b"][:, None])
 
     sums = jax.tree.map(jnp.sum, jax.lax.map(one, chunks))

@@ -5,7 +5,7 @@ the hidden state at position `P - 1 + t` predicts response token `t`. The LM hea
 through the fused kernel (`pipo_jax.kernels.logprobs.token_logprobs`), so no `[B, R, V]`
 logits are materialised unless a caller asks for the full distribution (SDPO's JSD).
 Traced inside a tensor-parallel `sharding_context` (the trainer on a mesh), the kernel
-runs vocab-parallel under `shard_map` (`pipo_jax.parallel.logprobs`).
+runs vocab-parallel under `shard_map` (`pipo_jax.kernels.logprobs_sharded`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from pipo_jax.models import qwen3
-from pipo_jax.parallel.logprobs import token_logprobs
+from pipo_jax.kernels.logprobs_sharded import token_logprobs
 
 
 def response_hidden(model: qwen3.Qwen3Config, params, tokens_bl, mask_bl, prompt_len: int):

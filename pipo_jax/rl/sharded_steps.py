@@ -1,14 +1,14 @@
 """The trainer's jitted functions with explicit in / out shardings over a mesh.
 
     from pipo_jax import parallel
-    from pipo_jax.parallel import steps as sharded
+    from pipo_jax.rl import sharded_steps
 
     mesh = parallel.mesh_from_config(config.mesh)
-    state = sharded.init_sharded_train_state(spec, mesh, params, seed)   # or shard_train_state
-    chunk = sharded.sharded_scan_chunk(spec, mesh, length)               # cached per arguments
-    state, metrics = chunk(state)                                       # metrics replicated
+    state = sharded_steps.init_sharded_train_state(spec, mesh, params, seed)   # or shard_train_state
+    chunk = sharded_steps.sharded_scan_chunk(spec, mesh, length)               # cached per arguments
+    state, metrics = chunk(state)                                             # metrics replicated
 
-(This module imports the trainer, so it is not re-exported by `pipo_jax.parallel`.)
+The mesh, rules and shardings come from `pipo_jax.parallel`, which imports nothing of the trainer.
 
 Each function traces the *same* step functions as the single-device trainer
 (`loop.iteration`, `learn.learn`, `rollout.generate`) inside a `sharding_context`, so the
@@ -33,7 +33,7 @@ from pipo_jax.models import qwen3
 from pipo_jax.parallel.context import sharding_context
 from pipo_jax.parallel.host_data import process_local_reward
 from pipo_jax.parallel.rules import Rules, make_rules, replicated, rules_key
-from pipo_jax.parallel.shardings import batch_shardings, param_shardings, train_state_shardings
+from pipo_jax.parallel.shardings import batch_shardings, train_state_shardings, tree_shardings
 from pipo_jax.rl import learn as learn_lib
 from pipo_jax.rl import loop
 from pipo_jax.rl import rollout as rollout_lib
@@ -67,7 +67,7 @@ def abstract_train_state(spec: TrainSpec) -> TrainState:
 
 def state_shardings(spec: TrainSpec, mesh: Mesh, rules: Rules | None = None) -> TrainState:
     """NamedShardings of `spec`'s `TrainState` on `mesh`."""
-    return train_state_shardings(spec.model, abstract_train_state(spec), mesh, rules)
+    return train_state_shardings(qwen3.param_axes(spec.model), abstract_train_state(spec), mesh, rules)
 
 
 def place(x: Any, sharding: jax.sharding.Sharding) -> jax.Array:
@@ -90,7 +90,7 @@ def place_tree(tree: Any, shardings: Any) -> Any:
 
 def shard_train_state(state: TrainState, spec: TrainSpec, mesh: Mesh, rules: Rules | None = None) -> TrainState:
     """A host / single-device `TrainState` placed on `mesh` (every process passes the same state)."""
-    return place_tree(state, train_state_shardings(spec.model, state, mesh, rules))
+    return place_tree(state, train_state_shardings(qwen3.param_axes(spec.model), state, mesh, rules))
 
 
 def init_sharded_train_state(spec: TrainSpec, mesh: Mesh, params: Any | None, seed: int,
@@ -105,7 +105,7 @@ def init_sharded_train_state(spec: TrainSpec, mesh: Mesh, params: Any | None, se
         fn = jax.jit(lambda: init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(seed)), seed),
                      out_shardings=out)
         return fn()
-    p_sh = param_shardings(spec.model, params, mesh, rules)
+    p_sh = tree_shardings(params, qwen3.param_axes(spec.model), mesh, rules)
     fn = jax.jit(lambda p: init_train_state(spec, p, seed), in_shardings=(p_sh,), out_shardings=out)
     return fn(place_tree(params, p_sh))
 
@@ -132,7 +132,9 @@ def _abstract_table(spec: TrainSpec):
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dataset.prompt_arrays(spec.task))
 
 
-def _abstract_rollout(spec: TrainSpec, n_prompts: int):
+def abstract_rollout(spec: TrainSpec, n_prompts: int):
+    """The `Rollout` of `n_prompts` prompts as `jax.ShapeDtypeStruct`s (nothing allocated)."""
+
     def make(table):
         key = jax.random.PRNGKey(0)
         params = qwen3.init_params(spec.model, key)
@@ -145,7 +147,7 @@ def _abstract_rollout(spec: TrainSpec, n_prompts: int):
 def _generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules_items: tuple) -> ShardedFunction:
     rules = make_rules(dict(rules_items))
     p_sh = state_shardings(spec, mesh, rules).params
-    out = batch_shardings(_abstract_rollout(spec, n_prompts), mesh, rules)
+    out = batch_shardings(abstract_rollout(spec, n_prompts), mesh, rules)
 
     def gen(params, table, rng):
         k_prob, k_gen = jax.random.split(rng)
@@ -177,7 +179,7 @@ def sharded_generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules: Rules |
 def _learn(spec: TrainSpec, mesh: Mesh, rules_items: tuple) -> ShardedFunction:
     rules = make_rules(dict(rules_items))
     sh = state_shardings(spec, mesh, rules)
-    r_abstract = _abstract_rollout(spec, spec.prompts)
+    r_abstract = abstract_rollout(spec, spec.prompts)
     if spec.dynamic_sampling:  # the host loop's DAPO batch carries its raw mean reward
         r_abstract = r_abstract.replace(mu_raw=jax.ShapeDtypeStruct((), jnp.float32))
     r_sh = batch_shardings(r_abstract, mesh, rules)
