@@ -45,13 +45,13 @@ def table5_spec(preset: str, rows: int, prompt_len: int, response_len: int, micr
                        train_rows_np=np.arange(n, dtype=np.int32), heldout_rows_np=np.zeros((0,), np.int32),
                        stop_token_ids=(2,), pad_id=0)
     model = qwen3.preset(preset, param_dtype="float32", dtype="bfloat16", remat="full")
-    return dataclasses.replace(base, model=model, task=task, prompts=rows // 8, group_size=8,
+    return dataclasses.replace(base, model=model, task=task, prompts_per_batch=rows // 8, group_size=8,
                                response_len=response_len, mini_batch=min(rows, 512), micro_batch_per_device=micro)
 
 
 def prepare_memory(spec, mesh) -> dict:
     state = sharded_steps.abstract_train_state(spec)
-    ro = sharded_steps.abstract_rollout(spec, spec.prompts)
+    ro = sharded_steps.abstract_rollout(spec, spec.prompts_per_batch)
     with parallel.sharding_context(mesh):
         compiled = jax.jit(lambda s, r: learn.prepare(spec, s, r),
                            in_shardings=(sharded_steps.state_shardings(spec, mesh), batch_shardings(ro, mesh))

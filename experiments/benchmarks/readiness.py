@@ -530,7 +530,7 @@ def prompt_table(spec: TrainSpec, mesh: Mesh):
 
 def _sample_problems(spec: TrainSpec, table, rng):
     kwargs = {} if table is None else {"table": table}
-    return rollout_lib.sample_problems(spec, rng, spec.prompts, **kwargs)
+    return rollout_lib.sample_problems(spec, rng, spec.prompts_per_batch, **kwargs)
 
 
 def _abstract_rollout(spec: TrainSpec, mesh: Mesh, rules):
@@ -580,7 +580,7 @@ def paper_programs(spec: TrainSpec, mesh: Mesh) -> dict[str, Callable[[], Progra
         return Program(fn, (state.params, state.opt_state, batch, rng), mesh, rules)
 
     def generate():
-        gen = sharded_steps.sharded_generate(spec, mesh, spec.prompts, rules)
+        gen = sharded_steps.sharded_generate(spec, mesh, spec.prompts_per_batch, rules)
         table = prompt_table(spec, mesh)
         args = (state.params, rng) if table is None else (state.params, table, rng)
         return Program(gen.jitted, args, mesh, gen.rules)

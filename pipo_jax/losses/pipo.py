@@ -93,23 +93,22 @@ def pipo_options(compat: bool = False, **behaviours: bool) -> PipoOptions:
 class StoredBatch:
     """The previous batch B_{t-1} kept for verification. All leaves have fixed shapes.
 
-    tokens_bt          int [B, L]   prompt + response tokens as fed to the model
-    attention_mask_bt  [B, L]       1 = real token (prompt or response)
+    L is the full row (prompt + response), T the response tokens.
+
+    tokens_bl          int [B, L]   prompt + response tokens as fed to the model
+    attention_mask_bl  [B, L]       1 = real token (prompt or response)
     mask_bt            [B, T]       response mask aligned with the log-probs below
     logp_old_bt        f32 [B, T]   behaviour log-probs (theta_{t-1}, before its updates)
     logp_ref_bt        f32 [B, T]   reference-policy log-probs (for the KL term)
     attr_bt            f32 [B, T]   local attributions a_{t-1} (`ATTRIBUTIONS` in the registry)
-    extras             dict         anything else the PI step needs, e.g. SDPO teacher inputs
-                                    ("teacher_tokens_bt", "sd_mask_b"), positions, values
     """
 
-    tokens_bt: Any
-    attention_mask_bt: Any
+    tokens_bl: Any
+    attention_mask_bl: Any
     mask_bt: Any
     logp_old_bt: Any
     logp_ref_bt: Any
     attr_bt: Any
-    extras: dict = struct.field(default_factory=dict)
 
 
 @struct.dataclass

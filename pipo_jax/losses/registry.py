@@ -24,21 +24,17 @@ ATTRIBUTIONS[name](batch, **cfg) -> attr_bt  (PIPO local attribution a_t, zero a
     "gae"         needs adv_bt, mask_bt                     (PPO: the GAE advantages)
     "sdpo_token"  needs logp_teacher_bt, logp_bt, mask_bt; sd_mask_b  (logp_T - logp_S where sd_mask = 1)
 
-AGGREGATIONS[mode](loss_bt, mask_bt, *, num_tokens=None, num_seqs=None, norm_length=None) -> scalar
-
 KL_ESTIMATORS[name](logp_bt, logp_ref_bt) -> kl_bt    ("k1", "k2", "k3")
 
-`lookup(kind, name)` returns an entry or raises a KeyError naming the config field
-and the valid choices.
+`rl/spec.py:train_spec` validates each config name against its table (a `ConfigError` naming
+the key and the choices); loss aggregation is `aggregation.aggregate` over `AGG_MODES`.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 
 from pipo_jax.losses import advantages, distill, pipo
-from pipo_jax.losses.aggregation import AGG_MODES, aggregate
 from pipo_jax.losses.kl import KL_ESTIMATORS
 from pipo_jax.losses.policy import gspo_loss, token_clip_loss
 
@@ -108,23 +104,3 @@ ATTRIBUTIONS: dict[str, Callable] = {
     "gae": _gae_attribution,
     "sdpo_token": _sdpo_attribution,
 }
-
-AGGREGATIONS: dict[str, Callable] = {mode: functools.partial(aggregate, mode=mode) for mode in AGG_MODES}
-
-REGISTRIES = {
-    "advantage_estimator": ADVANTAGE_ESTIMATORS,
-    "policy_loss": POLICY_LOSSES,
-    "attribution": ATTRIBUTIONS,
-    "loss_agg_mode": AGGREGATIONS,
-    "kl_estimator": KL_ESTIMATORS,
-}
-
-
-def lookup(kind: str, name: str) -> Callable:
-    """REGISTRIES[kind][name], or a KeyError naming the config field `kind` and the choices."""
-    if kind not in REGISTRIES:
-        raise KeyError(f"unknown registry {kind!r}; choose one of {sorted(REGISTRIES)}")
-    table = REGISTRIES[kind]
-    if name not in table:
-        raise KeyError(f"{kind}={name!r} is not registered; choose one of {sorted(table)}")
-    return table[name]

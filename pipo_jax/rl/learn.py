@@ -168,7 +168,7 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[dict,
 
 
 def _pi_batch(prev: pipo.StoredBatch, rhat_br) -> dict:
-    return {"tokens_bl": prev.tokens_bt, "mask_bl": prev.attention_mask_bt, "mask_br": prev.mask_bt,
+    return {"tokens_bl": prev.tokens_bl, "mask_bl": prev.attention_mask_bl, "mask_br": prev.mask_bt,
             "logp_old_br": prev.logp_old_bt, "logp_ref_br": prev.logp_ref_bt, "rhat_br": rhat_br}
 
 
@@ -249,7 +249,7 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
 
     new_pipo = state.pipo
     if spec.pipo:
-        stored = pipo.StoredBatch(tokens_bt=batch["tokens_bl"], attention_mask_bt=batch["mask_bl"],
+        stored = pipo.StoredBatch(tokens_bl=batch["tokens_bl"], attention_mask_bl=batch["mask_bl"],
                                   mask_bt=batch["mask_br"], logp_old_bt=batch["logp_old_br"],
                                   logp_ref_bt=batch["logp_ref_br"], attr_bt=batch["attr_br"])
         new_pipo = pipo.push(pipo_state, mu_t, stored)

@@ -113,15 +113,15 @@ def host_collect(spec: TrainSpec, params, rng, reward_fn: HostReward,
     """`rollout.collect` with the reward computed on host (same keys, same batches)."""
     programs = programs or single_device_programs(spec)
     if not spec.dynamic_sampling:
-        return programs.score(programs.generate(params, rng, spec.prompts), reward_fn), {}
+        return programs.score(programs.generate(params, rng, spec.prompts_per_batch), reward_fn), {}
     buffer, filled, n, dropped, raw_sum = None, None, 0, 0, 0.0
-    while (filled is None or int(filled) < spec.prompts) and n < spec.max_num_gen_batches:
+    while (filled is None or int(filled) < spec.prompts_per_batch) and n < spec.max_num_gen_batches:
         new = programs.score(programs.generate(params, jax.random.fold_in(rng, n), spec.gen_prompts), reward_fn)
         buffer, filled, d, r = _host_merge(spec, buffer, filled, new)
         n, dropped, raw_sum = n + 1, dropped + int(d), raw_sum + float(r)
     buffer = buffer.replace(mu_raw=jnp.float32(raw_sum / (n * spec.gen_prompts * spec.group_size)))
     stats = {"dapo_gen_batches": n, "dapo_groups_dropped": dropped, "dapo_groups_kept": int(filled),
-             "dapo_exhausted": int(filled) < spec.prompts}
+             "dapo_exhausted": int(filled) < spec.prompts_per_batch}
     return buffer, stats
 
 
@@ -156,7 +156,7 @@ def check_dynamic_sampling(spec: TrainSpec, stats: dict) -> None:
     if "dapo_exhausted" in stats and np.any(np.asarray(stats["dapo_exhausted"])):
         kept = np.min(np.asarray(stats["dapo_groups_kept"]))
         raise DynamicSamplingExhausted(
-            f"DAPO dynamic sampling kept only {kept} of {spec.prompts} informative groups after "
+            f"DAPO dynamic sampling kept only {kept} of {spec.prompts_per_batch} informative groups after "
             f"dapo.max_num_gen_batches={spec.max_num_gen_batches} generation batches of {spec.gen_prompts} prompts "
             f"(every other group had identical rewards): raise config.dapo.max_num_gen_batches or "
             f"config.dapo.gen_prompts_per_batch, or lower rollout.prompts_per_batch")

@@ -182,19 +182,19 @@ def sequence_reward_sum(spec: TrainSpec, rollout: Rollout) -> jax.Array:
 def merge_kept_groups(spec: TrainSpec, buffer: Rollout, filled, new: Rollout, keep_p) -> tuple[Rollout, jax.Array]:
     """Appends the kept groups of `new` after the `filled` groups of `buffer` (extra ones drop).
 
-    `buffer` holds `spec.prompts` groups; returns (buffer, new filled count, capped at P).
+    `buffer` holds `spec.prompts_per_batch` groups; returns (buffer, new filled count, capped at P).
     """
     g = spec.group_size
     dest_p = filled + jnp.cumsum(keep_p.astype(jnp.int32)) - 1
-    dest_p = jnp.where(keep_p, dest_p, spec.prompts)  # out of range: dropped by mode="drop"
+    dest_p = jnp.where(keep_p, dest_p, spec.prompts_per_batch)  # out of range: dropped by mode="drop"
 
     def put(buf, x):
-        buf_g = buf.reshape((spec.prompts, g) + buf.shape[1:])
+        buf_g = buf.reshape((spec.prompts_per_batch, g) + buf.shape[1:])
         x_g = x.reshape((-1, g) + x.shape[1:])
         return buf_g.at[dest_p].set(x_g, mode="drop").reshape(buf.shape)
 
     merged = jax.tree.map(put, buffer, new)
-    return merged, jnp.minimum(filled + jnp.sum(keep_p.astype(jnp.int32)), spec.prompts)
+    return merged, jnp.minimum(filled + jnp.sum(keep_p.astype(jnp.int32)), spec.prompts_per_batch)
 
 
 def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Array]) -> tuple[Rollout, dict]:
@@ -207,7 +207,7 @@ def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Arr
     """
     if not spec.dynamic_sampling:
         k_prob, k_gen = jax.random.split(rng)
-        rollout = generate(spec, params, sample_problems(spec, k_prob, spec.prompts), k_gen)
+        rollout = generate(spec, params, sample_problems(spec, k_prob, spec.prompts_per_batch), k_gen)
         rollout = with_rewards(rollout, reward_fn(rollout))
         return rollout, {}
 
@@ -221,7 +221,7 @@ def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Arr
 
     def cond(carry):
         _, filled, n, _, _ = carry
-        return (filled < spec.prompts) & (n < spec.max_num_gen_batches)
+        return (filled < spec.prompts_per_batch) & (n < spec.max_num_gen_batches)
 
     def body(carry):
         buf, filled, n, dropped, raw_sum = carry
@@ -235,5 +235,5 @@ def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Arr
                                                                            jnp.zeros((), jnp.float32)))
     buffer = buffer.replace(mu_raw=raw_sum / (n * spec.gen_prompts * spec.group_size).astype(jnp.float32))
     stats = {"dapo_gen_batches": n, "dapo_groups_dropped": dropped, "dapo_groups_kept": filled,
-             "dapo_exhausted": filled < spec.prompts}
+             "dapo_exhausted": filled < spec.prompts_per_batch}
     return buffer, stats

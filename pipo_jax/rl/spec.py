@@ -114,7 +114,7 @@ class TrainSpec:
     model_path: str
     logprob_impl: str
     task: arithmetic.ArithmeticTask | DatasetTask
-    prompts: int  # P, prompts per training batch
+    prompts_per_batch: int  # P, prompts per training batch
     group_size: int  # G
     response_len: int  # R, max new tokens
     temperature: float
@@ -171,7 +171,7 @@ class TrainSpec:
     @property
     def batch(self) -> int:
         """B = P * G sequences per training batch."""
-        return self.prompts * self.group_size
+        return self.prompts_per_batch * self.group_size
 
     @property
     def is_dataset_task(self) -> bool:
@@ -344,7 +344,7 @@ def run_iterations_of(spec: TrainSpec, c: ml_collections.ConfigDict) -> int:
     """`config.iterations`, or with `task.epochs` > 0 round(epochs * train rows / prompts_per_batch) (>= 1)."""
     if not c.task.epochs:
         return int(c.iterations)
-    return max(1, round(c.task.epochs * len(spec.task.train_rows_np) / spec.prompts))
+    return max(1, round(c.task.epochs * len(spec.task.train_rows_np) / spec.prompts_per_batch))
 
 
 def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
@@ -484,7 +484,7 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
 
     return TrainSpec(
         algorithm=c.algorithm, model=model, model_path=c.model.path, logprob_impl=c.model.logprob_impl, task=task,
-        prompts=r.prompts_per_batch, group_size=r.group_size, response_len=response_len,
+        prompts_per_batch=r.prompts_per_batch, group_size=r.group_size, response_len=response_len,
         temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p),
         lr=float(t.lr), weight_decay=float(t.weight_decay), adam_b1=float(t.adam_b1), adam_b2=float(t.adam_b2),
         grad_clip=float(t.grad_clip), mini_batch=mini, micro_batch_per_device=micro, epochs=int(t.epochs),

@@ -86,7 +86,7 @@ def stored_batch_template(spec: TrainSpec) -> pipo.StoredBatch:
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     return pipo.StoredBatch(
-        tokens_bt=i32(b, L), attention_mask_bt=i32(b, L), mask_bt=f32(b, r),
+        tokens_bl=i32(b, L), attention_mask_bl=i32(b, L), mask_bt=f32(b, r),
         logp_old_bt=f32(b, r), logp_ref_bt=f32(b, r), attr_bt=f32(b, r),
     )
 

@@ -125,7 +125,7 @@ def initial_params(model_config: qwen3.Qwen3Config, seed: int):
 
 
 @functools.lru_cache(maxsize=32)
-def make_optimizer(lr: float, weight_decay: float = 0.01, warmup_steps: int = 20, clip_norm: float = 1.0):
+def make_warmup_optimizer(lr: float, weight_decay: float = 0.01, warmup_steps: int = 20, clip_norm: float = 1.0):
     """Global-norm clipping then AdamW with a linear learning-rate warm-up to a constant `lr`.
 
     Cached, so equal settings give the same (static, hashable) object and `train_chunk`
@@ -230,7 +230,7 @@ def warmup(
         params = initial_params(model_config, seed)
     else:  # a copy: train_chunk donates its input buffers
         params = jax.tree.map(jnp.array, params)
-    optimizer = make_optimizer(lr, weight_decay, lr_warmup_steps)
+    optimizer = make_warmup_optimizer(lr, weight_decay, lr_warmup_steps)
     opt_state = optimizer.init(params)
 
     def evaluate():

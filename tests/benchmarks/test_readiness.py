@@ -90,7 +90,7 @@ def test_model_train_flops_by_hand():
 
 def test_paper_spec_is_table_5():
     spec = paper_spec("qwen3_8b")
-    assert (spec.prompts, spec.group_size, spec.batch) == (128, 8, 1024)
+    assert (spec.prompts_per_batch, spec.group_size, spec.batch) == (128, 8, 1024)
     assert (spec.prompt_len, spec.response_len) == (512, 4096)
     assert spec.mini_batch == 64 * 8 and spec.pipo and spec.algorithm == "grpo"
     assert spec.model == qwen3.preset("qwen3_8b", param_dtype=spec.model.param_dtype, dtype=spec.model.dtype,

@@ -35,9 +35,8 @@ def logp(rng):
 
 def stored(rng):
     return pipo.StoredBatch(
-        tokens_bt=jnp.asarray(rng.integers(0, 9, (B, L)), jnp.int32), attention_mask_bt=jnp.ones((B, L), jnp.int32),
+        tokens_bl=jnp.asarray(rng.integers(0, 9, (B, L)), jnp.int32), attention_mask_bl=jnp.ones((B, L), jnp.int32),
         mask_bt=mask(rng), logp_old_bt=logp(rng), logp_ref_bt=logp(rng), attr_bt=f32(rng, B, T),
-        extras={"sd_mask_b": jnp.ones((B,))},
     )
 
 

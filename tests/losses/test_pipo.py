@@ -18,13 +18,12 @@ K = 4
 def make_batch(seed: float, b: int = 4, t: int = 3, l: int = 5) -> pipo.StoredBatch:
     base = jnp.arange(b * t, dtype=jnp.float32).reshape(b, t)
     return pipo.StoredBatch(
-        tokens_bt=(jnp.arange(b * l).reshape(b, l) + int(seed)) % 17,
-        attention_mask_bt=jnp.ones((b, l), jnp.int32),
+        tokens_bl=(jnp.arange(b * l).reshape(b, l) + int(seed)) % 17,
+        attention_mask_bl=jnp.ones((b, l), jnp.int32),
         mask_bt=jnp.ones((b, t), jnp.float32).at[0, 2].set(0.0),
         logp_old_bt=-0.1 * base - seed,
         logp_ref_bt=-0.2 * base - seed,
         attr_bt=base * 0.0 + seed,
-        extras={"sd_mask_b": jnp.full((b,), seed)},
     )
 
 
@@ -116,11 +115,11 @@ def test_push_errors_name_the_field():
     bad = make_batch(1.0).replace(logp_old_bt=jnp.zeros((4, 7)))
     with pytest.raises(ValueError, match=r"logp_old_bt.*\(4, 7\).*\(4, 3\)"):
         pipo.push(state, 1.0, bad)
-    extra = make_batch(1.0).replace(extras={"sd_mask_b": jnp.ones(4), "teacher_tokens_bt": jnp.ones((4, 2))})
+    extra = make_batch(1.0).replace(attr_bt={"attr_bt": jnp.ones((4, 3)), "teacher_tokens_bt": jnp.ones((4, 2))})
     with pytest.raises(ValueError, match="teacher_tokens_bt"):
         pipo.push(state, 1.0, extra)
     with pytest.raises(TypeError, match="StoredBatch"):
-        pipo.push(state, 1.0, {"tokens_bt": 1})
+        pipo.push(state, 1.0, {"tokens_bl": 1})
     with pytest.raises(ValueError, match="window_size K=0"):
         pipo.init_pipo_state(0, make_batch(0.0))
     cast = pipo.push(state, 1.0, make_batch(1.0).replace(logp_ref_bt=jnp.zeros((4, 3), jnp.bfloat16)))

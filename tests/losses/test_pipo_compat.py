@@ -21,7 +21,7 @@ AUTHORS = pipo.pipo_options(compat=True)
 
 def _batch(v=0.0):
     ones = jnp.ones((2, 3))
-    return pipo.StoredBatch(tokens_bt=jnp.zeros((2, 4), jnp.int32), attention_mask_bt=jnp.ones((2, 4), jnp.int32),
+    return pipo.StoredBatch(tokens_bl=jnp.zeros((2, 4), jnp.int32), attention_mask_bl=jnp.ones((2, 4), jnp.int32),
                             mask_bt=ones, logp_old_bt=ones * v, logp_ref_bt=ones * v,
                             attr_bt=jnp.array([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]]))
 

@@ -6,8 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import grpo
 from pipo_jax.losses import advantages, distill, pipo, registry
-from pipo_jax.losses.aggregation import aggregate
+from pipo_jax.losses.aggregation import AGG_MODES, aggregate
+from pipo_jax.rl.spec import ConfigError, train_spec
 
 B, T = 4, 3
 MASK = jnp.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], jnp.float32)
@@ -44,7 +46,7 @@ def test_policy_losses_uniform_signature(name):
     if name == "sdpo_jsd":
         s = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(B, T, 5)), jnp.float32))
         extra = {"student_distill_logp_btn": s, "teacher_distill_logp_btn": s[..., ::-1]}
-    fn = registry.lookup("policy_loss", name)
+    fn = registry.POLICY_LOSSES[name]
     loss, metrics = fn(logp, old, adv, MASK, loss_agg_mode="token-mean", num_tokens=20.0, num_seqs=None,
                        norm_length=None, **extra)
     assert loss.shape == () and bool(jnp.isfinite(loss)) and float(loss) != 0.0
@@ -64,14 +66,17 @@ def test_attributions():
 
 def test_aggregations_and_kl_tables():
     loss = jnp.arange(12, dtype=jnp.float32).reshape(B, T)
-    for mode, fn in registry.AGGREGATIONS.items():
-        chex.assert_trees_all_close(fn(loss, MASK, num_tokens=7.0), aggregate(loss, MASK, mode, num_tokens=7.0))
+    for mode in AGG_MODES:  # every mode `loss.agg_mode` accepts aggregates to a finite scalar
+        out = aggregate(loss, MASK, mode, num_tokens=7.0, num_seqs=4.0, norm_length=3.0)
+        assert out.shape == () and bool(jnp.isfinite(out))
     assert sorted(registry.KL_ESTIMATORS) == ["k1", "k2", "k3"]
 
 
-def test_lookup_errors_name_field_and_choices():
-    assert registry.lookup("kl_estimator", "k3") is registry.KL_ESTIMATORS["k3"]
-    with pytest.raises(KeyError, match="policy_loss='ppo'.*gspo"):
-        registry.lookup("policy_loss", "ppo")
-    with pytest.raises(KeyError, match="unknown registry 'optimizer'"):
-        registry.lookup("optimizer", "adamw")
+@pytest.mark.parametrize("key, table", [("policy", registry.POLICY_LOSSES), ("kl_estimator", registry.KL_ESTIMATORS)])
+def test_unregistered_names_are_config_errors_naming_field_and_choices(key, table):
+    """The tables are looked up by the names `train_spec` validated: an unregistered name fails
+    at start-up with the config key and the registered choices."""
+    c = grpo.get_config("micro")
+    c.loss[key] = "ppo"
+    with pytest.raises(ConfigError, match=f"config.loss.{key}: 'ppo' is not one of .*{sorted(table)[-1]}"):
+        train_spec(c)

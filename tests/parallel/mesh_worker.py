@@ -50,7 +50,7 @@ def train_runs(out: str) -> dict:
         summary["param_spec/embed"] = np.asarray(str(new_state.params["embed"].sharding.spec))
         summary["param_spec/q_proj"] = np.asarray(str(new_state.params["layers"]["q_proj"].sharding.spec))
         summary["opt_spec/mu_embed"] = np.asarray(str(new_state.opt_state.inner_state[1].inner_state[0].mu["embed"].sharding.spec))
-        summary["stored_tokens_spec"] = np.asarray(str(new_state.pipo.prev.tokens_bt.sharding.spec))
+        summary["stored_tokens_spec"] = np.asarray(str(new_state.pipo.prev.tokens_bl.sharding.spec))
         np.savez(os.path.join(out, f"train_{name}.npz"), **summary)
         states[name] = (spec, new_state)
     return states
@@ -113,7 +113,7 @@ def host_loop_run(out: str) -> None:
     summary["rollout_tokens_spec"] = np.asarray(str(generated[-1].tokens_bl.sharding.spec))
     summary["param_spec/embed"] = np.asarray(str(state.params["embed"].sharding.spec))
     summary["opt_spec/mu_embed"] = np.asarray(str(state.opt_state.inner_state[1].inner_state[0].mu["embed"].sharding.spec))
-    summary["stored_tokens_spec"] = np.asarray(str(state.pipo.prev.tokens_bt.sharding.spec))
+    summary["stored_tokens_spec"] = np.asarray(str(state.pipo.prev.tokens_bl.sharding.spec))
     np.savez(os.path.join(out, "host_loop_1x2x4.npz"), **summary)
 
 

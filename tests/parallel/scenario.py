@@ -45,7 +45,7 @@ def initial_state():
     mask_r[::3, r - 1] = 0.0  # some shorter responses
     attn = np.concatenate([np.ones((b, L - r), np.int32), mask_r.astype(np.int32)], axis=1)
     attr = np.where(np.arange(b)[:, None] % 2 == 0, 1.0, -1.0) * mask_r
-    stored = pipo.StoredBatch(tokens_bt=jnp.asarray(tokens), attention_mask_bt=jnp.asarray(attn),
+    stored = pipo.StoredBatch(tokens_bl=jnp.asarray(tokens), attention_mask_bl=jnp.asarray(attn),
                               mask_bt=jnp.asarray(mask_r), logp_old_bt=jnp.asarray(-3.5 * mask_r),
                               logp_ref_bt=jnp.asarray(-3.5 * mask_r), attr_bt=jnp.asarray(attr, jnp.float32))
     window = jnp.zeros((spec.pipo_window,), jnp.float32).at[-2:].set(jnp.array([0.2, 0.4]))

@@ -108,12 +108,12 @@ def test_critic_pipo_and_cache_shardings():
     assert c_specs["value_head"] == P("fsdp") and c_specs["backbone"]["embed"] == P("tensor", "fsdp")
 
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
-    stored = pipo.StoredBatch(tokens_bt=f32(8, 11), attention_mask_bt=f32(8, 11), mask_bt=f32(8, 4),
+    stored = pipo.StoredBatch(tokens_bl=f32(8, 11), attention_mask_bl=f32(8, 11), mask_bt=f32(8, 4),
                               logp_old_bt=f32(8, 4), logp_ref_bt=f32(8, 4), attr_bt=f32(8, 4))
     ps = jax.eval_shape(lambda: pipo.init_pipo_state(4, stored))
     p_specs = parallel.shardings.spec_tree(parallel.pipo_state_shardings(ps, MESH))
     assert p_specs.mu_window_k == P(None) and p_specs.count == P()
-    assert p_specs.prev.tokens_bt == P(("data", "fsdp"), None)
+    assert p_specs.prev.tokens_bl == P(("data", "fsdp"), None)
 
     cache = jax.eval_shape(lambda: qwen3.init_cache(cfg, 4, 16))
     k_spec = parallel.tree_shardings(cache, qwen3.KVCache(decode.KV_CACHE_AXES, decode.KV_CACHE_AXES), MESH).k.spec

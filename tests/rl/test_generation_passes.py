@@ -23,7 +23,7 @@ def micro_spec(**overrides):
 def test_generation_in_passes_equals_one_pass():
     spec = micro_spec()
     params = qwen3.init_params(spec.model, jax.random.PRNGKey(0))
-    problems = rollout.sample_problems(spec, jax.random.PRNGKey(1), spec.prompts)
+    problems = rollout.sample_problems(spec, jax.random.PRNGKey(1), spec.prompts_per_batch)
     rng = jax.random.PRNGKey(2)
     gen = jax.jit(rollout.generate, static_argnums=0)
     one = gen(spec, params, problems, rng)

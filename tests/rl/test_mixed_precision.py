@@ -40,7 +40,7 @@ def primed_state(spec):
     mask_r = np.ones((b, r), np.float32)
     attn = np.ones((b, L), np.int32)
     attr = np.where(np.arange(b)[:, None] % 2 == 0, 1.0, -1.0) * mask_r
-    stored = pipo.StoredBatch(tokens_bt=jnp.asarray(tokens), attention_mask_bt=jnp.asarray(attn),
+    stored = pipo.StoredBatch(tokens_bl=jnp.asarray(tokens), attention_mask_bl=jnp.asarray(attn),
                               mask_bt=jnp.asarray(mask_r), logp_old_bt=jnp.asarray(-3.5 * mask_r),
                               logp_ref_bt=jnp.asarray(-3.5 * mask_r), attr_bt=jnp.asarray(attr, jnp.float32))
     window = jnp.zeros((spec.pipo_window,), jnp.float32).at[-2:].set(jnp.array([0.2, 0.4]))
@@ -110,7 +110,7 @@ def test_bf16_compute_with_pipo_traces_for_every_algorithm(algo):
     spec = spec_of(algo, "bfloat16")
     state = jax.eval_shape(lambda: primed_state(spec))
     ro = jax.eval_shape(lambda p: rollout.generate(spec, p, rollout.sample_problems(spec, jax.random.PRNGKey(0),
-                                                                                     spec.prompts),
+                                                                                     spec.prompts_per_batch),
                                                    jax.random.PRNGKey(1)), state.params)
     new, metrics = jax.eval_shape(lambda s, r: learn.learn(spec, s, r, jax.random.PRNGKey(2)), state, ro)
     assert "pi_step_applied" in metrics

@@ -98,7 +98,7 @@ def _pi_case(c_sign: float, count: int = 4, mu_t: float | None = None):
     mask_r = jnp.ones((b, r), jnp.float32)
     logp_old, _ = _response_logprobs(spec.model, state.params, tokens, mask_l, spec.prompt_len)
     attr = jnp.zeros((b, r)).at[0].set(1.0).at[1].set(-1.0)
-    stored = pipo.StoredBatch(tokens_bt=tokens, attention_mask_bt=mask_l, mask_bt=mask_r, logp_old_bt=logp_old,
+    stored = pipo.StoredBatch(tokens_bl=tokens, attention_mask_bl=mask_l, mask_bt=mask_r, logp_old_bt=logp_old,
                               logp_ref_bt=logp_old, attr_bt=attr)
     window = jnp.array([0.2, 0.4, 0.2, 0.4])
     ps = pipo.PipoState(mu_window_k=window, count=jnp.int32(count), has_prev=jnp.bool_(True), prev=stored)
