@@ -4,7 +4,7 @@
 `-1` fills, `dcn_*`, `rules`). With one device (or `mesh.enabled=false`) the trainer
 runs the plain single-device programs (`loop.scan_chunk`, `loop.host_iteration`). With
 several devices, of one process or many, it builds the mesh over all of them and runs
-the same step functions jitted with explicit shardings (`pipo_jax.parallel.steps`):
+the same step functions jitted with explicit shardings (`pipo_jax.rl.sharded_steps`):
 the state is created, restored (orbax resharding) and advanced directly on the mesh,
 host rewards are computed by each process on its own rows, and everything the host
 reads (metrics, evaluation, the HF export) is gathered first.

@@ -110,8 +110,8 @@ def e_step(spec: TrainSpec, cfg: VpdConfig, teacher_params, teacher_opt_state, b
 
     `batch` is `learn.prepare`'s SDPO batch plus "rewards_b" [B]. `ref_logp_br` [B, R]: None
     reads the reference from the batch per `cfg.reference` (the normal use); an array
-    overrides the *dynamic* reference (e.g. `student_reference_logprobs` of a student that
-    moved since `prepare`) and is refused with `reference="fixed"`.
+    overrides the *dynamic* reference (e.g. the log-probs of a student that moved since
+    `prepare`) and is refused with `reference="fixed"`.
     Metrics ("vpd/..."): the BCO loss terms, accuracy, mean implicit reward of each set and
     grad norm averaged over the optimizer steps; the margin "vpd/delta" used; the batch's
     "vpd/rtilde_mean" before the update; "vpd/num_pos" / "vpd/num_neg" labelled responses.
