@@ -352,7 +352,8 @@ def build_iteration(algorithm: str, pipo: bool):
     def build(_: TrainSpec, mesh: Mesh, target: str) -> Program:
         spec = for_target(small_spec(algorithm, pipo), target)
         chunk = sharded_steps.sharded_scan_chunk(spec, mesh, 1)
-        state = abstract(sharded_steps.abstract_train_state(spec), sharded_steps.state_shardings(spec, mesh, chunk.rules))
+        state = abstract(sharded_steps.abstract_train_state(spec),
+                         sharded_steps.state_shardings(spec, mesh, chunk.rules))
         return Program(chunk.jitted, (state,), mesh, chunk.rules)
 
     build.takes_target = True

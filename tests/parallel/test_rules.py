@@ -104,7 +104,8 @@ def test_critic_pipo_and_cache_shardings():
     cfg = _tiny()
     critic = {"backbone": jax.eval_shape(lambda: qwen3.init_params(cfg, jax.random.PRNGKey(0))),
               "value_head": jax.ShapeDtypeStruct((cfg.hidden_size,), jnp.float32)}
-    c_specs = parallel.shardings.spec_tree(parallel.tree_shardings(critic, parallel.critic_axes(qwen3.param_axes(cfg)), MESH))
+    c_axes = parallel.critic_axes(qwen3.param_axes(cfg))
+    c_specs = parallel.shardings.spec_tree(parallel.tree_shardings(critic, c_axes, MESH))
     assert c_specs["value_head"] == P("fsdp") and c_specs["backbone"]["embed"] == P("tensor", "fsdp")
 
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
