@@ -19,7 +19,6 @@ if __name__ == "__main__" and "--xla_force_host_platform_device_count" not in os
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import argparse  # noqa: E402
-import dataclasses  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import subprocess  # noqa: E402
@@ -32,26 +31,27 @@ from pipo_jax import parallel  # noqa: E402
 from pipo_jax.models import qwen3  # noqa: E402
 from pipo_jax.parallel.shardings import batch_shardings  # noqa: E402
 from pipo_jax.rl import learn, sharded_steps  # noqa: E402
-from pipo_jax.rl.spec import train_spec  # noqa: E402
+from pipo_jax.rl.spec import spec_from_config  # noqa: E402
 from pipo_jax.tasks.dataset import DatasetTask  # noqa: E402
 
 
 def table5_spec(preset: str, rows: int, prompt_len: int, response_len: int, micro: int):
     """GRPO (G = 8) at `rows` sequences on `preset`, with a stand-in prompt table of the right width."""
-    base = train_spec(grpo.get_config("micro"))
+    c = grpo.get_config("micro")
+    c.rollout.prompts_per_batch, c.rollout.group_size, c.rollout.max_new_tokens = rows // 8, 8, response_len
+    c.train.mini_batch_prompts, c.train.micro_batch_size_per_device = min(rows, 512) // 8, micro
     n = 64
     task = DatasetTask(kind="math", prompt_tokens_np=np.zeros((n, prompt_len), np.int32),
                        prompt_lengths_np=np.full((n,), prompt_len, np.int32), references=("0",) * n,
                        train_rows_np=np.arange(n, dtype=np.int32), heldout_rows_np=np.zeros((0,), np.int32),
                        stop_token_ids=(2,), pad_id=0)
     model = qwen3.preset(preset, param_dtype="float32", dtype="bfloat16", remat="full")
-    return dataclasses.replace(base, model=model, task=task, prompts_per_batch=rows // 8, group_size=8,
-                               response_len=response_len, mini_batch=min(rows, 512), micro_batch_per_device=micro)
+    return spec_from_config(c, model, task)
 
 
 def prepare_memory(spec, mesh) -> dict:
     state = sharded_steps.abstract_train_state(spec)
-    ro = sharded_steps.abstract_rollout(spec, spec.prompts_per_batch)
+    ro = sharded_steps.abstract_rollout(spec, spec.rollout.prompts_per_batch)
     with parallel.sharding_context(mesh):
         compiled = jax.jit(lambda s, r: learn.prepare(spec, s, r),
                            in_shardings=(sharded_steps.state_shardings(spec, mesh), batch_shardings(ro, mesh))

@@ -72,7 +72,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
 
 from configs import grpo  # noqa: E402
 from experiments.benchmarks import hlo_cost  # noqa: E402
@@ -87,7 +87,7 @@ from pipo_jax.rl import rollout as rollout_lib  # noqa: E402
 from pipo_jax.rl import sharded_steps  # noqa: E402
 from pipo_jax.rl import steps as rl_steps  # noqa: E402
 from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
-from pipo_jax.rl.spec import TrainSpec, train_spec  # noqa: E402
+from pipo_jax.rl.spec import TrainSpec, make_model_config, spec_from_config, train_spec  # noqa: E402
 from pipo_jax.rl.state import make_optimizer  # noqa: E402
 from pipo_jax.sampling import decode, engine as engine_lib, sampler  # noqa: E402
 from pipo_jax.sampling.sampling_params import SamplingParams  # noqa: E402
@@ -508,15 +508,16 @@ def paper_spec(model: str, prompts: int = 128, prompt_len: int = 512, response_l
     c.rollout.prompts_per_batch = prompts
     if c.train.mini_batch_prompts > prompts:
         c.train.mini_batch_prompts = prompts
-    spec = train_spec(c)
-    model_cfg = spec.model.replace(**{k: getattr(qwen3.preset(model), k) for k in SHAPE_FIELDS})
+    c.rollout.max_new_tokens = response_len
+    base_model = make_model_config(c.model)
+    model_cfg = base_model.replace(**{k: getattr(qwen3.preset(model), k) for k in SHAPE_FIELDS})
     n = 256
     table = np.full((n, prompt_len), 151643, np.int32)
     table[:, -16:] = 1000  # left-padded prompts of 16 real tokens
     task = DatasetTask(kind="math", prompt_tokens_np=table, prompt_lengths_np=np.full((n,), 16, np.int32),
                        references=("0",) * n, train_rows_np=np.arange(n - 8), heldout_rows_np=np.arange(n - 8, n),
                        stop_token_ids=(151645,), pad_id=151643)
-    return dataclasses.replace(spec, model=model_cfg, task=task, response_len=response_len)
+    return spec_from_config(c, model_cfg, task)
 
 
 def prompt_table(spec: TrainSpec, mesh: Mesh):
@@ -531,11 +532,11 @@ def prompt_table(spec: TrainSpec, mesh: Mesh):
 
 def _sample_problems(spec: TrainSpec, table, rng):
     kwargs = {} if table is None else {"table": table}
-    return rollout_lib.sample_problems(spec, rng, spec.prompts_per_batch, **kwargs)
+    return rollout_lib.sample_problems(spec, rng, spec.rollout.prompts_per_batch, **kwargs)
 
 
 def _abstract_rollout(spec: TrainSpec, mesh: Mesh, rules):
-    b, p, r = spec.batch, spec.prompt_len, spec.response_len
+    b, p, r = spec.batch, spec.prompt_len, spec.rollout.response_len
     table = prompt_table(spec, mesh)
     shapes = jax.eval_shape(lambda t: rollout_lib.Rollout(
         problems=_sample_problems(spec, t, jax.random.PRNGKey(0)),
@@ -573,7 +574,7 @@ def paper_programs(spec: TrainSpec, mesh: Mesh) -> dict[str, Callable[[], Progra
 
     def base_step():
         def step(params, opt_state, batch, rng):
-            return rl_steps.minibatch_updates(spec, rl_steps.base_loss_fn(spec), make_optimizer(spec.lr, spec),
+            return rl_steps.minibatch_updates(spec, rl_steps.base_loss_fn(spec), make_optimizer(spec.train.lr, spec),
                                               params, opt_state, batch, rng)[:2]
 
         fn = jax.jit(step, in_shardings=(state_sh.params, state_sh.opt_state, batch_sh, replicated(mesh)),
@@ -581,7 +582,7 @@ def paper_programs(spec: TrainSpec, mesh: Mesh) -> dict[str, Callable[[], Progra
         return Program(fn, (state.params, state.opt_state, batch, rng), mesh, rules)
 
     def generate():
-        gen = sharded_steps.sharded_generate(spec, mesh, spec.prompts_per_batch, rules)
+        gen = sharded_steps.sharded_generate(spec, mesh, spec.rollout.prompts_per_batch, rules)
         table = prompt_table(spec, mesh)
         args = (state.params, rng) if table is None else (state.params, table, rng)
         return Program(gen.jitted, args, mesh, gen.rules)
@@ -724,7 +725,7 @@ def paper_checks(model: str, memory_target: str, log) -> list[dict]:
     ]
     step = paper_row(model, HOST_FSDP8, "base_step")
     spec = paper_spec(model)
-    mf = model_train_flops(spec.model, spec.batch * spec.epochs, spec.prompt_len, spec.response_len,
+    mf = model_train_flops(spec.model, spec.batch * spec.train.epochs, spec.prompt_len, spec.rollout.response_len,
                            remat=spec.model.remat == "full")
     value = step["flops_per_device"] * 8 / mf if step["ok"] else None
     checks.append({"model": model, "check": f"base-step FLOPs x 8 devices / model FLOPs [{HOST_FSDP8}]",

@@ -3,13 +3,15 @@
 Modules (one concept each; all functions are pure and jit/vmap-able):
     aggregation   loss_agg_mode reductions with global token / sequence counts
     advantages    GAE + masked whitening, group-relative advantages, DAPO filter / overlong
-    policy        token clip (asymmetric eps, dual clip), GSPO sequence ratio
+    policy        token clip (asymmetric eps, dual clip), GSPO sequence ratio, CISPO
     kl            k1 / k2 / k3 KL-to-reference estimators and the KL loss term
     value         clipped value loss (PPO critic)
     distill       SDPO generalised JSD / reverse-KL token loss, IS weight, attribution, EMA
     pipo          PipoState, window statistics, xi, rectifier, attributions, PI rewards / loss
     theory        eta(p, G) of Theorem 6.2, its asymptote, the Monte-Carlo bandit check
-    registry      name -> function tables (an algorithm is a config)
+    vpd           VPD's E-step math: implicit reward, BCO loss, margin, the GRPO + SDPO hybrids
+
+`pipo_jax/rl/algorithms.py` registers these as an algorithm's named pieces.
 
 The composite functions are wrapped in `jax.jit` with their configuration arguments (modes,
 eps, group sizes, ...) static, so an eager call compiles once per shape and configuration;

@@ -19,7 +19,7 @@ sequence's tokens stay together; the per-sequence token mean is local to a row).
 `norm_length` (``seq-mean-token-sum-norm`` only) defaults to the padded length T; pass a
 constant (the configured max response length) so that the loss does not depend on padding.
 
-Public signature (used by every loss in this package and by the registry):
+Public signature (used by every loss in this package):
     aggregate(loss_bt, mask_bt, mode, *, num_tokens=None, num_seqs=None, norm_length=None) -> scalar
 """
 

@@ -16,7 +16,7 @@ params. Shapes: `*_bt` [B, T] per response token; `*_btv` [B, T, V] per vocabula
 - `select_demonstrations(rewards_b, group_size)`: the first *other* successful response of each group.
 - `ema_update(teacher_params, student_params, rate)`: the EMA teacher.
 
-Registered losses (`registry.POLICY_LOSSES["sdpo_token"]`, `["sdpo_jsd"]`) share the policy-loss
+The SDPO losses (registered as `rl/algorithms.py:POLICY_LOSSES["sdpo_token"]`, `["sdpo_jsd"]`) share the policy-loss
 signature `fn(logp_bt, logp_old_bt, adv_bt, mask_bt, *, loss_agg_mode="token-mean", ...)`; the
 SDPO loss replaces the policy-gradient loss, so `adv_bt` is not read (pass None). Extra keyword
 inputs: `logp_teacher_bt` (token form) or `student_distill_logp_btn`/`teacher_distill_logp_btn`

@@ -100,7 +100,7 @@ class StoredBatch:
     mask_bt            [B, T]       response mask aligned with the log-probs below
     logp_old_bt        f32 [B, T]   behaviour log-probs (theta_{t-1}, before its updates)
     logp_ref_bt        f32 [B, T]   reference-policy log-probs (for the KL term)
-    attr_bt            f32 [B, T]   local attributions a_{t-1} (`ATTRIBUTIONS` in the registry)
+    attr_bt            f32 [B, T]   local attributions a_{t-1} (`rl/algorithms.py:ATTRIBUTIONS`)
     """
 
     tokens_bl: Any

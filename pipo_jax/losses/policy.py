@@ -10,16 +10,20 @@ GSPO: log s_i = sum_t m (logp - logp_old) / max(|y_i|, 1); token form
     log s_it = min(logp - sg(logp) + sg(log s_i), 10), then the token clip without dual clip.
     With A constant over a sequence this has the value and gradient of the sequence form
     max(-A s_i, -A clip(s_i)) under `seq-mean-token-mean` aggregation.
+CISPO (MiniMax-M1, arXiv 2506.13585): L = -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp: the
+    importance weight is clipped and detached instead of the update, so every token keeps
+    the gradient -w A d logp (no token is dropped by the clip); no dual clip.
 `lower_clip_negative_adv=False` is the authors' PIPO loss (`pipo.PipoOptions.pi_no_lower_clip`):
     L = -A min(r, clip(r, 1 - eps_low, 1 + eps_high)) on every token, so for A < 0 there is no
     lower clip and the gradient is zero once r > 1 + eps_high (for A >= 0 it is the token clip).
 
-Registered losses share one signature (the trainer calls them through `registry.POLICY_LOSSES`):
+The policy losses share one signature (`rl/algorithms.py` registers them as `POLICY_LOSSES`):
     loss_fn(logp_bt, logp_old_bt, adv_bt, mask_bt, *, loss_agg_mode, num_tokens=None,
             num_seqs=None, norm_length=None, **loss_specific) -> (loss scalar, metrics dict)
 Metrics are token means normalised by the same global `num_tokens` as the loss, so, like the
 loss, they add up across micro-batches: "pg_clipfrac" (tokens where the clip is active),
-"pg_clipfrac_lower" (dual clip active), "ppo_kl" (mean of logp_old - logp), "pg_loss".
+"pg_clipfrac_lower" (dual clip active), "ppo_kl" (mean of logp_old - logp), "pg_loss"
+(CISPO: "pg_clipfrac" counts tokens whose weight is clipped).
 """
 
 from __future__ import annotations
@@ -163,6 +167,30 @@ def gspo_loss(
     return _finish(
         loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, loss_agg_mode, num_tokens, num_seqs, norm_length
     )
+
+
+@functools.partial(jax.jit, static_argnames=("loss_agg_mode", "eps_low", "eps_high", "norm_length"))
+def cispo_loss(
+    logp_bt,
+    logp_old_bt,
+    adv_bt,
+    mask_bt,
+    *,
+    loss_agg_mode: str = "token-mean",
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    num_tokens=None,
+    num_seqs=None,
+    norm_length=None,
+):
+    """CISPO: -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp per token, aggregated. (loss, metrics)."""
+    check_clip_config(eps_low, eps_high, 0.0)
+    ratio_bt = jnp.exp(token_log_ratio(logp_bt, logp_old_bt))
+    weight_bt = jax.lax.stop_gradient(jnp.clip(ratio_bt, 1.0 - eps_low, 1.0 + eps_high))
+    loss_bt = -weight_bt * adv_bt * logp_bt
+    clipped_bt = (ratio_bt < 1.0 - eps_low) | (ratio_bt > 1.0 + eps_high)
+    return _finish(loss_bt, clipped_bt, jnp.zeros_like(clipped_bt), logp_bt, logp_old_bt, mask_bt, loss_agg_mode,
+                   num_tokens, num_seqs, norm_length)
 
 
 @functools.partial(jax.jit, static_argnames=("eps_low", "eps_high"))

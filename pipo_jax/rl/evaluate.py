@@ -83,7 +83,7 @@ def builtin_rewards(spec: TrainSpec, params, n_problems: int, n: int, rng, tempe
     k_prob, k_gen = jax.random.split(rng)
     problems = arithmetic.sample_problems(spec.task, k_prob, n_problems, split="heldout")
     tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, n, k_gen,
-                            max_new_tokens=spec.response_len, temperature=temperature,
+                            max_new_tokens=spec.rollout.response_len, temperature=temperature,
                             stop_token_ids=(char_vocab.EOS_ID,), pad_id=char_vocab.PAD_ID, batch_size=batch_size)
     repeated = jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), problems)
     r = arithmetic.reward(spec.task, repeated, jnp.asarray(tokens.reshape(n_problems * n, -1)),
@@ -100,7 +100,7 @@ def dataset_heldout_accuracy(spec: TrainSpec, params, reward, n: int, batch_size
     problems = jax.device_get(dataset.problems_at(dataset.prompt_arrays(spec.task), rows))
     stop_ids, pad_id = stop_and_pad_ids(spec)
     tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, 1,
-                            jax.random.PRNGKey(0), max_new_tokens=spec.response_len, temperature=0.0,
+                            jax.random.PRNGKey(0), max_new_tokens=spec.rollout.response_len, temperature=0.0,
                             stop_token_ids=stop_ids, pad_id=pad_id, batch_size=min(batch_size, len(rows)))
     rewards, _ = reward(tokens[:, 0], mask[:, 0], rows)
     return float(np.mean(rewards))

@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 
 from pipo_jax.data import char_vocab
-from pipo_jax.losses import advantages, distill, pipo, registry
-from pipo_jax.losses import vpd as vpd_loss
+from pipo_jax.losses import advantages, distill, pipo
 from pipo_jax.losses.kl import kl_estimate
 from pipo_jax.losses.masking import masked_mean
-from pipo_jax.rl import steps, vpd_estep
+from pipo_jax.rl import algorithms, steps, vpd_estep
+from pipo_jax.rl.batch import TrainBatch, check_batch
 from pipo_jax.rl.response_logprobs import response_logprobs
 from pipo_jax.rl.rollout import Rollout, response_part
 from pipo_jax.rl.spec import TrainSpec
@@ -33,7 +33,7 @@ def teacher_contexts(spec: TrainSpec, rollout: Rollout, rewards_b) -> tuple[jax.
     >= success_threshold) or else `<feedback> environment-feedback`, then `<solve>` and the
     original prompt; the student's response follows. Rows with neither get sd_mask 0.
     """
-    p, r = spec.prompt_len, spec.response_len
+    p, r = spec.prompt_len, spec.rollout.response_len
     resp_tokens, resp_mask = response_part(spec, rollout)
     if rollout.teacher_context is not None:  # dataset tasks: prompts built on the host
         ctx_tokens, ctx_mask, has_context = rollout.teacher_context
@@ -42,12 +42,12 @@ def teacher_contexts(spec: TrainSpec, rollout: Rollout, rewards_b) -> tuple[jax.
     if spec.is_dataset_task:
         raise ValueError("a dataset task's teacher prompts are built on the host (rollout.DatasetScorer); "
                          "this rollout has none")
-    demo_row, has_demo = distill.select_demonstrations(rewards_b, spec.group_size,
-                                                       success_threshold=spec.sdpo_success_threshold)
+    demo_row, has_demo = distill.select_demonstrations(rewards_b, spec.rollout.group_size,
+                                                       success_threshold=spec.sdpo.success_threshold)
     safe_row = jnp.maximum(demo_row, 0)
     demo_tokens, demo_mask = resp_tokens[safe_row], resp_mask[safe_row] * has_demo[:, None]
     fb_tokens, fb_mask = arithmetic.feedback_tokens(spec.task, rollout.problems, resp_tokens, resp_mask)
-    use_fb = (~has_demo) & spec.sdpo_use_feedback
+    use_fb = (~has_demo) & spec.sdpo.use_feedback
     fb_mask = fb_mask * use_fb[:, None]
     b = rollout.size
 
@@ -69,91 +69,73 @@ def rollout_passes(spec: TrainSpec, state: TrainState, tokens_bl, mask_bl, teach
     """The no-gradient passes over the rollout under theta_t, one micro-batch at a time
     (`steps.map_micro_batches`: the update's per-device micro-batch, so peak memory does not
     grow with the rollout): {"logp_old_br", "entropy_br", "logp_ref_br"} `[B, R]` float32,
-    plus "values_br" (PPO's critic) and "logp_teacher_br" (`teacher_inputs` = SDPO / VPD
-    teacher (tokens `[B, Q + R]`, mask)).
+    plus "values_br" (an estimator with a critic) and "logp_teacher_br" (`teacher_inputs` =
+    SDPO / VPD teacher (tokens `[B, Q + R]`, mask)).
     """
-    p = spec.prompt_len
+    p, temperature = spec.prompt_len, spec.rollout.temperature
     inputs = {"tokens_bl": tokens_bl, "mask_bl": mask_bl}
     teacher = None
     if teacher_inputs is not None:
         inputs.update(teacher_tokens_bq=teacher_inputs[0], teacher_mask_bq=teacher_inputs[1])
-        teacher = state.params if spec.sdpo_teacher == "live" and spec.vpd is None else state.teacher_params
+        teacher = state.params if spec.live_teacher else state.teacher_params
 
     def one(mb):
         out = {}
         out["logp_old_br"], out["entropy_br"] = response_logprobs(
-            spec.model, state.params, mb["tokens_bl"], mb["mask_bl"], p, temperature=spec.temperature,
+            spec.model, state.params, mb["tokens_bl"], mb["mask_bl"], p, temperature=temperature,
             impl=spec.logprob_impl, with_entropy=True)
-        out["logp_ref_br"], _ = response_logprobs(spec.model, state.ref_params, mb["tokens_bl"],
-                                                  mb["mask_bl"], p, temperature=spec.temperature,
-                                                  impl=spec.logprob_impl)
+        out["logp_ref_br"], _ = response_logprobs(spec.model, state.ref_params, mb["tokens_bl"], mb["mask_bl"], p,
+                                                  temperature=temperature, impl=spec.logprob_impl)
         if spec.has_critic:
             out["values_br"] = steps.critic_values(spec, state.critic["params"], mb["tokens_bl"], mb["mask_bl"])
         if teacher is not None:
-            out["logp_teacher_br"] = steps.teacher_logprobs(spec, teacher, mb["teacher_tokens_bq"],
-                                                            mb["teacher_mask_bq"])
+            out["logp_teacher_br"] = algorithms.teacher_logprobs(spec, teacher, mb["teacher_tokens_bq"],
+                                                                 mb["teacher_mask_bq"])
         return out
 
     return steps.map_micro_batches(spec, one, inputs)
 
 
-def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[dict, jax.Array, dict]:
+def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[TrainBatch, jax.Array, dict]:
     """Step 2: the training batch of B_t under theta_t, mu_t, and batch metrics."""
     p = spec.prompt_len
     tokens, mask = rollout.tokens_bl, rollout.mask_bl
     mask_br = mask[:, p:].astype(jnp.float32)
     lengths_b = jnp.sum(mask_br, axis=1)
-    teacher_inputs = None
+    teacher = {}
     if spec.uses_teacher:
         t_tokens, t_mask, sd_mask = teacher_contexts(spec, rollout, rollout.rewards_b)
-        teacher_inputs = (t_tokens, t_mask)
-    passes = rollout_passes(spec, state, tokens, mask, teacher_inputs)
+        teacher = dict(teacher_tokens_bq=t_tokens, teacher_mask_bq=t_mask, sd_mask_b=sd_mask,
+                       rewards_b=rollout.rewards_b)
+    passes = rollout_passes(spec, state, tokens, mask, (t_tokens, t_mask) if teacher else None)
     logp_old, entropy, logp_ref = passes["logp_old_br"], passes["entropy_br"], passes["logp_ref_br"]
     rewards_b = rollout.rewards_b
-    if spec.overlong_buffer:
-        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.response_len,
-                                                            buffer=spec.overlong_buffer, factor=spec.overlong_factor)
-    batch = {"tokens_bl": tokens, "mask_bl": mask, "mask_br": mask_br, "logp_old_br": logp_old,
-             "logp_ref_br": logp_ref}
+    if spec.dapo.overlong_buffer:
+        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.rollout.response_len,
+                                                            buffer=spec.dapo.overlong_buffer,
+                                                            factor=spec.dapo.overlong_factor)
     token_rewards = advantages.outcome_token_rewards(rewards_b, mask_br)
-    if spec.kl_in_reward:
+    if spec.loss.kl_in_reward:
         token_rewards = advantages.kl_penalized_token_rewards(token_rewards, logp_old, logp_ref, mask_br,
-                                                              beta=spec.kl_coef, estimator=spec.kl_estimator)
+                                                              beta=spec.loss.kl_coef,
+                                                              estimator=spec.loss.kl_estimator)
     seq_rewards = advantages.sequence_rewards(token_rewards, mask_br)
     mu_t = jnp.mean(seq_rewards)
-    if spec.pipo_mu_source == "raw" and rollout.mu_raw is not None:  # DAPO: every sampled group
+    if spec.pipo.mu_source == "raw" and rollout.mu_raw is not None:  # DAPO: every sampled group
         mu_t = rollout.mu_raw
 
-    attr_inputs = {"mask_bt": mask_br}
-    if spec.estimator != "none":
-        est_inputs = {"mask_bt": mask_br, "seq_rewards_b": seq_rewards, "token_rewards_bt": token_rewards}
-        cfg = {}
-        if spec.has_critic:
-            values = passes["values_br"]
-            est_inputs["values_bt"] = values
-            batch["values_br"] = values
-            cfg = dict(gamma=spec.gamma, lam=spec.gae_lam)
-        else:
-            cfg = dict(group_size=spec.group_size, std_ddof=spec.std_ddof, norm_by_std=spec.norm_by_std)
-        adv, aux = registry.ADVANTAGE_ESTIMATORS[spec.estimator](est_inputs, **cfg)
-        batch["adv_br"] = adv
-        if "returns_bt" in aux:
-            batch["returns_br"] = aux["returns_bt"]
-        attr_inputs["adv_bt"] = adv
-    if spec.uses_teacher:
-        logp_teacher = passes["logp_teacher_br"]
-        batch.update(teacher_tokens_bq=t_tokens, teacher_mask_bq=t_mask, sd_mask_b=sd_mask,
-                     rewards_b=rollout.rewards_b)
-        attr_inputs.update(logp_teacher_bt=logp_teacher, logp_bt=logp_old, sd_mask_b=sd_mask)
-        if spec.vpd_hybrid == "reshape":  # A' = A + w (logp_T - logp_S): the advantage-reshaping hybrid
-            batch["adv_br"] = vpd_loss.reshaped_advantages(batch["adv_br"], logp_teacher, logp_old, mask_br,
-                                                           weight=spec.vpd.hybrid_weight, sd_mask_b=sd_mask)
-    attr_cfg = {}
-    if spec.attribution == "group":
-        attr_cfg = {"group_size": spec.group_size, "additive_eps": spec.pipo_options.attribution_eps_add}
-    batch["attr_br"] = registry.ATTRIBUTIONS[spec.attribution](attr_inputs, **attr_cfg)
+    batch = TrainBatch(tokens_bl=tokens, mask_bl=mask, mask_br=mask_br, logp_old_br=logp_old, logp_ref_br=logp_ref,
+                       values_br=passes.get("values_br"), logp_teacher_br=passes.get("logp_teacher_br"), **teacher)
+    if spec.estimator is not None:
+        adv, returns = spec.estimator.fn(spec, algorithms.AdvantageInputs(
+            mask_br=mask_br, token_rewards_br=token_rewards, seq_rewards_b=seq_rewards, values_br=batch.values_br))
+        batch = batch.replace(adv_br=adv, returns_br=returns)
+    if spec.advantage_shaping is not None:
+        batch = batch.replace(adv_br=spec.advantage_shaping(spec, batch))
+    batch = batch.replace(attr_br=spec.attribution.fn(spec, batch))
+    check_batch(batch)
 
-    groups = advantages.group_outcome_counts(rollout.rewards_b, spec.group_size)
+    groups = advantages.group_outcome_counts(rollout.rewards_b, spec.rollout.group_size)
     metrics = {
         "reward_mean": jnp.mean(rollout.rewards_b), "reward_std": jnp.std(rollout.rewards_b),
         "response_length": jnp.mean(lengths_b), "entropy": masked_mean(entropy, mask_br),
@@ -163,28 +145,30 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[dict,
         "groups_all_success": groups["all_success"], "tokens": jnp.sum(mask_br),
     }
     if spec.uses_teacher:  # share of responses the teacher sees a solution or feedback for
-        metrics["teacher_context_frac"] = jnp.mean(batch["sd_mask_b"])
+        metrics["teacher_context_frac"] = jnp.mean(batch.sd_mask_b)
     return batch, mu_t, metrics
 
 
-def _pi_batch(prev: pipo.StoredBatch, rhat_br) -> dict:
-    return {"tokens_bl": prev.tokens_bl, "mask_bl": prev.attention_mask_bl, "mask_br": prev.mask_bt,
-            "logp_old_br": prev.logp_old_bt, "logp_ref_br": prev.logp_ref_bt, "rhat_br": rhat_br}
+def pi_batch(prev: pipo.StoredBatch, rhat_br) -> TrainBatch:
+    """The PI step's batch: the stored B_{t-1} with rhat in place of advantages."""
+    return TrainBatch(tokens_bl=prev.tokens_bl, mask_bl=prev.attention_mask_bl, mask_br=prev.mask_bt,
+                      logp_old_br=prev.logp_old_bt, logp_ref_br=prev.logp_ref_bt, rhat_br=rhat_br)
 
 
 def pi_step(spec: TrainSpec, params, opt_state, pipo_state: pipo.PipoState, mu_t, rng):
     """Step 3: verification on B_{t-1}; returns (params, opt_state, metrics). A no-op unless it applies."""
-    rhat, signal = pipo.pi_verification(pipo_state, mu_t, lam=spec.pipo_lam, options=spec.pipo_options)
-    optimizer = make_optimizer(spec.lr, spec)
+    rhat, signal = pipo.pi_verification(pipo_state, mu_t, lam=spec.pipo.lam, options=spec.pipo.options)
+    optimizer = make_optimizer(spec.train.lr, spec)
     loss_fn = steps.pi_loss_fn(spec)
-    batch = _pi_batch(pipo_state.prev, rhat)
-    metric_shapes = jax.eval_shape(
-        lambda: steps.minibatch_updates(spec, loss_fn, optimizer, params, opt_state, batch, rng)[2])
+    batch = pi_batch(pipo_state.prev, rhat)
+    check_batch(batch)
 
     def run(operands):
         p, s = operands
-        p, s, m = steps.minibatch_updates(spec, loss_fn, optimizer, p, with_lr(s, spec.pipo_lr), batch, rng)
-        return p, with_lr(s, spec.lr), m
+        p, s, m = steps.minibatch_updates(spec, loss_fn, optimizer, p, with_lr(s, spec.pipo.lr), batch, rng)
+        return p, with_lr(s, spec.train.lr), m
+
+    metric_shapes = jax.eval_shape(run, (params, opt_state))[2]
 
     def skip(operands):
         return operands[0], operands[1], jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), metric_shapes)
@@ -210,22 +194,21 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         teacher, teacher_opt, vpd_delta, e_metrics = vpd_estep.maybe_e_step(
             spec, spec.vpd, state.step, teacher, teacher_opt, batch, None, vpd_delta, jax.random.fold_in(rng, 3))
         metrics.update(e_metrics)
-        if spec.vpd.e_step and spec.attribution == "sdpo_token":
-            logp_t = steps.micro_teacher_logprobs(spec, teacher, batch["teacher_tokens_bq"],
-                                                  batch["teacher_mask_bq"])
-            batch["attr_br"] = distill.token_attribution(logp_t, batch["logp_old_br"], batch["mask_br"],
-                                                         batch["sd_mask_b"])
+        if spec.vpd.e_step and spec.attribution.teacher:  # the attribution follows the refined teacher
+            logp_t = steps.micro_teacher_logprobs(spec, teacher, batch.teacher_tokens_bq, batch.teacher_mask_bq)
+            batch = batch.replace(logp_teacher_br=logp_t)
+            batch = batch.replace(attr_br=spec.attribution.fn(spec, batch))
         metrics.update(vpd_estep.teacher_diagnostics(spec, teacher, params, batch))
     pipo_state = state.pipo
-    if spec.pipo:
-        if spec.pipo_options.window_twice:  # authors' code: mu_t enters the window before xi, and again below
+    if spec.pipo.enabled:
+        if spec.pipo.options.window_twice:  # authors' code: mu_t enters the window before xi, and again below
             pipo_state = pipo.push_mean(pipo_state, mu_t)
         params, opt_state, pi_metrics = pi_step(spec, params, opt_state, pipo_state, mu_t, k_pi)
         metrics.update(pi_metrics)
     else:
         metrics["mu_t"] = mu_t
 
-    optimizer = make_optimizer(spec.lr, spec)
+    optimizer = make_optimizer(spec.train.lr, spec)
     loss_fn = steps.base_loss_fn(spec, teacher)
     params, opt_state, base_metrics = steps.minibatch_updates(spec, loss_fn, optimizer, params, opt_state, batch,
                                                               k_base)
@@ -233,14 +216,14 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
 
     critic = state.critic
     if spec.has_critic:
-        c_opt = make_optimizer(spec.critic_lr, spec)
+        c_opt = make_optimizer(spec.critic.lr, spec)
         c_params, c_state, c_metrics = steps.minibatch_updates(spec, steps.critic_loss_fn(spec), c_opt,
                                                                critic["params"], critic["opt_state"], batch, k_critic)
         critic = {"params": c_params, "opt_state": c_state}
         metrics.update({f"critic/{k}": v for k, v in c_metrics.items()})
 
     if teacher is not None:
-        teacher = distill.ema_update(teacher, params, spec.sdpo_ema_rate)
+        teacher = distill.ema_update(teacher, params, spec.sdpo.ema_rate)
 
     metrics.update(nonfinite_counts(state.opt_state, opt_state))  # base and PI steps share the count
     if spec.has_critic:
@@ -248,10 +231,10 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
                                                                       critic["opt_state"]).items()})
 
     new_pipo = state.pipo
-    if spec.pipo:
-        stored = pipo.StoredBatch(tokens_bl=batch["tokens_bl"], attention_mask_bl=batch["mask_bl"],
-                                  mask_bt=batch["mask_br"], logp_old_bt=batch["logp_old_br"],
-                                  logp_ref_bt=batch["logp_ref_br"], attr_bt=batch["attr_br"])
+    if spec.pipo.enabled:
+        stored = pipo.StoredBatch(tokens_bl=batch.tokens_bl, attention_mask_bl=batch.mask_bl, mask_bt=batch.mask_br,
+                                  logp_old_bt=batch.logp_old_br, logp_ref_bt=batch.logp_ref_br,
+                                  attr_bt=batch.attr_br)
         new_pipo = pipo.push(pipo_state, mu_t, stored)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, critic=critic,
                               teacher_params=teacher, pipo=new_pipo, teacher_opt_state=teacher_opt,

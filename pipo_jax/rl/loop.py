@@ -69,7 +69,7 @@ def _host_merge(spec: TrainSpec, buffer: Rollout | None, filled, new: Rollout):
     if buffer is None:  # built inside the jit, so on a mesh it is a global array like `new`
         buffer = jax.tree.map(lambda x: jnp.zeros((spec.batch,) + x.shape[1:], x.dtype), new)
         filled = jnp.zeros((), jnp.int32)
-    keep_p, _, counts = advantages.dapo_group_filter(new.rewards_b, spec.group_size)
+    keep_p, _, counts = advantages.dapo_group_filter(new.rewards_b, spec.rollout.group_size)
     buffer, filled = rollout_lib.merge_kept_groups(spec, buffer, filled, new, keep_p)
     return buffer, filled, counts["num_dropped"], rollout_lib.sequence_reward_sum(spec, new)
 
@@ -112,16 +112,16 @@ def host_collect(spec: TrainSpec, params, rng, reward_fn: HostReward,
                  programs: HostPrograms | None = None) -> tuple[Rollout, dict]:
     """`rollout.collect` with the reward computed on host (same keys, same batches)."""
     programs = programs or single_device_programs(spec)
-    if not spec.dynamic_sampling:
-        return programs.score(programs.generate(params, rng, spec.prompts_per_batch), reward_fn), {}
+    if not spec.dapo.dynamic_sampling:
+        return programs.score(programs.generate(params, rng, spec.rollout.prompts_per_batch), reward_fn), {}
     buffer, filled, n, dropped, raw_sum = None, None, 0, 0, 0.0
-    while (filled is None or int(filled) < spec.prompts_per_batch) and n < spec.max_num_gen_batches:
-        new = programs.score(programs.generate(params, jax.random.fold_in(rng, n), spec.gen_prompts), reward_fn)
+    while (filled is None or int(filled) < spec.rollout.prompts_per_batch) and n < spec.dapo.max_num_gen_batches:
+        new = programs.score(programs.generate(params, jax.random.fold_in(rng, n), spec.dapo.gen_prompts_per_batch), reward_fn)
         buffer, filled, d, r = _host_merge(spec, buffer, filled, new)
         n, dropped, raw_sum = n + 1, dropped + int(d), raw_sum + float(r)
-    buffer = buffer.replace(mu_raw=jnp.float32(raw_sum / (n * spec.gen_prompts * spec.group_size)))
+    buffer = buffer.replace(mu_raw=jnp.float32(raw_sum / (n * spec.dapo.gen_prompts_per_batch * spec.rollout.group_size)))
     stats = {"dapo_gen_batches": n, "dapo_groups_dropped": dropped, "dapo_groups_kept": int(filled),
-             "dapo_exhausted": int(filled) < spec.prompts_per_batch}
+             "dapo_exhausted": int(filled) < spec.rollout.prompts_per_batch}
     return buffer, stats
 
 
@@ -138,14 +138,14 @@ def host_iteration(spec: TrainSpec, state: TrainState, reward_fn: HostReward,
 
 def check_finite_updates(spec: TrainSpec, metrics: dict, first_step: int) -> None:
     """Raises `NonFiniteUpdates` if `metrics` (stacked `[n]`, iterations from `first_step`)
-    reach `spec.max_bad_steps` skipped updates in a row (policy or critic)."""
+    reach `spec.train.max_bad_steps` skipped updates in a row (policy or critic)."""
     for key in ("nonfinite_in_a_row", "critic/nonfinite_in_a_row"):
         in_a_row = np.asarray(metrics.get(key, np.zeros(0)))
-        hit = np.flatnonzero(in_a_row >= spec.max_bad_steps)
+        hit = np.flatnonzero(in_a_row >= spec.train.max_bad_steps)
         if hit.size:
             what = "critic" if key.startswith("critic") else "policy"
             raise NonFiniteUpdates(
-                f"train.max_bad_steps={spec.max_bad_steps}: {int(in_a_row[hit[0]])} {what} optimizer updates in a "
+                f"train.max_bad_steps={spec.train.max_bad_steps}: {int(in_a_row[hit[0]])} {what} optimizer updates in a "
                 f"row had non-finite (NaN / inf) gradients and were skipped, up to iteration "
                 f"{first_step + hit[0] + 1}; "
                 "the state is the last finite one: lower train.lr or check the rewards / data of those iterations")
@@ -156,7 +156,7 @@ def check_dynamic_sampling(spec: TrainSpec, stats: dict) -> None:
     if "dapo_exhausted" in stats and np.any(np.asarray(stats["dapo_exhausted"])):
         kept = np.min(np.asarray(stats["dapo_groups_kept"]))
         raise DynamicSamplingExhausted(
-            f"DAPO dynamic sampling kept only {kept} of {spec.prompts_per_batch} informative groups after "
-            f"dapo.max_num_gen_batches={spec.max_num_gen_batches} generation batches of {spec.gen_prompts} prompts "
+            f"DAPO dynamic sampling kept only {kept} of {spec.rollout.prompts_per_batch} informative groups after "
+            f"dapo.max_num_gen_batches={spec.dapo.max_num_gen_batches} generation batches of {spec.dapo.gen_prompts_per_batch} prompts "
             f"(every other group had identical rewards): raise config.dapo.max_num_gen_batches or "
             f"config.dapo.gen_prompts_per_batch, or lower rollout.prompts_per_batch")

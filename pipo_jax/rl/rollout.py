@@ -66,7 +66,7 @@ def sample_problems(spec: TrainSpec, rng, n_prompts: int, split: str = "train",
         problems = dataset.sample_problems(table, rng, n_prompts, split=split)
     else:
         problems = arithmetic.sample_problems(spec.task, rng, n_prompts, split=split)
-    return jax.tree.map(lambda x: jnp.repeat(x, spec.group_size, axis=0), problems)
+    return jax.tree.map(lambda x: jnp.repeat(x, spec.rollout.group_size, axis=0), problems)
 
 
 def stop_and_pad_ids(spec: TrainSpec) -> tuple[tuple[int, ...], int]:
@@ -80,12 +80,12 @@ def generation_passes(spec: TrainSpec, rows: int) -> tuple[int, int]:
     """(passes, batch shards) for decoding `rows` rows, `rollout.generate_rows_per_device` per
     device per pass, under the active sharding context (one pass when the key is 0)."""
     shards = parallel.batch_shards()
-    per_pass = spec.generate_rows_per_device * shards
+    per_pass = spec.rollout.generate_rows_per_device * shards
     if not per_pass or per_pass >= rows:
         return 1, shards
     if rows % per_pass:
         raise ConfigError(f"config.rollout.generate_rows_per_device: {rows} rows do not split into passes of "
-                          f"{per_pass} ({spec.generate_rows_per_device} per device x {shards} batch shards)")
+                          f"{per_pass} ({spec.rollout.generate_rows_per_device} per device x {shards} batch shards)")
     return rows // per_pass, shards
 
 
@@ -104,7 +104,7 @@ def generate(spec: TrainSpec, params, problems, rng) -> Rollout:
         tokens_bp, mask_bp, keys = args
         out = sampler.generate(
             spec.model, params, tokens_bp, mask_bp, keys,
-            max_new_tokens=spec.response_len, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+            max_new_tokens=spec.rollout.response_len, temperature=spec.rollout.temperature, top_k=spec.rollout.top_k, top_p=spec.rollout.top_p,
             stop_token_ids=stop_ids, pad_id=pad_id, logprobs="tempered")
         return out.tokens_br, out.mask_br, out.logprobs_br
 
@@ -155,8 +155,8 @@ class DatasetScorer:
         if spec.uses_teacher:
             context = dataset.teacher_prompts(
                 spec.task, index_b, rewards_b, texts, feedback,
-                group_size=spec.group_size, success_threshold=spec.sdpo_success_threshold,
-                use_feedback=spec.sdpo_use_feedback, width=spec.teacher_prompt_len)
+                group_size=spec.rollout.group_size, success_threshold=spec.sdpo.success_threshold,
+                use_feedback=spec.sdpo.use_feedback, width=spec.teacher_prompt_len)
             out = out.replace(teacher_context=tuple(jnp.asarray(x) for x in context))
         return out
 
@@ -172,29 +172,29 @@ def sequence_reward_sum(spec: TrainSpec, rollout: Rollout) -> jax.Array:
     """Sum over the rows of the sequence reward `learn.prepare` takes mu_t from (the task reward
     plus DAPO's overlong shaping), before any filtering. float32 []."""
     rewards_b = rollout.rewards_b
-    if spec.overlong_buffer:
+    if spec.dapo.overlong_buffer:
         lengths_b = jnp.sum(response_part(spec, rollout)[1].astype(jnp.float32), axis=1)
-        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.response_len,
-                                                            buffer=spec.overlong_buffer, factor=spec.overlong_factor)
+        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.rollout.response_len,
+                                                            buffer=spec.dapo.overlong_buffer, factor=spec.dapo.overlong_factor)
     return jnp.sum(rewards_b)
 
 
 def merge_kept_groups(spec: TrainSpec, buffer: Rollout, filled, new: Rollout, keep_p) -> tuple[Rollout, jax.Array]:
     """Appends the kept groups of `new` after the `filled` groups of `buffer` (extra ones drop).
 
-    `buffer` holds `spec.prompts_per_batch` groups; returns (buffer, new filled count, capped at P).
+    `buffer` holds `spec.rollout.prompts_per_batch` groups; returns (buffer, new filled count, capped at P).
     """
-    g = spec.group_size
+    g = spec.rollout.group_size
     dest_p = filled + jnp.cumsum(keep_p.astype(jnp.int32)) - 1
-    dest_p = jnp.where(keep_p, dest_p, spec.prompts_per_batch)  # out of range: dropped by mode="drop"
+    dest_p = jnp.where(keep_p, dest_p, spec.rollout.prompts_per_batch)  # out of range: dropped by mode="drop"
 
     def put(buf, x):
-        buf_g = buf.reshape((spec.prompts_per_batch, g) + buf.shape[1:])
+        buf_g = buf.reshape((spec.rollout.prompts_per_batch, g) + buf.shape[1:])
         x_g = x.reshape((-1, g) + x.shape[1:])
         return buf_g.at[dest_p].set(x_g, mode="drop").reshape(buf.shape)
 
     merged = jax.tree.map(put, buffer, new)
-    return merged, jnp.minimum(filled + jnp.sum(keep_p.astype(jnp.int32)), spec.prompts_per_batch)
+    return merged, jnp.minimum(filled + jnp.sum(keep_p.astype(jnp.int32)), spec.rollout.prompts_per_batch)
 
 
 def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Array]) -> tuple[Rollout, dict]:
@@ -205,15 +205,15 @@ def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Arr
     until P groups are kept or `max_num_gen_batches` batches ran (then `dapo_exhausted`
     is set and the host raises a clear error).
     """
-    if not spec.dynamic_sampling:
+    if not spec.dapo.dynamic_sampling:
         k_prob, k_gen = jax.random.split(rng)
-        rollout = generate(spec, params, sample_problems(spec, k_prob, spec.prompts_per_batch), k_gen)
+        rollout = generate(spec, params, sample_problems(spec, k_prob, spec.rollout.prompts_per_batch), k_gen)
         rollout = with_rewards(rollout, reward_fn(rollout))
         return rollout, {}
 
     def gen_batch(i):
         k_prob, k_gen = jax.random.split(jax.random.fold_in(rng, i))
-        r = generate(spec, params, sample_problems(spec, k_prob, spec.gen_prompts), k_gen)
+        r = generate(spec, params, sample_problems(spec, k_prob, spec.dapo.gen_prompts_per_batch), k_gen)
         return with_rewards(r, reward_fn(r))
 
     template = jax.eval_shape(lambda: gen_batch(0))
@@ -221,19 +221,19 @@ def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Arr
 
     def cond(carry):
         _, filled, n, _, _ = carry
-        return (filled < spec.prompts_per_batch) & (n < spec.max_num_gen_batches)
+        return (filled < spec.rollout.prompts_per_batch) & (n < spec.dapo.max_num_gen_batches)
 
     def body(carry):
         buf, filled, n, dropped, raw_sum = carry
         new = gen_batch(n)
-        keep_p, _, counts = advantages.dapo_group_filter(new.rewards_b, spec.group_size)
+        keep_p, _, counts = advantages.dapo_group_filter(new.rewards_b, spec.rollout.group_size)
         buf, filled = merge_kept_groups(spec, buf, filled, new, keep_p)
         return buf, filled, n + 1, dropped + counts["num_dropped"], raw_sum + sequence_reward_sum(spec, new)
 
     zero = jnp.zeros((), jnp.int32)
     buffer, filled, n, dropped, raw_sum = jax.lax.while_loop(cond, body, (buffer, zero, zero, zero,
                                                                            jnp.zeros((), jnp.float32)))
-    buffer = buffer.replace(mu_raw=raw_sum / (n * spec.gen_prompts * spec.group_size).astype(jnp.float32))
+    buffer = buffer.replace(mu_raw=raw_sum / (n * spec.dapo.gen_prompts_per_batch * spec.rollout.group_size).astype(jnp.float32))
     stats = {"dapo_gen_batches": n, "dapo_groups_dropped": dropped, "dapo_groups_kept": filled,
-             "dapo_exhausted": filled < spec.prompts_per_batch}
+             "dapo_exhausted": filled < spec.rollout.prompts_per_batch}
     return buffer, stats

@@ -179,8 +179,8 @@ def sharded_generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules: Rules |
 def _learn(spec: TrainSpec, mesh: Mesh, rules_items: tuple) -> ShardedFunction:
     rules = make_rules(dict(rules_items))
     sh = state_shardings(spec, mesh, rules)
-    r_abstract = abstract_rollout(spec, spec.prompts_per_batch)
-    if spec.dynamic_sampling:  # the host loop's DAPO batch carries its raw mean reward
+    r_abstract = abstract_rollout(spec, spec.rollout.prompts_per_batch)
+    if spec.dapo.dynamic_sampling:  # the host loop's DAPO batch carries its raw mean reward
         r_abstract = r_abstract.replace(mu_raw=jax.ShapeDtypeStruct((), jnp.float32))
     r_sh = batch_shardings(r_abstract, mesh, rules)
 

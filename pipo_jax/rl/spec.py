@@ -1,177 +1,114 @@
 """`TrainSpec`: the validated, hashable (jit-static) view of an ml-collections run config.
 
-`train_spec(config)` checks every setting at start-up and raises `ConfigError` naming
-the key (unknown algorithm, K < 2, lam outside [0, 1], G = 1 with a group method, a
-mini-batch that does not divide the batch, a missing model path, ...).
+`train_spec(config)` loads what the config points at (the model's `config.json`, a
+dataset task) and then validates: `spec_from_config(config, model, task)` builds the
+self-validating sections of `rl/sections.py` and the `TrainSpec` that ties them together
+and resolves the algorithm's registered pieces (`rl/algorithms.py`); it does no I/O.
+Every error is a `ConfigError` naming the key (unknown algorithm, K < 2, lam outside
+[0, 1], G = 1 with a group method, a mini-batch that does not divide the batch, a
+missing model path, ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-from collections.abc import Mapping
 
 import jax
 import ml_collections
 
 from pipo_jax import platforms
-from pipo_jax.losses import registry
-from pipo_jax.losses import vpd as vpd_loss
-from pipo_jax.losses.pipo import AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
-from pipo_jax.losses.aggregation import AGG_MODES
 from pipo_jax.models import attention, hf, qwen3
-from pipo_jax.rl import warmup
+from pipo_jax.rl import algorithms, warmup
+from pipo_jax.rl.sections import (AdvantageConfig, ConfigError, CriticConfig, DapoConfig, LossConfig, PipoConfig,
+                                  RolloutConfig, SdpoConfig, TrainConfig, VpdConfig, choice as _choice,
+                                  need as _need)
 from pipo_jax.data import tokenizer as tok_lib
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
 from pipo_jax.data.sources import DataError, SourceConfig, load_examples
 from pipo_jax.tasks import arithmetic, code, dataset
 from pipo_jax.tasks.dataset import DatasetTask
 
-ALGORITHMS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
-GROUP_ESTIMATORS = ("grpo", "group_relative")
+ALGORITHMS = tuple(dict.fromkeys(key.split("+")[0] for key in algorithms.ALGORITHMS))  # config.algorithm
+ESTIMATOR_CHOICES = tuple(algorithms.ADVANTAGE_ESTIMATORS) + ("none",)
+POLICY_CHOICES = tuple(dict.fromkeys(name for a in algorithms.ALGORITHMS.values() for name, _ in a.policy_losses))
+LOGPROB_IMPLS = ("auto", "reference", "chunked", "pallas")
 TASKS = ("arithmetic",) + dataset.KINDS
-
-
-class ConfigError(ValueError):
-    """An invalid run config; the message names the key."""
-
-
-VPD_REFERENCES = ("dynamic", "fixed")
-VPD_HYBRIDS = ("none", "joint", "reshape")
-
-
-@dataclasses.dataclass(frozen=True)
-class VpdConfig:
-    """VPD settings (hashable: jit-static). Errors name the field as `config.vpd.<field>`.
-
-    beta: implicit-reward scale in rtilde = beta * log(q / pi_ref).
-    every: F, run the E-step on iterations with step % F == 0 (step = student iterations done).
-    lr: the teacher's AdamW learning rate (its own optimizer state; written into it at every E-step).
-    e_step: False turns VPD into SDPO (the teacher is never trained).
-    reference: "dynamic" (the student at theta_t, paper default) or "fixed" (initial params).
-    delta_mode / delta_ema_rate: running mean of implicit rewards, see `losses.vpd.update_delta`.
-    seq_logprob: "sum" (sequence log-likelihood ratio) or "mean" (per valid token).
-    hybrid / hybrid_weight: GRPO + SDPO ablation ("none", "joint", "reshape") and its w.
-    """
-
-    beta: float = 0.1
-    every: int = 5
-    lr: float = 1e-6
-    e_step: bool = True
-    reference: str = "dynamic"
-    delta_mode: str = "cumulative"
-    delta_ema_rate: float = 0.1
-    seq_logprob: str = "sum"
-    hybrid: str = "none"
-    hybrid_weight: float = 1.0
-
-    def __post_init__(self):
-        def need(cond, field, message):
-            if not cond:
-                raise ConfigError(f"config.vpd.{field}: {message}")
-
-        def number(field):
-            value = getattr(self, field)
-            need(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), field,
-                 f"{value!r} must be a finite number")
-            return value
-
-        def choice(field, choices):
-            value = getattr(self, field)
-            need(value in choices, field, f"{value!r} is not one of {choices}")
-
-        need(number("beta") > 0, "beta", f"{self.beta} must be > 0")
-        need(isinstance(self.every, int) and not isinstance(self.every, bool) and self.every >= 1, "every",
-             f"{self.every!r} must be an integer >= 1")
-        need(number("lr") > 0, "lr", f"{self.lr} must be > 0")
-        need(isinstance(self.e_step, bool), "e_step", f"{self.e_step!r} must be True or False")
-        choice("reference", VPD_REFERENCES)
-        choice("delta_mode", vpd_loss.DELTA_MODES)
-        need(0 < number("delta_ema_rate") <= 1, "delta_ema_rate", f"{self.delta_ema_rate} must be in (0, 1]")
-        choice("seq_logprob", vpd_loss.SEQ_LOGPROB_MODES)
-        choice("hybrid", VPD_HYBRIDS)
-        need(number("hybrid_weight") >= 0, "hybrid_weight", f"{self.hybrid_weight} must be >= 0")
-
-    @classmethod
-    def from_config(cls, section: Mapping) -> VpdConfig:
-        """From a `config.vpd` ml-collections section (or dict); missing keys keep their defaults."""
-        items = dict(section.items())
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(items) - fields)
-        if unknown:
-            raise ConfigError(f"config.vpd.{unknown[0]}: unknown key; valid keys are {sorted(fields)}")
-        return cls(**items)
+__all__ = ["ConfigError", "TrainSpec", "VpdConfig", "train_spec", "spec_from_config"]
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainSpec:
-    """Everything the jitted steps need to know statically. Sizes are in sequences unless named."""
+    """Everything the jitted steps need to know statically: the config's sections, validated,
+    and the algorithm's registered pieces (`rl/algorithms.py`). Hashable: jit-static.
 
-    algorithm: str
+    `__post_init__` checks what ties the sections together and names the key.
+    """
+
+    algorithm: algorithms.Algorithm
     model: qwen3.Qwen3Config
-    model_path: str
-    logprob_impl: str
     task: arithmetic.ArithmeticTask | DatasetTask
-    prompts_per_batch: int  # P, prompts per training batch
-    group_size: int  # G
-    response_len: int  # R, max new tokens
-    temperature: float
-    top_k: int
-    top_p: float
-    lr: float
-    weight_decay: float
-    adam_b1: float
-    adam_b2: float
-    grad_clip: float
-    mini_batch: int  # sequences per optimizer step
-    micro_batch_per_device: int  # sequences per device per gradient-accumulation step; 0 = its mini-batch share
-    epochs: int
-    shuffle: bool
-    estimator: str
-    std_ddof: int
-    norm_by_std: bool
-    gamma: float
-    gae_lam: float
-    policy_loss: str
-    clip_low: float
-    clip_high: float
-    clip_ratio_c: float
-    agg_mode: str
-    kl_coef: float
-    kl_estimator: str
-    kl_in_reward: bool
-    entropy_coef: float
-    critic_lr: float
-    cliprange_value: float
-    dynamic_sampling: bool
-    gen_prompts: int
-    max_num_gen_batches: int
-    overlong_buffer: int
-    overlong_factor: float
-    sdpo_alpha: float
-    sdpo_topk: int
-    sdpo_teacher: str
-    sdpo_ema_rate: float
-    sdpo_success_threshold: float
-    sdpo_is_clip: float
-    sdpo_use_feedback: bool
-    pipo: bool
-    pipo_window: int
-    pipo_lam: float
-    pipo_lr: float
-    pipo_options: PipoOptions  # the authors' code's behaviours that are on (all off = paper)
-    pipo_mu_source: str  # DAPO: "filtered" (mu_t over the trained batch) | "raw" (every sampled group)
-    attribution: str
-    vpd: VpdConfig | None = None  # when algorithm == "vpd"
-    max_bad_steps: int = 8  # optimizer updates with non-finite gradients in a row before the run stops
-    generate_rows_per_device: int = 0  # rows one device decodes per generation pass; 0 = all its rows at once
+    rollout: RolloutConfig
+    train: TrainConfig
+    advantage: AdvantageConfig
+    loss: LossConfig
+    critic: CriticConfig
+    dapo: DapoConfig
+    sdpo: SdpoConfig
+    pipo: PipoConfig
+    vpd: VpdConfig | None = None  # algorithm = vpd
+    model_path: str = ""
+    logprob_impl: str = "auto"  # fused log-prob kernel: auto | reference | chunked | pallas
+
+    def __post_init__(self):
+        algo, r = self.algorithm, self.rollout
+        _choice(self.logprob_impl, "model.logprob_impl", LOGPROB_IMPLS)
+        _need(self.prompt_len + r.response_len <= self.model.max_position_embeddings, "rollout.max_new_tokens",
+              f"prompt {self.prompt_len} + response {r.response_len} exceeds the model's max_position_embeddings "
+              f"{self.model.max_position_embeddings}")
+        _need(r.batch % self.train.mini_batch == 0, "train.mini_batch_prompts",
+              f"a mini-batch of {self.train.mini_batch} sequences does not divide the batch of {r.batch}")
+        _need(self.dapo.overlong_buffer <= r.response_len, "dapo.overlong_buffer",
+              f"{self.dapo.overlong_buffer} must be in [0, max_new_tokens={r.response_len}]")
+        _need((self.vpd is not None) == algo.name.startswith("vpd"), "vpd",
+              f"the vpd section is for algorithm=vpd, not {algo.name!r}")
+        hybrid = "" if self.vpd is None else f" with vpd.hybrid={self.vpd.hybrid!r}"
+        _choice(self.advantage.estimator, "advantage.estimator", ESTIMATOR_CHOICES)
+        _need(self.advantage.estimator in algo.estimators, "advantage.estimator",
+              f"{self.advantage.estimator!r} does not fit algorithm={algo.name.split('+')[0]!r}{hybrid} "
+              f"(expected one of {algo.estimators})")
+        _choice(self.loss.policy, "loss.policy", POLICY_CHOICES)
+        _need(algo.loss_for(self.loss.policy) is not None, "loss.policy",
+              f"{self.loss.policy!r} does not fit algorithm={algo.name.split('+')[0]!r}{hybrid} "
+              f"(expected one of {tuple(dict(algo.policy_losses))})")
+        _need(not self.loss.clip_ratio_c or self.policy.dual_clip or self.policy.distills, "loss.clip_ratio_c",
+              f"loss.policy={self.loss.policy!r} has no dual clip: set it to 0")
+        _choice(self.pipo.attribution, "pipo.attribution", tuple(algorithms.ATTRIBUTIONS))
+        _need(self.pipo.attribution == algo.attribution, "pipo.attribution",
+              f"{self.pipo.attribution!r} does not fit algorithm={algo.name.split('+')[0]!r}{hybrid} "
+              f"(expected {algo.attribution!r})")
+        group_estimator = self.advantage.estimator in algorithms.GROUP_ESTIMATORS
+        if group_estimator or self.pipo.attribution == "group":
+            _need(r.group_size >= 2, "rollout.group_size",
+                  f"G={r.group_size} with a group method (advantage.estimator={self.advantage.estimator!r}, "
+                  f"pipo.attribution={self.pipo.attribution!r}) needs G >= 2")
+        if self.uses_teacher:
+            _need(r.group_size >= 2 or self.sdpo.use_feedback, "sdpo.use_feedback",
+                  "with G = 1 there are no sibling solutions: enable feedback")
+        if self.vpd is not None:
+            _need(not (self.vpd.e_step and self.sdpo.teacher == "live"), "sdpo.teacher",
+                  "'live' shares the student's params, but VPD's E-step trains its own teacher copy: use 'ema'")
+
+    def with_section(self, section: str, **fields) -> TrainSpec:
+        """A copy with `fields` of one section replaced (validated again), e.g.
+        `spec.with_section("train", micro_batch_per_device=2)`."""
+        return dataclasses.replace(self, **{section: dataclasses.replace(getattr(self, section), **fields)})
 
     @property
     def batch(self) -> int:
         """B = P * G sequences per training batch."""
-        return self.prompts_per_batch * self.group_size
+        return self.rollout.batch
 
     @property
     def is_dataset_task(self) -> bool:
@@ -182,7 +119,7 @@ class TrainSpec:
     def teacher_prompt_len(self) -> int:
         """Width of a dataset task's SDPO teacher prompt: the prompt, a sibling's response
         (or feedback) and 128 tokens of template, rounded up to 8."""
-        return -(-(self.prompt_len + self.response_len + 128) // 8) * 8
+        return -(-(self.prompt_len + self.rollout.response_len + 128) // 8) * 8
 
     @property
     def prompt_len(self) -> int:
@@ -190,38 +127,46 @@ class TrainSpec:
 
     @property
     def seq_len(self) -> int:
-        return self.prompt_len + self.response_len
+        return self.prompt_len + self.rollout.response_len
+
+    @property
+    def estimator(self) -> algorithms.AdvantageEstimator | None:
+        """The registered advantage estimator, None for "none" (SDPO's distillation)."""
+        return algorithms.ADVANTAGE_ESTIMATORS.get(self.advantage.estimator)
+
+    @property
+    def policy(self) -> algorithms.PolicyLoss:
+        """The registered policy loss the base step trains with."""
+        return algorithms.POLICY_LOSSES[self.algorithm.loss_for(self.loss.policy)]
+
+    @property
+    def attribution(self) -> algorithms.Attribution:
+        """The registered PIPO attribution stored with each batch."""
+        return algorithms.ATTRIBUTIONS[self.pipo.attribution]
+
+    @property
+    def advantage_shaping(self):
+        """`fn(spec, batch) -> adv_br` applied after the estimator, or None."""
+        name = self.algorithm.advantage_shaping
+        return None if name is None else algorithms.ADVANTAGE_SHAPINGS[name]
 
     @property
     def has_critic(self) -> bool:
-        return self.estimator == "gae"
-
-    @property
-    def is_sdpo(self) -> bool:
-        """The policy loss is SDPO's distillation (SDPO, and VPD's M-step)."""
-        return self.policy_loss.startswith("sdpo")
+        return self.estimator is not None and self.estimator.critic
 
     @property
     def uses_teacher(self) -> bool:
         """The batch needs feedback-conditioned teacher contexts (SDPO, VPD and its hybrids)."""
-        return self.is_sdpo or self.vpd is not None
+        return self.algorithm.teacher
 
     @property
-    def vpd_hybrid(self) -> str:
-        return "none" if self.vpd is None else self.vpd.hybrid
+    def live_teacher(self) -> bool:
+        """SDPO's teacher is the student's own params (`sdpo.teacher=live`), not a copy."""
+        return self.sdpo.teacher == "live" and self.vpd is None
 
     @property
     def pi_ratio(self) -> str:
-        return "sequence" if self.policy_loss == "gspo" else "token"
-
-
-def _need(cond: bool, key: str, message: str):
-    if not cond:
-        raise ConfigError(f"config.{key}: {message}")
-
-
-def _choice(value, key: str, choices):
-    _need(value in choices, key, f"{value!r} is not one of {tuple(choices)}")
+        return self.policy.pi_ratio
 
 
 def make_task(c: ml_collections.ConfigDict) -> arithmetic.ArithmeticTask | DatasetTask:
@@ -344,136 +289,42 @@ def run_iterations_of(spec: TrainSpec, c: ml_collections.ConfigDict) -> int:
     """`config.iterations`, or with `task.epochs` > 0 round(epochs * train rows / prompts_per_batch) (>= 1)."""
     if not c.task.epochs:
         return int(c.iterations)
-    return max(1, round(c.task.epochs * len(spec.task.train_rows_np) / spec.prompts_per_batch))
+    return max(1, round(c.task.epochs * len(spec.task.train_rows_np) / spec.rollout.prompts_per_batch))
 
 
-def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
-    """Validates `c` and returns its `TrainSpec`; raises `ConfigError` naming the key."""
+def spec_from_config(c: ml_collections.ConfigDict, model: qwen3.Qwen3Config,
+                     task: arithmetic.ArithmeticTask | DatasetTask) -> TrainSpec:
+    """The `TrainSpec` of `c` for a loaded `model` config and `task`; no I/O. Raises `ConfigError`."""
     _choice(c.algorithm, "algorithm", ALGORITHMS)
-    model = make_model_config(c.model)
-    task = make_task(c)
-    if isinstance(task, DatasetTask):
-        vocab = int(max(task.prompt_tokens_np.max(), max(task.stop_token_ids), task.pad_id)) + 1
-        _need(vocab <= model.vocab_size, "task.tokenizer_path",
-              f"token ids up to {vocab - 1} do not fit the model's vocab_size {model.vocab_size}")
-    _need(not c.eval.benchmarks or isinstance(task, DatasetTask) and task.kind == "math", "eval.benchmarks",
-          "math benchmarks need a math task's tokenizer and prompts: set task.name=math")
     _need(c.model.param_dtype == "float32", "model.param_dtype",
           f"{c.model.param_dtype!r}: the trainer keeps float32 master weights and AdamW state (bf16 cannot hold "
           "AdamW's b2 = 0.999 or a 1e-6 update); set model.dtype=bfloat16 for bf16 compute")
-    _choice(c.model.logprob_impl, "model.logprob_impl", ("auto", "reference", "chunked", "pallas"))
+    vpd = VpdConfig.from_config(c.vpd) if c.algorithm == "vpd" else None
+    rollout = RolloutConfig.from_config(c.rollout, task.answer_len)
+    return TrainSpec(
+        algorithm=algorithms.ALGORITHMS[algorithms.algorithm_key(c.algorithm, "none" if vpd is None else vpd.hybrid)],
+        model=model, task=task, rollout=rollout, train=TrainConfig.from_config(c.train, rollout),
+        advantage=AdvantageConfig.from_config(c.advantage), loss=LossConfig.from_config(c.loss),
+        critic=CriticConfig.from_config(c.critic), dapo=DapoConfig.from_config(c.dapo, rollout),
+        sdpo=SdpoConfig.from_config(c.sdpo), pipo=PipoConfig.from_config(c.pipo), vpd=vpd, model_path=c.model.path,
+        logprob_impl=c.model.logprob_impl)
 
-    r = c.rollout
-    _need(r.prompts_per_batch >= 1, "rollout.prompts_per_batch", f"{r.prompts_per_batch} must be >= 1")
-    _need(r.group_size >= 1, "rollout.group_size", f"{r.group_size} must be >= 1")
-    _need(r.max_new_tokens >= 0, "rollout.max_new_tokens", f"{r.max_new_tokens} must be >= 0")
-    response_len = r.max_new_tokens or task.answer_len
-    _need(response_len >= 1, "rollout.max_new_tokens", f"task.name={c.task.name!r} has no default response "
-          "length: set it (>= 1)")
-    _need(r.temperature > 0, "rollout.temperature", f"{r.temperature} must be > 0")
-    _need(r.top_k >= 0, "rollout.top_k", f"{r.top_k} must be >= 0 (0 = off)")
-    _need(0 < r.top_p <= 1, "rollout.top_p", f"{r.top_p} must be in (0, 1]")
-    _need(r.generate_rows_per_device >= 0, "rollout.generate_rows_per_device",
-          f"{r.generate_rows_per_device} must be >= 0 (0 = all of a device's rows in one pass)")
-    _need(task.prompt_len + response_len <= model.max_position_embeddings, "rollout.max_new_tokens",
-          f"prompt {task.prompt_len} + response {response_len} exceeds the model's max_position_embeddings "
-          f"{model.max_position_embeddings}")
 
-    a = c.advantage
-    _choice(a.estimator, "advantage.estimator", tuple(registry.ADVANTAGE_ESTIMATORS) + ("none",))
-    if a.estimator in GROUP_ESTIMATORS or c.pipo.attribution == "group":
-        _need(r.group_size >= 2, "rollout.group_size",
-              f"G={r.group_size} with a group method (advantage.estimator={a.estimator!r}, "
-              f"pipo.attribution={c.pipo.attribution!r}) needs G >= 2")
-    _choice(a.std_ddof, "advantage.std_ddof", (0, 1))
-
-    t = c.train
-    _need(t.mini_batch_prompts >= 1 and r.prompts_per_batch % t.mini_batch_prompts == 0, "train.mini_batch_prompts",
-          f"{t.mini_batch_prompts} does not divide rollout.prompts_per_batch={r.prompts_per_batch}")
-    mini = t.mini_batch_prompts * r.group_size
-    _need("micro_batch_size" not in t, "train.micro_batch_size",
-          "the global micro-batch is gone: set train.micro_batch_size_per_device (sequences per device)")
-    micro = t.micro_batch_size_per_device
-    _need(micro >= 0 and (micro == 0 or mini % micro == 0), "train.micro_batch_size_per_device",
-          f"{micro} does not divide the mini-batch of {mini}")
-    _need(t.epochs >= 1, "train.epochs", f"{t.epochs} must be >= 1")
-    _need(t.lr > 0, "train.lr", f"{t.lr} must be > 0")
-    _need(t.weight_decay >= 0, "train.weight_decay", f"{t.weight_decay} must be >= 0")
-    _need(c.critic.lr > 0, "critic.lr", f"{c.critic.lr} must be > 0")
-    _need(t.grad_clip > 0, "train.grad_clip", f"{t.grad_clip} must be > 0")
-    _need(t.max_bad_steps >= 1, "train.max_bad_steps", f"{t.max_bad_steps} must be >= 1")
-
-    lo = c.loss
-    _choice(lo.policy, "loss.policy", tuple(registry.POLICY_LOSSES))
-    _choice(lo.agg_mode, "loss.agg_mode", AGG_MODES)
-    _choice(lo.kl_estimator, "loss.kl_estimator", tuple(registry.KL_ESTIMATORS))
-    _need(0 <= lo.clip_low < 1, "loss.clip_low", f"{lo.clip_low} must be in [0, 1)")
-    _need(lo.clip_high >= 0, "loss.clip_high", f"{lo.clip_high} must be >= 0")
-    _need(lo.clip_ratio_c == 0 or lo.clip_ratio_c > 1, "loss.clip_ratio_c", f"{lo.clip_ratio_c} must be 0 or > 1")
-    _need(not (lo.policy == "gspo" and lo.clip_ratio_c), "loss.clip_ratio_c", "GSPO has no dual clip: set it to 0")
-    _need(lo.kl_coef >= 0, "loss.kl_coef", f"{lo.kl_coef} must be >= 0")
-    is_sdpo = lo.policy.startswith("sdpo")
-    vpd = None
-    if c.algorithm == "vpd":
-        vpd = VpdConfig.from_config(c.vpd)
-    hybrid = "none" if vpd is None else vpd.hybrid
-    distills = c.algorithm == "sdpo" or (c.algorithm == "vpd" and hybrid == "none")
-    _need(is_sdpo == distills, "loss.policy",
-          f"{lo.policy!r} does not fit algorithm={c.algorithm!r}" + (f" with vpd.hybrid={hybrid!r}" if vpd else "")
-          + " (sdpo_* losses are SDPO's and VPD's M-step; the GRPO+SDPO hybrids use token_clip)")
-    _need((a.estimator == "gae") == (c.algorithm == "ppo"), "advantage.estimator",
-          f"{a.estimator!r} does not fit algorithm={c.algorithm!r} (PPO uses 'gae' with its critic)")
-    _need(not is_sdpo or a.estimator == "none", "advantage.estimator", "SDPO uses no advantage estimator: 'none'")
-    _need(is_sdpo or a.estimator != "none", "advantage.estimator", f"algorithm={c.algorithm!r} needs an estimator")
-    if vpd is not None:
-        _need(not (vpd.e_step and c.sdpo.teacher == "live"), "sdpo.teacher",
-              "'live' shares the student's params, but VPD's E-step trains its own teacher copy: use 'ema'")
-
-    d = c.dapo
-    gen_prompts = d.gen_prompts_per_batch or r.prompts_per_batch
-    if d.dynamic_sampling:
-        _need(r.group_size >= 2, "dapo.dynamic_sampling", "filters groups by reward variance: needs G >= 2")
-        _need(d.max_num_gen_batches >= 1, "dapo.max_num_gen_batches", f"{d.max_num_gen_batches} must be >= 1")
-    _need(d.overlong_buffer >= 0 and d.overlong_buffer <= response_len, "dapo.overlong_buffer",
-          f"{d.overlong_buffer} must be in [0, max_new_tokens={response_len}]")
-
-    s = c.sdpo
-    _choice(s.teacher, "sdpo.teacher", ("ema", "live"))
-    _need(0 <= s.alpha <= 1, "sdpo.alpha", f"{s.alpha} must be in [0, 1]")
-    _need(0 <= s.ema_rate <= 1, "sdpo.ema_rate", f"{s.ema_rate} must be in [0, 1]")
-    _need(1 <= s.topk, "sdpo.topk", f"{s.topk} must be >= 1")
-    if is_sdpo or vpd is not None:
-        _need(r.group_size >= 2 or s.use_feedback, "sdpo.use_feedback",
-              "with G = 1 there are no sibling solutions: enable feedback")
-
-    p = c.pipo
-    _need(p.window >= 2, "pipo.window", f"K={p.window} must be >= 2 (the window std needs two means)")
-    _need(0 <= p.lam <= 1, "pipo.lam", f"{p.lam} must be in [0, 1]")
-    _need(p.lr > 0, "pipo.lr", f"{p.lr} must be > 0")
-    _choice(p.mu_source, "pipo.mu_source", ("filtered", "raw"))
-    authors = dict(p.authors.items()) if "authors" in p else {}
-    for name in authors:
-        _need(name in AUTHORS_BEHAVIOURS, f"pipo.authors.{name}",
-              f"unknown behaviour; expected one of {AUTHORS_BEHAVIOURS}")
-    options = pipo_options(bool(p.compat), **authors)
-    _choice(p.attribution, "pipo.attribution", tuple(registry.ATTRIBUTIONS))
-    expected_attr = {"ppo": "gae", "sdpo": "sdpo_token"}.get(c.algorithm, "group")
-    if c.algorithm == "vpd":
-        expected_attr = "sdpo_token" if hybrid == "none" else "group"
-    _need(p.attribution == expected_attr, "pipo.attribution",
-          f"{p.attribution!r} does not fit algorithm={c.algorithm!r} (expected {expected_attr!r})")
-
+def check_run_config(c: ml_collections.ConfigDict, task) -> None:
+    """The keys the trainer reads outside the spec (iterations, logging, checkpoints, evaluation,
+    warm-up); raises `ConfigError` naming the key."""
+    is_dataset = isinstance(task, DatasetTask)
+    _need(not c.eval.benchmarks or is_dataset and task.kind == "math", "eval.benchmarks",
+          "math benchmarks need a math task's tokenizer and prompts: set task.name=math")
     _need(c.iterations >= 1, "iterations", f"{c.iterations} must be >= 1")
     _need(c.task.epochs >= 0, "task.epochs", f"{c.task.epochs} must be >= 0")
-    _need(not c.task.epochs or isinstance(task, DatasetTask), "task.epochs",
+    _need(not c.task.epochs or is_dataset, "task.epochs",
           "counts passes over a dataset task's training rows; the built-in task uses `iterations`")
     _need(c.log.every >= 1, "log.every", f"{c.log.every} must be >= 1")
     _need(c.checkpoint.every >= 0, "checkpoint.every", f"{c.checkpoint.every} must be >= 0")
     _need(c.checkpoint.keep >= 1, "checkpoint.keep", f"{c.checkpoint.keep} must be >= 1")
     _need(c.eval.every >= 0, "eval.every", f"{c.eval.every} must be >= 0")
     _need(c.eval.n >= 1, "eval.n", f"{c.eval.n} must be >= 1")
-    if c.eval.benchmarks:
-        eval_benchmarks(c.eval)  # raises naming the key
     if c.warmup.enabled:
         _need(not c.model.path, "warmup.enabled", "the supervised warm-up trains a fresh task model; "
               "disable it when loading model.path")
@@ -482,24 +333,18 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
         for key in ("mistake_rate", "context_fraction"):
             _need(0.0 <= c.warmup[key] <= 1.0, f"warmup.{key}", f"{c.warmup[key]} must be in [0, 1]")
 
-    return TrainSpec(
-        algorithm=c.algorithm, model=model, model_path=c.model.path, logprob_impl=c.model.logprob_impl, task=task,
-        prompts_per_batch=r.prompts_per_batch, group_size=r.group_size, response_len=response_len,
-        temperature=float(r.temperature), top_k=int(r.top_k), top_p=float(r.top_p),
-        lr=float(t.lr), weight_decay=float(t.weight_decay), adam_b1=float(t.adam_b1), adam_b2=float(t.adam_b2),
-        grad_clip=float(t.grad_clip), mini_batch=mini, micro_batch_per_device=micro, epochs=int(t.epochs),
-        shuffle=bool(t.shuffle), estimator=a.estimator, std_ddof=int(a.std_ddof), norm_by_std=bool(a.norm_by_std),
-        gamma=float(a.gamma), gae_lam=float(a.lam), policy_loss=lo.policy, clip_low=float(lo.clip_low),
-        clip_high=float(lo.clip_high), clip_ratio_c=float(lo.clip_ratio_c), agg_mode=lo.agg_mode,
-        kl_coef=float(lo.kl_coef), kl_estimator=lo.kl_estimator, kl_in_reward=bool(lo.kl_in_reward),
-        entropy_coef=float(lo.entropy_coef), critic_lr=float(c.critic.lr),
-        cliprange_value=float(c.critic.cliprange_value), dynamic_sampling=bool(d.dynamic_sampling),
-        gen_prompts=int(gen_prompts), max_num_gen_batches=int(d.max_num_gen_batches),
-        overlong_buffer=int(d.overlong_buffer), overlong_factor=float(d.overlong_factor),
-        sdpo_alpha=float(s.alpha), sdpo_topk=int(s.topk), sdpo_teacher=s.teacher, sdpo_ema_rate=float(s.ema_rate),
-        sdpo_success_threshold=float(s.success_threshold), sdpo_is_clip=float(s.is_clip),
-        sdpo_use_feedback=bool(s.use_feedback), pipo=bool(p.enabled), pipo_window=int(p.window),
-        pipo_lam=float(p.lam), pipo_lr=float(p.lr), pipo_options=options, pipo_mu_source=p.mu_source,
-        attribution=p.attribution,
-        vpd=vpd, max_bad_steps=int(t.max_bad_steps), generate_rows_per_device=int(r.generate_rows_per_device),
-    )
+
+def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
+    """Loads the model config and the task `c` points at, validates `c` and returns its `TrainSpec`;
+    raises `ConfigError` naming the key."""
+    _choice(c.algorithm, "algorithm", ALGORITHMS)
+    model = make_model_config(c.model)
+    task = make_task(c)
+    if isinstance(task, DatasetTask):
+        vocab = int(max(task.prompt_tokens_np.max(), max(task.stop_token_ids), task.pad_id)) + 1
+        _need(vocab <= model.vocab_size, "task.tokenizer_path",
+              f"token ids up to {vocab - 1} do not fit the model's vocab_size {model.vocab_size}")
+    check_run_config(c, task)
+    if c.eval.benchmarks:
+        eval_benchmarks(c.eval)  # raises naming the key
+    return spec_from_config(c, model, task)

@@ -17,7 +17,8 @@ from flax import struct
 
 from pipo_jax.losses import pipo
 from pipo_jax.losses import vpd as vpd_loss
-from pipo_jax.rl.spec import TrainSpec, VpdConfig
+from pipo_jax.rl.sections import VpdConfig
+from pipo_jax.rl.spec import TrainSpec
 
 
 @struct.dataclass
@@ -35,7 +36,7 @@ class TrainState:
 
 
 # `optax.apply_if_finite` gives up and applies a non-finite update after this many in a row;
-# the trainer stops at `spec.max_bad_steps` instead, so that point is never reached.
+# the trainer stops at `spec.train.max_bad_steps` instead, so that point is never reached.
 _NEVER_APPLY_NONFINITE = 2**30
 
 
@@ -48,9 +49,9 @@ def make_optimizer(lr: float, spec: TrainSpec) -> optax.GradientTransformation:
     the learning rate written into it before each update.
     """
     return optax.apply_if_finite(optax.chain(
-        optax.clip_by_global_norm(spec.grad_clip),
+        optax.clip_by_global_norm(spec.train.grad_clip),
         optax.inject_hyperparams(optax.adamw)(
-            learning_rate=lr, b1=spec.adam_b1, b2=spec.adam_b2, weight_decay=spec.weight_decay),
+            learning_rate=lr, b1=spec.train.adam_b1, b2=spec.train.adam_b2, weight_decay=spec.train.weight_decay),
     ), max_consecutive_errors=_NEVER_APPLY_NONFINITE)
 
 
@@ -82,7 +83,7 @@ def nonfinite_counts(before, after) -> dict[str, jax.Array]:
 
 def stored_batch_template(spec: TrainSpec) -> pipo.StoredBatch:
     """Shapes of the batch PIPO keeps for verification: B sequences of prompt + response."""
-    b, L, r = spec.batch, spec.seq_len, spec.response_len
+    b, L, r = spec.batch, spec.seq_len, spec.rollout.response_len
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     return pipo.StoredBatch(
@@ -111,8 +112,8 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
     if spec.has_critic:
         critic_params = {"backbone": _copy(params),
                          "value_head": jnp.zeros((spec.model.hidden_size,), jnp.float32)}
-        critic = {"params": critic_params, "opt_state": make_optimizer(spec.critic_lr, spec).init(critic_params)}
-    teacher = _copy(params) if spec.uses_teacher and (spec.sdpo_teacher == "ema" or spec.vpd) else None
+        critic = {"params": critic_params, "opt_state": make_optimizer(spec.critic.lr, spec).init(critic_params)}
+    teacher = _copy(params) if spec.uses_teacher and (spec.sdpo.teacher == "ema" or spec.vpd) else None
     teacher_opt_state = vpd_delta = None
     if spec.vpd is not None:
         teacher_opt_state = init_teacher_opt_state(spec, spec.vpd, teacher)
@@ -120,11 +121,11 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
-        opt_state=make_optimizer(spec.lr, spec).init(params),
+        opt_state=make_optimizer(spec.train.lr, spec).init(params),
         ref_params=reference_copy(spec, params),
         critic=critic,
         teacher_params=teacher,
-        pipo=pipo.init_pipo_state(spec.pipo_window, stored_batch_template(spec)),
+        pipo=pipo.init_pipo_state(spec.pipo.window, stored_batch_template(spec)),
         rng=jax.random.PRNGKey(seed),
         teacher_opt_state=teacher_opt_state,
         vpd_delta=vpd_delta,

@@ -12,66 +12,59 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
 
 from pipo_jax import parallel
-from pipo_jax.losses import distill, pipo, registry
-from pipo_jax.losses import vpd as vpd_loss
+from pipo_jax.losses import pipo
 from pipo_jax.losses.aggregation import aggregate, aggregation_counts
 from pipo_jax.losses.kl import kl_loss
 from pipo_jax.losses.value import clipped_value_loss
-from pipo_jax.rl.response_logprobs import response_hidden, response_log_softmax, response_logprobs
+from pipo_jax.rl import algorithms
+from pipo_jax.rl.batch import TrainBatch, rows_of
+from pipo_jax.rl.response_logprobs import response_hidden
 from pipo_jax.rl.spec import ConfigError, TrainSpec
 
-Batch = dict[str, jax.Array]
+Batch = Any  # a pytree of `[rows, ...]` arrays: a `TrainBatch`, or VPD's E-step batch
 LossFn = Callable[[Any, Batch, dict], tuple[jax.Array, dict]]
-
-
-def _counts(spec: TrainSpec, counts: dict) -> dict:
-    return dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"], norm_length=spec.response_len)
-
-
-def _agg(spec: TrainSpec, counts: dict) -> dict:
-    """Keyword arguments of every registered loss: the aggregation mode and the global counts."""
-    return dict(loss_agg_mode=spec.agg_mode, **_counts(spec, counts))
 
 
 def minibatch_order(spec: TrainSpec, rng, batch_size: int) -> jax.Array:
     """Row indices `[epochs * n_mini, mini_batch]`: a fresh permutation per epoch when shuffling."""
-    n_mini = batch_size // spec.mini_batch
+    n_mini = batch_size // spec.train.mini_batch
 
     def epoch(key):
-        return jax.random.permutation(key, batch_size) if spec.shuffle else jnp.arange(batch_size)
+        return jax.random.permutation(key, batch_size) if spec.train.shuffle else jnp.arange(batch_size)
 
-    orders = jax.vmap(epoch)(jax.random.split(rng, spec.epochs))
-    return orders.reshape(spec.epochs * n_mini, spec.mini_batch)
+    orders = jax.vmap(epoch)(jax.random.split(rng, spec.train.epochs))
+    return orders.reshape(spec.train.epochs * n_mini, spec.train.mini_batch)
 
 
-def response_counts(mini: Batch) -> dict:
+def response_counts(mini: TrainBatch) -> dict:
     """Global counts of a mini-batch's response mask: {"num_tokens", "num_seqs"}; with SDPO
     teacher contexts also "sd": the counts of `mask * sd_mask`, which SDPO's loss averages over."""
-    counts = aggregation_counts(mini["mask_br"])
-    if "sd_mask_b" in mini:
-        counts["sd"] = aggregation_counts(mini["mask_br"] * mini["sd_mask_b"][:, None])
+    counts = aggregation_counts(mini.mask_br)
+    if mini.sd_mask_b is not None:
+        counts["sd"] = aggregation_counts(mini.mask_br * mini.sd_mask_b[:, None])
     return counts
 
 
 def micro_rows_per_device(spec: TrainSpec, shards: int) -> int:
     """Sequences one device computes per micro-batch: `train.micro_batch_size_per_device`, or
     (0) the device's share of the mini-batch."""
-    return spec.micro_batch_per_device or spec.mini_batch // shards
+    return spec.train.micro_batch_per_device or spec.train.mini_batch // shards
 
 
 def check_micro_batching(spec: TrainSpec, shards: int) -> None:
     """Raises `ConfigError` naming the key unless `shards` devices split every mini-batch into
     whole per-device micro-batches."""
     per_device = micro_rows_per_device(spec, shards)
-    if per_device < 1 or spec.mini_batch % (per_device * shards):
+    if per_device < 1 or spec.train.mini_batch % (per_device * shards):
         raise ConfigError(
-            f"config.train.micro_batch_size_per_device: {spec.micro_batch_per_device} x {shards} batch shards "
-            f"(mesh axes of `batch`) does not divide the mini-batch of {spec.mini_batch} sequences")
+            f"config.train.micro_batch_size_per_device: {spec.train.micro_batch_per_device} x {shards} batch shards "
+            f"(mesh axes of `batch`) does not divide the mini-batch of {spec.train.mini_batch} sequences")
 
 
 def split_micro(x: jax.Array, n_micro: int, shards: int) -> jax.Array:
@@ -135,12 +128,12 @@ def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.Gradien
 
     `loss_fn(params, micro_batch, counts) -> (loss, metrics)` must aggregate with the
     mini-batch `counts = counts_fn(mini_batch)` (default: valid tokens and non-empty rows
-    of `batch["mask_br"]`), so losses and metrics of micro-batches add up to the
+    of `batch.mask_br`), so losses and metrics of micro-batches add up to the
     mini-batch's. Each mini-batch is split into micro-batches of
-    `spec.micro_batch_per_device` rows per device (`accumulate_grads`). Returns (params,
+    `spec.train.micro_batch_per_device` rows per device (`accumulate_grads`). Returns (params,
     opt_state, metrics averaged over the optimizer steps, plus "grad_norm").
     """
-    size = batch["mask_br"].shape[0]
+    size = rows_of(batch)
 
     def mini_step(carry, idx):
         p, s = carry
@@ -157,89 +150,36 @@ def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.Gradien
 # ----------------------------------------------------------------------------- losses
 
 
-def _regularisers(spec: TrainSpec, logp_br, ent_br, mb: Batch, counts: dict) -> tuple[jax.Array, dict]:
+def _regularisers(spec: TrainSpec, logp_br, ent_br, mb: TrainBatch, counts: dict) -> tuple[jax.Array, dict]:
     """KL-to-reference loss term and entropy bonus (both optional)."""
     loss, metrics = 0.0, {}
-    if spec.kl_coef > 0 and not spec.kl_in_reward:
-        kl, _ = kl_loss(logp_br, mb["logp_ref_br"], mb["mask_br"], estimator=spec.kl_estimator, **_agg(spec, counts))
-        loss, metrics["kl_loss"] = loss + spec.kl_coef * kl, kl
-    if spec.entropy_coef > 0:
-        ent = aggregate(ent_br, mb["mask_br"], spec.agg_mode, **_counts(spec, counts))
-        loss, metrics["entropy_loss"] = loss - spec.entropy_coef * ent, ent
+    agg = algorithms.loss_counts(spec, counts)
+    if spec.loss.kl_coef > 0 and not spec.loss.kl_in_reward:
+        kl, _ = kl_loss(logp_br, mb.logp_ref_br, mb.mask_br, estimator=spec.loss.kl_estimator, **agg)
+        loss, metrics["kl_loss"] = loss + spec.loss.kl_coef * kl, kl
+    if spec.loss.entropy_coef > 0:
+        ent = aggregate(ent_br, mb.mask_br, spec.loss.agg_mode, num_tokens=agg["num_tokens"],
+                        num_seqs=agg["num_seqs"], norm_length=agg["norm_length"])
+        loss, metrics["entropy_loss"] = loss - spec.loss.entropy_coef * ent, ent
     return loss, metrics
 
 
-def _student_logprobs(spec: TrainSpec, params, mb: Batch):
-    return response_logprobs(
-        spec.model, params, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len, temperature=spec.temperature,
-        impl=spec.logprob_impl, with_entropy=spec.entropy_coef > 0)
-
-
-def teacher_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq):
-    """Teacher log-probs `[B, R]` of the response tokens in the teacher context (no gradient)."""
-    q = tokens_bq.shape[1] - spec.response_len
-    logp, _ = response_logprobs(spec.model, jax.lax.stop_gradient(teacher_params), tokens_bq, mask_bq, q,
-                                temperature=spec.temperature, impl=spec.logprob_impl)
-    return jax.lax.stop_gradient(logp)
-
-
 def micro_teacher_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
-    """`teacher_logprobs` over a whole batch `[B, R]`, one micro-batch at a time (`map_micro_batches`)."""
-    return map_micro_batches(spec, lambda mb: teacher_logprobs(spec, teacher_params, mb["tokens"], mb["mask"]),
-                             {"tokens": tokens_bq, "mask": mask_bq})
-
-
-def _sdpo_loss(spec: TrainSpec, params, teacher_params, mb: Batch, counts: dict):
-    q = mb["teacher_tokens_bq"].shape[1] - spec.response_len
-    common = dict(is_clip=spec.sdpo_is_clip, sd_mask_b=mb["sd_mask_b"], **_agg(spec, counts["sd"]))
-    if spec.policy_loss == "sdpo_token":
-        logp, ent = _student_logprobs(spec, params, mb)
-        logp_t = teacher_logprobs(spec, teacher_params, mb["teacher_tokens_bq"], mb["teacher_mask_bq"])
-        loss, m = distill.sdpo_token_loss(logp, mb["logp_old_br"], None, mb["mask_br"], logp_teacher_bt=logp_t,
-                                          **common)
-        return loss, m, logp, ent
-    student = response_log_softmax(spec.model, params, mb["tokens_bl"], mb["mask_bl"], spec.prompt_len,
-                                   temperature=spec.temperature)
-    teacher = jax.lax.stop_gradient(response_log_softmax(
-        spec.model, jax.lax.stop_gradient(teacher_params), mb["teacher_tokens_bq"], mb["teacher_mask_bq"], q,
-        temperature=spec.temperature))
-    targets = mb["tokens_bl"][:, spec.prompt_len:]
-    valid = mb["mask_br"] > 0
-    logp = jnp.where(valid, jnp.take_along_axis(student, targets[..., None], axis=-1)[..., 0], 0.0)
-    logp_t = jnp.where(valid, jnp.take_along_axis(teacher, targets[..., None], axis=-1)[..., 0], 0.0)
-    s_btn, t_btn = distill.student_topk_with_tail(student, teacher, min(spec.sdpo_topk, student.shape[-1]))
-    loss, m = distill.sdpo_jsd_loss(logp, mb["logp_old_br"], None, mb["mask_br"], student_distill_logp_btn=s_btn,
-                                    teacher_distill_logp_btn=t_btn, alpha=spec.sdpo_alpha, logp_teacher_bt=logp_t,
-                                    **common)
-    ent = -jnp.sum(jnp.exp(student) * student, axis=-1) if spec.entropy_coef > 0 else None
-    return loss, m, logp, ent
+    """`algorithms.teacher_logprobs` over a whole batch `[B, R]`, one micro-batch at a time
+    (`map_micro_batches`)."""
+    return map_micro_batches(
+        spec, lambda mb: algorithms.teacher_logprobs(spec, teacher_params, mb["tokens"], mb["mask"]),
+        {"tokens": tokens_bq, "mask": mask_bq})
 
 
 def base_loss_fn(spec: TrainSpec, teacher_params=None) -> LossFn:
-    """The algorithm's loss on its own batch: policy loss (+ KL term, - entropy bonus).
+    """The algorithm's loss on its own batch: the registered policy loss `spec.policy`
+    (+ KL term, - entropy bonus). Distilling losses read `teacher_params`, or with
+    `sdpo.teacher=live` the params being trained (under `stop_gradient`)."""
 
-    SDPO / VPD's M-step distil toward `teacher_params` (or the live params); VPD's joint
-    hybrid adds that distillation to the clip loss.
-    """
-
-    def loss_fn(params, mb: Batch, counts: dict):
-        if spec.is_sdpo:
-            teacher = params if spec.sdpo_teacher == "live" and spec.vpd is None else teacher_params
-            loss, metrics, logp, ent = _sdpo_loss(spec, params, teacher, mb, counts)
-        elif spec.vpd_hybrid == "joint":  # GRPO clip loss + w * SDPO token distillation
-            logp, ent = _student_logprobs(spec, params, mb)
-            logp_t = teacher_logprobs(spec, teacher_params, mb["teacher_tokens_bq"], mb["teacher_mask_bq"])
-            loss, metrics = vpd_loss.joint_hybrid_loss(
-                logp, mb["logp_old_br"], mb["adv_br"], mb["mask_br"], weight=spec.vpd.hybrid_weight,
-                logp_teacher_bt=logp_t, sd_mask_b=mb["sd_mask_b"], is_clip=spec.sdpo_is_clip, eps_low=spec.clip_low,
-                eps_high=spec.clip_high, clip_ratio_c=spec.clip_ratio_c, **_agg(spec, counts))
-        else:
-            logp, ent = _student_logprobs(spec, params, mb)
-            kw = dict(eps_low=spec.clip_low, eps_high=spec.clip_high, **_agg(spec, counts))
-            if spec.policy_loss == "token_clip":
-                kw["clip_ratio_c"] = spec.clip_ratio_c
-            loss, metrics = registry.POLICY_LOSSES[spec.policy_loss](logp, mb["logp_old_br"], mb["adv_br"],
-                                                                     mb["mask_br"], **kw)
+    def loss_fn(params, mb: TrainBatch, counts: dict):
+        teacher = params if spec.live_teacher else teacher_params
+        loss, metrics, logp, ent = spec.policy.fn(spec, params, teacher, mb, counts)
         reg, reg_metrics = _regularisers(spec, logp, ent, mb, counts)
         loss = loss + reg
         return loss, dict(metrics, **reg_metrics, loss=loss)
@@ -250,18 +190,21 @@ def base_loss_fn(spec: TrainSpec, teacher_params=None) -> LossFn:
 def pi_loss_fn(spec: TrainSpec) -> LossFn:
     """PIPO's verification loss on the stored batch: clipped surrogate with rhat (+ KL term).
 
+    The ratio is the base loss's (`spec.pi_ratio`: GSPO's sequence ratio, else per token).
     The authors' token-ratio PI loss (`pi_no_lower_clip`, `pi_symmetric_clip`) is their
-    `grpo_layback`; their PPO PI step uses `ppo_layback`, the ordinary clip, so PPO keeps it.
+    `grpo_layback`; algorithms declaring `authors_pi_token_loss=False` (PPO, whose PI
+    step is their `ppo_layback`, the ordinary clip) keep the plain clip.
     """
-    options = spec.pipo_options
-    authors_token_loss = spec.algorithm != "ppo"
+    options = spec.pipo.options
+    authors_token_loss = spec.algorithm.authors_pi_token_loss
 
-    def loss_fn(params, mb: Batch, counts: dict):
-        logp, ent = _student_logprobs(spec, params, mb)
+    def loss_fn(params, mb: TrainBatch, counts: dict):
+        logp, ent = algorithms.student_logprobs(spec, params, mb)
+        chex.assert_equal_shape([logp, mb.logp_old_br, mb.rhat_br, mb.mask_br])
         loss, metrics = pipo.pi_surrogate_loss(
-            logp, mb["logp_old_br"], mb["rhat_br"], mb["mask_br"], ratio=spec.pi_ratio, eps_low=spec.clip_low,
-            eps_high=spec.clip_high, no_lower_clip=options.pi_no_lower_clip and authors_token_loss,
-            symmetric_clip=options.pi_symmetric_clip and authors_token_loss, **_agg(spec, counts))
+            logp, mb.logp_old_br, mb.rhat_br, mb.mask_br, ratio=spec.pi_ratio, eps_low=spec.loss.clip_low,
+            eps_high=spec.loss.clip_high, no_lower_clip=options.pi_no_lower_clip and authors_token_loss,
+            symmetric_clip=options.pi_symmetric_clip and authors_token_loss, **algorithms.loss_counts(spec, counts))
         reg, reg_metrics = _regularisers(spec, logp, ent, mb, counts)
         loss = loss + reg
         return loss, dict(metrics, **reg_metrics, loss=loss)
@@ -280,9 +223,10 @@ def critic_loss_fn(spec: TrainSpec) -> LossFn:
     """PPO's clipped value loss."""
 
     def loss_fn(critic_params, mb: Batch, counts: dict):
-        values = critic_values(spec, critic_params, mb["tokens_bl"], mb["mask_bl"])
-        loss, metrics = clipped_value_loss(values, mb["values_br"], mb["returns_br"], mb["mask_br"],
-                                           cliprange_value=spec.cliprange_value, **_agg(spec, counts))
+        values = critic_values(spec, critic_params, mb.tokens_bl, mb.mask_bl)
+        loss, metrics = clipped_value_loss(values, mb.values_br, mb.returns_br, mb.mask_br,
+                                           cliprange_value=spec.critic.cliprange_value,
+                                           **algorithms.loss_counts(spec, counts))
         return loss, metrics
 
     return loss_fn

@@ -73,7 +73,7 @@ class Evaluation:
             rows, _ = evaluate.math_benchmarks(
                 spec.model, params, spec.task.tokenizer, self.benchmarks,
                 spec.task.prompt_config, self.reward.verifier, ec.samples, self.ks,
-                jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step), max_new_tokens=spec.response_len,
+                jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step), max_new_tokens=spec.rollout.response_len,
                 temperature=ec.temperature, stop_token_ids=stop_ids, pad_id=pad_id, batch_size=ec.batch_size)
             for row in rows:
                 out.update({f"{row.name}_pass@{k}": v for k, v in row.pass_at.items()})

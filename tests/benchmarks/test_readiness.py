@@ -90,14 +90,14 @@ def test_model_train_flops_by_hand():
 
 def test_paper_spec_is_table_5():
     spec = paper_spec("qwen3_8b")
-    assert (spec.prompts_per_batch, spec.group_size, spec.batch) == (128, 8, 1024)
-    assert (spec.prompt_len, spec.response_len) == (512, 4096)
-    assert spec.mini_batch == 64 * 8 and spec.pipo and spec.algorithm == "grpo"
+    assert (spec.rollout.prompts_per_batch, spec.rollout.group_size, spec.batch) == (128, 8, 1024)
+    assert (spec.prompt_len, spec.rollout.response_len) == (512, 4096)
+    assert spec.train.mini_batch == 64 * 8 and spec.pipo.enabled and spec.algorithm.name == "grpo"
     assert spec.model == qwen3.preset("qwen3_8b", param_dtype=spec.model.param_dtype, dtype=spec.model.dtype,
                                       remat=spec.model.remat)
-    assert spec.model.remat == "full" and spec.lr == spec.pipo_lr == 1e-6
+    assert spec.model.remat == "full" and spec.train.lr == spec.pipo.lr == 1e-6
     small = paper_spec("qwen3_4b", prompts=16, prompt_len=256, response_len=2048)
-    assert (small.batch, small.prompt_len + small.response_len) == (128, 2304)
+    assert (small.batch, small.seq_len) == (128, 2304)
 
 
 def test_roofline_is_the_slower_of_compute_and_memory():

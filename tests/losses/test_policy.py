@@ -12,6 +12,7 @@ from pipo_jax.losses.aggregation import AGG_MODES, aggregation_counts
 from pipo_jax.kernels.softmax_stats import token_entropy
 from pipo_jax.losses.kl import kl_estimate, kl_k3, kl_loss
 from pipo_jax.losses.policy import (
+    cispo_loss,
     gspo_loss,
     gspo_sequence_loss_reference,
     gspo_token_log_ratio,
@@ -28,6 +29,24 @@ LOGP_OLD = jnp.array([[-1.0, -2.0, -0.5, -1.5, -3.0, -0.7]])
 LOGP = LOGP_OLD + jnp.asarray(np.log(RATIO), jnp.float32)
 ONES = jnp.ones((1, 6))
 CLIP_CFG = {"eps_low": 0.2, "eps_high": 0.28, "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean"}
+
+
+def test_cispo_hand_computed_every_token_keeps_its_gradient():
+    # weights sg(clip(r, 0.8, 1.28)): 1.28, 0.8, 0.8, 1.28, 1.28, 1; per token -w A logp
+    w = np.array([1.28, 0.8, 0.8, 1.28, 1.28, 1.0])
+    a, logp = np.asarray(ADV[0]), np.asarray(LOGP[0], np.float64)
+    loss, metrics = cispo_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.28, loss_agg_mode="token-mean")
+    chex.assert_trees_all_close(loss, jnp.float32(np.mean(-w * a * logp)), rtol=1e-5)
+    chex.assert_trees_all_close(metrics["pg_clipfrac"], jnp.float32(5 / 6), rtol=1e-6)  # all but r = 1
+    # d loss / d logp_t = -w_t A_t / 6: the clipped tokens keep a gradient (the token clip's is 0 there)
+    grad = jax.grad(lambda x: cispo_loss(x, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.28,
+                                         loss_agg_mode="token-mean")[0])(LOGP)
+    chex.assert_trees_all_close(grad[0], jnp.asarray(-w * a / 6, jnp.float32), rtol=1e-5)
+    clip_grad = jax.grad(lambda x: token_clip_loss(x, LOGP_OLD, ADV, ONES, **CLIP_CFG)[0])(LOGP)
+    assert float(clip_grad[0, 0]) == 0.0 and float(grad[0, 0]) != 0.0
+    half, _ = cispo_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.28, loss_agg_mode="token-mean",
+                         num_tokens=12.0)
+    chex.assert_trees_all_close(half, loss / 2, rtol=1e-6)  # the global count is honoured
 
 
 def test_token_clip_hand_computed():

@@ -27,6 +27,7 @@ from pipo_jax.models import qwen3
 from pipo_jax.rl import sharded_steps as sharded
 from pipo_jax.parallel.shardings import batch_shardings
 from pipo_jax.rl import learn, rollout, steps
+from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import train_spec
 from pipo_jax.rl.state import init_train_state
 
@@ -54,9 +55,10 @@ def main(out_path: str) -> None:
     reward_fn = lambda r: rollout.task_rewards(spec, r)  # noqa: E731
     ro = jax.jit(lambda p, k: rollout.collect(spec, p, k, reward_fn)[0])(state.params, jax.random.PRNGKey(3))
     batch, _, _ = jax.jit(lambda s, r: learn.prepare(spec, s, r))(state, ro)
-    batch = {k: batch[k] for k in ("tokens_bl", "mask_bl", "mask_br", "logp_old_br", "logp_ref_br")}
     # random advantages: a policy gradient in every row (the micro rollout's rewards may all tie)
-    batch["adv_br"] = jax.random.normal(jax.random.PRNGKey(4), batch["mask_br"].shape) * batch["mask_br"]
+    batch = TrainBatch(tokens_bl=batch.tokens_bl, mask_bl=batch.mask_bl, mask_br=batch.mask_br,
+                       logp_old_br=batch.logp_old_br, logp_ref_br=batch.logp_ref_br,
+                       adv_br=jax.random.normal(jax.random.PRNGKey(4), batch.mask_br.shape) * batch.mask_br)
     loss_fn = steps.base_loss_fn(spec)
 
     def grads_fn(params, mini):
@@ -66,9 +68,9 @@ def main(out_path: str) -> None:
         return learn.rollout_passes(spec, st, tokens, mask)
 
     one = jax.jit(grads_fn).lower(state.params, batch).compile()
-    one_passes = jax.jit(passes_fn).lower(state, batch["tokens_bl"], batch["mask_bl"]).compile()
+    one_passes = jax.jit(passes_fn).lower(state, batch.tokens_bl, batch.mask_bl).compile()
     g1, m1 = one(state.params, batch)
-    p1 = one_passes(state, batch["tokens_bl"], batch["mask_bl"])
+    p1 = one_passes(state, batch.tokens_bl, batch.mask_bl)
 
     # a single-device program computing 8 rows per micro-step (what a global micro-batch of 8 gives each device)
     spec8 = make_spec(4, per_device=8)
@@ -80,13 +82,13 @@ def main(out_path: str) -> None:
     b_sh = batch_shardings(batch, mesh)
     with parallel.sharding_context(mesh):
         lowered = jax.jit(grads_fn, in_shardings=(st_sh.params, b_sh)).lower(state.params, batch)
-        tok_sh = b_sh["tokens_bl"]
+        tok_sh = b_sh.tokens_bl
         lowered_passes = jax.jit(passes_fn, in_shardings=(st_sh, tok_sh, tok_sh)).lower(
-            state, batch["tokens_bl"], batch["mask_bl"])
+            state, batch.tokens_bl, batch.mask_bl)
     mesh_c, mesh_passes = lowered.compile(), lowered_passes.compile()
     g8, m8 = mesh_c(sharded.place_tree(state.params, st_sh.params), sharded.place_tree(batch, b_sh))
-    p8 = mesh_passes(sharded.place_tree(state, st_sh), *(sharded.place(batch[k], tok_sh)
-                                                          for k in ("tokens_bl", "mask_bl")))
+    p8 = mesh_passes(sharded.place_tree(state, st_sh), *(sharded.place(x, tok_sh)
+                                                          for x in (batch.tokens_bl, batch.mask_bl)))
 
     def max_diff(a, b):
         return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in

@@ -38,7 +38,7 @@ def initial_state():
 
     spec = train_spec(config())
     state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(SEED)), SEED)
-    b, L, r = spec.batch, spec.seq_len, spec.response_len
+    b, L, r = spec.batch, spec.seq_len, spec.rollout.response_len
     rng = np.random.RandomState(SEED)
     tokens = rng.randint(3, spec.model.vocab_size, (b, L)).astype(np.int32)
     mask_r = np.ones((b, r), np.float32)
@@ -48,7 +48,7 @@ def initial_state():
     stored = pipo.StoredBatch(tokens_bl=jnp.asarray(tokens), attention_mask_bl=jnp.asarray(attn),
                               mask_bt=jnp.asarray(mask_r), logp_old_bt=jnp.asarray(-3.5 * mask_r),
                               logp_ref_bt=jnp.asarray(-3.5 * mask_r), attr_bt=jnp.asarray(attr, jnp.float32))
-    window = jnp.zeros((spec.pipo_window,), jnp.float32).at[-2:].set(jnp.array([0.2, 0.4]))
+    window = jnp.zeros((spec.pipo.window,), jnp.float32).at[-2:].set(jnp.array([0.2, 0.4]))
     ps = pipo.PipoState(mu_window_k=window, count=jnp.int32(2), has_prev=jnp.bool_(True), prev=stored)
     return spec, state.replace(pipo=ps)
 

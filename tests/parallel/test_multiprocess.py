@@ -27,7 +27,7 @@ def test_two_processes_match_single_process(multiprocess_run):
     np.testing.assert_array_equal(r["mesh_process_grid"], [[0, 0], [1, 1]])
     assert str(r["embed_spec"]) == "P('tensor', 'fsdp')" and not bool(r["embed_fully_addressable"])
     spec, state = scenario.initial_state()
-    assert_run_matches(r, multiprocess_run[1][0], scenario.flatten(state.params), max(spec.lr, spec.pipo_lr))
+    assert_run_matches(r, multiprocess_run[1][0], scenario.flatten(state.params), max(spec.train.lr, spec.pipo.lr))
 
 
 def test_data_is_loaded_and_scored_per_process(multiprocess_run):

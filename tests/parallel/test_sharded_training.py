@@ -21,7 +21,7 @@ def _load(path) -> dict:
 
 def _initial_params() -> tuple[dict, float]:
     spec, state = scenario.initial_state()
-    return scenario.flatten(state.params), max(spec.lr, spec.pipo_lr)
+    return scenario.flatten(state.params), max(spec.train.lr, spec.pipo.lr)
 
 
 def test_reference_runs_pi_and_base_steps(mesh_run):

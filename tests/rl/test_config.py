@@ -24,18 +24,20 @@ def test_every_algorithm_config_validates(algo):
         c = config(algo)
         c.pipo.enabled = enabled
         spec = train_spec(c)
-        assert spec.algorithm == algo and spec.pipo == enabled
+        assert spec.algorithm.name == algo and spec.pipo.enabled == enabled
         assert spec.batch == c.rollout.prompts_per_batch * c.rollout.group_size
 
 
 def test_algorithm_settings_follow_the_paper():
     grpo, gspo, dapo, ppo, sdpo = (train_spec(config(a)) for a in ("grpo", "gspo", "dapo", "ppo", "sdpo"))
-    assert (gspo.clip_low, gspo.clip_high, gspo.clip_ratio_c, gspo.pi_ratio) == (3e-4, 4e-4, 0.0, "sequence")
-    assert (dapo.clip_low, dapo.clip_high, dapo.agg_mode, dapo.dynamic_sampling) == (0.2, 0.28, "token-mean", True)
-    assert (grpo.kl_estimator, grpo.kl_coef, grpo.agg_mode) == ("k3", 0.001, "seq-mean-token-mean")
-    assert (ppo.estimator, ppo.kl_in_reward, ppo.kl_estimator, ppo.group_size, ppo.attribution) == (
-        "gae", True, "k1", 1, "gae")
-    assert (sdpo.policy_loss, sdpo.attribution, sdpo.sdpo_topk, sdpo.sdpo_ema_rate) == (
+    assert (gspo.loss.clip_low, gspo.loss.clip_high, gspo.loss.clip_ratio_c, gspo.pi_ratio) == (
+        3e-4, 4e-4, 0.0, "sequence")
+    assert (dapo.loss.clip_low, dapo.loss.clip_high, dapo.loss.agg_mode, dapo.dapo.dynamic_sampling) == (
+        0.2, 0.28, "token-mean", True)
+    assert (grpo.loss.kl_estimator, grpo.loss.kl_coef, grpo.loss.agg_mode) == ("k3", 0.001, "seq-mean-token-mean")
+    assert (ppo.advantage.estimator, ppo.loss.kl_in_reward, ppo.loss.kl_estimator, ppo.rollout.group_size,
+            ppo.pipo.attribution) == ("gae", True, "k1", 1, "gae")
+    assert (sdpo.loss.policy, sdpo.pipo.attribution, sdpo.sdpo.topk, sdpo.sdpo.ema_rate) == (
         "sdpo_jsd", "sdpo_token", 100, 0.05)
     c = config("grpo", "qwen3_4b")
     assert (c.pipo.window, c.pipo.lam, c.pipo.lr, c.train.lr) == (8, 0.1, 1e-6, 1e-6)
@@ -86,7 +88,7 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
     c.model.path = str(tmp_path)
     c.task.path = str(tmp_path / "math.jsonl")
     spec = train_spec(c)
-    assert spec.model.hidden_size == 32 and spec.response_len == 4096
+    assert spec.model.hidden_size == 32 and spec.rollout.response_len == 4096
     assert spec.is_dataset_task and len(spec.task.train_rows_np) == 196  # 2% of 200 held out
     row = TABLE5.get(algo, TABLE5["grpo"])  # SDPO / VPD keep the base (GRPO) run size
     epochs, batch = row[3], row[0]

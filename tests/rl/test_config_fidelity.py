@@ -28,18 +28,18 @@ def test_bad_values_name_the_key(key, value, message):
 def test_dapo_generation_batch_follows_a_batch_override():
     c = dapo.get_config("micro")
     c.rollout.prompts_per_batch = 8  # as --config.rollout.prompts_per_batch=8 would
-    assert train_spec(c).gen_prompts == 8
+    assert train_spec(c).dapo.gen_prompts_per_batch == 8
     c.dapo.gen_prompts_per_batch = 12
-    assert train_spec(c).gen_prompts == 12
+    assert train_spec(c).dapo.gen_prompts_per_batch == 12
 
 
 def test_authors_behaviours_one_by_one_and_all():
     c = grpo.get_config("micro")
-    assert train_spec(c).pipo_options == pipo.PipoOptions()
+    assert train_spec(c).pipo.options == pipo.PipoOptions()
     c.pipo.authors.rhat_clamp = True
-    assert train_spec(c).pipo_options == pipo.PipoOptions(rhat_clamp=True)
+    assert train_spec(c).pipo.options == pipo.PipoOptions(rhat_clamp=True)
     c.pipo.compat = True
-    assert all(train_spec(c).pipo_options)
+    assert all(train_spec(c).pipo.options)
     assert sorted(c.pipo.authors) == sorted(pipo.AUTHORS_BEHAVIOURS)
 
 

@@ -24,7 +24,7 @@ def _spec(mu_source):
 def setup():
     c, spec = _spec("raw")
     state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
-    g = spec.group_size
+    g = spec.rollout.group_size
 
     def reward_fn(r):  # every other group all-correct, so DAPO's filter drops it
         all_correct = (jnp.arange(r.size) // g) % 2 == 0
@@ -41,7 +41,7 @@ def test_raw_mean_is_over_every_sampled_group(setup):
     assert n >= 2 and int(stats["dapo_groups_dropped"]) >= n  # half of every generation batch is dropped
     # plain reference: the mean task reward over all n generation batches (collect's keys)
     rewards = [np.asarray(reward_fn(loop._host_generate(spec, state.params, None, jax.random.fold_in(rng, i),
-                                                        spec.gen_prompts))) for i in range(n)]
+                                                        spec.dapo.gen_prompts_per_batch))) for i in range(n)]
     expected = np.mean(np.concatenate(rewards))
     np.testing.assert_allclose(float(ro.mu_raw), expected, rtol=1e-6)  # float32 sum of <= 160 rewards in [0, 1]
     assert float(ro.mu_raw) > float(jnp.mean(ro.rewards_b))  # the dropped groups were all-correct

@@ -2,7 +2,6 @@
 pass's rows, and since row b samples with `fold_in(rng, b)` whatever the pass, the rollout is
 the one-pass rollout."""
 
-import dataclasses
 import importlib
 
 import jax
@@ -17,25 +16,25 @@ from pipo_jax.rl.spec import ConfigError, train_spec
 def micro_spec(**overrides):
     c = importlib.import_module("configs.grpo").get_config("micro")
     c.rollout.temperature = 1.0  # sampled, not greedy: the per-row keys must line up across passes
-    return dataclasses.replace(train_spec(c), **overrides)
+    return train_spec(c).with_section("rollout", **overrides)
 
 
 def test_generation_in_passes_equals_one_pass():
     spec = micro_spec()
     params = qwen3.init_params(spec.model, jax.random.PRNGKey(0))
-    problems = rollout.sample_problems(spec, jax.random.PRNGKey(1), spec.prompts_per_batch)
+    problems = rollout.sample_problems(spec, jax.random.PRNGKey(1), spec.rollout.prompts_per_batch)
     rng = jax.random.PRNGKey(2)
     gen = jax.jit(rollout.generate, static_argnums=0)
     one = gen(spec, params, problems, rng)
-    assert rollout.generation_passes(dataclasses.replace(spec, generate_rows_per_device=4), spec.batch) == (
+    assert rollout.generation_passes(spec.with_section("rollout", generate_rows_per_device=4), spec.batch) == (
         spec.batch // 4, 1)
-    passes = gen(dataclasses.replace(spec, generate_rows_per_device=4), params, problems, rng)
+    passes = gen(spec.with_section("rollout", generate_rows_per_device=4), params, problems, rng)
     np.testing.assert_array_equal(passes.tokens_bl, one.tokens_bl)
     np.testing.assert_array_equal(passes.mask_bl, one.mask_bl)
     # Same rows, same keys; only the decode batch size differs, which can move float32 matmul
     # rounding by a few ulp of the log-probs (|logp| < 20): 1e-5 bounds that.
     np.testing.assert_allclose(passes.sample_logp_br, one.sample_logp_br, rtol=0, atol=1e-5)
-    assert np.asarray(one.mask_bl[:, -spec.response_len:]).sum() > 0
+    assert np.asarray(one.mask_bl[:, -spec.rollout.response_len:]).sum() > 0
 
 
 def test_generation_passes_that_do_not_divide_name_the_key():

@@ -2,7 +2,6 @@
 reference and teacher log-probs, values, entropies one micro-batch at a time) against the
 plain full-batch computation."""
 
-import dataclasses
 import importlib
 
 import jax
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.models import qwen3
-from pipo_jax.rl import learn, rollout, steps
+from pipo_jax.rl import algorithms, learn, rollout, steps
 from pipo_jax.rl import response_logprobs as logprobs
 from pipo_jax.rl.spec import ConfigError, train_spec
 from pipo_jax.rl.state import init_train_state
@@ -29,9 +28,9 @@ def test_split_micro_takes_rows_of_every_device_block_and_merge_inverts_it():
 
 def test_micro_batch_settings_that_do_not_divide_name_the_key():
     spec = train_spec(importlib.import_module("configs.grpo").get_config("micro"))  # mini-batch of 8
-    steps.check_micro_batching(dataclasses.replace(spec, micro_batch_per_device=2), 4)
+    steps.check_micro_batching(spec.with_section("train", micro_batch_per_device=2), 4)
     with pytest.raises(ConfigError, match=r"config\.train\.micro_batch_size_per_device: 2 x 8 batch shards"):
-        steps.check_micro_batching(dataclasses.replace(spec, micro_batch_per_device=2), 8)
+        steps.check_micro_batching(spec.with_section("train", micro_batch_per_device=2), 8)
     with pytest.raises(ConfigError, match=r"config\.train\.micro_batch_size_per_device: 0 x 16"):
         steps.check_micro_batching(spec, 16)  # 0 = the device's share: 8 rows over 16 devices
 
@@ -39,8 +38,8 @@ def test_micro_batch_settings_that_do_not_divide_name_the_key():
 def synthetic_rollout(spec) -> rollout.Rollout:
     """Task prompts with random responses of random lengths and 0/1 rewards (no sampler to compile)."""
     rng = np.random.RandomState(0)
-    problems = rollout.sample_problems(spec, jax.random.PRNGKey(1), spec.prompts_per_batch)
-    b, r = spec.batch, spec.response_len
+    problems = rollout.sample_problems(spec, jax.random.PRNGKey(1), spec.rollout.prompts_per_batch)
+    b, r = spec.batch, spec.rollout.response_len
     resp = rng.randint(3, spec.model.vocab_size, (b, r)).astype(np.int32)
     resp_mask = (np.arange(r)[None, :] < rng.randint(1, r + 1, (b, 1))).astype(np.int32)
     return rollout.Rollout(problems=problems,
@@ -68,7 +67,7 @@ def test_rollout_passes_equal_the_full_batch_computation(algo):
     def both(st, r):
         teacher_inputs = learn.teacher_contexts(spec, r, r.rewards_b)[:2] if spec.uses_teacher else None
         got = learn.rollout_passes(spec, st, r.tokens_bl, r.mask_bl, teacher_inputs)
-        p, kw = spec.prompt_len, dict(temperature=spec.temperature, impl=spec.logprob_impl)
+        p, kw = spec.prompt_len, dict(temperature=spec.rollout.temperature, impl=spec.logprob_impl)
         want = {}
         want["logp_old_br"], want["entropy_br"] = logprobs.response_logprobs(
             spec.model, st.params, r.tokens_bl, r.mask_bl, p, with_entropy=True, **kw)
@@ -77,7 +76,7 @@ def test_rollout_passes_equal_the_full_batch_computation(algo):
         if spec.has_critic:
             want["values_br"] = steps.critic_values(spec, st.critic["params"], r.tokens_bl, r.mask_bl)
         if spec.uses_teacher:
-            want["logp_teacher_br"] = steps.teacher_logprobs(spec, st.teacher_params, *teacher_inputs)
+            want["logp_teacher_br"] = algorithms.teacher_logprobs(spec, st.teacher_params, *teacher_inputs)
         return got, want
 
     got, want = both(state, ro)

@@ -34,7 +34,7 @@ def primed_state(spec):
     """A fresh float32 state whose PIPO window is full (means 0.2, 0.4) with a stored batch,
     so the PI step runs from the first learn step."""
     state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(SEED)), SEED)
-    b, L, r = spec.batch, spec.seq_len, spec.response_len
+    b, L, r = spec.batch, spec.seq_len, spec.rollout.response_len
     rng = np.random.RandomState(SEED)
     tokens = rng.randint(3, spec.model.vocab_size, (b, L)).astype(np.int32)
     mask_r = np.ones((b, r), np.float32)
@@ -43,7 +43,7 @@ def primed_state(spec):
     stored = pipo.StoredBatch(tokens_bl=jnp.asarray(tokens), attention_mask_bl=jnp.asarray(attn),
                               mask_bt=jnp.asarray(mask_r), logp_old_bt=jnp.asarray(-3.5 * mask_r),
                               logp_ref_bt=jnp.asarray(-3.5 * mask_r), attr_bt=jnp.asarray(attr, jnp.float32))
-    window = jnp.zeros((spec.pipo_window,), jnp.float32).at[-2:].set(jnp.array([0.2, 0.4]))
+    window = jnp.zeros((spec.pipo.window,), jnp.float32).at[-2:].set(jnp.array([0.2, 0.4]))
     return state.replace(pipo=pipo.PipoState(mu_window_k=window, count=jnp.int32(2), has_prev=jnp.bool_(True),
                                              prev=stored))
 
@@ -110,7 +110,7 @@ def test_bf16_compute_with_pipo_traces_for_every_algorithm(algo):
     spec = spec_of(algo, "bfloat16")
     state = jax.eval_shape(lambda: primed_state(spec))
     ro = jax.eval_shape(lambda p: rollout.generate(spec, p, rollout.sample_problems(spec, jax.random.PRNGKey(0),
-                                                                                     spec.prompts_per_batch),
+                                                                                     spec.rollout.prompts_per_batch),
                                                    jax.random.PRNGKey(1)), state.params)
     new, metrics = jax.eval_shape(lambda s, r: learn.learn(spec, s, r, jax.random.PRNGKey(2)), state, ro)
     assert "pi_step_applied" in metrics

@@ -9,7 +9,7 @@ from pipo_jax.losses import advantages
 from pipo_jax.rl.rollout import merge_kept_groups
 
 G, P = 2, 2
-SPEC = types.SimpleNamespace(group_size=G, prompts_per_batch=P)
+SPEC = types.SimpleNamespace(rollout=types.SimpleNamespace(group_size=G, prompts_per_batch=P))
 
 
 def _batch(i, rewards):

@@ -12,7 +12,7 @@ import pytest
 
 from configs import sdpo, vpd
 from pipo_jax.models import qwen3
-from pipo_jax.rl import learn, rollout, steps
+from pipo_jax.rl import algorithms, learn, rollout, steps
 from pipo_jax.rl.spec import train_spec
 from pipo_jax.rl.state import init_train_state
 
@@ -47,16 +47,16 @@ def sdpo_token():
 
 
 def _teacher_minus_student(spec, teacher, batch):
-    logp_t = steps.teacher_logprobs(spec, teacher, batch["teacher_tokens_bq"], batch["teacher_mask_bq"])
-    return np.asarray(logp_t - batch["logp_old_br"])
+    logp_t = algorithms.teacher_logprobs(spec, teacher, batch.teacher_tokens_bq, batch.teacher_mask_bq)
+    return np.asarray(logp_t - batch.logp_old_br)
 
 
 def test_prepare_attribution_is_zero_without_teacher_signal(sdpo_token):
     spec, state, _, batch = sdpo_token
-    np.testing.assert_array_equal(np.asarray(batch["sd_mask_b"]), SD_MASK)
-    m = np.asarray(batch["mask_br"])
+    np.testing.assert_array_equal(np.asarray(batch.sd_mask_b), SD_MASK)
+    m = np.asarray(batch.mask_br)
     expected = _teacher_minus_student(spec, state.teacher_params, batch) * m * SD_MASK[:, None]
-    attr = np.asarray(batch["attr_br"])
+    attr = np.asarray(batch.attr_br)
     # the same XLA computation as prepare's: equal up to float32 rounding of a difference of log-probs
     np.testing.assert_allclose(attr, expected, atol=1e-5)
     assert np.all(attr[SD_MASK == 0] == 0.0)
@@ -69,9 +69,9 @@ def test_sdpo_token_mean_is_over_signal_tokens(sdpo_token):
     loss, _ = loss_fn(state.params, batch, steps.response_counts(batch))
     # plain reference: sg(logp_S - logp_T) * logp_S with IS weight min(exp(0), 2) = 1 (logp == logp_old
     # at theta_t), summed over mask * sd_mask and divided by that mask's token count
-    logp_s = np.asarray(batch["logp_old_br"], np.float64)
+    logp_s = np.asarray(batch.logp_old_br, np.float64)
     logp_t = logp_s + _teacher_minus_student(spec, state.teacher_params, batch)
-    w = np.asarray(batch["mask_br"]) * SD_MASK[:, None]
+    w = np.asarray(batch.mask_br) * SD_MASK[:, None]
     expected = np.sum(w * (logp_s - logp_t) * logp_s) / np.sum(w)
     # float32 sums over ~100 tokens of terms of size ~10: relative error well below 1e-5
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
@@ -80,7 +80,7 @@ def test_sdpo_token_mean_is_over_signal_tokens(sdpo_token):
 @pytest.mark.slow
 def test_vpd_recomputed_attribution_is_zero_without_teacher_signal():
     spec, state, ro = _setup(vpd.get_config)
-    assert spec.vpd.e_step and spec.attribution == "sdpo_token"
+    assert spec.vpd.e_step and spec.pipo.attribution == "sdpo_token"
     new_state, _ = jax.jit(lambda s, r, k: learn.learn(spec, s, r, k))(state, ro, jax.random.PRNGKey(2))
     stored = new_state.pipo.prev
     attr = np.asarray(stored.attr_bt)

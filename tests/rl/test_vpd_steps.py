@@ -20,10 +20,19 @@ from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, rollout
 from pipo_jax.rl import vpd_estep as vpd
+from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError, train_spec
 from pipo_jax.rl.state import init_teacher_opt_state, init_train_state
 
 # ----------------------------------------------------------------------------- config and schedule
+
+
+def _batch(mask_br, **fields) -> TrainBatch:
+    """A `TrainBatch` with the response mask `mask_br` [B, R], zeros elsewhere, and `fields`."""
+    b, r = mask_br.shape
+    zeros = dict(tokens_bl=jnp.zeros((b, r + 1), jnp.int32), mask_bl=jnp.ones((b, r + 1), jnp.int32),
+                 logp_old_br=jnp.zeros((b, r)), logp_ref_br=jnp.zeros((b, r)))
+    return TrainBatch(mask_br=mask_br, **{**zeros, **fields})
 
 
 def test_config_defaults():
@@ -65,34 +74,34 @@ def test_outcome_counts_are_the_labelled_rows_of_a_mini_batch():
     rng = np.random.default_rng(0)
     pos = rng.random(32) < 0.3
     neg = ~pos & (rng.random(32) < 0.7)
-    batch = vpd.e_step_batch({"mask_br": jnp.ones((32, 2)), "teacher_tokens_bq": jnp.zeros((32, 3)),
-                              "teacher_mask_bq": jnp.ones((32, 3))}, jnp.zeros((32, 2)), pos, neg)
+    batch = vpd.e_step_batch(_batch(jnp.ones((32, 2)), teacher_tokens_bq=jnp.zeros((32, 3), jnp.int32),
+                                    teacher_mask_bq=jnp.ones((32, 3), jnp.int32)), jnp.zeros((32, 2)), pos, neg)
     for _ in range(5):
         rows = rng.permutation(32)[:8]
-        counts = vpd.outcome_counts({k: v[rows] for k, v in batch.items()})
+        counts = vpd.outcome_counts(jax.tree.map(lambda v: v[rows], batch))
         assert (float(counts["num_pos"]), float(counts["num_neg"])) == (pos[rows].sum(), neg[rows].sum())
 
 
 def test_labels_need_teacher_signal_and_a_response():
-    spec = SimpleNamespace(sdpo_success_threshold=1.0)
-    batch = {"rewards_b": jnp.array([1.0, 0.0, 1.0, 0.0, 1.0]), "sd_mask_b": jnp.array([1.0, 1.0, 0.0, 0.0, 1.0]),
-             "mask_br": jnp.array([[1, 1], [1, 0], [1, 1], [1, 1], [0, 0]], jnp.float32)}
+    spec = SimpleNamespace(sdpo=SimpleNamespace(success_threshold=1.0))
+    batch = _batch(jnp.array([[1, 1], [1, 0], [1, 1], [1, 1], [0, 0]], jnp.float32),
+                   rewards_b=jnp.array([1.0, 0.0, 1.0, 0.0, 1.0]), sd_mask_b=jnp.array([1.0, 1.0, 0.0, 0.0, 1.0]))
     pos, neg = vpd.labels(spec, batch)
     np.testing.assert_array_equal(pos, [True, False, False, False, False])
     np.testing.assert_array_equal(neg, [False, True, False, False, False])
     with pytest.raises(KeyError, match="rewards_b"):
-        vpd.labels(spec, {k: v for k, v in batch.items() if k != "rewards_b"})
+        vpd.labels(spec, batch.replace(rewards_b=None))
 
 
 def test_reference_logprobs_dynamic_is_the_current_student_fixed_the_initial_policy():
-    batch = {"logp_old_br": jnp.array([[-1.0, -2.0]]), "logp_ref_br": jnp.array([[-3.0, -4.0]])}
-    np.testing.assert_array_equal(vpd.reference_logprobs(vpd.VpdConfig(), batch), batch["logp_old_br"])
+    batch = _batch(jnp.ones((1, 2)), logp_old_br=jnp.array([[-1.0, -2.0]]), logp_ref_br=jnp.array([[-3.0, -4.0]]))
+    np.testing.assert_array_equal(vpd.reference_logprobs(vpd.VpdConfig(), batch), batch.logp_old_br)
     np.testing.assert_array_equal(vpd.reference_logprobs(vpd.VpdConfig(reference="fixed"), batch),
-                                  batch["logp_ref_br"])
-    g = jax.grad(lambda x: jnp.sum(vpd.reference_logprobs(vpd.VpdConfig(), {"logp_old_br": x})))(batch["logp_old_br"])
+                                  batch.logp_ref_br)
+    g = jax.grad(lambda x: jnp.sum(vpd.reference_logprobs(vpd.VpdConfig(), batch.replace(logp_old_br=x))))(batch.logp_old_br)
     np.testing.assert_array_equal(g, 0.0)
     with pytest.raises(KeyError, match="logp_ref_br"):
-        vpd.reference_logprobs(vpd.VpdConfig(reference="fixed"), {"logp_old_br": batch["logp_old_br"]})
+        vpd.reference_logprobs(vpd.VpdConfig(reference="fixed"), batch.replace(logp_ref_br=None))
 
 
 # ----------------------------------------------------------------------------- e_step on a micro batch
@@ -108,23 +117,23 @@ def micro():
     reward_fn = lambda r: rollout.task_rewards(spec, r)
     ro, _ = jax.jit(lambda p, k: rollout.collect(spec, p, k, reward_fn))(state.params, jax.random.PRNGKey(1))
     batch, _, _ = jax.jit(lambda s, r: learn.prepare(spec, s, r))(state, ro)
-    batch = dict(batch, rewards_b=ro.rewards_b)
+    batch = batch.replace(rewards_b=ro.rewards_b)
     cfg = vpd.VpdConfig(lr=1e-3, every=5)
 
     @jax.jit
     def run(teacher, opt_state, b, ref, delta, rng, step):
         return vpd.maybe_e_step(spec, cfg, step, teacher, opt_state, b, ref, delta, rng)
 
-    logq = jax.jit(lambda t, b: vpd.teacher_response_logprobs(spec, t, b["teacher_tokens_bq"], b["teacher_mask_bq"]))
+    logq = jax.jit(lambda t, b: vpd.teacher_response_logprobs(spec, t, b.teacher_tokens_bq, b.teacher_mask_bq))
     return SimpleNamespace(spec=spec, state=state, batch=batch, cfg=cfg, run=run, logq=logq,
                            opt0=init_teacher_opt_state(spec, cfg, state.teacher_params))
 
 
 def _np_rtilde_mean(logq, ref, batch, beta):
     """Plain numpy: beta * sum_t m (logq - ref) per row, averaged over rows with teacher signal."""
-    m = np.asarray(batch["mask_br"])
+    m = np.asarray(batch.mask_br)
     r = beta * np.sum(m * (np.asarray(logq) - np.asarray(ref)), axis=1)
-    labelled = (np.asarray(batch["sd_mask_b"]) > 0) & (m.sum(1) > 0)
+    labelled = (np.asarray(batch.sd_mask_b) > 0) & (m.sum(1) > 0)
     return r[labelled].mean()
 
 
@@ -135,9 +144,9 @@ def _max_diff(a, b):
 
 @pytest.mark.parametrize("reference", ["dynamic", "fixed"])
 def test_e_step_trains_the_teacher_only_and_sets_delta(micro, reference):
-    batch = dict(micro.batch, rewards_b=PATTERN)
+    batch = micro.batch.replace(rewards_b=PATTERN)
     # At init the student *is* the initial policy; shift the fixed reference so the two choices differ.
-    batch["logp_ref_br"] = batch["logp_old_br"] - 0.3 * batch["mask_br"]
+    batch = batch.replace(logp_ref_br=batch.logp_old_br - 0.3 * batch.mask_br)
     ref = vpd.reference_logprobs(dataclasses.replace(micro.cfg, reference=reference), batch)
     student_before = jax.tree.map(np.array, micro.state.params)
     teacher_before = micro.state.teacher_params
@@ -153,16 +162,16 @@ def test_e_step_trains_the_teacher_only_and_sets_delta(micro, reference):
     assert float(m["vpd/rtilde_mean"]) == pytest.approx(expected, rel=1e-4, abs=1e-6)
     assert float(d.delta) == pytest.approx(expected, rel=1e-4, abs=1e-6) and int(d.count) == 1
     if reference == "fixed":  # beta * 0.3 * |y| more than the dynamic reference
-        dyn = _np_rtilde_mean(micro.logq(teacher_before, batch), batch["logp_old_br"], batch, micro.cfg.beta)
-        lengths = np.asarray(batch["mask_br"]).sum(1)[np.asarray(batch["sd_mask_b"]) > 0]
+        dyn = _np_rtilde_mean(micro.logq(teacher_before, batch), batch.logp_old_br, batch, micro.cfg.beta)
+        lengths = np.asarray(batch.mask_br).sum(1)[np.asarray(batch.sd_mask_b) > 0]
         assert expected - dyn == pytest.approx(0.1 * 0.3 * lengths.mean(), rel=1e-4)
     assert (float(m["vpd/num_pos"]), float(m["vpd/num_neg"])) == (8.0, 8.0)
     assert all(np.isfinite(float(v)) for v in m.values())
 
 
 def test_e_step_loss_decreases_on_a_fixed_batch(micro):
-    batch = dict(micro.batch, rewards_b=PATTERN)
-    ref = batch["logp_old_br"]
+    batch = micro.batch.replace(rewards_b=PATTERN)
+    ref = batch.logp_old_br
     t, s, d = micro.state.teacher_params, micro.opt0, vpd_loss.init_delta_state()
     losses, accuracy = [], []
     for i in range(4):
@@ -177,11 +186,11 @@ def test_e_step_loss_decreases_on_a_fixed_batch(micro):
 
 
 def test_e_step_with_the_rollout_rewards_and_no_positives_is_finite(micro):
-    t, _, _, m = micro.run(micro.state.teacher_params, micro.opt0, micro.batch, micro.batch["logp_old_br"],
+    t, _, _, m = micro.run(micro.state.teacher_params, micro.opt0, micro.batch, micro.batch.logp_old_br,
                            vpd_loss.init_delta_state(), jax.random.PRNGKey(3), 0)
-    rewards = np.asarray(micro.batch["rewards_b"])
+    rewards = np.asarray(micro.batch.rewards_b)
     assert float(m["vpd/num_pos"]) == float(np.sum(rewards >= 1.0))
-    assert float(m["vpd/num_pos"]) + float(m["vpd/num_neg"]) == float(np.sum(np.asarray(micro.batch["sd_mask_b"])))
+    assert float(m["vpd/num_pos"]) + float(m["vpd/num_neg"]) == float(np.sum(np.asarray(micro.batch.sd_mask_b)))
     if float(m["vpd/num_pos"]) == 0:
         assert float(m["vpd/e_loss_pos"]) == 0.0
     assert all(np.isfinite(float(v)) for v in m.values())
@@ -189,9 +198,9 @@ def test_e_step_with_the_rollout_rewards_and_no_positives_is_finite(micro):
 
 
 def test_e_step_is_skipped_between_schedule_points_and_absent_when_off(micro):
-    batch = dict(micro.batch, rewards_b=PATTERN)
+    batch = micro.batch.replace(rewards_b=PATTERN)
     delta = vpd_loss.DeltaState(delta=jnp.float32(0.25), count=jnp.int32(3))
-    t, s, d, m = micro.run(micro.state.teacher_params, micro.opt0, batch, batch["logp_old_br"], delta,
+    t, s, d, m = micro.run(micro.state.teacher_params, micro.opt0, batch, batch.logp_old_br, delta,
                            jax.random.PRNGKey(4), 1)  # every = 5: step 1 is not a schedule point
     assert float(m["vpd/e_step_applied"]) == 0.0 and float(m["vpd/delta"]) == 0.25
     assert _max_diff(t, micro.state.teacher_params) == 0.0 and _max_diff(s, micro.opt0) == 0.0
@@ -202,7 +211,7 @@ def test_e_step_is_skipped_between_schedule_points_and_absent_when_off(micro):
     assert out[0] is micro.state.teacher_params and out[1] is micro.opt0 and out[2] is delta and out[3] == {}
     fixed = dataclasses.replace(micro.cfg, reference="fixed")  # an explicit reference would silently bypass it
     with pytest.raises(ValueError, match="reference='fixed'"):
-        vpd.e_step(micro.spec, fixed, micro.state.teacher_params, micro.opt0, batch, batch["logp_old_br"], delta,
+        vpd.e_step(micro.spec, fixed, micro.state.teacher_params, micro.opt0, batch, batch.logp_old_br, delta,
                    jax.random.PRNGKey(4))
 
 
@@ -210,7 +219,7 @@ def _sgd(lr, spec):
     """`make_teacher_optimizer` with plain SGD in AdamW's place (same clip and non-finite guard, same
     `with_lr` state layout)."""
     return optax.apply_if_finite(optax.chain(
-        optax.clip_by_global_norm(spec.grad_clip), optax.inject_hyperparams(optax.sgd)(learning_rate=lr)),
+        optax.clip_by_global_norm(spec.train.grad_clip), optax.inject_hyperparams(optax.sgd)(learning_rate=lr)),
         max_consecutive_errors=2**30)
 
 
@@ -221,10 +230,10 @@ def test_micro_batching_does_not_change_the_e_step(micro, monkeypatch):
     steps by about +-lr with a sign set by that rounding, so parameters after an Adam step differ
     by codegen noise of size lr (3e-5 seen on one CPU, 0 on another)."""
     monkeypatch.setattr(vpd, "make_teacher_optimizer", lambda spec, cfg: _sgd(cfg.lr, spec))
-    batch = dict(micro.batch, rewards_b=PATTERN)
+    batch = micro.batch.replace(rewards_b=PATTERN)
     teacher = micro.state.teacher_params
     opt0 = _sgd(micro.cfg.lr, micro.spec).init(teacher)
-    spec2 = dataclasses.replace(micro.spec, micro_batch_per_device=micro.spec.mini_batch // 2)
+    spec2 = micro.spec.with_section("train", micro_batch_per_device=micro.spec.train.mini_batch // 2)
     step = lambda spec: jax.jit(lambda t, s, b, d, k: vpd.e_step(spec, micro.cfg, t, s, b, None, d, k))  # noqa: E731
     split, whole = (step(s)(teacher, opt0, batch, vpd_loss.init_delta_state(), jax.random.PRNGKey(5))
                     for s in (spec2, micro.spec))  # ref None: read logp_old_br ("dynamic")
@@ -235,7 +244,7 @@ def test_micro_batching_does_not_change_the_e_step(micro, monkeypatch):
     # the update may move by n * eps * |update|_2 when the sum is split in two; plus one float32
     # spacing of the parameter, as theta + update is rounded to it. (Measured: 0.12 of the bound,
     # with and without XLA_FLAGS=--xla_cpu_max_isa=AVX2.)
-    n = micro.spec.mini_batch * batch["teacher_tokens_bq"].shape[1]
+    n = micro.spec.train.mini_batch * batch.teacher_tokens_bq.shape[1]
     u_split, u_whole = (jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b), out[0], teacher)
                         for out in (split, whole))
     norm = np.sqrt(sum(np.sum(u ** 2) for u in jax.tree.leaves(u_whole)))
@@ -260,15 +269,15 @@ def test_teacher_diagnostics_match_a_full_batch_computation(micro):
     @jax.jit
     def full(t, s, b):
         from pipo_jax.rl import response_logprobs as logprobs
-        q = b["teacher_tokens_bq"].shape[1] - spec.response_len
-        t_btv = logprobs.response_log_softmax(spec.model, t, b["teacher_tokens_bq"], b["teacher_mask_bq"], q,
-                                              temperature=spec.temperature)
-        s_btv = logprobs.response_log_softmax(spec.model, s, b["tokens_bl"], b["mask_bl"], spec.prompt_len,
-                                              temperature=spec.temperature)
+        q = b.teacher_tokens_bq.shape[1] - spec.rollout.response_len
+        t_btv = logprobs.response_log_softmax(spec.model, t, b.teacher_tokens_bq, b.teacher_mask_bq, q,
+                                              temperature=spec.rollout.temperature)
+        s_btv = logprobs.response_log_softmax(spec.model, s, b.tokens_bl, b.mask_bl, spec.prompt_len,
+                                              temperature=spec.rollout.temperature)
         return t_btv, s_btv
 
     t_btv, s_btv = map(np.asarray, full(teacher, micro.state.params, batch))
-    m = np.asarray(batch["mask_br"]) * np.asarray(batch["sd_mask_b"])[:, None]
+    m = np.asarray(batch.mask_br) * np.asarray(batch.sd_mask_b)[:, None]
     pt, ps = np.exp(t_btv), np.exp(s_btv)
     h_t = -np.sum(pt * t_btv, -1)
     kl = np.sum(pt * (t_btv - s_btv), -1)

@@ -1,0 +1,332 @@
+"""Algorithms as registered objects: advantage estimators, policy losses, attributions and
+the algorithms that combine them, each declared once and looked up by name.
+
+    ADVANTAGE_ESTIMATORS[name]: AdvantageEstimator   fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)
+    POLICY_LOSSES[name]:        PolicyLoss           fn(spec, params, teacher_params, mb, counts)
+                                                         -> (loss, metrics, logp_br, entropy_br | None)
+    ATTRIBUTIONS[name]:         Attribution          fn(spec, TrainBatch) -> attr_br
+    ADVANTAGE_SHAPINGS[name]:   fn(spec, TrainBatch) -> adv_br
+    ALGORITHMS[key]:            Algorithm            which of the above an algorithm may use
+
+Register with the decorators (`@policy_loss("name", pi_ratio="token")`, ...) and
+`register_algorithm(Algorithm(...))`; `rl/spec.py:TrainSpec` validates the config's names
+against these tables (a `ConfigError` naming the key and the choices) and resolves them,
+so the learner (`rl/learn.py`, `rl/steps.py`) calls `spec.policy.fn(...)`,
+`spec.estimator.fn(...)`, `spec.attribution.fn(...)` and branches only on declared
+capabilities (a critic, a teacher), never on a name. The pure loss math lives in
+`pipo_jax/losses/`; the entries here bind it to the spec's settings and the model.
+
+`spec` is an `rl/spec.py:TrainSpec` (not imported: the spec imports this table).
+`counts` are a mini-batch's global counts (`steps.response_counts`), so micro-batching
+never changes a loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from pipo_jax.losses import advantages, distill, pipo
+from pipo_jax.losses import vpd as vpd_loss
+from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
+from pipo_jax.rl.batch import TrainBatch
+from pipo_jax.rl.response_logprobs import response_log_softmax, response_logprobs
+
+
+class AdvantageInputs(NamedTuple):
+    """What an estimator may read: `[B, R]` float32 unless named."""
+
+    mask_br: jax.Array
+    token_rewards_br: jax.Array  # outcome (+ KL penalty) reward on each response token
+    seq_rewards_b: jax.Array  # [B]: the sum of the token rewards
+    values_br: Any = None  # the critic's values (estimators with `critic=True`)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageEstimator:
+    name: str
+    fn: Callable
+    critic: bool = False  # reads `values_br` and trains PPO's value model
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLoss:
+    name: str
+    fn: Callable
+    pi_ratio: str = "token"  # the ratio of PIPO's PI surrogate when this loss is the base loss: token | sequence
+    distills: bool = False  # a distillation toward the teacher, averaged over teacher-signal rows (`counts["sd"]`)
+    dual_clip: bool = False  # reads `loss.clip_ratio_c` (a policy-gradient loss without it requires 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribution:
+    name: str
+    fn: Callable
+    teacher: bool = False  # reads `logp_teacher_br` (recomputed after VPD's E-step changes the teacher)
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """An algorithm: the names it may combine.
+
+    estimators / policy_losses: the `advantage.estimator` / `loss.policy` values it accepts
+    ("none": no advantages). A policy loss maps to the registered loss it trains with
+    (`policy_losses` pairs), so a variant can swap the loss behind a config name (VPD's
+    joint hybrid trains "token_clip" plus the distillation). attribution: the only
+    `pipo.attribution` that fits. teacher: builds feedback-conditioned teacher contexts.
+    authors_pi_token_loss: the authors' PI-loss variants (`pipo.authors.pi_no_lower_clip`,
+    `pi_symmetric_clip`, their `grpo_layback`) apply; their PPO PI step is the plain clip.
+    """
+
+    name: str
+    estimators: tuple[str, ...]
+    policy_losses: tuple[tuple[str, str], ...]
+    attribution: str
+    teacher: bool = False
+    advantage_shaping: str | None = None
+    authors_pi_token_loss: bool = True
+
+    def loss_for(self, policy: str) -> str | None:
+        """The registered loss `loss.policy = policy` trains with, or None if it does not fit."""
+        return dict(self.policy_losses).get(policy)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+ATTRIBUTIONS: dict[str, Attribution] = {}
+ADVANTAGE_SHAPINGS: dict[str, Callable] = {}
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def _register(table: dict, name: str, entry):
+    if name in table:
+        raise ValueError(f"{name!r} is registered twice")
+    table[name] = entry
+    return entry
+
+
+def advantage_estimator(*names: str, critic: bool = False):
+    """Registers `fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)` under each of `names`."""
+    def register(fn):
+        entry = AdvantageEstimator(names[0], fn, critic)
+        for name in names:
+            _register(ADVANTAGE_ESTIMATORS, name, entry)
+        return fn
+    return register
+
+
+def policy_loss(name: str, *, pi_ratio: str = "token", distills: bool = False, dual_clip: bool = False):
+    """Registers `fn(spec, params, teacher_params, mb, counts) -> (loss, metrics, logp_br, entropy_br)`."""
+    if pi_ratio not in ("token", "sequence"):
+        raise ValueError(f"policy loss {name!r}: pi_ratio {pi_ratio!r} is not 'token' or 'sequence'")
+    return lambda fn: _register(POLICY_LOSSES, name, PolicyLoss(name, fn, pi_ratio, distills, dual_clip)) and fn
+
+
+def attribution(name: str, *, teacher: bool = False):
+    """Registers `fn(spec, TrainBatch) -> attr_br` (zero at padding)."""
+    return lambda fn: _register(ATTRIBUTIONS, name, Attribution(name, fn, teacher)) and fn
+
+
+def advantage_shaping(name: str):
+    """Registers `fn(spec, TrainBatch) -> adv_br`, applied to the estimator's advantages."""
+    return lambda fn: _register(ADVANTAGE_SHAPINGS, name, fn)
+
+
+def register_algorithm(algorithm: Algorithm) -> Algorithm:
+    for est in algorithm.estimators:
+        if est != "none" and est not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"algorithm {algorithm.name!r}: unknown estimator {est!r}")
+    for _, loss in algorithm.policy_losses:
+        if loss not in POLICY_LOSSES:
+            raise ValueError(f"algorithm {algorithm.name!r}: unknown policy loss {loss!r}")
+    if algorithm.attribution not in ATTRIBUTIONS:
+        raise ValueError(f"algorithm {algorithm.name!r}: unknown attribution {algorithm.attribution!r}")
+    if algorithm.advantage_shaping is not None and algorithm.advantage_shaping not in ADVANTAGE_SHAPINGS:
+        raise ValueError(f"algorithm {algorithm.name!r}: unknown advantage shaping {algorithm.advantage_shaping!r}")
+    return _register(ALGORITHMS, algorithm.name, algorithm)
+
+
+def algorithm_key(name: str, vpd_hybrid: str = "none") -> str:
+    """The `ALGORITHMS` key of `config.algorithm` (VPD's hybrids are variants: "vpd+joint")."""
+    return name if vpd_hybrid == "none" else f"{name}+{vpd_hybrid}"
+
+
+# ----------------------------------------------------------------------------- model passes
+
+
+def student_logprobs(spec, params, mb: TrainBatch):
+    """(log pi(y_t) `[B, R]`, entropy `[B, R]` or None) of the batch's responses under `params`."""
+    return response_logprobs(spec.model, params, mb.tokens_bl, mb.mask_bl, spec.prompt_len,
+                             temperature=spec.rollout.temperature, impl=spec.logprob_impl,
+                             with_entropy=spec.loss.entropy_coef > 0)
+
+
+def teacher_logprobs(spec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
+    """Teacher log-probs `[B, R]` of the response tokens in the teacher context (no gradient)."""
+    q = tokens_bq.shape[1] - spec.rollout.response_len
+    logp, _ = response_logprobs(spec.model, jax.lax.stop_gradient(teacher_params), tokens_bq, mask_bq, q,
+                                temperature=spec.rollout.temperature, impl=spec.logprob_impl)
+    return jax.lax.stop_gradient(logp)
+
+
+def loss_counts(spec, counts: dict) -> dict:
+    """Keyword arguments of every loss in `pipo_jax.losses`: the aggregation mode and global counts."""
+    return dict(loss_agg_mode=spec.loss.agg_mode, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"],
+                norm_length=spec.rollout.response_len)
+
+
+def _check_loss_inputs(logp_br, mb: TrainBatch) -> None:
+    chex.assert_equal_shape([logp_br, mb.logp_old_br, mb.mask_br])
+    chex.assert_type([logp_br, mb.logp_old_br], jnp.float32)
+
+
+# ----------------------------------------------------------------------------- advantage estimators
+
+
+@advantage_estimator("gae", critic=True)
+def _gae(spec, x: AdvantageInputs):
+    """PPO: GAE(gamma, lambda) on the critic's values, whitened; returns are never whitened."""
+    adv_br, returns_br = advantages.gae(x.token_rewards_br, x.values_br, x.mask_br, gamma=spec.advantage.gamma,
+                                        lam=spec.advantage.lam)
+    return advantages.masked_whiten(adv_br, x.mask_br), returns_br
+
+
+@advantage_estimator("grpo", "group_relative")
+def _group_relative(spec, x: AdvantageInputs):
+    """GRPO / GSPO / DAPO / Dr. GRPO (`norm_by_std=False`): (r - group mean) / group std on every token."""
+    adv_b = advantages.group_relative_advantages(x.seq_rewards_b, spec.rollout.group_size,
+                                                 std_ddof=spec.advantage.std_ddof,
+                                                 norm_by_std=spec.advantage.norm_by_std)
+    return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
+
+
+# ----------------------------------------------------------------------------- policy losses
+
+
+def _clip_loss(loss, spec, params, mb: TrainBatch, counts: dict, **kw):
+    logp, ent = student_logprobs(spec, params, mb)
+    _check_loss_inputs(logp, mb)
+    value, metrics = loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=spec.loss.clip_low,
+                          eps_high=spec.loss.clip_high, **kw, **loss_counts(spec, counts))
+    return value, metrics, logp, ent
+
+
+@policy_loss("token_clip", pi_ratio="token", dual_clip=True)
+def _token_clip(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """PPO-style token clip with dual clip `clip_ratio_c` (`losses/policy.py:token_clip_loss`)."""
+    return _clip_loss(token_clip_loss, spec, params, mb, counts, clip_ratio_c=spec.loss.clip_ratio_c)
+
+
+@policy_loss("gspo", pi_ratio="sequence")
+def _gspo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """GSPO's sequence-ratio clip (`losses/policy.py:gspo_loss`); its PI step uses the sequence ratio."""
+    return _clip_loss(gspo_loss, spec, params, mb, counts)
+
+
+@policy_loss("cispo", pi_ratio="token")
+def _cispo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """CISPO: the clipped, detached importance weight times A log pi (`losses/policy.py:cispo_loss`)."""
+    return _clip_loss(cispo_loss, spec, params, mb, counts)
+
+
+def _distill_kwargs(spec, mb: TrainBatch, counts: dict) -> dict:
+    return dict(is_clip=spec.sdpo.is_clip, sd_mask_b=mb.sd_mask_b, **loss_counts(spec, counts["sd"]))
+
+
+@policy_loss("sdpo_token", distills=True)
+def _sdpo_token(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """SDPO's token-level reverse KL toward the teacher (`losses/distill.py:sdpo_token_loss`)."""
+    logp, ent = student_logprobs(spec, params, mb)
+    _check_loss_inputs(logp, mb)
+    logp_t = teacher_logprobs(spec, teacher_params, mb.teacher_tokens_bq, mb.teacher_mask_bq)
+    loss, metrics = distill.sdpo_token_loss(logp, mb.logp_old_br, None, mb.mask_br, logp_teacher_bt=logp_t,
+                                            **_distill_kwargs(spec, mb, counts))
+    return loss, metrics, logp, ent
+
+
+@policy_loss("sdpo_jsd", distills=True)
+def _sdpo_jsd(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """SDPO's generalised JSD on the student's top-k tokens + tail (`losses/distill.py:sdpo_jsd_loss`)."""
+    p, r = spec.prompt_len, spec.rollout.response_len
+    q = mb.teacher_tokens_bq.shape[1] - r
+    student = response_log_softmax(spec.model, params, mb.tokens_bl, mb.mask_bl, p,
+                                   temperature=spec.rollout.temperature)
+    teacher = jax.lax.stop_gradient(response_log_softmax(
+        spec.model, jax.lax.stop_gradient(teacher_params), mb.teacher_tokens_bq, mb.teacher_mask_bq, q,
+        temperature=spec.rollout.temperature))
+    targets = mb.tokens_bl[:, p:]
+    valid = mb.mask_br > 0
+    logp = jnp.where(valid, jnp.take_along_axis(student, targets[..., None], axis=-1)[..., 0], 0.0)
+    logp_t = jnp.where(valid, jnp.take_along_axis(teacher, targets[..., None], axis=-1)[..., 0], 0.0)
+    _check_loss_inputs(logp, mb)
+    s_btn, t_btn = distill.student_topk_with_tail(student, teacher, min(spec.sdpo.topk, student.shape[-1]))
+    loss, metrics = distill.sdpo_jsd_loss(logp, mb.logp_old_br, None, mb.mask_br, student_distill_logp_btn=s_btn,
+                                          teacher_distill_logp_btn=t_btn, alpha=spec.sdpo.alpha,
+                                          logp_teacher_bt=logp_t, **_distill_kwargs(spec, mb, counts))
+    ent = -jnp.sum(jnp.exp(student) * student, axis=-1) if spec.loss.entropy_coef > 0 else None
+    return loss, metrics, logp, ent
+
+
+@policy_loss("vpd_joint", pi_ratio="token", dual_clip=True)
+def _vpd_joint(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """VPD's joint hybrid: the token clip loss on GRPO advantages + w x SDPO's token distillation."""
+    logp, ent = student_logprobs(spec, params, mb)
+    _check_loss_inputs(logp, mb)
+    logp_t = teacher_logprobs(spec, teacher_params, mb.teacher_tokens_bq, mb.teacher_mask_bq)
+    loss, metrics = vpd_loss.joint_hybrid_loss(
+        logp, mb.logp_old_br, mb.adv_br, mb.mask_br, weight=spec.vpd.hybrid_weight, logp_teacher_bt=logp_t,
+        sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip, eps_low=spec.loss.clip_low, eps_high=spec.loss.clip_high,
+        clip_ratio_c=spec.loss.clip_ratio_c, **loss_counts(spec, counts))
+    return loss, metrics, logp, ent
+
+
+# ----------------------------------------------------------------------------- attributions
+
+
+@attribution("group")
+def _group_attribution(spec, batch: TrainBatch):
+    """G x abar_i / sum_j |abar_j| over each group (SPEC 1)."""
+    return pipo.group_attribution(batch.adv_br, batch.mask_br, spec.rollout.group_size,
+                                  spec.pipo.options.attribution_eps_add)
+
+
+@attribution("gae")
+def _gae_attribution(spec, batch: TrainBatch):
+    """PPO: the GAE advantages themselves."""
+    return pipo.gae_attribution(batch.adv_br, batch.mask_br)
+
+
+@attribution("sdpo_token", teacher=True)
+def _sdpo_attribution(spec, batch: TrainBatch):
+    """SDPO: log p_T - log p_S on tokens of rows with teacher signal."""
+    return distill.token_attribution(batch.logp_teacher_br, batch.logp_old_br, batch.mask_br, batch.sd_mask_b)
+
+
+# ----------------------------------------------------------------------------- advantage shapings
+
+
+@advantage_shaping("vpd_reshape")
+def _vpd_reshape(spec, batch: TrainBatch):
+    """A' = A + w (log p_T - log p_S) on rows with teacher signal (VPD's reshape hybrid)."""
+    return vpd_loss.reshaped_advantages(batch.adv_br, batch.logp_teacher_br, batch.logp_old_br, batch.mask_br,
+                                        weight=spec.vpd.hybrid_weight, sd_mask_b=batch.sd_mask_b)
+
+
+# ----------------------------------------------------------------------------- algorithms
+
+CLIP_LOSSES = (("token_clip", "token_clip"), ("gspo", "gspo"), ("cispo", "cispo"))
+GROUP_ESTIMATORS = ("grpo", "group_relative")
+SDPO_LOSSES = (("sdpo_token", "sdpo_token"), ("sdpo_jsd", "sdpo_jsd"))
+
+register_algorithm(Algorithm("ppo", ("gae",), CLIP_LOSSES, "gae", authors_pi_token_loss=False))
+for _name in ("grpo", "gspo", "dapo"):
+    register_algorithm(Algorithm(_name, GROUP_ESTIMATORS, CLIP_LOSSES, "group"))
+register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
+register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
+register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True))
+register_algorithm(Algorithm("vpd+reshape", GROUP_ESTIMATORS, CLIP_LOSSES, "group", teacher=True,
+                             advantage_shaping="vpd_reshape"))

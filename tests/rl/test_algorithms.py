@@ -1,0 +1,222 @@
+"""Algorithms as registered objects (`rl/algorithms.py`): every entry against the pure loss math it
+binds, the config checks that come from the declarations, and no name branch in the learner."""
+
+import ast
+import importlib
+import pathlib
+from types import SimpleNamespace
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import grpo, sdpo, vpd
+from pipo_jax.losses import advantages, distill, pipo
+from pipo_jax.losses import vpd as vpd_loss
+from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
+from pipo_jax.models import qwen3
+from pipo_jax.rl import algorithms, steps
+from pipo_jax.rl.algorithms import AdvantageInputs
+from pipo_jax.rl.batch import TrainBatch
+from pipo_jax.rl.response_logprobs import response_logprobs
+from pipo_jax.rl.spec import ConfigError, train_spec
+
+B, T = 4, 3
+MASK = jnp.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], jnp.float32)
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _spec_ns(**sections):
+    return SimpleNamespace(**{k: SimpleNamespace(**v) for k, v in sections.items()})
+
+
+def test_advantage_estimators_bind_the_pure_functions():
+    rewards = jnp.array([1.0, 0.0, 0.0, 0.0])
+    tok = advantages.outcome_token_rewards(rewards, MASK)
+    spec = _spec_ns(rollout=dict(group_size=2), advantage=dict(std_ddof=1, norm_by_std=True, gamma=0.9, lam=0.8))
+    grp = algorithms.ADVANTAGE_ESTIMATORS["grpo"]
+    assert algorithms.ADVANTAGE_ESTIMATORS["group_relative"] is grp and not grp.critic
+    adv, returns = grp.fn(spec, AdvantageInputs(MASK, tok, rewards))
+    want = advantages.group_relative_advantages(rewards, 2, std_ddof=1)
+    chex.assert_trees_all_close(adv, advantages.broadcast_over_tokens(want, MASK))
+    assert returns is None
+    gae = algorithms.ADVANTAGE_ESTIMATORS["gae"]
+    values = jnp.full((B, T), 0.25)
+    adv, returns = gae.fn(spec, AdvantageInputs(MASK, tok, rewards, values))
+    raw, ret = advantages.gae(tok, values, MASK, gamma=0.9, lam=0.8)
+    chex.assert_trees_all_close(adv, advantages.masked_whiten(raw, MASK))
+    chex.assert_trees_all_close(returns, ret)  # returns are never whitened
+    assert gae.critic
+
+
+def test_attributions_bind_the_pure_functions():
+    adv = jnp.array([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0], [2.0, 0.0, 0.0], [2.0, 2.0, 2.0]])
+    batch = TrainBatch(tokens_bl=jnp.zeros((B, 5), jnp.int32), mask_bl=jnp.ones((B, 5), jnp.int32), mask_br=MASK,
+                       logp_old_br=2 * adv, logp_ref_br=jnp.zeros((B, T)), adv_br=adv, logp_teacher_br=adv,
+                       sd_mask_b=jnp.array([1.0, 0.0, 1.0, 1.0]))
+    for eps_add in (False, True):
+        spec = _spec_ns(rollout=dict(group_size=2), pipo=dict(options=pipo.PipoOptions(attribution_eps_add=eps_add)))
+        chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["group"].fn(spec, batch),
+                                    pipo.group_attribution(adv, MASK, 2, eps_add))
+    chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["gae"].fn(None, batch), adv * MASK)
+    sd = algorithms.ATTRIBUTIONS["sdpo_token"]
+    assert sd.teacher and not algorithms.ATTRIBUTIONS["group"].teacher
+    chex.assert_trees_all_close(sd.fn(None, batch), distill.token_attribution(adv, 2 * adv, MASK, batch.sd_mask_b))
+
+
+def _micro_batch(spec, seed=0):
+    """A random batch of the spec's shapes with teacher contexts (the prompt, left-padded wider)."""
+    k = jax.random.split(jax.random.PRNGKey(seed), 6)
+    b, p, r, v = spec.batch, spec.prompt_len, spec.rollout.response_len, spec.model.vocab_size
+    tokens = jax.random.randint(k[0], (b, p + r), 1, v)
+    mask = jnp.ones((b, p + r), jnp.int32).at[:, p + r - 2:].set(jnp.arange(b)[:, None] % 2)  # ragged responses
+    mask_br = mask[:, p:].astype(jnp.float32)
+    params = qwen3.init_params(spec.model, k[1])
+    logp, _ = response_logprobs(spec.model, params, tokens, mask, p, temperature=spec.rollout.temperature)
+    old = jnp.where(mask_br > 0, logp + 0.3 * jax.random.normal(k[2], logp.shape), 0.0)
+    teacher_tokens = jnp.concatenate([jnp.zeros((b, 3), jnp.int32), tokens], axis=1)
+    teacher_mask = jnp.concatenate([jnp.zeros((b, 3), jnp.int32), mask], axis=1)
+    batch = TrainBatch(tokens_bl=tokens, mask_bl=mask, mask_br=mask_br, logp_old_br=old, logp_ref_br=old,
+                       adv_br=jax.random.normal(k[3], (b, r)) * mask_br, teacher_tokens_bq=teacher_tokens,
+                       teacher_mask_bq=teacher_mask, sd_mask_b=(jnp.arange(b) % 3 > 0).astype(jnp.float32))
+    teacher = qwen3.init_params(spec.model, k[4])
+    return params, teacher, batch
+
+
+def _configs():
+    def with_loss(module, policy, **loss):
+        def make():
+            c = module.get_config("micro")
+            c.loss.policy = policy
+            for key, value in loss.items():
+                c.loss[key] = value
+            return c
+        return make
+
+    return {
+        "token_clip": with_loss(grpo, "token_clip"),
+        "gspo": with_loss(grpo, "gspo", clip_ratio_c=0.0, clip_low=3e-4, clip_high=4e-4),
+        "cispo": with_loss(grpo, "cispo", clip_ratio_c=0.0),
+        "sdpo_token": with_loss(sdpo, "sdpo_token"),
+        "sdpo_jsd": with_loss(sdpo, "sdpo_jsd"),
+        "vpd_joint": lambda: vpd.hybrid("micro", "joint"),
+    }
+
+
+def test_every_registered_policy_loss_has_a_case():
+    assert sorted(_configs()) == sorted(algorithms.POLICY_LOSSES)
+
+
+@pytest.mark.parametrize("name", sorted(_configs()))
+def test_registered_policy_loss_equals_its_loss_math(name):
+    """`spec.policy.fn` on a micro model = the pure loss of `pipo_jax.losses` on log-probs computed
+    directly, with the spec's settings; the global counts are honoured (twice the tokens, half the loss)."""
+    spec = train_spec(_configs()[name]())
+    assert spec.policy.name == name
+    params, teacher, mb = _micro_batch(spec)
+    counts = steps.response_counts(mb)
+    loss, metrics, logp, _ = jax.jit(lambda p, t: spec.policy.fn(spec, p, t, mb, counts))(params, teacher)
+    p, t = spec.prompt_len, spec.rollout.temperature
+    want_logp, _ = response_logprobs(spec.model, params, mb.tokens_bl, mb.mask_bl, p, temperature=t)
+    # the same computation (response_logprobs) jitted in a different program: float32 rounding of
+    # log-softmax sums over a 40-token vocabulary (|logp| < 10), well under 1e-5
+    chex.assert_trees_all_close(logp, want_logp, atol=1e-5)
+    agg = dict(loss_agg_mode=spec.loss.agg_mode, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"],
+               norm_length=spec.rollout.response_len)
+    lo = spec.loss
+    teacher_logp, _ = response_logprobs(spec.model, teacher, mb.teacher_tokens_bq, mb.teacher_mask_bq,
+                                        mb.teacher_tokens_bq.shape[1] - spec.rollout.response_len, temperature=t)
+    sd_agg = dict(agg, num_tokens=counts["sd"]["num_tokens"], num_seqs=counts["sd"]["num_seqs"])
+    if name == "token_clip":
+        want, _ = token_clip_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=lo.clip_low,
+                                  eps_high=lo.clip_high, clip_ratio_c=lo.clip_ratio_c, **agg)
+    elif name == "gspo":
+        want, _ = gspo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=3e-4, eps_high=4e-4, **agg)
+    elif name == "cispo":
+        want, _ = cispo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=lo.clip_low,
+                             eps_high=lo.clip_high, **agg)
+    elif name == "sdpo_token":
+        want, _ = distill.sdpo_token_loss(want_logp, mb.logp_old_br, None, mb.mask_br, logp_teacher_bt=teacher_logp,
+                                          is_clip=spec.sdpo.is_clip, sd_mask_b=mb.sd_mask_b, **sd_agg)
+    elif name == "vpd_joint":
+        want, _ = vpd_loss.joint_hybrid_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br,
+                                             weight=spec.vpd.hybrid_weight, logp_teacher_bt=teacher_logp,
+                                             sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip, eps_low=lo.clip_low,
+                                             eps_high=lo.clip_high, clip_ratio_c=lo.clip_ratio_c, **agg)
+    else:  # sdpo_jsd: the full distributions; its top-k support is tested in tests/losses/test_distill.py
+        want = None
+    if want is not None:
+        chex.assert_trees_all_close(loss, want, rtol=1e-4, atol=1e-6)  # the log-prob rounding above, summed
+    assert bool(jnp.isfinite(loss)) and float(loss) != 0.0 and all(v.shape == () for v in metrics.values())
+    key = "sd" if spec.policy.distills else None
+    doubled = dict(counts, **({key: {k: 2 * v for k, v in counts[key].items()}} if key else
+                              {"num_tokens": 2 * counts["num_tokens"], "num_seqs": 2 * counts["num_seqs"]}))
+    half = jax.jit(lambda p, t: spec.policy.fn(spec, p, t, mb, doubled)[0])(params, teacher)
+    chex.assert_trees_all_close(half, loss / 2, rtol=1e-5)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("loss.policy", "ppo", r"config\.loss\.policy: 'ppo' is not one of \('token_clip', 'gspo', 'cispo'"),
+    ("loss.policy", "sdpo_token", r"config\.loss\.policy: 'sdpo_token' does not fit algorithm='grpo' \(expected "
+                                  r"one of \('token_clip', 'gspo', 'cispo'\)\)"),
+    ("loss.kl_estimator", "k4", r"config\.loss\.kl_estimator: 'k4' is not one of \('k1', 'k2', 'k3'\)"),
+    ("advantage.estimator", "gae", r"config\.advantage\.estimator: 'gae' does not fit algorithm='grpo'"),
+    ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
+    ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
+                               r"'sdpo', 'vpd'\)"),
+])
+def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
+    c = grpo.get_config("micro")
+    section, _, field = key.rpartition(".")
+    (c[section] if section else c)[field] = value
+    with pytest.raises(ConfigError, match=match):
+        train_spec(c)
+
+
+def test_declared_capabilities_make_the_checks():
+    c = grpo.get_config("micro")
+    c.loss.policy = "cispo"  # no dual clip: the default clip_ratio_c = 3 would have no effect
+    with pytest.raises(ConfigError, match=r"config\.loss\.clip_ratio_c: loss.policy='cispo' has no dual clip"):
+        train_spec(c)
+    c.loss.clip_ratio_c = 0.0
+    assert train_spec(c).pi_ratio == "token"
+    c = vpd.hybrid("micro", "joint")
+    c.loss.policy, c.loss.clip_ratio_c = "gspo", 0.0  # the joint hybrid trains the token clip loss only
+    with pytest.raises(ConfigError, match=r"config\.loss\.policy: 'gspo' does not fit algorithm='vpd' with "
+                                          r"vpd\.hybrid='joint' \(expected one of \('token_clip',\)\)"):
+        train_spec(c)
+    assert train_spec(vpd.hybrid("micro", "joint")).policy.name == "vpd_joint"
+    reshape = train_spec(vpd.hybrid("micro", "reshape"))
+    assert reshape.advantage_shaping is algorithms.ADVANTAGE_SHAPINGS["vpd_reshape"] and reshape.uses_teacher
+
+
+def test_registration_rejects_duplicates_and_unknown_pieces():
+    with pytest.raises(ValueError, match="'token_clip' is registered twice"):
+        algorithms.policy_loss("token_clip")(lambda *a: None)
+    with pytest.raises(ValueError, match="unknown policy loss 'nope'"):
+        algorithms.register_algorithm(algorithms.Algorithm("x", ("grpo",), (("nope", "nope"),), "group"))
+    with pytest.raises(ValueError, match="pi_ratio 'row'"):
+        algorithms.policy_loss("x", pi_ratio="row")
+    assert "x" not in algorithms.ALGORITHMS and "x" not in algorithms.POLICY_LOSSES
+
+
+NAMES = set(algorithms.ALGORITHMS) | {k.split("+")[0] for k in algorithms.ALGORITHMS} | set(
+    algorithms.POLICY_LOSSES) | set(algorithms.ADVANTAGE_ESTIMATORS) | set(algorithms.ATTRIBUTIONS)
+
+
+@pytest.mark.parametrize("module", ["rl/learn.py", "rl/steps.py", "rl/loop.py", "rl/rollout.py", "rl/vpd_estep.py",
+                                    "rl/sharded_steps.py", "rl/trainer.py", "rl/placement.py"])
+def test_the_learner_never_branches_on_a_registered_name(module):
+    """No string literal naming an algorithm, policy loss, estimator or attribution in the learner's
+    code (docstrings aside): it calls the registered objects and reads declared capabilities."""
+    tree = ast.parse((REPO / "pipo_jax" / module).read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    found = [(n.lineno, n.value) for n in ast.walk(tree)
+             if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in NAMES
+             and id(n) not in docstrings]
+    assert not found, f"{module}: {found}"
+    assert importlib.import_module(f"pipo_jax.{module[:-3].replace('/', '.')}")
