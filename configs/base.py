@@ -83,6 +83,12 @@ def base_config() -> ml_collections.ConfigDict:
     # Rows one device decodes per generation pass (lax.map over passes): the KV cache, the largest
     # buffer of a rollout, then holds this many rows, not the device's whole share. 0 = one pass.
     c.rollout.generate_rows_per_device = 0
+    # The rollout interface's implementation (pipo_jax/sampling/generator.py): "sampler" = the
+    # one-jit sampler (inside the jitted iteration, any mesh); "slots" = the slot engine with
+    # continuous batching, driven from the host (log.jit_loop=false, one device). Same tokens
+    # for the same keys.
+    c.rollout.engine = "sampler"
+    c.rollout.engine_slots = 0  # slots engine: concurrent decode slots (0 = one per row)
 
     c.train = ml_collections.ConfigDict()
     c.train.lr = 1e-6

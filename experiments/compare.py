@@ -35,7 +35,7 @@ from absl import flags
 from experiments import cli, provenance, stats
 from experiments.runs import parse_seeds, warmed_up_model
 from pipo_jax.models import hf
-from pipo_jax.rl import loop, warmup
+from pipo_jax.rl import loop, teacher_forcing
 from pipo_jax.rl.spec import TrainSpec, train_spec
 from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.rl.trainer import EVAL_SEED
@@ -69,7 +69,7 @@ def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none") -> jax
     """Greedy accuracy `[S]` of stacked params on the trainer's `n` fixed held-out problems
     (kind: 'none' = the student; 'solution' / 'feedback' = shown a teacher context)."""
     key = jax.random.PRNGKey(EVAL_SEED)
-    return jax.vmap(lambda p: warmup.context_accuracy(spec.model, p, spec.task, n, key, kind))(params)
+    return jax.vmap(lambda p: teacher_forcing.heldout_accuracy(spec.model, p, spec.task, None, n, key, kind))(params)
 
 
 def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: list, eval_every: int
@@ -81,8 +81,9 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
     initial / final accuracy, reward_auc (mean batch reward), pi_steps.
     """
     spec = train_spec(config)
-    if spec.is_dataset_task:
-        raise ValueError("compare.run_arm: the built-in task only (its JAX reward runs inside the vmapped scan)")
+    if not (spec.task.device_reward and spec.task.exact_answers):
+        raise ValueError(f"compare.run_arm: the {spec.task.name} task is scored on the host; the vmapped scan and "
+                         "evaluation need a JAX reward and exact answers (the built-in task)")
     states = stack([init_train_state(spec, p, s) for p, s in zip(base_params, seeds)])
     n_eval, total = config.eval.n, config.iterations
     kinds = ("none", "solution", "feedback") if spec.uses_teacher else ("none",)

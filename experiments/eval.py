@@ -76,9 +76,9 @@ def main(argv):
     rng = jax.random.PRNGKey(_SEED.value)
     rows, info = [], {}
     if _BUILTIN.value:
-        if spec is None or spec.is_dataset_task:
+        if spec is None or not spec.task.device_reward:
             raise app.UsageError("--builtin_problems needs a workdir of a run on the built-in task")
-        builtin = evaluate.builtin_rewards(spec, params, _BUILTIN.value, _N.value, rng, _TEMPERATURE.value,
+        builtin = evaluate.heldout_rewards(spec, params, _BUILTIN.value, _N.value, rng, _TEMPERATURE.value,
                                            _BATCH.value)
         rows = passk.summarize({"builtin_heldout": builtin}, ks)[:-1]
     if _BENCHMARKS.value:

@@ -110,6 +110,19 @@ def test_leaves_import_only_leaves_and_parallel_only_platforms():
     assert not bad, "leaf modules importing the package:\n" + "\n".join(bad)
 
 
+# The learner reaches a task through the Task protocol (ARCHITECTURE.md 3): besides the protocol and
+# pass@k, only the config -> task factory and the built-in task's supervised warm-up name a task.
+TASK_INTERFACE = ("pipo_jax.tasks.protocol", "pipo_jax.tasks.passk")
+NAMES_TASKS = ("pipo_jax.rl.task_config", "pipo_jax.rl.warmup")
+
+
+def test_the_learner_imports_no_task_but_the_protocol():
+    bad = [f"{m}:{line} imports {target}" for m, target, line in _package_edges()
+           if m.startswith("pipo_jax.rl") and m not in NAMES_TASKS and target.startswith("pipo_jax.tasks")
+           and target not in TASK_INTERFACE]
+    assert not bad, "the learner importing a task module:\n" + "\n".join(bad)
+
+
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module (Tarjan)."""
     index, low, stack, on_stack, out = {}, {}, [], set(), []

@@ -91,7 +91,6 @@ from pipo_jax.rl.spec import TrainSpec, make_model_config, spec_from_config, tra
 from pipo_jax.rl.state import make_optimizer  # noqa: E402
 from pipo_jax.sampling import decode, engine as engine_lib, sampler  # noqa: E402
 from pipo_jax.sampling.sampling_params import SamplingParams  # noqa: E402
-from pipo_jax.tasks import dataset  # noqa: E402
 from pipo_jax.tasks.dataset import DatasetTask  # noqa: E402
 
 PLATFORMS = ("tpu", "cuda")
@@ -521,18 +520,14 @@ def paper_spec(model: str, prompts: int = 128, prompt_len: int = 512, response_l
 
 
 def prompt_table(spec: TrainSpec, mesh: Mesh):
-    """The dataset prompt table as an abstract replicated argument where the rollout programs take
-    it as one (issue 15 item 8: `rollout.prompt_table`), else None (a constant of the program).
-    The one place that API differs."""
-    if not hasattr(rollout_lib, "prompt_table"):
-        return None
-    table = dataset.prompt_arrays(spec.task)
-    return abstract(table, jax.tree.map(lambda _: replicated(mesh), table))
+    """The task's prompt table (`Task.prompt_table`) as an abstract replicated argument of the
+    rollout programs, or None when the task has none."""
+    table = spec.task.prompt_table()
+    return None if table is None else abstract(table, jax.tree.map(lambda _: replicated(mesh), table))
 
 
 def _sample_problems(spec: TrainSpec, table, rng):
-    kwargs = {} if table is None else {"table": table}
-    return rollout_lib.sample_problems(spec, rng, spec.rollout.prompts_per_batch, **kwargs)
+    return rollout_lib.sample_problems(spec, rng, spec.rollout.prompts_per_batch, table=table)
 
 
 def _abstract_rollout(spec: TrainSpec, mesh: Mesh, rules):

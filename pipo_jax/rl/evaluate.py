@@ -15,15 +15,14 @@ import ml_collections
 import numpy as np
 
 from pipo_jax import platforms
-from pipo_jax.data import char_vocab
 from pipo_jax.data.prompts import build_prompts
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.placement import Placement
-from pipo_jax.rl.rollout import stop_and_pad_ids
 from pipo_jax.rl.spec import TrainSpec, train_spec
 from pipo_jax.sampling import sampler
-from pipo_jax.tasks import arithmetic, dataset, passk
+from pipo_jax.tasks import passk
+from pipo_jax.tasks.protocol import HostScorer
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
@@ -77,33 +76,36 @@ def sample_n(model: qwen3.Qwen3Config, params, prompt_tokens_bp, prompt_mask_bp,
     return (np.concatenate(outs_t).reshape(p, n, -1), np.concatenate(outs_m).reshape(p, n, -1))
 
 
-def builtin_rewards(spec: TrainSpec, params, n_problems: int, n: int, rng, temperature: float = 1.0,
+def heldout_rewards(spec: TrainSpec, params, n_problems: int, n: int, rng, temperature: float = 1.0,
                     batch_size: int = 256) -> np.ndarray:
-    """Rewards `[n_problems, n]` of `n` samples on held-out problems of the built-in task."""
+    """Rewards `[n_problems, n]` of `n` samples on held-out problems of a `device_reward` task
+    (the built-in task), scored by its JAX reward."""
+    task = spec.task
+    if not task.device_reward:
+        raise ValueError(f"the {task.name} task is scored on the host: use its benchmarks (math_benchmarks)")
     k_prob, k_gen = jax.random.split(rng)
-    problems = arithmetic.sample_problems(spec.task, k_prob, n_problems, split="heldout")
+    problems = task.heldout_problems(task.prompt_table(), n_problems, k_prob)
     tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, n, k_gen,
                             max_new_tokens=spec.rollout.response_len, temperature=temperature,
-                            stop_token_ids=(char_vocab.EOS_ID,), pad_id=char_vocab.PAD_ID, batch_size=batch_size)
+                            stop_token_ids=task.stop_token_ids, pad_id=task.pad_id, batch_size=batch_size)
     repeated = jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), problems)
-    r = arithmetic.reward(spec.task, repeated, jnp.asarray(tokens.reshape(n_problems * n, -1)),
-                          jnp.asarray(mask.reshape(n_problems * n, -1)))
+    r = task.reward(repeated, jnp.asarray(tokens.reshape(n_problems * n, -1)),
+                    jnp.asarray(mask.reshape(n_problems * n, -1)))
     return np.asarray(r).reshape(n_problems, n)
 
 
-def dataset_heldout_accuracy(spec: TrainSpec, params, reward, n: int, batch_size: int = 64) -> float:
-    """Mean greedy reward on the first `n` held-out rows of a dataset task (the same rows
-    every time): the fraction solved for math, of tests passed for code."""
-    rows = spec.task.heldout_rows_np[:n]
-    if len(rows) == 0:
-        raise ValueError("the dataset task has no held-out rows: set task.heldout_fraction > 0")
-    problems = jax.device_get(dataset.problems_at(dataset.prompt_arrays(spec.task), rows))
-    stop_ids, pad_id = stop_and_pad_ids(spec)
+def decoded_heldout_accuracy(spec: TrainSpec, params, scorer: HostScorer, n: int, batch_size: int = 64) -> float:
+    """Mean greedy reward on the task's `n` held-out problems (`heldout_problems`), decoded with
+    the sampler and scored by `scorer` (`Task.scorer()`): the fraction solved for math, of tests
+    passed for code. For tasks without `exact_answers`; the others use `teacher_forcing`."""
+    task = spec.task
+    problems = jax.device_get(task.heldout_problems(task.prompt_table(), n, jax.random.PRNGKey(0)))
+    rows = len(problems.prompt_tokens_bp)
     tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, 1,
                             jax.random.PRNGKey(0), max_new_tokens=spec.rollout.response_len, temperature=0.0,
-                            stop_token_ids=stop_ids, pad_id=pad_id, batch_size=min(batch_size, len(rows)))
-    rewards, _ = reward(tokens[:, 0], mask[:, 0], rows)
-    return float(np.mean(rewards))
+                            stop_token_ids=task.stop_token_ids, pad_id=task.pad_id,
+                            batch_size=min(batch_size, rows))
+    return float(np.mean(scorer.score(problems, tokens[:, 0], mask[:, 0]).rewards_b))
 
 
 def math_benchmarks(model: qwen3.Qwen3Config, params, tokenizer, benchmarks: dict[str, Sequence], prompt_config,

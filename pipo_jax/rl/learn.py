@@ -12,57 +12,32 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.data import char_vocab
 from pipo_jax.losses import advantages, distill, pipo
 from pipo_jax.losses.kl import kl_estimate
 from pipo_jax.losses.masking import masked_mean
 from pipo_jax.rl import algorithms, steps, vpd_estep
 from pipo_jax.rl.batch import TrainBatch, check_batch
 from pipo_jax.rl.response_logprobs import response_logprobs
-from pipo_jax.rl.rollout import Rollout, response_part
+from pipo_jax.rl.rollout import Rollout, response_part, teacher_settings
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, make_optimizer, nonfinite_counts, with_lr
-from pipo_jax.tasks import arithmetic
 
 
 def teacher_contexts(spec: TrainSpec, rollout: Rollout, rewards_b) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """SDPO teacher inputs `[B, Q + R]` and `sd_mask_b` (dataset tasks: the host-built
-    `rollout.teacher_context` followed by the response).
+    """SDPO / VPD teacher inputs `[B, Q + R]` (the teacher's prompt, then the student's
+    response) and `sd_mask_b` (1 where the prompt carries a solution or feedback).
 
-    Context: `<solution> sibling-response` (first other response of the group with reward
-    >= success_threshold) or else `<feedback> environment-feedback`, then `<solve>` and the
-    original prompt; the student's response follows. Rows with neither get sd_mask 0.
+    The prompt comes from the task: built on the host with the rewards (`rollout.teacher_context`,
+    `TaskReward.score_rollout`) or in JAX here (`Task.teacher_prompts`, `device_reward` tasks).
     """
-    p, r = spec.prompt_len, spec.rollout.response_len
     resp_tokens, resp_mask = response_part(spec, rollout)
-    if rollout.teacher_context is not None:  # dataset tasks: prompts built on the host
+    if rollout.teacher_context is not None:
         ctx_tokens, ctx_mask, has_context = rollout.teacher_context
-        return (jnp.concatenate([ctx_tokens, resp_tokens], axis=1),
-                jnp.concatenate([ctx_mask, resp_mask], axis=1), has_context.astype(jnp.float32))
-    if spec.is_dataset_task:
-        raise ValueError("a dataset task's teacher prompts are built on the host (rollout.DatasetScorer); "
-                         "this rollout has none")
-    demo_row, has_demo = distill.select_demonstrations(rewards_b, spec.rollout.group_size,
-                                                       success_threshold=spec.sdpo.success_threshold)
-    safe_row = jnp.maximum(demo_row, 0)
-    demo_tokens, demo_mask = resp_tokens[safe_row], resp_mask[safe_row] * has_demo[:, None]
-    fb_tokens, fb_mask = arithmetic.feedback_tokens(spec.task, rollout.problems, resp_tokens, resp_mask)
-    use_fb = (~has_demo) & spec.sdpo.use_feedback
-    fb_mask = fb_mask * use_fb[:, None]
-    b = rollout.size
-
-    def tag(token_id, on_b):
-        return jnp.full((b, 1), token_id, jnp.int32), on_b[:, None].astype(jnp.int32)
-
-    pieces = [tag(char_vocab.SOLUTION_ID, has_demo), (demo_tokens, demo_mask),
-              tag(char_vocab.FEEDBACK_ID, use_fb), (fb_tokens, fb_mask),
-              tag(char_vocab.SOLVE_ID, jnp.ones((b,), bool)),
-              (rollout.tokens_bl[:, :p], rollout.mask_bl[:, :p])]
-    q = 3 + r + fb_tokens.shape[1] + p
-    ctx_tokens, ctx_mask = arithmetic.pack(pieces, q, left_pad=True)
-    tokens = jnp.concatenate([ctx_tokens, resp_tokens], axis=1)
-    mask = jnp.concatenate([ctx_mask, resp_mask], axis=1)
-    return tokens, mask, (has_demo | use_fb).astype(jnp.float32)
+    else:
+        ctx_tokens, ctx_mask, has_context = spec.task.teacher_prompts(rollout.problems, resp_tokens, resp_mask,
+                                                                      rewards_b, teacher_settings(spec))
+    return (jnp.concatenate([ctx_tokens, resp_tokens], axis=1), jnp.concatenate([ctx_mask, resp_mask], axis=1),
+            has_context.astype(jnp.float32))
 
 
 def rollout_passes(spec: TrainSpec, state: TrainState, tokens_bl, mask_bl, teacher_inputs=None) -> dict:

@@ -64,6 +64,17 @@ def _host_generate(spec: TrainSpec, params, table, rng, n_prompts: int) -> Rollo
                                 k_gen)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _host_problems(spec: TrainSpec, table, rng, n_prompts: int):
+    return rollout_lib.sample_problems(spec, rng, n_prompts, table=table)
+
+
+def _host_driven_generate(spec: TrainSpec, params, table, rng, n_prompts: int) -> Rollout:
+    """`_host_generate` with a host-driven generator (same keys: `rollout.generate_on_host`)."""
+    k_prob, k_gen = jax.random.split(rng)
+    return rollout_lib.generate_on_host(spec, params, _host_problems(spec, table, k_prob, n_prompts), k_gen)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _host_merge(spec: TrainSpec, buffer: Rollout | None, filled, new: Rollout):
     if buffer is None:  # built inside the jit, so on a mesh it is a global array like `new`
@@ -104,7 +115,8 @@ class HostPrograms:
 def single_device_programs(spec: TrainSpec) -> HostPrograms:
     """The host loop's programs on the default device (a dataset task's prompt table placed once)."""
     table = rollout_lib.prompt_table(spec)
-    return HostPrograms(generate=lambda params, rng, n_prompts: _host_generate(spec, params, table, rng, n_prompts),
+    generate = _host_generate if spec.generator.in_program else _host_driven_generate
+    return HostPrograms(generate=lambda params, rng, n_prompts: generate(spec, params, table, rng, n_prompts),
                         score=_scored, learn=functools.partial(_host_learn, spec))
 
 

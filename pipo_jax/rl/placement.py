@@ -23,11 +23,10 @@ from jax.sharding import Mesh
 
 from pipo_jax import parallel
 from pipo_jax.parallel.rules import Rules, make_rules
-from pipo_jax.rl import loop, sharded_steps
+from pipo_jax.rl import loop, rollout, sharded_steps, teacher_forcing
 from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.spec import ConfigError, TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
-from pipo_jax.tasks import arithmetic
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +88,16 @@ class Placement:
             loop.check_finite_updates(spec, {k: np.asarray(v)[None] for k, v in rows[-1].items()}, first)
         return state, {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}
 
-    def heldout_accuracy(self, spec: TrainSpec, params, n: int, rng) -> float:
-        """Greedy exact-match accuracy on `n` held-out problems drawn with `rng`."""
+    def reference_accuracy(self, spec: TrainSpec, params, n: int, rng, kind: str = "none") -> float:
+        """Greedy accuracy on the task's `n` held-out problems drawn with `rng` (shown teacher
+        context `kind`, see `teacher_forcing.heldout_accuracy`); `exact_answers` tasks."""
         if self.mesh is None:
-            return float(arithmetic.heldout_accuracy(spec.model, params, spec.task, n, rng))
+            table = rollout.prompt_table(spec)
+            return float(teacher_forcing.heldout_accuracy(spec.model, params, spec.task, table, n, rng, kind))
+        table = sharded_steps.mesh_prompt_table(spec, self.mesh)
         with parallel.sharding_context(self.mesh, self.rules):
-            return float(self.to_host(arithmetic.heldout_accuracy(spec.model, params, spec.task, n, rng)))
+            return float(self.to_host(teacher_forcing.heldout_accuracy(spec.model, params, spec.task, table, n, rng,
+                                                                       kind)))
 
     def to_host(self, tree: Any) -> Any:
         """numpy copies of `tree` (gathered across processes on a mesh)."""

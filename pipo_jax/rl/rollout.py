@@ -15,12 +15,11 @@ import numpy as np
 from flax import struct
 
 from pipo_jax import parallel
-from pipo_jax.data import char_vocab
 from pipo_jax.losses import advantages
 from pipo_jax.rl import steps
 from pipo_jax.rl.spec import ConfigError, TrainSpec
 from pipo_jax.sampling import sampler
-from pipo_jax.tasks import arithmetic, dataset
+from pipo_jax.tasks.protocol import HostScorer, Scored, TeacherSettings
 
 
 @struct.dataclass
@@ -30,8 +29,8 @@ class Rollout:
     mask_bl: jax.Array  # int32 [B, P + R]
     sample_logp_br: jax.Array  # float32 [B, R] the sampler's log-probs
     rewards_b: jax.Array  # float32 [B] task rewards
-    # Dataset tasks with SDPO / VPD: host-built teacher prompts (tokens [B, Q], mask [B, Q],
-    # has_context [B]); the built-in task's are built in the jitted learn step instead.
+    # SDPO / VPD on a host-reward task: host-built teacher prompts (tokens [B, Q], mask [B, Q],
+    # has_context [B]); a `device_reward` task's are built in the jitted learn step instead.
     teacher_context: Any = None
     # DAPO's dynamic sampling: float32 [] mean sequence reward over every sampled group, kept or
     # filtered out (`pipo.mu_source=raw`); None without dynamic sampling.
@@ -48,32 +47,20 @@ def response_part(spec: TrainSpec, rollout: Rollout) -> tuple[jax.Array, jax.Arr
     return rollout.tokens_bl[:, p:], rollout.mask_bl[:, p:]
 
 
-def prompt_table(spec: TrainSpec) -> dataset.PromptTable | None:
-    """A dataset task's prompt table on the default device (the `table` argument of the
-    rollout programs), or None for the built-in task."""
-    return jax.device_put(dataset.prompt_arrays(spec.task)) if spec.is_dataset_task else None
+def prompt_table(spec: TrainSpec) -> Any:
+    """The task's prompt table on the default device (the `table` argument of the rollout
+    programs), or None when the task has none (the built-in task generates its problems)."""
+    table = spec.task.prompt_table()
+    return None if table is None else jax.device_put(table)
 
 
-def sample_problems(spec: TrainSpec, rng, n_prompts: int, split: str = "train",
-                    table: dataset.PromptTable | None = None):
+def sample_problems(spec: TrainSpec, rng, n_prompts: int, split: str = "train", table: Any = None):
     """`n_prompts` task problems, each repeated G times (rows of a group are adjacent).
 
-    A dataset task draws from `table` (`prompt_table`), an argument of the caller's program.
+    A task with a prompt table draws from `table` (`prompt_table`), an argument of the caller's program.
     """
-    if spec.is_dataset_task:
-        if table is None:
-            raise ValueError(f"the {spec.task.kind} task samples from its prompt table: pass table=prompt_table(spec)")
-        problems = dataset.sample_problems(table, rng, n_prompts, split=split)
-    else:
-        problems = arithmetic.sample_problems(spec.task, rng, n_prompts, split=split)
+    problems = spec.task.sample_problems(table, rng, n_prompts, split)
     return jax.tree.map(lambda x: jnp.repeat(x, spec.rollout.group_size, axis=0), problems)
-
-
-def stop_and_pad_ids(spec: TrainSpec) -> tuple[tuple[int, ...], int]:
-    """The task's response-ending token ids and its pad id."""
-    if spec.is_dataset_task:
-        return spec.task.stop_token_ids, spec.task.pad_id
-    return (char_vocab.EOS_ID,), char_vocab.PAD_ID
 
 
 def generation_passes(spec: TrainSpec, rows: int) -> tuple[int, int]:
@@ -90,22 +77,20 @@ def generation_passes(spec: TrainSpec, rows: int) -> tuple[int, int]:
 
 
 def generate(spec: TrainSpec, params, problems, rng) -> Rollout:
-    """Samples one response per row of `problems` with the policy `params` (rewards left 0).
+    """Samples one response per row of `problems` with the policy `params` (rewards left 0),
+    inside the caller's program (`spec.generator`, an `in_program` one).
 
     With `generate_rows_per_device` set the rows are decoded in passes (`lax.map`), each device
     decoding only rows it holds, so the KV cache holds one pass's rows; row b samples with key
     `fold_in(rng, b)` either way, so the passes change no token.
     """
-    # "tempered" log-probs: log_softmax(logits / T) over the full vocabulary, what the
-    # trainer recomputes as the behaviour policy (top-k / top-p only shape the sampling).
-    stop_ids, pad_id = stop_and_pad_ids(spec)
+    generator = spec.generator
+    if not generator.in_program:
+        raise ValueError(f"rollout.engine={spec.rollout.engine!r} is driven from the host: "
+                         "use the host loop (log.jit_loop=false)")
 
     def one_pass(args):
-        tokens_bp, mask_bp, keys = args
-        out = sampler.generate(
-            spec.model, params, tokens_bp, mask_bp, keys,
-            max_new_tokens=spec.rollout.response_len, temperature=spec.rollout.temperature, top_k=spec.rollout.top_k, top_p=spec.rollout.top_p,
-            stop_token_ids=stop_ids, pad_id=pad_id, logprobs="tempered")
+        out = generator(params, *args)
         return out.tokens_br, out.mask_br, out.logprobs_br
 
     rows = problems.prompt_tokens_bp.shape[0]
@@ -116,49 +101,60 @@ def generate(spec: TrainSpec, params, problems, rng) -> Rollout:
         args = (problems.prompt_tokens_bp, problems.prompt_mask_bp, sampler.row_keys(rng, rows))
         out = jax.lax.map(one_pass, jax.tree.map(lambda x: steps.split_micro(x, n_pass, shards), args))
         tokens_br, mask_br, logp_br = jax.tree.map(lambda y: steps.merge_micro(y, shards), out)
+    return from_generation(problems, tokens_br, mask_br, logp_br)
+
+
+def from_generation(problems, tokens_br, mask_br, logp_br) -> Rollout:
+    """The `Rollout` of `problems` and their responses `[B, R]` (rewards left 0)."""
     tokens = jnp.concatenate([problems.prompt_tokens_bp, tokens_br], axis=1).astype(jnp.int32)
     mask = jnp.concatenate([problems.prompt_mask_bp, mask_br], axis=1).astype(jnp.int32)
-    return Rollout(problems=problems, tokens_bl=tokens, mask_bl=mask, sample_logp_br=logp_br,
+    return Rollout(problems=problems, tokens_bl=tokens, mask_bl=mask, sample_logp_br=jnp.asarray(logp_br, jnp.float32),
                    rewards_b=jnp.zeros((tokens.shape[0],), jnp.float32))
 
 
+def generate_on_host(spec: TrainSpec, params, problems, rng) -> Rollout:
+    """`generate` with a host-driven `spec.generator` (the slots engine): the same keys, so the
+    same tokens as the one-jit sampler. Problems and params are device arrays."""
+    out = spec.generator(params, problems.prompt_tokens_bp, problems.prompt_mask_bp, rng)
+    return from_generation(problems, *(jnp.asarray(x) for x in (out.tokens_br, out.mask_br, out.logprobs_br)))
+
+
 def task_rewards(spec: TrainSpec, rollout: Rollout) -> jax.Array:
-    """The built-in task's JAX reward `[B]` (dataset tasks are scored on the host: `DatasetScorer`)."""
-    if spec.is_dataset_task:
-        raise ValueError(f"the {spec.task.kind} task has no JAX reward; it is scored on the host")
-    tokens_br, mask_br = response_part(spec, rollout)
-    return arithmetic.reward(spec.task, rollout.problems, tokens_br, mask_br)
+    """The task's JAX reward `[B]` (`device_reward` tasks; the others are scored on the host: `TaskReward`)."""
+    return spec.task.reward(rollout.problems, *response_part(spec, rollout))
 
 
-class DatasetScorer:
-    """A dataset task's host scoring for the host loop: `scorer(rollout)` gives the rewards
-    `[B]`; `scorer.score_rollout(rollout)` also attaches, for SDPO / VPD, the teacher prompts
-    built from those rewards (a successful sibling, else the verifier's feedback)."""
+def teacher_settings(spec: TrainSpec) -> TeacherSettings:
+    """How the task builds SDPO / VPD teacher prompts (`sdpo.*`; host-built prompts `teacher_prompt_len` wide)."""
+    return TeacherSettings(group_size=spec.rollout.group_size, success_threshold=spec.sdpo.success_threshold,
+                           use_feedback=spec.sdpo.use_feedback, width=spec.teacher_prompt_len)
 
-    def __init__(self, spec: TrainSpec, reward: dataset.DatasetReward):
-        self.spec, self.reward = spec, reward
 
-    def _scores(self, rollout: Rollout) -> tuple[np.ndarray, list[str], np.ndarray, list[str]]:
-        """(row ids, decoded responses, rewards, feedback) of the rollout's responses."""
-        tokens_br, mask_br = jax.device_get(response_part(self.spec, rollout))
-        index_b = np.asarray(jax.device_get(rollout.problems.index_b))
-        texts = self.reward.decode(tokens_br, mask_br)
-        return (index_b, texts, *self.reward.score_texts(texts, index_b))
+class TaskReward:
+    """The task's host scorer (`Task.scorer()`) as the host loop's reward: `reward(rollout)`
+    gives the rewards `[B]` (what each process computes for its rows on a mesh);
+    `reward.score_rollout(rollout)` returns the rollout with its rewards and, for SDPO / VPD
+    on a task that builds them on the host, the teacher prompts."""
+
+    def __init__(self, spec: TrainSpec, scorer: HostScorer):
+        self.spec, self.scorer = spec, scorer
+
+    def _score(self, rollout: Rollout, teacher: TeacherSettings | None) -> Scored:
+        problems, tokens_br, mask_br = jax.device_get((rollout.problems, *response_part(self.spec, rollout)))
+        return self.scorer.score(problems, tokens_br, mask_br, teacher)
 
     def __call__(self, rollout: Rollout) -> np.ndarray:
-        return self._scores(rollout)[2]
+        return self._score(rollout, None).rewards_b
 
     def score_rollout(self, rollout: Rollout) -> Rollout:
-        spec = self.spec
-        index_b, texts, rewards_b, feedback = self._scores(rollout)
-        out = with_rewards(rollout, rewards_b)
-        if spec.uses_teacher:
-            context = dataset.teacher_prompts(
-                spec.task, index_b, rewards_b, texts, feedback,
-                group_size=spec.rollout.group_size, success_threshold=spec.sdpo.success_threshold,
-                use_feedback=spec.sdpo.use_feedback, width=spec.teacher_prompt_len)
-            out = out.replace(teacher_context=tuple(jnp.asarray(x) for x in context))
+        scored = self._score(rollout, teacher_settings(self.spec) if self.spec.uses_teacher else None)
+        out = with_rewards(rollout, scored.rewards_b)
+        if scored.teacher_prompts is not None:
+            out = out.replace(teacher_context=tuple(jnp.asarray(x) for x in scored.teacher_prompts))
         return out
+
+    def close(self) -> None:
+        self.scorer.close()
 
 
 def with_rewards(rollout: Rollout, rewards_b) -> Rollout:

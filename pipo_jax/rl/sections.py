@@ -18,6 +18,7 @@ from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import AGG_MODES
 from pipo_jax.losses.kl import KL_ESTIMATORS
 from pipo_jax.losses.pipo import AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
+from pipo_jax.sampling.generator import ENGINES
 
 
 class ConfigError(ValueError):
@@ -53,9 +54,19 @@ class RolloutConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     generate_rows_per_device: int = 0  # rows one device decodes per generation pass; 0 = all at once
+    engine: str = "sampler"  # the rollout interface's implementation (sampling/generator.py): sampler | slots
+    engine_slots: int = 0  # slots engine: concurrent decode slots (0 = one per row)
 
     def __post_init__(self):
         key = "rollout."
+        choice(self.engine, key + "engine", ENGINES)
+        need(_is_int(self.engine_slots) and self.engine_slots >= 0, key + "engine_slots",
+             f"{self.engine_slots} must be >= 0 (0 = one slot per row)")
+        need(self.engine == "slots" or not self.engine_slots, key + "engine_slots",
+             f"{self.engine_slots} slots are for rollout.engine=slots, not {self.engine!r}")
+        need(self.engine == "sampler" or not self.generate_rows_per_device, key + "generate_rows_per_device",
+             "generation passes are the one-jit sampler's (rollout.engine=sampler); the slots engine bounds its "
+             "memory with rollout.engine_slots")
         need(_is_int(self.prompts_per_batch) and self.prompts_per_batch >= 1, key + "prompts_per_batch",
              f"{self.prompts_per_batch} must be >= 1")
         need(_is_int(self.group_size) and self.group_size >= 1, key + "group_size", f"{self.group_size} must be >= 1")
@@ -82,7 +93,8 @@ class RolloutConfig:
         need(response_len >= 1, "rollout.max_new_tokens", "the task has no default response length: set it (>= 1)")
         return cls(prompts_per_batch=r["prompts_per_batch"], group_size=r["group_size"], response_len=response_len,
                    temperature=float(r["temperature"]), top_k=r["top_k"], top_p=float(r["top_p"]),
-                   generate_rows_per_device=r["generate_rows_per_device"])
+                   generate_rows_per_device=r["generate_rows_per_device"], engine=r["engine"],
+                   engine_slots=r["engine_slots"])
 
 
 @dataclasses.dataclass(frozen=True)

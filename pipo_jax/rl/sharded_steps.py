@@ -39,7 +39,6 @@ from pipo_jax.rl import loop
 from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
-from pipo_jax.tasks import dataset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +127,7 @@ def sharded_scan_chunk(spec: TrainSpec, mesh: Mesh, length: int, rules: Rules | 
 
 
 def _abstract_table(spec: TrainSpec):
-    return None if not spec.is_dataset_task else jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), dataset.prompt_arrays(spec.task))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), spec.task.prompt_table())
 
 
 def abstract_rollout(spec: TrainSpec, n_prompts: int):
@@ -158,11 +156,10 @@ def _generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules_items: tuple) -
     return ShardedFunction(jitted, mesh, rules)
 
 
-def mesh_prompt_table(spec: TrainSpec, mesh: Mesh) -> dataset.PromptTable | None:
-    """A dataset task's prompt table replicated on `mesh` (None for the built-in task)."""
-    if not spec.is_dataset_task:
-        return None
-    return place_tree(dataset.prompt_arrays(spec.task), jax.tree.map(lambda _: replicated(mesh), _abstract_table(spec)))
+def mesh_prompt_table(spec: TrainSpec, mesh: Mesh) -> Any:
+    """The task's prompt table replicated on `mesh` (None when it has none)."""
+    table = spec.task.prompt_table()
+    return None if table is None else place_tree(table, jax.tree.map(lambda _: replicated(mesh), table))
 
 
 def sharded_generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules: Rules | None = None) -> ShardedFunction:

@@ -21,20 +21,18 @@ import ml_collections
 from pipo_jax import platforms
 from pipo_jax.models import attention, hf, qwen3
 from pipo_jax.rl import algorithms, warmup
+from pipo_jax.sampling import generator as generator_lib
+from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.rl.sections import (AdvantageConfig, ConfigError, CriticConfig, DapoConfig, LossConfig, PipoConfig,
                                   RolloutConfig, SdpoConfig, TrainConfig, VpdConfig, choice as _choice,
                                   need as _need)
-from pipo_jax.data import tokenizer as tok_lib
-from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
-from pipo_jax.data.sources import DataError, SourceConfig, load_examples
-from pipo_jax.tasks import arithmetic, code, dataset
-from pipo_jax.tasks.dataset import DatasetTask
+from pipo_jax.rl.task_config import make_task
+from pipo_jax.tasks.protocol import Task
 
 ALGORITHMS = tuple(dict.fromkeys(key.split("+")[0] for key in algorithms.ALGORITHMS))  # config.algorithm
 ESTIMATOR_CHOICES = tuple(algorithms.ADVANTAGE_ESTIMATORS) + ("none",)
 POLICY_CHOICES = tuple(dict.fromkeys(name for a in algorithms.ALGORITHMS.values() for name, _ in a.policy_losses))
 LOGPROB_IMPLS = ("auto", "reference", "chunked", "pallas")
-TASKS = ("arithmetic",) + dataset.KINDS
 __all__ = ["ConfigError", "TrainSpec", "VpdConfig", "train_spec", "spec_from_config"]
 
 
@@ -48,7 +46,7 @@ class TrainSpec:
 
     algorithm: algorithms.Algorithm
     model: qwen3.Qwen3Config
-    task: arithmetic.ArithmeticTask | DatasetTask
+    task: Task  # tasks/protocol.py: the built-in arithmetic task or a dataset task
     rollout: RolloutConfig
     train: TrainConfig
     advantage: AdvantageConfig
@@ -100,6 +98,23 @@ class TrainSpec:
             _need(not (self.vpd.e_step and self.sdpo.teacher == "live"), "sdpo.teacher",
                   "'live' shares the student's params, but VPD's E-step trains its own teacher copy: use 'ema'")
 
+    @property
+    def sampling(self) -> SamplingParams:
+        """How the rollout samples: tempered behaviour log-probs, log_softmax(logits / T) over the
+        full vocabulary, what the trainer recomputes (top-k / top-p only shape the sampling)."""
+        r = self.rollout
+        return SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, max_new_tokens=r.response_len,
+                              stop_token_ids=tuple(self.task.stop_token_ids), pad_id=self.task.pad_id,
+                              logprobs="tempered")
+
+    @property
+    def generator(self) -> generator_lib.Generator:
+        """The rollout interface's implementation (`rollout.engine`)."""
+        if self.rollout.engine == "slots":
+            return generator_lib.SlotEngineSampler(self.model, self.sampling, self.rollout.group_size,
+                                                   self.rollout.engine_slots)
+        return generator_lib.OneJitSampler(self.model, self.sampling)
+
     def with_section(self, section: str, **fields) -> TrainSpec:
         """A copy with `fields` of one section replaced (validated again), e.g.
         `spec.with_section("train", micro_batch_per_device=2)`."""
@@ -111,13 +126,8 @@ class TrainSpec:
         return self.rollout.batch
 
     @property
-    def is_dataset_task(self) -> bool:
-        """Prompts from a dataset, rewards verified on the host (`pipo_jax.tasks.dataset`)."""
-        return isinstance(self.task, DatasetTask)
-
-    @property
     def teacher_prompt_len(self) -> int:
-        """Width of a dataset task's SDPO teacher prompt: the prompt, a sibling's response
+        """Width of a host-built SDPO / VPD teacher prompt: the prompt, a sibling's response
         (or feedback) and 128 tokens of template, rounded up to 8."""
         return -(-(self.prompt_len + self.rollout.response_len + 128) // 8) * 8
 
@@ -169,80 +179,6 @@ class TrainSpec:
         return self.policy.pi_ratio
 
 
-def make_task(c: ml_collections.ConfigDict) -> arithmetic.ArithmeticTask | DatasetTask:
-    """The built-in arithmetic task, or a dataset task (math / code) loaded from `task.path`."""
-    tc = c.task
-    _choice(tc.name, "task.name", TASKS)
-    if tc.name in dataset.KINDS:
-        return make_dataset_task(c)
-    try:
-        return arithmetic.ArithmeticTask(
-            min_digits=tc.min_digits, max_digits=tc.max_digits, ops=tuple(tc.ops), answer_format=tc.answer_format,
-            reward_mode=tc.reward_mode, feedback_style=tc.feedback_style, heldout_fraction=tc.heldout_fraction,
-            split_seed=tc.split_seed,
-        )
-    except ValueError as e:
-        raise ConfigError(f"config.task: {e}") from e
-
-
-def prompt_config(tc: ml_collections.ConfigDict) -> PromptConfig:
-    """The dataset task's `PromptConfig` from `config.task`."""
-    _choice(tc.enable_thinking, "task.enable_thinking", ("template", "true", "false"))
-    instruction = tc.instruction
-    if instruction == "auto":
-        instruction = DEFAULT_INSTRUCTION if tc.name == "math" else dataset.CODE_INSTRUCTION
-    thinking = None if tc.enable_thinking == "template" else tc.enable_thinking == "true"
-    try:
-        return PromptConfig(style=tc.prompt_style, instruction=instruction, enable_thinking=thinking,
-                            max_prompt_tokens=tc.max_prompt_tokens, overlong=tc.overlong)
-    except ValueError as e:
-        raise ConfigError(f"config.task: {e}") from e
-
-
-def dataset_task_settings_missing(c: ml_collections.ConfigDict) -> list[str]:
-    """What a dataset task (math / code) needs and `c` lacks, one `--config...` hint each."""
-    tc, out = c.task, []
-    if not c.model.path:
-        out.append("--config.model.path=/path/to/hf_model (a Hugging Face model and its tokenizer)")
-    if not tc.path:
-        out.append("--config.task.path=FILE (a JSONL / parquet file or tfds name)")
-    if c.log.jit_loop:
-        out.append("--config.log.jit_loop=false (the reward is computed on the host)")
-    if c.rollout.max_new_tokens < 1:
-        out.append("--config.rollout.max_new_tokens=N (the response budget; there is no task default)")
-    if c.warmup.enabled:
-        out.append("--config.warmup.enabled=false (the warm-up trains the built-in task's model)")
-    return out
-
-
-def make_dataset_task(c: ml_collections.ConfigDict) -> DatasetTask:
-    """Loads `config.task.path` with the tokenizer of `task.tokenizer_path` (default `model.path`)."""
-    tc = c.task
-    missing = dataset_task_settings_missing(c)
-    if missing:  # every one at once, not one per start
-        raise ConfigError(f"config: task.name={tc.name!r} needs " + "; ".join(missing))
-    if tc.name == "code":
-        try:
-            code.check_confinement(code.SandboxConfig(allow_unconfined=bool(tc.sandbox_allow_unconfined)))
-        except code.SandboxUnavailable as e:
-            raise ConfigError(f"config.task.sandbox_allow_unconfined: {e}") from e
-    tok_path = tc.tokenizer_path or c.model.path
-    prompts = prompt_config(tc)
-    try:
-        tokenizer = tok_lib.load_tokenizer(tok_path)
-        source = SourceConfig(tc.path, format=tc.format, prompt_field=tc.prompt_field,
-                              answer_field=tc.answer_field if tc.name == "math" else None,
-                              extra_fields=(tc.tests_field,) if tc.name == "code" else (),
-                              split=tc.tfds_split, limit=tc.limit or None)
-        examples = load_examples(source)
-        return dataset.load_dataset_task(
-            tc.name, examples, tokenizer, prompts, stop_token_ids=tok_lib.stop_token_ids(tokenizer, tok_path),
-            pad_id=tok_lib.pad_token_id(tokenizer), heldout_fraction=tc.heldout_fraction,
-            split_seed=tc.split_seed, tests_field=tc.tests_field)
-    except (DataError, FileNotFoundError, ValueError) as e:
-        raise ConfigError(f"config.task (path={tc.path!r}, tokenizer={tok_path!r}): {e}") from e
-
-
 def eval_benchmarks(ec: ml_collections.ConfigDict) -> tuple[dict[str, str], tuple[int, ...]]:
     """`config.eval.benchmarks` as {name: path} and `config.eval.ks`, validated."""
     out = {}
@@ -289,11 +225,10 @@ def run_iterations_of(spec: TrainSpec, c: ml_collections.ConfigDict) -> int:
     """`config.iterations`, or with `task.epochs` > 0 round(epochs * train rows / prompts_per_batch) (>= 1)."""
     if not c.task.epochs:
         return int(c.iterations)
-    return max(1, round(c.task.epochs * len(spec.task.train_rows_np) / spec.rollout.prompts_per_batch))
+    return max(1, round(c.task.epochs * spec.task.train_size / spec.rollout.prompts_per_batch))
 
 
-def spec_from_config(c: ml_collections.ConfigDict, model: qwen3.Qwen3Config,
-                     task: arithmetic.ArithmeticTask | DatasetTask) -> TrainSpec:
+def spec_from_config(c: ml_collections.ConfigDict, model: qwen3.Qwen3Config, task: Task) -> TrainSpec:
     """The `TrainSpec` of `c` for a loaded `model` config and `task`; no I/O. Raises `ConfigError`."""
     _choice(c.algorithm, "algorithm", ALGORITHMS)
     _need(c.model.param_dtype == "float32", "model.param_dtype",
@@ -310,17 +245,19 @@ def spec_from_config(c: ml_collections.ConfigDict, model: qwen3.Qwen3Config,
         logprob_impl=c.model.logprob_impl)
 
 
-def check_run_config(c: ml_collections.ConfigDict, task) -> None:
+def check_run_config(c: ml_collections.ConfigDict, task: Task) -> None:
     """The keys the trainer reads outside the spec (iterations, logging, checkpoints, evaluation,
     warm-up); raises `ConfigError` naming the key."""
-    is_dataset = isinstance(task, DatasetTask)
-    _need(not c.eval.benchmarks or is_dataset and task.kind == "math", "eval.benchmarks",
+    _need(not c.eval.benchmarks or task.name == "math", "eval.benchmarks",
           "math benchmarks need a math task's tokenizer and prompts: set task.name=math")
     _need(c.iterations >= 1, "iterations", f"{c.iterations} must be >= 1")
     _need(c.task.epochs >= 0, "task.epochs", f"{c.task.epochs} must be >= 0")
-    _need(not c.task.epochs or is_dataset, "task.epochs",
-          "counts passes over a dataset task's training rows; the built-in task uses `iterations`")
+    _need(not c.task.epochs or task.train_size > 0, "task.epochs",
+          f"counts passes over a dataset task's training rows; the {task.name} task generates its problems: "
+          "use `iterations`")
     _need(c.log.every >= 1, "log.every", f"{c.log.every} must be >= 1")
+    _need(c.rollout.engine != "slots" or not c.log.jit_loop, "log.jit_loop",
+          "rollout.engine=slots is driven from the host: set log.jit_loop=false")
     _need(c.checkpoint.every >= 0, "checkpoint.every", f"{c.checkpoint.every} must be >= 0")
     _need(c.checkpoint.keep >= 1, "checkpoint.keep", f"{c.checkpoint.keep} must be >= 1")
     _need(c.eval.every >= 0, "eval.every", f"{c.eval.every} must be >= 0")
@@ -340,10 +277,8 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     _choice(c.algorithm, "algorithm", ALGORITHMS)
     model = make_model_config(c.model)
     task = make_task(c)
-    if isinstance(task, DatasetTask):
-        vocab = int(max(task.prompt_tokens_np.max(), max(task.stop_token_ids), task.pad_id)) + 1
-        _need(vocab <= model.vocab_size, "task.tokenizer_path",
-              f"token ids up to {vocab - 1} do not fit the model's vocab_size {model.vocab_size}")
+    _need(task.token_id_bound <= model.vocab_size, "task.tokenizer_path" if task.tokenizer is not None else "task",
+          f"token ids up to {task.token_id_bound - 1} do not fit the model's vocab_size {model.vocab_size}")
     check_run_config(c, task)
     if c.eval.benchmarks:
         eval_benchmarks(c.eval)  # raises naming the key

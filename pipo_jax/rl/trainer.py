@@ -27,9 +27,6 @@ from pipo_jax.rl.checkpoint import Checkpointer, saved_steps
 from pipo_jax.rl.placement import Placement, placement_from_config
 from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, train_spec
 from pipo_jax.rl.state import TrainState
-from pipo_jax.tasks.code import SandboxConfig
-from pipo_jax.tasks.dataset import DatasetReward
-from pipo_jax.tasks.math import MathVerifyConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +34,11 @@ EVAL_SEED = 1234  # the held-out problems are the same at every evaluation
 
 
 class Evaluation:
-    """The trainer's evaluation: held-out accuracy, plus `config.eval.benchmarks` (math
-    tasks: pass@1 / pass@k through `evaluate.math_benchmarks`, as experiments/eval.py)."""
+    """The trainer's evaluation: held-out greedy accuracy, plus `config.eval.benchmarks`
+    (math tasks: pass@1 / pass@k through `evaluate.math_benchmarks`, as experiments/eval.py)."""
 
     def __init__(self, spec: TrainSpec, config: ml_collections.ConfigDict, where: Placement,
-                 reward: DatasetReward | None):
+                 reward: rollout.TaskReward | None):
         self.spec, self.config, self.where, self.reward = spec, config, where, reward
         self.benchmarks, self.ks = {}, ()
         if config.eval.benchmarks:
@@ -52,29 +49,29 @@ class Evaluation:
                                for name, path in paths.items()}
 
     def __call__(self, params, step: int) -> dict[str, float]:
-        """Greedy accuracy on `eval.n` fixed held-out problems (a dataset task: the mean verified
-        reward, on host-gathered params), and the benchmarks' pass@k. SDPO / VPD on the built-in
-        task: also the policy's greedy accuracy on the same problems shown a correct sibling's
-        solution / the feedback on a wrong response (`teacher_accuracy_{solution,feedback}`)."""
+        """Greedy accuracy on `eval.n` fixed held-out problems: teacher-forced for a task with
+        exact answers (`rl/teacher_forcing.py`), else decoded and scored on host-gathered params.
+        SDPO / VPD: also the accuracy on the same problems shown each of the task's teacher
+        contexts (`teacher_accuracy_<kind>`, e.g. a correct sibling's solution or the feedback on
+        a wrong response). Then the benchmarks' pass@k."""
         spec, ec = self.spec, self.config.eval
-        if not spec.is_dataset_task:
-            key = jax.random.PRNGKey(EVAL_SEED)
-            out = {"heldout_accuracy": self.where.heldout_accuracy(spec, params, ec.n, key)}
-            if spec.uses_teacher:  # the SDPO / VPD teacher's view: the same problems with a context
-                host = params if self.where.mesh is None else self.where.to_host(params)
-                for kind in ("solution", "feedback"):
-                    out[f"teacher_accuracy_{kind}"] = float(
-                        warmup.context_accuracy(spec.model, host, spec.task, ec.n, key, kind))
+        key = jax.random.PRNGKey(EVAL_SEED)
+        if spec.task.exact_answers:
+            out = {"heldout_accuracy": self.where.reference_accuracy(spec, params, ec.n, key)}
+            if spec.uses_teacher:
+                kinds = jax.eval_shape(lambda: spec.task.teacher_eval_problems(spec.task.prompt_table(), ec.n, key))
+                for kind in kinds:
+                    out[f"teacher_accuracy_{kind}"] = self.where.reference_accuracy(spec, params, ec.n, key, kind)
             return out
         params = self.where.to_host(params)  # gathered once for every evaluation below
-        out = {"heldout_accuracy": evaluate.dataset_heldout_accuracy(spec, params, self.reward, ec.n)}
+        out = {"heldout_accuracy": evaluate.decoded_heldout_accuracy(spec, params, self.reward.scorer, ec.n)}
         if self.benchmarks:
-            stop_ids, pad_id = rollout.stop_and_pad_ids(spec)
             rows, _ = evaluate.math_benchmarks(
                 spec.model, params, spec.task.tokenizer, self.benchmarks,
-                spec.task.prompt_config, self.reward.verifier, ec.samples, self.ks,
+                spec.task.prompt_config, self.reward.scorer.verifier, ec.samples, self.ks,
                 jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step), max_new_tokens=spec.rollout.response_len,
-                temperature=ec.temperature, stop_token_ids=stop_ids, pad_id=pad_id, batch_size=ec.batch_size)
+                temperature=ec.temperature, stop_token_ids=spec.task.stop_token_ids, pad_id=spec.task.pad_id,
+                batch_size=ec.batch_size)
             for row in rows:
                 out.update({f"{row.name}_pass@{k}": v for k, v in row.pass_at.items()})
         return out
@@ -118,30 +115,20 @@ def run_iterations(spec: TrainSpec, state: TrainState, n: int, jit_loop: bool,
                    reward_fn: loop.HostReward | None = None,
                    where: Placement | None = None) -> tuple[TrainState, dict[str, np.ndarray]]:
     """`n` iterations: one jitted scan chunk, or the host loop; metrics stacked `[n]`."""
-    return (where or Placement()).run(spec, state, n, jit_loop, reward_fn or host_task_reward(spec))
+    if reward_fn is not None or jit_loop:
+        return (where or Placement()).run(spec, state, n, jit_loop, reward_fn)
+    reward_fn = host_task_reward(spec)
+    try:
+        return (where or Placement()).run(spec, state, n, jit_loop, reward_fn)
+    finally:
+        reward_fn.close()
 
 
-def host_task_reward(spec: TrainSpec, reward: DatasetReward | None = None) -> loop.HostReward:
-    """The task's reward as a host (numpy) function, for the host loop: the built-in task's
-    JAX reward, or a dataset task's verifier / sandbox (`reward`; with SDPO / VPD it also
-    builds the teacher prompts)."""
-    if spec.is_dataset_task:
-        return rollout.DatasetScorer(spec, reward)
-    return lambda r: np.asarray(rollout.task_rewards(spec, r))
-
-
-def dataset_reward(spec: TrainSpec, config: ml_collections.ConfigDict) -> DatasetReward | None:
-    """A dataset task's host reward (math verifier processes / code sandbox), else None."""
-    if not spec.is_dataset_task:
-        return None
-    tc = config.task
-    return DatasetReward(
-        spec.task,
-        math_config=MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
-                                     num_workers=tc.verify_workers),
-        sandbox_config=SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
-                                     allow_unconfined=tc.sandbox_allow_unconfined,
-                                     max_workers=tc.verify_workers))
+def host_task_reward(spec: TrainSpec) -> rollout.TaskReward:
+    """The task's reward on the host, for the host loop (`Task.scorer()`: the built-in task's
+    JAX reward, a math verifier's worker processes, a code sandbox; with SDPO / VPD on a
+    host-reward task it also builds the teacher prompts). `close()` it."""
+    return rollout.TaskReward(spec, spec.task.scorer())
 
 
 def export_tokenizer(spec: TrainSpec, config: ml_collections.ConfigDict, export: str) -> None:
@@ -170,9 +157,12 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     where = placement_from_config(config)
     if where.mesh is not None:  # every device computes whole micro-batches of its own rows
         steps.check_micro_batching(spec, mesh_batch_shards(where.mesh, where.rules))
-    if spec.is_dataset_task and spec.uses_teacher and where.mesh is not None:
-        raise ConfigError("config.mesh.enabled: SDPO / VPD on a dataset task build teacher prompts on one "
-                          "host; run them on one device (--config.mesh.enabled=false)")
+    if not spec.generator.in_program and where.mesh is not None:
+        raise ConfigError("config.rollout.engine: the slots engine runs on one device; use rollout.engine=sampler "
+                          "on a mesh (or --config.mesh.enabled=false)")
+    if not spec.task.device_reward and spec.uses_teacher and where.mesh is not None:
+        raise ConfigError(f"config.mesh.enabled: SDPO / VPD on the {spec.task.name} task build teacher prompts on "
+                          "one host; run them on one device (--config.mesh.enabled=false)")
     main = where.is_main_process
     # Nothing is written into the workdir before the config is validated, the evaluation
     # files are read and the resume decision is made: a refused run leaves it as it was.
@@ -202,12 +192,11 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         raise
     step = int(state.step)
 
-    reward = dataset_reward(spec, config)
+    reward = host_task_reward(spec)
     evaluation.reward = reward
     logger = None
     summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe()}
     try:
-        reward_fn = host_task_reward(spec, reward)
         logger = observe.RunLogger(workdir, total=config.iterations, tensorboard=config.log.tensorboard,
                                    wandb=config.log.wandb, wandb_project=config.log.wandb_project,
                                    progress=config.log.progress, run_config=config.to_dict(), start_step=step,
@@ -219,7 +208,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         while step < config.iterations:
             n = _chunk_length(step, config)
             t0 = time.perf_counter()
-            state, metrics = run_iterations(spec, state, n, config.log.jit_loop, reward_fn, where=where)
+            state, metrics = run_iterations(spec, state, n, config.log.jit_loop, reward, where=where)
             jax.block_until_ready(state.params)
             dt = time.perf_counter() - t0
             # One chunk is timed as a whole: each iteration gets the chunk's mean time.
@@ -242,13 +231,12 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             params = where.to_host(state.params)  # every process takes part in the gather
             if main:
                 hf.save(export, spec.model, params)
-                if spec.is_dataset_task:
+                if spec.task.tokenizer is not None:
                     export_tokenizer(spec, config, export)
             summary["hf_export"] = export
     finally:
         ckpt.close()
-        if reward is not None:
-            reward.close()
+        reward.close()
         summary["plots"] = logger.close(plots=config.log.plots) if logger is not None else []
     summary["state"] = state
     if main:

@@ -3,7 +3,7 @@ the arithmetic task (the RL base model), so reinforcement learning has room to i
 
 Cross-entropy on the target tokens only (answer and EOS; prompt tokens carry no loss),
 AdamW through optax, `eval_every` steps per jitted `lax.scan` chunk, greedy held-out
-accuracy (`arithmetic.heldout_accuracy`, on a fixed held-out set) between chunks.
+accuracy (`teacher_forcing.heldout_accuracy`, on a fixed held-out set) between chunks.
 Deterministic given the seed: the same seed gives bit-identical params on one machine.
 
 With `mistake_rate > 0` the demonstrations are flawed: on a plain row whose column sum
@@ -15,7 +15,7 @@ solves the others at about 1 - rate: a partial solver whose gap RL can close (th
 reward verifies the true answer).
 
 With `context_fraction > 0` a share of each batch is shown in the form SDPO / VPD give
-their teacher (`rl.learn.teacher_contexts`): `<solution>` + a correct response, or
+their teacher (`ArithmeticTask.teacher_prompts`, `arithmetic.context_prompts`): `<solution>` + a correct response, or
 `<feedback>` + the environment's feedback on a response, then `<solve>` and the prompt.
 The model thus learns to read a context (with `feedback_style='reveal'` the feedback
 holds the answer; with 'position' only the solution context carries it), and the
@@ -35,6 +35,7 @@ import optax
 
 from pipo_jax.data import char_vocab
 from pipo_jax.models import qwen3
+from pipo_jax.rl import teacher_forcing
 from pipo_jax.tasks import arithmetic
 
 
@@ -52,46 +53,12 @@ def task_model_config(**overrides) -> qwen3.Qwen3Config:
 
 def answer_loss(model_config: qwen3.Qwen3Config, params, problems: arithmetic.Problems) -> jax.Array:
     """Mean cross-entropy (nats per target token) of the answer tokens and EOS."""
-    logits_bav = arithmetic.target_logits(model_config, params, problems)
+    logits_bav = teacher_forcing.target_logits(model_config, params, problems.prompt_tokens_bp, problems.prompt_mask_bp,
+                                               problems.target_tokens_ba, problems.target_mask_ba)
     logp = jax.nn.log_softmax(logits_bav, axis=-1)
     nll_ba = -jnp.take_along_axis(logp, problems.target_tokens_ba[..., None], axis=-1)[..., 0]
     mask = problems.target_mask_ba.astype(jnp.float32)
     return jnp.sum(nll_ba * mask) / jnp.sum(mask)
-
-
-CONTEXT_KINDS = ("none", "solution", "feedback")
-
-
-def context_prompts(task: arithmetic.ArithmeticTask, problems: arithmetic.Problems, kind_b,
-                    feedback_correct_b) -> tuple[jax.Array, jax.Array]:
-    """Teacher prompts `[b, q]` (left-padded, q = 3 + answer_len + feedback_len + prompt_len)
-    with the token sequence `rl.learn.teacher_contexts` builds for a response of width
-    answer_len. `kind_b` indexes CONTEXT_KINDS: 0 -> the plain prompt (no tags);
-    1 -> `<solution> ANSWER <eos> <solve> prompt` (a sibling's correct response);
-    2 -> `<feedback> FEEDBACK <solve> prompt`, the task's feedback on a response that is
-    correct where `feedback_correct_b` (the target) and else empty (wrong at position 1).
-    """
-    b, a = problems.target_tokens_ba.shape
-    kind_b = jnp.asarray(kind_b, jnp.int32)
-    resp_mask = problems.target_mask_ba * jnp.asarray(feedback_correct_b, jnp.int32)[:, None]
-    fb_tokens, fb_mask = arithmetic.feedback_tokens(task, problems, problems.target_tokens_ba, resp_mask)
-
-    def tag(token_id, on_b):
-        return jnp.full((b, 1), token_id, jnp.int32), on_b[:, None].astype(jnp.int32)
-
-    solution, feedback = kind_b == 1, kind_b == 2
-    pieces = [tag(char_vocab.SOLUTION_ID, solution), (problems.target_tokens_ba, problems.target_mask_ba * solution[:, None]),
-              tag(char_vocab.FEEDBACK_ID, feedback), (fb_tokens, fb_mask * feedback[:, None]),
-              tag(char_vocab.SOLVE_ID, kind_b > 0), (problems.prompt_tokens_bp, problems.prompt_mask_bp)]
-    q = 3 + a + task.feedback_len + task.prompt_len
-    return arithmetic.pack(pieces, q, left_pad=True)
-
-
-def with_contexts(task: arithmetic.ArithmeticTask, problems: arithmetic.Problems, kind_b,
-                  feedback_correct_b) -> arithmetic.Problems:
-    """`problems` whose prompts are `context_prompts(...)` (targets unchanged)."""
-    tokens, mask = context_prompts(task, problems, kind_b, feedback_correct_b)
-    return problems._replace(prompt_tokens_bp=tokens, prompt_mask_bp=mask)
 
 
 def draw_contexts(rng, batch: int, context_fraction: float) -> tuple[jax.Array, jax.Array]:
@@ -101,17 +68,6 @@ def draw_contexts(rng, batch: int, context_fraction: float) -> tuple[jax.Array, 
     u = jax.random.uniform(k_kind, (batch,))
     kind = jnp.where(u < context_fraction, jnp.where(u < context_fraction / 2, 1, 2), 0)
     return kind.astype(jnp.int32), jax.random.bernoulli(k_verdict, 0.5, (batch,))
-
-
-@functools.partial(jax.jit, static_argnames=("model_config", "task", "n", "kind"))
-def context_accuracy(model_config: qwen3.Qwen3Config, params, task: arithmetic.ArithmeticTask, n: int,
-                     rng: jax.Array, kind: str):
-    """Greedy accuracy (float32 scalar) on `n` held-out problems drawn with `rng`, each shown
-    with context `kind` ('none' = the student; 'solution'; 'feedback' on a wrong response)."""
-    problems = arithmetic.sample_problems(task, rng, n, split="heldout")
-    kind_b = jnp.full((n,), CONTEXT_KINDS.index(kind), jnp.int32)
-    problems = with_contexts(task, problems, kind_b, jnp.zeros((n,), bool))
-    return jnp.mean(arithmetic.greedy_correct(model_config, params, problems).astype(jnp.float32))
 
 
 def _seed_keys(seed: int):
@@ -144,7 +100,7 @@ def demonstrations(task: arithmetic.ArithmeticTask, rng, batch: int, context_fra
     kind_b = jnp.zeros((batch,), jnp.int32)
     if context_fraction > 0:
         kind_b, correct_b = draw_contexts(jax.random.fold_in(rng, 1), batch, context_fraction)
-        problems = with_contexts(task, problems, kind_b, correct_b)
+        problems = arithmetic.with_contexts(task, problems, kind_b, correct_b)
     if mistake_rate > 0:
         wrong = arithmetic.carryless_answer(problems.lhs_b, problems.op_b, problems.rhs_b, task.max_digits)
         flawed_b = jax.random.bernoulli(jax.random.fold_in(rng, 2), mistake_rate, (batch,)) & (kind_b == 0)
@@ -233,12 +189,12 @@ def warmup(
     optimizer = make_warmup_optimizer(lr, weight_decay, lr_warmup_steps)
     opt_state = optimizer.init(params)
 
-    def evaluate():
-        return float(arithmetic.heldout_accuracy(model_config, params, task, eval_n, k_eval))
+    def evaluate(kind: str = "none") -> float:
+        return float(teacher_forcing.heldout_accuracy(model_config, params, task, None, eval_n, k_eval, kind))
 
     def evaluate_teacher():
         for kind, curve in teacher.items():
-            curve.append(float(context_accuracy(model_config, params, task, eval_n, k_eval, kind)))
+            curve.append(evaluate(kind))
 
     teacher: dict[str, list[float]] = {"solution": [], "feedback": []}
     eval_steps, accuracy, losses = [0], [evaluate()], [np.zeros((0,), np.float32)]

@@ -1,10 +1,14 @@
-"""JetStream-style generation engine: prefill / insert / generate over decode slots.
+"""A slot generation engine: prefill / insert / generate over decode slots, on one device.
 
-The interface follows JetStream's `Engine` (implemented here; the package itself is not
+Its calls are shaped like the decode half of JetStream's `Engine` (the package is not
 used): `load_params`, `prefill(params, tokens, true_length, rng) -> Prefix`,
 `insert(prefix, decode_state, slot) -> DecodeState`,
 `generate(params, decode_state) -> (DecodeState, ResultTokens)` stepping every slot
-once, `init_decode_state()`, `free_resource(slot)`, `max_concurrent_decodes`.
+once, `init_decode_state()`, `free_resource(slot)`, `max_concurrent_decodes`. It is not
+JetStream's Engine API: it has none of its mesh, sharding, tokenizer or prefix-destination
+members and runs on one device. The trainer reaches it through the rollout interface
+(`sampling/generator.py:SlotEngineSampler`, `rollout.engine=slots`, driven by
+`continuous_batching.rollout`).
 
 * Prompts are **right-padded** to a prefill bucket (`prefill_buckets`) and described by
   `true_length`, as in JetStream; the KV of prompt token j sits at cache slot j.
@@ -131,7 +135,7 @@ class Engine:
         self._generate = jax.jit(self._generate_impl, donate_argnums=(1,))
         self._resize = jax.jit(self._resize_impl, static_argnums=(1,))  # shapes change: nothing to donate
 
-    # ------------------------------------------------------------------ JetStream API
+    # ------------------------------------------------------------------ prefill / insert / generate
 
     @property
     def max_concurrent_decodes(self) -> int:

@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pipo_jax.data import char_vocab as cv
-from pipo_jax.models import qwen3
+from pipo_jax.losses.distill import select_demonstrations
+from pipo_jax.tasks.protocol import Scored, TeacherSettings
 
 ANSWER_FORMATS = ("plain", "reversed", "worked")
 REWARD_MODES = ("exact", "per_token")
@@ -149,6 +150,59 @@ class ArithmeticTask:
 
     def replace(self, **kw) -> ArithmeticTask:
         return dataclasses.replace(self, **kw)
+
+    # ------------------------------------------------------------- the Task protocol (tasks/protocol.py)
+
+    name: ClassVar[str] = "arithmetic"
+    device_reward: ClassVar[bool] = True
+    exact_answers: ClassVar[bool] = True
+    tokenizer: ClassVar[Any] = None
+    train_size: ClassVar[int] = 0  # problems are generated: no epochs
+    stop_token_ids: ClassVar[tuple[int, ...]] = (cv.EOS_ID,)
+    pad_id: ClassVar[int] = cv.PAD_ID
+    token_id_bound: ClassVar[int] = cv.VOCAB_SIZE
+
+    def prompt_table(self) -> None:
+        """Problems are generated in the program: no table."""
+        return None
+
+    def sample_problems(self, table, rng: jax.Array, n: int, split: str = "train") -> Problems:
+        del table
+        return sample_problems(self, rng, n, split)
+
+    def heldout_problems(self, table, n: int, rng: jax.Array) -> Problems:
+        del table
+        return sample_problems(self, rng, n, "heldout")
+
+    def reference_responses(self, problems: Problems) -> tuple[jax.Array, jax.Array]:
+        return problems.target_tokens_ba, problems.target_mask_ba
+
+    def reward(self, problems: Problems, tokens_br, mask_br) -> jax.Array:
+        return reward(self, problems, tokens_br, mask_br)
+
+    def teacher_prompts(self, problems: Problems, tokens_br, mask_br, rewards_b,
+                        teacher: TeacherSettings) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """`<solution>` + the group's first other successful response, else (`use_feedback`)
+        `<feedback>` + `feedback_tokens` on the row's own response; then `<solve>` and the
+        prompt (`teacher_prompt`); width 3 + R + feedback_len + prompt_len."""
+        demo_row, has_demo = select_demonstrations(rewards_b, teacher.group_size,
+                                                   success_threshold=teacher.success_threshold)
+        safe_row = jnp.maximum(demo_row, 0)
+        use_fb = (~has_demo) & teacher.use_feedback
+        tokens, mask = teacher_prompt(
+            self, problems, (tokens_br[safe_row], mask_br[safe_row]), has_demo,
+            feedback_tokens(self, problems, tokens_br, mask_br), use_fb, jnp.ones_like(has_demo))
+        return tokens, mask, (has_demo | use_fb).astype(jnp.float32)
+
+    def teacher_eval_problems(self, table, n: int, rng: jax.Array) -> dict[str, Problems]:
+        """The held-out problems shown a correct sibling's solution, and the feedback on a
+        wrong response (`with_contexts`)."""
+        problems = self.heldout_problems(table, n, rng)
+        return {kind: with_contexts(self, problems, jnp.full((n,), CONTEXT_KINDS.index(kind), jnp.int32),
+                                    jnp.zeros((n,), bool)) for kind in CONTEXT_KINDS[1:]}
+
+    def scorer(self) -> ArithmeticScorer:
+        return ArithmeticScorer(self)
 
 
 class Problems(NamedTuple):
@@ -473,40 +527,62 @@ def feedback_tokens(task: ArithmeticTask, problems: Problems, response_tokens_bt
     return pack(pieces, task.feedback_len, left_pad=False)
 
 
-# ----------------------------------------------------------------------------- evaluation
+# ----------------------------------------------------------------------------- teacher contexts
+
+CONTEXT_KINDS = ("none", "solution", "feedback")
 
 
-def prompt_and_target(problems: Problems) -> tuple[jax.Array, jax.Array]:
-    """Teacher-forcing input `[b, prompt_len + answer_len]`: prompt then target, and mask."""
-    tokens = jnp.concatenate([problems.prompt_tokens_bp, problems.target_tokens_ba], axis=1)
-    mask = jnp.concatenate([problems.prompt_mask_bp, problems.target_mask_ba], axis=1)
-    return tokens, mask
+def teacher_prompt(task: ArithmeticTask, problems: Problems, solution, has_solution_b, feedback, has_feedback_b,
+                   solve_b) -> tuple[jax.Array, jax.Array]:
+    """The SDPO / VPD teacher's prompt `[b, q]`, left-padded, q = 3 + solution width +
+    feedback_len + prompt_len: `<solution> SOLUTION` where `has_solution_b`, `<feedback>
+    FEEDBACK` where `has_feedback_b`, `<solve>` where `solve_b`, then the prompt.
+    `solution` / `feedback`: (tokens, mask) pairs `[b, w]`."""
+    b = problems.prompt_tokens_bp.shape[0]
+
+    def tag(token_id, on_b):
+        return jnp.full((b, 1), token_id, jnp.int32), jnp.asarray(on_b)[:, None].astype(jnp.int32)
+
+    def gated(piece, on_b):
+        return piece[0], piece[1] * jnp.asarray(on_b)[:, None].astype(piece[1].dtype)
+
+    pieces = [tag(cv.SOLUTION_ID, has_solution_b), gated(solution, has_solution_b),
+              tag(cv.FEEDBACK_ID, has_feedback_b), gated(feedback, has_feedback_b),
+              tag(cv.SOLVE_ID, solve_b), (problems.prompt_tokens_bp, problems.prompt_mask_bp)]
+    q = 3 + solution[0].shape[1] + feedback[0].shape[1] + problems.prompt_tokens_bp.shape[1]
+    return pack(pieces, q, left_pad=True)
 
 
-def target_logits(model_config: qwen3.Qwen3Config, params, problems: Problems) -> jax.Array:
-    """float32 logits `[b, answer_len, V]`: row i predicts target token i given the prompt
-    and target tokens < i (one teacher-forced forward)."""
-    tokens, mask = prompt_and_target(problems)
-    logits_btv, _ = qwen3.forward(model_config, params, tokens, mask)
-    p, a = problems.prompt_tokens_bp.shape[1], problems.target_tokens_ba.shape[1]
-    return logits_btv[:, p - 1 : p + a - 1]
+def context_prompts(task: ArithmeticTask, problems: Problems, kind_b, feedback_correct_b) -> tuple[jax.Array, jax.Array]:
+    """Teacher prompts `[b, 3 + answer_len + feedback_len + prompt_len]` built as
+    `ArithmeticTask.teacher_prompts` builds them for a response of width answer_len. `kind_b`
+    indexes CONTEXT_KINDS: 0 -> the plain prompt (no tags); 1 -> `<solution> ANSWER <eos>
+    <solve> prompt` (a sibling's correct response); 2 -> `<feedback> FEEDBACK <solve> prompt`,
+    the feedback on a response that is correct where `feedback_correct_b` (the target) and
+    else empty (wrong at position 1)."""
+    kind_b = jnp.asarray(kind_b, jnp.int32)
+    resp_mask = problems.target_mask_ba * jnp.asarray(feedback_correct_b, jnp.int32)[:, None]
+    feedback = feedback_tokens(task, problems, problems.target_tokens_ba, resp_mask)
+    return teacher_prompt(task, problems, (problems.target_tokens_ba, problems.target_mask_ba), kind_b == 1,
+                          feedback, kind_b == 2, kind_b > 0)
 
 
-def greedy_correct(model_config: qwen3.Qwen3Config, params, problems: Problems) -> jax.Array:
-    """Boolean `[b]`: would greedy decoding produce exactly the target (answer then EOS)?
-
-    Equals teacher-forced argmax reproducing every target token: greedy decoding feeds
-    back its own argmax, which is the target token as long as every earlier prediction
-    matched, and the first mismatch makes the greedy output wrong at that position.
-    """
-    pred = jnp.argmax(target_logits(model_config, params, problems), axis=-1)
-    ok = (pred == problems.target_tokens_ba) | (problems.target_mask_ba == 0)
-    return jnp.all(ok, axis=1)
+def with_contexts(task: ArithmeticTask, problems: Problems, kind_b, feedback_correct_b) -> Problems:
+    """`problems` whose prompts are `context_prompts(...)` (targets unchanged)."""
+    tokens, mask = context_prompts(task, problems, kind_b, feedback_correct_b)
+    return problems._replace(prompt_tokens_bp=tokens, prompt_mask_bp=mask)
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "task", "n"))
-def heldout_accuracy(model_config: qwen3.Qwen3Config, params, task: ArithmeticTask, n: int, rng: jax.Array):
-    """Greedy exact-match accuracy (float32 scalar) on `n` held-out problems drawn with `rng`
-    (pass a fixed key to evaluate on the same problems every time)."""
-    problems = sample_problems(task, rng, n, split="heldout")
-    return jnp.mean(greedy_correct(model_config, params, problems).astype(jnp.float32))
+class ArithmeticScorer:
+    """The JAX reward as a host scorer (the host loop with the built-in task); teacher
+    prompts are built on device (`ArithmeticTask.teacher_prompts`), so none come back."""
+
+    def __init__(self, task: ArithmeticTask):
+        self.task = task
+
+    def score(self, problems: Problems, tokens_br, mask_br, teacher: TeacherSettings | None = None) -> Scored:
+        del teacher
+        return Scored(np.asarray(reward(self.task, problems, tokens_br, mask_br), np.float32))
+
+    def close(self) -> None:
+        pass

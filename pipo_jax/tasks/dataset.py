@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, NamedTuple, Sequence
+from typing import Any, ClassVar, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,7 @@ from pipo_jax.data.sources import DataError, Example
 from pipo_jax.losses.distill import select_demonstrations
 from pipo_jax.tasks import code
 from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig
+from pipo_jax.tasks.protocol import Scored, TeacherSettings
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ class DatasetTask:
     questions: tuple = ()  # each row's prompt (text or chat messages), for SDPO teacher prompts
     num_dropped: int = 0
     num_truncated: int = 0
+    math_config: MathVerifyConfig | None = None  # the host reward's settings (`scorer()`)
+    sandbox_config: code.SandboxConfig | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -86,6 +89,55 @@ class DatasetTask:
     @property
     def size(self) -> int:
         return int(self.prompt_tokens_np.shape[0])
+
+    # ------------------------------------------------------------- the Task protocol (tasks/protocol.py)
+
+    device_reward: ClassVar[bool] = False
+    exact_answers: ClassVar[bool] = False
+
+    @property
+    def name(self) -> str:
+        return self.kind
+
+    @property
+    def token_id_bound(self) -> int:
+        return int(max(self.prompt_tokens_np.max(), max(self.stop_token_ids), self.pad_id)) + 1
+
+    @property
+    def train_size(self) -> int:
+        return len(self.train_rows_np)
+
+    def prompt_table(self) -> PromptTable:
+        return prompt_arrays(self)
+
+    def sample_problems(self, table: PromptTable, rng: jax.Array, n: int, split: str = "train") -> Problems:
+        if table is None:
+            raise ValueError(f"the {self.kind} task samples from its prompt table: pass table=task.prompt_table() "
+                             "(placed on device)")
+        return sample_problems(table, rng, n, split)
+
+    def heldout_problems(self, table: PromptTable, n: int, rng: jax.Array) -> Problems:
+        """The first `n` held-out rows (the same rows every time; `rng` unused)."""
+        del rng
+        if table.heldout_rows.shape[0] == 0:
+            raise ValueError("the dataset task has no held-out rows: set task.heldout_fraction > 0")
+        return problems_at(table, table.heldout_rows[:n])
+
+    def reference_responses(self, problems: Problems) -> None:
+        return None  # answers are verified, not matched token by token
+
+    def reward(self, problems: Problems, tokens_br, mask_br) -> jax.Array:
+        raise ValueError(f"the {self.kind} task has no JAX reward; it is scored on the host (task.scorer())")
+
+    def teacher_prompts(self, problems: Problems, tokens_br, mask_br, rewards_b, teacher: TeacherSettings):
+        raise ValueError(f"the {self.kind} task builds its teacher prompts on the host (task.scorer().score "
+                         "with TeacherSettings)")
+
+    def teacher_eval_problems(self, table: PromptTable, n: int, rng: jax.Array) -> dict:
+        return {}
+
+    def scorer(self) -> DatasetReward:
+        return DatasetReward(self, self.math_config, self.sandbox_config)
 
 
 def prompt_table(token_ids: Sequence[Sequence[int]], pad_id: int, multiple: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -289,6 +341,18 @@ class DatasetReward:
 
     def __call__(self, tokens_br, mask_br, index_b) -> tuple[np.ndarray, list[str]]:
         return self.score_texts(self.decode(tokens_br, mask_br), index_b)
+
+    def score(self, problems: Problems, tokens_br, mask_br, teacher: TeacherSettings | None = None) -> Scored:
+        """Rewards of the responses, and with `teacher` (SDPO / VPD) the teacher prompts built
+        from them (`teacher_prompts`: a successful sibling, else the verifier's feedback)."""
+        index_b = np.asarray(problems.index_b)
+        texts = self.decode(tokens_br, mask_br)
+        rewards_b, feedback = self.score_texts(texts, index_b)
+        if teacher is None:
+            return Scored(rewards_b)
+        return Scored(rewards_b, teacher_prompts(
+            self.task, index_b, rewards_b, texts, feedback, group_size=teacher.group_size,
+            success_threshold=teacher.success_threshold, use_feedback=teacher.use_feedback, width=teacher.width))
 
     def close(self) -> None:
         if self.verifier is not None:

@@ -89,7 +89,7 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
     c.task.path = str(tmp_path / "math.jsonl")
     spec = train_spec(c)
     assert spec.model.hidden_size == 32 and spec.rollout.response_len == 4096
-    assert spec.is_dataset_task and len(spec.task.train_rows_np) == 196  # 2% of 200 held out
+    assert spec.task.name == "math" and spec.task.train_size == len(spec.task.train_rows_np) == 196  # 2% of 200 held out
     row = TABLE5.get(algo, TABLE5["grpo"])  # SDPO / VPD keep the base (GRPO) run size
     epochs, batch = row[3], row[0]
     assert run_iterations_of(spec, c) == max(1, round(epochs * 196 / batch))

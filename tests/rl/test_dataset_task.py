@@ -17,7 +17,7 @@ from pipo_jax.data import tokenizer as tk
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl import evaluate, rollout
 from pipo_jax.rl.spec import ConfigError, train_spec
-from pipo_jax.rl.trainer import dataset_reward, train
+from pipo_jax.rl.trainer import train
 from pipo_jax.tasks import dataset
 from tests.conftest import override
 from tests.data.tiny_tokenizer import save_tiny_tokenizer
@@ -62,7 +62,7 @@ def math_config(model_dir, math_file, **overrides):
 def test_prompt_table_and_splits(model_dir, math_file):
     spec = train_spec(math_config(model_dir, math_file))
     task = spec.task
-    assert spec.is_dataset_task and task.kind == "math" and task.size == 12
+    assert not spec.task.device_reward and task.kind == "math" and task.size == 12
     tok = tk.load_tokenizer(model_dir)
     for i, (q, a) in enumerate(QUESTIONS):  # left-padded chat-template ids of each question
         text = tok.apply_chat_template([{"role": "user", "content": q + "\n" + pr.DEFAULT_INSTRUCTION}],
@@ -112,11 +112,11 @@ def test_host_reward_verifies_each_response_against_its_row(model_dir, math_file
     batch, resp, mask = constructed_rollout(spec, tok, rows, texts)
     mask[3, :] = 0  # an empty (masked-out) response scores 0 whatever its tokens
     batch = batch.replace(mask_bl=batch.mask_bl.at[3, spec.prompt_len:].set(0))
-    reward = dataset_reward(spec, math_config(model_dir, math_file))
+    reward = spec.task.scorer()
     try:
         decoded = reward.decode(resp, mask)
         assert decoded[:3] == [t for t in texts[:3]] and decoded[3] == ""
-        np.testing.assert_array_equal(rollout.DatasetScorer(spec, reward)(batch), [1.0, 0.0, 1.0, 0.0])
+        np.testing.assert_array_equal(rollout.TaskReward(spec, reward)(batch), [1.0, 0.0, 1.0, 0.0])
         _, feedback = reward(resp, mask, rows)
         assert "4" in feedback[1] and feedback[0] != feedback[1]
     finally:
@@ -131,7 +131,7 @@ def test_code_task_scores_with_the_sandbox(model_dir, tmp_path):
     c = math_config(model_dir, str(path), **{"task.name": "code", "task.heldout_fraction": 0.0})
     spec = train_spec(c)
     assert spec.task.kind == "code" and len(spec.task.references[0]) == 2
-    with dataset_reward(spec, c) as reward:
+    with spec.task.scorer() as reward:
         rewards, feedback = reward.score_texts(
             ["```python\ndef f(x):\n    return x + 1\n```", "```python\ndef g(s):\n    return s\n```"], [0, 1])
     np.testing.assert_array_equal(rewards, [1.0, 0.0])
@@ -180,8 +180,8 @@ def test_trainer_on_a_math_file_with_benchmarks_then_eval_cli(model_dir, math_fi
     # The held-out accuracy is the shared harness on the exported policy (greedy, same rows).
     spec = train_spec(c)
     _, params = hf.load(out["hf_export"])
-    with dataset_reward(spec, c) as reward:
-        assert evaluate.dataset_heldout_accuracy(spec, params, reward, c.eval.n) == out["final_accuracy"]
+    with spec.task.scorer() as reward:
+        assert evaluate.decoded_heldout_accuracy(spec, params, reward, c.eval.n) == out["final_accuracy"]
 
     # experiments/eval.py on the run workdir: the tokenizer comes from the run's config.
     res = subprocess.run([sys.executable, "-m", "experiments.eval", f"--policy={tmp_path / 'run'}",
@@ -214,8 +214,8 @@ def test_sdpo_teacher_prompts_show_a_sibling_solution_or_feedback(model_dir, mat
     tok = tk.load_tokenizer(model_dir)
     rows = np.asarray([0, 0, 1, 1], np.int32)  # answers 3, 3, 7, 7
     batch, resp, mask = constructed_rollout(spec, tok, rows, ["\\boxed{3}", "\\boxed{5}", "\\boxed{1}", "\\boxed{2}"])
-    with dataset_reward(spec, c) as reward:
-        scored = rollout.DatasetScorer(spec, reward).score_rollout(batch)
+    with spec.task.scorer() as reward:
+        scored = rollout.TaskReward(spec, reward).score_rollout(batch)
         _, feedback = reward(resp, mask, rows)
     np.testing.assert_array_equal(scored.rewards_b, [1, 0, 0, 0])
     ctx_tokens, ctx_mask, has = (np.asarray(x) for x in scored.teacher_context)
@@ -238,8 +238,8 @@ def test_sdpo_teacher_prompts_show_a_sibling_solution_or_feedback(model_dir, mat
     spec_nofb = train_spec(sdpo_config(model_dir, math_file, **{"rollout.group_size": 2, "rollout.prompts_per_batch": 2,
                                                                 "train.mini_batch_prompts": 1,
                                                                 "sdpo.use_feedback": False}))
-    with dataset_reward(spec_nofb, c) as reward:
-        scored = rollout.DatasetScorer(spec_nofb, reward).score_rollout(batch)
+    with spec_nofb.task.scorer() as reward:
+        scored = rollout.TaskReward(spec_nofb, reward).score_rollout(batch)
     ctx_tokens, ctx_mask, has = (np.asarray(x) for x in scored.teacher_context)
     np.testing.assert_array_equal(has, [0, 1, 0, 0])
     assert ctx_mask[[0, 2, 3]].sum() == 0

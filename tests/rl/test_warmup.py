@@ -3,12 +3,13 @@
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pipo_jax.data import char_vocab
 from pipo_jax.models import qwen3
-from pipo_jax.rl import warmup
+from pipo_jax.rl import teacher_forcing, warmup
 from pipo_jax.tasks import arithmetic as ar
 
 TASK = ar.ArithmeticTask(max_digits=1, heldout_fraction=0.3)  # 1-digit '+'/'-', reversed answers
@@ -33,7 +34,8 @@ def test_task_model_config():
 def test_answer_loss_matches_reference():
     params = qwen3.init_params(MODEL, jax.random.PRNGKey(1), std=0.3)  # far from uniform
     p = ar.make_problems(TASK, np.array([7, 9, 3]), np.array([0, 1, 0]), np.array([5, 2, 0]))  # 21<eos>, 7<eos>, 3<eos>
-    tokens, mask = ar.prompt_and_target(p)
+    tokens = jnp.concatenate([p.prompt_tokens_bp, p.target_tokens_ba], axis=1)
+    mask = jnp.concatenate([p.prompt_mask_bp, p.target_mask_ba], axis=1)
     logits = np.asarray(full_logits(MODEL, params, tokens, mask), np.float64)
     nll = []
     for b in range(3):
@@ -64,7 +66,7 @@ def test_short_warmup_reduces_the_loss(short_run):
     assert m["eval_steps"] == [0, 20, 40] and len(m["heldout_accuracy"]) == 3
     assert m["initial_accuracy"] == 0.0 and m["steps_run"] == 40 and not m["stopped_early"]
     assert m["final_accuracy"] == m["heldout_accuracy"][-1]
-    assert m["final_accuracy"] == pytest.approx(float(ar.heldout_accuracy(MODEL, params, TASK, 64, jax.random.split(
+    assert m["final_accuracy"] == pytest.approx(float(teacher_forcing.heldout_accuracy(MODEL, params, TASK, None, 64, jax.random.split(
         jax.random.PRNGKey(0), 3)[2])))
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from configs import sdpo as sdpo_configs
 from pipo_jax.data import char_vocab as cv
-from pipo_jax.rl import learn, warmup
+from pipo_jax.rl import learn, teacher_forcing, warmup
 from pipo_jax.rl.rollout import Rollout
 from pipo_jax.rl.spec import train_spec
 from pipo_jax.tasks import arithmetic as ar
@@ -31,7 +31,7 @@ def test_carryless_answer_by_hand():
 
 def test_context_prompts_by_hand():
     p = ar.make_problems(TASK, np.array([47, 47, 47, 47]), np.array([0, 0, 0, 0]), np.array([85, 85, 85, 85]))
-    tokens, mask = warmup.context_prompts(TASK, p, np.array([0, 1, 2, 2]), np.array([False, False, True, False]))
+    tokens, mask = ar.context_prompts(TASK, p, np.array([0, 1, 2, 2]), np.array([False, False, True, False]))
     assert tokens.shape == (4, 3 + TASK.answer_len + TASK.feedback_len + TASK.prompt_len)
     assert rows(tokens, mask) == ["<bos>47+85=", "<solution>231<eos><solve><bos>47+85=",
                                   "<feedback><correct><answer>231<solve><bos>47+85=",
@@ -59,7 +59,7 @@ def test_context_prompts_match_the_sdpo_teacher_contexts():
     t_tokens, t_mask, _ = learn.teacher_contexts(spec, rollout, rewards)
     q = t_tokens.shape[1] - r
     expected = rows(t_tokens[:, :q], t_mask[:, :q])
-    got = rows(*warmup.context_prompts(spec.task, problems, np.array([2, 1, 2, 2]),
+    got = rows(*ar.context_prompts(spec.task, problems, np.array([2, 1, 2, 2]),
                                        np.array([True, False, False, False])))
     assert got == expected
     assert got[1] == "<solution>231<eos><solve><bos>47+85="
@@ -93,6 +93,6 @@ def test_trainer_logs_the_teacher_accuracy_with_a_context(tmp_path):
     base, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(c, c.seed))  # deterministic: the run's base
     assert row["warmup_teacher_solution_accuracy"] == m["final_teacher_solution_accuracy"]
     for kind in ("solution", "feedback"):
-        expected = float(warmup.context_accuracy(spec.model, base, spec.task, c.eval.n, jax.random.PRNGKey(EVAL_SEED),
-                                                 kind))
+        expected = float(teacher_forcing.heldout_accuracy(spec.model, base, spec.task, None, c.eval.n,
+                                                          jax.random.PRNGKey(EVAL_SEED), kind))
         assert row[f"teacher_accuracy_{kind}"] == expected

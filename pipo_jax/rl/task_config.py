@@ -1,0 +1,110 @@
+"""The task a run config names (`config.task`), built through the Task protocol's implementations.
+
+`make_task(config)`: the built-in arithmetic task, or a dataset task (math / code) loaded from
+`task.path` with its tokenizer and the host reward's settings. The one module of the learner
+that names concrete tasks (besides `warmup.py`, the built-in task's supervised warm-up); the
+rest reach a task through `pipo_jax.tasks.protocol.Task`. Errors are `ConfigError`s naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from pipo_jax.data import tokenizer as tok_lib
+from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
+from pipo_jax.data.sources import DataError, SourceConfig, load_examples
+from pipo_jax.rl.sections import ConfigError, choice as _choice
+from pipo_jax.tasks import arithmetic, code, dataset
+from pipo_jax.tasks.math import MathVerifyConfig
+from pipo_jax.tasks.protocol import Task
+
+TASKS = ("arithmetic",) + dataset.KINDS
+
+
+def make_task(c: ml_collections.ConfigDict) -> Task:
+    """The built-in arithmetic task, or a dataset task (math / code) loaded from `task.path`."""
+    tc = c.task
+    _choice(tc.name, "task.name", TASKS)
+    if tc.name in dataset.KINDS:
+        return make_dataset_task(c)
+    try:
+        return arithmetic.ArithmeticTask(
+            min_digits=tc.min_digits, max_digits=tc.max_digits, ops=tuple(tc.ops), answer_format=tc.answer_format,
+            reward_mode=tc.reward_mode, feedback_style=tc.feedback_style, heldout_fraction=tc.heldout_fraction,
+            split_seed=tc.split_seed,
+        )
+    except ValueError as e:
+        raise ConfigError(f"config.task: {e}") from e
+
+
+def prompt_config(tc: ml_collections.ConfigDict) -> PromptConfig:
+    """The dataset task's `PromptConfig` from `config.task`."""
+    _choice(tc.enable_thinking, "task.enable_thinking", ("template", "true", "false"))
+    instruction = tc.instruction
+    if instruction == "auto":
+        instruction = DEFAULT_INSTRUCTION if tc.name == "math" else dataset.CODE_INSTRUCTION
+    thinking = None if tc.enable_thinking == "template" else tc.enable_thinking == "true"
+    try:
+        return PromptConfig(style=tc.prompt_style, instruction=instruction, enable_thinking=thinking,
+                            max_prompt_tokens=tc.max_prompt_tokens, overlong=tc.overlong)
+    except ValueError as e:
+        raise ConfigError(f"config.task: {e}") from e
+
+
+def dataset_task_settings_missing(c: ml_collections.ConfigDict) -> list[str]:
+    """What a dataset task (math / code) needs and `c` lacks, one `--config...` hint each."""
+    tc, out = c.task, []
+    if not c.model.path:
+        out.append("--config.model.path=/path/to/hf_model (a Hugging Face model and its tokenizer)")
+    if not tc.path:
+        out.append("--config.task.path=FILE (a JSONL / parquet file or tfds name)")
+    if c.log.jit_loop:
+        out.append("--config.log.jit_loop=false (the reward is computed on the host)")
+    if c.rollout.max_new_tokens < 1:
+        out.append("--config.rollout.max_new_tokens=N (the response budget; there is no task default)")
+    if c.warmup.enabled:
+        out.append("--config.warmup.enabled=false (the warm-up trains the built-in task's model)")
+    return out
+
+
+def make_dataset_task(c: ml_collections.ConfigDict) -> dataset.DatasetTask:
+    """Loads `config.task.path` with the tokenizer of `task.tokenizer_path` (default `model.path`)."""
+    tc = c.task
+    missing = dataset_task_settings_missing(c)
+    if missing:  # every one at once, not one per start
+        raise ConfigError(f"config: task.name={tc.name!r} needs " + "; ".join(missing))
+    if tc.name == "code":
+        try:
+            code.check_confinement(code.SandboxConfig(allow_unconfined=bool(tc.sandbox_allow_unconfined)))
+        except code.SandboxUnavailable as e:
+            raise ConfigError(f"config.task.sandbox_allow_unconfined: {e}") from e
+    tok_path = tc.tokenizer_path or c.model.path
+    prompts = prompt_config(tc)
+    try:
+        tokenizer = tok_lib.load_tokenizer(tok_path)
+        source = SourceConfig(tc.path, format=tc.format, prompt_field=tc.prompt_field,
+                              answer_field=tc.answer_field if tc.name == "math" else None,
+                              extra_fields=(tc.tests_field,) if tc.name == "code" else (),
+                              split=tc.tfds_split, limit=tc.limit or None)
+        examples = load_examples(source)
+        task = dataset.load_dataset_task(
+            tc.name, examples, tokenizer, prompts, stop_token_ids=tok_lib.stop_token_ids(tokenizer, tok_path),
+            pad_id=tok_lib.pad_token_id(tokenizer), heldout_fraction=tc.heldout_fraction,
+            split_seed=tc.split_seed, tests_field=tc.tests_field)
+    except (DataError, FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"config.task (path={tc.path!r}, tokenizer={tok_path!r}): {e}") from e
+    return dataclasses.replace(task, math_config=math_verify_config(tc), sandbox_config=sandbox_config(tc))
+
+
+def math_verify_config(tc: ml_collections.ConfigDict) -> MathVerifyConfig:
+    """The math verifier's settings from `config.task`."""
+    return MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
+                            num_workers=tc.verify_workers)
+
+
+def sandbox_config(tc: ml_collections.ConfigDict) -> code.SandboxConfig:
+    """The code sandbox's settings from `config.task`."""
+    return code.SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
+                              allow_unconfined=tc.sandbox_allow_unconfined, max_workers=tc.verify_workers)

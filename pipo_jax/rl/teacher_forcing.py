@@ -1,0 +1,60 @@
+"""Greedy accuracy by teacher forcing, for tasks whose problems have one correct response
+(`Task.exact_answers`, e.g. the built-in arithmetic task).
+
+Greedy decoding reproduces a target exactly when the teacher-forced argmax reproduces every
+target token: decoding feeds back its own argmax, which is the target token as long as every
+earlier prediction matched, and the first mismatch makes the greedy output wrong there. So
+one forward over prompt ++ target gives greedy exact-match accuracy without a decode loop
+(`tests/rl/test_evaluation.py` holds it equal to decoding with the sampler).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pipo_jax.models import qwen3
+from pipo_jax.tasks.protocol import Task
+
+
+def target_logits(model: qwen3.Qwen3Config, params, prompt_tokens_bp, prompt_mask_bp, target_tokens_ba,
+                  target_mask_ba) -> jax.Array:
+    """float32 logits `[b, a, V]`: row i predicts target token i given the (left-padded)
+    prompt and the target tokens < i (one teacher-forced forward)."""
+    tokens = jnp.concatenate([prompt_tokens_bp, target_tokens_ba], axis=1)
+    mask = jnp.concatenate([prompt_mask_bp, target_mask_ba], axis=1)
+    logits_btv, _ = qwen3.forward(model, params, tokens, mask)
+    p, a = prompt_tokens_bp.shape[1], target_tokens_ba.shape[1]
+    return logits_btv[:, p - 1 : p + a - 1]
+
+
+def greedy_matches(model: qwen3.Qwen3Config, params, prompt_tokens_bp, prompt_mask_bp, target_tokens_ba,
+                   target_mask_ba) -> jax.Array:
+    """bool `[b]`: would greedy decoding produce exactly the target (masked positions free)?"""
+    logits = target_logits(model, params, prompt_tokens_bp, prompt_mask_bp, target_tokens_ba, target_mask_ba)
+    ok = (jnp.argmax(logits, axis=-1) == target_tokens_ba) | (target_mask_ba == 0)
+    return jnp.all(ok, axis=1)
+
+
+def problems_accuracy(model: qwen3.Qwen3Config, params, task: Task, problems) -> jax.Array:
+    """float32 []: greedy exact-match accuracy on `problems` (their `reference_responses`)."""
+    targets = task.reference_responses(problems)
+    if targets is None:
+        raise ValueError(f"the {task.name} task has no reference responses: evaluate by decoding and scoring")
+    ok = greedy_matches(model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, *targets)
+    return jnp.mean(ok.astype(jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("model", "task", "n", "kind"))
+def heldout_accuracy(model: qwen3.Qwen3Config, params, task: Task, table, n: int, rng: jax.Array,
+                     kind: str = "none") -> jax.Array:
+    """float32 []: greedy accuracy on the task's `n` held-out problems for `rng`
+    (`heldout_problems`), or with kind != "none" on those problems shown that teacher context
+    (`teacher_eval_problems`). Pass a fixed key to evaluate on the same problems every time."""
+    if kind == "none":
+        problems = task.heldout_problems(table, n, rng)
+    else:
+        problems = task.teacher_eval_problems(table, n, rng)[kind]
+    return problems_accuracy(model, params, task, problems)

@@ -1,0 +1,46 @@
+"""The trainer's rollout through either implementation of the rollout interface
+(`rollout.engine`): the host loop's generate gives the same rollout with the slot engine as
+with the one-jit sampler; settings that cannot hold fail at start-up naming the key."""
+
+import jax
+import numpy as np
+import pytest
+
+from configs import grpo
+from pipo_jax.rl import loop, warmup
+from pipo_jax.rl.spec import ConfigError, train_spec
+
+
+def micro(**rollout):
+    c = grpo.get_config("micro")
+    c.log.jit_loop = False
+    for key, value in rollout.items():
+        c.rollout[key] = value
+    return c
+
+
+def test_host_loop_rollout_is_the_same_with_the_slot_engine():
+    ref_spec, slots_spec = train_spec(micro()), train_spec(micro(engine="slots", engine_slots=5))
+    params = warmup.initial_params(ref_spec.model, 0)
+    rng = jax.random.PRNGKey(3)
+    n = ref_spec.rollout.prompts_per_batch
+    ref = loop.single_device_programs(ref_spec).generate(params, rng, n)
+    got = loop.single_device_programs(slots_spec).generate(params, rng, n)
+    np.testing.assert_array_equal(got.tokens_bl, ref.tokens_bl)
+    np.testing.assert_array_equal(got.mask_bl, ref.mask_bl)
+    np.testing.assert_allclose(got.sample_logp_br, ref.sample_logp_br, atol=1e-4)  # float32 summation order
+    np.testing.assert_array_equal(got.problems.answer_b, ref.problems.answer_b)
+    assert got.tokens_bl.shape == (ref_spec.batch, ref_spec.seq_len)
+
+
+def test_slot_engine_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="config.log.jit_loop: rollout.engine=slots is driven from the host"):
+        c = micro(engine="slots")
+        c.log.jit_loop = True
+        train_spec(c)
+    with pytest.raises(ConfigError, match="config.rollout.engine"):
+        train_spec(micro(engine="vllm"))
+    with pytest.raises(ConfigError, match="config.rollout.engine_slots: 4 slots are for rollout.engine=slots"):
+        train_spec(micro(engine_slots=4))
+    with pytest.raises(ConfigError, match="config.rollout.generate_rows_per_device: generation passes"):
+        train_spec(micro(engine="slots", generate_rows_per_device=2))
