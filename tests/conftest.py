@@ -11,6 +11,11 @@ import numpy as np
 import pytest
 
 from pipo_jax.tasks import code as code_sandbox
+from tests.xla_flags import xla_flags
+
+# Read when JAX starts its CPU backend (at the first computation, after this import); the JAX
+# subprocesses the tests start inherit it (tests/xla_flags.py).
+os.environ["XLA_FLAGS"] = xla_flags()
 
 # Every XLA:CPU executable keeps its JIT-compiled code in memory mappings for as long as a jit
 # cache holds it; the programs of one trainer test take ~2,000 mappings. Linux caps a process at

@@ -24,6 +24,7 @@ from experiments.benchmarks import hlo_cost
 from experiments.benchmarks.readiness import (custom_calls, hbm_exceeded_bytes, model_train_flops, paper_spec,
                                               roofline)
 from pipo_jax.models import qwen3
+from tests.xla_flags import xla_flags
 
 REPO = Path(__file__).resolve().parents[2]
 HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -123,7 +124,7 @@ def test_hbm_exceeded_bytes_reads_the_tpu_compiler_message():
 def _run_readiness(tmp_path: Path, only: str) -> dict:
     out = tmp_path / "readiness.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags()  # readiness adds its device count
     proc = subprocess.run([sys.executable, "-m", "experiments.benchmarks.readiness", "--parts", "lowering",
                            "--only", only, "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=1800)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from pipo_jax.kernels import logprobs as lp
+from tests.xla_flags import device_count_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +57,7 @@ def test_unknown_platform_is_rejected():
 def test_kernels_that_cannot_be_partitioned_run_under_shard_map_on_4_devices():
     """Pallas log-prob (tensor = 1 and 2), splash attention and the KV cache sharding on a mesh
     (tests/kernels/mesh_kernels_case.py, in a fresh interpreter with 4 host devices)."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=device_count_flags(4), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-m", "tests.kernels.mesh_kernels_case"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

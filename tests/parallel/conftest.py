@@ -19,6 +19,7 @@ import pytest
 
 from pipo_jax.rl import loop
 from tests.parallel import scenario
+from tests.xla_flags import xla_flags
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1800  # generous: compiles on a loaded 2-core machine are slow
@@ -32,7 +33,7 @@ def _free_port() -> int:
 
 def _launch(args: list[str], log: Path, compilation_cache: bool = True) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags()  # each worker adds its device count
     if not compilation_cache:
         env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     with open(log, "w") as f:

@@ -25,6 +25,7 @@ from pipo_jax.rl.spec import train_spec
 from pipo_jax.rl.trainer import base_params, train
 from tests.parallel.equivalence import UPDATE_RTOL
 from tests.rl.test_trainer import micro
+from tests.xla_flags import device_count_flags
 
 pytestmark = pytest.mark.slow  # the main job three times, twice in a 4-device subprocess
 
@@ -34,7 +35,7 @@ SKIP = ("time", "per_s", "warmup")  # wall clock and the warm-up row (only the f
 
 
 def _run_job(workdir: Path, *flags: str) -> None:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=device_count_flags(4), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-m", "experiments.train", *FLAGS, *flags, f"--workdir={workdir}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
