@@ -198,9 +198,17 @@ def base_config() -> ml_collections.ConfigDict:
     c.log.plots = True
 
     c.checkpoint = ml_collections.ConfigDict()
-    c.checkpoint.every = 0  # iterations; 0 = only at the end
+    # A run killed at any point (SIGKILL, a node failure) resumes from its newest checkpoint and
+    # loses at most `every` iterations; SIGTERM / SIGINT save one before exiting (README "Reliability").
+    c.checkpoint.every = 10  # iterations; 0 = only at the end (and on SIGTERM / SIGINT)
+    c.checkpoint.warmup_every = 200  # built-in task's warm-up steps between its own checkpoints; 0 = none
     c.checkpoint.keep = 3
     c.checkpoint.resume = True
+    # Resuming with changed settings: keys that change the saved state's shapes are always refused;
+    # others (e.g. train.lr) need this (the earlier config is kept as config.<step>.json). Keys that
+    # do not change what an iteration computes (iterations, log.*, eval.*, checkpoint.*, mesh.*,
+    # distributed.*) change freely, logged and kept the same way.
+    c.checkpoint.allow_config_change = False
     c.checkpoint.export_hf = True
 
     # Devices: with more than one (one process or many) the job runs sharded over this mesh.

@@ -4,7 +4,9 @@ printed as one line on stderr and exit status 2 instead of a traceback.
 A config error is a `ConfigError` (validation), a `--config.key=value` override that
 ml-collections rejects (unknown key: its "Did you mean" hint is kept), a `DataError`
 (a dataset row), a missing file, or checkpoints none of which reads. Anything else is a
-bug or a failed run and keeps its traceback.
+bug or a failed run and keeps its traceback. A run stopped by SIGTERM / SIGINT after saving
+its checkpoint (`RunInterrupted`) says so in one line and exits 128 + the signal's number,
+as a shell reports a process ended by that signal.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from absl import app, flags
 from pipo_jax.data.sources import DataError
 from pipo_jax.models.hf import CheckpointError
 from pipo_jax.rl.checkpoint import NoReadableCheckpoint
+from pipo_jax.rl.preemption import RunInterrupted
 from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.workdir import WorkdirError
 
-USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, FileNotFoundError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, FileNotFoundError, WorkdirError)
 EXIT_USER_ERROR = 2
 
 
@@ -47,3 +51,6 @@ def run(main) -> None:
     except USER_ERRORS as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
+    except RunInterrupted as e:  # a clean stop on SIGTERM / SIGINT: the shell's status for that signal
+        print(f"stopped: {one_line(e)}", file=sys.stderr)
+        sys.exit(128 + e.signum)

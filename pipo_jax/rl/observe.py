@@ -11,6 +11,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from pipo_jax.rl.workdir import WorkdirError
+
 log = logging.getLogger(__name__)
 
 PROGRESS_KEYS = (("reward_mean", "reward"), ("xi", "xi"), ("c", "c"), ("heldout_accuracy", "acc"),
@@ -25,12 +27,37 @@ def _scalar(v) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def read_metrics(path: str) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl (one dict per iteration or event)."""
+def _parse_rows(path: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The rows of a metrics.jsonl and the text of a torn last line (None if the file ends
+    cleanly). A last line that does not parse is what a kill mid-write leaves; any other
+    line that does not parse is damage, an error naming the file and line."""
     if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [], None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    rows, torn = [], None
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    for n, (lineno, line) in enumerate(numbered):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            if n == len(numbered) - 1:
+                torn = line
+                break
+            raise WorkdirError(f"{path}:{lineno}: not a metrics row ({e}); move the file aside to resume") from None
+        rows.append(row)
+    return rows, torn
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl (one dict per iteration or event); a torn last line (a
+    kill mid-write) is left out with a warning."""
+    rows, torn = _parse_rows(path)
+    if torn is not None:
+        log.warning("%s: the last line is torn (a run killed mid-write), left out: %r", path, torn[:80])
+    return rows
 
 
 class RunLogger:
@@ -38,8 +65,11 @@ class RunLogger:
 
     def __init__(self, workdir: str, *, total: int, tensorboard: bool = True, wandb: bool = False,
                  wandb_project: str = "pipo_jax", progress: bool = True, run_config: dict | None = None,
-                 start_step: int = 0, enabled: bool = True):
-        """`enabled=False` (processes other than 0 of a multi-process job): every method does nothing."""
+                 start_step: int | None = None, enabled: bool = True):
+        """`start_step`: the iteration a resumed run restarts from (None: a fresh run). Rows an
+        earlier attempt logged after it (all of them on a fresh run) move to
+        `metrics.superseded.jsonl`. `enabled=False` (processes other than 0 of a multi-process
+        job): every method does nothing."""
         self.enabled = enabled
         self.workdir = workdir
         if not enabled:
@@ -57,8 +87,8 @@ class RunLogger:
             # The suffix keeps a resumed attempt from reusing (truncating) the earlier file,
             # whose name has only the second it was opened.
             self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
-                                     purge_step=start_step + 1 if start_step else 0,
-                                     filename_suffix=f".from{start_step}")
+                                     purge_step=0 if start_step is None else start_step + 1,
+                                     filename_suffix=f".from{start_step or 0}")
         self._wandb = None
         if wandb:
             try:
@@ -70,15 +100,29 @@ class RunLogger:
         if progress:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=start_step, desc="PIPO" if run_config is None else
+            self._bar = tqdm(total=total, initial=start_step or 0, desc="PIPO" if run_config is None else
                              run_config.get("algorithm", "train"), dynamic_ncols=True)
 
-    def _truncate_after(self, step: int) -> None:
-        """On resume, drop rows logged after the checkpoint so the file matches the state (a
-        fresh start, `step` 0, drops every row: step 0 is logged again)."""
-        rows = [r for r in read_metrics(self.jsonl_path) if step and r.get("step", 0) <= step]
-        with open(self.jsonl_path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+    def _truncate_after(self, step: int | None) -> None:
+        """Keeps the rows up to `step` (none for a fresh run, `step` None); the rows after it
+        and a torn last line (a kill mid-write) go to `metrics.superseded.jsonl`, with a warning."""
+        rows, torn = _parse_rows(self.jsonl_path)
+        kept = [r for r in rows if step is not None and r.get("step", 0) <= step]
+        dropped = [r for r in rows if not (step is not None and r.get("step", 0) <= step)]
+        if torn is not None:
+            log.warning("%s: the last line is torn (a run killed mid-write): repaired, the text kept in "
+                        "metrics.superseded.jsonl", self.jsonl_path)
+            dropped.append({"torn_line": torn})
+        if dropped:
+            superseded = os.path.join(self.workdir, "metrics.superseded.jsonl")
+            with open(superseded, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in dropped)
+            log.warning("%s: %d rows an earlier attempt logged %s moved to %s", self.jsonl_path, len(dropped),
+                        "(a fresh run)" if step is None else f"after iteration {step} (resuming there)", superseded)
+        tmp = self.jsonl_path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(tmp, self.jsonl_path)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:

@@ -260,6 +260,7 @@ def check_run_config(c: ml_collections.ConfigDict, task: Task) -> None:
           "rollout.engine=slots is driven from the host: set log.jit_loop=false")
     _need(c.checkpoint.every >= 0, "checkpoint.every", f"{c.checkpoint.every} must be >= 0")
     _need(c.checkpoint.keep >= 1, "checkpoint.keep", f"{c.checkpoint.keep} must be >= 1")
+    _need(c.checkpoint.warmup_every >= 0, "checkpoint.warmup_every", f"{c.checkpoint.warmup_every} must be >= 0")
     _need(c.eval.every >= 0, "eval.every", f"{c.eval.every} must be >= 0")
     _need(c.eval.n >= 1, "eval.n", f"{c.eval.n} must be >= 1")
     if c.warmup.enabled:

@@ -11,21 +11,26 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
 from pipo_jax.data.sources import SourceConfig, load_examples
 from pipo_jax.models import hf, qwen3
 from pipo_jax.parallel import mesh_batch_shards
 from pipo_jax.parallel.distributed import initialize_distributed
-from pipo_jax.rl import evaluate, loop, observe, rollout, steps, warmup
+from pipo_jax.rl import evaluate, loop, observe, rollout, sharded_steps, steps, warmup
+from pipo_jax.rl import workdir as workdir_lib
 from pipo_jax.rl.checkpoint import Checkpointer, saved_steps
 from pipo_jax.rl.placement import Placement, placement_from_config
-from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, train_spec
+from pipo_jax.rl.preemption import RunInterrupted, StopRequests
+from pipo_jax.rl.spec import (ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config,
+                              train_spec)
 from pipo_jax.rl.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -77,6 +82,9 @@ class Evaluation:
         return out
 
 
+WARMUP_CHECKPOINTS = "warmup_checkpoints"
+
+
 def warmup_kwargs(config: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
     """`warmup.warmup` keyword arguments of `config.warmup` for `seed`."""
     w = config.warmup
@@ -84,13 +92,68 @@ def warmup_kwargs(config: ml_collections.ConfigDict, seed: int) -> dict[str, Any
                 eval_n=config.eval.n, mistake_rate=w.mistake_rate, context_fraction=w.context_fraction)
 
 
-def base_params(spec: TrainSpec, config: ml_collections.ConfigDict, logger_rows: list) -> Any:
+class WarmupCheckpoints:
+    """The warm-up's own checkpoints (`<workdir>/warmup_checkpoints`): its progress every
+    `checkpoint.warmup_every` steps and on a stop request, so a run killed in the warm-up
+    continues it exactly; removed once the RL state of step 0 is saved."""
+
+    def __init__(self, workdir: str, spec: TrainSpec, config: ml_collections.ConfigDict, stop: StopRequests):
+        self.directory = os.path.join(workdir, WARMUP_CHECKPOINTS)
+        self.every, self.stop, self.config = config.checkpoint.warmup_every, stop, config
+        self.template = warmup.abstract_progress(spec.model, steps=config.warmup.steps, lr=config.warmup.lr)
+        self._ckpt: Checkpointer | None = None
+        self._last = 0
+
+    def restore(self) -> warmup.WarmupProgress | None:
+        """The newest readable progress (None: none saved, or none that fits this warm-up)."""
+        if not saved_steps(self.directory):
+            return None
+        try:
+            progress = self._checkpointer().restore(self.template)
+        except Exception as e:  # noqa: BLE001 - any read failure: the warm-up starts over, said in one line
+            log.warning("warm-up checkpoints in %s unreadable (%s): the warm-up starts over", self.directory,
+                        str(e).splitlines()[0][:200])
+            return None
+        self._last = int(progress.done)
+        log.info("warm-up resumed at step %d from %s", self._last, self.directory)
+        return progress
+
+    def _checkpointer(self) -> Checkpointer:
+        if self._ckpt is None:
+            self._ckpt = Checkpointer(self.directory, keep=1)
+        return self._ckpt
+
+    def after_chunk(self, progress: warmup.WarmupProgress) -> None:
+        done = int(progress.done)
+        if self.stop.requested or (self.every and done // self.every > self._last // self.every):
+            self._checkpointer().save(done, progress)
+            self._last = done
+        if self.stop.requested:
+            self._checkpointer().wait()
+            raise RunInterrupted(self.stop.requested, f"warm-up step {done}", self.directory)
+
+    def remove(self) -> None:
+        """Drops the warm-up checkpoints (the RL checkpoint of step 0 holds their result)."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def close(self) -> None:
+        if self._ckpt is not None:
+            self._ckpt.close()
+            self._ckpt = None
+
+
+def base_params(spec: TrainSpec, config: ml_collections.ConfigDict, logger_rows: list,
+                warmup_checkpoints: WarmupCheckpoints | None = None) -> Any:
     """The RL starting point: HF weights, the supervised warm-up, or a random init."""
     if spec.model_path:
         _, params = hf.load(spec.model_path, dtype=spec.model.param_dtype, compute_dtype=spec.model.dtype)
         return params
     if config.warmup.enabled:
-        params, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(config, config.seed))
+        wc = warmup_checkpoints
+        params, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(config, config.seed),
+                                  resume=None if wc is None else wc.restore(),
+                                  after_chunk=None if wc is None else wc.after_chunk)
         logger_rows.append({"warmup_steps": m["steps_run"], "warmup_accuracy": m["final_accuracy"],
                             "warmup_teacher_solution_accuracy": m["final_teacher_solution_accuracy"],
                             "warmup_teacher_feedback_accuracy": m["final_teacher_feedback_accuracy"],
@@ -140,8 +203,90 @@ def export_tokenizer(spec: TrainSpec, config: ml_collections.ConfigDict, export:
         shutil.copyfile(source, os.path.join(export, "generation_config.json"))
 
 
+def _abstract_state(config: ml_collections.ConfigDict, spec: TrainSpec, keys: Any) -> Any:
+    """Shapes and dtypes of the `TrainState` of `config` (built like `spec`, but loading the
+    model / task again when one of `keys` is theirs); None if `config` is not valid."""
+    try:
+        if any(k.startswith(("model.", "task.")) for k in keys):
+            other = train_spec(config)
+        else:
+            other = spec_from_config(config, spec.model, spec.task)
+        tree = sharded_steps.abstract_train_state(other)
+    except Exception:  # noqa: BLE001 - an invalid combination tells nothing about shapes
+        return None
+    return jax.tree.structure(tree), [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
+
+
+def _with_values(config: ml_collections.ConfigDict, values: dict[str, Any]) -> ml_collections.ConfigDict | None:
+    """`config` with `values` (`{"pipo.window": 8}`) set; None where one cannot be set."""
+    out = config.copy_and_resolve_references()
+    try:
+        for key, value in values.items():
+            *parents, leaf = key.split(".")
+            node = out
+            for part in parents:
+                node = node[part]
+            node[leaf] = tuple(value) if isinstance(node[leaf], tuple) and isinstance(value, list) else value
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return out
+
+
+def check_resume_config(config: ml_collections.ConfigDict, spec: TrainSpec, stored: dict[str, Any],
+                        checkpoint_dir: str) -> dict[str, tuple[Any, Any]]:
+    """Compares `config` with the `stored` one of the run it resumes; returns the changes.
+
+    A change of the saved state's shapes is refused naming the keys that cause it; any other
+    change of a key outside `workdir.FREE_PREFIXES` needs `checkpoint.allow_config_change`.
+    """
+    changes = workdir_lib.config_changes(stored, workdir_lib.flat_config(config))
+    if not changes:
+        return changes
+    new_shapes = _abstract_state(config, spec, ())
+    old_shapes = _abstract_state(_with_values(config, {k: v[0] for k, v in changes.items()}) or config, spec,
+                                 changes)
+    if old_shapes is not None and old_shapes != new_shapes:
+        shape_keys = []
+        for key in changes:
+            single = _with_values(config, {key: changes[key][0]})
+            if single is not None and _abstract_state(single, spec, (key,)) not in (None, new_shapes):
+                shape_keys.append(key)
+        workdir_lib.refuse_shape_changes(shape_keys or [k for k in changes if not workdir_lib.is_free(k)],
+                                         changes, checkpoint_dir)
+    bound = [k for k in changes if not workdir_lib.is_free(k)]
+    if bound and not config.checkpoint.allow_config_change:
+        raise ConfigError(f"config.checkpoint.allow_config_change: resuming with changed settings "
+                          f"({workdir_lib.describe_changes(changes, bound)}); set them back, or continue with them "
+                          "by --config.checkpoint.allow_config_change=true (the old config is kept)")
+    log.warning("resuming with a changed config: %s", workdir_lib.describe_changes(changes, changes))
+    return changes
+
+
+def _write_config(workdir: str, config: ml_collections.ConfigDict, stored: dict[str, Any] | None,
+                  kept_as: str) -> None:
+    """Writes config.json; a stored one that differs is kept first as `config.<kept_as>.json`."""
+    if stored is not None:
+        if not workdir_lib.config_changes(stored, workdir_lib.flat_config(config)):
+            return
+        log.warning("the earlier config.json kept as %s", workdir_lib.keep_config(workdir, kept_as))
+    with open(os.path.join(workdir, workdir_lib.CONFIG_NAME), "w") as f:
+        f.write(config.to_json_best_effort(indent=2))
+
+
+def _any_process(flag: bool) -> bool:
+    """Whether `flag` holds on any process (every process takes the same decision)."""
+    if jax.process_count() == 1:
+        return flag
+    return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
+
+
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Runs `config` in `workdir`; returns a summary (initial/final held-out accuracy, paths).
+
+    One run at a time holds `workdir` (`workdir.WorkdirLock`). SIGTERM / SIGINT stop the run
+    after the iteration chunk (or warm-up chunk) in flight with a checkpoint on disk
+    (`preemption.RunInterrupted`); checkpoints are also saved every `checkpoint.every`
+    iterations and, after a warm-up, at iteration 0.
 
     Multi-process: `initialize_distributed(config.distributed)` joins the processes first
     (a no-op for a single process); every process runs this function on the same
@@ -163,20 +308,39 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if not spec.task.device_reward and spec.uses_teacher and where.mesh is not None:
         raise ConfigError(f"config.mesh.enabled: SDPO / VPD on the {spec.task.name} task build teacher prompts on "
                           "one host; run them on one device (--config.mesh.enabled=false)")
+    lock = workdir_lib.WorkdirLock(workdir) if where.is_main_process else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        with StopRequests() as stop:
+            return _train(config, workdir, spec, where, stop, lock)
+    finally:
+        if lock is not None:
+            lock.release()  # a refused run leaves no directory it created
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, spec: TrainSpec, where: Placement,
+           stop: StopRequests, lock: workdir_lib.WorkdirLock | None) -> dict[str, Any]:
     main = where.is_main_process
-    # Nothing is written into the workdir before the config is validated, the evaluation
-    # files are read and the resume decision is made: a refused run leaves it as it was.
+    # Nothing is written into the workdir before the config is validated, the
+    # evaluation files are read and the resume decision is made: a refused run leaves it as it was.
     ckpt_dir = os.path.join(workdir, "checkpoints")
     existing = saved_steps(ckpt_dir)
     if not config.checkpoint.resume and existing:
         raise ConfigError(f"config.checkpoint.resume: false, but {os.path.abspath(ckpt_dir)} holds checkpoints "
                           f"{existing}: use a new --workdir, delete them, or resume")
+    stored = workdir_lib.read_stored_config(workdir)
+    resuming_warmup = not existing and bool(saved_steps(os.path.join(workdir, WARMUP_CHECKPOINTS)))
+    if (existing or resuming_warmup) and stored is None:
+        log.warning("%s holds no config.json: the resumed run's config cannot be compared with the earlier one",
+                    workdir)
+    elif existing or resuming_warmup:
+        check_resume_config(config, spec, stored, os.path.abspath(ckpt_dir))
     evaluation = Evaluation(spec, config, where, None)
-    if main:
-        os.makedirs(workdir, exist_ok=True)
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(config.to_json_best_effort(indent=2))
+    if lock is not None:
+        lock.record()
     ckpt = Checkpointer(ckpt_dir, keep=config.checkpoint.keep)
+    warmup_ckpts = WarmupCheckpoints(workdir, spec, config, stop) if not spec.model_path else None
 
     pre_rows: list[dict] = []
     resume_step = None
@@ -185,10 +349,14 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             state = where.restore(ckpt, spec)  # the newest checkpoint that reads
             resume_step = int(state.step)
             log.info("resumed from %s at iteration %d", ckpt.directory, resume_step)
-        else:
-            state = where.init_state(spec, base_params(spec, config, pre_rows), config.seed)
+        if main:
+            _write_config(workdir, config, stored, str(resume_step) if resume_step is not None else "superseded")
+        if not existing:
+            state = where.init_state(spec, base_params(spec, config, pre_rows, warmup_ckpts), config.seed)
     except BaseException:
         ckpt.close()
+        if warmup_ckpts is not None:
+            warmup_ckpts.close()
         raise
     step = int(state.step)
 
@@ -199,13 +367,23 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     try:
         logger = observe.RunLogger(workdir, total=config.iterations, tensorboard=config.log.tensorboard,
                                    wandb=config.log.wandb, wandb_project=config.log.wandb_project,
-                                   progress=config.log.progress, run_config=config.to_dict(), start_step=step,
+                                   progress=config.log.progress, run_config=config.to_dict(), start_step=resume_step,
                                    enabled=main)
-        if step == 0:
+        if resume_step is None:
             scores = evaluation(state.params, 0)
             logger.log(0, dict(pre_rows[0] if pre_rows else {}, **scores))
             summary["initial_accuracy"] = scores["heldout_accuracy"]
+            if config.warmup.enabled and not spec.model_path:  # the warm-up is not redone after a kill
+                ckpt.save(0, state)
+                ckpt.wait()
+                warmup_ckpts.remove()
+        elif resume_step == 0 and main:
+            row0 = next((r for r in observe.read_metrics(logger.jsonl_path) if r.get("step") == 0), {})
+            if "heldout_accuracy" in row0:
+                summary["initial_accuracy"] = row0["heldout_accuracy"]
         while step < config.iterations:
+            if _any_process(stop.requested is not None):
+                _save_and_stop(ckpt, step, state, stop)
             n = _chunk_length(step, config)
             t0 = time.perf_counter()
             state, metrics = run_iterations(spec, state, n, config.log.jit_loop, reward, where=where)
@@ -220,7 +398,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             logger.log_many(step - n, metrics, extra)
             if config.checkpoint.every and step % config.checkpoint.every == 0 and step < config.iterations:
                 ckpt.save(step, state)
-        if step not in ckpt.all_steps():  # a finished run resumed again has it already
+        # A finished run resumed again has its last checkpoint already, unless it was unreadable.
+        if step not in ckpt.all_steps() or step in ckpt.unreadable:
             ckpt.save(step, state)
         ckpt.wait()
         final = evaluation(state.params, step)
@@ -236,6 +415,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             summary["hf_export"] = export
     finally:
         ckpt.close()
+        if warmup_ckpts is not None:
+            warmup_ckpts.close()
         reward.close()
         summary["plots"] = logger.close(plots=config.log.plots) if logger is not None else []
     summary["state"] = state
@@ -244,3 +425,10 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             json.dump({k: v for k, v in summary.items() if k != "state"}, f, indent=2)
     return summary
 
+
+def _save_and_stop(ckpt: Checkpointer, step: int, state: TrainState, stop: StopRequests) -> None:
+    """On a stop request: the state of `step` saved (unless it is already) and on disk, then `RunInterrupted`."""
+    if step not in ckpt.all_steps() or step in ckpt.unreadable:
+        ckpt.save(step, state)
+    ckpt.wait()
+    raise RunInterrupted(stop.requested or signal.SIGTERM, f"iteration {step}", ckpt.directory)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -131,6 +131,39 @@ def train_chunk(model_config, task, optimizer, params, opt_state, rng, *, batch:
     return params, opt_state, losses
 
 
+class WarmupProgress(NamedTuple):
+    """Where a warm-up stands after a chunk, enough to continue it exactly (a checkpointable pytree).
+
+    `done`: steps run; `losses_s` `[steps]` (zeros past `done`); `evals_4e` `[4, E]`, rows: eval
+    step, student accuracy, teacher accuracy with a solution / with feedback, the first
+    `n_evals` columns filled (E = `max_evals(steps, eval_every)`).
+    """
+    params: Any
+    opt_state: Any
+    done: Any  # int32 []
+    losses_s: Any  # float32 [steps]
+    evals_4e: Any  # float32 [4, E]
+    n_evals: Any  # int32 []
+
+
+def max_evals(steps: int, eval_every: int) -> int:
+    """Evaluations a warm-up of `steps` makes at most: at step 0 and after each chunk."""
+    return 1 + -(-steps // eval_every)
+
+
+def abstract_progress(model_config: qwen3.Qwen3Config, *, steps: int, lr: float, eval_every: int = 50,
+                      weight_decay: float = 0.01, lr_warmup_steps: int = 20) -> WarmupProgress:
+    """The `WarmupProgress` of a `warmup(...)` with these arguments as `jax.ShapeDtypeStruct`s
+    (the template a checkpoint of it is restored into)."""
+    def build():
+        params = qwen3.init_params(model_config, jax.random.PRNGKey(0))
+        opt_state = make_warmup_optimizer(lr, weight_decay, lr_warmup_steps).init(params)
+        return WarmupProgress(params, opt_state, jnp.int32(0), jnp.zeros((steps,), jnp.float32),
+                              jnp.zeros((4, max_evals(steps, eval_every)), jnp.float32), jnp.int32(0))
+
+    return jax.eval_shape(build)
+
+
 def warmup(
     model_config: qwen3.Qwen3Config,
     task: arithmetic.ArithmeticTask,
@@ -147,6 +180,8 @@ def warmup(
     params: Any = None,
     context_fraction: float = 0.0,
     mistake_rate: float = 0.0,
+    resume: WarmupProgress | None = None,
+    after_chunk: Callable[[WarmupProgress], None] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Trains `params` (default: `initial_params(model_config, seed)`) for up to `steps` steps.
 
@@ -157,6 +192,10 @@ def warmup(
     (`draw_contexts`); the teacher's accuracy with a solution / a feedback context is
     measured at every evaluation beside the student's. The seed drives the initial params, the train batches and the
     held-out set; the result is a deterministic function of the arguments.
+
+    `after_chunk(progress)` is called after each chunk's evaluation (the trainer checkpoints
+    it there, and may raise to stop); `resume=progress` continues from it, and the result
+    is the same as had the warm-up run through.
 
     Returns (params, metrics) with metrics:
       loss: float array `[steps_run]` (train loss of each step's batch, before its update),
@@ -182,12 +221,22 @@ def warmup(
 
     start = time.perf_counter()
     _, k_train, k_eval = _seed_keys(seed)
-    if params is None:
-        params = initial_params(model_config, seed)
-    else:  # a copy: train_chunk donates its input buffers
-        params = jax.tree.map(jnp.array, params)
+    if resume is not None:
+        params, opt_state = jax.tree.map(jnp.array, (resume.params, resume.opt_state))
+        done, n_evals = int(resume.done), int(resume.n_evals)
+        evals = np.asarray(resume.evals_4e)[:, :n_evals]
+        eval_steps = [int(x) for x in evals[0]]
+        accuracy = [float(x) for x in evals[1]]
+        teacher = {"solution": [float(x) for x in evals[2]], "feedback": [float(x) for x in evals[3]]}
+        losses = [np.asarray(resume.losses_s)[:done]]
+    else:
+        if params is None:
+            params = initial_params(model_config, seed)
+        else:  # a copy: train_chunk donates its input buffers
+            params = jax.tree.map(jnp.array, params)
     optimizer = make_warmup_optimizer(lr, weight_decay, lr_warmup_steps)
-    opt_state = optimizer.init(params)
+    if resume is None:
+        opt_state = optimizer.init(params)
 
     def evaluate(kind: str = "none") -> float:
         return float(teacher_forcing.heldout_accuracy(model_config, params, task, None, eval_n, k_eval, kind))
@@ -196,12 +245,21 @@ def warmup(
         for kind, curve in teacher.items():
             curve.append(evaluate(kind))
 
-    teacher: dict[str, list[float]] = {"solution": [], "feedback": []}
-    eval_steps, accuracy, losses = [0], [evaluate()], [np.zeros((0,), np.float32)]
-    evaluate_teacher()
-    done = 0
+    if resume is None:
+        teacher = {"solution": [], "feedback": []}
+        eval_steps, accuracy, losses = [0], [evaluate()], [np.zeros((0,), np.float32)]
+        evaluate_teacher()
+        done = 0
+
     def reached() -> bool:
         return target_accuracy is not None and accuracy[-1] >= target_accuracy
+
+    def progress() -> WarmupProgress:
+        evals = np.zeros((4, max_evals(steps, eval_every)), np.float32)
+        evals[:, :len(eval_steps)] = [eval_steps, accuracy, teacher["solution"], teacher["feedback"]]
+        run = np.concatenate(losses)
+        return WarmupProgress(params, opt_state, np.int32(done), np.pad(run, (0, steps - len(run))), evals,
+                              np.int32(len(eval_steps)))
 
     while done < steps and not reached():
         n = min(eval_every, steps - done)
@@ -213,6 +271,8 @@ def warmup(
         eval_steps.append(done)
         accuracy.append(evaluate())
         evaluate_teacher()
+        if after_chunk is not None:
+            after_chunk(progress())
     metrics = {
         "loss": np.concatenate(losses),
         "eval_steps": eval_steps,

@@ -176,7 +176,7 @@ def test_resume_is_exact(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(full["state"]), jax.device_get(again["state"]))
     assert strip((tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()) == strip(rows_full)
     c.checkpoint.resume = False  # a fresh run never overwrites another run's checkpoints
-    with pytest.raises(ConfigError, match=r"config.checkpoint.resume: false, but .*holds checkpoints \[2, 4\]"):
+    with pytest.raises(ConfigError, match=r"config.checkpoint.resume: false, but .*holds checkpoints \[0, 2, 4\]"):
         train(c, str(tmp_path / "resumed"))
 
 

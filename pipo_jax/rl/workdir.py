@@ -1,0 +1,192 @@
+"""The run directory's guards: one run at a time (`WorkdirLock`), and a resumed run's
+config compared with the one its checkpoints were trained under (`config_changes`,
+`keep_config`).
+
+The lock is an advisory `flock` on the workdir; `<workdir>/.lock` holds the holder's pid,
+host, start time and command line. The kernel releases a `flock` when its process dies,
+SIGKILL included, so a `.lock` file whose directory nobody has locked is stale: it is taken
+over with a warning naming the dead holder. A held lock refuses the second run with one
+line naming its holder. (`flock` holds across processes of one host and on local and
+cluster file systems that implement it; on NFS it depends on the server.)
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+from typing import Any, Iterable
+
+import ml_collections
+
+from pipo_jax.rl.sections import ConfigError
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".lock"
+CONFIG_NAME = "config.json"
+
+# Keys a resumed run may change freely (each change is still logged and the old config kept):
+# they decide how long the run goes, where it runs, what it logs and evaluates and how it
+# checkpoints, never what an iteration computes.
+FREE_PREFIXES = ("iterations", "log.", "eval.", "mesh.", "distributed.", "checkpoint.")
+
+
+class WorkdirError(RuntimeError):
+    """The workdir cannot be used as asked (locked by a live run, not a directory, a damaged file)."""
+
+
+def _describe(holder: dict[str, Any]) -> str:
+    return (f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')} since {holder.get('started', '?')} "
+            f"({holder.get('command', '?')})")
+
+
+class WorkdirLock:
+    """`acquire()` / `record()` / `release()`: the one run allowed in `workdir`.
+
+    `acquire` takes an exclusive `flock` on the directory itself, so a refused run (a
+    config error, a resume refused) writes nothing; `record` then writes the holder's
+    pid, host, start time and command to `.lock` for a second run's message. Raises
+    `WorkdirError` when another live process holds the directory. A `.lock` found while
+    the flock is free is a dead run's: taken over with a warning. A workdir `acquire`
+    created is removed again by `release` if nothing was written into it.
+    """
+
+    def __init__(self, workdir: str):
+        self.workdir = os.path.abspath(workdir)
+        self.path = os.path.join(self.workdir, LOCK_NAME)
+        self._fd: int | None = None
+        self._recorded = False
+        self.created_dir = False
+
+    def acquire(self) -> "WorkdirLock":
+        if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
+            raise WorkdirError(f"--workdir {self.workdir} is a file, not a directory")
+        if not os.path.exists(self.workdir):
+            os.makedirs(self.workdir)
+            self.created_dir = True
+        fd = os.open(self.workdir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            raise WorkdirError(f"{self.workdir} is in use by another run: {_describe(self._read_holder())}; wait "
+                               "for it to end or use another --workdir") from None
+        self._fd = fd
+        stale = self._read_holder()
+        if stale:
+            log.warning("%s: taking over the stale lock of %s, which is no longer running", self.workdir,
+                        _describe(stale))
+        return self
+
+    def record(self) -> None:
+        """Writes the holder's description into `.lock` (after the run is accepted)."""
+        me = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": datetime.datetime.now().isoformat(timespec="seconds"), "command": " ".join(sys.argv)}
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(json.dumps(me) + "\n")
+        os.replace(tmp, self.path)
+        self._recorded = True
+
+    def _read_holder(self) -> dict[str, Any]:
+        try:
+            with open(self.path) as f:
+                text = f.read()
+        except OSError:
+            return {}
+        try:
+            holder = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError:
+            return {"command": f"unparsable lock file {text[:80]!r}"}
+        return holder if isinstance(holder, dict) else {}
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        if self._recorded:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+        if self.created_dir and not os.listdir(self.workdir):
+            os.rmdir(self.workdir)
+
+    def __enter__(self) -> "WorkdirLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def flat_config(config: ml_collections.ConfigDict | dict) -> dict[str, Any]:
+    """`{"pipo.window": 8, ...}`: the leaves of a config as its JSON file holds them."""
+    tree = json.loads(config.to_json_best_effort()) if isinstance(config, ml_collections.ConfigDict) else config
+    out: dict[str, Any] = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = v
+
+    walk(tree, "")
+    return out
+
+
+def read_stored_config(workdir: str) -> dict[str, Any] | None:
+    """The flat config a run in `workdir` stored (None if there is none). Raises `WorkdirError`
+    for a file that does not parse."""
+    path = os.path.join(workdir, CONFIG_NAME)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return flat_config(json.load(f))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise WorkdirError(f"{path}: not a config JSON ({e}); move it aside to resume") from None
+
+
+def config_changes(stored: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """`{key: (stored value, new value)}` for every key that differs (a key only one side has
+    counts, with `None` on the other)."""
+    return {k: (stored.get(k), new.get(k)) for k in sorted(set(stored) | set(new)) if stored.get(k) != new.get(k)}
+
+
+def is_free(key: str) -> bool:
+    """Whether `key` is a run-control key (`FREE_PREFIXES`) a resumed run may change without asking."""
+    return any(key == p or key.startswith(p) for p in FREE_PREFIXES)
+
+
+def describe_changes(changes: dict[str, tuple[Any, Any]], keys: Iterable[str]) -> str:
+    return ", ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in keys)
+
+
+def keep_config(workdir: str, step: int) -> str:
+    """Moves the stored config aside as `config.<step>.json` (the config in force up to `step`;
+    `config.<step>.<n>.json` if that exists) and returns its path."""
+    path = os.path.join(workdir, f"config.{step}.json")
+    n = 1
+    while os.path.exists(path):
+        path = os.path.join(workdir, f"config.{step}.{n}.json")
+        n += 1
+    os.replace(os.path.join(workdir, CONFIG_NAME), path)
+    return path
+
+
+def refuse_shape_changes(shape_keys: list[str], changes: dict[str, tuple[Any, Any]], checkpoint_dir: str) -> None:
+    """The one-line error for a resume whose config changes the shapes of the saved state."""
+    raise ConfigError(f"resume: the checkpoints in {checkpoint_dir} hold a state of another shape; these changed "
+                      f"keys change it: {describe_changes(changes, shape_keys)} (use a new --workdir, or set them "
+                      "back)")

@@ -1,0 +1,200 @@
+"""A run is never lost or mixed with another: the workdir lock (held, stale), the resumed
+config checked against the stored one (shape changes refused naming the keys, other
+changes only with `checkpoint.allow_config_change`, the old config kept), a torn last
+metrics line repaired, a damaged final checkpoint saved again, the warm-up continued
+exactly from its own checkpoint, and a stop request saving before the run ends."""
+
+import json
+import logging
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from configs import grpo
+from pipo_jax.rl import observe, warmup
+from pipo_jax.rl.checkpoint import saved_steps
+from pipo_jax.rl.preemption import RunInterrupted, StopRequests
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.trainer import train
+from pipo_jax.rl.workdir import WorkdirError, WorkdirLock
+from pipo_jax.tasks import arithmetic
+
+def micro(**overrides):
+    c = grpo.get_config("micro")
+    c.pipo.enabled = True
+    c.checkpoint.export_hf = False
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = c
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished 2-iteration micro run (checkpoints 0 and 2) to copy per test."""
+    root = tmp_path_factory.mktemp("finished")
+    summary = train(micro(iterations=2), str(root))
+    return root, summary
+
+
+def _copy(finished, tmp_path):
+    import shutil
+
+    root, summary = finished
+    target = tmp_path / "run"
+    shutil.copytree(root, target)
+    return target, summary
+
+
+def test_a_held_workdir_refuses_a_second_run_naming_the_holder(tmp_path):
+    held = WorkdirLock(str(tmp_path)).acquire()
+    held.record()
+    try:
+        with pytest.raises(WorkdirError, match=rf"{tmp_path} is in use by another run: pid {os.getpid()} on host "):
+            train(micro(iterations=1), str(tmp_path))
+    finally:
+        held.release()
+    assert sorted(os.listdir(tmp_path)) == []  # the refused run wrote nothing
+
+
+def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, caplog):
+    (tmp_path / ".lock").write_text(json.dumps({"pid": 999999999, "host": "gone", "started": "then",
+                                                "command": "python -m experiments.train"}) + "\n")
+    with caplog.at_level(logging.WARNING):
+        train(micro(iterations=1), str(tmp_path))
+    assert any("taking over the stale lock of pid 999999999 on host gone" in r.getMessage() for r in caplog.records)
+    assert not (tmp_path / ".lock").exists()  # released at the end
+    assert saved_steps(str(tmp_path / "checkpoints")) == [0, 1]
+
+
+def test_lock_of_a_new_workdir_refused_leaves_no_directory(tmp_path):
+    held = WorkdirLock(str(tmp_path / "run")).acquire()
+    held.release()
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(WorkdirError, match=r"--workdir .*file is a file, not a directory"):
+        WorkdirLock(str(tmp_path / "file")).acquire()
+
+
+def test_resume_refuses_a_shape_change_naming_the_key(finished, tmp_path):
+    run, _ = _copy(finished, tmp_path)
+    before = (run / "config.json").read_text()
+    with pytest.raises(ConfigError, match=r"another shape; these changed keys change it: pipo\.window: 2 -> 3"):
+        train(micro(iterations=3, **{"pipo.window": 3}), str(run))
+    assert (run / "config.json").read_text() == before
+    # Two changes, one of which changes shapes: only that one is named as the cause.
+    with pytest.raises(ConfigError, match=r"change it: rollout\.group_size: 4 -> 2 \("):
+        train(micro(iterations=3, **{"rollout.group_size": 2, "train.lr": 3e-4}), str(run))
+
+
+def test_resume_with_another_lr_needs_the_key_and_keeps_the_old_config(finished, tmp_path):
+    run, _ = _copy(finished, tmp_path)
+    before = (run / "config.json").read_text()
+    with pytest.raises(ConfigError, match=r"config\.checkpoint\.allow_config_change: .*train\.lr: 0\.0001 -> 0\.0003"):
+        train(micro(iterations=3, **{"train.lr": 3e-4}), str(run))
+    assert (run / "config.json").read_text() == before and not list(run.glob("config.*.json"))
+    summary = train(micro(iterations=3, **{"train.lr": 3e-4, "checkpoint.allow_config_change": True}), str(run))
+    assert summary["resumed_from"] == 2
+    assert (run / "config.2.json").read_text() == before  # the config in force up to iteration 2
+    assert json.loads((run / "config.json").read_text())["train"]["lr"] == 3e-4
+
+
+def test_resume_extending_iterations_is_free_and_logged(finished, tmp_path, caplog):
+    run, _ = _copy(finished, tmp_path)
+    with caplog.at_level(logging.WARNING):
+        summary = train(micro(iterations=3), str(run))
+    assert summary["resumed_from"] == 2
+    assert any("resuming with a changed config: iterations: 2 -> 3" in r.getMessage() for r in caplog.records)
+    assert json.loads((run / "config.2.json").read_text())["iterations"] == 2
+    assert [r["step"] for r in observe.read_metrics(str(run / "metrics.jsonl"))] == [0, 1, 2, 3]
+
+
+def test_a_damaged_final_checkpoint_is_saved_again(finished, tmp_path):
+    run, full = _copy(finished, tmp_path)
+    step_dir = run / "checkpoints" / "2"
+    os.remove(step_dir / "default" / "_METADATA")
+    again = train(micro(iterations=2), str(run))
+    assert again["resumed_from"] == 0  # 2 unreadable: the newest that reads
+    assert (run / "checkpoints.unreadable" / "2").is_dir()  # moved aside, not deleted
+    third = train(micro(iterations=2), str(run))  # the final step now reads: nothing recomputed
+    assert third["resumed_from"] == 2
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(full["state"].params),
+                 jax.device_get(third["state"].params))
+
+
+def test_a_torn_last_metrics_line_is_repaired_and_kept_aside(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "x": 1}\n{"step": 1, "x": 2}\n{"step": 2, "x": 3}\n{"step": 3, "x"')
+    with caplog.at_level(logging.WARNING):
+        logger = observe.RunLogger(str(tmp_path), total=4, progress=False, tensorboard=False, start_step=1)
+    logger.log(2, {"x": 30.0})
+    logger.close(plots=False)
+    assert [(r["step"], r["x"]) for r in observe.read_metrics(str(path))] == [(0, 1), (1, 2), (2, 30.0)]
+    superseded = [json.loads(line) for line in (tmp_path / "metrics.superseded.jsonl").read_text().splitlines()]
+    assert superseded == [{"step": 2, "x": 3}, {"torn_line": '{"step": 3, "x"'}]
+    assert any("last line is torn" in r.getMessage() for r in caplog.records)
+
+
+def test_a_damaged_metrics_line_inside_the_file_is_one_error_naming_it(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\nnot json\n{"step": 2}\n')
+    with pytest.raises(WorkdirError, match=r"metrics\.jsonl:2: not a metrics row"):
+        observe.RunLogger(str(tmp_path), total=4, progress=False, tensorboard=False, start_step=1)
+
+
+def test_a_fresh_start_keeps_an_earlier_attempts_rows_aside(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "x": 1}\n')
+    observe.RunLogger(str(tmp_path), total=4, progress=False, tensorboard=False).close(plots=False)
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    assert (tmp_path / "metrics.superseded.jsonl").read_text() == '{"step": 0, "x": 1}\n'
+
+
+MODEL = warmup.task_model_config(hidden_size=64, head_dim=16, intermediate_size=128)
+TASK = arithmetic.ArithmeticTask(max_digits=1, heldout_fraction=0.3)
+
+
+def test_the_warmup_continues_exactly_from_its_progress():
+    kw = dict(steps=6, batch=8, lr=1e-2, seed=0, eval_every=2, eval_n=16)
+    full_params, full = warmup.warmup(MODEL, TASK, **kw)
+    saved = []
+
+    def stop_after_first(progress):
+        saved.append(jax.device_get(progress))
+        raise RunInterrupted(signal.SIGTERM, "warm-up step 2", "nowhere")
+
+    with pytest.raises(RunInterrupted):
+        warmup.warmup(MODEL, TASK, **kw, after_chunk=stop_after_first)
+    assert int(saved[0].done) == 2
+    template = warmup.abstract_progress(MODEL, steps=6, lr=1e-2, eval_every=2)
+    assert jax.tree.structure(template) == jax.tree.structure(saved[0])
+    params, resumed = warmup.warmup(MODEL, TASK, **kw, resume=saved[0])
+    jax.tree.map(np.testing.assert_array_equal, full_params, params)
+    for key in ("loss", "eval_steps", "heldout_accuracy", "teacher_solution_accuracy", "steps_run"):
+        np.testing.assert_array_equal(full[key], resumed[key])
+
+
+def test_a_stop_request_saves_the_state_and_ends_the_run(tmp_path):
+    class StopAtOnce(StopRequests):  # a SIGTERM that arrived during the warm-up's last chunk
+        def __enter__(self):
+            self.requested = signal.SIGTERM
+            return self
+
+    import pipo_jax.rl.trainer as trainer
+
+    original = trainer.StopRequests
+    trainer.StopRequests = StopAtOnce
+    try:
+        with pytest.raises(RunInterrupted, match=r"stopped by SIGTERM at warm-up step 2, checkpoint saved in "):
+            train(micro(iterations=3), str(tmp_path))
+    finally:
+        trainer.StopRequests = original
+    assert saved_steps(str(tmp_path / "warmup_checkpoints")) == [2]
+    summary = train(micro(iterations=3), str(tmp_path))  # resumes the warm-up, then runs through
+    assert summary["resumed_from"] is None and saved_steps(str(tmp_path / "checkpoints")) == [0, 3]
+    assert not (tmp_path / "warmup_checkpoints").exists()  # dropped once iteration 0 is saved
