@@ -191,16 +191,22 @@ def push_mean(state: PipoState, mu) -> PipoState:
 def window_statistics(window_k, count, *, ddof: int):
     """(mu_his, sigma_raw) over the valid (last `count`) entries; std with `ddof`, no fallback.
 
-    With count <= ddof the std is 0 (and the fallback of `improvement_signal` applies).
+    Computed on deviations from the newest entry (shifted data), so a window whose valid
+    entries are all equal has mu_his equal to them and sigma_raw = 0 exactly, whatever
+    their float32 rounding (a plain mean of K copies of 0.4 is off by an ulp, and its
+    "std" of ~3e-8 passes a 1e-8 floor: xi ~ 1e6). With count <= ddof the std is 0 (and
+    the fallback of `improvement_signal` applies).
     """
     window_k = jnp.asarray(window_k, jnp.float32)
     k = window_k.shape[-1]
     count = jnp.asarray(count)
     valid_k = jnp.arange(k) >= k - count[..., None]
     n = jnp.maximum(count, 1).astype(jnp.float32)
-    mu_his = jnp.sum(jnp.where(valid_k, window_k, 0.0), axis=-1) / n
-    sq = jnp.where(valid_k, jnp.square(window_k - mu_his[..., None]), 0.0)
+    dev_k = jnp.where(valid_k, window_k - window_k[..., -1:], 0.0)
+    mean_dev = jnp.sum(dev_k, axis=-1) / n
+    sq = jnp.where(valid_k, jnp.square(dev_k - mean_dev[..., None]), 0.0)
     dof = jnp.maximum(count - ddof, 1).astype(jnp.float32)
+    mu_his = jnp.where(count > 0, window_k[..., -1] + mean_dev, 0.0)  # the newest entry is valid when count >= 1
     return mu_his, jnp.sqrt(jnp.sum(sq, axis=-1) / dof)
 
 

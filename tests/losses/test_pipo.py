@@ -70,6 +70,38 @@ def test_sigma_fallback():
     assert float(sigma) == pytest.approx(5e-4, rel=1e-5)  # above the floor: no fallback
 
 
+@pytest.mark.parametrize("rows", [8, 32, 96, 256])
+@pytest.mark.parametrize("ddof, xi_clip", [(1, False), (0, True)])
+def test_every_constant_window_of_batch_means_reads_sigma_zero(rows, ddof, xi_clip):
+    # Batch means of 0/1 rewards are k / rows; a window of K equal ones (not exactly representable
+    # in float32 for most k) once gave xi ~ 3e6 from a rounding-noise std of ~3e-8. Exact: the
+    # fallback sigma 1.0 and xi = mu_t - k/rows, here checked in float64 for every k.
+    k_all = np.arange(rows + 1)
+    mu_k = (k_all / rows).astype(np.float32)
+    windows = jnp.asarray(np.repeat(mu_k[:, None], 8, axis=1))
+    mu_t = np.float32(0.5)
+    signal = jax.vmap(lambda w: pipo.improvement_signal(mu_t, w, 8, lam=0.1, ddof=ddof, xi_clip=xi_clip))
+    xi, c, mu_his, sigma = map(np.asarray, signal(windows))
+    np.testing.assert_array_equal(sigma, np.ones(rows + 1, np.float32))
+    np.testing.assert_array_equal(mu_his, mu_k)  # the mean of equal entries is that entry
+    expected = np.float64(mu_t) - mu_k.astype(np.float64)
+    np.testing.assert_allclose(xi, expected, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(c, np.where(expected >= 0, expected, 0.1 * expected), rtol=0, atol=1e-7)
+    # The paper's example: 0.5 against a window of 0.4s reads xi = 0.1.
+    xi, _, _, _ = pipo.improvement_signal(0.5, jnp.full((8,), 0.4), 8, lam=0.1)
+    assert float(xi) == pytest.approx(0.1, abs=1e-7)
+
+
+def test_window_statistics_match_float64_on_random_windows():
+    rng = np.random.default_rng(0)
+    for count in (2, 5, 8):
+        w = rng.uniform(0, 1, size=(50, 8)).astype(np.float32)
+        mu, sd = jax.vmap(lambda x: pipo.window_statistics(x, count, ddof=1))(jnp.asarray(w))
+        valid = w[:, 8 - count:].astype(np.float64)
+        np.testing.assert_allclose(mu, valid.mean(1), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(sd, valid.std(1, ddof=1), rtol=1e-5, atol=1e-7)
+
+
 def test_warm_up_gives_no_signal_until_k_means():
     w = jnp.array([0.0, 1.0, 2.0, 3.0])  # count 3: valid entries are the last three
     xi, c, mu_his, sigma = pipo.improvement_signal(10.0, w, 3, lam=0.1, ddof=1)
