@@ -10,6 +10,7 @@ the algorithm's estimator / loss / attribution, then a preset (`tiny`, `qwen3_4b
 from __future__ import annotations
 
 import ml_collections
+from ml_collections import config_dict
 
 from pipo_jax.losses import pipo
 
@@ -163,9 +164,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.pipo.lam = 0.1
     c.pipo.lr = 1e-6  # alpha_PI
     c.pipo.compat = False  # true: every behaviour of `authors` below (README "PIPO: the paper and the authors' code")
-    c.pipo.authors = ml_collections.ConfigDict()  # the authors' behaviours one by one (all false = paper)
+    # The authors' behaviours one by one: true / false set one; unset (None) follows `compat`
+    # (all unset, compat false = the paper). A named one wins over compat: compat=true with
+    # authors.window_twice=false is every behaviour but that one.
+    c.pipo.authors = ml_collections.ConfigDict()
     for name in pipo.AUTHORS_BEHAVIOURS:
-        c.pipo.authors[name] = False
+        c.pipo.authors[name] = config_dict.placeholder(bool)
     c.pipo.mu_source = "filtered"  # DAPO: mu_t over the filtered batch (SPEC, authors) | raw: every sampled group
 
     c.warmup = ml_collections.ConfigDict()  # supervised warm-up of the built-in task's base model

@@ -21,7 +21,5 @@ def get_config(preset: str = "tiny"):
         base.apply_authors(c)
         c.loss.clip_ratio_c = 10.0
         # recipe/dapo/dapo_ray_trainer.py pushes mu_t once, after the base step (line 392)
-        c.pipo.compat = False
-        for name in c.pipo.authors:
-            c.pipo.authors[name] = name != "window_twice"
+        c.pipo.authors.window_twice = False
     return c

@@ -79,14 +79,14 @@ AUTHORS_SIGMA_FLOOR = 1e-6  # authors: compute_layback_coefficients(epsilon=1e-6
 RHAT_CLAMP = 10.0  # authors: torch.clamp(coefficients, -10, 10)
 
 
-def pipo_options(compat: bool = False, **behaviours: bool) -> PipoOptions:
-    """`compat=True`: every behaviour of the authors' code; else the named ones (default: the paper)."""
+def pipo_options(compat: bool = False, **behaviours: bool | None) -> PipoOptions:
+    """The behaviours named true / false as named; the others (unnamed or None) on with
+    `compat=True` (every behaviour of the authors' code), off without (the paper)."""
     unknown = sorted(set(behaviours) - set(AUTHORS_BEHAVIOURS))
     if unknown:
         raise ValueError(f"unknown PIPO behaviour {unknown[0]!r}; expected one of {AUTHORS_BEHAVIOURS}")
-    if compat:
-        return PipoOptions(*(True for _ in AUTHORS_BEHAVIOURS))
-    return PipoOptions(**{k: bool(v) for k, v in behaviours.items()})
+    return PipoOptions(**{k: bool(compat) if behaviours.get(k) is None else bool(behaviours[k])
+                          for k in AUTHORS_BEHAVIOURS})
 
 
 @struct.dataclass

@@ -5,6 +5,7 @@ import pytest
 
 from configs import base, dapo, gspo, grpo, ppo, sdpo
 from pipo_jax.losses import pipo
+from pipo_jax.rl.sections import PipoConfig
 from pipo_jax.rl.spec import ConfigError, train_spec
 
 
@@ -54,7 +55,8 @@ def test_authors_presets():
     assert (s.advantage.std_ddof, s.pipo.compat, s.model.preset) == (1, True, "qwen3_8b")
     d = dapo.get_config("authors_qwen3_4b")
     assert (d.loss.clip_low, d.loss.clip_high, d.loss.clip_ratio_c, d.loss.kl_coef) == (0.2, 0.28, 10.0, 0.001)
-    assert not d.pipo.compat and {k for k, v in d.pipo.authors.items() if not v} == {"window_twice"}
+    options = PipoConfig.from_config(d.pipo).options  # every behaviour of their code but the double push
+    assert d.pipo.compat and {k for k, v in options._asdict().items() if not v} == {"window_twice"}
     assert d.task.epochs == 9.0 and d.advantage.std_ddof == 1
     for module in (ppo, sdpo):
         with pytest.raises(ValueError, match="the authors' release has runs of grpo, gspo and dapo only"):
@@ -62,3 +64,30 @@ def test_authors_presets():
     with pytest.raises(ValueError, match="unknown preset 'authors_tiny'"):
         grpo.get_config("authors_tiny")
     assert base.AUTHORS_PRESETS == ("authors_qwen3_4b", "authors_qwen3_8b")
+
+
+@pytest.mark.parametrize("compat, named, expected_off", [
+    (True, {"window_twice": False}, {"window_twice"}),  # a named false wins over compat
+    (True, {}, set()),
+    (False, {"std_ddof0": True}, set(pipo.AUTHORS_BEHAVIOURS) - {"std_ddof0"}),
+    (False, {}, set(pipo.AUTHORS_BEHAVIOURS)),
+])
+def test_a_named_authors_behaviour_wins_over_compat(compat, named, expected_off):
+    c = grpo.get_config("micro")
+    c.pipo.compat = compat
+    for k, v in named.items():
+        c.pipo.authors[k] = v
+    options = train_spec(c).pipo.options
+    assert {k for k, v in options._asdict().items() if not v} == expected_off
+
+
+def test_an_unset_authors_behaviour_is_set_from_the_command_line():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "experiments.train", "--check_config", "--config=configs/grpo.py:micro",
+                          "--config.pipo.compat=true", "--config.pipo.authors.window_twice=false"],
+                         capture_output=True, text=True, check=True).stdout
+    authors = json.loads(out)["pipo"]["authors"]
+    assert authors["window_twice"] is False and authors["std_ddof0"] is None
