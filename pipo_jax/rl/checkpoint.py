@@ -39,13 +39,11 @@ def _reason(e: BaseException, limit: int = 300) -> str:
 
 
 def saved_steps(directory: str) -> list[int]:
-    """Steps of the complete checkpoints in `directory`, read without creating or writing anything."""
-    options = ocp.CheckpointManagerOptions(create=False, read_only=True)
-    manager = ocp.CheckpointManager(os.path.abspath(directory), options=options)
-    try:
-        return list(manager.all_steps())
-    finally:
-        manager.close()
+    """Steps of the complete (finalized) checkpoints in `directory`, oldest first, read without
+    creating or writing anything."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(ocp.step.checkpoint_steps(os.path.abspath(directory)))
 
 
 @contextlib.contextmanager
