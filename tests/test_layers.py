@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("pipo_jax", "configs", "experiments")
 
 LAYERS = ("models", "kernels", "losses", "sampling", "tasks", "rl", "configs", "experiments")
-LEAVES = ("pipo_jax.platforms", "pipo_jax.data", "pipo_jax.parallel")
+LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.data", "pipo_jax.parallel")
 
 # Imported inside the function that needs them, so the package runs without them installed.
 OPTIONAL_THIRD_PARTY = frozenset({"pyarrow", "tensorflow_datasets", "transformers", "torch", "tensorboardX",

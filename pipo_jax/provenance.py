@@ -1,0 +1,51 @@
+"""What a results JSON or an exported policy records about how it was made: commit, package versions, machine."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_collections")
+
+
+def git_commit(repo: str | None = None) -> str:
+    """HEAD's hash (with '+dirty' when tracked files differ), or 'unknown' outside git."""
+    repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout holding pipo_jax/
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name.replace("_", "-"))
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def record() -> dict:
+    """{commit, versions, cpu_model, cpu_count, platform} for a results JSON."""
+    return {"commit": git_commit(), "versions": versions(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+            "platform": platform.platform()}
