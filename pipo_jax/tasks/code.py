@@ -50,14 +50,17 @@ Linux only (memfd, namespaces). This file is also the child's harness: the child
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import ctypes
 import dataclasses
 import errno
 import functools
+import importlib
 import json
 import logging
 import math
+import numbers
 import os
 import re
 import resource
@@ -76,7 +79,7 @@ from typing import Any, Union
 logger = logging.getLogger(__name__)
 
 _FEEDBACK_CHARS = 300
-_RECORD_SLACK_S = 1.0  # harness overhead allowed between a test's time limit and its record
+_RECORD_SLACK_S = 2.0  # harness overhead allowed between a test's time limit and its record
 _SUPERVISOR_EXIT_S = 5.0  # time the supervisor gets to kill the program's tree at a deadline
 
 
@@ -121,14 +124,20 @@ class SandboxConfig:
     max_output_bytes: largest file the child may write (its stdout included).
     max_processes: how many processes / threads the program may add: RLIMIT_NPROC is
       set to the user's count at start plus this (Linux counts every process and thread
-      of the user, and ignores the limit for root); 0 = leave RLIMIT_NPROC unchanged.
-    network: "auto" (namespace if available, else audit hook only), "namespace"
-      (require unshare; error if unavailable) or "audit".
+      of the user). Where that limit does not bind (root, or CAP_SYS_ADMIN / CAP_SYS_RESOURCE)
+      a seccomp filter forbids the program any new process instead (threads stay allowed,
+      bounded by ``memory_mb``). 0 = neither: RLIMIT_NPROC unchanged, no filter.
+    network: "auto" or "namespace" (a network namespace; where ``unshare`` is unusable the
+      sandbox refuses to run, `SandboxUnavailable`, unless ``allow_network``) or "audit"
+      (no namespace: needs ``allow_network``).
     audit_hook: block sockets, process creation, kill and setrlimit in Python.
     python: interpreter that runs the generated code.
     max_workers: parallel runs in `score_code_batch`.
     allow_unconfined: run generated code even where the kernel offers no Landlock
       (then the file system is open to it; a warning is logged once).
+    allow_network: run generated code without a network namespace (``network="audit"``, or
+      where ``unshare`` is unusable): then only the audit hook, which ctypes gets past, keeps
+      it off the network (trainer: ``task.sandbox_allow_network``).
     """
 
     timeout_s: float = 5.0
@@ -141,6 +150,7 @@ class SandboxConfig:
     python: str = sys.executable
     max_workers: int = 1
     allow_unconfined: bool = False
+    allow_network: bool = False
 
     def __post_init__(self):
         if self.network not in ("auto", "namespace", "audit"):
@@ -261,12 +271,17 @@ def landlock_abi() -> int:
 
 
 class SandboxUnavailable(RuntimeError):
-    """The kernel cannot confine generated code's file system access (no Landlock)."""
+    """The sandbox cannot confine generated code here (no Landlock, no network namespace,
+    no process bound) and the config does not allow running it anyway."""
 
 
 def check_confinement(config: SandboxConfig) -> bool:
     """True when generated code will run confined; raises `SandboxUnavailable` where the
     kernel has no Landlock and ``config.allow_unconfined`` is off."""
+    if config.max_processes and nproc_exempt() and not process_filter_available():
+        raise SandboxUnavailable(
+            f"RLIMIT_NPROC does not bind this user (root) and there is no process filter for {os.uname().machine}, "
+            "so a fork bomb would be unbounded; set SandboxConfig(max_processes=0) to run without a process cap")
     if landlock_abi() >= 1:
         return True
     if not config.allow_unconfined:
@@ -304,20 +319,42 @@ def namespaces_available() -> bool:
 _UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--")
 
 
-def _use_namespaces(config: SandboxConfig) -> bool:
-    if config.network == "audit":
-        return False
-    if namespaces_available():
+def check_network_isolation(config: SandboxConfig) -> bool:
+    """True when generated code will run in its own network (and user, PID) namespace; False
+    where it runs without one, which needs ``config.allow_network``; else raises
+    `SandboxUnavailable`."""
+    if config.network != "audit" and namespaces_available():
         return True
     if config.network == "namespace":
-        raise RuntimeError("SandboxConfig.network='namespace' but 'unshare --user --net --pid' is not usable here")
+        raise SandboxUnavailable("SandboxConfig.network='namespace' but 'unshare --user --net --pid' is not usable here")
+    if not config.allow_network:
+        why = ("network='audit' runs it without a network namespace" if config.network == "audit" else
+               "'unshare --user --net --pid' is not usable here, so there is no network namespace")
+        raise SandboxUnavailable(
+            f"the code sandbox cannot keep generated programs off the network: {why} (the audit hook alone "
+            "is no boundary); refusing to run them. Set SandboxConfig(allow_network=True) (trainer: "
+            "--config.task.sandbox_allow_network=true) to run them anyway")
     _warn_no_namespaces()
     return False
 
 
 @functools.lru_cache(maxsize=None)
 def _warn_no_namespaces() -> None:
-    logger.warning("unshare is not usable; generated code is kept off the network by the audit hook only")
+    logger.warning("generated code runs without a network namespace: only the audit hook keeps it off the "
+                   "network (allow_network=True)")
+
+
+def nproc_exempt() -> bool:
+    """Whether RLIMIT_NPROC does not bind this process's children: root, or CAP_SYS_ADMIN /
+    CAP_SYS_RESOURCE in its effective set (Linux `copy_process`)."""
+    if os.getuid() == 0:
+        return True
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return bool(caps & (1 << 21 | 1 << 24))
 
 
 def _memfd_with(data: bytes, name: str) -> int:
@@ -402,9 +439,10 @@ def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, 
     program could read or overwrite is on disk. Returns (records, stdout, return
     code, killed_by_deadline).
     """
-    spec = dict(spec, confine=check_confinement(config))
+    spec = dict(spec, confine=check_confinement(config),
+                no_processes=bool(config.max_processes) and nproc_exempt())
     cmd = [config.python, "-I", "-X", "utf8", os.path.abspath(__file__), "--harness"]
-    namespaced = _use_namespaces(config)
+    namespaced = check_network_isolation(config)
     if namespaced:
         cmd = [shutil.which("unshare"), *_UNSHARE_FLAGS, *cmd]
     spec_fd = _memfd_with(json.dumps(spec).encode(), "spec")
@@ -431,15 +469,15 @@ def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, 
     return records, stdout, proc.returncode, killed
 
 
-def _ended_badly(rc: int | None, killed: bool, config: SandboxConfig) -> tuple[str, str]:
-    """(outcome, message) for a child that stopped before reporting a test."""
+def _ended_badly(rc: int | None, killed: bool, timeout_s: float, max_output_bytes: int) -> tuple[str, str]:
+    """(outcome, message) for a process that stopped before reporting a test."""
     if killed:
-        return "timeout", f"limit {config.timeout_s:g} s"
+        return "timeout", f"limit {timeout_s:g} s"
     if rc is not None and rc < 0:
         if -rc == signal.SIGXCPU:
             return "timeout", "CPU time limit"
         if -rc == signal.SIGXFSZ:
-            return "crash", f"output limit of {config.max_output_bytes} bytes exceeded"
+            return "crash", f"output limit of {max_output_bytes} bytes exceeded"
         try:
             return "crash", signal.Signals(-rc).name
         except ValueError:
@@ -459,7 +497,7 @@ def _run_in_process_tests(code: str, tests: Sequence[Test], config: SandboxConfi
             "limits": _limits(config, len(tests) + 1)}
     records, _, rc, killed = _launch(spec, config)
     by_index = {r["i"]: (r["outcome"], r["msg"]) for r in records}
-    definition = by_index.get(-1) or _ended_badly(rc, killed, config)
+    definition = by_index.get(-1) or _ended_badly(rc, killed, config.timeout_s, config.max_output_bytes)
     if definition[0] != "pass":
         return [definition] * len(tests), definition
     out: list[tuple[str, str]] = []
@@ -467,7 +505,7 @@ def _run_in_process_tests(code: str, tests: Sequence[Test], config: SandboxConfi
         if k in by_index:
             out.append(by_index[k])
         elif k == len(by_index) - 1:  # the test that was running when the child stopped
-            out.append(_ended_badly(rc, killed, config))
+            out.append(_ended_badly(rc, killed, config.timeout_s, config.max_output_bytes))
         else:
             out.append(("not_run", "not run"))
     return out, None
@@ -477,7 +515,7 @@ def _run_io_test(code: str, test: IOTest, config: SandboxConfig) -> tuple[str, s
     spec = {"mode": "io", "code": code, "stdin": test.stdin, "limits": _limits(config, 1)}
     records, stdout_bytes, rc, killed = _launch(spec, config)
     if not records:
-        return _ended_badly(rc, killed, config)
+        return _ended_badly(rc, killed, config.timeout_s, config.max_output_bytes)
     outcome, msg = records[-1]["outcome"], records[-1]["msg"]
     if outcome != "pass":
         return outcome, msg
@@ -505,7 +543,7 @@ def _test_record(t: Test) -> dict:
 
 
 def _limits(config: SandboxConfig, n_slots: int) -> dict:
-    return {"timeout_s": config.timeout_s, "memory": config.memory_mb * 2**20,
+    return {"timeout_s": config.timeout_s, "startup_s": config.startup_s, "memory": config.memory_mb * 2**20,
             "cpu_s": math.ceil(config.startup_s + config.timeout_s * n_slots) + 1,
             "fsize": config.max_output_bytes, "nproc": config.max_processes, "audit": config.audit_hook}
 
@@ -712,36 +750,63 @@ def _kill_tree() -> None:
                 pass
 
 
-def _supervise() -> None:
-    """Forks the program's process; this one becomes its supervisor (child subreaper),
-    waits for it, kills whatever it left behind and exits with its status. Returns only
-    in the program's process. In a PID namespace the program is PID 1 itself: when it
-    ends, the kernel kills every process of the namespace."""
-    if os.getpid() == 1:
-        return
-    _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    signal.signal(signal.SIGTERM, _on_terminate)
-    pid = os.fork()
-    if pid == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        return
-    status = None
-    try:
-        while status is None:
-            try:
-                _, status = os.waitpid(pid, 0)
-            except ChildProcessError:
-                break
-    except _Terminate:
-        os.kill(pid, signal.SIGKILL)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _kill_tree()
-    code = os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
-    if code < 0:  # the program died of a signal: so does its supervisor (the parent reads rc < 0)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    os._exit(code if code >= 0 else 128 - code)
+# seccomp (uapi <linux/seccomp.h>, <linux/filter.h>): the audit arch and process-creating
+# syscalls of each supported machine; 32-bit (and x32) syscalls are refused altogether.
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_PROCESS_SYSCALLS = {"x86_64": {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435},
+                     "aarch64": {"clone": 220, "clone3": 435}}
+_CLONE_THREAD = 0x00010000
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x45, 0x06
+_SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def process_filter_available() -> bool:
+    """Whether `_forbid_new_processes` knows this machine's syscall numbers."""
+    return os.uname().machine in _AUDIT_ARCH
+
+
+def _no_process_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """BPF: fork / vfork / clone without CLONE_THREAD fail with EAGAIN; clone3 (its flags are
+    behind a pointer) with ENOSYS, so libc falls back to clone; other ABIs' syscalls with ENOSYS."""
+    nrs = _PROCESS_SYSCALLS[machine]
+
+    def deny(err):
+        return (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | err)
+
+    prog = [(_BPF_LD_W_ABS, 0, 0, 4), (_BPF_JEQ_K, 1, 0, _AUDIT_ARCH[machine]), deny(errno.ENOSYS),
+            (_BPF_LD_W_ABS, 0, 0, 0)]
+    if machine == "x86_64":
+        prog += [(_BPF_JSET_K, 0, 1, 0x40000000), deny(errno.ENOSYS)]  # the x32 ABI
+    prog += [(_BPF_JEQ_K, 0, 1, nrs["clone3"]), deny(errno.ENOSYS)]
+    for name in ("fork", "vfork"):
+        if name in nrs:
+            prog += [(_BPF_JEQ_K, 0, 1, nrs[name]), deny(errno.EAGAIN)]
+    # clone: allowed only with CLONE_THREAD in its flags (args[0], low word at offset 16)
+    prog += [(_BPF_JEQ_K, 0, 3, nrs["clone"]), (_BPF_LD_W_ABS, 0, 0, 16), (_BPF_JSET_K, 1, 0, _CLONE_THREAD),
+             deny(errno.EAGAIN), (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW)]
+    return prog
+
+
+def _forbid_new_processes() -> None:
+    """Kernel-enforced: this process and its threads can start no process (threads stay
+    allowed, bounded by the address-space limit). For users RLIMIT_NPROC does not bind (root)."""
+    libc = _libc()
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    prog = _no_process_program(os.uname().machine)
+    insns = (_SockFilter * len(prog))(*[_SockFilter(*i) for i in prog])
+    fprog = _SockFprog(len(prog), insns)
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
 def _error_message(e: BaseException) -> str:
@@ -783,7 +848,426 @@ def _same(got: Any, expected: Any) -> bool:
     return isinstance(expected, list) and len(expected) == 1 and got == expected[0]
 
 
-def _run_assert(source: str, ns: dict) -> tuple[str, str]:
+def _safe_repr(x: Any) -> str:
+    try:
+        return repr(x)
+    except Exception as e:  # a user __repr__ may itself fail
+        return f"<unprintable {type(x).__name__}: {type(e).__name__}>"
+
+
+
+
+# ----------------------------------------------------------------------------------
+# Plain data across the judge / runner boundary (both sides)
+# ----------------------------------------------------------------------------------
+
+_MAX_DEPTH = 200  # nesting of one encoded value
+_MAX_MESSAGE_BYTES = 1 << 24  # one runner reply
+
+
+class NotPlain(TypeError):
+    """A value with no plain-data encoding."""
+
+
+def _encode(x: Any, other, depth: int = 0) -> list:
+    """`x` as tagged JSON: None, bool, int, float, complex, str, bytes, list, tuple, set,
+    frozenset, dict (subclasses and numpy values as their plain value); anything else is
+    ``other(x)`` (a handle on the runner's side, an error on the judge's)."""
+    if depth > _MAX_DEPTH:
+        raise NotPlain(f"a value nested deeper than {_MAX_DEPTH} levels")
+
+    def enc(v):
+        return _encode(v, other, depth + 1)
+
+    if x is None:
+        return ["n"]
+    if isinstance(x, bool):
+        return ["b", bool(x)]
+    if type(x).__module__ == "numpy" and hasattr(x, "tolist"):
+        return enc(x.tolist())
+    if isinstance(x, numbers.Integral):
+        return ["i", format(int(x), "x")]  # hex: no int/str digit limit
+    if isinstance(x, numbers.Real):
+        return ["f", float(x).hex()]
+    if isinstance(x, complex):
+        return ["c", x.real.hex(), x.imag.hex()]
+    if isinstance(x, str):
+        return ["s", str.__str__(x)]
+    if isinstance(x, (bytes, bytearray)):
+        return ["y", bytes(x).hex()]
+    for cls, tag in ((list, "l"), (tuple, "t"), (set, "S"), (frozenset, "F")):
+        if isinstance(x, cls):
+            return [tag, [enc(v) for v in cls.__iter__(x)]]
+    if isinstance(x, dict):
+        return ["d", [[enc(k), enc(v)] for k, v in dict.items(x)]]
+    return other(x)
+
+
+def _decode(v: Any, ref, depth: int = 0) -> Any:
+    """The value `_encode` wrote, built from builtin types only (``ref`` decodes "h" / "r"
+    entries); ValueError on anything malformed."""
+    if depth > _MAX_DEPTH or not isinstance(v, list) or not v or not isinstance(v[0], str):
+        raise ValueError("malformed value")
+    tag, args = v[0], v[1:]
+
+    def dec(w):
+        return _decode(w, ref, depth + 1)
+
+    def one(kind):
+        if len(args) != 1 or not isinstance(args[0], kind):
+            raise ValueError(f"malformed {tag!r} value")
+        return args[0]
+
+    if tag == "n" and not args:
+        return None
+    if tag == "b":
+        return one(bool)
+    if tag == "i":
+        return int(one(str), 16)
+    if tag == "f":
+        return float.fromhex(one(str))
+    if tag == "c" and len(args) == 2 and all(isinstance(a, str) for a in args):
+        return complex(float.fromhex(args[0]), float.fromhex(args[1]))
+    if tag == "s":
+        return one(str)
+    if tag == "y":
+        return bytes.fromhex(one(str))
+    builders = {"l": list, "t": tuple, "S": set, "F": frozenset}
+    if tag in builders:
+        return builders[tag](dec(w) for w in one(list))
+    if tag == "d":
+        pairs = one(list)
+        if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+            raise ValueError("malformed dict")
+        return {dec(k): dec(w) for k, w in pairs}
+    return ref(v)
+
+
+class _Broken(Exception):
+    """The runner broke the protocol (garbage, an unknown reply, a reply over the size limit)."""
+
+
+class _Pipe:
+    """One JSON object per line over a pair of pipe fds."""
+
+    def __init__(self, read_fd: int, write_fd: int):
+        self.read_fd, self.write_fd, self.buf = read_fd, write_fd, bytearray()
+
+    def send(self, obj: dict) -> None:
+        data = memoryview((json.dumps(obj) + "\n").encode())
+        while data:
+            data = data[os.write(self.write_fd, data):]
+
+    def recv(self, limit: int = _MAX_MESSAGE_BYTES) -> dict:
+        """The next message; EOFError when the other side is gone."""
+        while (end := self.buf.find(b"\n")) < 0:
+            if len(self.buf) > limit:
+                raise _Broken(f"a message over {limit} bytes")
+            chunk = os.read(self.read_fd, 1 << 16)
+            if not chunk:
+                raise EOFError
+            self.buf += chunk
+        line, self.buf = bytes(self.buf[:end]), self.buf[end + 1:]
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError) as e:
+            raise _Broken(f"unreadable message: {_clip(repr(line), 60)}") from e
+        if not isinstance(msg, dict):
+            raise _Broken("a message that is not an object")
+        return msg
+
+
+# ----------------------------------------------------------------------------------
+# The runner: the only process that runs generated code. It holds the code and the
+# arguments of the request in hand; never the tests, expected values or the report fd.
+# ----------------------------------------------------------------------------------
+
+def _on_alarm(signum, frame):
+    raise _TestTimeout()
+
+
+def _define(code: str, ns: dict, io_mode: bool, timeout_s: float) -> list | None:
+    """Runs the solution in `ns`; None, or [outcome, message] when that failed."""
+    try:
+        compiled = compile(code, "<solution>", "exec")
+        _timed(lambda: exec(compiled, ns), timeout_s)
+    except _TestTimeout:
+        return ["timeout", f"limit {timeout_s:g} s"]
+    except SyntaxError as e:
+        return ["error", f"SyntaxError: {e.msg} (solution line {e.lineno})"]
+    except SystemExit as e:
+        if not io_mode or e.code not in (None, 0):
+            return ["error", f"SystemExit({e.code!r})"]
+    except BaseException as e:  # anything the solution raises
+        return ["error", _error_message(e)]
+    finally:
+        sys.stdout.flush()
+    return None
+
+
+class _Objects:
+    """The runner's table of objects the judge holds handles to."""
+
+    def __init__(self, ns: dict):
+        self.ns, self.items = ns, []
+
+    def handle(self, x: Any) -> list:
+        self.items.append(x)
+        return ["h", len(self.items) - 1, type(x).__name__]
+
+    def ref(self, v: list) -> Any:
+        if v[0] != "r" or len(v) != 2 or not isinstance(v[1], int) or not 0 <= v[1] < len(self.items):
+            raise ValueError("malformed reference")
+        return self.items[v[1]]
+
+    def perform(self, req: dict) -> Any:
+        """One operation of the judge's on the solution's objects."""
+        op = req["op"]
+        if op == "name":
+            return self.ns[req["name"]]  # KeyError: not defined
+        obj = self.items[req["ref"]]
+        if op == "call":
+            args = [_decode(a, self.ref) for a in req["args"]]
+            kwargs = {k: _decode(a, self.ref) for k, a in req["kwargs"].items()}
+            return obj(*args, **kwargs)
+        if op == "getattr":
+            return getattr(obj, req["name"])
+        if op == "getitem":
+            return obj[_decode(req["key"], self.ref)]
+        return {"list": list, "len": len, "bool": bool, "str": str}[op](obj)
+
+
+def _serve(objects: _Objects, req: dict) -> dict:
+    """Performs `req` under its time budget; the reply: {"ok": encoded value} or
+    {"err": [outcome, message, exception type]}."""
+    try:
+        return {"ok": _timed(lambda: _encode(objects.perform(req), objects.handle), req["budget"])}
+    except _TestTimeout:
+        return {"err": ["timeout", "", ""]}
+    except KeyError as e:
+        if req["op"] == "name":
+            return {"err": ["unbound", "", ""]}
+        return {"err": ["error", _error_message(e), type(e).__name__]}
+    except BaseException as e:  # anything the solution raises, SystemExit included
+        return {"err": ["error", _error_message(e), type(e).__name__]}
+
+
+def _runner_main(request_fd: int, reply_fd: int) -> None:
+    """Runner entry point: set-up from the judge, then limit and confine itself, define the
+    solution and answer the judge's requests until the request pipe closes."""
+    pipe = _Pipe(request_fd, reply_fd)
+    setup = pipe.recv()
+    limits = setup["limits"]
+    try:
+        _set_limits(limits)
+        if setup["confine"]:
+            _landlock_confine(os.getcwd())
+        if setup["no_processes"]:
+            _forbid_new_processes()
+    except OSError as e:  # never run the program unconfined by accident
+        return pipe.send({"id": 0, "err": ["crash", f"sandbox set-up failed: {e}", ""]})
+    signal.signal(signal.SIGALRM, _on_alarm)
+    if limits["audit"]:
+        sys.addaudithook(_audit)
+    io_mode = setup["mode"] == "io"
+    ns: dict[str, Any] = {"__name__": "__main__" if io_mode else "__solution__", "__builtins__": __builtins__}
+    failed = _define(setup.pop("code"), ns, io_mode, limits["timeout_s"])
+    pipe.send({"id": 0, "err": failed + [""]} if failed else {"id": 0, "ok": ["n"]})
+    objects = _Objects(ns)
+    while True:
+        try:
+            req = pipe.recv()
+        except EOFError:
+            os._exit(0)
+        pipe.send(dict(_serve(objects, req), id=req["id"]))
+
+
+# ----------------------------------------------------------------------------------
+# The judge: holds the tests, the expected values and the report fd; runs the tests'
+# own code, reaching the solution only through `_Remote` handles that carry plain data.
+# ----------------------------------------------------------------------------------
+
+_JUDGE_SLACK_S = 0.5  # how long past a test's limit the judge waits for a runner that ignores its timer
+
+
+class _RunnerGone(Exception):
+    """The runner ended (or was killed) during a request; `outcome` says how."""
+
+    def __init__(self, outcome: tuple[str, str]):
+        super().__init__(outcome[1])
+        self.outcome = outcome
+
+
+class _Runner:
+    """The runner process seen from the judge: requests, their deadlines, its end."""
+
+    def __init__(self, limits: dict):
+        request_r, self.request_w = os.pipe()
+        self.reply_r, reply_w = os.pipe()
+        cmd = [sys.executable, "-I", "-X", "utf8", os.path.abspath(__file__), "--runner", str(request_r), str(reply_w)]
+        # A fresh interpreter (not a fork of this one: nothing of the tests is in its memory);
+        # it inherits stdin / stdout and the two pipe ends, never the report fd.
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, pass_fds=(request_r, reply_w))
+        os.close(request_r)
+        os.close(reply_w)
+        self.pipe, self.limits, self.next_id, self.deadline, self.gone = _Pipe(self.reply_r, self.request_w), limits, 0, 0.0, None
+
+    def request(self, req: dict, budget_s: float) -> dict:
+        """Sends `req`, returns its reply; raises `_RunnerGone` when the runner ends first."""
+        if self.gone is not None:
+            raise _RunnerGone(self.gone)
+        req = dict(req, id=self.next_id, budget=max(budget_s, 1e-3))
+        self.next_id += 1
+        try:
+            self.pipe.send(req)
+            while (reply := self.pipe.recv()).get("id") != req["id"]:
+                pass  # a late reply to a request given up on
+            return reply
+        except _TestTimeout:  # the runner ignored its own timer: end it
+            self.end(("timeout", f"limit {self.limits['timeout_s']:g} s"))
+            raise
+        except (EOFError, BrokenPipeError):
+            self.end(None)
+            raise _RunnerGone(self.gone) from None
+        except _Broken as e:
+            self.end(("crash", f"the program broke the sandbox's protocol: {e}"))
+            raise _RunnerGone(self.gone) from None
+
+    def end(self, outcome: tuple[str, str] | None) -> None:
+        """Kills the runner (no-op if gone); `outcome` (default: how it ended) marks it gone."""
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+        rc = self.proc.wait()
+        self.gone = outcome or _ended_badly(rc, False, self.limits["timeout_s"], self.limits["fsize"])
+
+
+class _Remote:
+    """An object of the solution's, in the runner. The tests may call it, read its attributes
+    and items, iterate it, take its len / str / truth (the solution's own answer); they never
+    compare it (==, <, in ...): a comparison must be of plain data, made here."""
+
+    __slots__ = ("_judge", "_ref", "_type")
+
+    def __init__(self, judge: "_Judge", ref: int, type_name: str):
+        object.__setattr__(self, "_judge", judge)
+        object.__setattr__(self, "_ref", ref)
+        object.__setattr__(self, "_type", type_name)
+
+    def _op(self, op: str, **kw) -> Any:
+        return self._judge.op(dict(kw, op=op, ref=self._ref))
+
+    def __call__(self, *args, **kwargs):
+        return self._op("call", args=[self._judge.encode(a) for a in args],
+                        kwargs={k: self._judge.encode(v) for k, v in kwargs.items()})
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._op("getattr", name=name)
+
+    def __getitem__(self, key):
+        return self._op("getitem", key=self._judge.encode(key))
+
+    def __iter__(self):
+        return iter(self._op("list"))
+
+    def __len__(self):
+        return self._op("len")
+
+    def __bool__(self):
+        return self._op("bool")
+
+    def __str__(self):
+        return self._op("str")
+
+    def __repr__(self):
+        return f"<{self._type} object of the solution>"
+
+    def _compared(self, other):
+        raise TypeError(f"the solution's {self._type} object is not plain data (None, bool, int, float, str, "
+                        "bytes, list, tuple, dict, set), so the tests do not compare it")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compared
+    __hash__ = object.__hash__
+
+
+class _Namespace(dict):
+    """The tests' globals: builtins and standard-library modules are the judge's own (a
+    solution cannot redefine them for the tests); any other name is fetched from the runner."""
+
+    def __init__(self, judge: "_Judge"):
+        super().__init__(__name__="__test__", __builtins__=builtins)
+        self.judge = judge
+
+    def __missing__(self, name: str):
+        if hasattr(builtins, name):
+            raise KeyError(name)  # Python then looks in builtins
+        value = self.judge.op({"op": "name", "name": name})  # KeyError when the solution has no `name`
+        if name in sys.stdlib_module_names:
+            try:
+                value = importlib.import_module(name)
+            except ImportError:
+                pass
+        self[name] = value
+        return value
+
+
+class _Judge:
+    """Turns test code's operations on the solution into runner requests within the
+    current test's time limit."""
+
+    def __init__(self, runner: _Runner):
+        self.runner, self.deadline = runner, math.inf
+
+    def encode(self, x: Any) -> list:
+        def other(v):
+            if isinstance(v, _Remote):
+                return ["r", v._ref]
+            raise NotPlain(f"the test passes a {type(v).__name__} to the solution; only plain data "
+                           "and the solution's own objects cross the sandbox boundary")
+        return _encode(x, other)
+
+    def op(self, req: dict) -> Any:
+        reply = self.runner.request(req, self.deadline - time.monotonic())
+        if "ok" in reply:
+            try:
+                return _decode(reply["ok"], self._handle)
+            except (ValueError, TypeError, RecursionError, OverflowError) as e:
+                self.runner.end(("crash", f"the program broke the sandbox's protocol: {e}"))
+                raise _RunnerGone(self.runner.gone) from None
+        outcome, msg, exc_type = (list(reply.get("err", [])) + ["", "", ""])[:3]
+        if outcome == "timeout":
+            raise _TestTimeout()
+        if outcome == "unbound":
+            raise KeyError(req.get("name"))
+        raise _solution_error(str(exc_type), str(msg))
+
+    def _handle(self, v: list) -> _Remote:
+        if v[0] != "h" or len(v) != 3 or not isinstance(v[1], int) or not isinstance(v[2], str):
+            raise ValueError("malformed handle")
+        return _Remote(self, v[1], v[2])
+
+
+def _solution_error(type_name: str, msg: str) -> Exception:
+    """The exception the solution raised, as the builtin exception of that name where there
+    is one (so a test's ``except ValueError`` works); `sandbox_msg` is the feedback text."""
+    cls = getattr(builtins, type_name, None)
+    e = None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            e = cls(msg)
+        except Exception:
+            e = None
+    if e is None:
+        e = RuntimeError(msg)
+    e.sandbox_msg = msg
+    return e
+
+
+def _run_assert(source: str, ns: _Namespace) -> tuple[str, str]:
+    """An assert test, run here; ``assert a == b`` feedback names what `a` was."""
     tree = ast.parse(source, "<test>", "exec")
     stmt = tree.body[0] if len(tree.body) == 1 else None
     if (isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare) and len(stmt.test.ops) == 1
@@ -800,83 +1284,118 @@ def _run_assert(source: str, ns: dict) -> tuple[str, str]:
     return "pass", ""
 
 
-def _safe_repr(x: Any) -> str:
-    try:
-        return repr(x)
-    except Exception as e:  # a user __repr__ may itself fail
-        return f"<unprintable {type(x).__name__}: {type(e).__name__}>"
-
-
-def _run_call(test: dict, ns: dict) -> tuple[str, str]:
+def _run_call(test: dict, ns: _Namespace) -> tuple[str, str]:
     name = test["fn_name"]
-    fn = ns.get(name)
-    if not callable(fn) and callable(ns.get("Solution")):
-        fn = getattr(ns["Solution"](), name, None)
-    if not callable(fn):
+    fn = _solution_name(ns, name)
+    if not isinstance(fn, _Remote) and isinstance(solution := _solution_name(ns, "Solution"), _Remote):
+        fn = getattr(solution(), name, None)
+    if not isinstance(fn, _Remote):
         return "error", f"NameError: no function or Solution method named {name!r}"
     got = fn(*copy.deepcopy(test["args"]))
+    call = f"{name}({', '.join(_clip(_safe_repr(a), 40) for a in test['args'])})"
+    if _holds_remote(got):
+        return "fail", f"{call} returned {_clip(_safe_repr(got))}, which is not plain data"
     if _same(got, test["expected"]):
         return "pass", ""
-    call = f"{name}({', '.join(_clip(_safe_repr(a), 40) for a in test['args'])})"
     return "fail", f"{call} returned {_clip(_safe_repr(got))}, expected {_clip(_safe_repr(test['expected']))}"
 
 
-def _harness_main(report_fd: int) -> None:
-    """Child entry point: read the spec from stdin, limit itself, run, report records."""
+def _solution_name(ns: _Namespace, name: str) -> Any:
+    """What the solution bound to `name` (None if nothing), builtin names included."""
+    try:
+        return ns.judge.op({"op": "name", "name": name})
+    except KeyError:
+        return None
+
+
+def _holds_remote(x: Any) -> bool:
+    if isinstance(x, _Remote):
+        return True
+    if isinstance(x, dict):
+        return any(_holds_remote(k) or _holds_remote(v) for k, v in x.items())
+    return isinstance(x, (list, tuple, set, frozenset)) and any(_holds_remote(v) for v in x)
+
+
+def _run_test(test: dict, ns: _Namespace) -> tuple[str, str]:
+    """(outcome, message) of one test; the solution's errors are "error", with its message."""
+    try:
+        return _run_assert(test["source"], ns) if test["kind"] == "assert" else _run_call(test, ns)
+    except _TestTimeout:
+        raise
+    except _RunnerGone as e:
+        return e.outcome
+    except SyntaxError as e:
+        return "error", f"SyntaxError in the test: {e.msg}"
+    except BaseException as e:  # what the solution raised (relayed), or the test's own error
+        return "error", getattr(e, "sandbox_msg", None) or _error_message(e)
+
+
+def _judge_tests(spec: dict, runner: _Runner, report) -> None:
+    """Defines the solution in the runner (record -1), then runs each test here (record k);
+    after a runner's end the remaining tests are "not_run"."""
+    limits = spec["limits"]
+    timeout_s = limits["timeout_s"]
+    judge = _Judge(runner)
+    setup = {"op": "setup", "limits": limits, "confine": spec["confine"], "no_processes": spec["no_processes"],
+             "mode": spec["mode"], "code": spec["code"]}
+    try:
+        reply = _timed(lambda: runner.request(setup, timeout_s), limits["startup_s"] + timeout_s + _JUDGE_SLACK_S)
+    except _TestTimeout:
+        return report(-1, "timeout", f"limit {timeout_s:g} s")
+    except _RunnerGone as e:
+        return report(-1, *e.outcome)
+    if "ok" not in reply:
+        outcome, msg = (list(reply.get("err", [])) + ["crash", ""])[:2]
+        return report(-1, str(outcome), str(msg))
+    report(-1, "pass", "")
+    ns = _Namespace(judge)
+    tests = spec.get("tests", [])
+    for k, test in enumerate(tests):
+        if runner.gone is not None:
+            report(k, "not_run", "not run")
+            continue
+        judge.deadline = time.monotonic() + timeout_s
+        try:
+            outcome = _timed(lambda t=test: _run_test(t, ns), timeout_s + _JUDGE_SLACK_S)
+        except _TestTimeout:
+            outcome = ("timeout", f"limit {timeout_s:g} s")
+        report(k, *outcome)
+
+
+def _judge_main(report_fd: int) -> None:
+    """Harness entry point (the judge): read the spec from stdin, start the runner, judge,
+    kill whatever the runner left behind."""
     spec = json.loads(sys.stdin.read())
-    limits, timeout_s = spec["limits"], spec["limits"]["timeout_s"]
     stdin_fd = _memfd_with(spec.get("stdin", "").encode(), "stdin")
-    os.dup2(stdin_fd, 0)  # the spec is gone from fd 0 before any generated code runs
+    os.dup2(stdin_fd, 0)  # the runner's stdin: the test's input, never the spec
     os.close(stdin_fd)
-    sys.stdin = open(0, encoding="utf-8", closefd=False)
 
     def report(i: int, outcome: str, msg: str) -> None:
         os.write(report_fd, (json.dumps({"i": i, "outcome": outcome, "msg": msg}) + "\n").encode())
 
-    def on_alarm(signum, frame):
-        raise _TestTimeout()
-
-    _supervise()  # from here on: the program's process
-    _set_limits(limits)
-    if spec["confine"]:
-        try:
-            _landlock_confine(os.getcwd())
-        except OSError as e:  # never run the program unconfined by accident
-            return report(-1, "crash", f"sandbox set-up failed: {e}")
-    signal.signal(signal.SIGALRM, on_alarm)
-    if limits["audit"]:
-        sys.addaudithook(_audit)
-    io_mode = spec["mode"] == "io"
-    ns: dict[str, Any] = {"__name__": "__main__" if io_mode else "__solution__", "__builtins__": __builtins__}
+    namespaced = os.getpid() == 1  # PID 1 of a namespace: its end kills every process in it
+    if not namespaced:
+        _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    signal.signal(signal.SIGTERM, _on_terminate)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    runner = None
     try:
-        code = compile(spec["code"], "<solution>", "exec")
-        _timed(lambda: exec(code, ns), timeout_s)
-    except _TestTimeout:
-        return report(-1, "timeout", f"limit {timeout_s:g} s")
-    except SyntaxError as e:
-        return report(-1, "error", f"SyntaxError: {e.msg} (solution line {e.lineno})")
-    except SystemExit as e:
-        if not io_mode or e.code not in (None, 0):
-            return report(-1, "error", f"SystemExit({e.code!r})")
-    except BaseException as e:  # anything the solution raises
-        return report(-1, "error", _error_message(e))
+        runner = _Runner(spec["limits"])
+        judge_memory = spec["limits"]["memory"] + (512 << 20)  # decoded replies, the tests' own data
+        resource.setrlimit(resource.RLIMIT_AS, (judge_memory, judge_memory))
+        _judge_tests(spec, runner, report)
+    except _Terminate:
+        pass
     finally:
-        sys.stdout.flush()
-    report(-1, "pass", "")
-    for k, test in enumerate(spec.get("tests", [])):
-        try:
-            if test["kind"] == "assert":
-                outcome = _timed(lambda t=test: _run_assert(t["source"], ns), timeout_s)
-            else:
-                outcome = _timed(lambda t=test: _run_call(t, ns), timeout_s)
-        except _TestTimeout:
-            outcome = ("timeout", f"limit {timeout_s:g} s")
-        except SyntaxError as e:
-            outcome = ("error", f"SyntaxError in the test: {e.msg}")
-        except BaseException as e:  # anything the solution raises, SystemExit included
-            outcome = ("error", _error_message(e))
-        report(k, *outcome)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if runner is not None and runner.gone is None:
+            runner.end(("not_run", ""))
+        if not namespaced:
+            _kill_tree()
+    os._exit(0)
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--harness":
-    _harness_main(int(sys.argv[2]))
+    _judge_main(int(sys.argv[2]))
+elif __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--runner":
+    _runner_main(int(sys.argv[2]), int(sys.argv[3]))
