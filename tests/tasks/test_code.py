@@ -150,7 +150,8 @@ def test_stray_child_processes_are_killed(network):
     """A child forked below the audit hook (via libc) dies with the run. The program
     passes only once the child has named itself (a pipe says so); afterwards no process
     of that name is left (the file system outside the scratch directory is closed to it,
-    so /proc is how the test sees it)."""
+    so /proc is how the test sees it). ``max_processes=0``: no process cap, so that as root
+    (where the cap is a seccomp filter allowing no process) the child can start."""
     if network == "namespace" and not cd.namespaces_available():
         pytest.skip("unshare with user/net/pid namespaces is not usable here")
     name = f"pipostray{os.getpid() % 100000}"
@@ -165,7 +166,8 @@ def test_stray_child_processes_are_killed(network):
         "        while True:\n"
         "            time.sleep(0.02)\n"
         "    return a + b if os.read(r, 1) == b'x' else -1\n")
-    r = cd.run_tests(code, ADD_TESTS[:1], cd.SandboxConfig(timeout_s=5.0, network=network))
+    r = cd.run_tests(code, ADD_TESTS[:1], cd.SandboxConfig(timeout_s=5.0, network=network, max_processes=0,
+                                                           allow_network=network == "audit"))
     assert r.outcomes == ("pass",)  # the stray child did run
     assert processes_named(name) == []  # and is gone
 
@@ -215,12 +217,13 @@ def _connect_code(port):
 def test_network_blocked_by_audit_hook_and_reachable_without_it():
     srv, hits, t = _listener()
     port = srv.getsockname()[1]
-    blocked = cd.run_tests(_connect_code(port), ADD_TESTS[:1], cd.SandboxConfig(timeout_s=3.0, network="audit"))
+    blocked = cd.run_tests(_connect_code(port), ADD_TESTS[:1],
+                           cd.SandboxConfig(timeout_s=3.0, network="audit", allow_network=True))
     assert blocked.outcomes == ("error",) and "PermissionError" in blocked.feedback
     assert hits == []
     # Control: with neither guard the same program does reach the listener.
     open_run = cd.run_tests(_connect_code(port), ADD_TESTS[:1],
-                            cd.SandboxConfig(timeout_s=3.0, network="audit", audit_hook=False))
+                            cd.SandboxConfig(timeout_s=3.0, network="audit", audit_hook=False, allow_network=True))
     t.join()
     srv.close()
     assert open_run.outcomes == ("pass",) and hits == [1]

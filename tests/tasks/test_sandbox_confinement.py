@@ -21,6 +21,7 @@ MODES = ["audit"] + (["namespace"] if cd.namespaces_available() else [])
 
 
 def _cfg(**kw):
+    kw.setdefault("allow_network", kw.get("network") == "audit")
     return cd.SandboxConfig(timeout_s=5.0, startup_s=10.0, allow_unconfined=not LANDLOCK, **kw)
 
 
@@ -96,7 +97,8 @@ def test_the_scratch_directory_and_the_standard_library_stay_usable():
 def test_setsid_fork_bomb_of_detached_children_is_killed(network):
     """50 children, each leaving its session (setsid) and double-forking into a detached
     grandchild that forks once more: 100 detached processes named for this test. The
-    program passes only when all 100 have reported in; afterwards none is left."""
+    program passes only when all 100 have reported in; afterwards none is left.
+    ``max_processes=0`` (no process cap): the subject here is the kill, not the cap."""
     name = f"pipobomb{os.getpid() % 100000}"
     code = (
         "import ctypes, os, time\n"
@@ -117,7 +119,7 @@ def test_setsid_fork_bomb_of_detached_children_is_killed(network):
         "    while got < 100:\n"
         "        got += len(os.read(r, 100))\n"
         "    return got\n")
-    r = _call(code, 100, network=network)
+    r = _call(code, 100, network=network, max_processes=0)
     assert r.outcomes == ("pass",), r.feedback
     assert processes_named(name) == []
 
@@ -141,7 +143,8 @@ def test_detached_children_of_a_timed_out_program_are_killed(network):
         "        except BaseException:\n"
         "            pass\n")
     r = cd.run_tests(code, [cd.CallTest("probe", (), 0)],
-                     cd.SandboxConfig(timeout_s=0.5, startup_s=5.0, allow_unconfined=not LANDLOCK, network=network))
+                     cd.SandboxConfig(timeout_s=0.5, startup_s=5.0, allow_unconfined=not LANDLOCK, network=network,
+                                      max_processes=0, allow_network=network == "audit"))
     assert r.outcomes == ("timeout",)
     assert processes_named(name) == []
 
