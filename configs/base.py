@@ -73,6 +73,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.task.sandbox_memory_mb = 1024  # code
     # code: run generated programs even where the kernel has no Landlock (file system then open to them)
     c.task.sandbox_allow_unconfined = False
+    # code: run generated programs even where there is no network namespace (unshare unusable);
+    # then only a Python audit hook, which ctypes gets past, keeps them off the network
+    c.task.sandbox_allow_network = False
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.prompts_per_batch = 16  # P prompts per iteration (train batch, in prompts)

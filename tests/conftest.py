@@ -66,11 +66,16 @@ def _free_compiled_programs():
 
 @pytest.fixture(autouse=True)
 def _sandbox_where_the_kernel_has_no_landlock(request, monkeypatch):
-    """Without Landlock the code sandbox refuses to run generated code; that refusal is
-    tested where a module sets SANDBOX_REFUSAL_TESTED (tests/tasks/test_sandbox_confinement.py).
-    Every other test runs the sandbox unconfined there, as `allow_unconfined=True` would."""
-    if code_sandbox.landlock_abi() == 0 and not getattr(request.module, "SANDBOX_REFUSAL_TESTED", False):
-        monkeypatch.setattr(code_sandbox, "check_confinement", lambda config: False)
+    """Without Landlock (or without network namespaces) the code sandbox refuses to run
+    generated code; that refusal is tested where a module sets SANDBOX_REFUSAL_TESTED
+    (tests/tasks/test_sandbox_confinement.py, test_sandbox_hacks.py). Every other test runs the
+    sandbox unconfined (or without a namespace) there, as `allow_unconfined=True`
+    (`allow_network=True`) would."""
+    if not getattr(request.module, "SANDBOX_REFUSAL_TESTED", False):
+        if code_sandbox.landlock_abi() == 0:
+            monkeypatch.setattr(code_sandbox, "check_confinement", lambda config: False)
+        if not code_sandbox.namespaces_available():
+            monkeypatch.setattr(code_sandbox, "check_network_isolation", lambda config: False)
     yield
 
 

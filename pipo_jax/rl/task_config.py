@@ -76,10 +76,7 @@ def make_dataset_task(c: ml_collections.ConfigDict) -> dataset.DatasetTask:
     if missing:  # every one at once, not one per start
         raise ConfigError(f"config: task.name={tc.name!r} needs " + "; ".join(missing))
     if tc.name == "code":
-        try:
-            code.check_confinement(code.SandboxConfig(allow_unconfined=bool(tc.sandbox_allow_unconfined)))
-        except code.SandboxUnavailable as e:
-            raise ConfigError(f"config.task.sandbox_allow_unconfined: {e}") from e
+        check_sandbox(tc)
     tok_path = tc.tokenizer_path or c.model.path
     prompts = prompt_config(tc)
     try:
@@ -106,5 +103,28 @@ def math_verify_config(tc: ml_collections.ConfigDict) -> MathVerifyConfig:
 
 def sandbox_config(tc: ml_collections.ConfigDict) -> code.SandboxConfig:
     """The code sandbox's settings from `config.task`."""
-    return code.SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
-                              allow_unconfined=tc.sandbox_allow_unconfined, max_workers=tc.verify_workers)
+    for key in ("sandbox_allow_unconfined", "sandbox_allow_network"):
+        if not isinstance(tc[key], bool):
+            raise ConfigError(f"config.task.{key}: {tc[key]!r} must be True or False")
+    try:
+        return code.SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
+                                  allow_unconfined=tc.sandbox_allow_unconfined,
+                                  allow_network=tc.sandbox_allow_network, max_workers=tc.verify_workers)
+    except ValueError as e:
+        raise ConfigError(f"config.task: {e}") from e
+
+
+def check_sandbox(tc: ml_collections.ConfigDict) -> None:
+    """The code sandbox can run generated programs here under `config.task`'s settings; else a
+    `ConfigError` naming the key that would allow it (before any file is read)."""
+    config = sandbox_config(tc)
+    for key, check in (("sandbox_allow_unconfined", code.check_confinement),
+                       ("sandbox_allow_network", code.check_network_isolation)):
+        try:
+            check(config)
+        except code.SandboxUnavailable as e:
+            raise ConfigError(f"config.task.{key}: {e}") from e
+    try:
+        code.check_process_bound(config)
+    except code.SandboxUnavailable as e:
+        raise ConfigError(f"config.task: {e}") from e

@@ -278,10 +278,6 @@ class SandboxUnavailable(RuntimeError):
 def check_confinement(config: SandboxConfig) -> bool:
     """True when generated code will run confined; raises `SandboxUnavailable` where the
     kernel has no Landlock and ``config.allow_unconfined`` is off."""
-    if config.max_processes and nproc_exempt() and not process_filter_available():
-        raise SandboxUnavailable(
-            f"RLIMIT_NPROC does not bind this user (root) and there is no process filter for {os.uname().machine}, "
-            "so a fork bomb would be unbounded; set SandboxConfig(max_processes=0) to run without a process cap")
     if landlock_abi() >= 1:
         return True
     if not config.allow_unconfined:
@@ -291,6 +287,18 @@ def check_confinement(config: SandboxConfig) -> bool:
             "--config.task.sandbox_allow_unconfined=true) to run them with your permissions anyway")
     _warn_unconfined()
     return False
+
+
+def check_process_bound(config: SandboxConfig) -> bool:
+    """Whether the program's processes are capped by a seccomp filter (True: RLIMIT_NPROC does
+    not bind this user) or by RLIMIT_NPROC (False); raises `SandboxUnavailable` where neither can."""
+    if not (config.max_processes and nproc_exempt()):
+        return False
+    if not process_filter_available():
+        raise SandboxUnavailable(
+            f"RLIMIT_NPROC does not bind this user (root) and there is no process filter for {os.uname().machine}, "
+            "so a fork bomb would be unbounded; set SandboxConfig(max_processes=0) to run without a process cap")
+    return True
 
 
 @functools.lru_cache(maxsize=None)
@@ -439,8 +447,7 @@ def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, 
     program could read or overwrite is on disk. Returns (records, stdout, return
     code, killed_by_deadline).
     """
-    spec = dict(spec, confine=check_confinement(config),
-                no_processes=bool(config.max_processes) and nproc_exempt())
+    spec = dict(spec, confine=check_confinement(config), no_processes=check_process_bound(config))
     cmd = [config.python, "-I", "-X", "utf8", os.path.abspath(__file__), "--harness"]
     namespaced = check_network_isolation(config)
     if namespaced:

@@ -21,7 +21,7 @@ MODES = ["audit"] + (["namespace"] if cd.namespaces_available() else [])
 
 
 def _cfg(**kw):
-    kw.setdefault("allow_network", kw.get("network") == "audit")
+    kw.setdefault("allow_network", kw.get("network") == "audit" or not cd.namespaces_available())
     return cd.SandboxConfig(timeout_s=5.0, startup_s=10.0, allow_unconfined=not LANDLOCK, **kw)
 
 
@@ -160,8 +160,9 @@ def test_the_program_cannot_kill_its_supervisor():
     assert r.outcomes == ("pass",), r.feedback
 
 
-@pytest.mark.skipif(os.getuid() == 0, reason="Linux ignores RLIMIT_NPROC for root")
 def test_process_count_is_capped():
+    """RLIMIT_NPROC caps the forks; as root, where Linux ignores it, the seccomp filter does
+    (no fork at all). tests/tasks/test_sandbox_hacks.py runs an unbounded bomb."""
     code = ("import ctypes\n"
             "def probe():\n"
             "    libc = ctypes.CDLL(None)\n"
