@@ -965,7 +965,7 @@ class _Pipe:
         while data:
             data = data[os.write(self.write_fd, data):]
 
-    def recv(self, limit: int = _MAX_MESSAGE_BYTES) -> dict:
+    def recv(self, limit: float = _MAX_MESSAGE_BYTES) -> dict:
         """The next message; EOFError when the other side is gone."""
         while (end := self.buf.find(b"\n")) < 0:
             if len(self.buf) > limit:
@@ -1063,7 +1063,7 @@ def _runner_main(request_fd: int, reply_fd: int) -> None:
     """Runner entry point: set-up from the judge, then limit and confine itself, define the
     solution and answer the judge's requests until the request pipe closes."""
     pipe = _Pipe(request_fd, reply_fd)
-    setup = pipe.recv()
+    setup = pipe.recv(math.inf)
     limits = setup["limits"]
     try:
         _set_limits(limits)
@@ -1083,7 +1083,7 @@ def _runner_main(request_fd: int, reply_fd: int) -> None:
     objects = _Objects(ns)
     while True:
         try:
-            req = pipe.recv()
+            req = pipe.recv(math.inf)  # the judge's requests: any size
         except EOFError:
             os._exit(0)
         pipe.send(dict(_serve(objects, req), id=req["id"]))
@@ -1097,8 +1097,9 @@ def _runner_main(request_fd: int, reply_fd: int) -> None:
 _JUDGE_SLACK_S = 0.5  # how long past a test's limit the judge waits for a runner that ignores its timer
 
 
-class _RunnerGone(Exception):
-    """The runner ended (or was killed) during a request; `outcome` says how."""
+class _RunnerGone(BaseException):
+    """The runner ended (or was killed) during a request; `outcome` says how. A BaseException,
+    so a test's ``except Exception`` cannot turn a runner that exits into a pass."""
 
     def __init__(self, outcome: tuple[str, str]):
         super().__init__(outcome[1])
@@ -1327,7 +1328,7 @@ def _run_test(test: dict, ns: _Namespace) -> tuple[str, str]:
     """(outcome, message) of one test; the solution's errors are "error", with its message."""
     try:
         return _run_assert(test["source"], ns) if test["kind"] == "assert" else _run_call(test, ns)
-    except _TestTimeout:
+    except (_TestTimeout, _Terminate):
         raise
     except _RunnerGone as e:
         return e.outcome

@@ -300,3 +300,13 @@ def test_a_code_task_without_network_namespaces_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError) as e:
         make_task(c)  # past the sandbox checks, to the missing tokenizer
     assert "sandbox" not in str(e.value)
+
+
+def test_a_runner_that_exits_is_no_exception_a_test_can_catch():
+    """A test that expects an exception (``except Exception``): exiting the process instead
+    is a crash, never the awaited exception."""
+    test = cd.AssertTest("try:\n    add(-1, 0)\nexcept Exception:\n    pass\nelse:\n    assert False")
+    exits = cd.run_tests("import os\ndef add(a, b):\n    os._exit(0)\n", [test], _cfg())
+    assert (exits.outcomes, exits.feedback) == (("crash",), "Test 1 crashed (exited with status 0)")
+    raises = cd.run_tests("def add(a, b):\n    raise ValueError('negative')\n", [test], _cfg())
+    assert raises.outcomes == ("pass",)
