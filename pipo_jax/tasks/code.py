@@ -6,7 +6,35 @@ error or limit. Three test kinds: `AssertTest` (a Python statement such as
 (call ``fn_name(*args)`` and compare with ``expected``, TACO/APPS "fn_name" style)
 and `IOTest` (feed ``stdin``, compare stdout, one fresh process per test).
 
-Isolation of the child (what is guaranteed):
+Who is trusted (the boundary against reward hacking):
+- The *judge* (``code.py --harness``, started by the trainer) holds the tests, the expected
+  values and the report fd; it runs the tests' own code and makes every comparison. It
+  runs no generated code.
+- The *runner* (``code.py --runner``, started by the judge as a fresh interpreter, not a
+  fork: nothing of the tests is in its memory, so ``sys._getframe`` walks and
+  ``gc.get_objects()`` find none) is the only process that runs generated code. It
+  inherits stdin, stdout and two pipes to the judge, never the report fd, and holds
+  the solution and the request in hand: call its function with these arguments, read
+  this attribute or item, list / len / str / bool of this object.
+- Only plain data crosses: None, bool, int, float, complex, Fraction, Decimal, str, bytes,
+  list, tuple, set, frozenset, dict (`_encode`; numpy values as their plain value), decoded by the
+  judge into builtin types only, never unpickled. Any other object stays in the runner
+  and the judge holds a handle (`_Remote`) that tests may call, index, iterate and
+  print but never compare: ``==``, ``<``, ``in`` ... run on plain data in the judge,
+  so an answer's own ``__eq__`` is never consulted. A test's builtins and
+  standard-library modules are the judge's (a solution that redefines ``set`` or
+  binds ``math`` to something else changes nothing for the tests); its other names
+  (the function under test, a class, a constant) are the solution's.
+- What the runner can still decide is its own answers: the values it sends back. It
+  can exit, crash, hang or send garbage, each a failed test ("crash" / "timeout"),
+  never a pass; exiting is no exception a test's ``except Exception`` can catch.
+- IO tests: the trainer itself compares the program's captured stdout.
+- The boundary rests on Landlock: it denies the runner ``ptrace`` of, and ``/proc``
+  access to, the judge (and, ABI >= 6, signals to it). Under ``allow_unconfined`` a
+  runner of the same user could read or write the judge's memory, so the reward
+  cannot be trusted against an adversarial policy there.
+
+Isolation of the runner (what is guaranteed):
 - File system (kernel-enforced, Landlock): the program can read the Python installation
   and the system libraries (``/usr/lib``, ``/lib`` ...) and read and write only its
   fresh scratch working directory (deleted afterwards); ``/etc``, ``/proc``, home
@@ -18,34 +46,39 @@ Isolation of the child (what is guaranteed):
   through ctypes. Where the kernel has no Landlock (before Linux 5.13, or disabled)
   the sandbox refuses to run generated code (`SandboxUnavailable`) unless
   ``SandboxConfig.allow_unconfined`` (trainer: ``task.sandbox_allow_unconfined``).
-- Processes (kernel-enforced): a supervisor process is the program's parent and its
-  child subreaper (``PR_SET_CHILD_SUBREAPER``), so every descendant, however it
-  detaches (``setsid``, double fork), stays below it and is SIGKILLed, until none is
-  left, when the program ends or its time is up; ``RLIMIT_NPROC`` caps how many it can
-  start (``max_processes``), so a fork bomb ends. With Landlock ABI >= 6 the program
-  cannot signal (kill) anything outside its sandbox, the supervisor and the trainer
-  included. Inside PID namespaces (below) the supervisor is PID 1 and the kernel kills
-  the namespace with it.
-- Kernel-enforced: it runs in a fresh session (the parent ends its supervisor, then
-  kills its whole process group on exit or timeout); wall-clock limits (``startup_s + timeout_s`` to start
-  and define the solution, then ``timeout_s`` + 1 s per test, enforced by the parent
-  even if the program swallows the in-process timer); rlimits set by the harness
-  before any generated code runs: address space (``memory_mb``, so allocations fail
-  with MemoryError), total CPU seconds, size of any file written
-  (``max_output_bytes``, stdout included), no core dumps, and ``max_processes``. With ``network="namespace"`` (or
-  "auto" where ``unshare`` works) it runs in new user + network + PID namespaces:
-  no network interfaces but a downed loopback, and killing the namespace's first
-  process kills every process the program started.
+- Processes (kernel-enforced): the judge is the runner's parent and its child subreaper
+  (``PR_SET_CHILD_SUBREAPER``), so every descendant, however it detaches (``setsid``,
+  double fork), stays below it and is SIGKILLed, until none is left, when the program
+  ends or its time is up. ``RLIMIT_NPROC`` caps how many processes it can start
+  (``max_processes``), so a fork bomb ends; where Linux does not apply that limit (root,
+  common in containers, or CAP_SYS_ADMIN / CAP_SYS_RESOURCE) a seccomp filter forbids
+  the runner any new process instead (threads stay allowed, bounded by ``memory_mb``).
+  With Landlock ABI >= 6 the program cannot signal (kill) anything outside its sandbox,
+  the judge and the trainer included. Inside PID namespaces (below) the judge is PID 1
+  and the kernel kills the namespace with it.
+- Kernel-enforced: it runs in a fresh session (the parent ends the judge, then kills the
+  whole process group on exit or timeout); wall-clock limits (``startup_s + timeout_s``
+  to start and define the solution, then ``timeout_s`` per test: the runner's in-process
+  timer, and the judge kills a runner that swallows it; the parent in turn ends a judge
+  that stops reporting); rlimits set by the runner before any generated code runs:
+  address space (``memory_mb``, so allocations fail with MemoryError), total CPU
+  seconds, size of any file written (``max_output_bytes``, stdout included), no core
+  dumps, and ``max_processes``.
+- Network (kernel-enforced): it runs in new user + network + PID namespaces (``unshare``):
+  no network interfaces but a downed loopback. Where ``unshare`` is unusable, or with
+  ``network="audit"``, the sandbox refuses to run generated code (`SandboxUnavailable`)
+  unless ``SandboxConfig.allow_network`` (trainer: ``task.sandbox_allow_network``).
 - Python-level (``audit_hook=True``): an audit hook raises PermissionError on
   socket creation/connection, process creation (fork, exec, spawn, subprocess,
   os.system), os.kill and setrlimit. It stops honest mistakes and accidental fork
   bombs; code using ctypes can get past it, so it is not a security boundary.
 - The tests and expected outputs are never written where the program can read them.
-- Rlimits are set inside the child rather than in ``preexec_fn``, which is unsafe
+- Rlimits are set inside the runner rather than in ``preexec_fn``, which is unsafe
   when the caller has threads (a JAX trainer does).
 
-Linux only (memfd, namespaces). This file is also the child's harness: the child runs ``python -I code.py --harness``
-(``-I`` keeps this directory off ``sys.path``), so it imports only the standard library.
+Linux only (memfd, namespaces, seccomp on x86_64 / aarch64). This file is also the judge and the
+runner: they run ``python -I code.py --harness`` / ``--runner`` (``-I`` keeps this directory off
+``sys.path``), so they import only the standard library.
 """
 from __future__ import annotations
 
@@ -54,7 +87,9 @@ import builtins
 import copy
 import ctypes
 import dataclasses
+import decimal
 import errno
+import fractions
 import functools
 import importlib
 import json
@@ -80,7 +115,7 @@ logger = logging.getLogger(__name__)
 
 _FEEDBACK_CHARS = 300
 _RECORD_SLACK_S = 2.0  # harness overhead allowed between a test's time limit and its record
-_SUPERVISOR_EXIT_S = 5.0  # time the supervisor gets to kill the program's tree at a deadline
+_SUPERVISOR_EXIT_S = 5.0  # time the judge gets to kill the runner's tree at a deadline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +155,8 @@ class SandboxConfig:
 
     timeout_s: wall-clock seconds per test (and for defining the solution).
     startup_s: extra wall-clock seconds for interpreter start-up per process.
-    memory_mb: address-space limit of the child.
-    max_output_bytes: largest file the child may write (its stdout included).
+    memory_mb: address-space limit of the runner (the judge gets 512 MiB more).
+    max_output_bytes: largest file the runner may write (its stdout included).
     max_processes: how many processes / threads the program may add: RLIMIT_NPROC is
       set to the user's count at start plus this (Linux counts every process and thread
       of the user). Where that limit does not bind (root, or CAP_SYS_ADMIN / CAP_SYS_RESOURCE)
@@ -334,7 +369,8 @@ def check_network_isolation(config: SandboxConfig) -> bool:
     if config.network != "audit" and namespaces_available():
         return True
     if config.network == "namespace":
-        raise SandboxUnavailable("SandboxConfig.network='namespace' but 'unshare --user --net --pid' is not usable here")
+        raise SandboxUnavailable("SandboxConfig.network='namespace' but 'unshare --user --net --pid' is not "
+                                 "usable here")
     if not config.allow_network:
         why = ("network='audit' runs it without a network namespace" if config.network == "audit" else
                "'unshare --user --net --pid' is not usable here, so there is no network namespace")
@@ -395,7 +431,7 @@ def _child_of(pid: int) -> int | None:
 
 def _end_program(proc: subprocess.Popen, namespaced: bool) -> None:
     """At a deadline: SIGKILL the namespace's first process (the kernel then kills the whole
-    namespace before `unshare` returns), or SIGTERM the supervisor (it kills the program's
+    namespace before `unshare` returns), or SIGTERM the judge (it kills the runner's
     tree, then exits); waits for that."""
     try:
         target = _child_of(proc.pid) if namespaced else None
@@ -409,9 +445,9 @@ def _end_program(proc: subprocess.Popen, namespaced: bool) -> None:
 
 
 def _wait_or_kill(proc: subprocess.Popen, config: SandboxConfig, progress_fd: int, namespaced: bool) -> bool:
-    """Wait for the child while it makes progress; then kill its whole process group.
+    """Wait for the judge while it makes progress; then kill its whole process group.
 
-    The child has ``startup_s + timeout_s`` to start and define the solution, and
+    The judge has ``startup_s + timeout_s`` to start and define the solution, and
     ``timeout_s + _RECORD_SLACK_S`` after each result record it writes to
     ``progress_fd`` for the next one. Waits with WNOWAIT so an exited leader keeps
     its pid (and group id) reserved until the group is killed. Returns True when a
@@ -494,11 +530,12 @@ def _ended_badly(rc: int | None, killed: bool, timeout_s: float, max_output_byte
 
 def _run_in_process_tests(code: str, tests: Sequence[Test], config: SandboxConfig
                           ) -> tuple[list[tuple[str, str]], tuple[str, str] | None]:
-    """Assert/call tests, all in one child.
+    """Assert/call tests, all in one judge and its runner.
 
     Returns ((outcome, message) per test, definition failure or None). Record -1 is
-    defining the solution; if that fails every test gets its outcome. A child that
-    dies or is killed during test k gives k that outcome, later tests "not_run".
+    defining the solution; if that fails every test gets its outcome. The judge reports
+    the runner's end itself; a judge killed by the deadline during test k gives k that
+    outcome, later tests "not_run".
     """
     spec = {"mode": "functions", "code": code, "tests": [_test_record(t) for t in tests],
             "limits": _limits(config, len(tests) + 1)}
@@ -511,7 +548,7 @@ def _run_in_process_tests(code: str, tests: Sequence[Test], config: SandboxConfi
     for k in range(len(tests)):
         if k in by_index:
             out.append(by_index[k])
-        elif k == len(by_index) - 1:  # the test that was running when the child stopped
+        elif k == len(by_index) - 1:  # the test that was running when the judge stopped
             out.append(_ended_badly(rc, killed, config.timeout_s, config.max_output_bytes))
         else:
             out.append(("not_run", "not run"))
@@ -702,7 +739,7 @@ def _landlock_confine(scratch: str) -> None:
 
 
 class _Terminate(BaseException):
-    """SIGTERM to the supervisor: the parent's deadline passed."""
+    """SIGTERM to the judge: the parent's deadline passed."""
 
 
 def _on_terminate(signum, frame):
@@ -877,8 +914,8 @@ class NotPlain(TypeError):
 
 
 def _encode(x: Any, other, depth: int = 0) -> list:
-    """`x` as tagged JSON: None, bool, int, float, complex, str, bytes, list, tuple, set,
-    frozenset, dict (subclasses and numpy values as their plain value); anything else is
+    """`x` as tagged JSON: None, bool, int, float, complex, Fraction, Decimal, str, bytes, list,
+    tuple, set, frozenset, dict (subclasses and numpy values as their plain value); anything else is
     ``other(x)`` (a handle on the runner's side, an error on the judge's)."""
     if depth > _MAX_DEPTH:
         raise NotPlain(f"a value nested deeper than {_MAX_DEPTH} levels")
@@ -894,6 +931,10 @@ def _encode(x: Any, other, depth: int = 0) -> list:
         return enc(x.tolist())
     if isinstance(x, numbers.Integral):
         return ["i", format(int(x), "x")]  # hex: no int/str digit limit
+    if isinstance(x, fractions.Fraction):
+        return ["q", format(x.numerator, "x"), format(x.denominator, "x")]
+    if isinstance(x, decimal.Decimal):
+        return ["D", str(decimal.Decimal(x))]
     if isinstance(x, numbers.Real):
         return ["f", float(x).hex()]
     if isinstance(x, complex):
@@ -933,20 +974,27 @@ def _decode(v: Any, ref, depth: int = 0) -> Any:
         return int(one(str), 16)
     if tag == "f":
         return float.fromhex(one(str))
-    if tag == "c" and len(args) == 2 and all(isinstance(a, str) for a in args):
-        return complex(float.fromhex(args[0]), float.fromhex(args[1]))
+    if tag in ("c", "q") and len(args) == 2 and all(isinstance(a, str) for a in args):
+        if tag == "c":
+            return complex(float.fromhex(args[0]), float.fromhex(args[1]))
+        return fractions.Fraction(int(args[0], 16), int(args[1], 16))
+    if tag == "D":
+        return decimal.Decimal(one(str))
     if tag == "s":
         return one(str)
     if tag == "y":
         return bytes.fromhex(one(str))
     builders = {"l": list, "t": tuple, "S": set, "F": frozenset}
-    if tag in builders:
-        return builders[tag](dec(w) for w in one(list))
-    if tag == "d":
-        pairs = one(list)
-        if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
-            raise ValueError("malformed dict")
-        return {dec(k): dec(w) for k, w in pairs}
+    try:
+        if tag in builders:
+            return builders[tag](dec(w) for w in one(list))
+        if tag == "d":
+            pairs = one(list)
+            if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+                raise ValueError("malformed dict")
+            return {dec(k): dec(w) for k, w in pairs}
+    except TypeError as e:  # an unhashable set element or dict key
+        raise ValueError(f"malformed {tag!r} value: {e}") from None
     return ref(v)
 
 
@@ -967,12 +1015,14 @@ class _Pipe:
 
     def recv(self, limit: float = _MAX_MESSAGE_BYTES) -> dict:
         """The next message; EOFError when the other side is gone."""
-        while (end := self.buf.find(b"\n")) < 0:
+        scanned = 0
+        while (end := self.buf.find(b"\n", scanned)) < 0:
             if len(self.buf) > limit:
                 raise _Broken(f"a message over {limit} bytes")
             chunk = os.read(self.read_fd, 1 << 16)
             if not chunk:
                 raise EOFError
+            scanned = len(self.buf)
             self.buf += chunk
         line, self.buf = bytes(self.buf[:end]), self.buf[end + 1:]
         try:
@@ -1110,15 +1160,16 @@ class _Runner:
     """The runner process seen from the judge: requests, their deadlines, its end."""
 
     def __init__(self, limits: dict):
-        request_r, self.request_w = os.pipe()
-        self.reply_r, reply_w = os.pipe()
+        request_r, request_w = os.pipe()
+        reply_r, reply_w = os.pipe()
         cmd = [sys.executable, "-I", "-X", "utf8", os.path.abspath(__file__), "--runner", str(request_r), str(reply_w)]
         # A fresh interpreter (not a fork of this one: nothing of the tests is in its memory);
         # it inherits stdin / stdout and the two pipe ends, never the report fd.
         self.proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, pass_fds=(request_r, reply_w))
         os.close(request_r)
         os.close(reply_w)
-        self.pipe, self.limits, self.next_id, self.deadline, self.gone = _Pipe(self.reply_r, self.request_w), limits, 0, 0.0, None
+        self.pipe, self.limits, self.next_id = _Pipe(reply_r, request_w), limits, 0
+        self.gone: tuple[str, str] | None = None
 
     def request(self, req: dict, budget_s: float) -> dict:
         """Sends `req`, returns its reply; raises `_RunnerGone` when the runner ends first."""

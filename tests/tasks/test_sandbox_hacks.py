@@ -9,6 +9,8 @@ a run without a network namespace is refused unless ``allow_network``."""
 import os
 import re
 import time
+from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 
@@ -196,6 +198,15 @@ def test_honest_solutions_pass_every_kind_of_assert_test(test):
     assert r.outcomes == ("pass",), r.feedback
 
 
+def test_numpy_fraction_and_decimal_answers_arrive_as_their_values():
+    code = ("import numpy as np\nfrom fractions import Fraction\nfrom decimal import Decimal\n"
+            "def f():\n    return [np.int64(3), np.float64(0.5), np.arange(2), Fraction(1, 3), Decimal('0.1')]\n")
+    tests = [cd.AssertTest("assert f() == [3, 0.5, [0, 1], Fraction(1, 3), Decimal('0.1')]"),
+             cd.CallTest("f", (), [3, 0.5, [0, 1], 1 / 3, 0.1])]
+    r = cd.run_tests(code, tests, _cfg())
+    assert r.outcomes == ("pass", "fail"), r.feedback  # the Fraction 1/3 is not the float 1/3: types arrive intact
+
+
 def test_a_solution_error_is_the_tests_error_and_partial_scores_are_fractions():
     tests = [cd.AssertTest("assert div(4, 2) == 2"), cd.AssertTest("assert div(1, 0) == 0"),
              cd.CallTest("div", (9, 3), 3), cd.CallTest("fact", (5,), 121)]
@@ -205,8 +216,8 @@ def test_a_solution_error_is_the_tests_error_and_partial_scores_are_fractions():
 
 
 def test_plain_data_round_trips_and_nothing_else_decodes():
-    value = [None, True, -(2**200), 0.1, float("inf"), 1j, "é", b"\x00", (1, [2]), {3}, frozenset({4}),
-             {(1, 2): {"k": None}}]
+    value = [None, True, -(2**200), 0.1, float("inf"), 1j, Fraction(1, 3), Decimal("0.1"), "é", b"\x00", (1, [2]),
+             {3}, frozenset({4}), {(1, 2): {"k": None}}]
     def refuse(v):
         raise ValueError("a handle")
     encoded = cd._encode(value, lambda x: (_ for _ in ()).throw(cd.NotPlain(type(x).__name__)))
@@ -216,7 +227,8 @@ def test_plain_data_round_trips_and_nothing_else_decodes():
     assert nan != nan
     with pytest.raises(cd.NotPlain):
         cd._encode([object()], lambda x: (_ for _ in ()).throw(cd.NotPlain("object")))
-    for bad in (["i", 5], ["l", "x"], ["d", [[1]]], ["q"], [], "n", ["h", 0, "T"], ["s"]):
+    for bad in (["i", 5], ["i", "zz"], ["l", "x"], ["d", [[1]]], ["S", [["l", []]]], ["x"], [], "n",
+                ["h", 0, "T"], ["s"], ["f", "nope"]):
         with pytest.raises(ValueError):
             cd._decode(bad, refuse)
 
