@@ -1321,7 +1321,7 @@ def _solution_error(type_name: str, msg: str) -> Exception:
             e = None
     if e is None:
         e = RuntimeError(msg)
-    e.sandbox_msg = msg
+    e.sandbox_msg = _clip_text(msg)
     return e
 
 
@@ -1405,7 +1405,7 @@ def _judge_tests(spec: dict, runner: _Runner, report) -> None:
         return report(-1, *e.outcome)
     if "ok" not in reply:
         outcome, msg = (list(reply.get("err", [])) + ["crash", ""])[:2]
-        return report(-1, str(outcome), str(msg))
+        return report(-1, outcome if outcome in ("error", "timeout", "crash") else "crash", _clip_text(str(msg)))
     report(-1, "pass", "")
     ns = _Namespace(judge)
     tests = spec.get("tests", [])

@@ -322,3 +322,19 @@ def test_a_runner_that_exits_is_no_exception_a_test_can_catch():
     assert (exits.outcomes, exits.feedback) == (("crash",), "Test 1 crashed (exited with status 0)")
     raises = cd.run_tests("def add(a, b):\n    raise ValueError('negative')\n", [test], _cfg())
     assert raises.outcomes == ("pass",)
+
+
+def test_the_program_holds_no_fd_but_stdio_and_its_two_pipes():
+    """The channel the results come from (the judge's report fd) is not among the runner's
+    fds: besides stdin / stdout / stderr it holds the judge's request and reply pipes only."""
+    code = ("import os, stat\n"
+            "def fds():\n"
+            "    out = []\n"
+            "    for fd in range(3, 1024):\n"
+            "        try:\n"
+            "            out.append(stat.S_ISFIFO(os.fstat(fd).st_mode))\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "    return out\n")
+    r = cd.run_tests(code, [cd.CallTest("fds", (), [True, True])], _cfg())
+    assert r.outcomes == ("pass",), r.feedback
