@@ -21,10 +21,11 @@ Who is trusted (the boundary against reward hacking):
   judge into builtin types only, never unpickled. Any other object stays in the runner
   and the judge holds a handle (`_Remote`) that tests may call, index, iterate and
   print but never compare: ``==``, ``<``, ``in`` ... run on plain data in the judge,
-  so an answer's own ``__eq__`` is never consulted. A test's builtins and
-  standard-library modules are the judge's (a solution that redefines ``set`` or
-  binds ``math`` to something else changes nothing for the tests); its other names
-  (the function under test, a class, a constant) are the solution's.
+  so an answer's own ``__eq__`` is never consulted. A test's builtins, and the
+  standard-library modules it uses as modules (``math.isclose``), are the judge's (a
+  solution that redefines ``set`` or binds ``math`` to something else changes nothing
+  for the tests); its other names (the function under test, a class, a constant) are
+  the solution's: a value the tests take from such a name is the solution's answer.
 - What the runner can still decide is its own answers: the values it sends back. It
   can exit, crash, hang or send garbage, each a failed test ("crash" / "timeout"),
   never a pass; exiting is no exception a test's ``except Exception`` can catch.
@@ -92,6 +93,7 @@ import errno
 import fractions
 import functools
 import importlib
+import importlib.util
 import json
 import logging
 import math
@@ -1253,24 +1255,36 @@ class _Remote:
 
 
 class _Namespace(dict):
-    """The tests' globals: builtins and standard-library modules are the judge's own (a
-    solution cannot redefine them for the tests); any other name is fetched from the runner."""
+    """The tests' globals: builtins, and standard-library modules the tests use as modules
+    (``math.isclose``), are the judge's own: a solution cannot redefine them for the tests.
+    Any other name is fetched from the runner."""
 
-    def __init__(self, judge: "_Judge"):
+    def __init__(self, judge: "_Judge", modules: set[str]):
         super().__init__(__name__="__test__", __builtins__=builtins)
-        self.judge = judge
+        self.judge, self.modules = judge, modules
 
     def __missing__(self, name: str):
         if hasattr(builtins, name):
             raise KeyError(name)  # Python then looks in builtins
-        value = self.judge.op({"op": "name", "name": name})  # KeyError when the solution has no `name`
-        if name in sys.stdlib_module_names:
-            try:
-                value = importlib.import_module(name)
-            except ImportError:
-                pass
+        if name in self.modules:
+            value = importlib.import_module(name)
+        else:
+            value = self.judge.op({"op": "name", "name": name})  # KeyError when the solution has no `name`
         self[name] = value
         return value
+
+
+def _modules_used(tests: list[dict]) -> set[str]:
+    """Standard-library module names the assert tests use as modules (``name.attribute``)."""
+    out = set()
+    for test in tests:
+        try:
+            tree = ast.parse(test.get("source", ""))
+        except SyntaxError:
+            continue
+        out |= {node.value.id for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name) and node.value.id in sys.stdlib_module_names}
+    return {name for name in out if importlib.util.find_spec(name) is not None}
 
 
 class _Judge:
@@ -1407,8 +1421,8 @@ def _judge_tests(spec: dict, runner: _Runner, report) -> None:
         outcome, msg = (list(reply.get("err", [])) + ["crash", ""])[:2]
         return report(-1, outcome if outcome in ("error", "timeout", "crash") else "crash", _clip_text(str(msg)))
     report(-1, "pass", "")
-    ns = _Namespace(judge)
     tests = spec.get("tests", [])
+    ns = _Namespace(judge, _modules_used(tests))
     for k, test in enumerate(tests):
         if runner.gone is not None:
             report(k, "not_run", "not run")

@@ -165,6 +165,9 @@ def odd():
 def letters(s):
     return Counter(s)
 
+def string(n):
+    return str(n)
+
 class Stack:
     def __init__(self):
         self.items = []
@@ -192,6 +195,7 @@ class Stack:
     "assert letters('abca') == {'a': 2, 'b': 1, 'c': 1}",
     "s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2 and len(s) == 1 and str(s) == 'Stack[1]'",
     "assert all(div(2 * i, 2) == i for i in range(1, 4))",
+    "assert string(5) == '5'",  # the solution's function named like a standard-library module
 ])
 def test_honest_solutions_pass_every_kind_of_assert_test(test):
     r = cd.run_tests(HONEST, [cd.AssertTest(test)], _cfg())
