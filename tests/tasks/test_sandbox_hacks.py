@@ -100,26 +100,40 @@ def test_what_each_hack_is_told():
     assert walk.feedback == "Test 1 failed: add(1, 2) returned None, expected 3"
 
 
+GC_SEARCH = """
+import gc, re, sys
+def guess(prefix):
+    seen, todo = set(), [o for o in gc.get_objects() if isinstance(o, (dict, list, tuple))]
+    f = sys._getframe(1)
+    while f is not None:
+        todo += [f.f_locals, f.f_globals, f.f_code.co_consts]
+        f = f.f_back
+    while todo:
+        o = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, str):
+            found = [s for s in re.findall(re.escape(prefix) + r"[0-9]+", o)]
+            if found:
+                return found[0]
+        elif isinstance(o, dict):
+            todo += list(o.values())
+        elif isinstance(o, (list, tuple)):
+            todo += list(o)
+    return "not found"
+"""
+
+
 def test_the_expected_values_are_nowhere_in_the_runners_memory():
-    """Every object the garbage collector knows of in the runner, and every frame above the
-    call: no expected value (a string that appears nowhere else) is among them."""
-    code = ("import gc, sys\n"
-            "def guess(x):\n"
-            "    seen = [o for o in gc.get_objects() if isinstance(o, (str, dict, list, tuple))]\n"
-            "    f = sys._getframe(1)\n"
-            "    while f is not None:\n"
-            "        seen += list(f.f_locals.values()) + [f.f_code.co_consts]\n"
-            "        f = f.f_back\n"
-            "    for o in seen:\n"
-            "        for s in (o if isinstance(o, (dict, list, tuple)) else [o]):\n"
-            "            if isinstance(s, str) and s.startswith('pipo-secret-') and s != 'pipo-secret-':\n"
-            "                return s\n"
-            "    return 'not found'\n")
+    """Every container the garbage collector knows of in the runner, every frame above the
+    call, searched through for an expected value (a string that appears nowhere else): none
+    is there. (In the harness before the split this search found them.)"""
     tests = [cd.CallTest("guess", ("pipo-secret-",), "pipo-secret-4711"),
              cd.AssertTest("assert guess('pipo-secret-') == 'pipo-secret-2718'")]
-    r = cd.run_tests(code, tests, _cfg())
+    r = cd.run_tests(GC_SEARCH, tests, _cfg())
     assert r.outcomes == ("fail", "fail")
-    assert "returned 'not found'" in r.feedback
+    assert r.feedback == "Test 1 failed: guess('pipo-secret-') returned 'not found', expected 'pipo-secret-4711'"
 
 
 @pytest.mark.parametrize("program,test", [
