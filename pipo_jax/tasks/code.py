@@ -50,10 +50,12 @@ Isolation of the runner (what is guaranteed):
 - Processes (kernel-enforced): the judge is the runner's parent and its child subreaper
   (``PR_SET_CHILD_SUBREAPER``), so every descendant, however it detaches (``setsid``,
   double fork), stays below it and is SIGKILLed, until none is left, when the program
-  ends or its time is up. ``RLIMIT_NPROC`` caps how many processes it can start
-  (``max_processes``), so a fork bomb ends; where Linux does not apply that limit (root,
-  common in containers, or CAP_SYS_ADMIN / CAP_SYS_RESOURCE) a seccomp filter forbids
-  the runner any new process instead (threads stay allowed, bounded by ``memory_mb``).
+  ends or its time is up. ``RLIMIT_NPROC`` caps how many processes and threads it can
+  start (``max_processes``), so a fork bomb ends. Where Linux does not apply that limit
+  (root, common in containers, or CAP_SYS_ADMIN / CAP_SYS_RESOURCE) a fresh pids cgroup
+  (``pids.max``; where cgroupfs is writable) caps processes and threads alike; where no
+  cgroup can be made a seccomp filter forbids the runner any new process (threads stay
+  allowed, bounded then only by ``memory_mb``: each needs a stack).
   With Landlock ABI >= 6 the program cannot signal (kill) anything outside its sandbox,
   the judge and the trainer included. Inside PID namespaces (below) the judge is PID 1
   and the kernel kills the namespace with it.
@@ -94,6 +96,7 @@ import fractions
 import functools
 import importlib
 import importlib.util
+import itertools
 import json
 import logging
 import math
@@ -162,8 +165,9 @@ class SandboxConfig:
     max_processes: how many processes / threads the program may add: RLIMIT_NPROC is
       set to the user's count at start plus this (Linux counts every process and thread
       of the user). Where that limit does not bind (root, or CAP_SYS_ADMIN / CAP_SYS_RESOURCE)
-      a seccomp filter forbids the program any new process instead (threads stay allowed,
-      bounded by ``memory_mb``). 0 = neither: RLIMIT_NPROC unchanged, no filter.
+      a pids cgroup of this size where one can be made, else a seccomp filter that forbids
+      the program any new process (threads stay allowed, bounded by ``memory_mb``).
+      0 = none of these: RLIMIT_NPROC unchanged, no cgroup, no filter.
     network: "auto" or "namespace" (a network namespace; where ``unshare`` is unusable the
       sandbox refuses to run, `SandboxUnavailable`, unless ``allow_network``) or "audit"
       (no namespace: needs ``allow_network``).
@@ -326,16 +330,98 @@ def check_confinement(config: SandboxConfig) -> bool:
     return False
 
 
-def check_process_bound(config: SandboxConfig) -> bool:
-    """Whether the program's processes are capped by a seccomp filter (True: RLIMIT_NPROC does
-    not bind this user) or by RLIMIT_NPROC (False); raises `SandboxUnavailable` where neither can."""
-    if not (config.max_processes and nproc_exempt()):
-        return False
+def check_process_bound(config: SandboxConfig) -> str:
+    """What caps the program's processes: "none" (``max_processes=0``), "nproc" (RLIMIT_NPROC),
+    or, where that does not bind this user (root), "cgroup" (a pids cgroup, where one can be
+    made) or "seccomp" (no process at all); raises `SandboxUnavailable` where none can."""
+    if not config.max_processes:
+        return "none"
+    if not nproc_exempt():
+        return "nproc"
+    if pids_cgroup_parent() is not None:
+        return "cgroup"
     if not process_filter_available():
         raise SandboxUnavailable(
-            f"RLIMIT_NPROC does not bind this user (root) and there is no process filter for {os.uname().machine}, "
-            "so a fork bomb would be unbounded; set SandboxConfig(max_processes=0) to run without a process cap")
+            f"RLIMIT_NPROC does not bind this user (root), no pids cgroup can be made and there is no process "
+            f"filter for {os.uname().machine}, so a fork bomb would be unbounded; set SandboxConfig(max_processes=0) "
+            "to run without a process cap")
+    return "seccomp"
+
+
+_PIDS_OVERHEAD = 2  # tasks of the sandbox itself in its pids cgroup: the judge, the runner (and unshare)
+_cgroup_ids = itertools.count()
+
+
+def _own_cgroups() -> dict[str, str]:
+    """This process's cgroup path per hierarchy ("" is cgroup v2), from /proc/self/cgroup."""
+    with open("/proc/self/cgroup") as f:
+        parts = [line.rstrip("\n").split(":", 2) for line in f]
+    return {p[1]: p[2] for p in parts if len(p) == 3}
+
+
+@functools.lru_cache(maxsize=None)
+def pids_cgroup_parent() -> str | None:
+    """A cgroup directory below which this process can make pids cgroups (cgroup v1's pids
+    hierarchy, or v2 with pids enabled for children; where cgroupfs is writable, e.g. root
+    outside a container), or None."""
+    try:
+        own = _own_cgroups()
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    for fields in mounts:
+        sep = fields.index("-")
+        fstype, root, point, opts = fields[sep + 1], fields[3].rstrip("/"), fields[4], fields[sep + 3].split(",")
+        if fstype == "cgroup" and "pids" in opts:
+            path = next((p for c, p in own.items() if "pids" in c.split(",")), None)
+        elif fstype == "cgroup2":
+            path = own.get("")
+        else:
+            continue
+        if path is None or not (path + "/").startswith(root + "/"):
+            continue
+        parent = os.path.join(point, path[len(root):].lstrip("/"))
+        if _can_make_pids_cgroup(parent):
+            return parent
+    return None
+
+
+def _can_make_pids_cgroup(parent: str) -> bool:
+    try:
+        path = _new_pids_cgroup(parent, 1)
+    except OSError:
+        return False
+    _remove_cgroup(path)
     return True
+
+
+def _new_pids_cgroup(parent: str, limit: int) -> str:
+    """A fresh cgroup below `parent` that holds at most `limit` tasks (processes and threads)."""
+    path = os.path.join(parent, f"pipo_sandbox_{os.getpid()}_{next(_cgroup_ids)}")
+    os.mkdir(path)
+    try:
+        with open(os.path.join(path, "pids.max"), "w") as f:
+            f.write(str(limit))
+    except OSError:
+        _remove_cgroup(path)
+        raise
+    return path
+
+
+def _remove_cgroup(path: str) -> None:
+    """Removes the (emptied) cgroup; its killed tasks may take a moment to leave it."""
+    delay = 0.001
+    for _ in range(40):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    logger.warning("could not remove the sandbox's pids cgroup %s", path)
 
 
 @functools.lru_cache(maxsize=None)
@@ -485,11 +571,32 @@ def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, 
     program could read or overwrite is on disk. Returns (records, stdout, return
     code, killed_by_deadline).
     """
-    spec = dict(spec, confine=check_confinement(config), no_processes=check_process_bound(config))
+    confine, bound = check_confinement(config), check_process_bound(config)
     cmd = [config.python, "-I", "-X", "utf8", os.path.abspath(__file__), "--harness"]
     namespaced = check_network_isolation(config)
     if namespaced:
         cmd = [shutil.which("unshare"), *_UNSHARE_FLAGS, *cmd]
+    cgroup = None
+    if bound == "cgroup":
+        try:
+            cgroup = _new_pids_cgroup(pids_cgroup_parent(), config.max_processes + _PIDS_OVERHEAD + namespaced)
+        except OSError as e:
+            if not process_filter_available():
+                raise SandboxUnavailable(f"could not make the sandbox's pids cgroup: {e}") from e
+            bound = "seccomp"
+    if cgroup is not None:  # the shell enters the cgroup, then becomes the sandbox: no task starts outside
+        cmd = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *cmd]
+    spec = dict(spec, confine=confine, no_processes=bound == "seccomp")
+    try:
+        return _run_harness(spec, cmd, config, namespaced)
+    finally:
+        if cgroup is not None:
+            _remove_cgroup(cgroup)
+
+
+def _run_harness(spec: dict, cmd: list[str], config: SandboxConfig, namespaced: bool
+                 ) -> tuple[list[dict], bytes, int, bool]:
+    """Runs `cmd` (the judge) on `spec` in a fresh scratch directory; what `_launch` returns."""
     spec_fd = _memfd_with(json.dumps(spec).encode(), "spec")
     results_fd = os.memfd_create("results")
     stdout_fd = os.memfd_create("stdout")

@@ -151,7 +151,7 @@ def test_stray_child_processes_are_killed(network):
     passes only once the child has named itself (a pipe says so); afterwards no process
     of that name is left (the file system outside the scratch directory is closed to it,
     so /proc is how the test sees it). ``max_processes=0``: no process cap, so that as root
-    (where the cap is a seccomp filter allowing no process) the child can start."""
+    (where the cap may be a seccomp filter allowing no process) the child can start."""
     if network == "namespace" and not cd.namespaces_available():
         pytest.skip("unshare with user/net/pid namespaces is not usable here")
     name = f"pipostray{os.getpid() % 100000}"

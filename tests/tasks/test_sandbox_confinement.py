@@ -98,7 +98,8 @@ def test_setsid_fork_bomb_of_detached_children_is_killed(network):
     """50 children, each leaving its session (setsid) and double-forking into a detached
     grandchild that forks once more: 100 detached processes named for this test. The
     program passes only when all 100 have reported in; afterwards none is left.
-    ``max_processes=0`` (no process cap): the subject here is the kill, not the cap."""
+    ``max_processes=0`` (no process cap: 100 is more than the default allows): the subject
+    here is the kill, not the cap."""
     name = f"pipobomb{os.getpid() % 100000}"
     code = (
         "import ctypes, os, time\n"
@@ -161,8 +162,8 @@ def test_the_program_cannot_kill_its_supervisor():
 
 
 def test_process_count_is_capped():
-    """RLIMIT_NPROC caps the forks; as root, where Linux ignores it, the seccomp filter does
-    (no fork at all). tests/tasks/test_sandbox_hacks.py runs an unbounded bomb."""
+    """RLIMIT_NPROC caps the forks; as root, where Linux ignores it, a pids cgroup or the
+    seccomp filter does (no fork at all). tests/tasks/test_sandbox_hacks.py has more bombs."""
     code = ("import ctypes\n"
             "def probe():\n"
             "    libc = ctypes.CDLL(None)\n"

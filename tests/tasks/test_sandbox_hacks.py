@@ -251,34 +251,67 @@ def test_plain_data_round_trips_and_nothing_else_decodes():
             cd._decode(bad, refuse)
 
 
-def test_a_fork_bomb_is_bounded():
-    """A ctypes fork loop (the audit hook does not see it) that wants 300 processes, each
-    pausing forever: it gets at most ``max_processes`` (RLIMIT_NPROC) and, as root where that
-    limit does not apply, none (the seccomp filter); the run ends in time and every process it
-    made is gone. The loop itself stops at 300, so a broken bound cannot hurt the machine."""
-    name = f"pipofb{os.getpid() % 100000}"
-    code = ("import ctypes\n"
+BOUNDS = ["as configured"] + (["seccomp"] if cd.check_process_bound(cd.SandboxConfig()) == "cgroup" else [])
+
+
+def _bomb(name: str, start: str) -> str:
+    """A program that starts up to 300 processes or threads (``start``: a statement that is
+    true when one started), each pausing forever, and returns how many it got. The loop stops
+    at 300, so a broken bound cannot hurt the machine."""
+    return ("import ctypes\n"
             "def bomb():\n"
             "    libc = ctypes.CDLL(None)\n"
+            "    pause = ctypes.cast(libc.pause, ctypes.c_void_p)\n"
+            "    attr = ctypes.create_string_buffer(128)\n"
+            "    libc.pthread_attr_init(attr)\n"
+            "    libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(1 << 16))\n"
             "    n = 0\n"
             "    while n < 300:\n"
-            "        pid = libc.fork()\n"
-            "        if pid == 0:\n"
-            f"            libc.prctl(15, {name.encode()!r}, 0, 0, 0)\n"
-            "            while True:\n"
-            "                libc.pause()\n"
-            "        if pid < 0:\n"
+            f"        if not ({start}):\n"
             "            break\n"
             "        n += 1\n"
-            "    return n\n")
-    cfg = _cfg(max_processes=16, audit_hook=False)
+            "    return n\n"
+            "def child():\n"
+            "    pid = ctypes.CDLL(None).fork()\n"
+            "    if pid == 0:\n"
+            f"        ctypes.CDLL(None).prctl(15, {name.encode()!r}, 0, 0, 0)\n"
+            "        while True:\n"
+            "            ctypes.CDLL(None).pause()\n"
+            "    return pid > 0\n")
+
+
+def _started(code: str, config: cd.SandboxConfig) -> int:
     start = time.monotonic()
-    r = cd.run_tests(code, [cd.CallTest("bomb", (), 300)], cfg)
-    assert time.monotonic() - start < cfg.startup_s + 2 * cfg.timeout_s
+    r = cd.run_tests(code, [cd.CallTest("bomb", (), 300)], config)
+    assert time.monotonic() - start < config.startup_s + 2 * config.timeout_s
     assert r.outcomes == ("fail",), r.feedback
-    forks = int(re.search(r"returned (\d+)", r.feedback).group(1))
-    assert forks == 0 if cd.nproc_exempt() else forks <= 16
+    return int(re.search(r"returned (\d+)", r.feedback).group(1))
+
+
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_a_fork_bomb_is_bounded(bound, monkeypatch):
+    """A ctypes fork loop (the audit hook does not see it) that wants 300 processes: it gets at
+    most ``max_processes``: RLIMIT_NPROC, or where Linux ignores that (root) a pids cgroup, or
+    where none can be made ("seccomp": as in a container) none at all. The run ends in time,
+    every process it made is gone, and so is the cgroup."""
+    if bound == "seccomp":
+        monkeypatch.setattr(cd, "pids_cgroup_parent", lambda: None)
+    name = f"pipofb{os.getpid() % 100000}"
+    config = _cfg(max_processes=16, audit_hook=False)
+    forks = _started(_bomb(name, "child()"), config)
+    assert forks == 0 if cd.check_process_bound(config) == "seccomp" else 0 < forks <= 16
     assert processes_named(name) == []
+    parent = cd.pids_cgroup_parent()
+    assert parent is None or not [d for d in os.listdir(parent) if d.startswith(f"pipo_sandbox_{os.getpid()}_")]
+
+
+@pytest.mark.skipif(cd.check_process_bound(cd.SandboxConfig()) not in ("nproc", "cgroup"),
+                    reason="as root without a pids cgroup threads are bounded by the memory limit only")
+def test_a_thread_bomb_is_bounded():
+    """Threads with 64 KiB stacks, started through libc: RLIMIT_NPROC and a pids cgroup count
+    threads too."""
+    start = "libc.pthread_create(ctypes.byref(ctypes.c_ulong()), attr, pause, None) == 0"
+    assert 0 < _started(_bomb("unused", start), _cfg(max_processes=16, audit_hook=False)) <= 16
 
 
 @pytest.mark.skipif(not cd.nproc_exempt(), reason="the seccomp filter is used where RLIMIT_NPROC does not bind")
