@@ -387,13 +387,22 @@ def pids_cgroup_parent() -> str | None:
     return None
 
 
+_ENTER_CGROUP = 'echo $$ > "$0/cgroup.procs" && exec "$@"'  # sh -c: enter cgroup $0, become "$@"
+
+
 def _can_make_pids_cgroup(parent: str) -> bool:
+    """Whether a pids cgroup can be made below `parent` and a process can enter it."""
     try:
-        path = _new_pids_cgroup(parent, 1)
+        path = _new_pids_cgroup(parent, 4)
     except OSError:
         return False
-    _remove_cgroup(path)
-    return True
+    try:
+        entered = subprocess.run(["/bin/sh", "-c", _ENTER_CGROUP, path, "true"], capture_output=True, timeout=10)
+        return entered.returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    finally:
+        _remove_cgroup(path)
 
 
 def _new_pids_cgroup(parent: str, limit: int) -> str:
@@ -585,7 +594,7 @@ def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, 
                 raise SandboxUnavailable(f"could not make the sandbox's pids cgroup: {e}") from e
             bound = "seccomp"
     if cgroup is not None:  # the shell enters the cgroup, then becomes the sandbox: no task starts outside
-        cmd = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup, *cmd]
+        cmd = ["/bin/sh", "-c", _ENTER_CGROUP, cgroup, *cmd]
     spec = dict(spec, confine=confine, no_processes=bound == "seccomp")
     try:
         return _run_harness(spec, cmd, config, namespaced)

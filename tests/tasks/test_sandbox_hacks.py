@@ -305,6 +305,17 @@ def test_a_fork_bomb_is_bounded(bound, monkeypatch):
     assert parent is None or not [d for d in os.listdir(parent) if d.startswith(f"pipo_sandbox_{os.getpid()}_")]
 
 
+def test_as_root_with_no_way_to_bound_processes_the_sandbox_refuses(monkeypatch):
+    monkeypatch.setattr(cd, "nproc_exempt", lambda: True)
+    monkeypatch.setattr(cd, "pids_cgroup_parent", lambda: None)
+    assert cd.check_process_bound(_cfg()) == "seccomp"
+    assert cd.check_process_bound(_cfg(max_processes=0)) == "none"
+    monkeypatch.setattr(cd, "process_filter_available", lambda: False)  # as on a machine it has no numbers for
+    with pytest.raises(cd.SandboxUnavailable, match=r"a fork bomb would be unbounded; set .*max_processes=0"):
+        cd.run_tests(ADD, ASSERTS[:1], _cfg())
+    assert cd.run_tests(ADD, ASSERTS[:1], _cfg(max_processes=0)).outcomes == ("pass",)
+
+
 @pytest.mark.skipif(cd.check_process_bound(cd.SandboxConfig()) not in ("nproc", "cgroup"),
                     reason="as root without a pids cgroup threads are bounded by the memory limit only")
 def test_a_thread_bomb_is_bounded():
