@@ -210,6 +210,9 @@ class Stack:
     "s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2 and len(s) == 1 and str(s) == 'Stack[1]'",
     "assert all(div(2 * i, 2) == i for i in range(1, 4))",
     "assert string(5) == '5'",  # the solution's function named like a standard-library module
+    # HumanEval's form: a check function of the test's own, given the solution's function
+    "METADATA = {'author': 'x'}\n\ndef check(candidate):\n    assert candidate(4) == [(1, 3), (2, 2)]\n"
+    "    assert abs(area(1) - 3.14159) < 1e-5\n\ncheck(pairs)",
 ])
 def test_honest_solutions_pass_every_kind_of_assert_test(test):
     r = cd.run_tests(HONEST, [cd.AssertTest(test)], _cfg())
