@@ -2,7 +2,7 @@
 
 Reward = fraction of tests passed; feedback = the first failing test's assertion,
 error or limit. Three test kinds: `AssertTest` (a Python statement such as
-``assert add(1, 2) == 3``, run after the solution in its namespace), `CallTest`
+``assert add(1, 2) == 3``, run after the solution, its names those of the solution), `CallTest`
 (call ``fn_name(*args)`` and compare with ``expected``, TACO/APPS "fn_name" style)
 and `IOTest` (feed ``stdin``, compare stdout, one fresh process per test).
 
@@ -25,7 +25,9 @@ Who is trusted (the boundary against reward hacking):
   standard-library modules it uses as modules (``math.isclose``), are the judge's (a
   solution that redefines ``set`` or binds ``math`` to something else changes nothing
   for the tests); its other names (the function under test, a class, a constant) are
-  the solution's: a value the tests take from such a name is the solution's answer.
+  the solution's: a value the tests take from such a name is the solution's answer (a
+  plain one is copied when a test first reads it). A test that compares instances of
+  the solution's own classes is an error: they are not plain data.
 - What the runner can still decide is its own answers: the values it sends back. It
   can exit, crash, hang or send garbage, each a failed test ("crash" / "timeout"),
   never a pass; exiting is no exception a test's ``except Exception`` can catch.
