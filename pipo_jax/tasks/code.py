@@ -981,7 +981,11 @@ def _error_message(e: BaseException) -> str:
             break
     if isinstance(e, OSError) and e.errno == errno.EFBIG:  # RLIMIT_FSIZE (Python ignores SIGXFSZ)
         return f"output limit exceeded: {e.strerror}{line}"
-    text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    try:
+        detail = str(e)
+    except Exception:  # a solution's exception whose __str__ fails
+        detail = "<unprintable>"
+    text = f"{type(e).__name__}: {detail}" if detail else type(e).__name__
     return _clip_text(text + line)
 
 

@@ -403,3 +403,10 @@ def test_the_program_holds_no_fd_but_stdio_and_its_two_pipes():
             "    return out\n")
     r = cd.run_tests(code, [cd.CallTest("fds", (), [True, True])], _cfg())
     assert r.outcomes == ("pass",), r.feedback
+
+
+def test_an_exception_that_cannot_be_printed_is_an_error_and_the_run_goes_on():
+    code = ("class E(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n"
+            "def add(a, b):\n    if a < 0:\n        raise E()\n    return a + b\n")
+    r = cd.run_tests(code, [cd.AssertTest("assert add(-1, 2) == 1"), cd.AssertTest("assert add(1, 2) == 3")], _cfg())
+    assert (r.outcomes, r.feedback) == (("error", "pass"), "Test 1 raised E: <unprintable> (solution line 6)")
