@@ -37,6 +37,9 @@ def base_config() -> ml_collections.ConfigDict:
     # tpu. It picks the attention kernel, the log-prob kernel's block sizes and Pallas mode.
     c.model.platform = "auto"
     c.model.attention_impl = "auto"  # auto (by platform) | xla | cudnn | splash
+    # The layer loop: auto (unroll on cpu, scan on cuda / tpu; by model.platform, never the
+    # host) | scan (one lax.scan over the stacked layers) | unroll. The same function either way.
+    c.model.layer_loop = "auto"
 
     c.task = ml_collections.ConfigDict()
     c.task.name = "arithmetic"  # the built-in JAX-reward task

@@ -1,8 +1,11 @@
 """Qwen3 decoder in pure JAX: config, parameters, forward with an optional KV cache.
 
 Parameters are a nested dict of arrays with the decoder layers stacked on a leading
-`layers` axis, so the layer loop is one `lax.scan` and compile time does not grow with
-depth. `param_axes(config)` gives the same tree with a logical axis name per dimension
+`layers` axis. The layer loop has two forms (`Qwen3Config.layer_loop`, chosen by the target
+platform): one `lax.scan` over the stacked layers (TPU / GPU: compile time does not grow
+with depth), or unrolled over static per-layer slices (CPU: XLA:CPU copies each scanned
+layer's weights out of the stacked arrays on every iteration; static slices are taken once
+per program). The two are the same function (tests hold them equal). `param_axes(config)` gives the same tree with a logical axis name per dimension
 (`embed`, `vocab`, `heads`, `kv_heads`, `head_dim`, `mlp`, `layers`) for sharding.
 
 The KV cache is indexed by *position*: the key/value of the token at position p of
@@ -27,6 +30,7 @@ Params = dict[str, Any]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _REMAT_POLICIES = ("none", "full", "dots_saveable")
+LAYER_LOOPS = ("auto", "scan", "unroll")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +42,8 @@ class Qwen3Config:
     platform the programs are built for (`pipo_jax.platforms.PLATFORMS`; not read from
     the host), which picks the attention kernel (`attention_impl`: "auto" = cuDNN on
     "cuda" in 16-bit compute, splash on "tpu", XLA on "cpu"; see `models/attention.py`)
-    and the fused log-prob kernel's defaults.
+    and the fused log-prob kernel's defaults, and the layer loop (`layer_loop`: "auto" =
+    unrolled on "cpu", one `lax.scan` on "cuda" / "tpu", as MaxText's `scan_layers`).
     """
 
     vocab_size: int = 151_936
@@ -57,6 +62,7 @@ class Qwen3Config:
     remat: str = "none"  # one of _REMAT_POLICIES
     platform: str = "cpu"  # one of pipo_jax.platforms.PLATFORMS
     attention_impl: str = "auto"  # one of models.attention.IMPLS
+    layer_loop: str = "auto"  # one of LAYER_LOOPS
 
     def __post_init__(self):
         platforms.check(self.platform, "Qwen3Config.platform")
@@ -65,6 +71,8 @@ class Qwen3Config:
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ValueError(f"Qwen3Config.{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}")
+        if self.layer_loop not in LAYER_LOOPS:
+            raise ValueError(f"Qwen3Config.layer_loop={self.layer_loop!r}; expected one of {LAYER_LOOPS}")
         if self.remat not in _REMAT_POLICIES:
             raise ValueError(f"Qwen3Config.remat={self.remat!r}; expected one of {_REMAT_POLICIES}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -85,6 +93,11 @@ class Qwen3Config:
     @property
     def jnp_dtype(self):
         return _DTYPES[self.dtype]
+
+    @property
+    def unrolled_layers(self) -> bool:
+        """Whether the layer loop is unrolled (`layer_loop`, "auto" by the target platform)."""
+        return self.layer_loop == "unroll" or (self.layer_loop == "auto" and self.platform == "cpu")
 
     @property
     def num_params(self) -> int:
@@ -203,6 +216,11 @@ def init_params(config: Qwen3Config, rng: jax.Array, std: float = 0.02) -> Param
         else:
             out.append((std * jax.random.normal(key, shape, jnp.float32)).astype(config.jnp_param_dtype))
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def layer_params(params: Params, i: int) -> Params:
+    """Layer `i`'s weights (static slices of the stacked `params["layers"]`)."""
+    return jax.tree.map(lambda w: w[i], params["layers"])
 
 
 def lm_head_weight(config: Qwen3Config, params: Params) -> jax.Array:
@@ -381,9 +399,17 @@ def forward(
         return constrain(x_btd, _RESIDUAL_AXES), new_kv
 
     body = _remat(body, config.remat)
-    cache_xs = None if cache is None else (cache.k, cache.v)
-    x, new_kv = jax.lax.scan(body, x, (params["layers"], cache_xs))
-    new_cache = None if cache is None else KVCache(*new_kv)
+    if config.unrolled_layers:
+        new_kv = []
+        for i in range(config.num_hidden_layers):
+            cache_kv = None if cache is None else (cache.k[i], cache.v[i])
+            x, kv = body(x, (layer_params(params, i), cache_kv))
+            new_kv.append(kv)
+        new_cache = None if cache is None else KVCache(*(jnp.stack(c) for c in zip(*new_kv)))
+    else:
+        cache_xs = None if cache is None else (cache.k, cache.v)
+        x, new_kv = jax.lax.scan(body, x, (params["layers"], cache_xs))
+        new_cache = None if cache is None else KVCache(*new_kv)
 
     x = constrain(rms_norm(x, params["final_norm"], config.rms_norm_eps), _RESIDUAL_AXES)
     if return_hidden:

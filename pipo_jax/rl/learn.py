@@ -131,24 +131,23 @@ def pi_batch(prev: pipo.StoredBatch, rhat_br) -> TrainBatch:
 
 
 def pi_step(spec: TrainSpec, params, opt_state, pipo_state: pipo.PipoState, mu_t, rng):
-    """Step 3: verification on B_{t-1}; returns (params, opt_state, metrics). A no-op unless it applies."""
+    """Step 3: verification on B_{t-1}; returns (params, opt_state, metrics). A no-op unless it applies.
+
+    The update runs every iteration and its optimizer is gated by `pi_step_applied`
+    (`make_optimizer(applies=...)`): when the step does not apply (the first K iterations,
+    or c = 0) params and optimizer state come out unchanged, bit for bit. A `lax.cond`
+    around the update would copy params and optimizer state on XLA:CPU at every iteration
+    (and under `vmap` runs both branches anyway).
+    """
     rhat, signal = pipo.pi_verification(pipo_state, mu_t, lam=spec.pipo.lam, options=spec.pipo.options)
-    optimizer = make_optimizer(spec.train.lr, spec)
-    loss_fn = steps.pi_loss_fn(spec)
+    applied = signal["pi_step_applied"]
+    optimizer = make_optimizer(spec.train.lr, spec, applies=applied)
     batch = pi_batch(pipo_state.prev, rhat)
     check_batch(batch)
-
-    def run(operands):
-        p, s = operands
-        p, s, m = steps.minibatch_updates(spec, loss_fn, optimizer, p, with_lr(s, spec.pipo.lr), batch, rng)
-        return p, with_lr(s, spec.train.lr), m
-
-    metric_shapes = jax.eval_shape(run, (params, opt_state))[2]
-
-    def skip(operands):
-        return operands[0], operands[1], jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), metric_shapes)
-
-    params, opt_state, m = jax.lax.cond(signal["pi_step_applied"], run, skip, (params, opt_state))
+    params, opt_state, m = steps.minibatch_updates(spec, steps.pi_loss_fn(spec), optimizer, params,
+                                                   with_lr(opt_state, spec.pipo.lr), batch, rng)
+    opt_state = with_lr(opt_state, spec.train.lr)
+    m = jax.tree.map(lambda x: jnp.where(applied, x, jnp.zeros_like(x)), m)
     empty = pipo_state.count == 0  # no window statistics yet: log nothing rather than 0
     signal = dict(signal, mu_his=jnp.where(empty, jnp.nan, signal["mu_his"]),
                   sigma_his=jnp.where(empty, jnp.nan, signal["sigma_his"]))

@@ -203,9 +203,10 @@ def make_model_config(mc: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
     """The model's shapes: the built-in task model, a preset, or the HF directory's config.json."""
     _choice(mc.platform, "model.platform", ("auto", *platforms.PLATFORMS))
     _choice(mc.attention_impl, "model.attention_impl", attention.IMPLS)
+    _choice(mc.layer_loop, "model.layer_loop", qwen3.LAYER_LOOPS)
     platform = platforms.of_devices(jax.devices()) if mc.platform == "auto" else mc.platform
     overrides = dict(param_dtype=mc.param_dtype, dtype=mc.dtype, remat=mc.remat, platform=platform,
-                     attention_impl=mc.attention_impl)
+                     attention_impl=mc.attention_impl, layer_loop=mc.layer_loop)
     try:
         if mc.path:
             _need(os.path.isdir(mc.path), "model.path", f"{mc.path!r} is not a directory")

@@ -35,31 +35,57 @@ class TrainState:
     vpd_delta: Any = None  # VPD: running mean of implicit rewards (losses.vpd.DeltaState)
 
 
-# `optax.apply_if_finite` gives up and applies a non-finite update after this many in a row;
-# the trainer stops at `spec.train.max_bad_steps` instead, so that point is never reached.
-_NEVER_APPLY_NONFINITE = 2**30
+def skip_nonfinite(inner: optax.GradientTransformation, applies=None) -> optax.GradientTransformation:
+    """`inner` whose update is skipped (zero updates, inner state unchanged) when the gradients
+    hold a NaN / inf, counted in `optax.ApplyIfFiniteState` (the state and counts of
+    `optax.apply_if_finite` with no limit on skips in a row), and, when `applies` (a traced
+    bool) is false, skipped without counting.
+
+    The skip is one elementwise select that XLA fuses into the update (`apply_if_finite`'s
+    `lax.cond` copies the optimizer state instead), and the `applies` gate lets PIPO's PI
+    step share that select rather than sit in a `lax.cond` of its own.
+    """
+
+    def init(params):
+        return optax.ApplyIfFiniteState(notfinite_count=jnp.zeros([], jnp.int32), last_finite=jnp.array(True),
+                                        total_notfinite=jnp.zeros([], jnp.int32), inner_state=inner.init(params))
+
+    def update(grads, state, params=None):
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+        gate = jnp.array(True) if applies is None else jnp.asarray(applies, bool)
+        ok = finite & gate
+        updates, inner_state = inner.update(grads, state.inner_state, params)
+        keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+        bad = gate & ~finite
+        return jax.tree.map(lambda u: jnp.where(ok, u, jnp.zeros_like(u)), updates), optax.ApplyIfFiniteState(
+            notfinite_count=jnp.where(gate, jnp.where(finite, 0, state.notfinite_count + 1), state.notfinite_count),
+            last_finite=jnp.where(gate, finite, state.last_finite),
+            total_notfinite=state.total_notfinite + bad.astype(jnp.int32),
+            inner_state=jax.tree.map(keep, inner_state, state.inner_state))
+
+    return optax.GradientTransformation(init, update)
 
 
-def make_optimizer(lr: float, spec: TrainSpec) -> optax.GradientTransformation:
+def make_optimizer(lr: float, spec: TrainSpec, applies=None) -> optax.GradientTransformation:
     """Global-norm clipping then AdamW whose learning rate lives in the state (see `with_lr`),
-    inside `optax.apply_if_finite`: an update whose gradients hold a NaN / inf is skipped
-    (params and inner state unchanged) and counted (`nonfinite_counts`).
+    inside `skip_nonfinite`: an update whose gradients hold a NaN / inf is skipped (params
+    and inner state unchanged) and counted (`nonfinite_counts`); `applies=False` (traced)
+    skips without counting.
 
     The PI step and the base step share this optimizer state (SPEC 2) and differ only in
     the learning rate written into it before each update.
     """
-    return optax.apply_if_finite(optax.chain(
+    return skip_nonfinite(optax.chain(
         optax.clip_by_global_norm(spec.train.grad_clip),
         optax.inject_hyperparams(optax.adamw)(
             learning_rate=lr, b1=spec.train.adam_b1, b2=spec.train.adam_b2, weight_decay=spec.train.weight_decay),
-    ), max_consecutive_errors=_NEVER_APPLY_NONFINITE)
+    ), applies)
 
 
 def with_lr(opt_state, lr) -> Any:
     """The same optimizer state with its AdamW learning rate set to `lr`."""
     clip_state, adam_state = opt_state.inner_state
-    # The dtype inject_hyperparams stored (the params' dtype), so both branches of the PI
-    # step's `lax.cond` carry the same state type.
+    # The dtype inject_hyperparams stored (the params' dtype): the state keeps one type.
     stored = adam_state.hyperparams["learning_rate"]
     hyper = dict(adam_state.hyperparams, learning_rate=jnp.asarray(lr, jnp.asarray(stored).dtype))
     return opt_state._replace(inner_state=(clip_state, adam_state._replace(hyperparams=hyper)))

@@ -3,10 +3,12 @@
 The same function as `qwen3.forward(config, params, tokens, mask, positions, cache)`
 (the plain path; the tests hold them equal), organised for generation:
 
-* the parameters are used as stored (`qwen3` layout, layers stacked): the layer loop is
-  one `lax.scan` over `params["layers"]`, so a program's size does not grow with depth
-  and nothing is re-laid-out per rollout (`compute_params` only casts fp32 master
-  weights to a 16-bit compute dtype, once per call, when the two differ);
+* the layer loop takes the form `config.layer_loop` picks by target platform: on TPU / GPU
+  one `lax.scan` over the stacked `params["layers"]` as stored, so a program's size does
+  not grow with depth and nothing is re-laid-out per rollout; on CPU unrolled over
+  per-layer weights that `compute_params` slices out once per call (a scan there copies
+  every layer's weights out of the stacked arrays on every token). `compute_params` also
+  casts fp32 master weights to a 16-bit compute dtype, once per call, when the two differ;
 * the cache is a `qwen3.KVCache` `[layers, B, S, kv_heads, head_dim]` carried whole
   through the scan: each layer writes its new keys / values at their slots in place and
   attends over its own slice, so a decode step writes one slot per row and layer;
@@ -34,9 +36,23 @@ KV_CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
 
 
 def compute_params(config: Qwen3Config, params: Params) -> Params:
-    """`params` in the compute dtype (a no-op when stored in it)."""
+    """`params` laid out for the decode loop: in the compute dtype (a no-op when stored in
+    it) and, with unrolled layers, `layers` as a tuple of per-layer trees (sliced once here,
+    not once per token)."""
     dt = config.jnp_dtype
-    return jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
+    params = jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
+    if config.unrolled_layers and not isinstance(params["layers"], tuple):
+        params = dict(params, layers=tuple(qwen3.layer_params(params, i) for i in range(config.num_hidden_layers)))
+    return params
+
+
+def _per_layer(config: Qwen3Config, params: Params) -> tuple[Params, ...] | None:
+    """The per-layer weights of an unrolled loop (from `compute_params` or sliced now), else None."""
+    if isinstance(params["layers"], tuple):
+        return params["layers"]
+    if config.unrolled_layers:
+        return tuple(qwen3.layer_params(params, i) for i in range(config.num_hidden_layers))
+    return None
 
 
 def constrain_cache(cache: KVCache) -> KVCache:
@@ -83,6 +99,7 @@ def cached_forward(
     cache, return_hidden=True)` (final-normed hidden states, compute dtype).
 
     Args:
+      params: as stored, or as `compute_params` lays them out.
       tokens_bt: int token ids `[B, T]`.
       positions_bt: int position of each token `[B, T]`; its key/value is written at
         that cache slot and it attends to slots `0..position`. Positions `>=
@@ -118,8 +135,15 @@ def cached_forward(
         x_btd = constrain(qwen3.layer_out(c, x_btd, lp, a), qwen3.RESIDUAL_AXES)
         return (x_btd, ck, cv), None
 
-    layers = jnp.arange(c.num_hidden_layers)
-    (x_btd, ck, cv), _ = jax.lax.scan(layer, (x_btd, cache.k, cache.v), (params["layers"], layers))
+    per_layer = _per_layer(c, params)
+    if per_layer is None:
+        layers = jnp.arange(c.num_hidden_layers)
+        (x_btd, ck, cv), _ = jax.lax.scan(layer, (x_btd, cache.k, cache.v), (params["layers"], layers))
+    else:
+        carry = (x_btd, cache.k, cache.v)
+        for i, lp in enumerate(per_layer):
+            carry, _ = layer(carry, (lp, i))
+        x_btd, ck, cv = carry
     return qwen3.rms_norm(x_btd, params["final_norm"], c.rms_norm_eps), constrain_cache(KVCache(ck, cv))
 
 

@@ -117,8 +117,9 @@ def test_num_params_counts_init_params():
 
 
 def test_layers_are_scanned_so_program_size_does_not_grow_with_depth(tokens):
+    """With `layer_loop="scan"` (what "auto" picks for cuda / tpu)."""
     def hlo_size(layers):
-        c = CONFIG.replace(num_hidden_layers=layers)
+        c = CONFIG.replace(num_hidden_layers=layers, layer_loop="scan")
         p = jax.eval_shape(lambda: qwen3.init_params(c, jax.random.PRNGKey(0)))
         text = jax.jit(lambda p: qwen3.logits(c, p, tokens)).lower(p).as_text()
         return text.count("\n"), text.count("dot_general")

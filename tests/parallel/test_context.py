@@ -29,7 +29,7 @@ def test_constraints_only_inside_a_context():
 
 
 def test_forward_under_context_is_unchanged(monkeypatch):
-    cfg = qwen3.preset("tiny")
+    cfg = qwen3.preset("tiny", layer_loop="scan")
     params = qwen3.init_params(cfg, jax.random.PRNGKey(0))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 5), 0, cfg.vocab_size)
     mask = jnp.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])

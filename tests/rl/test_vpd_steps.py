@@ -22,7 +22,7 @@ from pipo_jax.rl import learn, rollout
 from pipo_jax.rl import vpd_estep as vpd
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError, train_spec
-from pipo_jax.rl.state import init_teacher_opt_state, init_train_state
+from pipo_jax.rl.state import init_teacher_opt_state, init_train_state, skip_nonfinite
 
 # ----------------------------------------------------------------------------- config and schedule
 
@@ -218,9 +218,8 @@ def test_e_step_is_skipped_between_schedule_points_and_absent_when_off(micro):
 def _sgd(lr, spec):
     """`make_teacher_optimizer` with plain SGD in AdamW's place (same clip and non-finite guard, same
     `with_lr` state layout)."""
-    return optax.apply_if_finite(optax.chain(
-        optax.clip_by_global_norm(spec.train.grad_clip), optax.inject_hyperparams(optax.sgd)(learning_rate=lr)),
-        max_consecutive_errors=2**30)
+    return skip_nonfinite(optax.chain(
+        optax.clip_by_global_norm(spec.train.grad_clip), optax.inject_hyperparams(optax.sgd)(learning_rate=lr)))
 
 
 def test_micro_batching_does_not_change_the_e_step(micro, monkeypatch):

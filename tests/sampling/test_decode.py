@@ -41,19 +41,29 @@ def _equations(jaxpr):
             yield from _equations(sub)
 
 
-def test_decode_step_uses_stored_weights_in_one_layer_scan(params):
-    """No re-layout of the weights, and the layers run as one loop (not unrolled)."""
-    cache = decode.init_cache(CONFIG, 2, 8)
+@pytest.mark.parametrize("layer_loop", ["scan", "unroll"])
+def test_decode_step_reads_weights_without_relayout(params, layer_loop):
+    """No re-layout of the weights in a decode step; with `scan` the layers run as one loop
+    over the stored stack, with `unroll` over the per-layer weights `compute_params` sliced
+    once per call (the step itself slices nothing)."""
+    config = CONFIG.replace(layer_loop=layer_loop)
+    weights = decode.compute_params(config, params)
+    cache = decode.init_cache(config, 2, 8)
     closed = jax.make_jaxpr(decode.decode_step, static_argnums=0)(
-        CONFIG, params, cache, jnp.zeros((2,), jnp.int32), jnp.zeros((2,), jnp.int32))
+        config, weights, cache, jnp.zeros((2,), jnp.int32), jnp.zeros((2,), jnp.int32))
     eqns = list(_equations(closed.jaxpr))
     scans = [e for e in eqns if e.primitive.name == "scan"]
-    assert len(scans) == 1 and scans[0].params["length"] == CONFIG.num_hidden_layers
+    if layer_loop == "scan":
+        assert all(a is b for a, b in zip(jax.tree.leaves(weights["layers"]), jax.tree.leaves(params["layers"])))
+        assert len(scans) == 1 and scans[0].params["length"] == CONFIG.num_hidden_layers
+    else:
+        assert isinstance(weights["layers"], tuple) and len(weights["layers"]) == CONFIG.num_hidden_layers
+        assert not scans
     # The smallest weight matrix has D * H * Dh = 4096 entries; the step's activations,
     # scores and cache slices (2 rows, 8 slots) are all smaller, so a transpose / concat /
-    # copy this large would be a re-laid-out weight.
+    # copy / slice this large would be a re-laid-out weight.
     smallest_weight = CONFIG.hidden_size * CONFIG.num_attention_heads * CONFIG.head_dim
-    relayouts = [e for e in eqns if e.primitive.name in ("transpose", "concatenate", "copy", "copy_p")
+    relayouts = [e for e in eqns if e.primitive.name in ("transpose", "concatenate", "copy", "copy_p", "slice")
                  and any(np.prod(v.aval.shape) >= smallest_weight for v in e.outvars)]
     assert not relayouts, relayouts
 
