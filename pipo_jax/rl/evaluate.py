@@ -130,7 +130,8 @@ def math_rewards(model: qwen3.Qwen3Config, params, tokenizer, examples, prompt_c
     """Rewards `[problems, n]` of `n` samples per math problem, verified against the reference answers.
 
     Prompts longer than `prompt_config.max_prompt_tokens` follow `prompt_config.overlong`
-    (dropped ones are counted in the returned info).
+    (dropped ones are counted in the returned info, as are the responses the verifier's batch
+    budget left unchecked, scored 0: "unscored").
     """
     prompt_set = build_prompts(examples, tokenizer, prompt_config)
     width = max(len(ids) for ids in prompt_set.token_ids)
@@ -148,4 +149,4 @@ def math_rewards(model: qwen3.Qwen3Config, params, tokenizer, examples, prompt_c
     results = verifier.score_batch(texts, golds)
     rewards = np.asarray([r.reward for r in results], np.float32).reshape(len(prompt_set.examples), n)
     return rewards, {"dropped": prompt_set.num_dropped, "truncated": prompt_set.num_truncated,
-                     "problems": len(prompt_set.examples)}
+                     "problems": len(prompt_set.examples), "unscored": sum(r.unscored for r in results)}
