@@ -118,6 +118,11 @@ def aggregate(per_seed: list[dict], seeds: list[int], workers: int, extra: list[
 def main(argv):
     del argv
     seeds = parse_seeds(_SEEDS.value)
+    if _WORKERS.value < 1:
+        raise cli.UsageError(f"--workers={_WORKERS.value}: must be >= 1")
+    bad = [e for e in _EXTRA.value if not e.startswith("config.") or "=" not in e]
+    if bad:
+        raise cli.UsageError(f"--extra={','.join(_EXTRA.value)}: each entry must read config.<key>=<value>, not {bad[0]!r}")
     if _COLLECT.value:
         record = collect(seeds, _OUT.value, _EXTRA.value)
     else:

@@ -39,6 +39,11 @@ def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, 
 
     A run workdir is recognised by `checkpoints/`; `step` picks a checkpoint (default: the newest that reads).
     """
+    return load_policy_at(path, step)[:3]
+
+
+def load_policy_at(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, Any, TrainSpec | None, int | None]:
+    """`load_policy` and the step of the checkpoint read (None for a HF directory)."""
     if os.path.isdir(os.path.join(path, "checkpoints")):
         spec = train_spec(load_run_config(path))
         ckpt = Checkpointer(os.path.join(path, "checkpoints"))
@@ -46,11 +51,11 @@ def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, 
             state = Placement().restore(ckpt, spec, step)  # from an abstract template: nothing initialised
         finally:
             ckpt.close()
-        return spec.model, state.params, spec
+        return spec.model, state.params, spec, int(jax.device_get(state.step))
     if os.path.exists(os.path.join(path, "config.json")):
         config, params = hf.load(path)
         # Programs for this host's devices (start-up, not trace time).
-        return config.replace(platform=platforms.of_devices(jax.devices())), params, None
+        return config.replace(platform=platforms.of_devices(jax.devices())), params, None, None
     raise FileNotFoundError(f"{path}: neither a Hugging Face directory (config.json) nor a run workdir (checkpoints/)")
 
 
