@@ -37,6 +37,7 @@ from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
 from pipo_jax.data.sources import SourceConfig, load_examples
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
 from pipo_jax.rl import evaluate
+from pipo_jax.rl.checkpoint import saved_steps
 from pipo_jax.tasks import passk
 from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig
 
@@ -83,6 +84,15 @@ def checked_ks(ks: list[str], n: int) -> list[int]:
         if not 1 <= k <= n:
             raise cli.UsageError(f"--ks={','.join(ks)}: pass@{k} needs 1 <= k <= --n={n} samples per problem")
     return values
+
+
+def expected_step(policy: str, step: int | None) -> int | None:
+    """The checkpoint step `load_policy_at` will read if it reads (`--step`, else the newest saved
+    one); None for a HF directory."""
+    if step is not None or not os.path.isdir(os.path.join(policy, "checkpoints")):
+        return step
+    steps = saved_steps(os.path.join(policy, "checkpoints"))
+    return steps[-1] if steps else None
 
 
 def default_out(policy: str, step: int | None) -> str:
@@ -136,6 +146,8 @@ def tokenizer_path(policy: str, spec, explicit: str | None) -> str:
 def main(argv):
     del argv
     logging.basicConfig(level=logging.INFO)
+    for noisy in ("absl", "orbax", "jax._src"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     ks = checked_ks(_KS.value, _N.value)
     for flag in (_BATCH, _MAX_NEW, _MAX_PROMPT):
         if flag.value < 1:
@@ -147,11 +159,11 @@ def main(argv):
     for item in _BENCHMARKS.value:
         if not all(item.partition("=")[::2]):
             raise cli.UsageError(f"--benchmark={item!r}: expected NAME=PATH")
-    if _OUT.value:
-        check_out(_OUT.value, _OVERWRITE.value)  # before any work
+    check_out(_OUT.value or default_out(_POLICY.value, expected_step(_POLICY.value, _STEP.value)),
+              _OVERWRITE.value)  # before any work
     model, params, spec, step = evaluate.load_policy_at(_POLICY.value, _STEP.value)
     out = _OUT.value or default_out(_POLICY.value, step)
-    check_out(out, _OVERWRITE.value)
+    check_out(out, _OVERWRITE.value)  # again: an unreadable newest checkpoint falls back to an older step
     rng = jax.random.PRNGKey(_SEED.value)
     rows, info = [], {}
     if _BUILTIN.value:
