@@ -507,7 +507,7 @@ class _Worker:
 
     def check_ready(self) -> bool:
         """Reads the worker's "ready" line once it is there (call after `select` says readable,
-        or to wait: `wait_ready`). Raises RuntimeError if it died or missed its start-up time."""
+        or to poll: `MathVerifier._wait_for_one`). Raises RuntimeError if it died or missed its start-up time."""
         if not self.ready:
             line = self.take_line()
             if line is None and time.monotonic() >= self.start_deadline:
@@ -519,16 +519,6 @@ class _Worker:
                     raise RuntimeError("math verification worker failed to start (see its stderr above)")
                 self.ready = True
         return self.ready
-
-    def wait_ready(self) -> None:
-        """Blocks until the worker has started; RuntimeError if it dies or misses its start-up time."""
-        if self.ready:
-            return
-        line = self.read_line(self.start_deadline)
-        if line is None or not json.loads(line).get("ready"):
-            self.kill()
-            raise RuntimeError("math verification worker failed to start (see its stderr above)")
-        self.ready = True
 
     def send(self, request: dict) -> None:
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
