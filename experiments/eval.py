@@ -87,12 +87,14 @@ def checked_ks(ks: list[str], n: int) -> list[int]:
 
 
 def expected_step(policy: str, step: int | None) -> int | None:
-    """The checkpoint step `load_policy_at` will read if it reads (`--step`, else the newest saved
-    one); None for a HF directory."""
-    if step is not None or not os.path.isdir(os.path.join(policy, "checkpoints")):
+    """The checkpoint step `load_policy_at` will read if it reads (`--step`, which must be saved,
+    else the newest saved one); None for a HF directory."""
+    if not os.path.isdir(os.path.join(policy, "checkpoints")):
         return step
     steps = saved_steps(os.path.join(policy, "checkpoints"))
-    return steps[-1] if steps else None
+    if step is not None and step not in steps:
+        raise cli.UsageError(f"--step={step}: {policy} holds no checkpoint of that step (saved: {steps})")
+    return step if step is not None else (steps[-1] if steps else None)
 
 
 def default_out(policy: str, step: int | None) -> str:

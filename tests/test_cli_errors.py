@@ -183,3 +183,12 @@ def test_eval_records_the_checkpoint_step_and_refuses_a_silent_rerun(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     again = json.loads(out.read_text())
     assert again["seed"] == 1 and again["checkpoint_step"] == 2
+    _one_line_error(_run(*evaluate, "--step=99"), f"--step=99: {run} holds no checkpoint of that step (saved: [2])")
+
+
+def test_main_job_seeds_reports_a_refused_seed_and_an_empty_collection_in_one_line(tmp_path):
+    res = _run("experiments.main_job_seeds", "--seeds=0", f"--out={tmp_path / 'out'}",
+               "--extra=config.pipo.window=abc")
+    _one_line_error(res, "seed 0: the main job refused its flags: error: flag --config.pipo.window=abc")
+    res = _run("experiments.main_job_seeds", "--seeds=0-2", "--collect_only", f"--out={tmp_path / 'none'}")
+    _one_line_error(res, "--collect_only: no finished run", f"--out={tmp_path / 'none'}")
