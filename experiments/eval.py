@@ -161,6 +161,11 @@ def main(argv):
     for item in _BENCHMARKS.value:
         if not all(item.partition("=")[::2]):
             raise cli.UsageError(f"--benchmark={item!r}: expected NAME=PATH")
+    try:
+        verify = MathVerifyConfig(answer_pattern=_ANSWER_PATTERN.value, timeout_s=_VERIFY_TIMEOUT.value,
+                                  batch_budget_s=_VERIFY_BUDGET.value, num_workers=_VERIFY_WORKERS.value)
+    except ValueError as e:
+        raise cli.UsageError(f"verifier flags (--answer_pattern, --verify_*): {e}") from None
     check_out(_OUT.value or default_out(_POLICY.value, expected_step(_POLICY.value, _STEP.value)),
               _OVERWRITE.value)  # before any work
     model, params, spec, step = evaluate.load_policy_at(_POLICY.value, _STEP.value)
@@ -182,16 +187,9 @@ def main(argv):
                                      max_prompt_tokens=_MAX_PROMPT.value)
         benchmarks = {}
         for item in _BENCHMARKS.value:
-            name, sep, path = item.partition("=")
-            if not sep:
-                raise cli.UsageError(f"--benchmark={item!r}: expected NAME=PATH")
+            name, _, path = item.partition("=")
             benchmarks[name] = load_examples(SourceConfig(path, format=_FORMAT.value, prompt_field=_PROMPT_FIELD.value,
                                                           answer_field=_ANSWER_FIELD.value))
-        try:
-            verify = MathVerifyConfig(answer_pattern=_ANSWER_PATTERN.value, timeout_s=_VERIFY_TIMEOUT.value,
-                                      batch_budget_s=_VERIFY_BUDGET.value, num_workers=_VERIFY_WORKERS.value)
-        except ValueError as e:
-            raise cli.UsageError(f"verifier flags (--answer_pattern, --verify_*): {e}") from None
         with MathVerifier(verify) as verifier:
             bench_rows, info = evaluate.math_benchmarks(
                 model, params, tokenizer, benchmarks, prompt_config, verifier, _N.value, ks,
@@ -199,8 +197,6 @@ def main(argv):
                 stop_token_ids=stop_token_ids(tokenizer, tok_dir), pad_id=pad_token_id(tokenizer),
                 batch_size=_BATCH.value)
         rows = rows + bench_rows
-    if not rows:
-        raise cli.UsageError("nothing to evaluate: give --builtin_problems and/or --benchmark")
     print(passk.format_table(rows))
     for name, i in info.items():
         print(f"{name}: {i['problems']} problems, {i['dropped']} prompts dropped as too long, {i['unscored']} "

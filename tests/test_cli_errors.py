@@ -111,6 +111,8 @@ def test_eval_with_a_k_above_n_is_one_line_naming_both(tmp_path):
     _one_line_error(_run("experiments.eval", f"--policy={tmp_path}", "--builtin_problems=4", "--ks=1,x"),
                     "--ks=1,x: every entry must be a int")
     _one_line_error(_run("experiments.eval", "--builtin_problems=4"), "--policy")  # the required flag
+    _one_line_error(_run("experiments.eval", f"--policy={tmp_path}", "--builtin_problems=4",
+                         "--verify_batch_budget_s=0"), "--verify_*", "batch_budget_s must be > 0")
 
 
 def test_eval_never_overwrites_a_file_it_did_not_write(tmp_path):
