@@ -93,6 +93,7 @@ def test_a_workdir_naming_a_file_is_one_line_and_the_file_is_kept(tmp_path):
                f"--workdir={path}")
     _one_line_error(res, str(path), "is a file, not a directory")
     assert path.read_text() == "keep me\n"
+    _one_line_error(_run("experiments.train", "--config=configs/grpo.py:micro", "--workdir="), "--workdir: empty")
 
 
 @pytest.mark.slow  # one short training run (~1 min on a loaded 2-core CPU)
