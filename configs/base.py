@@ -71,8 +71,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.task.max_prompt_tokens = 512
     c.task.overlong = "drop"  # drop (counted, logged) | truncate_left | truncate_right | error
     c.task.answer_pattern = ""  # math: regex for the final answer instead of \boxed{}
-    c.task.verify_timeout_s = 5.0  # math: per answer; code: per test
-    c.task.verify_workers = 1  # math verifier processes / concurrent code sandboxes
+    c.task.verify_timeout_s = 5.0  # math: per answer (extraction + check); code: per test
+    # math: wall-clock budget of one batch's checks, whatever its size; answers not checked by
+    # then score 0 and are counted (metric reward/unscored: raise the budget or the workers if
+    # honest batches show any)
+    c.task.verify_batch_budget_s = 60.0
+    c.task.verify_workers = 0  # math verifier processes / concurrent code sandboxes; 0 = one per CPU core (max 16)
     c.task.sandbox_memory_mb = 1024  # code
     # code: run generated programs even where the kernel has no Landlock (file system then open to them)
     c.task.sandbox_allow_unconfined = False

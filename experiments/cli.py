@@ -1,29 +1,47 @@
-"""`run(main)`: `absl.app.run` for the experiments' scripts, with a config or data error
-printed as one line on stderr and exit status 2 instead of a traceback.
+"""`run(main)`: `absl.app.run` for the experiments' scripts, with a user error printed as one
+line on stderr (`error: ...`) and exit status 2 instead of a traceback.
 
-A config error is a `ConfigError` (validation), a `--config.key=value` override that
-ml-collections rejects (unknown key: its "Did you mean" hint is kept), a `DataError`
-(a dataset row), a missing file, or checkpoints none of which reads. Anything else is a
-bug or a failed run and keeps its traceback. A run stopped by SIGTERM / SIGINT after saving
-its checkpoint (`RunInterrupted`) says so in one line and exits 128 + the signal's number,
-as a shell reports a process ended by that signal.
+A user error is: a bad flag (unknown flag, a value of the wrong type such as
+`--config.pipo.window=abc`, a missing required flag), a config file that does not load (no
+such file, unknown preset: the line names the flag and the reason), a `--config.key=value`
+override that ml-collections rejects (unknown key: its "Did you mean" hint is kept), a
+`ConfigError` (validation), a `DataError` (a dataset row), a path that is missing, not a
+directory, a directory or not permitted (`--workdir` naming a file), checkpoints none of
+which reads, a run stopped by its guards (`train.max_bad_steps` non-finite updates in a row,
+DAPO's dynamic sampling exhausted: both name the iteration / key to change), and a
+`UsageError` (or absl's `app.UsageError`) a script raises for a bad flag value. Anything else
+is a bug and keeps its traceback. A run stopped by SIGTERM / SIGINT after saving its
+checkpoint (`RunInterrupted`) says so in one line and exits 128 + the signal's number, as a
+shell reports a process ended by that signal.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from absl import app, flags
 
 from pipo_jax.data.sources import DataError
 from pipo_jax.models.hf import CheckpointError
 from pipo_jax.rl.checkpoint import NoReadableCheckpoint
+from pipo_jax.rl.loop import DynamicSamplingExhausted, NonFiniteUpdates
 from pipo_jax.rl.preemption import RunInterrupted
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.workdir import WorkdirError
 
-USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, FileNotFoundError, WorkdirError)
+
+class UsageError(ValueError):
+    """A bad flag value or input of an experiments script: one line, exit status 2."""
+
+
+PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, WorkdirError, UsageError,
+               NonFiniteUpdates, DynamicSamplingExhausted) + PATH_ERRORS
 EXIT_USER_ERROR = 2
+
+T = TypeVar("T")
 
 
 def one_line(e: BaseException) -> str:
@@ -34,20 +52,67 @@ def one_line(e: BaseException) -> str:
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with a rejected `--config.*` override turned into a `ConfigError`."""
+def flag_error_line(e: flags.Error) -> str:
+    """absl's flag error on one line; a config file that raised while loading gives the flag
+    and that exception's last line, not the traceback ml-collections puts in the message."""
+    head, sep, rest = str(e).partition(": Error whilst parsing config file:")
+    if sep:
+        lines = [line.strip() for line in rest.splitlines() if line.strip()]
+        return f"{head}: {lines[-1] if lines else 'the config file failed to load'}"
+    return one_line(e)
+
+
+def parse_list(flag: str, values: Sequence[str], kind: Callable[[str], T]) -> list[T]:
+    """`values` of the list flag `--flag` as `kind` (int, float), or a `UsageError` naming the flag."""
     try:
-        return flags.FLAGS(argv)
-    except flags.Error:
-        raise
+        return [kind(v) for v in values]
+    except ValueError:
+        raise UsageError(f"--{flag}={','.join(values)}: every entry must be a {kind.__name__}") from None
+
+
+def _load_config_flags() -> None:
+    """Touches every flag's value, so a config file that did not load (ml-collections defers
+    that error to the first use) is a `UsageError` naming the flag."""
+    for name in list(flags.FLAGS):
+        error = getattr(type(flags.FLAGS[name].value), "_ReportError", None)  # ml-collections' _ErrorConfig
+        if error is None:
+            continue
+        try:
+            error(flags.FLAGS[name].value)
+        except OSError as e:
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            path = flags.FLAGS[name].serialize().partition("=")[2] or name
+            raise UsageError(f"--{name}={path}: cannot load the config file ({lines[-1] if lines else e})") from None
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with a bad flag or config file a `UsageError` and a rejected
+    `--config.*` override a `ConfigError`."""
+    try:
+        rest = flags.FLAGS(argv)
+    except flags.Error as e:
+        raise UsageError(flag_error_line(e)) from None
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # ml-collections' override errors
         raise ConfigError(f"command-line override: {one_line(e)}") from e
+    _load_config_flags()
+    return rest
+
+
+def _user_errors_of(main):
+    """`main` with absl's `app.UsageError` (which `app.run` would answer with the usage text and
+    exit 1) turned into our one-line `UsageError`."""
+    def wrapped(argv):
+        try:
+            return main(argv)
+        except app.UsageError as e:
+            raise UsageError(one_line(e)) from None
+    return wrapped
 
 
 def run(main) -> None:
-    """`app.run(main)`; a config / data error exits with status 2 after one line on stderr."""
+    """`app.run(main)`; a user error exits with status 2 after one line on stderr."""
     try:
-        app.run(main, flags_parser=_parse_flags)
+        app.run(_user_errors_of(main), flags_parser=_parse_flags)
     except USER_ERRORS as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)

@@ -115,7 +115,14 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
 
 
 def algorithm_config(name: str, preset: str, iterations: int) -> ml_collections.ConfigDict:
-    c = importlib.import_module(f"configs.{name}").get_config(preset)
+    """configs/<name>.py's `preset`; an unknown algorithm or preset is a `UsageError` naming the flag."""
+    if not os.path.exists(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                                       f"{name}.py")):
+        raise cli.UsageError(f"--algorithms: no config file configs/{name}.py for algorithm {name!r}")
+    try:
+        c = importlib.import_module(f"configs.{name}").get_config(preset)
+    except ValueError as e:
+        raise cli.UsageError(f"--preset={preset}: {cli.one_line(e)}") from None
     if iterations:
         c.iterations = iterations
     return c
@@ -149,9 +156,9 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
 def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iterations: int = 0,
             eval_every: int = 0) -> dict:
     """Runs every algorithm with PIPO off and on for all `seeds`; writes compare.json / .png."""
+    configs = {a: algorithm_config(a, preset, iterations) for a in algorithms}  # a bad flag fails before any write
     os.makedirs(out, exist_ok=True)
     start, cpu_start = time.perf_counter(), time.process_time()
-    configs = {a: algorithm_config(a, preset, iterations) for a in algorithms}
     first = next(iter(configs.values()))
     bases = []
     for seed in seeds:  # one base model per seed, shared by every arm
@@ -231,6 +238,9 @@ def format_table(record: dict) -> str:
 
 def main(argv):
     del argv
+    for flag in (_ITERATIONS, _EVAL_EVERY):
+        if flag.value < 0:
+            raise cli.UsageError(f"--{flag.name}={flag.value}: must be >= 0")
     record = compare(_ALGORITHMS.value, _PRESET.value, parse_seeds(_SEEDS.value), _OUT.value,
                      _ITERATIONS.value, _EVAL_EVERY.value)
     print(format_table(record))

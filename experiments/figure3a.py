@@ -69,8 +69,15 @@ def draw(out: str, mc_groups: int, seed: int) -> dict:
     return mc_points
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse with a bad argument reported as one line (no usage text), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
+
+
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="PNG path to write")
     parser.add_argument("--mc-groups", type=int, default=20_000,
                         help="groups per Monte-Carlo point (0 draws the curves only)")
@@ -78,8 +85,13 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if not args.out.lower().endswith(".png"):
         parser.error(f"--out={args.out!r} must end in .png")
+    if args.mc_groups < 0:
+        parser.error(f"--mc-groups={args.mc_groups} must be >= 0")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    points = draw(args.out, args.mc_groups, args.seed)
+    try:
+        points = draw(args.out, args.mc_groups, args.seed)
+    except OSError as e:  # the output path: missing permission, a file where a directory should be
+        parser.error(f"--out={args.out!r}: {e}")
     for g, pts in points.items():
         for p, eta_hat, se, eta in pts:
             log.info("G=%d p=%.3f eta=%.4f mc=%.4f +- %.4f (%.1f se)", g, p, eta, eta_hat, se, (eta_hat - eta) / se)

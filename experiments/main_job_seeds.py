@@ -41,6 +41,13 @@ def seed_command(seed: int, workdir: str, extra: list[str]) -> list[str]:
             "--config.log.progress=false", *(f"--{e}" for e in extra)]
 
 
+def last_line(path: str) -> str:
+    """The last non-empty line of a log file."""
+    with open(path, errors="replace") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    return lines[-1] if lines else "(empty log)"
+
+
 def seed_result(workdir: str) -> dict:
     """Accuracy curve and warm-up numbers of a finished run, from its metrics.jsonl / summary.json."""
     rows = observe.read_metrics(os.path.join(workdir, "metrics.jsonl"))
@@ -73,8 +80,11 @@ def run_seeds(seeds: list[int], out: str, workers: int, extra: list[str]) -> dic
             continue
         seed, workdir, t0, log = running.pop(pid)
         log.close()
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise RuntimeError(f"seed {seed}: the main job failed (exit {status}); see {log.name}")
+        code = os.waitstatus_to_exitcode(status)
+        if code == cli.EXIT_USER_ERROR:  # the main job refused its flags (e.g. a bad --extra): its one line
+            raise cli.UsageError(f"seed {seed}: the main job refused its flags: {last_line(log.name)}")
+        if code != 0:
+            raise RuntimeError(f"seed {seed}: the main job failed (exit {code}); see {log.name}")
         results[seed] = seed_result(workdir) | {"seed": seed, "wall_time_s": time.perf_counter() - t0,
                                                 "cpu_time_s": usage.ru_utime + usage.ru_stime}
         with open(os.path.join(out, f"seed{seed}.time"), "w") as f:
@@ -97,6 +107,9 @@ def collect(seeds: list[int], out: str, extra: list[str]) -> dict:
             with open(timing) as f:
                 row.update(json.load(f))
         per_seed.append(row)
+    if not per_seed:
+        raise cli.UsageError(f"--collect_only: no finished run (seed<s>/summary.json) for --seeds={','.join(map(str, seeds))} "
+                             f"in --out={out}")
     record = aggregate(per_seed, [r["seed"] for r in per_seed], 0, extra, None)
     record["seeds_not_finished"] = [s for s in seeds if s not in record["seeds"]]
     return record
@@ -118,6 +131,11 @@ def aggregate(per_seed: list[dict], seeds: list[int], workers: int, extra: list[
 def main(argv):
     del argv
     seeds = parse_seeds(_SEEDS.value)
+    if _WORKERS.value < 1:
+        raise cli.UsageError(f"--workers={_WORKERS.value}: must be >= 1")
+    bad = [e for e in _EXTRA.value if not e.startswith("config.") or "=" not in e]
+    if bad:
+        raise cli.UsageError(f"--extra={','.join(_EXTRA.value)}: each entry must read config.<key>=<value>, not {bad[0]!r}")
     if _COLLECT.value:
         record = collect(seeds, _OUT.value, _EXTRA.value)
     else:

@@ -11,6 +11,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from experiments.cli import UsageError
 from pipo_jax.models import hf
 from pipo_jax.rl import observe, warmup
 from pipo_jax.rl.spec import train_spec
@@ -18,14 +19,22 @@ from pipo_jax.rl.trainer import train, warmup_kwargs
 
 
 def parse_seeds(text: str) -> list[int]:
-    """'0-9' -> [0..9]; '0,3,5' -> [0, 3, 5]."""
+    """'0-9' -> [0..9]; '0,3,5' -> [0, 3, 5]; anything else (or no seed) is a `UsageError` naming --seeds."""
     text = text.strip()
-    if "-" in text and "," not in text:
-        low, high = (int(x) for x in text.split("-"))
-        if high < low:
-            raise ValueError(f"--seeds={text!r}: empty range")
-        return list(range(low, high + 1))
-    return [int(x) for x in text.split(",") if x.strip()]
+    try:
+        if "-" in text and "," not in text:
+            low, high = (int(x) for x in text.split("-"))
+            if high < low:
+                raise UsageError(f"--seeds={text!r}: empty range")
+            return list(range(low, high + 1))
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        if isinstance(e, UsageError):
+            raise
+        raise UsageError(f"--seeds={text!r}: expected 'a-b' (inclusive) or a comma list of integers") from None
+    if not seeds:
+        raise UsageError(f"--seeds={text!r}: no seed given")
+    return seeds
 
 
 def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> str:

@@ -36,9 +36,9 @@ def grid(seeds, lams, windows, baseline: bool) -> list[dict]:
 
 def main(argv):
     del argv
+    points = grid(cli.parse_list("seeds", _SEEDS.value, int), cli.parse_list("lams", _LAMS.value, float),
+                  cli.parse_list("windows", _WINDOWS.value, int), _BASELINE.value)
     os.makedirs(_OUT.value, exist_ok=True)
-    points = grid([int(s) for s in _SEEDS.value], [float(x) for x in _LAMS.value], [int(k) for k in _WINDOWS.value],
-                  _BASELINE.value)
     rows = []
     for pt in points:
         c = copy.deepcopy(_CONFIG.value)

@@ -30,6 +30,8 @@ def main(argv):
         train_spec(_CONFIG.value)
         print(_CONFIG.value.to_json_best_effort(indent=2))
         return
+    if not _WORKDIR.value.strip():
+        raise cli.UsageError("--workdir: empty; give the run's output directory")
     summary = train(_CONFIG.value, _WORKDIR.value)
     print(f"\nworkdir: {summary['workdir']}")
     if "initial_accuracy" in summary:

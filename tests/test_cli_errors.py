@@ -2,6 +2,8 @@
 (not a traceback); a dataset task's missing settings come all at once; a JSONL error
 names the column where the line ends."""
 
+import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -11,10 +13,12 @@ import pytest
 from pipo_jax.data.sources import DataError, SourceConfig, load_examples
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+_ENV = dict(os.environ, JAX_PLATFORMS="cpu")  # no "Unable to initialize backend 'tpu'" log line
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env=_ENV)
 
 
 def test_unknown_override_is_one_line_with_the_hint():
@@ -49,3 +53,145 @@ def test_jsonl_error_at_the_end_of_a_line_names_that_column(tmp_path):
     path.write_text('{"problem": "2+2", "answer": "4"}\n' + line + "\n")
     with pytest.raises(DataError, match=r"d\.jsonl:2: invalid JSON \(Expecting ',' delimiter at column 33\)"):
         load_examples(SourceConfig(str(path)))
+
+
+# ----------------------------------------------------------------------------- one line, exit 2 (issue 26.7)
+
+def _one_line_error(res, *fragments):
+    """`res` exited 2 with exactly one stderr line, `error: ...`, holding every fragment."""
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.stderr, res.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_key():
+    res = _run("experiments.train", "--config=configs/grpo.py:micro", "--config.pipo.window=abc", "--check_config")
+    _one_line_error(res, "--config.pipo.window=abc", "invalid literal for int()")
+    res = _run("experiments.train", "--config=configs/grpo.py:micro", "--config.pipo.enabled=maybe", "--check_config")
+    _one_line_error(res, "--config.pipo.enabled=maybe", "Non-boolean argument")
+
+
+def test_an_unknown_preset_or_config_file_is_one_line_naming_it():
+    res = _run("experiments.train", "--config=configs/grpo.py:nope", "--check_config")
+    _one_line_error(res, "--config=configs/grpo.py:nope", "unknown preset 'nope'", "micro")
+    res = _run("experiments.train", "--config=configs/nope.py", "--check_config")
+    _one_line_error(res, "--config=configs/nope.py: cannot load the config file", "No such file or directory")
+
+
+def test_an_unknown_flag_is_one_line():
+    _one_line_error(_run("experiments.train", "--config=configs/grpo.py:micro", "--no_such_flag=1"),
+                    "Unknown command line flag 'no_such_flag'")
+
+
+def test_a_workdir_naming_a_file_is_one_line_and_the_file_is_kept(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("keep me\n")
+    res = _run("experiments.train", "--config=configs/grpo.py:micro", "--config.warmup.enabled=false",
+               f"--workdir={path}")
+    _one_line_error(res, str(path), "is a file, not a directory")
+    assert path.read_text() == "keep me\n"
+    _one_line_error(_run("experiments.train", "--config=configs/grpo.py:micro", "--workdir="), "--workdir: empty")
+
+
+@pytest.mark.slow  # one short training run (~1 min on a loaded 2-core CPU)
+def test_non_finite_updates_stop_the_run_in_one_line_naming_the_iteration(tmp_path):
+    # lr = 1e30: the first update is finite, the next gradients overflow and are skipped.
+    res = _run("experiments.train", "--config=configs/grpo.py:micro", "--config.warmup.enabled=false",
+               "--config.train.lr=1e30", "--config.train.max_bad_steps=1", "--config.iterations=4",
+               "--config.log.progress=false", "--config.checkpoint.export_hf=false", f"--workdir={tmp_path / 'run'}")
+    _one_line_error(res, "train.max_bad_steps=1:", "non-finite (NaN / inf) gradients", "up to iteration ",
+                    "lower train.lr")
+
+
+def test_eval_with_a_k_above_n_is_one_line_naming_both(tmp_path):
+    res = _run("experiments.eval", f"--policy={tmp_path}", "--builtin_problems=4", "--n=4", "--ks=1,8")
+    _one_line_error(res, "--ks=1,8: pass@8 needs 1 <= k <= --n=4")
+    _one_line_error(_run("experiments.eval", f"--policy={tmp_path}", "--builtin_problems=4", "--ks=1,x"),
+                    "--ks=1,x: every entry must be a int")
+    _one_line_error(_run("experiments.eval", "--builtin_problems=4"), "--policy")  # the required flag
+    _one_line_error(_run("experiments.eval", f"--policy={tmp_path}", "--builtin_problems=4",
+                         "--verify_batch_budget_s=0"), "--verify_*", "batch_budget_s must be > 0")
+
+
+def test_eval_never_overwrites_a_file_it_did_not_write(tmp_path):
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1, "reward_mean": 0.5}\n')
+    for extra in ([], ["--overwrite"]):
+        res = _run("experiments.eval", f"--policy={tmp_path}", "--builtin_problems=4", f"--out={log}", *extra)
+        _one_line_error(res, f"--out={log}: the file exists and was not written by experiments.eval",
+                        "refusing to overwrite it")
+    assert log.read_text() == '{"step": 1, "reward_mean": 0.5}\n'
+
+
+def test_eval_replaces_its_own_earlier_output_only_with_overwrite(tmp_path):
+    out = tmp_path / "eval.json"
+    out.write_text(json.dumps({"written_by": "experiments.eval", "policy": "/runs/a", "checkpoint_step": 3}))
+    res = _run("experiments.eval", f"--policy={tmp_path / 'nothing'}", "--builtin_problems=4", f"--out={out}")
+    _one_line_error(res, f"--out={out}: holds an earlier evaluation (policy /runs/a, step 3)", "--overwrite")
+    # With --overwrite the output check passes and the next error is the missing policy.
+    res = _run("experiments.eval", f"--policy={tmp_path / 'nothing'}", "--builtin_problems=4", f"--out={out}",
+               "--overwrite")
+    _one_line_error(res, "neither a Hugging Face directory")
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (("experiments.sweep", "--lams=0.1,abc"), ("--lams=0.1,abc: every entry must be a float",)),
+    (("experiments.sweep", "--seeds=0,x"), ("--seeds=0,x: every entry must be a int",)),
+    (("experiments.main_job_seeds", "--seeds=3-1"), ("--seeds='3-1': empty range",)),
+    (("experiments.main_job_seeds", "--seeds=a-b"), ("--seeds='a-b': expected 'a-b'",)),
+    (("experiments.main_job_seeds", "--workers=0"), ("--workers=0: must be >= 1",)),
+    (("experiments.main_job_seeds", "--extra=pipo.lam=1"), ("--extra=pipo.lam=1: each entry must read config.",)),
+    (("experiments.compare", "--algorithms=nope"), ("--algorithms: no config file configs/nope.py",)),
+    (("experiments.compare", "--preset=huge"), ("--preset=huge: unknown preset 'huge'",)),
+    (("experiments.compare", "--seeds=x"), ("--seeds='x'",)),
+    (("experiments.compare", "--iterations=-1"), ("--iterations=-1: must be >= 0",)),
+])
+def test_the_other_scripts_bad_flags_are_one_line(tmp_path, argv, fragments):
+    res = _run(*argv, f"--out={tmp_path / 'out'}")
+    _one_line_error(res, *fragments)
+    assert not (tmp_path / "out").exists()  # refused before writing anything
+
+
+def test_figure3a_bad_arguments_are_one_line(tmp_path):
+    script = str(ROOT / "experiments" / "figure3a.py")
+    for args, fragment in (([f"--out={tmp_path / 'f.txt'}"], "must end in .png"),
+                           ([f"--out={tmp_path / 'f.png'}", "--mc-groups=abc"], "invalid int value: 'abc'"),
+                           ([f"--out={tmp_path / 'f.png'}", "--mc-groups=-1"], "--mc-groups=-1 must be >= 0")):
+        res = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                             env=_ENV)
+        _one_line_error(res, fragment)
+
+
+@pytest.mark.slow  # a short training run, then three evaluations of it
+def test_eval_records_the_checkpoint_step_and_refuses_a_silent_rerun(tmp_path):
+    run = tmp_path / "run"
+    res = _run("experiments.train", "--config=configs/grpo.py:micro", "--config.warmup.enabled=false",
+               "--config.iterations=2", "--config.log.progress=false", "--config.checkpoint.export_hf=false",
+               f"--workdir={run}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    evaluate = ("experiments.eval", f"--policy={run}", "--builtin_problems=4", "--n=2", "--ks=1,2", "--batch_size=8")
+    res = _run(*evaluate)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = run / "eval.2.json"  # the default path names the evaluated step
+    record = json.loads(out.read_text())
+    assert (record["written_by"], record["checkpoint_step"], record["policy"]) == ("experiments.eval", 2, str(run))
+    assert record["n"] == 2 and record["ks"] == [1, 2] and "commit" in record["provenance"]
+    assert set(record["results"]) == {"builtin_heldout"} and 0 <= record["results"]["builtin_heldout"]["pass@1"] <= 1
+    _one_line_error(_run(*evaluate), f"--out={out}: holds an earlier evaluation", "step 2", "--overwrite")
+    assert json.loads(out.read_text()) == record
+    res = _run(*evaluate, "--overwrite", "--seed=1")
+    assert res.returncode == 0, res.stderr[-2000:]
+    again = json.loads(out.read_text())
+    assert again["seed"] == 1 and again["checkpoint_step"] == 2
+    _one_line_error(_run(*evaluate, "--step=99"), f"--step=99: {run} holds no checkpoint of that step (saved: [2])")
+
+
+def test_main_job_seeds_reports_a_refused_seed_and_an_empty_collection_in_one_line(tmp_path):
+    res = _run("experiments.main_job_seeds", "--seeds=0", f"--out={tmp_path / 'out'}",
+               "--extra=config.pipo.window=abc")
+    _one_line_error(res, "seed 0: the main job refused its flags: error: flag --config.pipo.window=abc")
+    res = _run("experiments.main_job_seeds", "--seeds=0-2", "--collect_only", f"--out={tmp_path / 'none'}")
+    _one_line_error(res, "--collect_only: no finished run", f"--out={tmp_path / 'none'}")

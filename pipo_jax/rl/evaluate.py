@@ -39,6 +39,11 @@ def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, 
 
     A run workdir is recognised by `checkpoints/`; `step` picks a checkpoint (default: the newest that reads).
     """
+    return load_policy_at(path, step)[:3]
+
+
+def load_policy_at(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, Any, TrainSpec | None, int | None]:
+    """`load_policy` and the step of the checkpoint read (None for a HF directory)."""
     if os.path.isdir(os.path.join(path, "checkpoints")):
         spec = train_spec(load_run_config(path))
         ckpt = Checkpointer(os.path.join(path, "checkpoints"))
@@ -46,11 +51,11 @@ def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, 
             state = Placement().restore(ckpt, spec, step)  # from an abstract template: nothing initialised
         finally:
             ckpt.close()
-        return spec.model, state.params, spec
+        return spec.model, state.params, spec, int(jax.device_get(state.step))
     if os.path.exists(os.path.join(path, "config.json")):
         config, params = hf.load(path)
         # Programs for this host's devices (start-up, not trace time).
-        return config.replace(platform=platforms.of_devices(jax.devices())), params, None
+        return config.replace(platform=platforms.of_devices(jax.devices())), params, None, None
     raise FileNotFoundError(f"{path}: neither a Hugging Face directory (config.json) nor a run workdir (checkpoints/)")
 
 
@@ -130,7 +135,8 @@ def math_rewards(model: qwen3.Qwen3Config, params, tokenizer, examples, prompt_c
     """Rewards `[problems, n]` of `n` samples per math problem, verified against the reference answers.
 
     Prompts longer than `prompt_config.max_prompt_tokens` follow `prompt_config.overlong`
-    (dropped ones are counted in the returned info).
+    (dropped ones are counted in the returned info, as are the responses the verifier's batch
+    budget left unchecked, scored 0: "unscored").
     """
     prompt_set = build_prompts(examples, tokenizer, prompt_config)
     width = max(len(ids) for ids in prompt_set.token_ids)
@@ -148,4 +154,4 @@ def math_rewards(model: qwen3.Qwen3Config, params, tokenizer, examples, prompt_c
     results = verifier.score_batch(texts, golds)
     rewards = np.asarray([r.reward for r in results], np.float32).reshape(len(prompt_set.examples), n)
     return rewards, {"dropped": prompt_set.num_dropped, "truncated": prompt_set.num_truncated,
-                     "problems": len(prompt_set.examples)}
+                     "problems": len(prompt_set.examples), "unscored": sum(r.unscored for r in results)}

@@ -153,6 +153,12 @@ class TaskReward:
             out = out.replace(teacher_context=tuple(jnp.asarray(x) for x in scored.teacher_prompts))
         return out
 
+    def take_counts(self) -> dict[str, int]:
+        """The scorer's counts since the last call (e.g. `reward/unscored`; on several processes,
+        this process's rows), or {} if it keeps none."""
+        take = getattr(self.scorer, "take_counts", None)
+        return take() if take is not None else {}
+
     def close(self) -> None:
         self.scorer.close()
 

@@ -17,7 +17,7 @@ from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
 from pipo_jax.data.sources import DataError, SourceConfig, load_examples
 from pipo_jax.rl.sections import ConfigError, choice as _choice
 from pipo_jax.tasks import arithmetic, code, dataset
-from pipo_jax.tasks.math import MathVerifyConfig
+from pipo_jax.tasks.math import MathVerifyConfig, resolve_workers
 from pipo_jax.tasks.protocol import Task
 
 TASKS = ("arithmetic",) + dataset.KINDS
@@ -95,21 +95,36 @@ def make_dataset_task(c: ml_collections.ConfigDict) -> dataset.DatasetTask:
     return dataclasses.replace(task, math_config=math_verify_config(tc), sandbox_config=sandbox_config(tc))
 
 
+def check_verify_keys(tc: ml_collections.ConfigDict) -> None:
+    """`task.verify_timeout_s`, `verify_batch_budget_s` > 0 and `verify_workers` >= 0, or a `ConfigError` naming the key."""
+    for key in ("verify_timeout_s", "verify_batch_budget_s"):
+        if not tc[key] > 0:
+            raise ConfigError(f"config.task.{key}: {tc[key]} must be > 0 (seconds)")
+    if tc.verify_workers < 0:
+        raise ConfigError(f"config.task.verify_workers: {tc.verify_workers} must be >= 0 (0 = one per CPU core)")
+
+
 def math_verify_config(tc: ml_collections.ConfigDict) -> MathVerifyConfig:
     """The math verifier's settings from `config.task`."""
-    return MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
-                            num_workers=tc.verify_workers)
+    check_verify_keys(tc)
+    try:
+        return MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
+                                batch_budget_s=tc.verify_batch_budget_s, num_workers=tc.verify_workers)
+    except ValueError as e:
+        raise ConfigError(f"config.task: {e}") from e
 
 
 def sandbox_config(tc: ml_collections.ConfigDict) -> code.SandboxConfig:
     """The code sandbox's settings from `config.task`."""
+    check_verify_keys(tc)
     for key in ("sandbox_allow_unconfined", "sandbox_allow_network"):
         if not isinstance(tc[key], bool):
             raise ConfigError(f"config.task.{key}: {tc[key]!r} must be True or False")
     try:
         return code.SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
                                   allow_unconfined=tc.sandbox_allow_unconfined,
-                                  allow_network=tc.sandbox_allow_network, max_workers=tc.verify_workers)
+                                  allow_network=tc.sandbox_allow_network,
+                                  max_workers=resolve_workers(tc.verify_workers))
     except ValueError as e:
         raise ConfigError(f"config.task: {e}") from e
 

@@ -71,7 +71,7 @@ class Evaluation:
         params = self.where.to_host(params)  # gathered once for every evaluation below
         out = {"heldout_accuracy": evaluate.decoded_heldout_accuracy(spec, params, self.reward.scorer, ec.n)}
         if self.benchmarks:
-            rows, _ = evaluate.math_benchmarks(
+            rows, info = evaluate.math_benchmarks(
                 spec.model, params, spec.task.tokenizer, self.benchmarks,
                 spec.task.prompt_config, self.reward.scorer.verifier, ec.samples, self.ks,
                 jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step), max_new_tokens=spec.rollout.response_len,
@@ -79,6 +79,7 @@ class Evaluation:
                 batch_size=ec.batch_size)
             for row in rows:
                 out.update({f"{row.name}_pass@{k}": v for k, v in row.pass_at.items()})
+            out.update({f"{name}_unscored": i["unscored"] for name, i in info.items()})  # past the verify budget
         return out
 
 

@@ -314,6 +314,8 @@ class DatasetReward:
     Decodes each response's valid tokens (special tokens skipped; the task's tokenizer) and scores it against
     its row's reference with the math verifier (answers) or the code sandbox (tests).
     A context manager: the math verifier's worker processes stop on `close()`.
+    `take_counts()`: for a math task, the responses since the last call that the batch budget left
+    unscored (``reward/unscored``) or whose own check timed out (``reward/check_timeouts``).
     """
 
     def __init__(self, task: DatasetTask, math_config=None, sandbox_config=None):
@@ -321,6 +323,7 @@ class DatasetReward:
         self.tokenizer = task.tokenizer
         self.verifier = None
         self._sandbox = sandbox_config
+        self._counts = {"reward/unscored": 0, "reward/check_timeouts": 0} if task.kind == "math" else {}
         if task.kind == "math":
             self.verifier = MathVerifier(math_config or MathVerifyConfig())
         elif self._sandbox is None:
@@ -335,6 +338,8 @@ class DatasetReward:
         refs = [self.task.references[int(i)] for i in np.asarray(index_b)]
         if self.task.kind == "math":
             results = self.verifier.score_batch(list(texts), refs)
+            self._counts["reward/unscored"] += sum(r.unscored for r in results)
+            self._counts["reward/check_timeouts"] += sum(r.status == "timeout" and not r.unscored for r in results)
         else:
             results = code.score_code_batch(list(texts), refs, self._sandbox)
         return np.asarray([r.reward for r in results], np.float32), [r.feedback for r in results]
@@ -353,6 +358,12 @@ class DatasetReward:
         return Scored(rewards_b, teacher_prompts(
             self.task, index_b, rewards_b, texts, feedback, group_size=teacher.group_size,
             success_threshold=teacher.success_threshold, use_feedback=teacher.use_feedback, width=teacher.width))
+
+    def take_counts(self) -> dict[str, int]:
+        """The counts since the last call (then reset); empty for a code task."""
+        out = dict(self._counts)
+        self._counts = dict.fromkeys(self._counts, 0)
+        return out
 
     def close(self) -> None:
         if self.verifier is not None:

@@ -19,14 +19,20 @@ kills a worker that misses ``timeout_s + grace_s`` (stuck in C code, e.g. a huge
 integer power) or dies; the answer then scores 0 with a "could not be checked"
 feedback. ``isolation="inline"`` checks in the calling thread (must be the main one).
 
-A batch is spread over ``num_workers`` processes and has a deadline of its own:
-``ceil(n / num_workers) * timeout_s + grace_s``. An adversarial batch (every answer
-burning its whole limit) therefore takes about ``n / num_workers`` limits, answers still
-unchecked at the deadline score 0 as timed out, and a killed worker's replacement starts
-in the background, so the pool is whole for the next batch.
+Extraction runs in the workers too, under the same per-answer timer (and it is linear
+in the response's length: `last_boxed` matches the braces once, not per box), so the
+trainer process only ships strings.
+
+A batch is spread over ``num_workers`` processes (0, the default: one per CPU core this
+process may use, at most `MAX_AUTO_WORKERS`) and has a wall-clock budget of its own,
+``batch_budget_s``, whatever its size. Answers still unchecked (queued or in flight) when
+it runs out score 0 with status "timeout" and ``unscored=True`` (the trainer counts them:
+metric ``reward/unscored``); a killed worker's replacement starts in the background, so
+the pool is whole for the next batch. Answers are checked in batch order.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -60,10 +66,13 @@ class MathVerifyConfig:
 
     answer_pattern: regex used instead of ``\\boxed{}``; the last match's group
       ``answer`` (if named) else group 1 else the whole match is the answer.
-    timeout_s: wall-clock limit for comparing one answer (parse + compare), seconds.
+    timeout_s: wall-clock limit for checking one answer (extract + parse + compare), seconds.
+    batch_budget_s: wall-clock limit for a whole `score_batch` call, seconds (checks not
+      done by then score 0, `MathResult.unscored`); independent of the batch's size.
     isolation: "process" (worker subprocesses, works from any thread, survives
       uninterruptible C code) or "inline" (calling thread, must be the main thread).
-    num_workers: worker processes for "process" isolation.
+    num_workers: worker processes for "process" isolation; 0 = one per CPU core this
+      process may use, at most `MAX_AUTO_WORKERS` (`resolve_workers`).
     grace_s: extra seconds the parent waits before killing a worker that missed
       its own timer.
     worker_memory_mb: address-space limit of each worker (0 = no limit).
@@ -77,8 +86,9 @@ class MathVerifyConfig:
 
     answer_pattern: str | None = None
     timeout_s: float = 5.0
+    batch_budget_s: float = 60.0
     isolation: str = "process"
-    num_workers: int = 1
+    num_workers: int = 0
     grace_s: float = 5.0
     worker_memory_mb: int = 4096
     startup_timeout_s: float = 120.0
@@ -93,8 +103,10 @@ class MathVerifyConfig:
             raise ValueError(f"MathVerifyConfig.isolation must be 'process' or 'inline', got {self.isolation!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"MathVerifyConfig.timeout_s must be > 0, got {self.timeout_s}")
-        if self.num_workers < 1:
-            raise ValueError(f"MathVerifyConfig.num_workers must be >= 1, got {self.num_workers}")
+        if not self.batch_budget_s > 0:
+            raise ValueError(f"MathVerifyConfig.batch_budget_s must be > 0, got {self.batch_budget_s}")
+        if self.num_workers < 0:
+            raise ValueError(f"MathVerifyConfig.num_workers must be >= 0 (0 = one per core), got {self.num_workers}")
         if self.grace_s < 0 or self.worker_memory_mb < 0 or self.startup_timeout_s <= 0 or self.max_answer_chars < 1:
             raise ValueError("MathVerifyConfig: grace_s and worker_memory_mb must be >= 0, startup_timeout_s > 0, "
                              "max_answer_chars >= 1")
@@ -105,14 +117,30 @@ class MathVerifyConfig:
                 raise ValueError(f"MathVerifyConfig.answer_pattern is not a valid regex: {e}") from e
 
 
+MAX_AUTO_WORKERS = 16
+
+
+def resolve_workers(num_workers: int) -> int:
+    """`num_workers`, or for 0 the CPU cores this process may use (at most `MAX_AUTO_WORKERS`)."""
+    if num_workers > 0:
+        return num_workers
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_AUTO_WORKERS))
+
+
 @dataclasses.dataclass(frozen=True)
 class MathResult:
-    """Outcome for one response: reward in [0, 1], SDPO feedback, extracted answer."""
+    """Outcome for one response: reward in [0, 1], SDPO feedback, extracted answer, status;
+    `unscored`: not checked because the batch's budget ran out (reward 0, status timeout)."""
 
     reward: float
     feedback: str
     extracted: str | None
     status: str
+    unscored: bool = False
 
 
 class AnswerCheckTimeout(BaseException):
@@ -126,57 +154,60 @@ class AnswerCheckTimeout(BaseException):
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\b")
 
 
-def _balanced_group(text: str, open_idx: int) -> int | None:
-    """Index just past the brace group opening at ``text[open_idx] == '{'``, or None.
-
-    Escaped braces (``\\{``, ``\\}``) do not count.
-    """
-    depth = 0
-    i = open_idx
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return None
+def _brace_matches(text: str) -> dict[int, int]:
+    """Every balanced group of ``text`` in one left-to-right pass: ``{open index: index
+    just past its closing brace}`` (unclosed groups are absent). Escaped braces (``\\{``,
+    ``\\}``) do not count; a ``}`` with no open group is ignored. Linear time."""
+    ends: dict[int, int] = {}
+    stack: list[int] = []
+    for m in _BRACE_TOKEN_RE.finditer(text):
+        tok = m.group(0)
+        if tok == "{":
+            stack.append(m.start())
+        elif tok == "}":
+            if stack:
+                ends[stack.pop()] = m.end()
+    return ends
 
 
-def _box_argument(text: str, cmd_end: int) -> tuple[str, int] | None:
-    """Argument of a ``\\boxed`` whose name ends at ``cmd_end``: (content, end) or None."""
+_BRACE_TOKEN_RE = re.compile(r"\\[\s\S]|[{}]")  # an escape pair (skipped) or a brace
+_BARE_ARG_RE = re.compile(r"[^\s$]+")
+
+
+def _box_argument(text: str, cmd_end: int, ends: dict[int, int]) -> tuple[str, int] | None:
+    """Argument of a ``\\boxed`` whose name ends at ``cmd_end``: (content, end) or None.
+    `ends`: `_brace_matches(text)`."""
     i = cmd_end
     while i < len(text) and text[i] in " \t":
         i += 1
     if i < len(text) and text[i] == "{":
-        end = _balanced_group(text, i)
+        end = ends.get(i)
         if end is None:
             return None  # truncated response: unbalanced braces
         return text[i + 1 : end - 1], end
     # ``\boxed 5``: the argument runs to the next whitespace or '$'.
-    m = re.match(r"[^\s$]+", text[i:]) if i > cmd_end else None
+    m = _BARE_ARG_RE.match(text, i) if i > cmd_end else None
     if m is None:
         return None
-    return m.group(0), i + m.end()
+    return m.group(0), m.end()
 
 
 def last_boxed(text: str) -> str | None:
     """Content of the last outermost ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``.
 
     Nested braces are balanced; a box inside another box is part of the outer one;
-    an unclosed last box (truncated response) or an empty one gives None.
+    an unclosed last box (truncated response) or an empty one gives None. Linear in
+    ``len(text)``: the brace groups are matched once (`_brace_matches`), not per box.
     """
     found: str | None = None
     covered_to = -1
+    ends: dict[int, int] | None = None
     for m in _BOX_RE.finditer(text):
         if m.start() < covered_to:
             continue
-        arg = _box_argument(text, m.end())
+        if ends is None:
+            ends = _brace_matches(text)
+        arg = _box_argument(text, m.end(), ends)
         if arg is None:
             found = None
             continue
@@ -318,28 +349,62 @@ def _raise_timeout(signum, frame):
     raise AnswerCheckTimeout()
 
 
-def answers_equivalent(pred: str, gold: str, config: MathVerifyConfig) -> bool:
-    """`answers_equivalent_untimed` under a ``config.timeout_s`` timer (main thread only).
-
-    Raises AnswerCheckTimeout when the limit passes; restores any previous SIGALRM
-    handler and interval timer afterwards.
-    """
+def _require_main_thread() -> None:
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError(
             "inline math verification needs the main thread (its time limit is a signal); "
             "use MathVerifyConfig(isolation='process') from other threads"
         )
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raises AnswerCheckTimeout in the block after `seconds` (a SIGALRM timer: main thread
+    only); restores any previous SIGALRM handler and interval timer afterwards."""
+    _require_main_thread()
     old_handler = signal.signal(signal.SIGALRM, _raise_timeout)
-    old_timer = signal.setitimer(signal.ITIMER_REAL, config.timeout_s)
+    old_timer = signal.setitimer(signal.ITIMER_REAL, seconds)
     start = time.monotonic()
     try:
-        return answers_equivalent_untimed(pred, gold, config)
+        yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old_handler)
         if old_timer[0] > 0:  # give an outer timer back what is left of it
             left = max(old_timer[0] - (time.monotonic() - start), 1e-3)
             signal.setitimer(signal.ITIMER_REAL, left, old_timer[1])
+
+
+def answers_equivalent(pred: str, gold: str, config: MathVerifyConfig) -> bool:
+    """`answers_equivalent_untimed` under a ``config.timeout_s`` timer (main thread only);
+    raises AnswerCheckTimeout when the limit passes."""
+    with time_limit(config.timeout_s):
+        return answers_equivalent_untimed(pred, gold, config)
+
+
+def check_response(response: str, gold: str, config: MathVerifyConfig, limit_s: float | None = None) -> dict:
+    """The whole check of one response against the reference string `gold` (`gold_answer`),
+    extraction included, under one timer of `limit_s` (default ``config.timeout_s``; main
+    thread only). ``{"extracted": str | None, "outcome": status, "detail": str}``."""
+    _require_main_thread()  # before the try below, which turns checker errors into outcomes
+    out: dict[str, Any] = {"extracted": None, "outcome": STATUS_TIMEOUT, "detail": ""}
+    try:
+        with time_limit(config.timeout_s if limit_s is None else limit_s):
+            extracted = out["extracted"] = extract_final_answer(response, config.answer_pattern)
+            if extracted is None:
+                out["outcome"] = STATUS_NO_ANSWER
+            elif len(extracted) > config.max_answer_chars:
+                out["outcome"], out["detail"] = STATUS_ERROR, f"longer than {config.max_answer_chars} characters"
+            else:
+                ok = answers_equivalent_untimed(extracted, gold, config)
+                out["outcome"] = STATUS_CORRECT if ok else STATUS_INCORRECT
+    except AnswerCheckTimeout:
+        out["outcome"] = STATUS_TIMEOUT
+    except MemoryError:
+        out["outcome"], out["detail"] = STATUS_ERROR, "out of memory"
+    except Exception as e:  # one bad answer scores 0, it does not stop the batch
+        out["outcome"], out["detail"] = STATUS_ERROR, f"{type(e).__name__}: {e}"[:300]
+    return out
 
 
 # ----------------------------------------------------------------------------------
@@ -357,6 +422,23 @@ def _no_answer_result(config: MathVerifyConfig) -> MathResult:
     return MathResult(0.0, what, None, STATUS_NO_ANSWER)
 
 
+def _unscored_result(config: MathVerifyConfig) -> MathResult:
+    return MathResult(0.0, f"The response could not be checked within the batch's {config.batch_budget_s:g} s budget.",
+                      None, STATUS_TIMEOUT, unscored=True)
+
+
+def _result(check: dict, config: MathVerifyConfig) -> MathResult:
+    """The MathResult of a `check_response` outcome (or a worker's reply of one)."""
+    extracted, outcome = check.get("extracted"), check["outcome"]
+    if outcome == STATUS_NO_ANSWER:
+        return _no_answer_result(config)
+    if extracted is None:  # timed out or failed while extracting
+        what = (f"within {config.timeout_s:g} s" if outcome == STATUS_TIMEOUT else f"({check.get('detail', '')})")
+        return MathResult(0.0, f"The response could not be checked {what}.", None,
+                          STATUS_TIMEOUT if outcome == STATUS_TIMEOUT else STATUS_ERROR)
+    return _verdict_result(extracted, outcome, config, check.get("detail", ""))
+
+
 def _verdict_result(extracted: str, outcome: str, config: MathVerifyConfig, detail: str = "") -> MathResult:
     shown = _shown(extracted)
     if outcome == STATUS_CORRECT:
@@ -372,14 +454,7 @@ def _verdict_result(extracted: str, outcome: str, config: MathVerifyConfig, deta
 def score_math_inline(response: str, gold: Any, config: MathVerifyConfig = MathVerifyConfig()) -> MathResult:
     """Reward and feedback for one response, checked in the calling thread, which must
     be the main one (``config.isolation`` is not consulted; see `MathVerifier`)."""
-    extracted = extract_final_answer(response, config.answer_pattern)
-    if extracted is None:
-        return _no_answer_result(config)
-    try:
-        ok = answers_equivalent(extracted, gold_answer(gold), config)
-    except AnswerCheckTimeout:
-        return _verdict_result(extracted, STATUS_TIMEOUT, config)
-    return _verdict_result(extracted, STATUS_CORRECT if ok else STATUS_INCORRECT, config)
+    return _result(check_response(response, gold_answer(gold), config), config)
 
 
 # ----------------------------------------------------------------------------------
@@ -389,8 +464,8 @@ def score_math_inline(response: str, gold: Any, config: MathVerifyConfig = MathV
 def _worker_main() -> None:
     """Worker loop: one JSON request per stdin line -> one JSON reply per line.
 
-    Request ``{"pred", "gold"}``; reply ``{"equal": bool}``, ``{"timeout": true}`` or
-    ``{"error": str}``. Started by `MathVerifier`; config JSON in ``argv[1]``.
+    Request ``{"response", "gold"}`` (the reference as `gold_answer` gives it); reply: the
+    `check_response` dict. Started by `MathVerifier`; config JSON in ``argv[1]``.
     """
     config = MathVerifyConfig(**json.loads(sys.argv[1]))
     if config.worker_memory_mb > 0:
@@ -404,13 +479,11 @@ def _worker_main() -> None:
     for line in sys.stdin:
         req = json.loads(line)
         try:
-            out: dict[str, Any] = {"equal": answers_equivalent(req["pred"], req["gold"], config)}
-        except AnswerCheckTimeout:
-            out = {"timeout": True}
+            out: dict[str, Any] = check_response(req["response"], req["gold"], config)
         except MemoryError:
-            out = {"error": "out of memory"}
+            out = {"outcome": STATUS_ERROR, "extracted": None, "detail": "out of memory"}
         except Exception as e:  # one bad answer must not stop the worker
-            out = {"error": f"{type(e).__name__}: {e}"[:300]}
+            out = {"outcome": STATUS_ERROR, "extracted": None, "detail": f"{type(e).__name__}: {e}"[:300]}
         reply.write(json.dumps(out) + "\n")
 
 
@@ -434,7 +507,7 @@ class _Worker:
 
     def check_ready(self) -> bool:
         """Reads the worker's "ready" line once it is there (call after `select` says readable,
-        or to wait: `wait_ready`). Raises RuntimeError if it died or missed its start-up time."""
+        or to poll: `MathVerifier._wait_for_one`). Raises RuntimeError if it died or missed its start-up time."""
         if not self.ready:
             line = self.take_line()
             if line is None and time.monotonic() >= self.start_deadline:
@@ -446,16 +519,6 @@ class _Worker:
                     raise RuntimeError("math verification worker failed to start (see its stderr above)")
                 self.ready = True
         return self.ready
-
-    def wait_ready(self) -> None:
-        """Blocks until the worker has started; RuntimeError if it dies or misses its start-up time."""
-        if self.ready:
-            return
-        line = self.read_line(self.start_deadline)
-        if line is None or not json.loads(line).get("ready"):
-            self.kill()
-            raise RuntimeError("math verification worker failed to start (see its stderr above)")
-        self.ready = True
 
     def send(self, request: dict) -> None:
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -500,14 +563,15 @@ class MathVerifier:
     """Scores responses against reference answers; callable and batched.
 
     ``verifier(response, gold) -> MathResult``; ``verifier.score_batch(responses,
-    golds) -> list[MathResult]`` (spread over ``num_workers`` processes). Use as a
-    context manager or call `close` to stop the workers. Not thread-safe: use one
-    verifier per calling thread.
+    golds) -> list[MathResult]`` (spread over `num_workers` processes, within
+    ``batch_budget_s``). Use as a context manager or call `close` to stop the workers.
+    Not thread-safe: use one verifier per calling thread.
     """
 
     def __init__(self, config: MathVerifyConfig = MathVerifyConfig()):
         self.config = config
-        self._workers: list[_Worker | None] = [None] * config.num_workers
+        self.num_workers = resolve_workers(config.num_workers)
+        self._workers: list[_Worker | None] = [None] * self.num_workers
         self.restarts = 0  # workers killed for overrunning or dying
 
     def __enter__(self) -> MathVerifier:
@@ -532,30 +596,35 @@ class MathVerifier:
         return self.score_batch([response], [gold])[0]
 
     def score_batch(self, responses: Sequence[str], golds: Sequence[Any]) -> list[MathResult]:
+        """One result per response, in order; what the batch budget leaves unchecked is unscored."""
         if len(responses) != len(golds):
             raise ValueError(f"score_batch: {len(responses)} responses but {len(golds)} gold answers")
-        cfg = self.config
+        todo = deque((i, resp, gold_answer(gold)) for i, (resp, gold) in enumerate(zip(responses, golds)))
         results: list[MathResult | None] = [None] * len(responses)
-        todo: deque[tuple[int, str, str]] = deque()
-        for i, (resp, gold) in enumerate(zip(responses, golds, strict=True)):
-            extracted = extract_final_answer(resp, cfg.answer_pattern)
-            if extracted is None:
-                results[i] = _no_answer_result(cfg)
-            elif len(extracted) > cfg.max_answer_chars:
-                results[i] = _verdict_result(extracted, STATUS_ERROR, cfg,
-                                             f"longer than {cfg.max_answer_chars} characters")
-            else:
-                todo.append((i, extracted, gold_answer(gold)))
-        if cfg.isolation == "inline":
-            for i, pred, gold in todo:
-                try:
-                    ok = answers_equivalent(pred, gold, cfg)
-                    results[i] = _verdict_result(pred, STATUS_CORRECT if ok else STATUS_INCORRECT, cfg)
-                except AnswerCheckTimeout:
-                    results[i] = _verdict_result(pred, STATUS_TIMEOUT, cfg)
-        else:
+        if todo and self.config.isolation == "inline":
+            self._run_inline(todo, results)
+        elif todo:
             self._run_in_workers(todo, results)
+        unscored = sum(r.unscored for r in results)
+        if unscored:
+            logger.warning("math batch: %d of %d answers not checked within the batch budget of %g s (scored 0)",
+                           unscored, len(results), self.config.batch_budget_s)
         return results  # type: ignore[return-value]
+
+    def _run_inline(self, todo: deque, results: list) -> None:
+        """Checks `todo` in this (main) thread, each under min(timeout_s, what is left of the budget)."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.batch_budget_s
+        for i, resp, gold in todo:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                results[i] = _unscored_result(cfg)
+                continue
+            check = check_response(resp, gold, cfg, min(cfg.timeout_s, left))
+            if check["outcome"] == STATUS_TIMEOUT and left < cfg.timeout_s:
+                results[i] = _unscored_result(cfg)  # cut by the budget, not by its own limit
+            else:
+                results[i] = _result(check, cfg)
 
     def _start_missing(self) -> None:
         """Starts a worker in every empty or dead slot (without waiting for it)."""
@@ -574,37 +643,45 @@ class MathVerifier:
         self._workers[slot] = _Worker(self.config) if replace else None
         self.restarts += 1
 
+    def _wait_for_one(self) -> None:
+        """Blocks until at least one worker is ready (start-up is not charged to the batch budget;
+        the others join the batch as they become ready)."""
+        while not any(w.ready for w in self._workers):
+            starting = [w for w in self._workers if not w.ready]
+            for w in select.select(starting, [], [], 0.05)[0]:
+                if not w.pump():
+                    w.kill()
+                    raise RuntimeError("math verification worker failed to start (see its stderr above)")
+            for w in starting:
+                w.check_ready()
+
     def _run_in_workers(self, todo: deque, results: list) -> None:
         """Checks `todo` on the workers, each answer within `timeout_s + grace_s` and the whole
-        batch within `ceil(n / num_workers) * timeout_s + grace_s` (see the module doc)."""
+        batch within `batch_budget_s` (see the module doc)."""
         cfg = self.config
-        if not todo:
-            return
         self._start_missing()
-        for w in self._workers:  # they start in parallel; wait for all once
-            w.wait_ready()
-        rounds = -(-len(todo) // cfg.num_workers)
-        batch_deadline = time.monotonic() + rounds * cfg.timeout_s + cfg.grace_s
-        busy: dict[int, tuple[int, str, float]] = {}  # slot -> (index, pred, deadline)
+        self._wait_for_one()
+        batch_deadline = time.monotonic() + cfg.batch_budget_s
+        busy: dict[int, tuple[int, float]] = {}  # slot -> (index, deadline)
         while todo or busy:
             now = time.monotonic()
             if now >= batch_deadline:
-                self._abandon(todo, busy, results, rounds * cfg.timeout_s + cfg.grace_s)
+                self._abandon(todo, busy, results)
                 return
-            for slot in range(cfg.num_workers):
+            for slot in range(self.num_workers):
                 w = self._workers[slot]
                 if slot not in busy and todo and w.ready:
-                    i, pred, gold = todo.popleft()
+                    i, resp, gold = todo.popleft()
                     try:
-                        w.send({"pred": pred, "gold": gold})
+                        w.send({"response": resp, "gold": gold})
                     except OSError:  # died while idle (killed, OOM): replace it, retry the answer
-                        todo.appendleft((i, pred, gold))
+                        todo.appendleft((i, resp, gold))
                         self._retire(slot, replace=True)
                         continue
-                    busy[slot] = (i, pred, min(now + cfg.timeout_s + cfg.grace_s, batch_deadline))
+                    busy[slot] = (i, min(now + cfg.timeout_s + cfg.grace_s, batch_deadline))
             starting = [w for w in self._workers if not w.ready]
             waiting = {slot: self._workers[slot] for slot in busy}
-            wait_s = max(0.0, min([d for _, _, d in busy.values()] + [batch_deadline]) - time.monotonic())
+            wait_s = max(0.0, min([d for _, d in busy.values()] + [batch_deadline]) - time.monotonic())
             if starting:
                 wait_s = min(wait_s, 0.05)  # their start-up deadlines are checked below
             ready = select.select(list(waiting.values()) + starting, [], [], wait_s)[0]
@@ -614,39 +691,31 @@ class MathVerifier:
                     raise RuntimeError("math verification worker failed to start (see its stderr above)")
                 w.check_ready()
             for slot, w in waiting.items():
-                i, pred, deadline = busy[slot]
+                i, deadline = busy[slot]
                 if w in ready and not w.pump():
-                    results[i] = _verdict_result(pred, STATUS_ERROR, cfg, "the checker process died")
+                    results[i] = _result({"outcome": STATUS_ERROR, "detail": "the checker process died"}, cfg)
                     del busy[slot]
                     self._retire(slot, replace=True)
                     continue
                 line = w.take_line()
                 if line is not None:
-                    results[i] = self._reply_result(pred, json.loads(line))
+                    results[i] = _result(json.loads(line), cfg)
                     del busy[slot]
                 elif time.monotonic() >= deadline:
-                    logger.warning("math check of %r overran %.1f s; restarting its worker", _shown(pred),
-                                   cfg.timeout_s + cfg.grace_s)
-                    results[i] = _verdict_result(pred, STATUS_TIMEOUT, cfg)
+                    if deadline >= batch_deadline:
+                        continue  # the budget ran out under it: `_abandon` counts it as unscored
+                    logger.warning("math check overran %.1f s; restarting its worker", cfg.timeout_s + cfg.grace_s)
+                    results[i] = _result({"outcome": STATUS_TIMEOUT}, cfg)
                     del busy[slot]
                     self._retire(slot, replace=True)
 
-    def _abandon(self, todo: deque, busy: dict, results: list, budget_s: float) -> None:
-        """The batch deadline passed: what is running or waiting scores 0 as timed out; the
-        busy workers are replaced (their successors start in the background)."""
-        for slot, (i, pred, _) in busy.items():
-            results[i] = _verdict_result(pred, STATUS_TIMEOUT, self.config)
+    def _abandon(self, todo: deque, busy: dict, results: list) -> None:
+        """The batch budget ran out: what is running or waiting is unscored (0, status timeout);
+        the busy workers are replaced (their successors start in the background)."""
+        for slot, (i, _) in busy.items():
+            results[i] = _unscored_result(self.config)
             self._retire(slot, replace=True)
-        for i, pred, _ in todo:
-            results[i] = _verdict_result(pred, STATUS_TIMEOUT, self.config)
-        logger.warning("math batch: %d answers not checked within the batch limit of %.1f s",
-                       len(busy) + len(todo), budget_s)
+        for i, _, _ in todo:
+            results[i] = _unscored_result(self.config)
         busy.clear()
         todo.clear()
-
-    def _reply_result(self, pred: str, reply: dict) -> MathResult:
-        if "equal" in reply:
-            return _verdict_result(pred, STATUS_CORRECT if reply["equal"] else STATUS_INCORRECT, self.config)
-        if reply.get("timeout"):
-            return _verdict_result(pred, STATUS_TIMEOUT, self.config)
-        return _verdict_result(pred, STATUS_ERROR, self.config, reply.get("error", "unknown error"))

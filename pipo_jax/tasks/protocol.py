@@ -43,7 +43,9 @@ class Scored(NamedTuple):
 
 @runtime_checkable
 class HostScorer(Protocol):
-    """A task's reward on the host (numpy in, numpy out); `close()` stops its workers."""
+    """A task's reward on the host (numpy in, numpy out); `close()` stops its workers. It may also
+    have `take_counts() -> {metric: int}` (counts since the last call, e.g. the math scorer's
+    `reward/unscored`), which the host loop adds to each iteration's metrics."""
 
     def score(self, problems: Any, tokens_br: np.ndarray, mask_br: np.ndarray,
               teacher: TeacherSettings | None = None) -> Scored: ...

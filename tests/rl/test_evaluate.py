@@ -73,7 +73,7 @@ def test_math_rewards_verify_decoded_samples(model_dir, tmp_path, monkeypatch):
                                               verifier, 4, jax.random.PRNGKey(0), max_new_tokens=8,
                                               temperature=1.0, stop_token_ids=(2,), pad_id=0)
     np.testing.assert_array_equal(rewards, [[1, 0, 1, 0], [1, 0, 0, 0]])
-    assert info == {"dropped": 0, "truncated": 0, "problems": 2}
+    assert info == {"dropped": 0, "truncated": 0, "problems": 2, "unscored": 0}
     rows = passk.summarize({"bench": rewards}, ks=(1, 2))
     # pass@1 = mean reward = 3/8; pass@2 = mean over problems of 1 - C(n-c,2)/C(4,2): (1 - 1/6 + 1 - 3/6) / 2
     assert rows[0].pass_at[1] == pytest.approx(3 / 8)

@@ -251,7 +251,7 @@ def test_process_isolation_from_a_thread_with_timeout():
 
 def test_stuck_worker_is_killed_and_replaced():
     """A worker that stops responding (here: SIGSTOP) is killed at timeout_s + grace_s."""
-    with mt.MathVerifier(mt.MathVerifyConfig(timeout_s=0.5, grace_s=0.5)) as v:
+    with mt.MathVerifier(mt.MathVerifyConfig(timeout_s=0.5, grace_s=0.5, num_workers=1)) as v:
         assert v(r"\boxed{1}", "1").reward == 1.0
         os.kill(v._workers[0].proc.pid, signal.SIGSTOP)
         res = v(r"\boxed{2}", "2")
@@ -260,7 +260,7 @@ def test_stuck_worker_is_killed_and_replaced():
 
 
 def test_dead_worker_mid_check_and_while_idle():
-    with mt.MathVerifier(mt.MathVerifyConfig(timeout_s=20.0)) as v:
+    with mt.MathVerifier(mt.MathVerifyConfig(timeout_s=20.0, num_workers=1)) as v:
         assert v(r"\boxed{1}", "1").reward == 1.0
         pid = v._workers[0].proc.pid
         threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
