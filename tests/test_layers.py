@@ -20,7 +20,7 @@ LAYERS = ("models", "kernels", "losses", "sampling", "tasks", "rl", "configs", "
 LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.data", "pipo_jax.parallel")
 
 # Imported inside the function that needs them, so the package runs without them installed.
-OPTIONAL_THIRD_PARTY = frozenset({"pyarrow", "tensorflow_datasets", "transformers", "torch", "tensorboardX",
+OPTIONAL_THIRD_PARTY = frozenset({"tunix", "pyarrow", "tensorflow_datasets", "transformers", "torch", "tensorboardX",
                                   "wandb", "matplotlib", "tqdm", "math_verify"})
 
 

@@ -28,6 +28,7 @@ average and seeds. Timings are never asserted.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
@@ -38,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
 from configs import grpo
 from experiments.benchmarks.sampler import (bench_config, engine_fn, interleaved_decode_rates, jax_generate_fn, log,
@@ -121,8 +123,6 @@ def tunix_generate_fn(tsampler, prompts_bp, new_tokens: int, eos_id: int):
 
 def tunix_learner_fn(model, batch: TrainBatch, micro: int, spec):
     """Tunix's Qwen3 under the base step's GRPO loss, accumulation and optimizer (no NaN guard)."""
-    from flax import nnx
-
     graphdef, state = nnx.split(model)
     optimizer = optax.chain(optax.clip_by_global_norm(spec.train.grad_clip),
                             optax.adamw(spec.train.lr, b1=spec.train.adam_b1, b2=spec.train.adam_b2,
@@ -316,8 +316,6 @@ def main(argv=None) -> dict:
 
 
 def _version(name: str) -> str:
-    import importlib.metadata
-
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
