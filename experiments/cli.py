@@ -18,11 +18,13 @@ from absl import app, flags
 from pipo_jax.data.sources import DataError
 from pipo_jax.models.hf import CheckpointError
 from pipo_jax.rl.checkpoint import NoReadableCheckpoint
+from pipo_jax.rl.export import ExportError
 from pipo_jax.rl.preemption import RunInterrupted
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.workdir import WorkdirError
 
-USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, FileNotFoundError, WorkdirError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, FileNotFoundError, WorkdirError,
+               ExportError)
 EXIT_USER_ERROR = 2
 
 

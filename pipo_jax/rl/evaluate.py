@@ -34,18 +34,24 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
         return ml_collections.ConfigDict(json.load(f))
 
 
+def restore_run(workdir: str, step: int | None = None) -> tuple[TrainSpec, Any]:
+    """(the run's TrainSpec, its `TrainState` at checkpoint `step`, default the newest that reads)."""
+    spec = train_spec(load_run_config(workdir))
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+    try:  # step None: the newest checkpoint that reads
+        state = Placement().restore(ckpt, spec, step)  # from an abstract template: nothing initialised
+    finally:
+        ckpt.close()
+    return spec, state
+
+
 def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, Any, TrainSpec | None]:
     """(model config, params, the run's TrainSpec or None) from a HF dir or a run workdir.
 
     A run workdir is recognised by `checkpoints/`; `step` picks a checkpoint (default: the newest that reads).
     """
     if os.path.isdir(os.path.join(path, "checkpoints")):
-        spec = train_spec(load_run_config(path))
-        ckpt = Checkpointer(os.path.join(path, "checkpoints"))
-        try:  # step None: the newest checkpoint that reads
-            state = Placement().restore(ckpt, spec, step)  # from an abstract template: nothing initialised
-        finally:
-            ckpt.close()
+        spec, state = restore_run(path, step)
         return spec.model, state.params, spec
     if os.path.exists(os.path.join(path, "config.json")):
         config, params = hf.load(path)
