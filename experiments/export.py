@@ -28,6 +28,7 @@ _DTYPE = flags.DEFINE_enum("dtype", None, list(export.DTYPES), "stored weights' 
 def main(argv):
     del argv
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's restore logs
     out = export.export_policy(_POLICY.value, _OUT.value, step=_STEP.value, dtype=_DTYPE.value)
     print(f"exported {_POLICY.value} to {out}")
 

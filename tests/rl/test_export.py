@@ -1,10 +1,12 @@
-"""`experiments/export.py` / `rl/export.py`: a run's checkpoint N as a Hugging Face directory that
-`transformers` loads (model and tokenizer) and that generates, greedily, the tokens of the
-project's sampler; bf16 weights; the model card; file modes; the trainer's end-of-run export;
-one-line errors."""
+"""Talking to and loading a trained policy. `experiments/export.py` / `rl/export.py`: a run's
+checkpoint N as a Hugging Face directory that `transformers` loads (model and tokenizer) and that
+generates, greedily, the tokens of the project's sampler; bf16 weights; the model card; file modes;
+the trainer's end-of-run export; one-line errors. `experiments/chat.py`: the task's prompt
+rendering and the sampler's responses, in process and with prompts piped in."""
 
 import json
 import os
+import re
 import pathlib
 import stat
 import subprocess
@@ -170,3 +172,67 @@ def test_cli_exports_and_reports_bad_input_in_one_line(run, tmp_path):
         assert res.returncode == 2, res.stderr[-2000:]
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], res.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- chat
+
+
+def _expected_replies(root, step, problems_text):
+    """The sampler's greedy responses to `lhs op rhs` problems, rendered as the task renders them."""
+    from pipo_jax.tasks import arithmetic
+
+    spec, state = evaluate.restore_run(str(root), step)
+    parsed = [(int(a), cv.OPERATORS.index(op), int(b)) for a, op, b in
+              (re.match(r"(\d+)([-+*])(\d+)", t).groups() for t in problems_text)]
+    problems = arithmetic.make_problems(spec.task, *(np.array(col) for col in zip(*parsed)))
+    out = sampler.generate(spec.model, state.params, problems.prompt_tokens_bp, problems.prompt_mask_bp,
+                           jax.random.PRNGKey(0), max_new_tokens=spec.task.answer_len, temperature=0.0,
+                           stop_token_ids=spec.task.stop_token_ids, pad_id=spec.task.pad_id)
+    tokens, mask = np.asarray(out.tokens_br), np.asarray(out.mask_br)
+    return [list(map(int, t[m == 1])) for t, m in zip(tokens, mask)], problems
+
+
+def test_chat_renders_the_task_prompt_and_answers_as_the_sampler(run):
+    from experiments import chat as chat_lib
+
+    root, _ = run
+    texts = ["3+4", "12+5", "9-7", "40+40"]
+    expected, problems = _expected_replies(root, 1, texts)
+    chat = chat_lib.make_chat(str(root), 1)
+    for i, (text, ids) in enumerate(zip(texts, expected)):
+        tokens, mask, answer = chat.prompts.render(text + ("=" if i % 2 else ""))
+        np.testing.assert_array_equal(tokens, np.asarray(problems.prompt_tokens_bp[i]))
+        assert answer == int(problems.answer_b[i])
+        assert chat.response_ids(tokens, mask) == ids
+        assert chat.reply(text).split("\t")[0] == cv.decode([t for t in ids if t != cv.EOS_ID])
+    with pytest.raises(ValueError, match="not a problem of the arithmetic task"):
+        chat.reply("hello")
+    with pytest.raises(ValueError, match="at most 2 digits"):
+        chat.reply("123+4")
+
+
+def test_chat_states_the_answer_and_whether_it_is_right():
+    from experiments.chat import ArithmeticPrompts
+    from pipo_jax.tasks import arithmetic
+
+    prompts = ArithmeticPrompts(arithmetic.ArithmeticTask(max_digits=2, answer_format="reversed"))
+    assert prompts.show(cv.encode("231<eos>"), 132) == "231\t= 132 (correct)"
+    assert prompts.show(cv.encode("31<eos>"), 132) == "31\t= 13 (expected 132)"
+    assert prompts.show(cv.encode("=="), 132) == "==\t(no answer; expected 132) [no <eos>]"
+    worked = arithmetic.ArithmeticTask(max_digits=2, answer_format="worked")
+    assert arithmetic.read_answer(worked, "231;132") == 132 and arithmetic.read_answer(worked, "231") == 231
+
+
+@pytest.mark.slow  # an interpreter start-up with a checkpoint restore (~15 s on a loaded 2-core CPU)
+def test_chat_command_answers_piped_prompts(run):
+    root, _ = run
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "experiments.chat", f"--policy={root}", "--step=1"],
+                         input="3+4\nhello\n\n12+5=\n", capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    expected, _ = _expected_replies(root, 1, ["3+4", "12+5"])
+    replies = res.stdout.split("\n\n")
+    assert replies[-1] == "" and len(replies) == 3, res.stdout
+    assert [r.split("\t")[0] for r in replies[:2]] == [cv.decode([t for t in ids if t != cv.EOS_ID])
+                                                       for ids in expected]
+    assert "error: 'hello' is not a problem of the arithmetic task" in res.stderr
