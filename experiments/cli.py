@@ -3,7 +3,8 @@ printed as one line on stderr and exit status 2 instead of a traceback.
 
 A config error is a `ConfigError` (validation), a `--config.key=value` override that
 ml-collections rejects (unknown key: its "Did you mean" hint is kept), a `DataError`
-(a dataset row), a missing file, or checkpoints none of which reads. Anything else is a
+(a dataset row), a missing file, checkpoints none of which reads, an export that cannot be
+made, or a command's optional dependency (`[serve]`) that is not installed. Anything else is a
 bug or a failed run and keeps its traceback. A run stopped by SIGTERM / SIGINT after saving
 its checkpoint (`RunInterrupted`) says so in one line and exits 128 + the signal's number,
 as a shell reports a process ended by that signal.
@@ -23,8 +24,14 @@ from pipo_jax.rl.preemption import RunInterrupted
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.workdir import WorkdirError
 
+
+
+class MissingExtra(RuntimeError):
+    """An optional dependency of a command is not installed (the message names the extra)."""
+
+
 USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, FileNotFoundError, WorkdirError,
-               ExportError)
+               ExportError, MissingExtra)
 EXIT_USER_ERROR = 2
 
 

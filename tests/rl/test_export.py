@@ -193,7 +193,7 @@ def _expected_replies(root, step, problems_text):
 
 
 def test_chat_renders_the_task_prompt_and_answers_as_the_sampler(run):
-    from experiments import chat as chat_lib
+    from experiments import conversation as chat_lib
 
     root, _ = run
     texts = ["3+4", "12+5", "9-7", "40+40"]
@@ -212,7 +212,7 @@ def test_chat_renders_the_task_prompt_and_answers_as_the_sampler(run):
 
 
 def test_chat_states_the_answer_and_whether_it_is_right():
-    from experiments.chat import ArithmeticPrompts
+    from experiments.conversation import ArithmeticPrompts
     from pipo_jax.tasks import arithmetic
 
     prompts = ArithmeticPrompts(arithmetic.ArithmeticTask(max_digits=2, answer_format="reversed"))
