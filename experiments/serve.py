@@ -38,6 +38,8 @@ _STYLE = flags.DEFINE_enum("prompt_style", "auto", ["auto", "instruct", "raw"],
 def main(argv):
     del argv
     logging.basicConfig(level=logging.WARNING)
+    # absl's handler is on the root logger at INFO; JetStream's orchestrator logs every step there.
+    logging.getLogger().setLevel(logging.WARNING)
     logging.getLogger("absl").setLevel(logging.WARNING)
     serving.require_jetstream()  # before anything is loaded
     m = _MAX_PREFILL.value
@@ -51,9 +53,9 @@ def main(argv):
     print(f"serving {_POLICY.value} on {_HOST.value}:{_PORT.value} (JetStream gRPC, {_SLOTS.value} slots, "
           f"max_tokens <= {chat.max_new_tokens}); Ctrl-C to stop", flush=True)
     try:
-        server.wait_for_termination()
+        server.wait_for_termination()  # stops the server (and JetStream's threads) however it ends
     except KeyboardInterrupt:
-        server.stop()
+        print("stopped", flush=True)
 
 
 if __name__ == "__main__":
