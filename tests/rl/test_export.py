@@ -236,3 +236,62 @@ def test_chat_command_answers_piped_prompts(run):
     assert [r.split("\t")[0] for r in replies[:2]] == [cv.decode([t for t in ids if t != cv.EOS_ID])
                                                        for ids in expected]
     assert "error: 'hello' is not a problem of the arithmetic task" in res.stderr
+
+
+# ----------------------------------------------------------------------------- text policies (HF directories)
+
+
+@pytest.fixture(scope="module")
+def text_model_dir(tmp_path_factory):
+    """A random tiny HF Qwen3 with the tiny BPE tokenizer (chat template; generation_config eos ids)."""
+    from tests.conftest import make_hf_qwen3
+    from tests.data.tiny_tokenizer import save_tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("text_policy")
+    make_hf_qwen3(path, tied=True, vocab_size=320)
+    save_tiny_tokenizer(str(path), generation_eos=[1, 2])
+    return path
+
+
+def test_export_of_a_hf_directory_keeps_its_tokenizer_and_generation_config(text_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "export"
+    export.export_policy(str(text_model_dir), str(out), dtype="bfloat16")
+    source, exported = AutoTokenizer.from_pretrained(str(text_model_dir)), AutoTokenizer.from_pretrained(str(out))
+    text = "What is 1 + 2? Please reason step by step."
+    assert exported.encode(text) == source.encode(text) and exported.chat_template == source.chat_template
+    assert json.loads((out / "generation_config.json").read_text()) == json.loads(
+        (text_model_dir / "generation_config.json").read_text())
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert f"Exported from `{text_model_dir}`." in (out / "README.md").read_text()
+    assert _modes(out) == {(out.name, 0o755)} | {(p.name, 0o644) for p in out.iterdir()}
+    # A model directory without a tokenizer is refused before any weight is read or written.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((text_model_dir / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match="no tokenizer files in"):
+        export.export_policy(str(bare), str(tmp_path / "never"))
+    assert not (tmp_path / "never").exists()
+    with pytest.raises(export.ExportError, match="--step=3: .* is not a run workdir"):
+        export.export_policy(str(text_model_dir), str(tmp_path / "never"), step=3)
+
+
+def test_chat_on_a_hf_directory_renders_its_chat_template(text_model_dir):
+    from experiments import conversation
+    from pipo_jax.data.prompts import PromptConfig, render_prompt
+
+    chat = conversation.make_chat(str(text_model_dir), max_new_tokens=6)
+    question = "What is 1 + 2?"
+    tok = chat.prompts.tokenizer
+    ids = tok.encode(render_prompt(tok, question, PromptConfig(style="instruct", instruction="")),
+                     add_special_tokens=False)
+    model, params = hf.load(str(text_model_dir))
+    out = sampler.generate(model, params, jnp.asarray([ids]), jnp.ones((1, len(ids)), jnp.int32),
+                           jax.random.PRNGKey(0), max_new_tokens=6, temperature=0.0,
+                           stop_token_ids=chat.stop_ids, pad_id=chat.pad_id)
+    expected = [int(t) for t, m in zip(np.asarray(out.tokens_br[0]), np.asarray(out.mask_br[0])) if m]
+    assert "<|im_start|>assistant" in tok.decode(ids) and chat.stop_ids == (1, 2)
+    assert chat.reply(question) == tok.decode(expected, skip_special_tokens=True)
+    raw = conversation.make_chat(str(text_model_dir), max_new_tokens=6, prompt_style="raw")
+    assert raw.prompts.config is None
