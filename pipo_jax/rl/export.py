@@ -55,7 +55,7 @@ def cast_params(params: Any, dtype: str) -> Any:
     """Host copies of `params` in `dtype` ('float32' | 'bfloat16' | 'float16')."""
     if dtype not in _NP_DTYPES:
         raise ExportError(f"dtype {dtype!r}: expected one of {DTYPES}")
-    return jax.tree.map(lambda x: np.asarray(x).astype(_NP_DTYPES[dtype]), params)
+    return jax.tree.map(lambda x: np.asarray(x).astype(_NP_DTYPES[dtype], copy=False), params)
 
 
 def metrics_at(workdir: str, step: int) -> dict[str, Any]:
@@ -71,9 +71,25 @@ def metrics_at(workdir: str, step: int) -> dict[str, Any]:
 
 
 def _builtin_generation_config(spec: TrainSpec) -> dict[str, Any]:
-    return {"bos_token_id": cv.BOS_ID, "eos_token_id": list(spec.task.stop_token_ids)[0]
-            if len(spec.task.stop_token_ids) == 1 else list(spec.task.stop_token_ids),
-            "pad_token_id": spec.task.pad_id, "do_sample": False, "max_new_tokens": spec.task.answer_len}
+    """Greedy, the task's stop / pad ids, its answer width as the budget."""
+    stops = [int(i) for i in spec.task.stop_token_ids]
+    return {"bos_token_id": cv.BOS_ID, "eos_token_id": stops[0] if len(stops) == 1 else stops,
+            "pad_token_id": int(spec.task.pad_id), "do_sample": False, "max_new_tokens": int(spec.task.answer_len)}
+
+
+def _builtin_note(run_config: Any) -> str:
+    """How a prompt of the built-in task is written, for the model card."""
+    example = "<bos>12+34="
+    tc = run_config.task if run_config is not None else None
+    if tc is not None and tc.get("pad_operands"):
+        d = int(tc.max_digits)
+        example = f"<bos>{'12'.zfill(d)}+{'34'.zfill(d)}="
+    note = ("Tokenizer: the built-in arithmetic task's character vocabulary (one token per character, `<word>` "
+            f"tokens whole). A prompt is `<bos>`, the problem and `=`, e.g. `{example}`")
+    if tc is not None:
+        note += (f" (operands zero-padded to {tc.max_digits} digits)" if tc.get("pad_operands") else "")
+        note += f"; answers are written {tc.answer_format}, then `<eos>`"
+    return note + "."
 
 
 def _write_tokenizer(out: str, tokenizer: Any, source_dir: str | None, max_new_tokens: int | None) -> None:
@@ -171,20 +187,18 @@ def write_export(out: str, model: qwen3.Qwen3Config, params: Any, *, spec: Train
     dtype = dtype or model.param_dtype
     if dtype not in DTYPES:
         raise ExportError(f"dtype {dtype!r}: expected one of {DTYPES}")
+    builtin = spec is not None and spec.task.tokenizer is None  # the built-in task: its character vocabulary
+    if builtin and spec.task.token_id_bound > cv.VOCAB_SIZE:
+        raise ExportError(f"{source}: the task's ids reach {spec.task.token_id_bound}, past the character "
+                          f"vocabulary ({cv.VOCAB_SIZE}); no tokenizer to export")
     params = cast_params(params, dtype)
     model = model.replace(param_dtype=dtype)
     hf.save(out, model, params)
     note = ""
-    if spec is not None and spec.task.tokenizer is None:  # the built-in task: its character vocabulary
-        if spec.task.token_id_bound > cv.VOCAB_SIZE:
-            raise ExportError(f"{source}: the task's ids reach {spec.task.token_id_bound}, past the character "
-                             f"vocabulary ({cv.VOCAB_SIZE}); no tokenizer to export")
+    if builtin:
         char_tokenizer.hf_tokenizer().save_pretrained(out)
         _write_json(os.path.join(out, GENERATION_CONFIG), _builtin_generation_config(spec))
-        note = ("Tokenizer: the built-in arithmetic task's character vocabulary (one token per character, "
-                "`<word>` tokens whole). A prompt is `<bos>` then the problem and `=`, e.g. `<bos>12+34=`"
-                + (f"; answers are written {run_config.task.answer_format}" if run_config is not None else "")
-                + ".")
+        note = _builtin_note(run_config)
     else:
         tokenizer = spec.task.tokenizer if spec is not None else load_tokenizer(tokenizer_dir)
         max_new = run_config.rollout.get("max_new_tokens") if run_config is not None else None
