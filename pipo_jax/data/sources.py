@@ -191,8 +191,8 @@ def iter_tfds(config: SourceConfig) -> Iterator[Example]:
     try:
         import tensorflow_datasets as tfds
     except ImportError as e:
-        raise ImportError("format='tfds' needs tensorflow-datasets: pip install 'pipo_jax[data]' "
-                          "(and tensorflow)") from e
+        raise ImportError("format='tfds' needs tensorflow-datasets and tensorflow: "
+                          "pip install 'pipo_jax[data]'") from e
     try:
         ds = tfds.load(config.path, split=config.split, data_dir=config.data_dir, download=config.tfds_download)
     except Exception as e:  # tfds raises several types for a missing / unprepared dataset
