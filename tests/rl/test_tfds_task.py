@@ -42,3 +42,12 @@ def test_an_unprepared_dataset_without_download_names_the_directory(model_dir, t
     pytest.importorskip("tensorflow_datasets", reason="the [data] extra is not installed")
     with pytest.raises(ConfigError, match=rf"cannot load .* from data_dir={tmp_path}; .*task.tfds_download=true"):
         train_spec(_gsm8k_config(model_dir, tmp_path))
+
+
+def test_without_tensorflow_datasets_the_config_error_names_the_extra(model_dir, tmp_path, monkeypatch):  # noqa: F811
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
+    with pytest.raises(ConfigError, match=r"config.task \(path='gsm8k'.*needs tensorflow-datasets and tensorflow: "
+                                          r"pip install 'pipo_jax\[data\]'"):
+        train_spec(_gsm8k_config(model_dir, tmp_path))
