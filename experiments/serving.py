@@ -294,9 +294,9 @@ def serve(chat: Chat, *, port: int, host: str = "localhost", slots: int = 4, max
     """Starts JetStream's gRPC server (`server_lib.run`) on `host:port` with the policy behind a
     `PolicyEngine`; returns the running `JetStreamServer` (`stop()` it)."""
     require_jetstream()
-    if max_prefill_length < 16 or max_prefill_length & (max_prefill_length - 1):
+    if not 16 <= max_prefill_length <= 32768 or max_prefill_length & (max_prefill_length - 1):
         raise ValueError(f"max_prefill_length={max_prefill_length}: JetStream's prefill widths are powers of two "
-                         f">= 16")
+                         f"in [16, 32768]")
     device = jax.devices()[0]
     engine = PolicyEngine(chat, slots=slots, max_prefill_length=max_prefill_length, device=device)
     config = config_lib.ServerConfig(interleaved_slices=(f"{device.platform}=1",),
