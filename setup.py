@@ -29,8 +29,11 @@ setup(
     extras_require={
         # torch (CPU is enough) runs the Hugging Face reference model in parity tests.
         "test": ["pytest>=8", "pytest-xdist>=3.5", "torch>=2.3", "pyarrow>=14"],
-        "data": ["tensorflow-datasets>=4.9", "pyarrow>=14"],
+        # task.format=tfds: tensorflow-datasets reads through tf.data, so TensorFlow too (~2 GB).
+        "data": ["tensorflow-datasets>=4.9", "tensorflow>=2.16", "pyarrow>=14"],
         "track": ["wandb>=0.17"],
+        # experiments/serve.py: JetStream's gRPC server and orchestrator (pulls in TensorFlow via seqio, ~2 GB).
+        "serve": ["google-jetstream>=0.2.2"],
         # libtpu for experiments.benchmarks.readiness: compiles TPU programs for a chosen topology on a
         # host without a TPU. jax[tpu] picks the libtpu release that matches the installed jax (~210 MB
         # download, ~680 MB installed, so not part of `test`: the readiness tests skip TPU compiles without it).

@@ -60,6 +60,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.task.path = ""  # JSONL / JSONL.gz / parquet file, or a tensorflow-datasets name (format=tfds)
     c.task.format = "auto"  # auto | jsonl | parquet | tfds
     c.task.tfds_split = "train"
+    c.task.data_dir = ""  # tfds: the directory of prepared datasets ("" = tfds's default, ~/tensorflow_datasets)
+    c.task.tfds_download = False  # tfds: download and prepare a dataset data_dir lacks (else: an error naming it)
     c.task.limit = 0  # first rows only; 0 = all
     c.task.prompt_field = "problem"  # dotted field names
     c.task.answer_field = "answer"  # math: the reference answer

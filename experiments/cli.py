@@ -9,7 +9,9 @@ override that ml-collections rejects (unknown key: its "Did you mean" hint is ke
 directory, a directory or not permitted (`--workdir` naming a file), checkpoints none of
 which reads, a run stopped by its guards (`train.max_bad_steps` non-finite updates in a row,
 DAPO's dynamic sampling exhausted: both name the iteration / key to change), and a
-`UsageError` (or absl's `app.UsageError`) a script raises for a bad flag value. Anything else
+`UsageError` (or absl's `app.UsageError`) a script raises for a bad flag value, an export
+that cannot be made (`ExportError`), and a command's optional dependency (`[serve]`) that is not
+installed (`MissingExtra`, naming the extra). Anything else
 is a bug and keeps its traceback. A run stopped by SIGTERM / SIGINT after saving its
 checkpoint (`RunInterrupted`) says so in one line and exits 128 + the signal's number, as a
 shell reports a process ended by that signal.
@@ -26,6 +28,7 @@ from absl import app, flags
 from pipo_jax.data.sources import DataError
 from pipo_jax.models.hf import CheckpointError
 from pipo_jax.rl.checkpoint import NoReadableCheckpoint
+from pipo_jax.rl.export import ExportError
 from pipo_jax.rl.loop import DynamicSamplingExhausted, NonFiniteUpdates
 from pipo_jax.rl.preemption import RunInterrupted
 from pipo_jax.rl.spec import ConfigError
@@ -36,9 +39,13 @@ class UsageError(ValueError):
     """A bad flag value or input of an experiments script: one line, exit status 2."""
 
 
+class MissingExtra(RuntimeError):
+    """An optional dependency of a command is not installed (the message names the extra)."""
+
+
 PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
 USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, WorkdirError, UsageError,
-               NonFiniteUpdates, DynamicSamplingExhausted) + PATH_ERRORS
+               NonFiniteUpdates, DynamicSamplingExhausted, ExportError, MissingExtra) + PATH_ERRORS
 EXIT_USER_ERROR = 2
 
 T = TypeVar("T")

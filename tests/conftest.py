@@ -138,6 +138,7 @@ LONG_FILES = {
     "tests/benchmarks/test_readiness.py": 80, "tests/test_experiments.py": 55,
     "tests/parallel/test_multiprocess.py": 50, "tests/rl/test_mixed_precision.py": 40,
     "tests/rl/test_dataset_task.py": 40, "tests/parallel/test_micro_batch_per_device.py": 30,
+    "tests/rl/test_export.py": 100, "tests/test_serve.py": 85,
 }
 
 

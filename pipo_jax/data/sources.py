@@ -191,13 +191,15 @@ def iter_tfds(config: SourceConfig) -> Iterator[Example]:
     try:
         import tensorflow_datasets as tfds
     except ImportError as e:
-        raise ImportError("format='tfds' needs tensorflow-datasets: pip install 'pipo_jax[data]' "
-                          "(and tensorflow)") from e
+        raise ImportError("format='tfds' needs tensorflow-datasets and tensorflow: "
+                          "pip install 'pipo_jax[data]'") from e
     try:
         ds = tfds.load(config.path, split=config.split, data_dir=config.data_dir, download=config.tfds_download)
     except Exception as e:  # tfds raises several types for a missing / unprepared dataset
-        raise DataError(f"tfds {config.path}/{config.split}: cannot load ({type(e).__name__}: {e}); "
-                        "prepare it first or set SourceConfig(tfds_download=True)") from e
+        where = f"data_dir={config.data_dir}" if config.data_dir else "tfds's default data_dir"
+        raise DataError(f"tfds {config.path}/{config.split}: cannot load ({type(e).__name__}: {e}) from {where}; "
+                        "prepare it there first, or let tfds download it (config.task.tfds_download=true, "
+                        "SourceConfig(tfds_download=True))") from e
     for index, row in enumerate(tfds.as_numpy(ds)):
         yield example_from_row(_decoded(row), config, f"tfds {config.path}/{config.split} row {index}")
 

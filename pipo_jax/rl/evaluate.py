@@ -34,6 +34,17 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
         return ml_collections.ConfigDict(json.load(f))
 
 
+def restore_run(workdir: str, step: int | None = None) -> tuple[TrainSpec, Any]:
+    """(the run's TrainSpec, its `TrainState` at checkpoint `step`, default the newest that reads)."""
+    spec = train_spec(load_run_config(workdir))
+    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+    try:  # step None: the newest checkpoint that reads
+        state = Placement().restore(ckpt, spec, step)  # from an abstract template: nothing initialised
+    finally:
+        ckpt.close()
+    return spec, state
+
+
 def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, Any, TrainSpec | None]:
     """(model config, params, the run's TrainSpec or None) from a HF dir or a run workdir.
 
@@ -45,12 +56,7 @@ def load_policy(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, 
 def load_policy_at(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Config, Any, TrainSpec | None, int | None]:
     """`load_policy` and the step of the checkpoint read (None for a HF directory)."""
     if os.path.isdir(os.path.join(path, "checkpoints")):
-        spec = train_spec(load_run_config(path))
-        ckpt = Checkpointer(os.path.join(path, "checkpoints"))
-        try:  # step None: the newest checkpoint that reads
-            state = Placement().restore(ckpt, spec, step)  # from an abstract template: nothing initialised
-        finally:
-            ckpt.close()
+        spec, state = restore_run(path, step)
         return spec.model, state.params, spec, int(jax.device_get(state.step))
     if os.path.exists(os.path.join(path, "config.json")):
         config, params = hf.load(path)

@@ -84,13 +84,15 @@ def make_dataset_task(c: ml_collections.ConfigDict) -> dataset.DatasetTask:
         source = SourceConfig(tc.path, format=tc.format, prompt_field=tc.prompt_field,
                               answer_field=tc.answer_field if tc.name == "math" else None,
                               extra_fields=(tc.tests_field,) if tc.name == "code" else (),
-                              split=tc.tfds_split, limit=tc.limit or None)
+                              split=tc.tfds_split, limit=tc.limit or None,
+                              # .get: runs saved before these keys existed load as before
+                              data_dir=tc.get("data_dir", "") or None, tfds_download=bool(tc.get("tfds_download")))
         examples = load_examples(source)
         task = dataset.load_dataset_task(
             tc.name, examples, tokenizer, prompts, stop_token_ids=tok_lib.stop_token_ids(tokenizer, tok_path),
             pad_id=tok_lib.pad_token_id(tokenizer), heldout_fraction=tc.heldout_fraction,
             split_seed=tc.split_seed, tests_field=tc.tests_field)
-    except (DataError, FileNotFoundError, ValueError) as e:
+    except (DataError, FileNotFoundError, ValueError, ImportError) as e:  # ImportError: format=tfds without tfds
         raise ConfigError(f"config.task (path={tc.path!r}, tokenizer={tok_path!r}): {e}") from e
     return dataclasses.replace(task, math_config=math_verify_config(tc), sandbox_config=sandbox_config(tc))
 

@@ -25,6 +25,7 @@ from pipo_jax.models import hf, qwen3
 from pipo_jax.parallel import mesh_batch_shards
 from pipo_jax.parallel.distributed import initialize_distributed
 from pipo_jax.rl import evaluate, loop, observe, rollout, sharded_steps, steps, warmup
+from pipo_jax.rl import export as export_lib
 from pipo_jax.rl import workdir as workdir_lib
 from pipo_jax.rl.checkpoint import Checkpointer, saved_steps
 from pipo_jax.rl.placement import Placement, placement_from_config
@@ -193,15 +194,6 @@ def host_task_reward(spec: TrainSpec) -> rollout.TaskReward:
     JAX reward, a math verifier's worker processes, a code sandbox; with SDPO / VPD on a
     host-reward task it also builds the teacher prompts). `close()` it."""
     return rollout.TaskReward(spec, spec.task.scorer())
-
-
-def export_tokenizer(spec: TrainSpec, config: ml_collections.ConfigDict, export: str) -> None:
-    """A dataset run's tokenizer files (and the source's generation_config.json, whose eos ids
-    end responses) into the HF export, so it loads as a model and tokenizer directory."""
-    spec.task.tokenizer.save_pretrained(export)
-    source = os.path.join(config.task.tokenizer_path or config.model.path, "generation_config.json")
-    if os.path.exists(source):
-        shutil.copyfile(source, os.path.join(export, "generation_config.json"))
 
 
 def _abstract_state(config: ml_collections.ConfigDict, spec: TrainSpec, keys: Any) -> Any:
@@ -409,10 +401,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str, spec: TrainSpec, whe
         if config.checkpoint.export_hf:
             export = os.path.join(workdir, "hf_export")
             params = where.to_host(state.params)  # every process takes part in the gather
-            if main:
-                hf.save(export, spec.model, params)
-                if spec.task.tokenizer is not None:
-                    export_tokenizer(spec, config, export)
+            if main:  # weights, tokenizer, generation config, model card (`rl/export.py`)
+                export_lib.write_export(export, spec.model, params, spec=spec, run_config=config, step=step,
+                                        metrics=export_lib.metrics_at(workdir, step),
+                                        source=os.path.abspath(workdir),
+                                        tokenizer_dir=export_lib.run_tokenizer_dir(config))
             summary["hf_export"] = export
     finally:
         ckpt.close()

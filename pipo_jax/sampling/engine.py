@@ -8,7 +8,8 @@ once, `init_decode_state()`, `free_resource(slot)`, `max_concurrent_decodes`. It
 JetStream's Engine API: it has none of its mesh, sharding, tokenizer or prefix-destination
 members and runs on one device. The trainer reaches it through the rollout interface
 (`sampling/generator.py:SlotEngineSampler`, `rollout.engine=slots`, driven by
-`continuous_batching.rollout`).
+`continuous_batching.rollout`); `experiments/serving.py` puts it behind JetStream's own
+`engine_api.Engine` to serve a policy through JetStream's server (`experiments/serve.py`).
 
 * Prompts are **right-padded** to a prefill bucket (`prefill_buckets`) and described by
   `true_length`, as in JetStream; the KV of prompt token j sits at cache slot j.

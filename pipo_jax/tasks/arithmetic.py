@@ -385,6 +385,17 @@ def make_problems(task: ArithmeticTask, lhs_b, op_b, rhs_b) -> Problems:
                     jnp.sum(target_mask, axis=1))
 
 
+def read_answer(task: ArithmeticTask, response: str) -> int | None:
+    """The value a response's text (without `<eos>`) states in `task.answer_format`, None when it
+    states none (`'231'` reversed -> 132; `'231;132'` worked -> 132; `'-7'` -> -7)."""
+    text = response.split(";")[-1] if task.answer_format == "worked" else response
+    sign = -1 if text.startswith("-") else 1
+    digits = text[1:] if sign < 0 else text
+    if not digits.isdigit() or not digits.isascii():
+        return None
+    return sign * int(digits[::-1] if task.answer_format == "reversed" else digits)
+
+
 def carryless_answer(lhs_b, op_b, rhs_b, max_digits: int) -> jax.Array:
     """int32 `[b]`: the answer with the classic column mistake: '+' drops every carry
     (digit i is (l_i + r_i) mod 10), '-' takes |l_i - r_i| in each column (no borrow);

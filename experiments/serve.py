@@ -1,0 +1,64 @@
+"""Serve a policy through JetStream's gRPC server (the `[serve]` extra: `pip install 'pipo_jax[serve]'`),
+with this project's slot engine behind a JetStream `Engine` adapter (`experiments/serving.py`).
+
+    python -m experiments.serve --policy=runs/tiny --port=9000                 # a run's newest checkpoint
+    python -m experiments.serve --policy=/models/Qwen3-0.6B --max_prefill_length=1024 --max_new_tokens=512
+
+`--policy` is a training run's workdir (`--step=N`, default the newest checkpoint that reads) or a
+Hugging Face directory; a text request is rendered as `experiments.chat` renders a line (the built-in
+task: `47+85`; a text policy: its chat template, or the text as it is with `--prompt_style=raw`).
+Decoding is greedy unless `--temperature` > 0. The server listens on `--host` (localhost unless told
+otherwise) and runs until interrupted; the README has a client.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from absl import app, flags
+
+from experiments import conversation
+from experiments import cli, serving
+
+_POLICY = flags.DEFINE_string("policy", None, "training-run workdir or HF model directory", required=True)
+_STEP = flags.DEFINE_integer("step", None, "checkpoint step of a run workdir (default: the newest that reads)")
+_HOST = flags.DEFINE_string("host", "localhost", "interface to listen on (0.0.0.0 / [::] for every interface)")
+_PORT = flags.DEFINE_integer("port", 9000, "gRPC port")
+_SLOTS = flags.DEFINE_integer("slots", 4, "decode slots (requests decoded together)")
+_MAX_PREFILL = flags.DEFINE_integer("max_prefill_length", 64, "longest prompt in tokens (a power of two >= 16)")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "most tokens a request may ask for (default: the task's "
+                                "answer width, a run's rollout.max_new_tokens, or generation_config.json's / 512)")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "sampling temperature (0 = greedy)")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "nucleus sampling mass (1 = off)")
+_SEED = flags.DEFINE_integer("seed", 0, "sampling seed (request i uses fold_in(seed, i))")
+_STYLE = flags.DEFINE_enum("prompt_style", "auto", ["auto", "instruct", "raw"],
+                           "HF directories: chat template or the text as it is (auto: the template if there is one)")
+
+
+def main(argv):
+    del argv
+    logging.basicConfig(level=logging.WARNING)
+    # absl's handler is on the root logger at INFO; JetStream's orchestrator logs every step there.
+    logging.getLogger().setLevel(logging.WARNING)
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    serving.require_jetstream()  # before anything is loaded
+    m = _MAX_PREFILL.value
+    if m < 16 or m > 32768 or m & (m - 1):
+        raise app.UsageError(f"--max_prefill_length={m}: JetStream's prefill widths are powers of two in [16, 32768]")
+    if _TEMPERATURE.value < 0:
+        raise app.UsageError(f"--temperature={_TEMPERATURE.value} must be >= 0")
+    chat = conversation.make_chat(_POLICY.value, _STEP.value, max_new_tokens=_MAX_NEW.value,
+                              temperature=_TEMPERATURE.value, top_p=_TOP_P.value, seed=_SEED.value,
+                              prompt_style=_STYLE.value, max_prompt_tokens=_MAX_PREFILL.value)
+    server = serving.serve(chat, port=_PORT.value, host=_HOST.value, slots=_SLOTS.value,
+                           max_prefill_length=_MAX_PREFILL.value)
+    print(f"serving {_POLICY.value} on {_HOST.value}:{_PORT.value} (JetStream gRPC, {_SLOTS.value} slots, "
+          f"max_tokens <= {chat.max_new_tokens}); Ctrl-C to stop", flush=True)
+    try:
+        server.wait_for_termination()  # stops the server (and JetStream's threads) however it ends
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+
+
+if __name__ == "__main__":
+    cli.run(main)
