@@ -232,7 +232,12 @@ def check_resume_config(config: ml_collections.ConfigDict, spec: TrainSpec, stor
     A change of the saved state's shapes is refused naming the keys that cause it; any other
     change of a key outside `workdir.FREE_PREFIXES` needs `checkpoint.allow_config_change`.
     """
-    changes = workdir_lib.config_changes(stored, workdir_lib.flat_config(config))
+    flat = workdir_lib.flat_config(config)
+    added, removed = workdir_lib.schema_drift(stored, flat)
+    if added or removed:
+        log.warning("the stored config predates this code: keys added %s (their values apply from now), "
+                    "removed %s", added or "none", removed or "none")
+    changes = workdir_lib.config_changes(stored, flat)
     if not changes:
         return changes
     new_shapes = _abstract_state(config, spec, ())
@@ -259,7 +264,8 @@ def _write_config(workdir: str, config: ml_collections.ConfigDict, stored: dict[
                   kept_as: str) -> None:
     """Writes config.json; a stored one that differs is kept first as `config.<kept_as>.json`."""
     if stored is not None:
-        if not workdir_lib.config_changes(stored, workdir_lib.flat_config(config)):
+        flat = workdir_lib.flat_config(config)
+        if not workdir_lib.config_changes(stored, flat) and not any(workdir_lib.schema_drift(stored, flat)):
             return
         log.warning("the earlier config.json kept as %s", workdir_lib.keep_config(workdir, kept_as))
     with open(os.path.join(workdir, workdir_lib.CONFIG_NAME), "w") as f:

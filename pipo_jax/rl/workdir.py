@@ -159,9 +159,15 @@ def read_stored_config(workdir: str) -> dict[str, Any] | None:
 
 
 def config_changes(stored: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """`{key: (stored value, new value)}` for every key that differs (a key only one side has
-    counts, with `None` on the other)."""
-    return {k: (stored.get(k), new.get(k)) for k in sorted(set(stored) | set(new)) if stored.get(k) != new.get(k)}
+    """`{key: (stored value, new value)}` for every key both configs hold with different values."""
+    return {k: (stored[k], new[k]) for k in sorted(set(stored) & set(new)) if stored[k] != new[k]}
+
+
+def schema_drift(stored: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(keys only `new` holds, keys only `stored` holds): keys the code added or removed since
+    the run was stored. Not a change of the user's settings (the code's own behaviour is not
+    gated either); the trainer logs them and rewrites config.json, keeping the old one."""
+    return sorted(set(new) - set(stored)), sorted(set(stored) - set(new))
 
 
 def is_free(key: str) -> bool:
