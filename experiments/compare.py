@@ -196,6 +196,7 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
     config settings of every arm); writes compare.json / .png."""
     os.makedirs(out, exist_ok=True)
     start, cpu_start = time.perf_counter(), time.process_time()
+    origin = provenance.record()  # the code that runs (taken now: the tree may change while it runs)
     configs = {a: algorithm_config(a, preset, iterations, tuple(assignments)) for a in algorithms}
     first = next(iter(configs.values()))
     bases = []
@@ -214,7 +215,7 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
     summary = summarise(results, algorithms)
     record = {"script": "experiments/compare.py", "algorithms": algorithms, "preset": preset, "seeds": seeds,
               "settings": list(assignments), "task": first.task.name, "iterations": first.iterations, "wall_time_s": time.perf_counter() - start,
-              "cpu_time_s": time.process_time() - cpu_start, **provenance.record(),
+              "cpu_time_s": time.process_time() - cpu_start, **origin,
               "summary": summary, "runs": results}
     with open(os.path.join(out, "compare.json"), "w") as f:
         json.dump(record, f, indent=1)
