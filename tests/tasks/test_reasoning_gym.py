@@ -224,21 +224,27 @@ def test_tokenizer_form_short_run(model_dir, tmp_path):
     assert out["state"].step == 2 and 0.0 <= out["final_accuracy"] <= 1.0
 
 
+ITERATIONS = 40
+
+
 @pytest.mark.slow
-def test_chain_sum_learns_with_grpo():
-    """The CPU model, warmed up to a partial solver of 1-digit chain sums, improves its held-out
-    greedy accuracy (the library's verifier) under GRPO."""
+def test_spell_backward_learns_with_grpo():
+    """The CPU model, warmed up on the library's answers to a partial solver of spelling 3-4
+    letter words backward, raises its held-out greedy accuracy (the share the library's verifier
+    scores 1.0) under GRPO by >= 0.10 (one seed of `compare_rg_spell_backward_5seeds.json`'s
+    GRPO arm, fewer iterations)."""
     from experiments.compare import run_arm
     from pipo_jax.rl import warmup
     from pipo_jax.rl.trainer import warmup_kwargs
 
     c = grpo.get_config("tiny")
-    override(c, {"task.name": "reasoning_gym", "task.rg_dataset": "chain_sum",
-                 "task.rg_config": '{"min_terms":2,"max_terms":2,"min_digits":1,"max_digits":1}',
-                 "task.rg_size": 2000, "warmup.mistake_rate": 0.0, "warmup.context_fraction": 0.0,
-                 "warmup.steps": 300, "warmup.target_accuracy": 0.3, "eval.n": 128, "iterations": 40})
+    override(c, {"task.name": "reasoning_gym", "task.rg_dataset": "spell_backward",
+                 "task.rg_config": '{"min_word_len":3,"max_word_len":4}', "warmup.mistake_rate": 0.0,
+                 "warmup.context_fraction": 0.0, "warmup.steps": 400, "warmup.target_accuracy": 0.3,
+                 "iterations": ITERATIONS})
     spec = train_spec(c)
     base, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(c, 0))
-    rows = run_arm(c, [0], [base], 40)
-    assert rows[0]["initial_accuracy"] == pytest.approx(m["final_accuracy"])
-    assert rows[0]["final_accuracy"] >= rows[0]["initial_accuracy"] + 0.1, rows[0]
+    assert 0.2 <= m["final_accuracy"] <= 0.6, m["heldout_accuracy"]
+    row = run_arm(c, [0], [base], ITERATIONS)[0]
+    assert row["initial_accuracy"] == pytest.approx(m["final_accuracy"], abs=0.01)  # vmapped: same problems
+    assert row["final_accuracy"] >= row["initial_accuracy"] + 0.1, row["accuracy"]
