@@ -131,6 +131,9 @@ def make_reasoning_gym_task(c: ml_collections.ConfigDict):
     except ValueError as e:
         raise ConfigError(f"config.task: {e}") from e
     if not c.model.path:
+        if c.algorithm in ("sdpo", "vpd"):
+            raise ConfigError(f"config.algorithm: {c.algorithm} needs teacher contexts, which the reasoning_gym task "
+                              "has only with model.path (a tokenizer); use ppo, grpo, gspo or dapo")
         try:
             return rg.char_task(tc.rg_dataset, source, prompt_form=tc.rg_prompt, max_prompt_chars=tc.rg_max_prompt_chars,
                                 max_answer_chars=tc.rg_max_answer_chars, overlong=tc.rg_overlong,

@@ -139,6 +139,8 @@ def test_config_errors_name_the_key():
         make_task(rg_config(config="{"))
     with pytest.raises(ConfigError, match=r"rg_dataset='no_such_dataset'"):
         make_task(rg_config(dataset="no_such_dataset", config=""))
+    with pytest.raises(ConfigError, match=r"config\.algorithm: sdpo needs teacher contexts"):
+        make_task(rg_config(algorithm="sdpo"))
     with pytest.raises(ConfigError, match=r"config\.warmup\.mistake_rate: 0\.5: the built-in task's"):
         train_spec(rg_config(**{"warmup.mistake_rate": 0.5}))
 
