@@ -282,8 +282,10 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     """Loads the model config and the task `c` points at, validates `c` and returns its `TrainSpec`;
     raises `ConfigError` naming the key."""
     _choice(c.algorithm, "algorithm", ALGORITHMS)
+    model = make_model_config(c.model)  # its errors first: a paper preset without model.path says so
     task = make_task(c)
-    model = make_model_config(c.model, task)
+    if not c.model.path and c.model.preset == "task_tiny":
+        model = make_model_config(c.model, task)  # the task model's vocabulary covers the task's tokens
     _need(task.token_id_bound <= model.vocab_size, "task.tokenizer_path" if task.tokenizer is not None else "task",
           f"token ids up to {task.token_id_bound - 1} do not fit the model's vocab_size {model.vocab_size}")
     check_run_config(c, task)
