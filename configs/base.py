@@ -85,6 +85,17 @@ def base_config() -> ml_collections.ConfigDict:
     # code: run generated programs even where there is no network namespace (unshare unusable);
     # then only a Python audit hook, which ctypes gets past, keeps them off the network
     c.task.sandbox_allow_network = False
+    # reasoning-gym (task.name = reasoning_gym; `pip install 'pipo_jax[rg]'`): one of the library's
+    # procedural datasets, scored by its own `score_answer`. Without model.path: the CPU-sized model in
+    # a character vocabulary (warm-up on the library's answers); with model.path: its tokenizer and chat
+    # template (answers in <answer> tags). Split by task.split_seed / heldout_fraction.
+    c.task.rg_dataset = ""  # e.g. chain_sum, gcd, spell_backward
+    c.task.rg_config = ""  # JSON of the dataset's own config, e.g. '{"min_terms":2,"max_terms":3}'; "" = its defaults
+    c.task.rg_size = 4000  # entries generated (seed task.split_seed); repeated questions dropped (counted)
+    c.task.rg_prompt = "compact"  # character model: compact (the text all questions share cut off) | question
+    c.task.rg_max_prompt_chars = 48  # character model: longer rows follow rg_overlong
+    c.task.rg_max_answer_chars = 8
+    c.task.rg_overlong = "error"  # error (names the row) | drop (counted, logged)
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.prompts_per_batch = 16  # P prompts per iteration (train batch, in prompts)

@@ -1,7 +1,14 @@
-"""Algorithms with and without PIPO over many seeds on the built-in task, with uncertainty.
+"""Algorithms with and without PIPO over many seeds on the built-in task (or any task with a
+JAX reward, e.g. a reasoning-gym dataset), with uncertainty.
 
     python -m experiments.compare --algorithms=grpo --seeds=0-9 --out=runs/compare_grpo
     python -m experiments.compare --algorithms=sdpo,vpd --seeds=0-4 --iterations=150 --out=runs/compare_sdpo
+    python -m experiments.compare --algorithms=grpo --seeds=0-4 --out=runs/compare_rg_gcd \
+        --set=task.name=reasoning_gym --set=task.rg_dataset=gcd --set='task.rg_config={"max_value":30}' \
+        --set=warmup.mistake_rate=0 --set=warmup.context_fraction=0
+
+`--set=KEY=VALUE` (repeatable) sets any config key of every arm, as `--config.KEY=VALUE` does
+for the trainer (the value read as the key's type).
 
 Each seed has its own warmed-up base model (`experiments.runs.warmed_up_model`); both arms
 of an algorithm start from it and see the same RNG stream, so within a seed the two runs
@@ -46,6 +53,7 @@ _SEEDS = flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comm
 _ITERATIONS = flags.DEFINE_integer("iterations", 0, "RL iterations; 0 = the preset's")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 0, "iterations between evaluations; 0 = the preset's eval.every")
 _OUT = flags.DEFINE_string("out", "runs/compare", "output directory (base models are cached here)")
+_SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE: a config key of every arm (e.g. task.rg_dataset=gcd)")
 
 
 def stack(trees: list) -> Any:
@@ -81,9 +89,9 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
     initial / final accuracy, reward_auc (mean batch reward), pi_steps.
     """
     spec = train_spec(config)
-    if not (spec.task.device_reward and spec.task.exact_answers):
+    if not spec.task.device_reward:
         raise ValueError(f"compare.run_arm: the {spec.task.name} task is scored on the host; the vmapped scan and "
-                         "evaluation need a JAX reward and exact answers (the built-in task)")
+                         "evaluation need a JAX reward (the built-in task, reasoning-gym)")
     states = stack([init_train_state(spec, p, s) for p, s in zip(base_params, seeds)])
     n_eval, total = config.eval.n, config.iterations
     kinds = ("none", "solution", "feedback") if spec.uses_teacher else ("none",)
@@ -114,7 +122,41 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
     return out
 
 
-def algorithm_config(name: str, preset: str, iterations: int) -> ml_collections.ConfigDict:
+def set_key(c: ml_collections.ConfigDict, assignment: str) -> None:
+    """Applies 'KEY=VALUE' (dotted key) to `c`, VALUE read as the key's current type;
+    ValueError naming the key."""
+    key, sep, text = assignment.partition("=")
+    if not sep:
+        raise ValueError(f"--set={assignment!r}: expected KEY=VALUE")
+    *parents, leaf = key.strip().split(".")
+    node = c
+    for part in parents:
+        if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
+            raise ValueError(f"--set={assignment!r}: config has no section {part!r}")
+        node = node[part]
+    if leaf not in node:
+        raise ValueError(f"--set={assignment!r}: config has no key {key!r}")
+    old = node[leaf]
+    try:
+        if isinstance(old, bool):
+            if text.lower() not in ("true", "false"):
+                raise ValueError("expected true or false")
+            value = text.lower() == "true"
+        elif isinstance(old, int):
+            value = int(text)
+        elif isinstance(old, float):
+            value = float(text)
+        elif old is None:
+            value = None if text.lower() in ("none", "") else float(text)
+        else:
+            value = text
+    except ValueError as e:
+        raise ValueError(f"--set={assignment!r}: {key} is a {type(old).__name__}: {e}") from e
+    node[leaf] = value
+
+
+def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple[str, ...] = ()
+                     ) -> ml_collections.ConfigDict:
     """configs/<name>.py's `preset`; an unknown algorithm or preset is a `UsageError` naming the flag."""
     if not os.path.exists(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                                        f"{name}.py")):
@@ -123,6 +165,11 @@ def algorithm_config(name: str, preset: str, iterations: int) -> ml_collections.
         c = importlib.import_module(f"configs.{name}").get_config(preset)
     except ValueError as e:
         raise cli.UsageError(f"--preset={preset}: {cli.one_line(e)}") from None
+    for a in assignments:
+        try:
+            set_key(c, a)
+        except ValueError as e:
+            raise cli.UsageError(str(e)) from None
     if iterations:
         c.iterations = iterations
     return c
@@ -154,9 +201,12 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
 
 
 def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iterations: int = 0,
-            eval_every: int = 0) -> dict:
-    """Runs every algorithm with PIPO off and on for all `seeds`; writes compare.json / .png."""
-    configs = {a: algorithm_config(a, preset, iterations) for a in algorithms}  # a bad flag fails before any write
+            eval_every: int = 0, assignments: tuple[str, ...] = ()) -> dict:
+    """Runs every algorithm with PIPO off and on for all `seeds` (`assignments`: 'KEY=VALUE'
+    config settings of every arm); writes compare.json / .png."""
+    origin = provenance.record()  # the code that runs (taken now: the tree may change while it runs)
+    # a bad flag fails before any write
+    configs = {a: algorithm_config(a, preset, iterations, tuple(assignments)) for a in algorithms}
     os.makedirs(out, exist_ok=True)
     start, cpu_start = time.perf_counter(), time.process_time()
     first = next(iter(configs.values()))
@@ -175,8 +225,8 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
             jax.clear_caches()
     summary = summarise(results, algorithms)
     record = {"script": "experiments/compare.py", "algorithms": algorithms, "preset": preset, "seeds": seeds,
-              "iterations": first.iterations, "wall_time_s": time.perf_counter() - start,
-              "cpu_time_s": time.process_time() - cpu_start, **provenance.record(),
+              "settings": list(assignments), "task": first.task.name, "iterations": first.iterations, "wall_time_s": time.perf_counter() - start,
+              "cpu_time_s": time.process_time() - cpu_start, **origin,
               "summary": summary, "runs": results}
     with open(os.path.join(out, "compare.json"), "w") as f:
         json.dump(record, f, indent=1)
@@ -242,7 +292,7 @@ def main(argv):
         if flag.value < 0:
             raise cli.UsageError(f"--{flag.name}={flag.value}: must be >= 0")
     record = compare(_ALGORITHMS.value, _PRESET.value, parse_seeds(_SEEDS.value), _OUT.value,
-                     _ITERATIONS.value, _EVAL_EVERY.value)
+                     _ITERATIONS.value, _EVAL_EVERY.value, tuple(_SET.value))
     print(format_table(record))
     print(f"wrote {os.path.join(_OUT.value, 'compare.json')} and compare.png "
           f"({record['wall_time_s']:.0f}s wall, {record['cpu_time_s']:.0f}s CPU)")

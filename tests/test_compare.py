@@ -19,6 +19,19 @@ def test_parse_seeds():
         runs.parse_seeds("3-1")
 
 
+def test_set_reads_the_value_as_the_keys_type():
+    c = compare.algorithm_config("grpo", "micro", 0, (
+        "task.name=reasoning_gym", 'task.rg_config={"min_terms":2,"max_terms":3}', "warmup.steps=7",
+        "warmup.lr=0.5", "pipo.enabled=true", "warmup.target_accuracy=0.3"))
+    assert (c.task.name, c.task.rg_config, c.warmup.steps, c.warmup.lr, c.pipo.enabled, c.warmup.target_accuracy) == (
+        "reasoning_gym", '{"min_terms":2,"max_terms":3}', 7, 0.5, True, 0.3)
+    for bad, message in (("warmup.steps=x", "warmup.steps is a int"), ("pipo.enabled=1", "expected true or false"),
+                         ("task.no_key=1", "config has no key 'task.no_key'"), ("nosection.a=1", "no section"),
+                         ("warmup.steps", "expected KEY=VALUE")):
+        with pytest.raises(ValueError, match=message):
+            compare.algorithm_config("grpo", "micro", 0, (bad,))
+
+
 # With PIPO: the PI step's `lax.cond` becomes a select under vmap, and the base step is the
 # program without PIPO. (Both arms run vmapped end to end in tests/test_experiments.py.)
 @pytest.mark.slow  # the trainer compiled twice (vmapped and alone)

@@ -21,7 +21,7 @@ LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.data", "pipo_ja
 
 # Imported inside the function that needs them, so the package runs without them installed.
 OPTIONAL_THIRD_PARTY = frozenset({"tunix", "pyarrow", "tensorflow_datasets", "transformers", "torch", "tensorboardX",
-                                  "wandb", "matplotlib", "tqdm", "math_verify", "tokenizers"})
+                                  "wandb", "matplotlib", "tqdm", "math_verify", "tokenizers", "reasoning_gym"})
 
 
 def _module_name(path: pathlib.Path) -> str:

@@ -90,7 +90,7 @@ class Placement:
 
     def reference_accuracy(self, spec: TrainSpec, params, n: int, rng, kind: str = "none") -> float:
         """Greedy accuracy on the task's `n` held-out problems drawn with `rng` (shown teacher
-        context `kind`, see `teacher_forcing.heldout_accuracy`); `exact_answers` tasks."""
+        context `kind`, see `teacher_forcing.heldout_accuracy`); `exact_answers` or `device_reward` tasks."""
         if self.mesh is None:
             table = rollout.prompt_table(spec)
             return float(teacher_forcing.heldout_accuracy(spec.model, params, spec.task, table, n, rng, kind))

@@ -199,8 +199,9 @@ def eval_benchmarks(ec: ml_collections.ConfigDict) -> tuple[dict[str, str], tupl
     return out, ks
 
 
-def make_model_config(mc: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
-    """The model's shapes: the built-in task model, a preset, or the HF directory's config.json."""
+def make_model_config(mc: ml_collections.ConfigDict, task: Task | None = None) -> qwen3.Qwen3Config:
+    """The model's shapes: the built-in task model (its vocabulary wide enough for `task`'s
+    token ids), a preset, or the HF directory's config.json."""
     _choice(mc.platform, "model.platform", ("auto", *platforms.PLATFORMS))
     _choice(mc.attention_impl, "model.attention_impl", attention.IMPLS)
     _choice(mc.layer_loop, "model.layer_loop", qwen3.LAYER_LOOPS)
@@ -213,7 +214,9 @@ def make_model_config(mc: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
             with open(os.path.join(mc.path, "config.json")) as f:
                 return hf.config_from_hf(json.load(f), os.path.join(mc.path, "config.json"), **overrides)
         if mc.preset == "task_tiny":
-            return warmup.task_model_config(**overrides)
+            if task is None:
+                return warmup.task_model_config(**overrides)
+            return warmup.task_model_config(task.token_id_bound, **overrides)
         _need(False, "model.path", f"model.preset={mc.preset!r} needs the Hugging Face weights: set "
               f"--config.model.path=/path/to/{mc.preset} (no weights are downloaded at run time)")
     except (ValueError, FileNotFoundError) as e:
@@ -271,14 +274,19 @@ def check_run_config(c: ml_collections.ConfigDict, task: Task) -> None:
         _need(c.warmup.lr > 0, "warmup.lr", f"{c.warmup.lr} must be > 0")
         for key in ("mistake_rate", "context_fraction"):
             _need(0.0 <= c.warmup[key] <= 1.0, f"warmup.{key}", f"{c.warmup[key]} must be in [0, 1]")
+            _need(task.name == "arithmetic" or c.warmup[key] == 0, f"warmup.{key}",
+                  f"{c.warmup[key]}: the built-in task's; the {task.name} task warms up on its reference "
+                  "responses only (set it to 0)")
 
 
 def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     """Loads the model config and the task `c` points at, validates `c` and returns its `TrainSpec`;
     raises `ConfigError` naming the key."""
     _choice(c.algorithm, "algorithm", ALGORITHMS)
-    model = make_model_config(c.model)
+    model = make_model_config(c.model)  # its errors first: a paper preset without model.path says so
     task = make_task(c)
+    if not c.model.path and c.model.preset == "task_tiny":
+        model = make_model_config(c.model, task)  # the task model's vocabulary covers the task's tokens
     _need(task.token_id_bound <= model.vocab_size, "task.tokenizer_path" if task.tokenizer is not None else "task",
           f"token ids up to {task.token_id_bound - 1} do not fit the model's vocab_size {model.vocab_size}")
     check_run_config(c, task)

@@ -1,7 +1,8 @@
 """The task a run config names (`config.task`), built through the Task protocol's implementations.
 
-`make_task(config)`: the built-in arithmetic task, or a dataset task (math / code) loaded from
-`task.path` with its tokenizer and the host reward's settings. The one module of the learner
+`make_task(config)`: the built-in arithmetic task, a dataset task (math / code) loaded from
+`task.path` with its tokenizer and the host reward's settings, or a reasoning-gym dataset
+(`task.rg_*`: in the character vocabulary, or with `model.path`'s tokenizer). The one module of the learner
 that names concrete tasks (besides `warmup.py`, the built-in task's supervised warm-up); the
 rest reach a task through `pipo_jax.tasks.protocol.Task`. Errors are `ConfigError`s naming the key.
 """
@@ -17,10 +18,11 @@ from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
 from pipo_jax.data.sources import DataError, SourceConfig, load_examples
 from pipo_jax.rl.sections import ConfigError, choice as _choice
 from pipo_jax.tasks import arithmetic, code, dataset
+from pipo_jax.tasks import reasoning_gym as rg
 from pipo_jax.tasks.math import MathVerifyConfig, resolve_workers
 from pipo_jax.tasks.protocol import Task
 
-TASKS = ("arithmetic",) + dataset.KINDS
+TASKS = ("arithmetic",) + dataset.KINDS + ("reasoning_gym",)
 
 
 def make_task(c: ml_collections.ConfigDict) -> Task:
@@ -29,6 +31,8 @@ def make_task(c: ml_collections.ConfigDict) -> Task:
     _choice(tc.name, "task.name", TASKS)
     if tc.name in dataset.KINDS:
         return make_dataset_task(c)
+    if tc.name == "reasoning_gym":
+        return make_reasoning_gym_task(c)
     try:
         return arithmetic.ArithmeticTask(
             min_digits=tc.min_digits, max_digits=tc.max_digits, ops=tuple(tc.ops), answer_format=tc.answer_format,
@@ -44,7 +48,8 @@ def prompt_config(tc: ml_collections.ConfigDict) -> PromptConfig:
     _choice(tc.enable_thinking, "task.enable_thinking", ("template", "true", "false"))
     instruction = tc.instruction
     if instruction == "auto":
-        instruction = DEFAULT_INSTRUCTION if tc.name == "math" else dataset.CODE_INSTRUCTION
+        instruction = {"math": DEFAULT_INSTRUCTION, "code": dataset.CODE_INSTRUCTION,
+                       "reasoning_gym": rg.TEXT_INSTRUCTION}[tc.name]
     thinking = None if tc.enable_thinking == "template" else tc.enable_thinking == "true"
     try:
         return PromptConfig(style=tc.prompt_style, instruction=instruction, enable_thinking=thinking,
@@ -145,3 +150,41 @@ def check_sandbox(tc: ml_collections.ConfigDict) -> None:
         code.check_process_bound(config)
     except code.SandboxUnavailable as e:
         raise ConfigError(f"config.task: {e}") from e
+
+
+def make_reasoning_gym_task(c: ml_collections.ConfigDict):
+    """A reasoning-gym dataset (`task.rg_*`): in the character vocabulary for the task model, or
+    rendered with `model.path`'s tokenizer and chat template (`task.tokenizer_path` overrides)."""
+    tc = c.task
+    if not tc.rg_dataset:
+        raise ConfigError("config.task.rg_dataset: name a reasoning-gym dataset (e.g. chain_sum, gcd, spell_backward)")
+    try:
+        rg.import_reasoning_gym()
+    except ImportError as e:
+        raise ConfigError(f"config.task.name: {e}") from e
+    try:
+        source = rg.generate_entries(tc.rg_dataset, rg.parse_config(tc.rg_config), tc.rg_size, tc.split_seed,
+                                     tc.heldout_fraction)
+    except ValueError as e:
+        raise ConfigError(f"config.task: {e}") from e
+    if not c.model.path:
+        if c.algorithm in ("sdpo", "vpd"):
+            raise ConfigError(f"config.algorithm: {c.algorithm} needs teacher contexts, which the reasoning_gym task "
+                              "has only with model.path (a tokenizer); use ppo, grpo, gspo or dapo")
+        try:
+            return rg.char_task(tc.rg_dataset, source, prompt_form=tc.rg_prompt, max_prompt_chars=tc.rg_max_prompt_chars,
+                                max_answer_chars=tc.rg_max_answer_chars, overlong=tc.rg_overlong,
+                                workers=resolve_workers(tc.verify_workers))
+        except ValueError as e:
+            raise ConfigError(f"config.task: {e}") from e
+    missing = [hint for hint in dataset_task_settings_missing(c) if "task.path" not in hint]
+    if missing:
+        raise ConfigError(f"config: task.name='reasoning_gym' with model.path needs " + "; ".join(missing))
+    tok_path = tc.tokenizer_path or c.model.path
+    try:
+        tokenizer = tok_lib.load_tokenizer(tok_path)
+        return rg.text_task(tc.rg_dataset, source, tokenizer, prompt_config(tc),
+                            stop_token_ids=tok_lib.stop_token_ids(tokenizer, tok_path),
+                            pad_id=tok_lib.pad_token_id(tokenizer), workers=resolve_workers(tc.verify_workers))
+    except (DataError, FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"config.task (rg_dataset={tc.rg_dataset!r}, tokenizer={tok_path!r}): {e}") from e

@@ -1,5 +1,8 @@
 """Greedy accuracy by teacher forcing, for tasks whose problems have one correct response
-(`Task.exact_answers`, e.g. the built-in arithmetic task).
+(`Task.exact_answers`, e.g. the built-in arithmetic task); other tasks with a JAX reward
+(`device_reward`, e.g. reasoning-gym's, whose verifier may accept other answers or give
+partial credit) are decoded greedily and scored by that reward (`decoded_accuracy`: the share
+scored 1.0).
 
 Greedy decoding reproduces a target exactly when the teacher-forced argmax reproduces every
 target token: decoding feeds back its own argmax, which is the target token as long as every
@@ -16,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from pipo_jax.models import qwen3
+from pipo_jax.sampling import sampler
 from pipo_jax.tasks.protocol import Task
 
 
@@ -47,6 +51,15 @@ def problems_accuracy(model: qwen3.Qwen3Config, params, task: Task, problems) ->
     return jnp.mean(ok.astype(jnp.float32))
 
 
+def decoded_accuracy(model: qwen3.Qwen3Config, params, task: Task, problems) -> jax.Array:
+    """float32 []: the share of `problems` whose greedy response (`task.answer_len` tokens) the
+    task's JAX reward scores 1.0, i.e. solved (partial credit does not count; `device_reward` tasks)."""
+    out = sampler.generate(model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, jax.random.PRNGKey(0),
+                           max_new_tokens=task.answer_len, temperature=0.0, stop_token_ids=tuple(task.stop_token_ids),
+                           pad_id=task.pad_id)
+    return jnp.mean((task.reward(problems, out.tokens_br, out.mask_br) >= 1.0).astype(jnp.float32))
+
+
 @functools.partial(jax.jit, static_argnames=("model", "task", "n", "kind"))
 def heldout_accuracy(model: qwen3.Qwen3Config, params, task: Task, table, n: int, rng: jax.Array,
                      kind: str = "none") -> jax.Array:
@@ -57,4 +70,6 @@ def heldout_accuracy(model: qwen3.Qwen3Config, params, task: Task, table, n: int
         problems = task.heldout_problems(table, n, rng)
     else:
         problems = task.teacher_eval_problems(table, n, rng)[kind]
+    if not task.exact_answers and task.device_reward:
+        return decoded_accuracy(model, params, task, problems)
     return problems_accuracy(model, params, task, problems)

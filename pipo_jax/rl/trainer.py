@@ -56,13 +56,14 @@ class Evaluation:
 
     def __call__(self, params, step: int) -> dict[str, float]:
         """Greedy accuracy on `eval.n` fixed held-out problems: teacher-forced for a task with
-        exact answers (`rl/teacher_forcing.py`), else decoded and scored on host-gathered params.
+        exact answers (`rl/teacher_forcing.py`), decoded and scored by the JAX reward in one
+        program for another `device_reward` task, else decoded and scored on host-gathered params.
         SDPO / VPD: also the accuracy on the same problems shown each of the task's teacher
         contexts (`teacher_accuracy_<kind>`, e.g. a correct sibling's solution or the feedback on
         a wrong response). Then the benchmarks' pass@k."""
         spec, ec = self.spec, self.config.eval
         key = jax.random.PRNGKey(EVAL_SEED)
-        if spec.task.exact_answers:
+        if spec.task.exact_answers or spec.task.device_reward:
             out = {"heldout_accuracy": self.where.reference_accuracy(spec, params, ec.n, key)}
             if spec.uses_teacher:
                 kinds = jax.eval_shape(lambda: spec.task.teacher_eval_problems(spec.task.prompt_table(), ec.n, key))

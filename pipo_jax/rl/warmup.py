@@ -1,5 +1,7 @@
 """Supervised warm-up: turns a randomly initialised tiny Qwen3 into a *partial* solver of
-the arithmetic task (the RL base model), so reinforcement learning has room to improve.
+the arithmetic task, or of any task with reference responses (`Task.reference_responses`,
+e.g. a reasoning-gym dataset in the character vocabulary: the library's own answers), the RL
+base model, so reinforcement learning has room to improve.
 
 Cross-entropy on the target tokens only (answer and EOS; prompt tokens carry no loss),
 AdamW through optax, `eval_every` steps per jitted `lax.scan` chunk, greedy held-out
@@ -39,10 +41,11 @@ from pipo_jax.rl import teacher_forcing
 from pipo_jax.tasks import arithmetic
 
 
-def task_model_config(**overrides) -> qwen3.Qwen3Config:
-    """The tiny Qwen3 for the built-in task: the char vocabulary rounded up to 32 ids,
-    hidden 128, 2 layers, 4 query / 2 kv heads of 32, MLP 256 (~0.3M parameters)."""
-    vocab = -(-char_vocab.VOCAB_SIZE // 32) * 32
+def task_model_config(vocab_ids: int = char_vocab.VOCAB_SIZE, **overrides) -> qwen3.Qwen3Config:
+    """The tiny Qwen3 for the built-in task: `vocab_ids` (the char vocabulary; a task's
+    `token_id_bound`) rounded up to 32 ids, hidden 128, 2 layers, 4 query / 2 kv heads of 32,
+    MLP 256 (~0.3M parameters)."""
+    vocab = -(-vocab_ids // 32) * 32
     base = qwen3.Qwen3Config(
         vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=10_000.0,
@@ -51,13 +54,16 @@ def task_model_config(**overrides) -> qwen3.Qwen3Config:
     return base.replace(**overrides)
 
 
-def answer_loss(model_config: qwen3.Qwen3Config, params, problems: arithmetic.Problems) -> jax.Array:
-    """Mean cross-entropy (nats per target token) of the answer tokens and EOS."""
+def answer_loss(model_config: qwen3.Qwen3Config, params, problems, targets=None) -> jax.Array:
+    """Mean cross-entropy (nats per target token) of the answer tokens and EOS (`targets`:
+    (tokens, mask) `[b, a]`, default the problems' own `target_tokens_ba` / `target_mask_ba`)."""
+    target_ba, target_mask_ba = targets if targets is not None else (problems.target_tokens_ba,
+                                                                    problems.target_mask_ba)
     logits_bav = teacher_forcing.target_logits(model_config, params, problems.prompt_tokens_bp, problems.prompt_mask_bp,
-                                               problems.target_tokens_ba, problems.target_mask_ba)
+                                               target_ba, target_mask_ba)
     logp = jax.nn.log_softmax(logits_bav, axis=-1)
-    nll_ba = -jnp.take_along_axis(logp, problems.target_tokens_ba[..., None], axis=-1)[..., 0]
-    mask = problems.target_mask_ba.astype(jnp.float32)
+    nll_ba = -jnp.take_along_axis(logp, target_ba[..., None], axis=-1)[..., 0]
+    mask = target_mask_ba.astype(jnp.float32)
     return jnp.sum(nll_ba * mask) / jnp.sum(mask)
 
 
@@ -91,11 +97,13 @@ def make_warmup_optimizer(lr: float, weight_decay: float = 0.01, warmup_steps: i
     return optax.chain(optax.clip_by_global_norm(clip_norm), optax.adamw(schedule, weight_decay=weight_decay))
 
 
-def demonstrations(task: arithmetic.ArithmeticTask, rng, batch: int, context_fraction: float = 0.0,
-                   mistake_rate: float = 0.0) -> arithmetic.Problems:
+def demonstrations(task, rng, batch: int, context_fraction: float = 0.0, mistake_rate: float = 0.0):
     """A warm-up batch of train problems: a `context_fraction` share shown with a teacher
     context (`draw_contexts`, true targets), and on the plain rows the target replaced by
-    `arithmetic.carryless_answer` with probability `mistake_rate`."""
+    `arithmetic.carryless_answer` with probability `mistake_rate` (both the built-in task's);
+    another task's: its train problems with their `reference_responses`."""
+    if not isinstance(task, arithmetic.ArithmeticTask):
+        return task.sample_problems(None, rng, batch, "train")
     problems = arithmetic.sample_problems(task, rng, batch, split="train")
     kind_b = jnp.zeros((batch,), jnp.int32)
     if context_fraction > 0:
@@ -123,7 +131,8 @@ def train_chunk(model_config, task, optimizer, params, opt_state, rng, *, batch:
     def step(carry, key):
         p, s = carry
         problems = demonstrations(task, key, batch, context_fraction, mistake_rate)
-        loss, grads = jax.value_and_grad(answer_loss, argnums=1)(model_config, p, problems)
+        loss, grads = jax.value_and_grad(answer_loss, argnums=1)(model_config, p, problems,
+                                                                 task.reference_responses(problems))
         updates, s = optimizer.update(grads, s, p)
         return (optax.apply_updates(p, updates), s), loss
 
@@ -166,7 +175,7 @@ def abstract_progress(model_config: qwen3.Qwen3Config, *, steps: int, lr: float,
 
 def warmup(
     model_config: qwen3.Qwen3Config,
-    task: arithmetic.ArithmeticTask,
+    task,
     *,
     steps: int,
     batch: int,
@@ -206,12 +215,18 @@ def warmup(
     for name, value in (("steps", steps), ("batch", batch), ("eval_every", eval_every), ("eval_n", eval_n)):
         if value < 1:
             raise ValueError(f"warmup: {name}={value} must be >= 1")
-    if model_config.vocab_size < char_vocab.VOCAB_SIZE:
+    if model_config.vocab_size < task.token_id_bound:
         raise ValueError(f"warmup: model_config.vocab_size={model_config.vocab_size} < the task vocabulary "
-                         f"({char_vocab.VOCAB_SIZE} tokens)")
-    if model_config.max_position_embeddings < task.sequence_len:
+                         f"({task.token_id_bound} tokens)")
+    if model_config.max_position_embeddings < task.prompt_len + task.answer_len:
         raise ValueError(f"warmup: model_config.max_position_embeddings={model_config.max_position_embeddings} "
-                         f"< task.sequence_len={task.sequence_len}")
+                         f"< the task's prompt + answer length {task.prompt_len + task.answer_len}")
+    if not isinstance(task, arithmetic.ArithmeticTask) and (mistake_rate > 0 or context_fraction > 0):
+        raise ValueError(f"warmup: mistake_rate / context_fraction are the built-in task's; the {task.name} task "
+                         "warms up on its reference responses only (set both to 0)")
+    if not isinstance(task, arithmetic.ArithmeticTask) and task.reference_responses(
+            jax.eval_shape(lambda: task.sample_problems(None, jax.random.PRNGKey(0), 1, "train"))) is None:
+        raise ValueError(f"warmup: the {task.name} task has no reference responses to learn from")
     if target_accuracy is not None and not 0.0 <= target_accuracy <= 1.0:
         raise ValueError(f"warmup: target_accuracy={target_accuracy} must be in [0, 1]")
     if not 0.0 <= context_fraction <= 1.0:
@@ -241,9 +256,11 @@ def warmup(
     def evaluate(kind: str = "none") -> float:
         return float(teacher_forcing.heldout_accuracy(model_config, params, task, None, eval_n, k_eval, kind))
 
-    def evaluate_teacher():
+    contexts = jax.eval_shape(lambda: task.teacher_eval_problems(None, 1, k_eval))  # {} for a task without any
+
+    def evaluate_teacher():  # NaN: the task has no such context
         for kind, curve in teacher.items():
-            curve.append(evaluate(kind))
+            curve.append(evaluate(kind) if kind in contexts else float("nan"))
 
     if resume is None:
         teacher = {"solution": [], "feedback": []}

@@ -64,10 +64,11 @@ class Task(Protocol):
     token_id_bound: one past the largest token id the task produces (<= the model's vocab).
     train_size: rows of a finite training split (0: problems are generated, no epochs).
     device_reward: `reward` / `teacher_prompts` are JAX functions, so an iteration can be one
-      jit (the scan loop); False: the reward runs on the host (`scorer`, the host loop).
+      jit (the scan loop; the function may call the host, as reasoning-gym's verifier through
+      `jax.pure_callback`); False: the reward runs on the host (`scorer`, the host loop).
     exact_answers: each problem has one correct response (`reference_responses`), so greedy
       accuracy is one teacher-forced forward (`rl/teacher_forcing.py`); False: the trainer
-      decodes greedily and scores.
+      decodes greedily and scores (in one program with a JAX reward).
     tokenizer: the Hugging Face tokenizer of a text task (exported with the policy), or None.
     """
 
@@ -110,8 +111,10 @@ class Task(Protocol):
         """The `n` problems the trainer evaluates on (the same ones for the same `rng`)."""
 
     def reference_responses(self, problems: Any) -> tuple[jax.Array, jax.Array] | None:
-        """The one correct response `(tokens_ba, mask_ba)` (stop token included) of each
-        problem (`exact_answers` tasks), else None."""
+        """A correct response `(tokens_ba, mask_ba)` (stop token included) of each problem:
+        the only one for `exact_answers` tasks (greedy accuracy by teacher forcing), else a
+        demonstration (the supervised warm-up's target, e.g. reasoning-gym's answer); None
+        when the task has none."""
 
     def reward(self, problems: Any, tokens_br: jax.Array, mask_br: jax.Array) -> jax.Array:
         """float32 `[b]` reward in JAX (`device_reward` tasks)."""

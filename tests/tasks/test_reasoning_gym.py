@@ -1,0 +1,253 @@
+"""reasoning-gym as a task source (`pipo_jax/tasks/reasoning_gym.py`): the library's own verifier
+through the trainer's reward path, the split, the length / vocabulary errors, the missing extra,
+the tokenizer (paper-scale) form, and (slow) that the CPU model learns one dataset."""
+
+import builtins
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import grpo
+from pipo_jax.data import text_vocab
+from pipo_jax.data import tokenizer as tk
+from pipo_jax.models import hf, qwen3
+from pipo_jax.rl import rollout, teacher_forcing
+from pipo_jax.rl.sections import ConfigError
+from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.task_config import make_task
+from pipo_jax.tasks import reasoning_gym as rgt
+from tests.conftest import override
+from tests.data.tiny_tokenizer import save_tiny_tokenizer
+
+rg = pytest.importorskip("reasoning_gym", reason="reasoning-gym is an optional extra: pip install 'pipo_jax[rg]'")
+
+SPELL = '{"min_word_len":3,"max_word_len":5}'
+GCD = '{"min_numbers":2,"max_numbers":2,"min_value":1,"max_value":50}'
+
+
+def rg_config(dataset="spell_backward", config=SPELL, **overrides):
+    c = grpo.get_config("micro")
+    c.task.name = "reasoning_gym"
+    c.task.rg_dataset = dataset
+    c.task.rg_config = config
+    c.task.rg_size = 400
+    c.warmup.steps = 2
+    return override(c, overrides)
+
+
+def responses(texts, width):
+    """Responses in the character vocabulary: each text then <eos>, right-padded `[B, width]`."""
+    tokens = np.full((len(texts), width), text_vocab.PAD_ID, np.int32)
+    mask = np.zeros_like(tokens)
+    for i, t in enumerate(texts):
+        ids = (text_vocab.encode(t) + [text_vocab.EOS_ID])[:width]
+        tokens[i, :len(ids)], mask[i, :len(ids)] = ids, 1
+    return tokens, mask
+
+
+def trainer_rewards(spec, rows, texts):
+    """Rewards of `texts` as responses to task rows `rows`, through the trainer's reward path
+    (`rollout.task_rewards` of a `Rollout`, jitted like the scan loop's)."""
+    problems = spec.task.problems_at(np.asarray(rows, np.int32))
+    resp, mask = responses(texts, spec.rollout.response_len)
+    batch = rollout.from_generation(problems, jnp.asarray(resp), jnp.asarray(mask),
+                                    jnp.zeros(resp.shape, jnp.float32))
+    return np.asarray(jax.jit(rollout.task_rewards, static_argnums=0)(spec, batch))
+
+
+def last_changed(answer):  # spell_backward credits each right letter in place
+    return answer[:-1] + ("a" if answer[-1] != "a" else "b")
+
+
+def x_before(answer):  # gcd credits a response holding the answer by its share of the response
+    return "x" + answer
+
+
+@pytest.mark.parametrize("dataset,config,wrong_of", [("spell_backward", SPELL, last_changed), ("gcd", GCD, x_before)])
+def test_reward_is_the_librarys_score_through_the_trainer_path(dataset, config, wrong_of):
+    spec = train_spec(rg_config(dataset, config))
+    task = spec.task
+    rows = list(task.source.heldout_rows[:4])
+    entries = [task.source.entries[r] for r in rows]
+    right = [e["answer"] for e in entries]
+    wrong = [wrong_of(e["answer"]) for e in entries]
+    got = trainer_rewards(spec, rows + rows, right + wrong)
+    ds = rg.create_dataset(dataset, seed=0, size=400, **json.loads(config))
+    want_wrong = [ds.score_answer(w, e) for w, e in zip(wrong, entries)]
+    np.testing.assert_allclose(got[:4], 1.0)
+    np.testing.assert_allclose(got[4:], want_wrong, rtol=1e-6)
+    assert all(0.0 < w < 1.0 for w in want_wrong), want_wrong  # both datasets give partial credit here
+    # a response without <eos> (cut at the width) is scored on what it holds; an empty one scores 0
+    np.testing.assert_allclose(trainer_rewards(spec, rows[:1], [""]), [ds.score_answer("", entries[0])])
+
+
+def test_vmapped_seeds_score_every_batch_in_one_host_call():
+    task = train_spec(rg_config()).task
+    problems = task.problems_at(task.source.heldout_rows[:3])
+    right, mask = responses([task.source.entries[r]["answer"] for r in task.source.heldout_rows[:3]], task.answer_len)
+    wrong, wmask = responses(["zz", "zz", "zz"], task.answer_len)
+    r = jax.jit(jax.vmap(lambda t, m: task.reward(problems, t, m)))(jnp.stack([right, wrong]), jnp.stack([mask, wmask]))
+    np.testing.assert_allclose(np.asarray(r), [[1.0] * 3, [0.0] * 3])
+
+
+def test_split_is_disjoint_and_repeats_are_counted():
+    src = rgt.generate_entries("gcd", json.loads(GCD), 600, 3, 0.2)
+    questions = [e["question"] for e in src.entries]
+    assert len(set(questions)) == len(questions) == 600 - src.num_duplicates and src.num_duplicates > 0
+    train = {questions[i] for i in src.train_rows}
+    held = {questions[i] for i in src.heldout_rows}
+    assert not train & held and len(train) + len(held) == len(questions)
+    assert len(held) == round(0.2 * len(questions))
+    again = rgt.generate_entries("gcd", json.loads(GCD), 600, 3, 0.2)  # deterministic in the seed
+    np.testing.assert_array_equal(again.heldout_rows, src.heldout_rows)
+    other = rgt.generate_entries("gcd", json.loads(GCD), 600, 4, 0.2)
+    assert [e["question"] for e in other.entries] != questions
+
+
+def test_compact_prompts_cut_the_shared_text_only():
+    assert rgt.compact_questions(["Find the GCD of: 49, 29. Give it.", "Find the GCD of: 6, 6. Give it.",
+                                  "Find the GCD of: 41, 23. Give it."]) == ["49, 29", "6, 6", "41, 23"]
+    # the shared '4' of '41' / '49' stays: a number is never cut
+    assert rgt.compact_questions(["sum: 41 + 1 =", "sum: 49 + 2 ="]) == ["41 + 1", "49 + 2"]
+    task = train_spec(rg_config()).task
+    assert all(e["question"].endswith(p) for p, e in zip(task.prompts, task.source.entries))
+    prompt = text_vocab.decode(task.prompt_tokens_np[0][task.prompt_tokens_np[0] != text_vocab.PAD_ID])
+    assert prompt == "<bos>" + task.prompts[0] + "<answer>"
+
+
+def test_length_and_vocabulary_errors_name_the_row():
+    with pytest.raises(ConfigError, match=r"config\.task: rg_dataset='spell_backward' row \d+: prompt .* over "
+                                          r"rg_max_prompt_chars=3"):
+        make_task(rg_config(**{"task.rg_max_prompt_chars": 3}))
+    c = rg_config(**{"task.rg_max_prompt_chars": 4, "task.rg_overlong": "drop"})
+    task = make_task(c)
+    every = rgt.generate_entries("spell_backward", json.loads(SPELL), 400, 0, 0.1)
+    assert task.num_dropped == sum(len(e["question"].split()[-1]) > 4 for e in every.entries) > 0
+    assert len(task.source.entries) == len(every.entries) - task.num_dropped
+    with pytest.raises(ValueError, match="row 1: question 'caf\xe9' has character '\xe9' \\(position 3\\)"):
+        rgt.char_task("x", every._replace(entries=({"question": "a", "answer": "b"},
+                                                   {"question": "caf\xe9", "answer": "c"})), prompt_form="question")
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"config\.task\.rg_dataset: name a reasoning-gym dataset"):
+        make_task(rg_config(dataset=""))
+    with pytest.raises(ConfigError, match=r"rg_config='\{' is not JSON"):
+        make_task(rg_config(config="{"))
+    with pytest.raises(ConfigError, match=r"rg_dataset='no_such_dataset'"):
+        make_task(rg_config(dataset="no_such_dataset", config=""))
+    with pytest.raises(ConfigError, match=r"config\.algorithm: sdpo needs teacher contexts"):
+        make_task(rg_config(algorithm="sdpo"))
+    with pytest.raises(ConfigError, match=r"config\.warmup\.mistake_rate: 0\.5: the built-in task's"):
+        train_spec(rg_config(**{"warmup.mistake_rate": 0.5}))
+
+
+def test_missing_package_names_the_extra(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_rg(name, *args, **kwargs):
+        if name == "reasoning_gym" or name.startswith("reasoning_gym."):
+            raise ImportError("No module named 'reasoning_gym'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_rg)
+    with pytest.raises(ConfigError, match=r"^config\.task\.name: task\.name=reasoning_gym needs the reasoning-gym "
+                                          r"package \(the optional extra\): pip install 'pipo_jax\[rg\]'$"):
+        make_task(rg_config())
+
+
+def test_heldout_accuracy_is_the_verifiers_on_greedy_responses():
+    """A model trained to say the answer is solved by the verifier; the decoded accuracy is
+    the share scored 1.0 (not the mean partial credit)."""
+    spec = train_spec(rg_config())
+    task = spec.task
+    params = qwen3.init_params(spec.model, jax.random.PRNGKey(0))
+    acc = float(teacher_forcing.heldout_accuracy(spec.model, params, task, None, 8, jax.random.PRNGKey(0)))
+    out = jax.jit(lambda p: __import__("pipo_jax.sampling.sampler", fromlist=["x"]).generate(
+        spec.model, p, *task.heldout_problems(None, 8, None)[:2], jax.random.PRNGKey(0),
+        max_new_tokens=task.answer_len, temperature=0.0, stop_token_ids=task.stop_token_ids, pad_id=task.pad_id))(params)
+    scores = task.score(task.source.heldout_rows[:8], out.tokens_br, out.mask_br)
+    assert acc == pytest.approx(float(np.mean(scores >= 1.0)))
+
+
+def test_short_run_with_warmup_in_the_character_vocabulary(tmp_path):
+    from pipo_jax.rl.trainer import train
+
+    out = train(rg_config(**{"warmup.mistake_rate": 0.0, "warmup.context_fraction": 0.0}), str(tmp_path / "run"))
+    assert np.isfinite(out["final_accuracy"])
+    assert out["state"].step == 3
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A random tiny Qwen3 with the tiny BPE tokenizer and its chat template (offline)."""
+    path = tmp_path_factory.mktemp("model")
+    save_tiny_tokenizer(path)
+    config = qwen3.Qwen3Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                               max_position_embeddings=512, tie_word_embeddings=True)
+    hf.save(str(path), config, qwen3.init_params(config, jax.random.PRNGKey(0)))
+    return str(path)
+
+
+def text_config(model_dir, **overrides):
+    return rg_config(**{"model.path": model_dir, "warmup.enabled": False, "log.jit_loop": False,
+                        "rollout.max_new_tokens": 16, "task.max_prompt_tokens": 256, "eval.n": 4, **overrides})
+
+
+def test_tokenizer_form_renders_the_chat_template_and_scores_tagged_answers(model_dir):
+    spec = train_spec(text_config(model_dir))
+    task, tok = spec.task, tk.load_tokenizer(model_dir)
+    assert task.name == "reasoning_gym" and task.tokenizer is not None
+    row = int(task.heldout_rows_np[0])
+    entry = task.source.entries[row]
+    prompt = tok.decode(task.prompt_tokens_np[row][task.prompt_tokens_np[row] != task.pad_id])
+    assert prompt.startswith("<|im_start|>user\n" + entry["question"]) and "<answer>" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    texts = [f"so <answer>{entry['answer']}</answer>", "no tags here", f"<answer>x{entry['answer']}</answer>"]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width = max(map(len, ids))
+    tokens = np.asarray([i + [task.pad_id] * (width - len(i)) for i in ids], np.int32)
+    mask = np.asarray([[1] * len(i) + [0] * (width - len(i)) for i in ids], np.int32)
+    scorer = task.scorer()
+    problems = rgt.dataset_lib.problems_at(task.prompt_table(), np.asarray([row] * 3, np.int32))
+    got = scorer.score(problems, tokens, mask).rewards_b
+    ds = task.source.dataset
+    np.testing.assert_allclose(got, [1.0, ds.score_answer(None, entry), ds.score_answer("x" + entry["answer"], entry)])
+
+
+def test_tokenizer_form_short_run(model_dir, tmp_path):
+    from pipo_jax.rl.trainer import train
+
+    out = train(text_config(model_dir, iterations=2), str(tmp_path / "run"))
+    assert out["state"].step == 2 and 0.0 <= out["final_accuracy"] <= 1.0
+
+
+ITERATIONS = 40
+SEED = 3  # its GRPO arm in compare_rg_chain_sum_5seeds.json: 0.426 -> 0.673
+
+
+@pytest.mark.slow
+def test_chain_sum_learns_with_grpo():
+    """The CPU model, warmed up on the library's answers to a partial solver of three-term 1-digit
+    chain sums, raises its held-out greedy accuracy (the share the library's verifier scores 1.0)
+    under GRPO by >= 0.10 in 40 iterations (one seed of `compare_rg_chain_sum_5seeds.json`'s GRPO
+    arm, run alone)."""
+    from experiments.compare import run_arm
+    from pipo_jax.rl import warmup
+    from pipo_jax.rl.trainer import warmup_kwargs
+
+    c = grpo.get_config("tiny")
+    override(c, {"task.name": "reasoning_gym", "task.rg_dataset": "chain_sum",
+                 "task.rg_config": '{"min_terms":3,"max_terms":3,"min_digits":1,"max_digits":1}',
+                 "warmup.mistake_rate": 0.0, "warmup.context_fraction": 0.0, "warmup.steps": 600,
+                 "warmup.target_accuracy": 0.3, "iterations": ITERATIONS})
+    spec = train_spec(c)
+    base, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(c, SEED))
+    assert 0.2 <= m["final_accuracy"] <= 0.6, m["heldout_accuracy"]
+    row = run_arm(c, [SEED], [base], 10)[0]
+    assert row["initial_accuracy"] == pytest.approx(m["final_accuracy"], abs=0.01)  # vmapped: same problems
+    assert row["final_accuracy"] >= row["initial_accuracy"] + 0.1, row["accuracy"]
