@@ -1,4 +1,5 @@
-"""The built-in task's character vocabulary (`char_vocab`) as a Hugging Face tokenizer.
+"""The built-in task's character vocabulary (`char_vocab`), or its extension to printable ASCII
+(`text_vocab`, reasoning-gym's character form), as a Hugging Face tokenizer.
 
 `hf_tokenizer()` is a `transformers.PreTrainedTokenizerFast` over a `tokenizers` WordLevel
 model whose ids are `char_vocab`'s: a `<word>` is one token, any other character is one
@@ -19,21 +20,24 @@ from pipo_jax.data import char_vocab as cv
 SPLIT_PATTERN = r"<[a-z]+>|."
 
 
-def backend_tokenizer() -> Any:
-    """The `tokenizers.Tokenizer` of the character vocabulary."""
+def backend_tokenizer(tokens: tuple[str, ...] = cv.TOKENS) -> Any:
+    """The `tokenizers.Tokenizer` of a character vocabulary `tokens` (id = position; the
+    built-in task's by default, or `text_vocab.TOKENS`, which starts with it)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    tok = Tokenizer(models.WordLevel(vocab=dict(cv.TOKEN_TO_ID)))
+    if tokens[:cv.VOCAB_SIZE] != cv.TOKENS:
+        raise ValueError("a character vocabulary here starts with char_vocab.TOKENS (same ids)")
+    tok = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(tokens)}))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated")
     tok.decoder = decoders.Fuse()  # tokens concatenated as they are, no spaces between them
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (cv.PAD, cv.BOS, cv.EOS)])
     return tok
 
 
-def hf_tokenizer() -> Any:
-    """`PreTrainedTokenizerFast` of the character vocabulary (pad / bos / eos set)."""
+def hf_tokenizer(tokens: tuple[str, ...] = cv.TOKENS) -> Any:
+    """`PreTrainedTokenizerFast` of the character vocabulary `tokens` (pad / bos / eos set)."""
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=backend_tokenizer(), pad_token=cv.PAD, bos_token=cv.BOS,
+    return PreTrainedTokenizerFast(tokenizer_object=backend_tokenizer(tokens), pad_token=cv.PAD, bos_token=cv.BOS,
                                    eos_token=cv.EOS, clean_up_tokenization_spaces=False, padding_side="left",
                                    model_max_length=1 << 30)

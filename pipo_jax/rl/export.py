@@ -29,6 +29,7 @@ import numpy as np
 from pipo_jax import provenance
 from pipo_jax.data import char_tokenizer
 from pipo_jax.data import char_vocab as cv
+from pipo_jax.data import text_vocab
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl import evaluate, observe
@@ -75,6 +76,12 @@ def _builtin_generation_config(spec: TrainSpec) -> dict[str, Any]:
     stops = [int(i) for i in spec.task.stop_token_ids]
     return {"bos_token_id": cv.BOS_ID, "eos_token_id": stops[0] if len(stops) == 1 else stops,
             "pad_token_id": int(spec.task.pad_id), "do_sample": False, "max_new_tokens": int(spec.task.answer_len)}
+
+
+def _text_vocab_note() -> str:
+    return ("Tokenizer: a character vocabulary (the built-in task's tokens, then printable ASCII, one token per "
+            "character; `<word>` tokens whole), as reasoning-gym's character form uses it. A prompt is `<bos>`, the "
+            "question and `<answer>`; the answer follows, then `<eos>`.")
 
 
 def _builtin_note(run_config: Any) -> str:
@@ -187,18 +194,21 @@ def write_export(out: str, model: qwen3.Qwen3Config, params: Any, *, spec: Train
     dtype = dtype or model.param_dtype
     if dtype not in DTYPES:
         raise ExportError(f"dtype {dtype!r}: expected one of {DTYPES}")
-    builtin = spec is not None and spec.task.tokenizer is None  # the built-in task: its character vocabulary
-    if builtin and spec.task.token_id_bound > cv.VOCAB_SIZE:
-        raise ExportError(f"{source}: the task's ids reach {spec.task.token_id_bound}, past the character "
-                          f"vocabulary ({cv.VOCAB_SIZE}); no tokenizer to export")
+    builtin = spec is not None and spec.task.tokenizer is None  # a character vocabulary
+    vocab = None
+    if builtin:
+        vocab = next((v for v in (cv.TOKENS, text_vocab.TOKENS) if spec.task.token_id_bound <= len(v)), None)
+        if vocab is None:
+            raise ExportError(f"{source}: the task's ids reach {spec.task.token_id_bound}, past the character "
+                              f"vocabularies ({cv.VOCAB_SIZE}, {text_vocab.VOCAB_SIZE}); no tokenizer to export")
     params = cast_params(params, dtype)
     model = model.replace(param_dtype=dtype)
     hf.save(out, model, params)
     note = ""
     if builtin:
-        char_tokenizer.hf_tokenizer().save_pretrained(out)
+        char_tokenizer.hf_tokenizer(vocab).save_pretrained(out)
         _write_json(os.path.join(out, GENERATION_CONFIG), _builtin_generation_config(spec))
-        note = _builtin_note(run_config)
+        note = _builtin_note(run_config) if vocab == cv.TOKENS else _text_vocab_note()
     else:
         tokenizer = spec.task.tokenizer if spec is not None else load_tokenizer(tokenizer_dir)
         max_new = run_config.rollout.get("max_new_tokens") if run_config is not None else None

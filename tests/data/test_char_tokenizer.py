@@ -7,6 +7,7 @@ import pytest
 
 from pipo_jax.data import char_tokenizer
 from pipo_jax.data import char_vocab as cv
+from pipo_jax.data import text_vocab
 from pipo_jax.tasks import arithmetic
 
 
@@ -34,3 +35,19 @@ def test_a_character_outside_the_vocabulary_is_an_error():
     tok = char_tokenizer.hf_tokenizer()
     with pytest.raises(Exception, match="UNK|unk"):
         tok.encode("1 + 2")
+
+
+def test_the_text_vocabulary_tokenizer_matches_text_vocab(tmp_path):
+    """reasoning-gym's character form exports `text_vocab`: same ids, every other character one token."""
+    from transformers import AutoTokenizer
+
+    char_tokenizer.hf_tokenizer(text_vocab.TOKENS).save_pretrained(str(tmp_path))
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert tok.get_vocab() == {t: i for i, t in enumerate(text_vocab.TOKENS)}
+    for text in ("Hello, World! 12/34 = 0.5?", "spell 'abc' backward: cba", "x_1 (y) [z] {w} ~`|\\\"#$%&^@\n"):
+        assert tok.encode(text) == text_vocab.encode(text)
+        assert tok.decode(text_vocab.encode(text)) == text
+    prompt = [text_vocab.BOS_ID] + text_vocab.encode("49, 29") + [text_vocab.ANSWER_ID]
+    assert tok.decode(prompt) == "<bos>49, 29<answer>"
+    with pytest.raises(ValueError, match="starts with char_vocab.TOKENS"):
+        char_tokenizer.backend_tokenizer(("a", "b"))
