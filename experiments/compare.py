@@ -51,6 +51,8 @@ _SEEDS = flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comm
 _ITERATIONS = flags.DEFINE_integer("iterations", 0, "RL iterations; 0 = the preset's")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 0, "iterations between evaluations; 0 = the preset's eval.every")
 _OUT = flags.DEFINE_string("out", "runs/compare", "output directory (base models are cached here)")
+_BASE_DIR = flags.DEFINE_string("base_dir", "", "where the per-seed base models are cached; '' = --out "
+                                "(two runs may share one: a base model found there is not warmed up again)")
 _VARIANTS = flags.DEFINE_multi_string("variant", [], "ALGO:LABEL:key=value[;key=value]: an extra PIPO arm "
                                       "ALGO+PIPO[LABEL] with these config overrides (repeatable)")
 
@@ -198,9 +200,9 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
 
 
 def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iterations: int = 0,
-            eval_every: int = 0, variants: list[str] = ()) -> dict:
+            eval_every: int = 0, variants: list[str] = (), base_dir: str = "") -> dict:
     """Runs every algorithm with PIPO off and on (and each `variants` arm) for all `seeds`;
-    writes compare.json / .png."""
+    writes compare.json / .png (and compare.partial.json, the runs so far, after every arm)."""
     parsed = [parse_variant(v) for v in variants]
     for algorithm, label, _ in parsed:
         if algorithm not in algorithms:
@@ -211,7 +213,7 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
     first = next(iter(configs.values()))
     bases = []
     for seed in seeds:  # one base model per seed, shared by every arm
-        _, params = hf.load(warmed_up_model(first, seed, out))
+        _, params = hf.load(warmed_up_model(first, seed, base_dir or out))
         bases.append(params)
     results: dict[str, list[dict]] = {}
     for name, config in configs.items():
@@ -224,6 +226,8 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
             results[name + arm] = run_arm(c, seeds, bases, eval_every or c.eval.every)
             print(f"{name + arm}: {len(seeds)} seeds in {time.perf_counter() - t0:.0f}s", flush=True)
             jax.clear_caches()
+            with open(os.path.join(out, "compare.partial.json"), "w") as f:  # a late failure keeps the arms done
+                json.dump({"seeds": seeds, **provenance.record(), "runs": results}, f)
     summary = summarise(results, algorithms)
     record = {"script": "experiments/compare.py", "algorithms": algorithms, "preset": preset, "seeds": seeds,
               "variants": {f"{a}+PIPO[{label}]": o for a, label, o in parsed},
@@ -300,7 +304,7 @@ def format_table(record: dict) -> str:
 def main(argv):
     del argv
     record = compare(_ALGORITHMS.value, _PRESET.value, parse_seeds(_SEEDS.value), _OUT.value,
-                     _ITERATIONS.value, _EVAL_EVERY.value, _VARIANTS.value)
+                     _ITERATIONS.value, _EVAL_EVERY.value, _VARIANTS.value, _BASE_DIR.value)
     print(format_table(record))
     print(f"wrote {os.path.join(_OUT.value, 'compare.json')} and compare.png "
           f"({record['wall_time_s']:.0f}s wall, {record['cpu_time_s']:.0f}s CPU)")
