@@ -194,6 +194,17 @@ def base_config() -> ml_collections.ConfigDict:
     for name in pipo.AUTHORS_BEHAVIOURS:
         c.pipo.authors[name] = config_dict.placeholder(bool)
     c.pipo.mu_source = "filtered"  # DAPO: mu_t over the filtered batch (SPEC, authors) | raw: every sampled group
+    # SDPO's PI step averages over all response tokens of B_{t-1} (paper Eq. 11: 1/N over the
+    # batch; rhat = 0 on rows without a teacher signal) | signal_tokens: over the tokens of rows
+    # with a signal, as SDPO's base loss (README "SDPO's PI denominator")
+    c.pipo.sdpo_pi_denominator = "all_tokens"
+    # Variants beside the paper's recipe (README "Why PIPO lowers SDPO and GSPO here"); the
+    # defaults are the paper's:
+    c.pipo.attribution_norm = "none"  # none | mean_abs: attribution / its mean |a| over rows with a signal
+    c.pipo.pi_optimizer = "shared"  # shared: one AdamW state for both steps (SPEC 2) | separate: the PI step's own
+    c.pipo.pi_ratio = "base"  # base: the base loss's ratio (GSPO: its sequence ratio) | token: per-token ratio
+    c.pipo.pi_clip_low = config_dict.placeholder(float)  # the PI step's clip; unset = loss.clip_ratio_low
+    c.pipo.pi_clip_high = config_dict.placeholder(float)  # unset = loss.clip_ratio_high
 
     c.warmup = ml_collections.ConfigDict()  # supervised warm-up of the built-in task's base model
     c.warmup.enabled = True

@@ -3,6 +3,8 @@ JAX reward, e.g. a reasoning-gym dataset), with uncertainty.
 
     python -m experiments.compare --algorithms=grpo --seeds=0-9 --out=runs/compare_grpo
     python -m experiments.compare --algorithms=sdpo,vpd --seeds=0-4 --iterations=150 --out=runs/compare_sdpo
+    python -m experiments.compare --algorithms=sdpo --seeds=0-4 \
+        --variant=sdpo:norm:pipo.attribution_norm=mean_abs --variant=sdpo:lam0:pipo.lam=0.0
     python -m experiments.compare --algorithms=grpo --seeds=0-4 --out=runs/compare_rg_gcd \
         --set=task.name=reasoning_gym --set=task.rg_dataset=gcd --set='task.rg_config={"max_value":30}' \
         --set=warmup.mistake_rate=0 --set=warmup.context_fraction=0
@@ -20,6 +22,9 @@ Per algorithm it reports the paired difference (with PIPO minus without, same se
 base model) of final held-out greedy accuracy and of reward AUC (mean batch reward over
 the run): mean, 95% bootstrap confidence interval and the exact Wilcoxon signed-rank
 p-value (`experiments.stats`); per arm, the gain over the base model the same way.
+`--variant=ALGO:LABEL:key=value[;key=value...]` (repeatable) adds a PIPO arm `ALGO+PIPO[LABEL]`
+with those config overrides (e.g. `pipo.attribution_norm=mean_abs`), from the same base models
+and RNG streams, reported paired against both the no-PIPO arm and the paper's PIPO arm.
 Writes compare.json (with commit, package versions, CPU, seeds, wall / CPU time) and
 compare.png (mean curves with 95% bootstrap bands over seeds).
 """
@@ -54,6 +59,48 @@ _ITERATIONS = flags.DEFINE_integer("iterations", 0, "RL iterations; 0 = the pres
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 0, "iterations between evaluations; 0 = the preset's eval.every")
 _OUT = flags.DEFINE_string("out", "runs/compare", "output directory (base models are cached here)")
 _SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE: a config key of every arm (e.g. task.rg_dataset=gcd)")
+_BASE_DIR = flags.DEFINE_string("base_dir", "", "where the per-seed base models are cached; '' = --out "
+                                "(two runs may share one: a base model found there is not warmed up again)")
+_VARIANTS = flags.DEFINE_multi_string("variant", [], "ALGO:LABEL:key=value[;key=value]: an extra PIPO arm "
+                                      "ALGO+PIPO[LABEL] with these config overrides (repeatable)")
+
+
+def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
+    """'sdpo:norm:pipo.attribution_norm=mean_abs;pipo.lam=0.0' -> ('sdpo', 'norm', {key: value});
+    values as Python literals where they parse (numbers, True / False / None), else strings."""
+    import ast
+
+    try:
+        algorithm, label, assignments = text.split(":", 2)
+        overrides = {}
+        for item in filter(None, assignments.split(";")):
+            key, value = item.split("=", 1)
+            try:
+                overrides[key.strip()] = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                overrides[key.strip()] = value.strip()
+    except ValueError:
+        raise ValueError(f"--variant={text!r}: expected ALGO:LABEL:key=value[;key=value]") from None
+    if not (algorithm and label and overrides):
+        raise ValueError(f"--variant={text!r}: expected ALGO:LABEL:key=value[;key=value]")
+    return algorithm, label, overrides
+
+
+def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A copy of `config` with dotted keys set (ints widened where the key holds a float)."""
+    c = config.copy_and_resolve_references()
+    for key, value in overrides.items():
+        *path, leaf = key.split(".")
+        node = c
+        for part in path:
+            node = node[part]
+        if leaf not in node:
+            raise ValueError(f"override {key!r}: no such config key")
+        current = node[leaf]
+        if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        node[leaf] = value
+    return c
 
 
 def stack(trees: list) -> Any:
@@ -192,19 +239,31 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
                 np.mean([r["teacher_accuracy_solution"][0] for r in rs]))
             arms[label]["teacher_accuracy_feedback_initial_mean"] = float(
                 np.mean([r["teacher_accuracy_feedback"][0] for r in rs]))
-    paired = {}
+    def diff(on, off):
+        return {metric: stats.paired_difference([r[metric] for r in on], [r[metric] for r in off])
+                for metric in ("final_accuracy", "reward_auc")}
+
+    paired, variants = {}, {}
     for a in algorithms:
-        off, on = results[a], results[a + "+PIPO"]
-        paired[a] = {metric: stats.paired_difference([r[metric] for r in on], [r[metric] for r in off])
-                     for metric in ("final_accuracy", "reward_auc")}
-    return {"arms": arms, "pipo_minus_base": paired}
+        paired[a] = diff(results[a + "+PIPO"], results[a])
+        for label in results:
+            if label.startswith(a + "+PIPO["):
+                variants[label] = {"minus_base": diff(results[label], results[a]),
+                                   "minus_paper_pipo": diff(results[label], results[a + "+PIPO"])}
+    return {"arms": arms, "pipo_minus_base": paired, "variants": variants}
 
 
 def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iterations: int = 0,
-            eval_every: int = 0, assignments: tuple[str, ...] = ()) -> dict:
-    """Runs every algorithm with PIPO off and on for all `seeds` (`assignments`: 'KEY=VALUE'
-    config settings of every arm); writes compare.json / .png."""
+            eval_every: int = 0, assignments: tuple[str, ...] = (), variants: list[str] = (),
+            base_dir: str = "") -> dict:
+    """Runs every algorithm with PIPO off and on (and each `variants` arm) for all `seeds`
+    (`assignments`: 'KEY=VALUE' config settings of every arm); writes compare.json / .png (and
+    compare.partial.json, the runs so far, after every arm)."""
     origin = provenance.record()  # the code that runs (taken now: the tree may change while it runs)
+    parsed = [parse_variant(v) for v in variants]
+    for algorithm, label, _ in parsed:
+        if algorithm not in algorithms:
+            raise ValueError(f"--variant {algorithm}:{label}: {algorithm!r} is not in --algorithms={algorithms}")
     # a bad flag fails before any write
     configs = {a: algorithm_config(a, preset, iterations, tuple(assignments)) for a in algorithms}
     os.makedirs(out, exist_ok=True)
@@ -212,20 +271,26 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
     first = next(iter(configs.values()))
     bases = []
     for seed in seeds:  # one base model per seed, shared by every arm
-        _, params = hf.load(warmed_up_model(first, seed, out))
+        _, params = hf.load(warmed_up_model(first, seed, base_dir or out))
         bases.append(params)
     results: dict[str, list[dict]] = {}
     for name, config in configs.items():
-        for arm, enabled in (("", False), ("+PIPO", True)):
-            c = config.copy_and_resolve_references()
+        arms = [("", False, {}), ("+PIPO", True, {})]
+        arms += [(f"+PIPO[{label}]", True, o) for algorithm, label, o in parsed if algorithm == name]
+        for arm, enabled, overrides in arms:
+            c = with_overrides(config, overrides)
             c.pipo.enabled = enabled
             t0 = time.perf_counter()
             results[name + arm] = run_arm(c, seeds, bases, eval_every or c.eval.every)
             print(f"{name + arm}: {len(seeds)} seeds in {time.perf_counter() - t0:.0f}s", flush=True)
             jax.clear_caches()
+            with open(os.path.join(out, "compare.partial.json"), "w") as f:  # a late failure keeps the arms done
+                json.dump({"seeds": seeds, **provenance.record(), "runs": results}, f)
     summary = summarise(results, algorithms)
     record = {"script": "experiments/compare.py", "algorithms": algorithms, "preset": preset, "seeds": seeds,
-              "settings": list(assignments), "task": first.task.name, "iterations": first.iterations, "wall_time_s": time.perf_counter() - start,
+              "settings": list(assignments), "task": first.task.name,
+              "variants": {f"{a}+PIPO[{label}]": o for a, label, o in parsed},
+              "iterations": first.iterations, "wall_time_s": time.perf_counter() - start,
               "cpu_time_s": time.process_time() - cpu_start, **origin,
               "summary": summary, "runs": results}
     with open(os.path.join(out, "compare.json"), "w") as f:
@@ -283,6 +348,15 @@ def format_table(record: dict) -> str:
         f, r = p["final_accuracy"], p["reward_auc"]
         lines.append(f"| {name} | {f['mean']:+.3f} [{f['ci95'][0]:+.3f}, {f['ci95'][1]:+.3f}], p = {f['wilcoxon_p']:.3g} | "
                      f"{r['mean']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}], p = {r['wilcoxon_p']:.3g} |")
+    if s.get("variants"):
+        lines += ["", "| variant | vs | final acc (95% CI), Wilcoxon p | reward AUC (95% CI), Wilcoxon p |",
+                  "| --- | --- | --- | --- |"]
+        for label, v in s["variants"].items():
+            for vs, key in (("no PIPO", "minus_base"), ("paper PIPO", "minus_paper_pipo")):
+                f, r = v[key]["final_accuracy"], v[key]["reward_auc"]
+                lines.append(f"| {label} | {vs} | {f['mean']:+.3f} [{f['ci95'][0]:+.3f}, {f['ci95'][1]:+.3f}], "
+                             f"p = {f['wilcoxon_p']:.3g} | {r['mean']:+.4f} [{r['ci95'][0]:+.4f}, "
+                             f"{r['ci95'][1]:+.4f}], p = {r['wilcoxon_p']:.3g} |")
     return "\n".join(lines)
 
 
@@ -292,7 +366,7 @@ def main(argv):
         if flag.value < 0:
             raise cli.UsageError(f"--{flag.name}={flag.value}: must be >= 0")
     record = compare(_ALGORITHMS.value, _PRESET.value, parse_seeds(_SEEDS.value), _OUT.value,
-                     _ITERATIONS.value, _EVAL_EVERY.value, tuple(_SET.value))
+                     _ITERATIONS.value, _EVAL_EVERY.value, tuple(_SET.value), _VARIANTS.value, _BASE_DIR.value)
     print(format_table(record))
     print(f"wrote {os.path.join(_OUT.value, 'compare.json')} and compare.png "
           f"({record['wall_time_s']:.0f}s wall, {record['cpu_time_s']:.0f}s CPU)")

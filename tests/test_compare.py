@@ -32,7 +32,30 @@ def test_set_reads_the_value_as_the_keys_type():
             compare.algorithm_config("grpo", "micro", 0, (bad,))
 
 
-# With PIPO: the PI step's `lax.cond` becomes a select under vmap, and the base step is the
+def test_variants_parse_and_override():
+    assert compare.parse_variant("sdpo:norm:pipo.attribution_norm=mean_abs") == (
+        "sdpo", "norm", {"pipo.attribution_norm": "mean_abs"})
+    assert compare.parse_variant("gspo:clip:pipo.pi_clip_low=0.2;pipo.pi_clip_high=0.2") == (
+        "gspo", "clip", {"pipo.pi_clip_low": 0.2, "pipo.pi_clip_high": 0.2})
+    with pytest.raises(ValueError, match="expected ALGO:LABEL:key=value"):
+        compare.parse_variant("sdpo:norm")
+    c = compare.with_overrides(grpo_configs.get_config("micro"), {"pipo.lam": 0, "pipo.pi_optimizer": "separate"})
+    assert c.pipo.lam == 0.0 and isinstance(c.pipo.lam, float) and c.pipo.pi_optimizer == "separate"
+    with pytest.raises(ValueError, match="no such config key"):
+        compare.with_overrides(c, {"pipo.nope": 1})
+    with pytest.raises(ValueError, match="is not in --algorithms"):
+        compare.compare(["grpo"], "micro", [0], "/tmp/unused", variants=["sdpo:x:pipo.lam=0.0"])
+    # a variant arm is paired against both the no-PIPO arm and the paper's PIPO arm
+    rows = lambda acc: [{"final_accuracy": a, "initial_accuracy": 0.1, "reward_auc": a, "pi_steps": 0}  # noqa: E731
+                        for a in acc]
+    s = compare.summarise({"grpo": rows([0.5, 0.6]), "grpo+PIPO": rows([0.6, 0.6]),
+                           "grpo+PIPO[v]": rows([0.7, 0.9])}, ["grpo"])
+    v = s["variants"]["grpo+PIPO[v]"]
+    np.testing.assert_allclose(v["minus_base"]["final_accuracy"]["mean"], 0.25)
+    np.testing.assert_allclose(v["minus_paper_pipo"]["final_accuracy"]["mean"], 0.2)
+
+
+# With PIPO: the PI step's gated update runs under vmap as without it, and the base step is the
 # program without PIPO. (Both arms run vmapped end to end in tests/test_experiments.py.)
 @pytest.mark.slow  # the trainer compiled twice (vmapped and alone)
 def test_vmapped_seeds_equal_separate_runs():

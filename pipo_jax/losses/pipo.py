@@ -57,6 +57,18 @@ class PipoOptions(NamedTuple):
                         lam = 0 and xi < 0 it is skipped, as in paper mode
     pi_symmetric_clip   token-ratio PI clip [1 - eps_low, 1 + eps_low] (DAPO: 0.2, not 0.2 / 0.28)
     attribution_eps_add group attribution G * abar_i / (sum_j |abar_j| + 1e-6), not max(., 1e-6)
+    ppo_pi_no_lam       PPO's PI rewards use xi, not phi_lam(xi): for xi < 0 no lam scale (their
+                        `ppo_layback` loss ignores `layback_loss_scale`); with `rhat_clamp`,
+                        rhat = clamp(a * xi, -10, 10). The go / no-go still skips lam = 0, xi < 0
+    ppo_sign_attribution PPO's PI attribution is the group attribution over groups of one response
+                        of the stored advantages: a_i = abar_i / (|abar_i| (+) 1e-6), about sign(abar_i)
+                        per response (with `ppo_adv_gate` the stored advantages are the gated ones,
+                        so after an xi < 0 iteration the sign is flipped)
+    ppo_adv_gate        PPO's base advantages times clip(xi_gate, -2, 2), xi_gate from mu_t and the
+                        window before this iteration's push (any fill: empty -> 0, one mean ->
+                        sigma 1); the critic's returns are not gated
+    micro_token_mean    every loss aggregated over its micro-batch's counts and times 1 / n_micro
+                        (verl's dp_actor), not over the mini-batch's global counts
     """
 
     window_twice: bool = False
@@ -67,6 +79,10 @@ class PipoOptions(NamedTuple):
     run_at_xi_zero: bool = False
     pi_symmetric_clip: bool = False
     attribution_eps_add: bool = False
+    ppo_pi_no_lam: bool = False
+    ppo_sign_attribution: bool = False
+    ppo_adv_gate: bool = False
+    micro_token_mean: bool = False
 
     @property
     def ddof(self) -> int:
@@ -77,6 +93,8 @@ AUTHORS_BEHAVIOURS = PipoOptions._fields
 XI_DIFF_CLIP = 5.0  # authors: np.clip(mu_t - rho, -5, 5)
 AUTHORS_SIGMA_FLOOR = 1e-6  # authors: compute_layback_coefficients(epsilon=1e-6)
 RHAT_CLAMP = 10.0  # authors: torch.clamp(coefficients, -10, 10)
+PPO_GATE_CLIP = 2.0  # authors: ppo_gate_min / ppo_gate_max = -2 / 2 (layback_utils.py:234-239)
+ATTRIBUTION_NORMS = ("none", "mean_abs")
 
 
 def pipo_options(compat: bool = False, **behaviours: bool | None) -> PipoOptions:
@@ -282,18 +300,73 @@ def gae_attribution(adv_bt, mask_bt):
     return jnp.where(as_mask(mask_bt) > 0, adv_bt, 0.0)
 
 
-def pi_rewards(attr_bt, c, mask_bt, *, xi=None, lam: float | None = None, clamp: bool = False):
+def pi_rewards(attr_bt, c, mask_bt, *, xi=None, lam: float | None = None, clamp: bool = False,
+               no_lam: bool = False):
     """PI rewards rhat = a_{t-1} * c on the stored batch's valid tokens. [B, T].
 
     `clamp` (authors' code): rhat = clamp(a * xi, -10, 10) * (lam if xi < 0 else 1) (needs xi, lam).
+    `no_lam` (authors' PPO, `ppo_pi_no_lam`): xi in place of c = phi_lam(xi), and with `clamp`
+    no lam factor: rhat = a * xi, or clamp(a * xi, -10, 10) (needs xi).
     """
     valid = as_mask(mask_bt) > 0
+    if no_lam and xi is None:
+        raise ValueError("pi_rewards(no_lam=True) needs xi")
     if not clamp:
-        return jnp.where(valid, attr_bt * c, 0.0)
-    if xi is None or lam is None:
+        return jnp.where(valid, attr_bt * (xi if no_lam else c), 0.0)
+    if xi is None or (lam is None and not no_lam):
         raise ValueError("pi_rewards(clamp=True) needs xi and lam")
-    rhat = jnp.clip(attr_bt * xi, -RHAT_CLAMP, RHAT_CLAMP) * jnp.where(xi >= 0, 1.0, lam)
+    rhat = jnp.clip(attr_bt * xi, -RHAT_CLAMP, RHAT_CLAMP)
+    if not no_lam:
+        rhat = rhat * jnp.where(xi >= 0, 1.0, lam)
     return jnp.where(valid, rhat, 0.0)
+
+
+def normalise_attribution(attr_bt, mask_bt):
+    """`pipo.attribution_norm=mean_abs`: a / mean |a| over the valid tokens of the rows that
+    carry a signal (any nonzero a; SDPO: the rows with a teacher context), floor 1e-6. [B, T].
+
+    Puts an unbounded attribution (SDPO's log-ratio logp_T - logp_S) on the scale of the
+    group attribution (mean |a| = 1 over the responses of a group with a signal), so the PI
+    step's gradient per unit of c is comparable across algorithms; signs and the ratios
+    between tokens are kept.
+    """
+    m = as_mask(mask_bt)
+    attr_bt = jnp.where(m > 0, attr_bt, 0.0)
+    rows_b = jnp.any(attr_bt != 0, axis=-1)
+    w = m * rows_b[:, None]
+    mean_abs = jnp.sum(jnp.abs(attr_bt) * w) / jnp.maximum(jnp.sum(w), 1.0)
+    return attr_bt / jnp.maximum(mean_abs, ATTRIBUTION_DENOM_FLOOR)
+
+
+def signal_rows(attr_bt, mask_bt):
+    """f32 [B]: 1 where the row carries a PI signal (a nonzero attribution on a valid token).
+    For SDPO these are the rows with a teacher context (`sd_mask`), up to a row whose teacher
+    and student log-probs agree exactly on every token (whose rhat is 0 either way)."""
+    return jnp.any((as_mask(mask_bt) > 0) & (attr_bt != 0), axis=-1).astype(jnp.float32)
+
+
+def ppo_gate(mu_t, window_k, count, *, ddof: int = 1, xi_clip: bool = False):
+    """The authors' PPO gate phi = clip(xi_gate, -2, 2) (`compute_ppo_layback_coefficients`,
+    layback_utils.py:204-253), xi_gate from mu_t and the window as it stands (no fill needed).
+
+    Over the last `count` entries: mu_his = their mean (mu_t itself when count == 0, so xi = 0
+    and the gate is 0); sigma = their std with `ddof` (1.0 when count < 2 or below the floor:
+    1e-8, with `xi_clip` 1e-6); with `xi_clip` the difference is clipped to [-5, 5] first.
+    Their code: np.std (ddof 0), the 1e-6 floor and the clip, i.e. `std_ddof0` and `xi_clip`
+    on. Returns (gate, xi_gate).
+    """
+    window_k = jnp.asarray(window_k, jnp.float32)
+    count = jnp.asarray(count)
+    mu_his, sigma_raw = window_statistics(window_k, count, ddof=ddof)
+    mu_t = jnp.asarray(mu_t, jnp.float32)
+    mu_his = jnp.where(count > 0, mu_his, mu_t)
+    floor = AUTHORS_SIGMA_FLOOR if xi_clip else SIGMA_FLOOR
+    sigma = jnp.where((count < 2) | (sigma_raw < floor), 1.0, sigma_raw)
+    diff = mu_t - mu_his
+    if xi_clip:
+        diff = jnp.clip(diff, -XI_DIFF_CLIP, XI_DIFF_CLIP)
+    xi = diff / sigma
+    return jnp.clip(xi, -PPO_GATE_CLIP, PPO_GATE_CLIP), xi
 
 
 @functools.partial(
@@ -346,19 +419,22 @@ def pi_surrogate_loss(
     raise ValueError(f"pi ratio={ratio!r} must be 'token' or 'sequence'")
 
 
-@functools.partial(jax.jit, static_argnames=("lam", "options"))
-def pi_verification(state: PipoState, mu_t, *, lam: float = 0.1, options: PipoOptions = PipoOptions()):
+@functools.partial(jax.jit, static_argnames=("lam", "options", "ppo"))
+def pi_verification(state: PipoState, mu_t, *, lam: float = 0.1, options: PipoOptions = PipoOptions(),
+                    ppo: bool = False):
     """Step 3 of SPEC 2 in one call: the signal, the go/no-go and the PI rewards for `state.prev`.
 
     Returns (rhat_bt, metrics) with metrics {"mu_t", "mu_his", "sigma_his", "xi", "c",
     "pi_step_applied"}; rhat_bt is zero when the step does not apply. With
-    `options.window_twice` the caller has already pushed mu_t (`push_mean`).
+    `options.window_twice` the caller has already pushed mu_t (`push_mean`). `ppo`: the base
+    algorithm is PPO (the authors' `ppo_layback` path), where `options.ppo_pi_no_lam` applies.
     """
     xi, c, mu_his, sigma_his = improvement_signal(
         mu_t, state.mu_window_k, state.count, lam=lam, ddof=options.ddof, xi_clip=options.xi_clip
     )
     apply = pi_step_ready(state, c, xi, run_at_xi_zero=options.run_at_xi_zero)
-    rhat_bt = pi_rewards(state.prev.attr_bt, c, state.prev.mask_bt, xi=xi, lam=lam, clamp=options.rhat_clamp)
+    rhat_bt = pi_rewards(state.prev.attr_bt, c, state.prev.mask_bt, xi=xi, lam=lam, clamp=options.rhat_clamp,
+                         no_lam=ppo and options.ppo_pi_no_lam)
     rhat_bt = jnp.where(apply, rhat_bt, 0.0)
     metrics = {
         "mu_t": jnp.asarray(mu_t, jnp.float32),

@@ -80,6 +80,8 @@ class Algorithm:
     `pipo.attribution` that fits. teacher: builds feedback-conditioned teacher contexts.
     authors_pi_token_loss: the authors' PI-loss variants (`pipo.authors.pi_no_lower_clip`,
     `pi_symmetric_clip`, their `grpo_layback`) apply; their PPO PI step is the plain clip.
+    authors_ppo: the authors' PPO path (`ppo_layback`): `pipo.authors.ppo_pi_no_lam`,
+    `ppo_sign_attribution` and `ppo_adv_gate` apply.
     """
 
     name: str
@@ -89,6 +91,7 @@ class Algorithm:
     teacher: bool = False
     advantage_shaping: str | None = None
     authors_pi_token_loss: bool = True
+    authors_ppo: bool = False
 
     def loss_for(self, policy: str) -> str | None:
         """The registered loss `loss.policy = policy` trains with, or None if it does not fit."""
@@ -296,7 +299,10 @@ def _group_attribution(spec, batch: TrainBatch):
 
 @attribution("gae")
 def _gae_attribution(spec, batch: TrainBatch):
-    """PPO: the GAE advantages themselves."""
+    """PPO: the GAE advantages themselves; `pipo.authors.ppo_sign_attribution`: the group
+    attribution over groups of one response, abar_i / (|abar_i| (+) 1e-6) (their PPO PI step)."""
+    if spec.pipo.options.ppo_sign_attribution and spec.algorithm.authors_ppo:
+        return pipo.group_attribution(batch.adv_br, batch.mask_br, 1, spec.pipo.options.attribution_eps_add)
     return pipo.gae_attribution(batch.adv_br, batch.mask_br)
 
 
@@ -304,6 +310,14 @@ def _gae_attribution(spec, batch: TrainBatch):
 def _sdpo_attribution(spec, batch: TrainBatch):
     """SDPO: log p_T - log p_S on tokens of rows with teacher signal."""
     return distill.token_attribution(batch.logp_teacher_br, batch.logp_old_br, batch.mask_br, batch.sd_mask_b)
+
+
+def attribute(spec, batch: TrainBatch):
+    """The stored attribution a_t of `batch`: `spec.attribution`, then `pipo.attribution_norm`."""
+    attr = spec.attribution.fn(spec, batch)
+    if spec.pipo.attribution_norm == "mean_abs":
+        attr = pipo.normalise_attribution(attr, batch.mask_br)
+    return attr
 
 
 # ----------------------------------------------------------------------------- advantage shapings
@@ -322,7 +336,7 @@ CLIP_LOSSES = (("token_clip", "token_clip"), ("gspo", "gspo"), ("cispo", "cispo"
 GROUP_ESTIMATORS = ("grpo", "group_relative")
 SDPO_LOSSES = (("sdpo_token", "sdpo_token"), ("sdpo_jsd", "sdpo_jsd"))
 
-register_algorithm(Algorithm("ppo", ("gae",), CLIP_LOSSES, "gae", authors_pi_token_loss=False))
+register_algorithm(Algorithm("ppo", ("gae",), CLIP_LOSSES, "gae", authors_pi_token_loss=False, authors_ppo=True))
 for _name in ("grpo", "gspo", "dapo"):
     register_algorithm(Algorithm(_name, GROUP_ESTIMATORS, CLIP_LOSSES, "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))

@@ -107,7 +107,7 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[Train
         batch = batch.replace(adv_br=adv, returns_br=returns)
     if spec.advantage_shaping is not None:
         batch = batch.replace(adv_br=spec.advantage_shaping(spec, batch))
-    batch = batch.replace(attr_br=spec.attribution.fn(spec, batch))
+    batch = batch.replace(attr_br=algorithms.attribute(spec, batch))
     check_batch(batch)
 
     groups = advantages.group_outcome_counts(rollout.rewards_b, spec.rollout.group_size)
@@ -124,14 +124,31 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[Train
     return batch, mu_t, metrics
 
 
-def pi_batch(prev: pipo.StoredBatch, rhat_br) -> TrainBatch:
-    """The PI step's batch: the stored B_{t-1} with rhat in place of advantages."""
+def pi_batch(prev: pipo.StoredBatch, rhat_br, signal_rows: bool = False) -> TrainBatch:
+    """The PI step's batch: the stored B_{t-1} with rhat in place of advantages. `signal_rows`
+    (`pipo.sdpo_pi_denominator=signal_tokens`): `sd_mask_b` marks the rows whose stored
+    attribution carries a signal (`pipo.signal_rows`), so the mini-batch counts "sd" are theirs."""
+    sd_mask = pipo.signal_rows(prev.attr_bt, prev.mask_bt) if signal_rows else None
     return TrainBatch(tokens_bl=prev.tokens_bl, mask_bl=prev.attention_mask_bl, mask_br=prev.mask_bt,
-                      logp_old_br=prev.logp_old_bt, logp_ref_br=prev.logp_ref_bt, rhat_br=rhat_br)
+                      logp_old_br=prev.logp_old_bt, logp_ref_br=prev.logp_ref_bt, rhat_br=rhat_br, sd_mask_b=sd_mask)
+
+
+def ppo_gated(spec: TrainSpec, batch: TrainBatch, mu_t, pipo_state: pipo.PipoState) -> tuple[TrainBatch, dict]:
+    """`pipo.authors.ppo_adv_gate` (PPO): the base advantages times clip(xi_gate, -2, 2), xi_gate
+    from the window before this iteration's push (`pipo.ppo_gate`); the attribution follows
+    the gated advantages (their PI step reads the stored, gated ones); returns untouched."""
+    options = spec.pipo.options
+    gate, xi_gate = pipo.ppo_gate(mu_t, pipo_state.mu_window_k, pipo_state.count, ddof=options.ddof,
+                                  xi_clip=options.xi_clip)
+    batch = batch.replace(adv_br=batch.adv_br * gate * batch.mask_br)
+    batch = batch.replace(attr_br=algorithms.attribute(spec, batch))
+    return batch, {"ppo_gate": gate, "ppo_gate_xi": xi_gate}
 
 
 def pi_step(spec: TrainSpec, params, opt_state, pipo_state: pipo.PipoState, mu_t, rng):
-    """Step 3: verification on B_{t-1}; returns (params, opt_state, metrics). A no-op unless it applies.
+    """Step 3: verification on B_{t-1}; returns (params, opt_state, metrics). A no-op unless it
+    applies. `opt_state` is the shared optimizer state, or with `pipo.pi_optimizer=separate`
+    the PI step's own (`TrainState.pi_opt_state`).
 
     The update runs every iteration and its optimizer is gated by `pi_step_applied`
     (`make_optimizer(applies=...)`): when the step does not apply (the first K iterations,
@@ -139,10 +156,11 @@ def pi_step(spec: TrainSpec, params, opt_state, pipo_state: pipo.PipoState, mu_t
     around the update would copy params and optimizer state on XLA:CPU at every iteration
     (and under `vmap` runs both branches anyway).
     """
-    rhat, signal = pipo.pi_verification(pipo_state, mu_t, lam=spec.pipo.lam, options=spec.pipo.options)
+    rhat, signal = pipo.pi_verification(pipo_state, mu_t, lam=spec.pipo.lam, options=spec.pipo.options,
+                                        ppo=spec.algorithm.authors_ppo)
     applied = signal["pi_step_applied"]
     optimizer = make_optimizer(spec.train.lr, spec, applies=applied)
-    batch = pi_batch(pipo_state.prev, rhat)
+    batch = pi_batch(pipo_state.prev, rhat, signal_rows=spec.pipo.sdpo_pi_denominator == "signal_tokens")
     check_batch(batch)
     params, opt_state, m = steps.minibatch_updates(spec, steps.pi_loss_fn(spec), optimizer, params,
                                                    with_lr(opt_state, spec.pipo.lr), batch, rng)
@@ -171,13 +189,21 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         if spec.vpd.e_step and spec.attribution.teacher:  # the attribution follows the refined teacher
             logp_t = steps.micro_teacher_logprobs(spec, teacher, batch.teacher_tokens_bq, batch.teacher_mask_bq)
             batch = batch.replace(logp_teacher_br=logp_t)
-            batch = batch.replace(attr_br=spec.attribution.fn(spec, batch))
+            batch = batch.replace(attr_br=algorithms.attribute(spec, batch))
         metrics.update(vpd_estep.teacher_diagnostics(spec, teacher, params, batch))
-    pipo_state = state.pipo
+    pipo_state, pi_opt_state = state.pipo, state.pi_opt_state
     if spec.pipo.enabled:
+        if spec.pipo.options.ppo_adv_gate and spec.algorithm.authors_ppo:  # the window before any push
+            batch, gate_metrics = ppo_gated(spec, batch, mu_t, pipo_state)
+            metrics.update(gate_metrics)
         if spec.pipo.options.window_twice:  # authors' code: mu_t enters the window before xi, and again below
             pipo_state = pipo.push_mean(pipo_state, mu_t)
-        params, opt_state, pi_metrics = pi_step(spec, params, opt_state, pipo_state, mu_t, k_pi)
+        if spec.pipo.pi_optimizer == "separate":
+            params, new_pi_opt, pi_metrics = pi_step(spec, params, pi_opt_state, pipo_state, mu_t, k_pi)
+            pi_metrics.update({f"pi/{k}": v for k, v in nonfinite_counts(pi_opt_state, new_pi_opt).items()})
+            pi_opt_state = new_pi_opt
+        else:
+            params, opt_state, pi_metrics = pi_step(spec, params, opt_state, pipo_state, mu_t, k_pi)
         metrics.update(pi_metrics)
     else:
         metrics["mu_t"] = mu_t
@@ -199,7 +225,7 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
     if teacher is not None:
         teacher = distill.ema_update(teacher, params, spec.sdpo.ema_rate)
 
-    metrics.update(nonfinite_counts(state.opt_state, opt_state))  # base and PI steps share the count
+    metrics.update(nonfinite_counts(state.opt_state, opt_state))  # base and (shared) PI steps share the count
     if spec.has_critic:
         metrics.update({f"critic/{k}": v for k, v in nonfinite_counts(state.critic["opt_state"],
                                                                       critic["opt_state"]).items()})
@@ -212,5 +238,5 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         new_pipo = pipo.push(pipo_state, mu_t, stored)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, critic=critic,
                               teacher_params=teacher, pipo=new_pipo, teacher_opt_state=teacher_opt,
-                              vpd_delta=vpd_delta)
+                              vpd_delta=vpd_delta, pi_opt_state=pi_opt_state)
     return new_state, metrics

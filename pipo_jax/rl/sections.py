@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import AGG_MODES
 from pipo_jax.losses.kl import KL_ESTIMATORS
-from pipo_jax.losses.pipo import AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
+from pipo_jax.losses.pipo import ATTRIBUTION_NORMS, AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
 from pipo_jax.sampling.generator import ENGINES
 
 
@@ -284,6 +284,13 @@ class SdpoConfig:
 
 
 MU_SOURCES = ("filtered", "raw")
+PI_OPTIMIZERS = ("shared", "separate")
+PI_RATIOS = ("base", "token")
+PI_DENOMINATORS = ("all_tokens", "signal_tokens")
+
+
+def _optional_float(value):
+    return None if value is None else (float(value) if _is_number(value) else value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,6 +304,14 @@ class PipoConfig:
     options: PipoOptions = PipoOptions()  # the authors' code's behaviours that are on (all off = paper)
     mu_source: str = "filtered"  # DAPO: mu_t over the trained batch | "raw": every sampled group
     attribution: str = "group"  # `rl/algorithms.py:ATTRIBUTIONS` name
+    # Settings beside the paper's recipe (README "Why PIPO lowers SDPO and GSPO here"); the
+    # defaults are the paper's.
+    attribution_norm: str = "none"  # none | mean_abs: a / mean |a| over the rows with a signal
+    pi_optimizer: str = "shared"  # shared (SPEC 2: one AdamW state) | separate (the PI step's own)
+    pi_ratio: str = "base"  # base: the base loss's ratio (GSPO: sequence) | token
+    pi_clip_low: float | None = None  # the PI step's eps_low; None = loss.clip_ratio_low
+    pi_clip_high: float | None = None  # the PI step's eps_high; None = loss.clip_ratio_high
+    sdpo_pi_denominator: str = "all_tokens"  # all_tokens (Eq. 11: 1/N over B_{t-1}) | signal_tokens
 
     def __post_init__(self):
         need(_is_int(self.window) and self.window >= 2, "pipo.window",
@@ -304,6 +319,14 @@ class PipoConfig:
         need(_is_number(self.lam) and 0 <= self.lam <= 1, "pipo.lam", f"{self.lam} must be in [0, 1]")
         need(_is_number(self.lr) and self.lr > 0, "pipo.lr", f"{self.lr} must be > 0")
         choice(self.mu_source, "pipo.mu_source", MU_SOURCES)
+        choice(self.attribution_norm, "pipo.attribution_norm", ATTRIBUTION_NORMS)
+        choice(self.pi_optimizer, "pipo.pi_optimizer", PI_OPTIMIZERS)
+        choice(self.pi_ratio, "pipo.pi_ratio", PI_RATIOS)
+        choice(self.sdpo_pi_denominator, "pipo.sdpo_pi_denominator", PI_DENOMINATORS)
+        for key in ("pi_clip_low", "pi_clip_high"):
+            value = getattr(self, key)
+            need(value is None or (_is_number(value) and 0 < value), f"pipo.{key}",
+                 f"{value!r} must be None (the base loss's clip) or > 0")
 
     @classmethod
     def from_config(cls, p: Mapping) -> PipoConfig:
@@ -313,7 +336,11 @@ class PipoConfig:
                  f"unknown behaviour; expected one of {AUTHORS_BEHAVIOURS}")
         return cls(enabled=bool(p["enabled"]), window=p["window"], lam=float(p["lam"]), lr=float(p["lr"]),
                    options=pipo_options(bool(p["compat"]), **authors), mu_source=p["mu_source"],
-                   attribution=p["attribution"])
+                   attribution=p["attribution"], attribution_norm=p.get("attribution_norm", "none"),
+                   pi_optimizer=p.get("pi_optimizer", "shared"), pi_ratio=p.get("pi_ratio", "base"),
+                   pi_clip_low=_optional_float(p.get("pi_clip_low")),
+                   pi_clip_high=_optional_float(p.get("pi_clip_high")),
+                   sdpo_pi_denominator=p.get("sdpo_pi_denominator", "all_tokens"))
 
 
 VPD_REFERENCES = ("dynamic", "fixed")

@@ -94,6 +94,9 @@ class TrainSpec:
         if self.uses_teacher:
             _need(r.group_size >= 2 or self.sdpo.use_feedback, "sdpo.use_feedback",
                   "with G = 1 there are no sibling solutions: enable feedback")
+        _need(self.pipo.sdpo_pi_denominator == "all_tokens" or algorithms.ATTRIBUTIONS[self.pipo.attribution].teacher,
+              "pipo.sdpo_pi_denominator", f"'signal_tokens' is for a teacher attribution (SDPO / VPD), not "
+              f"pipo.attribution={self.pipo.attribution!r}")
         if self.vpd is not None:
             _need(not (self.vpd.e_step and self.sdpo.teacher == "live"), "sdpo.teacher",
                   "'live' shares the student's params, but VPD's E-step trains its own teacher copy: use 'ema'")
@@ -176,7 +179,9 @@ class TrainSpec:
 
     @property
     def pi_ratio(self) -> str:
-        return self.policy.pi_ratio
+        """The PI surrogate's ratio: the base loss's (`PolicyLoss.pi_ratio`), or per token with
+        `pipo.pi_ratio=token`."""
+        return "token" if self.pipo.pi_ratio == "token" else self.policy.pi_ratio
 
 
 def eval_benchmarks(ec: ml_collections.ConfigDict) -> tuple[dict[str, str], tuple[int, ...]]:

@@ -33,6 +33,7 @@ class TrainState:
     rng: jax.Array
     teacher_opt_state: Any = None  # VPD: the E-step's AdamW state
     vpd_delta: Any = None  # VPD: running mean of implicit rewards (losses.vpd.DeltaState)
+    pi_opt_state: Any = None  # `pipo.pi_optimizer=separate`: the PI step's own AdamW state
 
 
 def skip_nonfinite(inner: optax.GradientTransformation, applies=None) -> optax.GradientTransformation:
@@ -73,7 +74,8 @@ def make_optimizer(lr: float, spec: TrainSpec, applies=None) -> optax.GradientTr
     skips without counting.
 
     The PI step and the base step share this optimizer state (SPEC 2) and differ only in
-    the learning rate written into it before each update.
+    the learning rate written into it before each update (`pipo.pi_optimizer=separate`: the
+    PI step has a state of its own, `TrainState.pi_opt_state`).
     """
     return skip_nonfinite(optax.chain(
         optax.clip_by_global_norm(spec.train.grad_clip),
@@ -155,4 +157,6 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
         rng=jax.random.PRNGKey(seed),
         teacher_opt_state=teacher_opt_state,
         vpd_delta=vpd_delta,
+        pi_opt_state=(make_optimizer(spec.pipo.lr, spec).init(params)
+                      if spec.pipo.enabled and spec.pipo.pi_optimizer == "separate" else None),
     )

@@ -107,16 +107,31 @@ def map_micro_batches(spec: TrainSpec, fn: Callable[[Batch], Any], batch: Batch)
     return jax.tree.map(lambda y: merge_micro(y, shards), out)
 
 
-def accumulate_grads(spec: TrainSpec, loss_fn: LossFn, params, mini: Batch, counts: dict) -> tuple[Any, dict]:
-    """Summed gradients and metrics of `loss_fn` over the micro-batches of one mini-batch."""
+def accumulate_grads(spec: TrainSpec, loss_fn: LossFn, params, mini: Batch, counts: dict,
+                     counts_fn: Callable[[Batch], dict] | None = None) -> tuple[Any, dict]:
+    """Summed gradients and metrics of `loss_fn` over the micro-batches of one mini-batch.
+
+    `pipo.authors.micro_token_mean` (verl's dp_actor, needs `counts_fn`): each micro-batch's
+    loss over its own counts (`counts_fn(micro)`) times 1 / n_micro, not over the mini-batch's
+    `counts`; the same as global counts when the micro-batches hold equal token / row counts
+    (or there is one micro-batch). The counts cover the micro-batch's rows on every batch
+    shard together (verl: per GPU, then averaged over GPUs; the same on one device).
+    """
     n_micro, shards = micro_split_count(spec, jax.tree.leaves(mini)[0].shape[0])
     micros = jax.tree.map(lambda x: split_micro(x, n_micro, shards), mini)
+    per_micro = spec.pipo.options.micro_token_mean and counts_fn is not None
+
+    def micro_loss(p, micro):
+        if not per_micro:
+            return loss_fn(p, micro, counts)
+        loss, metrics = loss_fn(p, micro, counts_fn(micro))
+        return loss / n_micro, jax.tree.map(lambda m: m / n_micro, metrics)
 
     def micro_step(acc, micro):
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, micro, counts)
+        (_, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, micro)
         return jax.tree.map(jnp.add, acc, (grads, metrics)), None
 
-    zero_metrics = jax.eval_shape(lambda: loss_fn(params, jax.tree.map(lambda x: x[0], micros), counts)[1])
+    zero_metrics = jax.eval_shape(lambda: micro_loss(params, jax.tree.map(lambda x: x[0], micros))[1])
     zeros = (jax.tree.map(jnp.zeros_like, params), jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), zero_metrics))
     (grads, metrics), _ = jax.lax.scan(micro_step, zeros, micros)
     return grads, metrics
@@ -138,7 +153,7 @@ def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.Gradien
     def mini_step(carry, idx):
         p, s = carry
         mini = jax.tree.map(lambda x: parallel.constrain(x[idx], ("batch",) + (None,) * (x.ndim - 1)), batch)
-        grads, metrics = accumulate_grads(spec, loss_fn, p, mini, counts_fn(mini))
+        grads, metrics = accumulate_grads(spec, loss_fn, p, mini, counts_fn(mini), counts_fn)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
         updates, s = optimizer.update(grads, s, p)
         return (optax.apply_updates(p, updates), s), metrics
@@ -190,21 +205,31 @@ def base_loss_fn(spec: TrainSpec, teacher_params=None) -> LossFn:
 def pi_loss_fn(spec: TrainSpec) -> LossFn:
     """PIPO's verification loss on the stored batch: clipped surrogate with rhat (+ KL term).
 
-    The ratio is the base loss's (`spec.pi_ratio`: GSPO's sequence ratio, else per token).
+    The ratio is the base loss's (`spec.pi_ratio`: GSPO's sequence ratio, else per token;
+    `pipo.pi_ratio=token` per token), the clip the base loss's unless `pipo.pi_clip_low` /
+    `pi_clip_high` are set. The surrogate averages over all tokens of B_{t-1} (paper Eq. 11),
+    with `pipo.sdpo_pi_denominator=signal_tokens` over the tokens of rows with a signal.
     The authors' token-ratio PI loss (`pi_no_lower_clip`, `pi_symmetric_clip`) is their
     `grpo_layback`; algorithms declaring `authors_pi_token_loss=False` (PPO, whose PI
     step is their `ppo_layback`, the ordinary clip) keep the plain clip.
     """
     options = spec.pipo.options
     authors_token_loss = spec.algorithm.authors_pi_token_loss
+    eps_low = spec.loss.clip_low if spec.pipo.pi_clip_low is None else spec.pipo.pi_clip_low
+    eps_high = spec.loss.clip_high if spec.pipo.pi_clip_high is None else spec.pipo.pi_clip_high
+    signal_tokens = spec.pipo.sdpo_pi_denominator == "signal_tokens"
 
     def loss_fn(params, mb: TrainBatch, counts: dict):
         logp, ent = algorithms.student_logprobs(spec, params, mb)
         chex.assert_equal_shape([logp, mb.logp_old_br, mb.rhat_br, mb.mask_br])
+        # signal_tokens: the surrogate over the tokens of rows with a signal (`learn.pi_batch`
+        # marks them in sd_mask_b); the KL term below stays over every token
+        surrogate_counts = counts["sd"] if signal_tokens else counts
         loss, metrics = pipo.pi_surrogate_loss(
-            logp, mb.logp_old_br, mb.rhat_br, mb.mask_br, ratio=spec.pi_ratio, eps_low=spec.loss.clip_low,
-            eps_high=spec.loss.clip_high, no_lower_clip=options.pi_no_lower_clip and authors_token_loss,
-            symmetric_clip=options.pi_symmetric_clip and authors_token_loss, **algorithms.loss_counts(spec, counts))
+            logp, mb.logp_old_br, mb.rhat_br, mb.mask_br, ratio=spec.pi_ratio, eps_low=eps_low,
+            eps_high=eps_high, no_lower_clip=options.pi_no_lower_clip and authors_token_loss,
+            symmetric_clip=options.pi_symmetric_clip and authors_token_loss,
+            **algorithms.loss_counts(spec, surrogate_counts))
         reg, reg_metrics = _regularisers(spec, logp, ent, mb, counts)
         loss = loss + reg
         return loss, dict(metrics, **reg_metrics, loss=loss)

@@ -14,6 +14,11 @@ from pipo_jax.rl.spec import ConfigError, train_spec
     ("warmup.lr", -3e-3, r"config.warmup.lr: -0.003 must be > 0"),
     ("train.weight_decay", -0.01, r"config.train.weight_decay: -0.01 must be >= 0"),
     ("pipo.authors.clamp", True, r"config.pipo.authors.clamp: unknown behaviour; expected one of \('window_twice'"),
+    ("pipo.attribution_norm", "l2", r"config.pipo.attribution_norm: 'l2' is not one of \('none', 'mean_abs'\)"),
+    ("pipo.pi_optimizer", "adam", r"config.pipo.pi_optimizer: 'adam' is not one of \('shared', 'separate'\)"),
+    ("pipo.pi_ratio", "sequence", r"config.pipo.pi_ratio: 'sequence' is not one of \('base', 'token'\)"),
+    ("pipo.pi_clip_high", -0.1, r"config.pipo.pi_clip_high: -0.1 must be None \(the base loss's clip\) or > 0"),
+    ("pipo.sdpo_pi_denominator", "rows", r"config.pipo.sdpo_pi_denominator: 'rows' is not one of"),
 ])
 def test_bad_values_name_the_key(key, value, message):
     c = ppo.get_config("micro")
@@ -71,6 +76,11 @@ def test_authors_presets():
     (True, {}, set()),
     (False, {"std_ddof0": True}, set(pipo.AUTHORS_BEHAVIOURS) - {"std_ddof0"}),
     (False, {}, set(pipo.AUTHORS_BEHAVIOURS)),
+    # the authors' PPO and verl behaviours (issue 29.3), one by one
+    (True, {"ppo_pi_no_lam": False}, {"ppo_pi_no_lam"}),
+    (True, {"ppo_sign_attribution": False, "ppo_adv_gate": False}, {"ppo_sign_attribution", "ppo_adv_gate"}),
+    (False, {"micro_token_mean": True}, set(pipo.AUTHORS_BEHAVIOURS) - {"micro_token_mean"}),
+    (False, {"ppo_adv_gate": True}, set(pipo.AUTHORS_BEHAVIOURS) - {"ppo_adv_gate"}),
 ])
 def test_a_named_authors_behaviour_wins_over_compat(compat, named, expected_off):
     c = grpo.get_config("micro")
