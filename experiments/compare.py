@@ -31,6 +31,7 @@ compare.png (mean curves with 95% bootstrap bands over seeds).
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import json
@@ -68,8 +69,6 @@ _VARIANTS = flags.DEFINE_multi_string("variant", [], "ALGO:LABEL:key=value[;key=
 def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
     """'sdpo:norm:pipo.attribution_norm=mean_abs;pipo.lam=0.0' -> ('sdpo', 'norm', {key: value});
     values as Python literals where they parse (numbers, True / False / None), else strings."""
-    import ast
-
     try:
         algorithm, label, assignments = text.split(":", 2)
         overrides = {}
