@@ -86,19 +86,10 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
 
 
 def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> ml_collections.ConfigDict:
-    """A copy of `config` with dotted keys set (ints widened where the key holds a float)."""
+    """A copy of `config` with dotted keys set, each value read as its key's type (`set_key`)."""
     c = config.copy_and_resolve_references()
     for key, value in overrides.items():
-        *path, leaf = key.split(".")
-        node = c
-        for part in path:
-            node = node[part]
-        if leaf not in node:
-            raise ValueError(f"override {key!r}: no such config key")
-        current = node[leaf]
-        if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        node[leaf] = value
+        set_key(c, f"{key}={value}")
     return c
 
 
@@ -173,15 +164,15 @@ def set_key(c: ml_collections.ConfigDict, assignment: str) -> None:
     ValueError naming the key."""
     key, sep, text = assignment.partition("=")
     if not sep:
-        raise ValueError(f"--set={assignment!r}: expected KEY=VALUE")
+        raise ValueError(f"{assignment!r}: expected KEY=VALUE")
     *parents, leaf = key.strip().split(".")
     node = c
     for part in parents:
         if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
-            raise ValueError(f"--set={assignment!r}: config has no section {part!r}")
+            raise ValueError(f"{assignment!r}: config has no section {part!r}")
         node = node[part]
     if leaf not in node:
-        raise ValueError(f"--set={assignment!r}: config has no key {key!r}")
+        raise ValueError(f"{assignment!r}: config has no key {key!r}")
     old = node[leaf]
     try:
         if isinstance(old, bool):
@@ -197,7 +188,7 @@ def set_key(c: ml_collections.ConfigDict, assignment: str) -> None:
         else:
             value = text
     except ValueError as e:
-        raise ValueError(f"--set={assignment!r}: {key} is a {type(old).__name__}: {e}") from e
+        raise ValueError(f"{assignment!r}: {key} is a {type(old).__name__}: {e}") from e
     node[leaf] = value
 
 
@@ -215,7 +206,7 @@ def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple
         try:
             set_key(c, a)
         except ValueError as e:
-            raise cli.UsageError(str(e)) from None
+            raise cli.UsageError(f"--set: {e}") from None
     if iterations:
         c.iterations = iterations
     return c
@@ -259,12 +250,20 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
     (`assignments`: 'KEY=VALUE' config settings of every arm); writes compare.json / .png (and
     compare.partial.json, the runs so far, after every arm)."""
     origin = provenance.record()  # the code that runs (taken now: the tree may change while it runs)
-    parsed = [parse_variant(v) for v in variants]
+    try:
+        parsed = [parse_variant(v) for v in variants]
+    except ValueError as e:
+        raise cli.UsageError(str(e)) from None
     for algorithm, label, _ in parsed:
         if algorithm not in algorithms:
-            raise ValueError(f"--variant {algorithm}:{label}: {algorithm!r} is not in --algorithms={algorithms}")
+            raise cli.UsageError(f"--variant {algorithm}:{label}: {algorithm!r} is not in --algorithms={algorithms}")
     # a bad flag fails before any write
     configs = {a: algorithm_config(a, preset, iterations, tuple(assignments)) for a in algorithms}
+    for algorithm, label, overrides in parsed:
+        try:
+            with_overrides(configs[algorithm], overrides)
+        except ValueError as e:
+            raise cli.UsageError(f"--variant {algorithm}:{label}: {e}") from None
     os.makedirs(out, exist_ok=True)
     start, cpu_start = time.perf_counter(), time.process_time()
     first = next(iter(configs.values()))

@@ -41,7 +41,7 @@ def test_variants_parse_and_override():
         compare.parse_variant("sdpo:norm")
     c = compare.with_overrides(grpo_configs.get_config("micro"), {"pipo.lam": 0, "pipo.pi_optimizer": "separate"})
     assert c.pipo.lam == 0.0 and isinstance(c.pipo.lam, float) and c.pipo.pi_optimizer == "separate"
-    with pytest.raises(ValueError, match="no such config key"):
+    with pytest.raises(ValueError, match="config has no key 'pipo.nope'"):
         compare.with_overrides(c, {"pipo.nope": 1})
     with pytest.raises(ValueError, match="is not in --algorithms"):
         compare.compare(["grpo"], "micro", [0], "/tmp/unused", variants=["sdpo:x:pipo.lam=0.0"])
