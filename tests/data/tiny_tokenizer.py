@@ -44,3 +44,18 @@ def save_tiny_tokenizer(path, chat_template=QWEN3_STYLE_TEMPLATE, generation_eos
         with open(os.path.join(str(path), "generation_config.json"), "w") as f:
             json.dump({"eos_token_id": generation_eos}, f)
     return str(path)
+
+
+def save_tiny_model_dir(path) -> str:
+    """A random tiny Qwen3 (vocab 320, 2 layers) with this tokenizer and its chat template in one
+    HF directory (offline); returns the path."""
+    import jax
+
+    from pipo_jax.models import hf, qwen3
+
+    save_tiny_tokenizer(path)
+    config = qwen3.Qwen3Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                               max_position_embeddings=512, tie_word_embeddings=True)
+    hf.save(str(path), config, qwen3.init_params(config, jax.random.PRNGKey(0)))
+    return str(path)

@@ -14,13 +14,13 @@ import pytest
 from configs import grpo
 from pipo_jax.data import prompts as pr
 from pipo_jax.data import tokenizer as tk
-from pipo_jax.models import hf, qwen3
+from pipo_jax.models import hf
 from pipo_jax.rl import evaluate, rollout
 from pipo_jax.rl.spec import ConfigError, train_spec
 from pipo_jax.rl.trainer import train
 from pipo_jax.tasks import dataset
 from tests.conftest import override
-from tests.data.tiny_tokenizer import save_tiny_tokenizer
+from tests.data.tiny_tokenizer import save_tiny_model_dir
 
 QUESTIONS = [(f"What is {a} + {b}?", str(a + b)) for a, b in
              [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 9), (4, 5), (6, 3), (8, 1), (2, 7), (3, 3), (5, 5)]]
@@ -28,14 +28,7 @@ QUESTIONS = [(f"What is {a} + {b}?", str(a + b)) for a, b in
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A random tiny Qwen3 with the tiny BPE tokenizer (300 tokens) in one HF directory."""
-    path = tmp_path_factory.mktemp("model")
-    save_tiny_tokenizer(path)
-    config = qwen3.Qwen3Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                               max_position_embeddings=512, tie_word_embeddings=True)
-    hf.save(str(path), config, qwen3.init_params(config, jax.random.PRNGKey(0)))
-    return str(path)
+    return save_tiny_model_dir(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")

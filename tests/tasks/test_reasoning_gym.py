@@ -13,14 +13,14 @@ import pytest
 from configs import grpo
 from pipo_jax.data import text_vocab
 from pipo_jax.data import tokenizer as tk
-from pipo_jax.models import hf, qwen3
+from pipo_jax.models import qwen3
 from pipo_jax.rl import rollout, teacher_forcing
 from pipo_jax.rl.sections import ConfigError
 from pipo_jax.rl.spec import train_spec
 from pipo_jax.rl.task_config import make_task
 from pipo_jax.tasks import reasoning_gym as rgt
 from tests.conftest import override
-from tests.data.tiny_tokenizer import save_tiny_tokenizer
+from tests.data.tiny_tokenizer import save_tiny_model_dir
 
 rg = pytest.importorskip("reasoning_gym", reason="reasoning-gym is an optional extra: pip install 'pipo_jax[rg]'")
 
@@ -183,14 +183,7 @@ def test_short_run_with_warmup_in_the_character_vocabulary(tmp_path):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A random tiny Qwen3 with the tiny BPE tokenizer and its chat template (offline)."""
-    path = tmp_path_factory.mktemp("model")
-    save_tiny_tokenizer(path)
-    config = qwen3.Qwen3Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                               max_position_embeddings=512, tie_word_embeddings=True)
-    hf.save(str(path), config, qwen3.init_params(config, jax.random.PRNGKey(0)))
-    return str(path)
+    return save_tiny_model_dir(tmp_path_factory.mktemp("model"))
 
 
 def text_config(model_dir, **overrides):
