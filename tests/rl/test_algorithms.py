@@ -60,7 +60,14 @@ def test_attributions_bind_the_pure_functions():
         spec = _spec_ns(rollout=dict(group_size=2), pipo=dict(options=pipo.PipoOptions(attribution_eps_add=eps_add)))
         chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["group"].fn(spec, batch),
                                     pipo.group_attribution(adv, MASK, 2, eps_add))
-    chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["gae"].fn(None, batch), adv * MASK)
+    gae = algorithms.ATTRIBUTIONS["gae"]
+    plain = SimpleNamespace(pipo=SimpleNamespace(options=pipo.PipoOptions()), algorithm=SimpleNamespace(authors_ppo=True))
+    chex.assert_trees_all_close(gae.fn(plain, batch), adv * MASK)
+    signed = SimpleNamespace(pipo=SimpleNamespace(options=pipo.PipoOptions(ppo_sign_attribution=True)),
+                             algorithm=SimpleNamespace(authors_ppo=True))
+    # the authors' PPO attribution: each response's mean advantage over |mean| (+) 1e-6, on its tokens
+    sign = jnp.array([1.0, -1.0, 1.0, 1.0])[:, None] * MASK
+    chex.assert_trees_all_close(gae.fn(signed, batch), sign, atol=1e-5)
     sd = algorithms.ATTRIBUTIONS["sdpo_token"]
     assert sd.teacher and not algorithms.ATTRIBUTIONS["group"].teacher
     chex.assert_trees_all_close(sd.fn(None, batch), distill.token_attribution(adv, 2 * adv, MASK, batch.sd_mask_b))
