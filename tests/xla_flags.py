@@ -11,7 +11,11 @@ a simulated device count is the one thing a subprocess sets for itself.
 
 import os
 
-TEST_FLAGS = ("--xla_backend_optimization_level=0",)
+# A collective on simulated CPU devices aborts the process when one device's thread is 40 s late
+# at the rendezvous (XLA's default); on a 2-core machine running the other test worker's fork and
+# thread bombs beside an 8-device mesh that happens without any fault. 600 s keeps a real hang
+# (a missing participant) failing.
+TEST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_collective_call_terminate_timeout_seconds=600")
 DEVICE_COUNT = "--xla_force_host_platform_device_count"
 
 
