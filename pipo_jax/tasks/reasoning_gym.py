@@ -292,6 +292,18 @@ def _left_padded(rows: Sequence[list[int]], width: int) -> np.ndarray:
     return out
 
 
+def keep_rows(source: Entries, kept: np.ndarray, dropped: str) -> Entries:
+    """`source` with only its entries `kept` (indices, in order) and its train / held-out split
+    renumbered to them; ValueError (`dropped`: what was dropped, then the split left) if a side is empty."""
+    remap = np.full(len(source.entries), -1, np.int32)
+    remap[kept] = np.arange(len(kept), dtype=np.int32)
+    train, heldout = remap[source.train_rows], remap[source.heldout_rows]
+    train, heldout = train[train >= 0], heldout[heldout >= 0]
+    if len(train) == 0 or len(heldout) == 0:
+        raise ValueError(f"{dropped} leave {len(train)} train / {len(heldout)} held-out rows")
+    return source._replace(entries=tuple(source.entries[i] for i in kept), train_rows=train, heldout_rows=heldout)
+
+
 def char_task(name: str, source: Entries, *, prompt_form: str = "compact", max_prompt_chars: int = 48,
               max_answer_chars: int = 8, overlong: str = "error", workers: int = 1) -> ReasoningGymTask:
     """The character-vocabulary task of `source`. A row whose prompt or answer is longer than the
@@ -320,19 +332,12 @@ def char_task(name: str, source: Entries, *, prompt_form: str = "compact", max_p
         keep.append(i)
         prompts.append(text)
         answers.append(answer)
-    kept = np.asarray(keep, np.int32)
-    num_dropped = len(texts) - len(kept)
-    remap = np.full(len(texts), -1, np.int32)
-    remap[kept] = np.arange(len(kept), dtype=np.int32)
-    train = remap[source.train_rows][remap[source.train_rows] >= 0]
-    heldout = remap[source.heldout_rows][remap[source.heldout_rows] >= 0]
-    if len(train) == 0 or len(heldout) == 0:
-        raise ValueError(f"rg_dataset={name!r}: {num_dropped} of {len(texts)} rows over the length limits leave "
-                         f"{len(train)} train / {len(heldout)} held-out rows")
+    num_dropped = len(texts) - len(keep)
+    source = keep_rows(source, np.asarray(keep, np.int32),
+                       f"rg_dataset={name!r}: {num_dropped} of {len(texts)} rows over the length limits")
     if num_dropped:
         log.warning("reasoning-gym %s: %d of %d rows dropped (prompt > %d or answer > %d characters)", name,
                     num_dropped, len(texts), max_prompt_chars, max_answer_chars)
-    source = source._replace(entries=tuple(source.entries[i] for i in kept), train_rows=train, heldout_rows=heldout)
     prompt_ids = [[text_vocab.BOS_ID, *text_vocab.encode(t), text_vocab.ANSWER_ID] for t in prompts]
     target_ids = [[*text_vocab.encode(a), text_vocab.EOS_ID] for a in answers]
     p = -(-max(len(r) for r in prompt_ids) // 8) * 8
@@ -404,16 +409,10 @@ def text_task(name: str, source: Entries, tokenizer: Any, prompt_config: PromptC
                 for i, e in enumerate(source.entries)]
     prompts = build_prompts(examples, tokenizer, prompt_config)
     kept = np.asarray([ex.extra["row"] for ex in prompts.examples], np.int32)
-    remap = np.full(len(examples), -1, np.int32)
-    remap[kept] = np.arange(len(kept), dtype=np.int32)
-    train = remap[source.train_rows][remap[source.train_rows] >= 0]
-    heldout = remap[source.heldout_rows][remap[source.heldout_rows] >= 0]
-    if len(train) == 0 or len(heldout) == 0:
-        raise ValueError(f"rg_dataset={name!r}: {prompts.num_dropped} of {len(examples)} prompts over "
-                         f"max_prompt_tokens={prompt_config.max_prompt_tokens} leave {len(train)} train / "
-                         f"{len(heldout)} held-out rows")
+    source = keep_rows(source, kept, f"rg_dataset={name!r}: {prompts.num_dropped} of {len(examples)} prompts over "
+                                     f"max_prompt_tokens={prompt_config.max_prompt_tokens}")
+    train, heldout = source.train_rows, source.heldout_rows
     table, lengths = dataset_lib.prompt_table(prompts.token_ids, pad_id)
-    source = source._replace(entries=tuple(source.entries[i] for i in kept), train_rows=train, heldout_rows=heldout)
     task = ReasoningGymTextTask(
         kind="reasoning_gym", prompt_tokens_np=table, prompt_lengths_np=lengths,
         references=tuple(str(e["answer"]) for e in source.entries), train_rows_np=train, heldout_rows_np=heldout,
