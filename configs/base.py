@@ -212,6 +212,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.warmup.batch = 64
     c.warmup.lr = 3e-3
     c.warmup.target_accuracy = 0.25  # stop at a partial solver (~30% held-out) so RL has room; None = run all steps
+    c.warmup.eval_every = 50  # steps between held-out checks (the target's resolution: a stop overshoots by < this)
     c.warmup.mistake_rate = 0.0  # share of carrying / borrowing demonstrations shown with the column mistake
     c.warmup.context_fraction = 0.0  # share of rows shown with an SDPO / VPD teacher context (solution / feedback)
 

@@ -277,6 +277,7 @@ def check_run_config(c: ml_collections.ConfigDict, task: Task) -> None:
               "disable it when loading model.path")
         _need(c.warmup.steps >= 1, "warmup.steps", f"{c.warmup.steps} must be >= 1")
         _need(c.warmup.lr > 0, "warmup.lr", f"{c.warmup.lr} must be > 0")
+        _need(c.warmup.eval_every >= 1, "warmup.eval_every", f"{c.warmup.eval_every} must be >= 1")
         for key in ("mistake_rate", "context_fraction"):
             _need(0.0 <= c.warmup[key] <= 1.0, f"warmup.{key}", f"{c.warmup[key]} must be in [0, 1]")
             _need(task.name == "arithmetic" or c.warmup[key] == 0, f"warmup.{key}",

@@ -92,7 +92,7 @@ def warmup_kwargs(config: ml_collections.ConfigDict, seed: int) -> dict[str, Any
     """`warmup.warmup` keyword arguments of `config.warmup` for `seed`."""
     w = config.warmup
     return dict(steps=w.steps, batch=w.batch, lr=w.lr, seed=seed, target_accuracy=w.target_accuracy,
-                eval_n=config.eval.n, mistake_rate=w.mistake_rate, context_fraction=w.context_fraction)
+                eval_every=w.eval_every, eval_n=config.eval.n, mistake_rate=w.mistake_rate, context_fraction=w.context_fraction)
 
 
 class WarmupCheckpoints:
@@ -103,7 +103,8 @@ class WarmupCheckpoints:
     def __init__(self, workdir: str, spec: TrainSpec, config: ml_collections.ConfigDict, stop: StopRequests):
         self.directory = os.path.join(workdir, WARMUP_CHECKPOINTS)
         self.every, self.stop, self.config = config.checkpoint.warmup_every, stop, config
-        self.template = warmup.abstract_progress(spec.model, steps=config.warmup.steps, lr=config.warmup.lr)
+        self.template = warmup.abstract_progress(spec.model, steps=config.warmup.steps, lr=config.warmup.lr,
+                                                 eval_every=config.warmup.eval_every)
         self._ckpt: Checkpointer | None = None
         self._last = 0
 

@@ -12,6 +12,7 @@ from pipo_jax.rl.spec import ConfigError, train_spec
 @pytest.mark.parametrize("key, value, message", [
     ("critic.lr", -1e-5, r"config.critic.lr: -1e-05 must be > 0"),
     ("warmup.lr", -3e-3, r"config.warmup.lr: -0.003 must be > 0"),
+    ("warmup.eval_every", 0, r"config.warmup.eval_every: 0 must be >= 1"),
     ("train.weight_decay", -0.01, r"config.train.weight_decay: -0.01 must be >= 0"),
     ("pipo.authors.clamp", True, r"config.pipo.authors.clamp: unknown behaviour; expected one of \('window_twice'"),
     ("pipo.attribution_norm", "l2", r"config.pipo.attribution_norm: 'l2' is not one of \('none', 'mean_abs'\)"),

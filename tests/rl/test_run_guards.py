@@ -215,3 +215,29 @@ def test_a_stop_request_saves_the_state_and_ends_the_run(tmp_path):
     summary = train(micro(iterations=3), str(tmp_path))  # resumes the warm-up, then runs through
     assert summary["resumed_from"] is None and saved_steps(str(tmp_path / "checkpoints")) == [0, 3]
     assert not (tmp_path / "warmup_checkpoints").exists()  # dropped once iteration 0 is saved
+
+
+def test_warmup_eval_every_sets_the_checks_and_the_stored_progress_it_resumes(tmp_path, caplog):
+    """`warmup.eval_every=2` of 4 steps: the stop lands after the first 2-step chunk, and the
+    resumed warm-up reads that progress (its template has 1 + 4 / 2 evaluation columns, not the
+    default's 1 + 4 / 50) and ends with the uninterrupted run's params."""
+    class StopAtOnce(StopRequests):
+        def __enter__(self):
+            self.requested = signal.SIGTERM
+            return self
+
+    import pipo_jax.rl.trainer as trainer
+
+    c = dict(iterations=1, **{"warmup.steps": 4, "warmup.eval_every": 2})
+    original = trainer.StopRequests
+    trainer.StopRequests = StopAtOnce
+    try:
+        with pytest.raises(RunInterrupted, match=r"at warm-up step 2, "):
+            train(micro(**c), str(tmp_path / "stopped"))
+    finally:
+        trainer.StopRequests = original
+    with caplog.at_level(logging.INFO):
+        resumed = train(micro(**c), str(tmp_path / "stopped"))
+    assert "warm-up resumed at step 2" in caplog.text
+    through = train(micro(**c), str(tmp_path / "through"))
+    jax.tree.map(np.testing.assert_array_equal, through["state"].params, resumed["state"].params)
