@@ -4,7 +4,9 @@ summaries (final held-out accuracy, area under the reward curve) read from metri
 from __future__ import annotations
 
 import copy
+import json
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -37,15 +39,49 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+WARMUP_RECORD = "warmup.json"
+
+
+def warmup_record(config: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
+    """What a warmed-up base depends on: the model, the task, the warm-up and its evaluation size."""
+    return json.loads(json.dumps({"seed": seed, "model": config.model.to_dict(), "task": config.task.to_dict(),
+                                  "warmup": config.warmup.to_dict(), "eval_n": config.eval.n}, default=str))
+
+
 def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> str:
-    """Runs the supervised warm-up of `config` once for `seed` and saves it as a HF directory."""
+    """Runs the supervised warm-up of `config` once for `seed` and saves it as a HF directory
+    with the settings it was made with (`warmup.json`); a stored base made with other settings
+    is refused (`UsageError` naming the keys), never reused."""
     path = os.path.join(root, f"base_seed{seed}")
+    want = warmup_record(config, seed)
     if os.path.exists(os.path.join(path, "config.json")):
+        try:
+            with open(os.path.join(path, WARMUP_RECORD)) as f:
+                have = json.load(f)
+        except (OSError, ValueError):
+            raise UsageError(f"{path}: a base model without a readable {WARMUP_RECORD}; "
+                             "remove it or pass another --base_dir") from None
+        diff = sorted(k for k in _flat(want).keys() | _flat(have).keys() if _flat(want).get(k) != _flat(have).get(k))
+        if diff:
+            raise UsageError(f"{path} was warmed up with other settings ({', '.join(diff[:8])}); "
+                             "remove it or pass another --base_dir")
         return path
     spec = train_spec(config)
     params, _ = warmup.warmup(spec.model, spec.task, **warmup_kwargs(config, seed))
-    hf.save(path, spec.model, jax.device_get(params))
+    partial = path + ".partial"  # a kill while saving leaves no base that looks whole
+    shutil.rmtree(partial, ignore_errors=True)
+    hf.save(partial, spec.model, jax.device_get(params))
+    with open(os.path.join(partial, WARMUP_RECORD), "w") as f:
+        json.dump(want, f, indent=1)
+    os.replace(partial, path)
     return path
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, base_model: str | None) -> dict[str, Any]:

@@ -1,11 +1,14 @@
 """experiments/compare.py: seeds stacked into one vmapped program equal separate runs."""
 
+import os
+
 import jax
 import numpy as np
 import pytest
 
 from configs import grpo as grpo_configs
 from experiments import compare, runs
+from experiments.cli import UsageError
 from pipo_jax.models import qwen3
 from pipo_jax.rl import loop
 from pipo_jax.rl.spec import train_spec
@@ -76,3 +79,19 @@ def test_vmapped_seeds_equal_separate_runs():
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a[i], b, rtol=0, atol=2 * c.train.lr * 9),
                      jax.device_get(together.params), jax.device_get(alone.params))
     assert not np.array_equal(m_together["reward_mean"][0], m_together["reward_mean"][1])  # seeds differ
+
+
+def test_a_stored_base_is_reused_only_for_the_settings_it_was_warmed_up_with(tmp_path):
+    c = grpo_configs.get_config("micro")
+    path = runs.warmed_up_model(c, 0, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["base_seed0"]  # no partial left behind
+    stamp = os.path.getmtime(os.path.join(path, "model.safetensors"))
+    assert runs.warmed_up_model(c, 0, str(tmp_path)) == path
+    assert os.path.getmtime(os.path.join(path, "model.safetensors")) == stamp  # reused, not redone
+    c.warmup.steps, c.warmup.eval_every = 3, 1
+    with pytest.raises(UsageError, match=r"base_seed0 was warmed up with other settings "
+                                         r"\(warmup\.eval_every, warmup\.steps\); remove it or pass another"):
+        runs.warmed_up_model(c, 0, str(tmp_path))
+    os.remove(os.path.join(path, "warmup.json"))
+    with pytest.raises(UsageError, match=r"base_seed0: a base model without a readable warmup.json"):
+        runs.warmed_up_model(grpo_configs.get_config("micro"), 0, str(tmp_path))
