@@ -48,7 +48,7 @@ from pipo_jax import provenance
 from pipo_jax.losses import pipo, policy
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl import learn, steps
-from pipo_jax.rl.batch import TrainBatch
+from pipo_jax.rl.batch import TrainBatch, stored
 from pipo_jax.rl.spec import spec_from_config
 from pipo_jax.rl.state import init_train_state, make_optimizer
 from pipo_jax.sampling.engine import Engine
@@ -191,11 +191,10 @@ def learner_batch(config: qwen3.Qwen3Config, rows: int, prompt_len: int, respons
 def learner_fns(spec, params, batch: TrainBatch, seed: int):
     """(base step, PIPO learner) calls on `batch`; the PI step applies (a window below mu_t)."""
     state = init_train_state(spec, params, seed)
-    stored = pipo.StoredBatch(tokens_bl=batch.tokens_bl, attention_mask_bl=batch.mask_bl, mask_bt=batch.mask_br,
-                              logp_old_bt=batch.logp_old_br, logp_ref_bt=batch.logp_ref_br, attr_bt=batch.attr_br)
+    kept = stored(batch)
     pipo_state = state.pipo
     for k in range(spec.pipo.window + 1):
-        pipo_state = pipo.push(pipo_state, jnp.float32(0.3 + 0.05 * (k % 3)), stored)
+        pipo_state = pipo.push(pipo_state, jnp.float32(0.3 + 0.05 * (k % 3)), kept)
     rng = jax.random.key(seed)
     optimizer = make_optimizer(spec.train.lr, spec)
 

@@ -1,13 +1,13 @@
 """Advantage estimators and reward shaping (SPEC 1): GAE, group-relative, DAPO extras.
 
 Layouts: a batch is `P` prompts x `G` responses stored contiguously, row b = p*G + g.
-`*_b` arrays are per response [B = P*G]; `*_bt` arrays are per response token [B, T] with
-response mask `mask_bt` (1 = valid). Outputs are zero at padded positions.
+`*_b` arrays are per response [B = P*G]; `*_br` arrays are per response token [B, R] with
+response mask `mask_br` (1 = valid). Outputs are zero at padded positions.
 
-- `outcome_token_rewards(seq_rewards_b, mask_bt)`: the sequence reward at the last valid token.
+- `outcome_token_rewards(seq_rewards_b, mask_br)`: the sequence reward at the last valid token.
 - `kl_penalized_token_rewards(...)`: token rewards minus beta * KL(behaviour || reference) (PPO).
-- `gae(token_rewards_bt, values_bt, mask_bt, gamma, lam)` -> (adv_bt, returns_bt), unwhitened.
-- `masked_whiten(x_bt, mask_bt)`: (x - mean) / sqrt(var + 1e-8), unbiased var over valid tokens.
+- `gae(token_rewards_br, values_br, mask_br, gamma, lam)` -> (adv_br, returns_br), unwhitened.
+- `masked_whiten(x_br, mask_br)`: (x - mean) / sqrt(var + 1e-8), unbiased var over valid tokens.
 - `group_relative_advantages(rewards_b, group_size, std_ddof, norm_by_std)` -> adv_b.
 - `dapo_group_filter(rewards_b, group_size)` -> (keep_p, keep_b, counts).
 - `group_outcome_counts(rewards_b, group_size)`: all-fail / mixed / all-success group counts.
@@ -26,37 +26,37 @@ from pipo_jax.losses.masking import as_mask, last_valid_index, masked_mean
 
 
 @jax.jit
-def outcome_token_rewards(seq_rewards_b, mask_bt):
-    """[B, T] zeros except the sequence reward at each row's last valid token (empty rows: all 0)."""
-    m = as_mask(mask_bt)
+def outcome_token_rewards(seq_rewards_b, mask_br):
+    """[B, R] zeros except the sequence reward at each row's last valid token (empty rows: all 0)."""
+    m = as_mask(mask_br)
     last_b = last_valid_index(m)
-    at_last_bt = jnp.arange(m.shape[-1])[None, :] == last_b[:, None]
-    return jnp.where(at_last_bt, jnp.asarray(seq_rewards_b, jnp.float32)[:, None], 0.0)
+    at_last_br = jnp.arange(m.shape[-1])[None, :] == last_b[:, None]
+    return jnp.where(at_last_br, jnp.asarray(seq_rewards_b, jnp.float32)[:, None], 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("estimator",))
-def kl_penalized_token_rewards(token_rewards_bt, logp_old_bt, logp_ref_bt, mask_bt, *, beta, estimator="k1"):
-    """PPO `kl_in_reward`: r_t - beta * KL_t(logp_old, logp_ref) on valid tokens, [B, T]."""
-    m = as_mask(mask_bt)
-    kl_bt = kl_estimate(logp_old_bt, logp_ref_bt, estimator)
-    return jnp.where(m > 0, token_rewards_bt - beta * kl_bt, 0.0)
+def kl_penalized_token_rewards(token_rewards_br, logp_old_br, logp_ref_br, mask_br, *, beta, estimator="k1"):
+    """PPO `kl_in_reward`: r_t - beta * KL_t(logp_old, logp_ref) on valid tokens, [B, R]."""
+    m = as_mask(mask_br)
+    kl_br = kl_estimate(logp_old_br, logp_ref_br, estimator)
+    return jnp.where(m > 0, token_rewards_br - beta * kl_br, 0.0)
 
 
-def sequence_rewards(token_rewards_bt, mask_bt):
+def sequence_rewards(token_rewards_br, mask_br):
     """Per-sequence reward [B] = sum of the valid token rewards (the quantity averaged into mu_t)."""
-    return jnp.sum(jnp.where(as_mask(mask_bt) > 0, token_rewards_bt, 0.0), axis=-1)
+    return jnp.sum(jnp.where(as_mask(mask_br) > 0, token_rewards_br, 0.0), axis=-1)
 
 
 @functools.partial(jax.jit, static_argnames=("gamma", "lam"))
-def gae(token_rewards_bt, values_bt, mask_bt, *, gamma: float = 1.0, lam: float = 1.0):
+def gae(token_rewards_br, values_br, mask_br, *, gamma: float = 1.0, lam: float = 1.0):
     """Generalised advantage estimation by a reverse scan over time.
 
     delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}, where "t+1" is the
     next *valid* token: masked positions carry the next value and advantage through unchanged.
-    Returns (adv_bt, returns_bt = adv + V), both zero at masked positions. Not whitened.
+    Returns (adv_br, returns_br = adv + V), both zero at masked positions. Not whitened.
     """
-    m = as_mask(mask_bt)
-    r_tb, v_tb, m_tb = (jnp.swapaxes(jnp.asarray(x, jnp.float32), 0, 1) for x in (token_rewards_bt, values_bt, m))
+    m = as_mask(mask_br)
+    r_rb, v_rb, m_rb = (jnp.swapaxes(jnp.asarray(x, jnp.float32), 0, 1) for x in (token_rewards_br, values_br, m))
 
     def step(carry, x):
         next_value_b, next_adv_b = carry
@@ -67,20 +67,20 @@ def gae(token_rewards_bt, values_bt, mask_bt, *, gamma: float = 1.0, lam: float 
         next_adv_b = jnp.where(mt_b > 0, adv_b, next_adv_b)
         return (next_value_b, next_adv_b), next_adv_b
 
-    zeros_b = jnp.zeros(r_tb.shape[1], jnp.float32)
-    _, adv_tb = jax.lax.scan(step, (zeros_b, zeros_b), (r_tb, v_tb, m_tb), reverse=True)
-    adv_bt = jnp.swapaxes(adv_tb, 0, 1) * m
-    return adv_bt, (adv_bt + values_bt) * m
+    zeros_b = jnp.zeros(r_rb.shape[1], jnp.float32)
+    _, adv_rb = jax.lax.scan(step, (zeros_b, zeros_b), (r_rb, v_rb, m_rb), reverse=True)
+    adv_br = jnp.swapaxes(adv_rb, 0, 1) * m
+    return adv_br, (adv_br + values_br) * m
 
 
 @functools.partial(jax.jit, static_argnames=("eps",))
-def masked_whiten(x_bt, mask_bt, eps: float = 1e-8):
+def masked_whiten(x_br, mask_br, eps: float = 1e-8):
     """(x - mean) / sqrt(var + eps) over valid entries, unbiased var (n-1; n=1 gives var 0). Zero at padding."""
-    m = as_mask(mask_bt)
+    m = as_mask(mask_br)
     n = jnp.sum(m)
-    mean = masked_mean(x_bt, m)
-    var = jnp.sum(jnp.where(m > 0, jnp.square(x_bt - mean), 0.0)) / jnp.maximum(n - 1.0, 1.0)
-    return jnp.where(m > 0, (x_bt - mean) * jax.lax.rsqrt(var + eps), 0.0)
+    mean = masked_mean(x_br, m)
+    var = jnp.sum(jnp.where(m > 0, jnp.square(x_br - mean), 0.0)) / jnp.maximum(n - 1.0, 1.0)
+    return jnp.where(m > 0, (x_br - mean) * jax.lax.rsqrt(var + eps), 0.0)
 
 
 def _groups(rewards_b, group_size: int):
@@ -115,9 +115,9 @@ def group_relative_advantages(
     return jnp.where(constant_p1, 0.0, centred_pg).reshape(-1)
 
 
-def broadcast_over_tokens(values_b, mask_bt):
-    """[B] -> [B, T]: each row's value on its valid tokens, 0 at padding."""
-    m = as_mask(mask_bt)
+def broadcast_over_tokens(values_b, mask_br):
+    """[B] -> [B, R]: each row's value on its valid tokens, 0 at padding."""
+    m = as_mask(mask_br)
     return jnp.asarray(values_b, jnp.float32)[:, None] * m
 
 

@@ -1,6 +1,6 @@
 """Reduce a per-token loss matrix to a scalar (SPEC 1, `loss_agg_mode`), with global counts.
 
-Inputs: `loss_bt` [B, T] float, `mask_bt` [B, T] (1 = valid response token, 0 = padding).
+Inputs: `loss_br` [B, R] float, `mask_br` [B, R] (1 = valid response token, 0 = padding).
 Let `|y_b| = sum_t mask[b, t]`. The four modes:
 
 - ``token-mean``:               sum_{b,t} m*l / num_tokens                       (DAPO, SDPO)
@@ -9,18 +9,18 @@ Let `|y_b| = sum_t mask[b, t]`. The four modes:
 - ``seq-mean-token-sum-norm``:  sum_b  sum_t m*l / norm_length / num_seqs       (Dr.GRPO style)
 
 `num_tokens` is the number of valid tokens and `num_seqs` the number of non-empty sequences,
-both **global over the mini-batch**. When `loss_bt` is one micro-batch (or one shard) of a
-larger mini-batch, pass the mini-batch counts from `aggregation_counts(mini_batch_mask_bt)`:
+both **global over the mini-batch**. When `loss_br` is one micro-batch (or one shard) of a
+larger mini-batch, pass the mini-batch counts from `aggregation_counts(mini_batch_mask_br)`:
 every piece then contributes its share, and the sum of the pieces' losses (and gradients)
 equals the loss of the whole mini-batch. Left as ``None``, the counts are computed from
-`mask_bt` (the arrays are the whole mini-batch). Micro-batches must split along B (a
+`mask_br` (the arrays are the whole mini-batch). Micro-batches must split along B (a
 sequence's tokens stay together; the per-sequence token mean is local to a row).
 
-`norm_length` (``seq-mean-token-sum-norm`` only) defaults to the padded length T; pass a
+`norm_length` (``seq-mean-token-sum-norm`` only) defaults to the padded length R; pass a
 constant (the configured max response length) so that the loss does not depend on padding.
 
 Public signature (used by every loss in this package):
-    aggregate(loss_bt, mask_bt, mode, *, num_tokens=None, num_seqs=None, norm_length=None) -> scalar
+    aggregate(loss_br, mask_br, mode, *, num_tokens=None, num_seqs=None, norm_length=None) -> scalar
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def check_agg_mode(mode: str) -> str:
     return mode
 
 
-def aggregation_counts(mask_bt) -> dict:
+def aggregation_counts(mask_br) -> dict:
     """Global counts of a (mini-)batch: {"num_tokens": valid tokens, "num_seqs": non-empty rows} (f32 scalars)."""
-    m = as_mask(mask_bt)
+    m = as_mask(mask_br)
     return {
         "num_tokens": jnp.sum(m),
         "num_seqs": jnp.sum((jnp.sum(m, axis=-1) > 0).astype(jnp.float32)),
@@ -56,35 +56,35 @@ def _count_or_local(count, local):
     return jnp.maximum(count, 1.0)
 
 
-def token_mean(values_bt, mask_bt, num_tokens=None):
+def token_mean(values_br, mask_br, num_tokens=None):
     """sum(m * values) / max(num_tokens, 1); `num_tokens` defaults to sum(m). Scalar."""
-    m = as_mask(mask_bt)
-    return jnp.sum(values_bt * m) / _count_or_local(num_tokens, jnp.sum(m))
+    m = as_mask(mask_br)
+    return jnp.sum(values_br * m) / _count_or_local(num_tokens, jnp.sum(m))
 
 
 @functools.partial(jax.jit, static_argnames=("mode", "norm_length"))
 def aggregate(
-    loss_bt,
-    mask_bt,
+    loss_br,
+    mask_br,
     mode: str,
     *,
     num_tokens=None,
     num_seqs=None,
     norm_length: float | None = None,
 ):
-    """Scalar loss from `loss_bt` [B, T] by `mode` (see module docstring for the formulas)."""
+    """Scalar loss from `loss_br` [B, R] by `mode` (see module docstring for the formulas)."""
     check_agg_mode(mode)
-    m = as_mask(mask_bt)
-    masked_bt = jnp.where(m > 0, loss_bt, 0.0)  # where, not *, so inf/nan in padding cannot leak
+    m = as_mask(mask_br)
+    masked_br = jnp.where(m > 0, loss_br, 0.0)  # where, not *, so inf/nan in padding cannot leak
     if mode == "token-mean":
-        return jnp.sum(masked_bt) / _count_or_local(num_tokens, jnp.sum(m))
+        return jnp.sum(masked_br) / _count_or_local(num_tokens, jnp.sum(m))
     seq_len_b = jnp.sum(m, axis=-1)
-    seq_sum_b = jnp.sum(masked_bt, axis=-1)
+    seq_sum_b = jnp.sum(masked_br, axis=-1)
     local_seqs = jnp.sum((seq_len_b > 0).astype(jnp.float32))
     seqs = _count_or_local(num_seqs, local_seqs)
     if mode == "seq-mean-token-mean":
         return jnp.sum(seq_sum_b / jnp.maximum(seq_len_b, 1.0)) / seqs
     if mode == "seq-mean-token-sum":
         return jnp.sum(seq_sum_b) / seqs
-    length = loss_bt.shape[-1] if norm_length is None else norm_length
+    length = loss_br.shape[-1] if norm_length is None else norm_length
     return jnp.sum(seq_sum_b) / length / seqs

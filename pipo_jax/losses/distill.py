@@ -2,24 +2,24 @@
 
 The teacher is the same network run on the teacher context (prompt + demonstration /
 feedback + instruction, then the student's response) under `stop_gradient`, with EMA or live
-params. Shapes: `*_bt` [B, T] per response token; `*_btv` [B, T, V] per vocabulary entry;
-`*_btn` [B, T, N] over a distillation support of N entries (top-k + tail bucket).
+params. Shapes: `*_br` [B, R] per response token; `*_brv` [B, R, V] per vocabulary entry;
+`*_brn` [B, R, N] over a distillation support of N entries (top-k + tail bucket).
 
-- `student_topk_with_tail(student_logp_btv, teacher_logp_btv, k)`: both distributions on the
+- `student_topk_with_tail(student_logp_brv, teacher_logp_brv, k)`: both distributions on the
   student's top-k tokens plus a tail bucket log(1 - sum_k p) (or renormalised top-k).
-- `generalized_jsd(student_logp_btn, teacher_logp_btn, alpha)` -> [B, T]: alpha=0 forward
+- `generalized_jsd(student_logp_brn, teacher_logp_brn, alpha)` -> [B, R]: alpha=0 forward
   KL(T||S), alpha=1 reverse KL(S||T), else (1-a) KL(S||M) + a KL(T||M), M = (1-a) S + a T.
-- `reverse_kl_token_loss(logp_bt, logp_teacher_bt)` = sg(logp_S - logp_T) * logp_S.
-- `importance_weight(logp_bt, logp_old_bt, is_clip)` = sg(min(exp(logp - logp_old), is_clip)).
-- `token_attribution(logp_teacher_bt, logp_student_bt, mask_bt, sd_mask_b)` = logp_T - logp_S (paper Eq. 4)
+- `reverse_kl_token_loss(logp_br, logp_teacher_br)` = sg(logp_S - logp_T) * logp_S.
+- `importance_weight(logp_br, logp_old_br, is_clip)` = sg(min(exp(logp - logp_old), is_clip)).
+- `token_attribution(logp_teacher_br, logp_student_br, mask_br, sd_mask_b)` = logp_T - logp_S (paper Eq. 4)
   where sd_mask = 1, else 0: SDPO's local attribution for PIPO.
 - `select_demonstrations(rewards_b, group_size)`: the first *other* successful response of each group.
 - `ema_update(teacher_params, student_params, rate)`: the EMA teacher.
 
 The SDPO losses (registered as `rl/algorithms.py:POLICY_LOSSES["sdpo_token"]`, `["sdpo_jsd"]`) share the policy-loss
-signature `fn(logp_bt, logp_old_bt, adv_bt, mask_bt, *, loss_agg_mode="token-mean", ...)`; the
-SDPO loss replaces the policy-gradient loss, so `adv_bt` is not read (pass None). Extra keyword
-inputs: `logp_teacher_bt` (token form) or `student_distill_logp_btn`/`teacher_distill_logp_btn`
+signature `fn(logp_br, logp_old_br, adv_br, mask_br, *, loss_agg_mode="token-mean", ...)`; the
+SDPO loss replaces the policy-gradient loss, so `adv_br` is not read (pass None). Extra keyword
+inputs: `logp_teacher_br` (token form) or `student_distill_logp_brn`/`teacher_distill_logp_brn`
 (JSD form), and `sd_mask_b` [B] (0 = no teacher signal for that sample). With micro-batching,
 pass `num_tokens` counted over mask * sd_mask of the whole mini-batch.
 """
@@ -38,21 +38,21 @@ _TAIL_LOG_MASS_MAX = -1e-7  # keeps log(1 - sum p) finite when the top-k hold al
 
 
 @functools.partial(jax.jit, static_argnames=("k", "add_tail"))
-def student_topk_with_tail(student_logp_btv, teacher_logp_btv, k: int | None, *, add_tail: bool = True):
-    """Distillation support from the student's top-k tokens. Returns (student_btn, teacher_btn).
+def student_topk_with_tail(student_logp_brv, teacher_logp_brv, k: int | None, *, add_tail: bool = True):
+    """Distillation support from the student's top-k tokens. Returns (student_brn, teacher_brn).
 
     Both are gathered at the *student's* top-k indices (selection is not differentiated). With
     `add_tail`, N = k + 1 and the last entry is the tail bucket log(1 - sum_k p); otherwise
     N = k and the top-k log-probs are renormalised. `k=None` uses the full vocabulary as is.
     """
-    vocab = student_logp_btv.shape[-1]
+    vocab = student_logp_brv.shape[-1]
     if k is None:
-        return student_logp_btv, teacher_logp_btv
+        return student_logp_brv, teacher_logp_brv
     if not 1 <= k <= vocab:
         raise ValueError(f"distill_topk={k} must be in [1, vocab_size={vocab}] (or None for the full vocabulary)")
-    _, idx_btk = jax.lax.top_k(jax.lax.stop_gradient(student_logp_btv), k)
-    s_btk = jnp.take_along_axis(student_logp_btv, idx_btk, axis=-1)
-    t_btk = jnp.take_along_axis(teacher_logp_btv, idx_btk, axis=-1)
+    _, idx_btk = jax.lax.top_k(jax.lax.stop_gradient(student_logp_brv), k)
+    s_btk = jnp.take_along_axis(student_logp_brv, idx_btk, axis=-1)
+    t_btk = jnp.take_along_axis(teacher_logp_brv, idx_btk, axis=-1)
 
     def with_tail(logp_btk):
         log_mass = jnp.minimum(jax.nn.logsumexp(logp_btk, axis=-1, keepdims=True), _TAIL_LOG_MASS_MAX)
@@ -72,11 +72,11 @@ def _kl(logp_p, logp_q):
 
 
 @functools.partial(jax.jit, static_argnames=("alpha",))
-def generalized_jsd(student_logp_btn, teacher_logp_btn, alpha: float = 0.5):
-    """Per-token generalised JSD [B, T]; the teacher is under stop_gradient. `alpha` is static."""
+def generalized_jsd(student_logp_brn, teacher_logp_brn, alpha: float = 0.5):
+    """Per-token generalised JSD [B, R]; the teacher is under stop_gradient. `alpha` is static."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"sdpo alpha={alpha} must be in [0, 1]")
-    s, t = student_logp_btn, jax.lax.stop_gradient(teacher_logp_btn)
+    s, t = student_logp_brn, jax.lax.stop_gradient(teacher_logp_brn)
     if alpha == 0.0:
         return _kl(t, s)
     if alpha == 1.0:
@@ -85,44 +85,44 @@ def generalized_jsd(student_logp_btn, teacher_logp_btn, alpha: float = 0.5):
     return (1.0 - alpha) * _kl(s, mix) + alpha * _kl(t, mix)
 
 
-def reverse_kl_token_loss(logp_bt, logp_teacher_bt):
-    """Token-level reverse-KL form sg(logp_S - logp_T) * logp_S, [B, T] (gradient through logp_S only)."""
-    return jax.lax.stop_gradient(logp_bt - logp_teacher_bt) * logp_bt
+def reverse_kl_token_loss(logp_br, logp_teacher_br):
+    """Token-level reverse-KL form sg(logp_S - logp_T) * logp_S, [B, R] (gradient through logp_S only)."""
+    return jax.lax.stop_gradient(logp_br - logp_teacher_br) * logp_br
 
 
-def importance_weight(logp_bt, logp_old_bt, is_clip: float | None = 2.0):
-    """sg(min(exp(clip(logp - logp_old, -20, 20)), is_clip)), [B, T]; `is_clip=None` leaves it unclipped."""
-    w = jnp.exp(jnp.clip(logp_bt - logp_old_bt, -20.0, 20.0))
+def importance_weight(logp_br, logp_old_br, is_clip: float | None = 2.0):
+    """sg(min(exp(clip(logp - logp_old, -20, 20)), is_clip)), [B, R]; `is_clip=None` leaves it unclipped."""
+    w = jnp.exp(jnp.clip(logp_br - logp_old_br, -20.0, 20.0))
     if is_clip is not None:
         w = jnp.minimum(w, is_clip)
     return jax.lax.stop_gradient(w)
 
 
-def _sd_mask(mask_bt, sd_mask_b):
-    m = as_mask(mask_bt)
+def _sd_mask(mask_br, sd_mask_b):
+    m = as_mask(mask_br)
     return m if sd_mask_b is None else m * as_mask(sd_mask_b)[:, None]
 
 
-def _sdpo_finish(per_token_bt, logp_bt, logp_old_bt, logp_teacher_bt, mask_bt, sd_mask_b, is_clip, cfg):
-    m = _sd_mask(mask_bt, sd_mask_b)
-    weighted_bt = per_token_bt * importance_weight(logp_bt, logp_old_bt, is_clip)
-    loss = aggregate(weighted_bt, m, cfg["loss_agg_mode"], num_tokens=cfg["num_tokens"], num_seqs=cfg["num_seqs"],
+def _sdpo_finish(per_token_br, logp_br, logp_old_br, logp_teacher_br, mask_br, sd_mask_b, is_clip, cfg):
+    m = _sd_mask(mask_br, sd_mask_b)
+    weighted_br = per_token_br * importance_weight(logp_br, logp_old_br, is_clip)
+    loss = aggregate(weighted_br, m, cfg["loss_agg_mode"], num_tokens=cfg["num_tokens"], num_seqs=cfg["num_seqs"],
                      norm_length=cfg["norm_length"])
     metrics = {"sdpo_loss": loss}
-    if logp_teacher_bt is not None:
-        diff_bt = jax.lax.stop_gradient(logp_teacher_bt - logp_bt)
-        metrics["sdpo_teacher_minus_student_logp"] = token_mean(diff_bt, m, cfg["num_tokens"])
+    if logp_teacher_br is not None:
+        diff_br = jax.lax.stop_gradient(logp_teacher_br - logp_br)
+        metrics["sdpo_teacher_minus_student_logp"] = token_mean(diff_br, m, cfg["num_tokens"])
     return loss, metrics
 
 
 @functools.partial(jax.jit, static_argnames=("is_clip", "loss_agg_mode", "norm_length"))
 def sdpo_token_loss(
-    logp_bt,
-    logp_old_bt,
-    adv_bt,
-    mask_bt,
+    logp_br,
+    logp_old_br,
+    adv_br,
+    mask_br,
     *,
-    logp_teacher_bt,
+    logp_teacher_br,
     is_clip: float | None = 2.0,
     sd_mask_b=None,
     loss_agg_mode: str = "token-mean",
@@ -131,25 +131,25 @@ def sdpo_token_loss(
     norm_length=None,
 ):
     """SDPO token-level reverse-KL loss, IS-weighted, aggregated over mask * sd_mask. (loss, metrics)."""
-    del adv_bt  # the teacher log-probs are the target
-    per_token_bt = reverse_kl_token_loss(logp_bt, jax.lax.stop_gradient(logp_teacher_bt))
+    del adv_br  # the teacher log-probs are the target
+    per_token_br = reverse_kl_token_loss(logp_br, jax.lax.stop_gradient(logp_teacher_br))
     cfg = {'loss_agg_mode': loss_agg_mode, 'num_tokens': num_tokens, 'num_seqs': num_seqs, 'norm_length': norm_length}
-    return _sdpo_finish(per_token_bt, logp_bt, logp_old_bt, logp_teacher_bt, mask_bt, sd_mask_b, is_clip, cfg)
+    return _sdpo_finish(per_token_br, logp_br, logp_old_br, logp_teacher_br, mask_br, sd_mask_b, is_clip, cfg)
 
 
 @functools.partial(jax.jit, static_argnames=("alpha", "is_clip", "loss_agg_mode", "norm_length"))
 def sdpo_jsd_loss(
-    logp_bt,
-    logp_old_bt,
-    adv_bt,
-    mask_bt,
+    logp_br,
+    logp_old_br,
+    adv_br,
+    mask_br,
     *,
-    student_distill_logp_btn,
-    teacher_distill_logp_btn,
+    student_distill_logp_brn,
+    teacher_distill_logp_brn,
     alpha: float = 0.5,
     is_clip: float | None = 2.0,
     sd_mask_b=None,
-    logp_teacher_bt=None,
+    logp_teacher_br=None,
     loss_agg_mode: str = "token-mean",
     num_tokens=None,
     num_seqs=None,
@@ -157,21 +157,21 @@ def sdpo_jsd_loss(
 ):
     """SDPO generalised-JSD loss over a distillation support (see `student_topk_with_tail`). (loss, metrics).
 
-    `logp_teacher_bt` (optional) only feeds the teacher-minus-student metric.
+    `logp_teacher_br` (optional) only feeds the teacher-minus-student metric.
     """
-    del adv_bt
-    per_token_bt = generalized_jsd(student_distill_logp_btn, teacher_distill_logp_btn, alpha)
+    del adv_br
+    per_token_br = generalized_jsd(student_distill_logp_brn, teacher_distill_logp_brn, alpha)
     cfg = {'loss_agg_mode': loss_agg_mode, 'num_tokens': num_tokens, 'num_seqs': num_seqs, 'norm_length': norm_length}
-    return _sdpo_finish(per_token_bt, logp_bt, logp_old_bt, logp_teacher_bt, mask_bt, sd_mask_b, is_clip, cfg)
+    return _sdpo_finish(per_token_br, logp_br, logp_old_br, logp_teacher_br, mask_br, sd_mask_b, is_clip, cfg)
 
 
-def token_attribution(logp_teacher_bt, logp_student_bt, mask_bt, sd_mask_b=None):
-    """SDPO attribution a_t = logp_T(y_t) - logp_S(y_t) on valid tokens (paper Eq. 4), [B, T].
+def token_attribution(logp_teacher_br, logp_student_br, mask_br, sd_mask_b=None):
+    """SDPO attribution a_t = logp_T(y_t) - logp_S(y_t) on valid tokens (paper Eq. 4), [B, R].
 
     Eq. 4 defines it only where the teacher has a signal: rows with `sd_mask_b` [B] = 0 get 0.
     """
-    m = _sd_mask(mask_bt, sd_mask_b)
-    return jnp.where(m > 0, logp_teacher_bt - logp_student_bt, 0.0)
+    m = _sd_mask(mask_br, sd_mask_b)
+    return jnp.where(m > 0, logp_teacher_br - logp_student_br, 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("group_size", "success_threshold"))

@@ -1,7 +1,7 @@
 """KL-to-reference estimators per token (SPEC 1) and the KL loss term.
 
-Each estimator maps `logp_bt`, `logp_ref_bt` [B, T] (log-probs of the sampled token under
-the current and the reference policy) to a per-token estimate [B, T]:
+Each estimator maps `logp_br`, `logp_ref_br` [B, R] (log-probs of the sampled token under
+the current and the reference policy) to a per-token estimate [B, R]:
 
 - ``k1``: logp - logp_ref
 - ``k2``: 0.5 * (logp - logp_ref)^2
@@ -21,19 +21,19 @@ import jax.numpy as jnp
 from pipo_jax.losses.aggregation import aggregate
 
 
-def kl_k1(logp_bt, logp_ref_bt):
-    """k1 = logp - logp_ref, [B, T]."""
-    return logp_bt - logp_ref_bt
+def kl_k1(logp_br, logp_ref_br):
+    """k1 = logp - logp_ref, [B, R]."""
+    return logp_br - logp_ref_br
 
 
-def kl_k2(logp_bt, logp_ref_bt):
-    """k2 = 0.5 (logp - logp_ref)^2, [B, T]."""
-    return 0.5 * jnp.square(logp_bt - logp_ref_bt)
+def kl_k2(logp_br, logp_ref_br):
+    """k2 = 0.5 (logp - logp_ref)^2, [B, R]."""
+    return 0.5 * jnp.square(logp_br - logp_ref_br)
 
 
-def kl_k3(logp_bt, logp_ref_bt):
-    """k3 = exp(x) - x - 1 with x = clip(logp_ref - logp, -20, 20), clipped to [-10, 10], [B, T]."""
-    x = jnp.clip(logp_ref_bt - logp_bt, -20.0, 20.0)
+def kl_k3(logp_br, logp_ref_br):
+    """k3 = exp(x) - x - 1 with x = clip(logp_ref - logp, -20, 20), clipped to [-10, 10], [B, R]."""
+    x = jnp.clip(logp_ref_br - logp_br, -20.0, 20.0)
     return jnp.clip(jnp.exp(x) - x - 1.0, -10.0, 10.0)
 
 
@@ -41,18 +41,18 @@ KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 @functools.partial(jax.jit, static_argnames=("estimator",))
-def kl_estimate(logp_bt, logp_ref_bt, estimator: str):
-    """Per-token KL estimate [B, T] by name ("k1", "k2", "k3")."""
+def kl_estimate(logp_br, logp_ref_br, estimator: str):
+    """Per-token KL estimate [B, R] by name ("k1", "k2", "k3")."""
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl estimator={estimator!r} is not one of {sorted(KL_ESTIMATORS)}")
-    return KL_ESTIMATORS[estimator](logp_bt, logp_ref_bt)
+    return KL_ESTIMATORS[estimator](logp_br, logp_ref_br)
 
 
 @functools.partial(jax.jit, static_argnames=("estimator", "loss_agg_mode", "norm_length"))
 def kl_loss(
-    logp_bt,
-    logp_ref_bt,
-    mask_bt,
+    logp_br,
+    logp_ref_br,
+    mask_br,
     *,
     estimator: str = "k3",
     loss_agg_mode: str,
@@ -64,6 +64,6 @@ def kl_loss(
 
     Returns (loss scalar, {"kl": loss}).
     """
-    kl_bt = kl_estimate(logp_bt, logp_ref_bt, estimator)
-    loss = aggregate(kl_bt, mask_bt, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+    kl_br = kl_estimate(logp_br, logp_ref_br, estimator)
+    loss = aggregate(kl_br, mask_br, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
     return loss, {"kl": loss}

@@ -5,15 +5,17 @@ State (`PipoState`, a flax struct so it rides through jit / lax.scan / orbax):
                           (a shift register); the valid entries are mu_window_k[K - count:]
     count        i32 []   number of valid entries, saturating at K
     has_prev     bool []  whether `prev` holds a real batch
-    prev         StoredBatch  the previous batch B_{t-1} (fixed shapes, see `StoredBatch`)
+    prev         the stored batch B_{t-1}: a pytree of fixed shapes with `attr_br` and `mask_br`
+                 [B, R] fields (the learner's `rl/batch.py:TrainBatch` cut to `STORED_FIELDS`
+                 by `batch.stored`: tokens / masks, behaviour and reference log-probs, a_{t-1})
 
 Per iteration t (the trainer drives it):
     xi, c, mu_his, sigma_his = improvement_signal(mu_t, state.mu_window_k, state.count, lam=, ddof=)
     if pi_step_ready(state, c, xi):   # window full, has_prev, c != 0
-        rhat_bt = pi_rewards(state.prev.attr_bt, c, state.prev.mask_bt)
-        loss = pi_surrogate_loss(logp_bt, state.prev.logp_old_bt, rhat_bt, state.prev.mask_bt, ...)
+        rhat_br = pi_rewards(state.prev.attr_br, c, state.prev.mask_br)
+        loss = pi_surrogate_loss(logp_br, state.prev.logp_old_br, rhat_br, state.prev.mask_br, ...)
     ... base step on B_t ...
-    state = push(state, mu_t, StoredBatch(B_t with its attributions a_t))
+    state = push(state, mu_t, B_t with its attributions a_t, laid out like `state.prev`)
 
 Formulas (paper default):
     mu_his = mean(window); sigma_his = std(window, ddof=1); sigma < 1e-8 -> 1.0
@@ -108,50 +110,30 @@ def pipo_options(compat: bool = False, **behaviours: bool | None) -> PipoOptions
 
 
 @struct.dataclass
-class StoredBatch:
-    """The previous batch B_{t-1} kept for verification. All leaves have fixed shapes.
-
-    L is the full row (prompt + response), T the response tokens.
-
-    tokens_bl          int [B, L]   prompt + response tokens as fed to the model
-    attention_mask_bl  [B, L]       1 = real token (prompt or response)
-    mask_bt            [B, T]       response mask aligned with the log-probs below
-    logp_old_bt        f32 [B, T]   behaviour log-probs (theta_{t-1}, before its updates)
-    logp_ref_bt        f32 [B, T]   reference-policy log-probs (for the KL term)
-    attr_bt            f32 [B, T]   local attributions a_{t-1} (`rl/algorithms.py:ATTRIBUTIONS`)
-    """
-
-    tokens_bl: Any
-    attention_mask_bl: Any
-    mask_bt: Any
-    logp_old_bt: Any
-    logp_ref_bt: Any
-    attr_bt: Any
-
-
-@struct.dataclass
 class PipoState:
     """Controller state; see the module docstring for the field layout."""
 
     mu_window_k: jax.Array
     count: jax.Array
     has_prev: jax.Array
-    prev: StoredBatch
+    prev: Any  # the stored batch (see the module docstring)
 
     @property
     def window_size(self) -> int:
         return self.mu_window_k.shape[-1]
 
 
-def init_pipo_state(window_size: int, batch_template: StoredBatch) -> PipoState:
-    """Empty state: zero window, count 0, has_prev False, `prev` zeros shaped like `batch_template`.
+STORED_READS = ("attr_br", "mask_br")  # the fields of the stored batch the controller reads
 
-    `batch_template` leaves may be arrays or `jax.ShapeDtypeStruct`s.
-    """
+
+def init_pipo_state(window_size: int, batch_template: Any) -> PipoState:
+    """Empty state: zero window, count 0, has_prev False, `prev` zeros shaped like `batch_template`
+    (a pytree with `attr_br` and `mask_br` fields; leaves arrays or `jax.ShapeDtypeStruct`s)."""
     if int(window_size) < 1:
         raise ValueError(f"pipo window_size K={window_size} must be >= 1")
-    if not isinstance(batch_template, StoredBatch):
-        raise TypeError(f"batch_template must be a StoredBatch, got {type(batch_template).__name__}")
+    missing = [f for f in STORED_READS if getattr(batch_template, f, None) is None]
+    if missing:
+        raise TypeError(f"batch_template ({type(batch_template).__name__}) lacks the stored field(s) {missing}")
     prev = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), batch_template)
     return PipoState(
         mu_window_k=jnp.zeros((int(window_size),), jnp.float32),
@@ -165,10 +147,11 @@ def _path_name(path) -> str:
     return "".join(str(p) for p in path) or "<root>"
 
 
-def _conform(batch: StoredBatch, template: StoredBatch) -> StoredBatch:
-    """Check `batch` has the template's fields and shapes (clear error naming the field); cast dtypes."""
-    if not isinstance(batch, StoredBatch):
-        raise TypeError(f"push(batch=...) must be a StoredBatch, got {type(batch).__name__}")
+def _conform(batch: Any, template: Any) -> Any:
+    """Check `batch` has the template's type, fields and shapes (clear error naming the field); cast dtypes."""
+    if type(batch) is not type(template):
+        raise TypeError(f"push(batch=...) must be a {type(template).__name__} like the stored one, "
+                        f"got {type(batch).__name__}")
     t_leaves, t_def = jax.tree_util.tree_flatten_with_path(template)
     b_leaves, b_def = jax.tree_util.tree_flatten_with_path(batch)
     if t_def != b_def:
@@ -187,7 +170,7 @@ def _conform(batch: StoredBatch, template: StoredBatch) -> StoredBatch:
 
 
 @jax.jit
-def push(state: PipoState, mu, batch: StoredBatch) -> PipoState:
+def push(state: PipoState, mu, batch: Any) -> PipoState:
     """Append mu_t to the window (dropping the oldest), store B_t, set has_prev. Pure."""
     window_k = jnp.concatenate([state.mu_window_k[1:], jnp.asarray(mu, jnp.float32).reshape(1)])
     return PipoState(
@@ -275,17 +258,17 @@ def pi_step_ready(state: PipoState, c, xi=None, *, run_at_xi_zero: bool = False)
 
 
 @functools.partial(jax.jit, static_argnames=("group_size", "additive_eps"))
-def group_attribution(adv_bt, mask_bt, group_size: int, additive_eps: bool = False):
-    """Group-normalised attribution a_i = G * abar_i / max(sum_j |abar_j|, 1e-6), on valid tokens. [B, T].
+def group_attribution(adv_br, mask_br, group_size: int, additive_eps: bool = False):
+    """Group-normalised attribution a_i = G * abar_i / max(sum_j |abar_j|, 1e-6), on valid tokens. [B, R].
 
     abar_i is the token mean of A_i over row i's valid tokens (0 for an empty row); groups are
     `group_size` contiguous rows. sum_i |a_i| = G within every group with a nonzero signal.
     `additive_eps` (authors' code): divide by sum_j |abar_j| + 1e-6 instead.
     """
-    m = as_mask(mask_bt)
+    m = as_mask(mask_br)
     if group_size < 1 or m.shape[0] % group_size:
         raise ValueError(f"group_size={group_size} does not divide the batch of {m.shape[0]} responses")
-    abar_pg = masked_mean(adv_bt, m, axis=-1).reshape(-1, group_size)
+    abar_pg = masked_mean(adv_br, m, axis=-1).reshape(-1, group_size)
     abs_sum_p1 = jnp.sum(jnp.abs(abar_pg), axis=-1, keepdims=True)
     if additive_eps:
         denom_p1 = abs_sum_p1 + ATTRIBUTION_DENOM_FLOOR
@@ -295,54 +278,54 @@ def group_attribution(adv_bt, mask_bt, group_size: int, additive_eps: bool = Fal
     return a_b[:, None] * m
 
 
-def gae_attribution(adv_bt, mask_bt):
-    """PPO's attribution: its (whitened) GAE advantages on valid tokens. [B, T]."""
-    return jnp.where(as_mask(mask_bt) > 0, adv_bt, 0.0)
+def gae_attribution(adv_br, mask_br):
+    """PPO's attribution: its (whitened) GAE advantages on valid tokens. [B, R]."""
+    return jnp.where(as_mask(mask_br) > 0, adv_br, 0.0)
 
 
-def pi_rewards(attr_bt, c, mask_bt, *, xi=None, lam: float | None = None, clamp: bool = False,
+def pi_rewards(attr_br, c, mask_br, *, xi=None, lam: float | None = None, clamp: bool = False,
                no_lam: bool = False):
-    """PI rewards rhat = a_{t-1} * c on the stored batch's valid tokens. [B, T].
+    """PI rewards rhat = a_{t-1} * c on the stored batch's valid tokens. [B, R].
 
     `clamp` (authors' code): rhat = clamp(a * xi, -10, 10) * (lam if xi < 0 else 1) (needs xi, lam).
     `no_lam` (authors' PPO, `ppo_pi_no_lam`): xi in place of c = phi_lam(xi), and with `clamp`
     no lam factor: rhat = a * xi, or clamp(a * xi, -10, 10) (needs xi).
     """
-    valid = as_mask(mask_bt) > 0
+    valid = as_mask(mask_br) > 0
     if no_lam and xi is None:
         raise ValueError("pi_rewards(no_lam=True) needs xi")
     if not clamp:
-        return jnp.where(valid, attr_bt * (xi if no_lam else c), 0.0)
+        return jnp.where(valid, attr_br * (xi if no_lam else c), 0.0)
     if xi is None or (lam is None and not no_lam):
         raise ValueError("pi_rewards(clamp=True) needs xi and lam")
-    rhat = jnp.clip(attr_bt * xi, -RHAT_CLAMP, RHAT_CLAMP)
+    rhat = jnp.clip(attr_br * xi, -RHAT_CLAMP, RHAT_CLAMP)
     if not no_lam:
         rhat = rhat * jnp.where(xi >= 0, 1.0, lam)
     return jnp.where(valid, rhat, 0.0)
 
 
-def normalise_attribution(attr_bt, mask_bt):
+def normalise_attribution(attr_br, mask_br):
     """`pipo.attribution_norm=mean_abs`: a / mean |a| over the valid tokens of the rows that
-    carry a signal (any nonzero a; SDPO: the rows with a teacher context), floor 1e-6. [B, T].
+    carry a signal (any nonzero a; SDPO: the rows with a teacher context), floor 1e-6. [B, R].
 
     Puts an unbounded attribution (SDPO's log-ratio logp_T - logp_S) on the scale of the
     group attribution (mean |a| = 1 over the responses of a group with a signal), so the PI
     step's gradient per unit of c is comparable across algorithms; signs and the ratios
     between tokens are kept.
     """
-    m = as_mask(mask_bt)
-    attr_bt = jnp.where(m > 0, attr_bt, 0.0)
-    rows_b = jnp.any(attr_bt != 0, axis=-1)
+    m = as_mask(mask_br)
+    attr_br = jnp.where(m > 0, attr_br, 0.0)
+    rows_b = jnp.any(attr_br != 0, axis=-1)
     w = m * rows_b[:, None]
-    mean_abs = jnp.sum(jnp.abs(attr_bt) * w) / jnp.maximum(jnp.sum(w), 1.0)
-    return attr_bt / jnp.maximum(mean_abs, ATTRIBUTION_DENOM_FLOOR)
+    mean_abs = jnp.sum(jnp.abs(attr_br) * w) / jnp.maximum(jnp.sum(w), 1.0)
+    return attr_br / jnp.maximum(mean_abs, ATTRIBUTION_DENOM_FLOOR)
 
 
-def signal_rows(attr_bt, mask_bt):
+def signal_rows(attr_br, mask_br):
     """f32 [B]: 1 where the row carries a PI signal (a nonzero attribution on a valid token).
     For SDPO these are the rows with a teacher context (`sd_mask`), up to a row whose teacher
     and student log-probs agree exactly on every token (whose rhat is 0 either way)."""
-    return jnp.any((as_mask(mask_bt) > 0) & (attr_bt != 0), axis=-1).astype(jnp.float32)
+    return jnp.any((as_mask(mask_br) > 0) & (attr_br != 0), axis=-1).astype(jnp.float32)
 
 
 def ppo_gate(mu_t, window_k, count, *, ddof: int = 1, xi_clip: bool = False):
@@ -375,10 +358,10 @@ def ppo_gate(mu_t, window_k, count, *, ddof: int = 1, xi_clip: bool = False):
                      "loss_agg_mode", "norm_length"),
 )
 def pi_surrogate_loss(
-    logp_bt,
-    logp_old_bt,
-    rhat_bt,
-    mask_bt,
+    logp_br,
+    logp_old_br,
+    rhat_br,
+    mask_br,
     *,
     ratio: str = "token",
     eps_low: float = 0.2,
@@ -394,7 +377,7 @@ def pi_surrogate_loss(
     """PI surrogate (paper Eq. 11) on B_{t-1}: -min(nu rhat, clip(nu) rhat), aggregated. (loss, metrics).
 
     `ratio="token"`: nu = exp(logp - logp_old) per token (PPO/GRPO/DAPO/SDPO);
-    `ratio="sequence"`: GSPO's sequence ratio in token form. `logp_old_bt` are the stored
+    `ratio="sequence"`: GSPO's sequence ratio in token form. `logp_old_br` are the stored
     behaviour log-probs of B_{t-1}. Eq. 11 has no dual clip (`clip_ratio_c=0`); pass the base
     value to mirror a dual-clipped base loss. Authors' code, token ratio only (their GSPO PI loss
     keeps both clips): `no_lower_clip` gives -min(nu, clip(nu)) * rhat, `symmetric_clip` clips
@@ -411,11 +394,11 @@ def pi_surrogate_loss(
         "norm_length": norm_length,
     }
     if ratio == "token":
-        return token_clip_loss(logp_bt, logp_old_bt, rhat_bt, mask_bt, clip_ratio_c=clip_ratio_c, **common)
+        return token_clip_loss(logp_br, logp_old_br, rhat_br, mask_br, clip_ratio_c=clip_ratio_c, **common)
     if ratio == "sequence":
         if clip_ratio_c:
             raise ValueError("pi clip_ratio_c must be 0 with ratio='sequence' (GSPO has no dual clip)")
-        return gspo_loss(logp_bt, logp_old_bt, rhat_bt, mask_bt, **common)
+        return gspo_loss(logp_br, logp_old_br, rhat_br, mask_br, **common)
     raise ValueError(f"pi ratio={ratio!r} must be 'token' or 'sequence'")
 
 
@@ -424,8 +407,8 @@ def pi_verification(state: PipoState, mu_t, *, lam: float = 0.1, options: PipoOp
                     ppo: bool = False):
     """Step 3 of SPEC 2 in one call: the signal, the go/no-go and the PI rewards for `state.prev`.
 
-    Returns (rhat_bt, metrics) with metrics {"mu_t", "mu_his", "sigma_his", "xi", "c",
-    "pi_step_applied"}; rhat_bt is zero when the step does not apply. With
+    Returns (rhat_br, metrics) with metrics {"mu_t", "mu_his", "sigma_his", "xi", "c",
+    "pi_step_applied"}; rhat_br is zero when the step does not apply. With
     `options.window_twice` the caller has already pushed mu_t (`push_mean`). `ppo`: the base
     algorithm is PPO (the authors' `ppo_layback` path), where `options.ppo_pi_no_lam` applies.
     """
@@ -433,9 +416,9 @@ def pi_verification(state: PipoState, mu_t, *, lam: float = 0.1, options: PipoOp
         mu_t, state.mu_window_k, state.count, lam=lam, ddof=options.ddof, xi_clip=options.xi_clip
     )
     apply = pi_step_ready(state, c, xi, run_at_xi_zero=options.run_at_xi_zero)
-    rhat_bt = pi_rewards(state.prev.attr_bt, c, state.prev.mask_bt, xi=xi, lam=lam, clamp=options.rhat_clamp,
+    rhat_br = pi_rewards(state.prev.attr_br, c, state.prev.mask_br, xi=xi, lam=lam, clamp=options.rhat_clamp,
                          no_lam=ppo and options.ppo_pi_no_lam)
-    rhat_bt = jnp.where(apply, rhat_bt, 0.0)
+    rhat_br = jnp.where(apply, rhat_br, 0.0)
     metrics = {
         "mu_t": jnp.asarray(mu_t, jnp.float32),
         "mu_his": mu_his,
@@ -444,4 +427,4 @@ def pi_verification(state: PipoState, mu_t, *, lam: float = 0.1, options: PipoOp
         "c": c,
         "pi_step_applied": apply,
     }
-    return rhat_bt, metrics
+    return rhat_br, metrics

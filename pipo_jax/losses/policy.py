@@ -1,7 +1,7 @@
 """Clipped policy-gradient surrogates (SPEC 1), minimised.
 
-Inputs: `logp_bt`, `logp_old_bt` [B, T] log-probs of the sampled tokens under the current and
-the behaviour policy, `adv_bt` [B, T] advantages (or PI rewards), `mask_bt` [B, T].
+Inputs: `logp_br`, `logp_old_br` [B, R] log-probs of the sampled tokens under the current and
+the behaviour policy, `adv_br` [B, R] advantages (or PI rewards), `mask_br` [B, R].
 
 Token clip (PPO/GRPO/DAPO), with r = exp(clip(logp - logp_old, -20, 20)):
     L = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)); for A < 0 and clip_ratio_c > 0 (dual
@@ -18,7 +18,7 @@ CISPO (MiniMax-M1, arXiv 2506.13585): L = -sg(clip(r, 1 - eps_low, 1 + eps_high)
     lower clip and the gradient is zero once r > 1 + eps_high (for A >= 0 it is the token clip).
 
 The policy losses share one signature (`rl/algorithms.py` registers them as `POLICY_LOSSES`):
-    loss_fn(logp_bt, logp_old_bt, adv_bt, mask_bt, *, loss_agg_mode, num_tokens=None,
+    loss_fn(logp_br, logp_old_br, adv_br, mask_br, *, loss_agg_mode, num_tokens=None,
             num_seqs=None, norm_length=None, **loss_specific) -> (loss scalar, metrics dict)
 Metrics are token means normalised by the same global `num_tokens` as the loss, so, like the
 loss, they add up across micro-batches: "pg_clipfrac" (tokens where the clip is active),
@@ -48,61 +48,61 @@ def check_clip_config(eps_low, eps_high, clip_ratio_c) -> None:
         raise ValueError(f"clip_ratio_c={clip_ratio_c} must be 0 (dual clip off) or > 1")
 
 
-def token_log_ratio(logp_bt, logp_old_bt):
-    """clip(logp - logp_old, -20, 20), [B, T]."""
-    return jnp.clip(logp_bt - logp_old_bt, -20.0, 20.0)
+def token_log_ratio(logp_br, logp_old_br):
+    """clip(logp - logp_old, -20, 20), [B, R]."""
+    return jnp.clip(logp_br - logp_old_br, -20.0, 20.0)
 
 
-def sequence_log_ratio(logp_bt, logp_old_bt, mask_bt):
+def sequence_log_ratio(logp_br, logp_old_br, mask_br):
     """GSPO log s_i = sum_t m (logp - logp_old) / max(|y_i|, 1), [B]."""
-    m = as_mask(mask_bt)
-    diff_bt = jnp.where(m > 0, logp_bt - logp_old_bt, 0.0)
-    return jnp.sum(diff_bt, axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
+    m = as_mask(mask_br)
+    diff_br = jnp.where(m > 0, logp_br - logp_old_br, 0.0)
+    return jnp.sum(diff_br, axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
 
 
-def gspo_token_log_ratio(logp_bt, logp_old_bt, mask_bt):
-    """GSPO token form: value log s_i on every token, gradient d logp_t; clamped <= 10. [B, T]."""
-    log_s_b = sequence_log_ratio(logp_bt, logp_old_bt, mask_bt)
-    log_s_bt = logp_bt - jax.lax.stop_gradient(logp_bt) + jax.lax.stop_gradient(log_s_b)[:, None]
-    return jnp.minimum(log_s_bt, 10.0)
+def gspo_token_log_ratio(logp_br, logp_old_br, mask_br):
+    """GSPO token form: value log s_i on every token, gradient d logp_t; clamped <= 10. [B, R]."""
+    log_s_b = sequence_log_ratio(logp_br, logp_old_br, mask_br)
+    log_s_br = logp_br - jax.lax.stop_gradient(logp_br) + jax.lax.stop_gradient(log_s_b)[:, None]
+    return jnp.minimum(log_s_br, 10.0)
 
 
 def clipped_surrogate(
-    log_ratio_bt,
-    adv_bt,
+    log_ratio_br,
+    adv_br,
     *,
     eps_low: float,
     eps_high: float,
     clip_ratio_c: float = 0.0,
     lower_clip_negative_adv: bool = True,
 ):
-    """Per-token clipped surrogate from a log ratio. Returns (loss_bt, clipped_bt, dual_clipped_bt)."""
+    """Per-token clipped surrogate from a log ratio. Returns (loss_br, clipped_br, dual_clipped_br)."""
     check_clip_config(eps_low, eps_high, clip_ratio_c)
-    ratio_bt = jnp.exp(log_ratio_bt)
-    clipped_ratio_bt = jnp.clip(ratio_bt, 1.0 - eps_low, 1.0 + eps_high)
-    unclipped_loss_bt = -adv_bt * ratio_bt
-    clipped_loss_bt = -adv_bt * clipped_ratio_bt
-    loss_bt = jnp.maximum(unclipped_loss_bt, clipped_loss_bt)
-    clipped_bt = clipped_loss_bt > unclipped_loss_bt
+    ratio_br = jnp.exp(log_ratio_br)
+    clipped_ratio_br = jnp.clip(ratio_br, 1.0 - eps_low, 1.0 + eps_high)
+    unclipped_loss_br = -adv_br * ratio_br
+    clipped_loss_br = -adv_br * clipped_ratio_br
+    loss_br = jnp.maximum(unclipped_loss_br, clipped_loss_br)
+    clipped_br = clipped_loss_br > unclipped_loss_br
     if not lower_clip_negative_adv:  # -A min(r, clip(r)): pipo_verl core_algos.py grpo_layback
-        loss_bt = -adv_bt * jnp.minimum(ratio_bt, clipped_ratio_bt)
-        clipped_bt = clipped_ratio_bt < ratio_bt
+        loss_br = -adv_br * jnp.minimum(ratio_br, clipped_ratio_br)
+        clipped_br = clipped_ratio_br < ratio_br
     if clip_ratio_c == 0.0:
-        return loss_bt, clipped_bt, jnp.zeros_like(clipped_bt)
-    dual_loss_bt = -adv_bt * clip_ratio_c
-    dual_clipped_bt = (adv_bt < 0) & (loss_bt > dual_loss_bt)
-    loss_bt = jnp.where(adv_bt < 0, jnp.minimum(loss_bt, dual_loss_bt), loss_bt)
-    return loss_bt, clipped_bt, dual_clipped_bt
+        return loss_br, clipped_br, jnp.zeros_like(clipped_br)
+    dual_loss_br = -adv_br * clip_ratio_c
+    dual_clipped_br = (adv_br < 0) & (loss_br > dual_loss_br)
+    loss_br = jnp.where(adv_br < 0, jnp.minimum(loss_br, dual_loss_br), loss_br)
+    return loss_br, clipped_br, dual_clipped_br
 
 
-def _finish(loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, mode, num_tokens, num_seqs, norm_length):
+def _finish(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, mode, num_tokens, num_seqs, norm_length):
     check_agg_mode(mode)
-    loss = aggregate(loss_bt, mask_bt, mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+    loss = aggregate(loss_br, mask_br, mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
     metrics = {
         "pg_loss": loss,
-        "pg_clipfrac": token_mean(clipped_bt.astype(jnp.float32), mask_bt, num_tokens),
-        "pg_clipfrac_lower": token_mean(dual_bt.astype(jnp.float32), mask_bt, num_tokens),
-        "ppo_kl": token_mean(jax.lax.stop_gradient(logp_old_bt - logp_bt), mask_bt, num_tokens),
+        "pg_clipfrac": token_mean(clipped_br.astype(jnp.float32), mask_br, num_tokens),
+        "pg_clipfrac_lower": token_mean(dual_br.astype(jnp.float32), mask_br, num_tokens),
+        "ppo_kl": token_mean(jax.lax.stop_gradient(logp_old_br - logp_br), mask_br, num_tokens),
     }
     return loss, metrics
 
@@ -112,10 +112,10 @@ _CLIP_STATIC = ("loss_agg_mode", "eps_low", "eps_high", "clip_ratio_c", "lower_c
 
 @functools.partial(jax.jit, static_argnames=_CLIP_STATIC)
 def token_clip_loss(
-    logp_bt,
-    logp_old_bt,
-    adv_bt,
-    mask_bt,
+    logp_br,
+    logp_old_br,
+    adv_br,
+    mask_br,
     *,
     loss_agg_mode: str,
     eps_low: float = 0.2,
@@ -127,25 +127,25 @@ def token_clip_loss(
     norm_length=None,
 ):
     """PPO/GRPO/DAPO token-ratio clipped loss with asymmetric eps and dual clip. (loss, metrics)."""
-    loss_bt, clipped_bt, dual_bt = clipped_surrogate(
-        token_log_ratio(logp_bt, logp_old_bt),
-        adv_bt,
+    loss_br, clipped_br, dual_br = clipped_surrogate(
+        token_log_ratio(logp_br, logp_old_br),
+        adv_br,
         eps_low=eps_low,
         eps_high=eps_high,
         clip_ratio_c=clip_ratio_c,
         lower_clip_negative_adv=lower_clip_negative_adv,
     )
     return _finish(
-        loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, loss_agg_mode, num_tokens, num_seqs, norm_length
+        loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, loss_agg_mode, num_tokens, num_seqs, norm_length
     )
 
 
 @functools.partial(jax.jit, static_argnames=tuple(n for n in _CLIP_STATIC if n != "clip_ratio_c"))
 def gspo_loss(
-    logp_bt,
-    logp_old_bt,
-    adv_bt,
-    mask_bt,
+    logp_br,
+    logp_old_br,
+    adv_br,
+    mask_br,
     *,
     loss_agg_mode: str = "seq-mean-token-mean",
     eps_low: float = 3e-4,
@@ -156,25 +156,25 @@ def gspo_loss(
     norm_length=None,
 ):
     """GSPO sequence-ratio clipped loss in the stop-gradient token form, no dual clip. (loss, metrics)."""
-    loss_bt, clipped_bt, dual_bt = clipped_surrogate(
-        gspo_token_log_ratio(logp_bt, logp_old_bt, mask_bt),
-        adv_bt,
+    loss_br, clipped_br, dual_br = clipped_surrogate(
+        gspo_token_log_ratio(logp_br, logp_old_br, mask_br),
+        adv_br,
         eps_low=eps_low,
         eps_high=eps_high,
         clip_ratio_c=0.0,
         lower_clip_negative_adv=lower_clip_negative_adv,
     )
     return _finish(
-        loss_bt, clipped_bt, dual_bt, logp_bt, logp_old_bt, mask_bt, loss_agg_mode, num_tokens, num_seqs, norm_length
+        loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, loss_agg_mode, num_tokens, num_seqs, norm_length
     )
 
 
 @functools.partial(jax.jit, static_argnames=("loss_agg_mode", "eps_low", "eps_high", "norm_length"))
 def cispo_loss(
-    logp_bt,
-    logp_old_bt,
-    adv_bt,
-    mask_bt,
+    logp_br,
+    logp_old_br,
+    adv_br,
+    mask_br,
     *,
     loss_agg_mode: str = "token-mean",
     eps_low: float = 0.2,
@@ -185,24 +185,24 @@ def cispo_loss(
 ):
     """CISPO: -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp per token, aggregated. (loss, metrics)."""
     check_clip_config(eps_low, eps_high, 0.0)
-    ratio_bt = jnp.exp(token_log_ratio(logp_bt, logp_old_bt))
-    weight_bt = jax.lax.stop_gradient(jnp.clip(ratio_bt, 1.0 - eps_low, 1.0 + eps_high))
-    loss_bt = -weight_bt * adv_bt * logp_bt
-    clipped_bt = (ratio_bt < 1.0 - eps_low) | (ratio_bt > 1.0 + eps_high)
-    return _finish(loss_bt, clipped_bt, jnp.zeros_like(clipped_bt), logp_bt, logp_old_bt, mask_bt, loss_agg_mode,
+    ratio_br = jnp.exp(token_log_ratio(logp_br, logp_old_br))
+    weight_br = jax.lax.stop_gradient(jnp.clip(ratio_br, 1.0 - eps_low, 1.0 + eps_high))
+    loss_br = -weight_br * adv_br * logp_br
+    clipped_br = (ratio_br < 1.0 - eps_low) | (ratio_br > 1.0 + eps_high)
+    return _finish(loss_br, clipped_br, jnp.zeros_like(clipped_br), logp_br, logp_old_br, mask_br, loss_agg_mode,
                    num_tokens, num_seqs, norm_length)
 
 
 @functools.partial(jax.jit, static_argnames=("eps_low", "eps_high"))
-def gspo_sequence_loss_reference(logp_bt, logp_old_bt, adv_b, mask_bt, *, eps_low=3e-4, eps_high=4e-4, num_seqs=None):
+def gspo_sequence_loss_reference(logp_br, logp_old_br, adv_b, mask_br, *, eps_low=3e-4, eps_high=4e-4, num_seqs=None):
     """Plain sequence form of GSPO: mean over non-empty rows of max(-A s_i, -A clip(s_i)). Scalar.
 
     The spec of `gspo_loss`; the token form must match it in value and gradient.
     """
-    log_s_b = jnp.minimum(sequence_log_ratio(logp_bt, logp_old_bt, mask_bt), 10.0)
+    log_s_b = jnp.minimum(sequence_log_ratio(logp_br, logp_old_br, mask_br), 10.0)
     s_b = jnp.exp(log_s_b)
     loss_b = jnp.maximum(-adv_b * s_b, -adv_b * jnp.clip(s_b, 1.0 - eps_low, 1.0 + eps_high))
-    nonempty_b = jnp.sum(as_mask(mask_bt), axis=-1) > 0
+    nonempty_b = jnp.sum(as_mask(mask_br), axis=-1) > 0
     local = jnp.sum(nonempty_b.astype(jnp.float32))
     count = local if num_seqs is None else num_seqs
     return jnp.sum(jnp.where(nonempty_b, loss_b, 0.0)) / jnp.maximum(count, 1.0)

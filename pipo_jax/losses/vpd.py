@@ -1,8 +1,8 @@
 """VPD (variational policy distillation, arXiv 2605.15113; SPEC 4) loss math. Experimental.
 
 Only summaries of the paper are public; this module is our reading of it (SPEC 4), with
-the choices below exposed as switches. Shapes: `*_b` [B] per response, `*_bt` [B, T] per
-response token, `*_btv` [B, T, V] log-distributions over the vocabulary. Log-probs are in
+the choices below exposed as switches. Shapes: `*_b` [B] per response, `*_br` [B, R] per
+response token, `*_brv` [B, R, V] log-distributions over the vocabulary. Log-probs are in
 nats. The teacher q is the same network run on the feedback context (prompt + sibling
 solution / environment feedback + instruction, then the student's response).
 
@@ -53,24 +53,24 @@ def _check_choice(value, name: str, choices) -> None:
 # ----------------------------------------------------------------------------- implicit reward
 
 
-def sequence_log_ratio(logp_teacher_bt, logp_ref_bt, mask_bt, *, seq_logprob: str = "sum"):
+def sequence_log_ratio(logp_teacher_br, logp_ref_br, mask_br, *, seq_logprob: str = "sum"):
     """log q(y) - log pi_ref(y) per response, [B]; the reference is under stop_gradient.
 
     "sum": over valid tokens (the sequence log-likelihood ratio, default); "mean": the same
     divided by max(|y_i|, 1). Padding entries are ignored whatever they hold.
     """
     _check_choice(seq_logprob, "seq_logprob", SEQ_LOGPROB_MODES)
-    m = as_mask(mask_bt)
-    diff_bt = jnp.where(m > 0, logp_teacher_bt - jax.lax.stop_gradient(logp_ref_bt), 0.0)
-    total_b = jnp.sum(diff_bt, axis=-1)
+    m = as_mask(mask_br)
+    diff_br = jnp.where(m > 0, logp_teacher_br - jax.lax.stop_gradient(logp_ref_br), 0.0)
+    total_b = jnp.sum(diff_br, axis=-1)
     if seq_logprob == "sum":
         return total_b
     return total_b / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
 
 
-def implicit_reward(logp_teacher_bt, logp_ref_bt, mask_bt, *, beta: float, seq_logprob: str = "sum"):
+def implicit_reward(logp_teacher_br, logp_ref_br, mask_br, *, beta: float, seq_logprob: str = "sum"):
     """rtilde_i = beta * (log q(y_i) - log pi_ref(y_i)), [B] (see `sequence_log_ratio`)."""
-    return beta * sequence_log_ratio(logp_teacher_bt, logp_ref_bt, mask_bt, seq_logprob=seq_logprob)
+    return beta * sequence_log_ratio(logp_teacher_br, logp_ref_br, mask_br, seq_logprob=seq_logprob)
 
 
 def outcome_labels(rewards_b, success_threshold: float, valid_b=None):
@@ -166,38 +166,38 @@ def update_delta(state: DeltaState, rtilde_b, valid_b=None, *, mode: str = "cumu
 # ----------------------------------------------------------------------------- collapse diagnostics
 
 
-def token_entropy(logp_btv):
-    """H = -sum_v p_v log p_v per token, [B, T] (zero-probability entries contribute 0)."""
-    p = jnp.exp(logp_btv)
-    return -jnp.sum(jnp.where(p > 0, p * logp_btv, 0.0), axis=-1)
+def token_entropy(logp_brv):
+    """H = -sum_v p_v log p_v per token, [B, R] (zero-probability entries contribute 0)."""
+    p = jnp.exp(logp_brv)
+    return -jnp.sum(jnp.where(p > 0, p * logp_brv, 0.0), axis=-1)
 
 
-def token_kl(logp_p_btv, logp_q_btv):
-    """KL(P || Q) = sum_v p_v (log p_v - log q_v) per token, [B, T]."""
-    p = jnp.exp(logp_p_btv)
-    return jnp.sum(jnp.where(p > 0, p * (logp_p_btv - logp_q_btv), 0.0), axis=-1)
+def token_kl(logp_p_brv, logp_q_brv):
+    """KL(P || Q) = sum_v p_v (log p_v - log q_v) per token, [B, R]."""
+    p = jnp.exp(logp_p_brv)
+    return jnp.sum(jnp.where(p > 0, p * (logp_p_brv - logp_q_brv), 0.0), axis=-1)
 
 
-def teacher_collapse_sums(teacher_logp_btv, student_logp_btv, mask_bt):
+def teacher_collapse_sums(teacher_logp_brv, student_logp_brv, mask_br):
     """Sums over valid tokens of teacher entropy, student entropy and KL(teacher || student), and the token count.
 
     Sums (not means) so that chunks of a batch add up; `teacher_collapse_metrics` divides.
     The distributions are the full vocabulary ones (exact, no top-k truncation).
     """
-    m = as_mask(mask_bt)
+    m = as_mask(mask_br)
     tot = lambda x: jnp.sum(jnp.where(m > 0, x, 0.0))
-    return {"teacher_entropy": tot(token_entropy(teacher_logp_btv)),
-            "student_entropy": tot(token_entropy(student_logp_btv)),
-            "kl_teacher_student": tot(token_kl(teacher_logp_btv, student_logp_btv)),
+    return {"teacher_entropy": tot(token_entropy(teacher_logp_brv)),
+            "student_entropy": tot(token_entropy(student_logp_brv)),
+            "kl_teacher_student": tot(token_kl(teacher_logp_brv, student_logp_brv)),
             "num_tokens": jnp.sum(m)}
 
 
-def teacher_collapse_metrics(teacher_logp_btv, student_logp_btv, mask_bt):
+def teacher_collapse_metrics(teacher_logp_brv, student_logp_brv, mask_br):
     """Per-valid-token means {"teacher_entropy", "student_entropy", "kl_teacher_student"} (nats).
 
     A collapsing teacher shows entropy -> 0 while its KL to the student grows.
     """
-    sums = teacher_collapse_sums(teacher_logp_btv, student_logp_btv, mask_bt)
+    sums = teacher_collapse_sums(teacher_logp_brv, student_logp_brv, mask_br)
     n = jnp.maximum(sums.pop("num_tokens"), 1.0)
     return {k: v / n for k, v in sums.items()}
 
@@ -205,23 +205,23 @@ def teacher_collapse_metrics(teacher_logp_btv, student_logp_btv, mask_bt):
 # ----------------------------------------------------------------------------- GRPO + SDPO hybrids
 
 
-def reshaped_advantages(adv_bt, logp_teacher_bt, logp_student_bt, mask_bt, *, weight: float, sd_mask_b=None):
+def reshaped_advantages(adv_br, logp_teacher_br, logp_student_br, mask_br, *, weight: float, sd_mask_b=None):
     """A'_it = A_it + w * sg(log q(y_it) - log pi(y_it)) on valid tokens with teacher signal, else A_it; 0 at padding.
 
-    `logp_student_bt` is the behaviour policy's log-probs (theta_t), so A' is fixed across
+    `logp_student_br` is the behaviour policy's log-probs (theta_t), so A' is fixed across
     epochs like any advantage. Rows with `sd_mask_b` = 0 keep the plain advantage.
     """
-    m = as_mask(mask_bt)
+    m = as_mask(mask_br)
     signal = m if sd_mask_b is None else m * as_mask(sd_mask_b)[:, None]
-    attr_bt = jax.lax.stop_gradient(distill.token_attribution(logp_teacher_bt, logp_student_bt, signal))
-    return jnp.where(m > 0, adv_bt + weight * attr_bt, 0.0)
+    attr_br = jax.lax.stop_gradient(distill.token_attribution(logp_teacher_br, logp_student_br, signal))
+    return jnp.where(m > 0, adv_br + weight * attr_br, 0.0)
 
 
 _CLIP_STATIC = ("loss_agg_mode", "eps_low", "eps_high", "clip_ratio_c", "norm_length")
 
 
 @functools.partial(jax.jit, static_argnames=_CLIP_STATIC + ("weight",))
-def reshape_hybrid_loss(logp_bt, logp_old_bt, adv_bt, mask_bt, *, logp_teacher_bt, weight: float, sd_mask_b=None,
+def reshape_hybrid_loss(logp_br, logp_old_br, adv_br, mask_br, *, logp_teacher_br, weight: float, sd_mask_b=None,
                         loss_agg_mode: str = "seq-mean-token-mean", eps_low: float = 0.2, eps_high: float = 0.2,
                         clip_ratio_c: float = 3.0, num_tokens=None, num_seqs=None, norm_length=None):
     """Advantage-reshaping hybrid: the token clip loss with A' = A + w * sg(log q - log pi_old). (loss, metrics).
@@ -229,20 +229,20 @@ def reshape_hybrid_loss(logp_bt, logp_old_bt, adv_bt, mask_bt, *, logp_teacher_b
         L = agg_t max(-A'_t r_t, -A'_t clip(r_t, 1 - eps_low, 1 + eps_high)) (dual clip for A' < 0)
 
     with r_t = exp(logp_t - logp_old_t) and A' from `reshaped_advantages(adv, logp_teacher,
-    logp_old, ...)`. `adv_bt` is the group-relative advantage broadcast over tokens.
+    logp_old, ...)`. `adv_br` is the group-relative advantage broadcast over tokens.
     """
-    adv2 = reshaped_advantages(adv_bt, logp_teacher_bt, logp_old_bt, mask_bt, weight=weight, sd_mask_b=sd_mask_b)
-    loss, metrics = token_clip_loss(logp_bt, logp_old_bt, adv2, mask_bt, loss_agg_mode=loss_agg_mode,
+    adv2 = reshaped_advantages(adv_br, logp_teacher_br, logp_old_br, mask_br, weight=weight, sd_mask_b=sd_mask_b)
+    loss, metrics = token_clip_loss(logp_br, logp_old_br, adv2, mask_br, loss_agg_mode=loss_agg_mode,
                                     eps_low=eps_low, eps_high=eps_high, clip_ratio_c=clip_ratio_c,
                                     num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
-    metrics["reshaped_adv_mean"] = token_mean(jax.lax.stop_gradient(adv2), mask_bt, num_tokens)
+    metrics["reshaped_adv_mean"] = token_mean(jax.lax.stop_gradient(adv2), mask_br, num_tokens)
     return loss, metrics
 
 
 @functools.partial(jax.jit, static_argnames=_CLIP_STATIC + ("weight", "distill_form", "distill_agg_mode", "alpha",
                                                             "is_clip"))
-def joint_hybrid_loss(logp_bt, logp_old_bt, adv_bt, mask_bt, *, weight: float, distill_form: str = "token",
-                      logp_teacher_bt=None, student_distill_logp_btn=None, teacher_distill_logp_btn=None,
+def joint_hybrid_loss(logp_br, logp_old_br, adv_br, mask_br, *, weight: float, distill_form: str = "token",
+                      logp_teacher_br=None, student_distill_logp_brn=None, teacher_distill_logp_brn=None,
                       alpha: float = 0.5, is_clip: float | None = 2.0, sd_mask_b=None,
                       loss_agg_mode: str = "seq-mean-token-mean", distill_agg_mode: str = "token-mean",
                       eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio_c: float = 3.0, num_tokens=None,
@@ -251,28 +251,28 @@ def joint_hybrid_loss(logp_bt, logp_old_bt, adv_bt, mask_bt, *, weight: float, d
 
     L_clip is the token clip loss aggregated with `loss_agg_mode`; L_SDPO is SDPO's
     IS-weighted distillation loss aggregated with `distill_agg_mode` over mask * sd_mask:
-    `distill_form="token"`: sg(logp_S - logp_T) * logp_S (needs `logp_teacher_bt`);
-    `"jsd"`: generalised JSD with `alpha` on a support (needs `*_distill_logp_btn`).
+    `distill_form="token"`: sg(logp_S - logp_T) * logp_S (needs `logp_teacher_br`);
+    `"jsd"`: generalised JSD with `alpha` on a support (needs `*_distill_logp_brn`).
     Both terms use the same global counts. Metrics: both terms' metrics plus "joint_loss".
     """
     _check_choice(distill_form, "distill_form", DISTILL_FORMS)
-    pg, pg_metrics = token_clip_loss(logp_bt, logp_old_bt, adv_bt, mask_bt, loss_agg_mode=loss_agg_mode,
+    pg, pg_metrics = token_clip_loss(logp_br, logp_old_br, adv_br, mask_br, loss_agg_mode=loss_agg_mode,
                                      eps_low=eps_low, eps_high=eps_high, clip_ratio_c=clip_ratio_c,
                                      num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
     common = {"is_clip": is_clip, "sd_mask_b": sd_mask_b, "loss_agg_mode": distill_agg_mode,
               "num_tokens": num_tokens, "num_seqs": num_seqs, "norm_length": norm_length}
     if distill_form == "token":
-        if logp_teacher_bt is None:
-            raise ValueError("joint_hybrid_loss(distill_form='token') needs logp_teacher_bt")
-        sd, sd_metrics = distill.sdpo_token_loss(logp_bt, logp_old_bt, None, mask_bt, logp_teacher_bt=logp_teacher_bt,
+        if logp_teacher_br is None:
+            raise ValueError("joint_hybrid_loss(distill_form='token') needs logp_teacher_br")
+        sd, sd_metrics = distill.sdpo_token_loss(logp_br, logp_old_br, None, mask_br, logp_teacher_br=logp_teacher_br,
                                                  **common)
     else:
-        if student_distill_logp_btn is None or teacher_distill_logp_btn is None:
-            raise ValueError("joint_hybrid_loss(distill_form='jsd') needs student_distill_logp_btn and "
-                             "teacher_distill_logp_btn")
-        sd, sd_metrics = distill.sdpo_jsd_loss(logp_bt, logp_old_bt, None, mask_bt,
-                                               student_distill_logp_btn=student_distill_logp_btn,
-                                               teacher_distill_logp_btn=teacher_distill_logp_btn, alpha=alpha,
-                                               logp_teacher_bt=logp_teacher_bt, **common)
+        if student_distill_logp_brn is None or teacher_distill_logp_brn is None:
+            raise ValueError("joint_hybrid_loss(distill_form='jsd') needs student_distill_logp_brn and "
+                             "teacher_distill_logp_brn")
+        sd, sd_metrics = distill.sdpo_jsd_loss(logp_br, logp_old_br, None, mask_br,
+                                               student_distill_logp_brn=student_distill_logp_brn,
+                                               teacher_distill_logp_brn=teacher_distill_logp_brn, alpha=alpha,
+                                               logp_teacher_br=logp_teacher_br, **common)
     loss = pg + weight * sd
     return loss, dict(pg_metrics, **sd_metrics, joint_loss=loss)

@@ -246,7 +246,7 @@ def _sdpo_token(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     logp_t = teacher_logprobs(spec, teacher_params, mb.teacher_tokens_bq, mb.teacher_mask_bq)
-    loss, metrics = distill.sdpo_token_loss(logp, mb.logp_old_br, None, mb.mask_br, logp_teacher_bt=logp_t,
+    loss, metrics = distill.sdpo_token_loss(logp, mb.logp_old_br, None, mb.mask_br, logp_teacher_br=logp_t,
                                             **_distill_kwargs(spec, mb, counts))
     return loss, metrics, logp, ent
 
@@ -266,10 +266,10 @@ def _sdpo_jsd(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     logp = jnp.where(valid, jnp.take_along_axis(student, targets[..., None], axis=-1)[..., 0], 0.0)
     logp_t = jnp.where(valid, jnp.take_along_axis(teacher, targets[..., None], axis=-1)[..., 0], 0.0)
     _check_loss_inputs(logp, mb)
-    s_btn, t_btn = distill.student_topk_with_tail(student, teacher, min(spec.sdpo.topk, student.shape[-1]))
-    loss, metrics = distill.sdpo_jsd_loss(logp, mb.logp_old_br, None, mb.mask_br, student_distill_logp_btn=s_btn,
-                                          teacher_distill_logp_btn=t_btn, alpha=spec.sdpo.alpha,
-                                          logp_teacher_bt=logp_t, **_distill_kwargs(spec, mb, counts))
+    s_brn, t_brn = distill.student_topk_with_tail(student, teacher, min(spec.sdpo.topk, student.shape[-1]))
+    loss, metrics = distill.sdpo_jsd_loss(logp, mb.logp_old_br, None, mb.mask_br, student_distill_logp_brn=s_brn,
+                                          teacher_distill_logp_brn=t_brn, alpha=spec.sdpo.alpha,
+                                          logp_teacher_br=logp_t, **_distill_kwargs(spec, mb, counts))
     ent = -jnp.sum(jnp.exp(student) * student, axis=-1) if spec.loss.entropy_coef > 0 else None
     return loss, metrics, logp, ent
 
@@ -281,7 +281,7 @@ def _vpd_joint(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     _check_loss_inputs(logp, mb)
     logp_t = teacher_logprobs(spec, teacher_params, mb.teacher_tokens_bq, mb.teacher_mask_bq)
     loss, metrics = vpd_loss.joint_hybrid_loss(
-        logp, mb.logp_old_br, mb.adv_br, mb.mask_br, weight=spec.vpd.hybrid_weight, logp_teacher_bt=logp_t,
+        logp, mb.logp_old_br, mb.adv_br, mb.mask_br, weight=spec.vpd.hybrid_weight, logp_teacher_br=logp_t,
         sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip, eps_low=spec.loss.clip_low, eps_high=spec.loss.clip_high,
         clip_ratio_c=spec.loss.clip_ratio_c, **loss_counts(spec, counts))
     return loss, metrics, logp, ent

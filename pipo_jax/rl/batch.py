@@ -1,4 +1,5 @@
-"""The typed training batch: what `learn.prepare` builds from a rollout and the updates consume.
+"""The typed training batch: what `learn.prepare` builds from a rollout and the updates consume,
+and (cut to `STORED_FIELDS` by `stored`) what PIPO keeps of it for the next PI step.
 
 `TrainBatch` is a flax struct (a pytree: it rides through jit, `lax.scan`, `lax.map`
 and `jax.tree.map` indexing as a dict did) with one field per array and `None` for the
@@ -39,6 +40,25 @@ class TrainBatch:
     @property
     def rows(self) -> int:
         return self.mask_br.shape[0]
+
+
+STORED_FIELDS = ("tokens_bl", "mask_bl", "mask_br", "logp_old_br", "logp_ref_br", "attr_br")
+
+
+def stored(batch: TrainBatch) -> TrainBatch:
+    """B_t as PIPO stores it for the next PI step (`PipoState.prev`): the `STORED_FIELDS`
+    (tokens, masks, behaviour / reference log-probs, attributions a_t), the others None."""
+    return TrainBatch(**{f: getattr(batch, f) for f in STORED_FIELDS})
+
+
+def stored_template(rows: int, seq_len: int, response_len: int) -> TrainBatch:
+    """The stored batch's shapes and dtypes (`jax.ShapeDtypeStruct` leaves): B = `rows`,
+    L = `seq_len` (prompt + response), R = `response_len`."""
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    b, L, r = rows, seq_len, response_len
+    return TrainBatch(tokens_bl=i32(b, L), mask_bl=i32(b, L), mask_br=f32(b, r), logp_old_br=f32(b, r),
+                      logp_ref_br=f32(b, r), attr_br=f32(b, r))
 
 
 def check_batch(batch: TrainBatch) -> None:

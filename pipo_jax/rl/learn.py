@@ -16,7 +16,7 @@ from pipo_jax.losses import advantages, distill, pipo
 from pipo_jax.losses.kl import kl_estimate
 from pipo_jax.losses.masking import masked_mean
 from pipo_jax.rl import algorithms, steps, vpd_estep
-from pipo_jax.rl.batch import TrainBatch, check_batch
+from pipo_jax.rl.batch import TrainBatch, check_batch, stored
 from pipo_jax.rl.response_logprobs import response_logprobs
 from pipo_jax.rl.rollout import Rollout, response_part, teacher_settings
 from pipo_jax.rl.spec import TrainSpec
@@ -124,13 +124,13 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[Train
     return batch, mu_t, metrics
 
 
-def pi_batch(prev: pipo.StoredBatch, rhat_br, signal_rows: bool = False) -> TrainBatch:
-    """The PI step's batch: the stored B_{t-1} with rhat in place of advantages. `signal_rows`
+def pi_batch(prev: TrainBatch, rhat_br, signal_rows: bool = False) -> TrainBatch:
+    """The PI step's batch: the stored B_{t-1} (`batch.stored`) with rhat in place of its
+    attributions (the loss reads no advantages). `signal_rows`
     (`pipo.sdpo_pi_denominator=signal_tokens`): `sd_mask_b` marks the rows whose stored
     attribution carries a signal (`pipo.signal_rows`), so the mini-batch counts "sd" are theirs."""
-    sd_mask = pipo.signal_rows(prev.attr_bt, prev.mask_bt) if signal_rows else None
-    return TrainBatch(tokens_bl=prev.tokens_bl, mask_bl=prev.attention_mask_bl, mask_br=prev.mask_bt,
-                      logp_old_br=prev.logp_old_bt, logp_ref_br=prev.logp_ref_bt, rhat_br=rhat_br, sd_mask_b=sd_mask)
+    sd_mask = pipo.signal_rows(prev.attr_br, prev.mask_br) if signal_rows else None
+    return prev.replace(attr_br=None, rhat_br=rhat_br, sd_mask_b=sd_mask)
 
 
 def ppo_gated(spec: TrainSpec, batch: TrainBatch, mu_t, pipo_state: pipo.PipoState) -> tuple[TrainBatch, dict]:
@@ -232,10 +232,7 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
 
     new_pipo = state.pipo
     if spec.pipo.enabled:
-        stored = pipo.StoredBatch(tokens_bl=batch.tokens_bl, attention_mask_bl=batch.mask_bl, mask_bt=batch.mask_br,
-                                  logp_old_bt=batch.logp_old_br, logp_ref_bt=batch.logp_ref_br,
-                                  attr_bt=batch.attr_br)
-        new_pipo = pipo.push(pipo_state, mu_t, stored)
+        new_pipo = pipo.push(pipo_state, mu_t, stored(batch))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, critic=critic,
                               teacher_params=teacher, pipo=new_pipo, teacher_opt_state=teacher_opt,
                               vpd_delta=vpd_delta, pi_opt_state=pi_opt_state)

@@ -17,6 +17,7 @@ from flax import struct
 
 from pipo_jax.losses import pipo
 from pipo_jax.losses import vpd as vpd_loss
+from pipo_jax.rl.batch import TrainBatch, stored_template
 from pipo_jax.rl.sections import VpdConfig
 from pipo_jax.rl.spec import TrainSpec
 
@@ -109,15 +110,9 @@ def nonfinite_counts(before, after) -> dict[str, jax.Array]:
             "nonfinite_in_a_row": after.notfinite_count}
 
 
-def stored_batch_template(spec: TrainSpec) -> pipo.StoredBatch:
-    """Shapes of the batch PIPO keeps for verification: B sequences of prompt + response."""
-    b, L, r = spec.batch, spec.seq_len, spec.rollout.response_len
-    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    return pipo.StoredBatch(
-        tokens_bl=i32(b, L), attention_mask_bl=i32(b, L), mask_bt=f32(b, r),
-        logp_old_bt=f32(b, r), logp_ref_bt=f32(b, r), attr_bt=f32(b, r),
-    )
+def stored_batch_template(spec: TrainSpec) -> TrainBatch:
+    """Shapes of the batch PIPO keeps for verification (`batch.stored`): B sequences of prompt + response."""
+    return stored_template(spec.batch, spec.seq_len, spec.rollout.response_len)
 
 
 def _copy(tree):

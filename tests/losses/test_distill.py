@@ -98,7 +98,7 @@ def test_sdpo_token_loss_hand_computed():
     logp, teacher, old, mask, sd = _sdpo_inputs()
 
     def f(lp):
-        return distill.sdpo_token_loss(lp, old, None, mask, logp_teacher_bt=teacher, sd_mask_b=sd)
+        return distill.sdpo_token_loss(lp, old, None, mask, logp_teacher_br=teacher, sd_mask_b=sd)
 
     (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(logp)
     # row 0: (1 * -1) * w=1 and (0.5 * -0.5) * w=2, token mean over 2 tokens
@@ -123,11 +123,11 @@ def test_sdpo_jsd_loss_weighting_and_micro_batches():
         per_tok = distill.generalized_jsd(s_n, t_n, 0.5) * distill.importance_weight(logp, old)
         eff = mask * sd[:, None]
         expected = jnp.sum(per_tok * eff) / jnp.sum(eff)
-        kw = {"student_distill_logp_btn": s_n, "teacher_distill_logp_btn": t_n, "sd_mask_b": sd}
+        kw = {"student_distill_logp_brn": s_n, "teacher_distill_logp_brn": t_n, "sd_mask_b": sd}
         loss, _ = distill.sdpo_jsd_loss(logp, old, None, mask, **kw)
         counts = aggregation_counts(eff)
-        parts = [distill.sdpo_jsd_loss(logp[sl], old[sl], None, mask[sl], student_distill_logp_btn=s_n[sl],
-                                       teacher_distill_logp_btn=t_n[sl], sd_mask_b=sd[sl], **counts)[0]
+        parts = [distill.sdpo_jsd_loss(logp[sl], old[sl], None, mask[sl], student_distill_logp_brn=s_n[sl],
+                                       teacher_distill_logp_brn=t_n[sl], sd_mask_b=sd[sl], **counts)[0]
                  for sl in (slice(0, 1), slice(1, 4))]
         return expected, loss, sum(parts)
 

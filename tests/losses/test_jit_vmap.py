@@ -15,6 +15,7 @@ import pytest
 from pipo_jax.kernels import softmax_stats
 from pipo_jax.losses import advantages as adv
 from pipo_jax.losses import aggregation, distill, kl, masking, pipo, policy, theory, value
+from pipo_jax.rl.batch import TrainBatch
 
 B, T, V, L, K = 4, 3, 6, 5, 3
 
@@ -34,9 +35,9 @@ def logp(rng):
 
 
 def stored(rng):
-    return pipo.StoredBatch(
-        tokens_bl=jnp.asarray(rng.integers(0, 9, (B, L)), jnp.int32), attention_mask_bl=jnp.ones((B, L), jnp.int32),
-        mask_bt=mask(rng), logp_old_bt=logp(rng), logp_ref_bt=logp(rng), attr_bt=f32(rng, B, T),
+    return TrainBatch(
+        tokens_bl=jnp.asarray(rng.integers(0, 9, (B, L)), jnp.int32), mask_bl=jnp.ones((B, L), jnp.int32),
+        mask_br=mask(rng), logp_old_br=logp(rng), logp_ref_br=logp(rng), attr_br=f32(rng, B, T),
     )
 
 
@@ -102,11 +103,11 @@ CASES = {
                                 lambda r: (jax.nn.log_softmax(f32(r, B, T, V)), jax.nn.log_softmax(f32(r, B, T, V)))),
     "distill.reverse_kl_token_loss": (distill.reverse_kl_token_loss, lambda r: (logp(r), logp(r))),
     "distill.importance_weight": (distill.importance_weight, lambda r: (logp(r), logp(r))),
-    "distill.sdpo_token_loss": (lambda lp, old, m, t, sd: distill.sdpo_token_loss(lp, old, None, m, logp_teacher_bt=t,
+    "distill.sdpo_token_loss": (lambda lp, old, m, t, sd: distill.sdpo_token_loss(lp, old, None, m, logp_teacher_br=t,
                                                                                    sd_mask_b=sd),
                                 lambda r: (logp(r), logp(r), mask(r), logp(r), jnp.asarray(r.integers(0, 2, B)))),
     "distill.sdpo_jsd_loss": (lambda lp, old, m, s, t: distill.sdpo_jsd_loss(
-        lp, old, None, m, student_distill_logp_btn=s, teacher_distill_logp_btn=t),
+        lp, old, None, m, student_distill_logp_brn=s, teacher_distill_logp_brn=t),
         lambda r: (logp(r), logp(r), mask(r), jax.nn.log_softmax(f32(r, B, T, V)),
                    jax.nn.log_softmax(f32(r, B, T, V)))),
     "distill.token_attribution": (distill.token_attribution, lambda r: (logp(r), logp(r), mask(r))),

@@ -11,19 +11,20 @@ import pytest
 
 from pipo_jax.losses import pipo
 from pipo_jax.losses.policy import gspo_loss, token_clip_loss
+from pipo_jax.rl.batch import TrainBatch
 
 K = 4
 
 
-def make_batch(seed: float, b: int = 4, t: int = 3, l: int = 5) -> pipo.StoredBatch:
+def make_batch(seed: float, b: int = 4, t: int = 3, l: int = 5) -> TrainBatch:
     base = jnp.arange(b * t, dtype=jnp.float32).reshape(b, t)
-    return pipo.StoredBatch(
+    return TrainBatch(
         tokens_bl=(jnp.arange(b * l).reshape(b, l) + int(seed)) % 17,
-        attention_mask_bl=jnp.ones((b, l), jnp.int32),
-        mask_bt=jnp.ones((b, t), jnp.float32).at[0, 2].set(0.0),
-        logp_old_bt=-0.1 * base - seed,
-        logp_ref_bt=-0.2 * base - seed,
-        attr_bt=base * 0.0 + seed,
+        mask_bl=jnp.ones((b, l), jnp.int32),
+        mask_br=jnp.ones((b, t), jnp.float32).at[0, 2].set(0.0),
+        logp_old_br=-0.1 * base - seed,
+        logp_ref_br=-0.2 * base - seed,
+        attr_br=base * 0.0 + seed,
     )
 
 
@@ -144,18 +145,18 @@ def test_pi_step_ready_and_compat_for_c_zero():
 
 def test_push_errors_name_the_field():
     state = pipo.init_pipo_state(K, make_batch(0.0))
-    bad = make_batch(1.0).replace(logp_old_bt=jnp.zeros((4, 7)))
-    with pytest.raises(ValueError, match=r"logp_old_bt.*\(4, 7\).*\(4, 3\)"):
+    bad = make_batch(1.0).replace(logp_old_br=jnp.zeros((4, 7)))
+    with pytest.raises(ValueError, match=r"logp_old_br.*\(4, 7\).*\(4, 3\)"):
         pipo.push(state, 1.0, bad)
-    extra = make_batch(1.0).replace(attr_bt={"attr_bt": jnp.ones((4, 3)), "teacher_tokens_bt": jnp.ones((4, 2))})
-    with pytest.raises(ValueError, match="teacher_tokens_bt"):
+    extra = make_batch(1.0).replace(attr_br={"attr_br": jnp.ones((4, 3)), "teacher_tokens_bq": jnp.ones((4, 2))})
+    with pytest.raises(ValueError, match="teacher_tokens_bq"):
         pipo.push(state, 1.0, extra)
-    with pytest.raises(TypeError, match="StoredBatch"):
+    with pytest.raises(TypeError, match="TrainBatch"):
         pipo.push(state, 1.0, {"tokens_bl": 1})
     with pytest.raises(ValueError, match="window_size K=0"):
         pipo.init_pipo_state(0, make_batch(0.0))
-    cast = pipo.push(state, 1.0, make_batch(1.0).replace(logp_ref_bt=jnp.zeros((4, 3), jnp.bfloat16)))
-    assert cast.prev.logp_ref_bt.dtype == jnp.float32
+    cast = pipo.push(state, 1.0, make_batch(1.0).replace(logp_ref_br=jnp.zeros((4, 3), jnp.bfloat16)))
+    assert cast.prev.logp_ref_br.dtype == jnp.float32
 
 
 def test_init_from_shape_dtype_structs():
@@ -213,7 +214,7 @@ def test_pi_verification_combines_the_steps():
     c = 2.5 / np.sqrt(5 / 3)
     chex.assert_trees_all_close(m["c"], jnp.float32(c), rtol=1e-6)
     assert bool(m["pi_step_applied"])
-    chex.assert_trees_all_close(rhat, state.prev.attr_bt * state.prev.mask_bt * c, rtol=1e-6)
+    chex.assert_trees_all_close(rhat, state.prev.attr_br * state.prev.mask_br * c, rtol=1e-6)
     rhat, m = pipo.pi_verification(state, 2.5)
     assert not bool(m["pi_step_applied"]) and float(jnp.abs(rhat).sum()) == 0.0
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.losses import pipo
+from pipo_jax.rl.batch import TrainBatch
 
 K = 8
 MUS = [0.1, 0.3, 0.2, 0.5, 0.4, 0.6, 0.2, 0.7, 0.3, 0.8]
@@ -21,9 +22,9 @@ AUTHORS = pipo.pipo_options(compat=True)
 
 def _batch(v=0.0):
     ones = jnp.ones((2, 3))
-    return pipo.StoredBatch(tokens_bl=jnp.zeros((2, 4), jnp.int32), attention_mask_bl=jnp.ones((2, 4), jnp.int32),
-                            mask_bt=ones, logp_old_bt=ones * v, logp_ref_bt=ones * v,
-                            attr_bt=jnp.array([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]]))
+    return TrainBatch(tokens_bl=jnp.zeros((2, 4), jnp.int32), mask_bl=jnp.ones((2, 4), jnp.int32),
+                      mask_br=ones, logp_old_br=ones * v, logp_ref_br=ones * v,
+                      attr_br=jnp.array([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]]))
 
 
 def _run(options, lam=0.1):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.losses import pipo
+from pipo_jax.rl.batch import TrainBatch
 
 ATTR = jnp.array([[1.0, -2.0, 0.0], [4.0, -2.0, 3.0]])
 MASK = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
@@ -40,11 +41,11 @@ def test_ppo_pi_no_lam_uses_xi_itself():
 
 
 def test_pi_verification_no_lam_only_on_the_ppo_path():
-    state = pipo.init_pipo_state(2, pipo.StoredBatch(
-        tokens_bl=jnp.zeros((2, 4), jnp.int32), attention_mask_bl=jnp.ones((2, 4), jnp.int32), mask_bt=MASK,
-        logp_old_bt=jnp.zeros((2, 3)), logp_ref_bt=jnp.zeros((2, 3)), attr_bt=ATTR))
+    state = pipo.init_pipo_state(2, TrainBatch(
+        tokens_bl=jnp.zeros((2, 4), jnp.int32), mask_bl=jnp.ones((2, 4), jnp.int32), mask_br=MASK,
+        logp_old_br=jnp.zeros((2, 3)), logp_ref_br=jnp.zeros((2, 3)), attr_br=ATTR))
     state = state.replace(mu_window_k=jnp.array([0.5, 0.7]), count=jnp.array(2, jnp.int32),
-                          has_prev=jnp.array(True), prev=state.prev.replace(attr_bt=ATTR, mask_bt=MASK))
+                          has_prev=jnp.array(True), prev=state.prev.replace(attr_br=ATTR, mask_br=MASK))
     # window [0.5, 0.7]: mean 0.6, std (ddof 1) = sqrt(0.02) = 0.141421; mu_t = 0.6 - 0.141421 * 2 -> xi = -2
     mu_t = 0.6 - 2 * np.sqrt(0.02)
     options = pipo.PipoOptions(ppo_pi_no_lam=True)

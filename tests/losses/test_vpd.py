@@ -184,24 +184,24 @@ def test_reshaped_advantages_hand_computed():
 
 def test_reshape_hybrid_loss_hand_value_and_equals_token_clip_on_reshaped_advantages():
     # at ratio 1 the clip loss is -A': seq-mean-token-mean of [[-1.5, -1], [1, 1]] = mean(-1.25, 1) = -0.125
-    loss, m = vpd.reshape_hybrid_loss(LOGP_S, LOGP_S, ADV, M2, logp_teacher_bt=LOGP_T, weight=0.5, sd_mask_b=SD)
+    loss, m = vpd.reshape_hybrid_loss(LOGP_S, LOGP_S, ADV, M2, logp_teacher_br=LOGP_T, weight=0.5, sd_mask_b=SD)
     assert float(loss) == pytest.approx(-0.125, rel=1e-6)
     assert float(m["reshaped_adv_mean"]) == pytest.approx((1.5 + 1.0 - 2.0) / 4, rel=1e-6)
     logp = LOGP_S + jnp.array([[0.3, -0.4], [0.1, 0.5]])  # some ratios outside the clip range
     a2 = vpd.reshaped_advantages(ADV, LOGP_T, LOGP_S, M2, weight=0.5, sd_mask_b=SD)
-    f = lambda lp: vpd.reshape_hybrid_loss(lp, LOGP_S, ADV, M2, logp_teacher_bt=LOGP_T, weight=0.5,
+    f = lambda lp: vpd.reshape_hybrid_loss(lp, LOGP_S, ADV, M2, logp_teacher_br=LOGP_T, weight=0.5,
                                            sd_mask_b=SD)[0]
     g = lambda lp: token_clip_loss(lp, LOGP_S, a2, M2, loss_agg_mode="seq-mean-token-mean")[0]
     chex.assert_trees_all_close(jax.value_and_grad(f)(logp), jax.value_and_grad(g)(logp), rtol=1e-6)
     # weight 0: plain GRPO token clip
     chex.assert_trees_all_close(
-        vpd.reshape_hybrid_loss(logp, LOGP_S, ADV, M2, logp_teacher_bt=LOGP_T, weight=0.0)[0],
+        vpd.reshape_hybrid_loss(logp, LOGP_S, ADV, M2, logp_teacher_br=LOGP_T, weight=0.0)[0],
         token_clip_loss(logp, LOGP_S, ADV, M2, loss_agg_mode="seq-mean-token-mean")[0], rtol=1e-6)
 
 
 def test_joint_hybrid_loss_token_form_hand_value_and_gradient():
     f = lambda s: vpd.joint_hybrid_loss(s, LOGP_S, ADV, M2, weight=0.5,
-                                        logp_teacher_bt=LOGP_T, sd_mask_b=SD)
+                                        logp_teacher_br=LOGP_T, sd_mask_b=SD)
     (loss, m), g = jax.value_and_grad(f, has_aux=True)(LOGP_S)
     # pg at ratio 1: mean over rows of -A = mean(-1, 1) = 0
     # SDPO token-mean over mask * sd_mask (row 0): sg(S - T) * S = [(-1)(-2), 0] -> 2 / 2 = 1
@@ -219,18 +219,18 @@ def test_joint_hybrid_loss_jsd_form_is_clip_plus_weighted_jsd():
     t_btn = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(2, 2, 5)), jnp.float32))
     logp = LOGP_S + 0.2
     loss, m = vpd.joint_hybrid_loss(logp, LOGP_S, ADV, M2, weight=0.3, distill_form="jsd",
-                                    student_distill_logp_btn=s_btn, teacher_distill_logp_btn=t_btn, alpha=0.5,
+                                    student_distill_logp_brn=s_btn, teacher_distill_logp_brn=t_btn, alpha=0.5,
                                     sd_mask_b=SD)
     pg, _ = token_clip_loss(logp, LOGP_S, ADV, M2, loss_agg_mode="seq-mean-token-mean")
-    sd, _ = distill.sdpo_jsd_loss(logp, LOGP_S, None, M2, student_distill_logp_btn=s_btn,
-                                  teacher_distill_logp_btn=t_btn, alpha=0.5, sd_mask_b=SD)
+    sd, _ = distill.sdpo_jsd_loss(logp, LOGP_S, None, M2, student_distill_logp_brn=s_btn,
+                                  teacher_distill_logp_brn=t_btn, alpha=0.5, sd_mask_b=SD)
     assert float(loss) == pytest.approx(float(pg + 0.3 * sd), rel=1e-6)
     # plain numpy: IS weight min(e^0.2, 2) times the JSD of row 0's tokens, token-mean over 2 tokens
     s, t = np.exp(np.asarray(s_btn[0])), np.exp(np.asarray(t_btn[0]))
     mix = 0.5 * s + 0.5 * t
     jsd = 0.5 * np.sum(s * np.log(s / mix), -1) + 0.5 * np.sum(t * np.log(t / mix), -1)
     assert float(m["sdpo_loss"]) == pytest.approx(math.exp(0.2) * jsd.mean(), rel=1e-5)
-    with pytest.raises(ValueError, match="needs logp_teacher_bt"):
+    with pytest.raises(ValueError, match="needs logp_teacher_br"):
         vpd.joint_hybrid_loss(logp, LOGP_S, ADV, M2, weight=0.3)
     with pytest.raises(ValueError, match="distill_form='kl'"):
-        vpd.joint_hybrid_loss(logp, LOGP_S, ADV, M2, weight=0.3, distill_form="kl", logp_teacher_bt=LOGP_T)
+        vpd.joint_hybrid_loss(logp, LOGP_S, ADV, M2, weight=0.3, distill_form="kl", logp_teacher_br=LOGP_T)

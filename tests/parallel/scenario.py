@@ -33,6 +33,7 @@ def initial_state():
 
     from pipo_jax.losses import pipo
     from pipo_jax.models import qwen3
+    from pipo_jax.rl.batch import TrainBatch
     from pipo_jax.rl.spec import train_spec
     from pipo_jax.rl.state import init_train_state
 
@@ -45,9 +46,9 @@ def initial_state():
     mask_r[::3, r - 1] = 0.0  # some shorter responses
     attn = np.concatenate([np.ones((b, L - r), np.int32), mask_r.astype(np.int32)], axis=1)
     attr = np.where(np.arange(b)[:, None] % 2 == 0, 1.0, -1.0) * mask_r
-    stored = pipo.StoredBatch(tokens_bl=jnp.asarray(tokens), attention_mask_bl=jnp.asarray(attn),
-                              mask_bt=jnp.asarray(mask_r), logp_old_bt=jnp.asarray(-3.5 * mask_r),
-                              logp_ref_bt=jnp.asarray(-3.5 * mask_r), attr_bt=jnp.asarray(attr, jnp.float32))
+    stored = TrainBatch(tokens_bl=jnp.asarray(tokens), mask_bl=jnp.asarray(attn),
+                        mask_br=jnp.asarray(mask_r), logp_old_br=jnp.asarray(-3.5 * mask_r),
+                        logp_ref_br=jnp.asarray(-3.5 * mask_r), attr_br=jnp.asarray(attr, jnp.float32))
     window = jnp.zeros((spec.pipo.window,), jnp.float32).at[-2:].set(jnp.array([0.2, 0.4]))
     ps = pipo.PipoState(mu_window_k=window, count=jnp.int32(2), has_prev=jnp.bool_(True), prev=stored)
     return spec, state.replace(pipo=ps)

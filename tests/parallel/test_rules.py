@@ -14,8 +14,9 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 from pipo_jax import parallel
 from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
-from pipo_jax.sampling import decode
 from pipo_jax.parallel.mesh import MeshSpec, mesh_spec_from_config, resolve_sizes
+from pipo_jax.rl.batch import TrainBatch
+from pipo_jax.sampling import decode
 
 MESH = AbstractMesh((2, 2, 2), parallel.AXES)
 
@@ -109,8 +110,8 @@ def test_critic_pipo_and_cache_shardings():
     assert c_specs["value_head"] == P("fsdp") and c_specs["backbone"]["embed"] == P("tensor", "fsdp")
 
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
-    stored = pipo.StoredBatch(tokens_bl=f32(8, 11), attention_mask_bl=f32(8, 11), mask_bt=f32(8, 4),
-                              logp_old_bt=f32(8, 4), logp_ref_bt=f32(8, 4), attr_bt=f32(8, 4))
+    stored = TrainBatch(tokens_bl=f32(8, 11), mask_bl=f32(8, 11), mask_br=f32(8, 4),
+                        logp_old_br=f32(8, 4), logp_ref_br=f32(8, 4), attr_br=f32(8, 4))
     ps = jax.eval_shape(lambda: pipo.init_pipo_state(4, stored))
     p_specs = parallel.shardings.spec_tree(parallel.pipo_state_shardings(ps, MESH))
     assert p_specs.mu_window_k == P(None) and p_specs.count == P()

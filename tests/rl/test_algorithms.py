@@ -145,11 +145,11 @@ def test_registered_policy_loss_equals_its_loss_math(name):
         want, _ = cispo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=lo.clip_low,
                              eps_high=lo.clip_high, **agg)
     elif name == "sdpo_token":
-        want, _ = distill.sdpo_token_loss(want_logp, mb.logp_old_br, None, mb.mask_br, logp_teacher_bt=teacher_logp,
+        want, _ = distill.sdpo_token_loss(want_logp, mb.logp_old_br, None, mb.mask_br, logp_teacher_br=teacher_logp,
                                           is_clip=spec.sdpo.is_clip, sd_mask_b=mb.sd_mask_b, **sd_agg)
     elif name == "vpd_joint":
         want, _ = vpd_loss.joint_hybrid_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br,
-                                             weight=spec.vpd.hybrid_weight, logp_teacher_bt=teacher_logp,
+                                             weight=spec.vpd.hybrid_weight, logp_teacher_br=teacher_logp,
                                              sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip, eps_low=lo.clip_low,
                                              eps_high=lo.clip_high, clip_ratio_c=lo.clip_ratio_c, **agg)
     else:  # sdpo_jsd: the full distributions; its top-k support is tested in tests/losses/test_distill.py

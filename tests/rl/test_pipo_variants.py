@@ -14,6 +14,7 @@ from configs import gspo, grpo, ppo, sdpo
 from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, learn, rollout, steps
+from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError, train_spec
 from pipo_jax.rl.state import init_train_state
 
@@ -23,9 +24,9 @@ def _stored(spec, attr_br, logp_shift=0.0):
     log-probs are the model's own minus `logp_shift` (ratio exp(logp_shift) on every token)."""
     b, L, r = spec.batch, spec.seq_len, spec.rollout.response_len
     params = qwen3.init_params(spec.model, jax.random.PRNGKey(0))
-    mb = learn.pi_batch(pipo.StoredBatch(
-        tokens_bl=jnp.ones((b, L), jnp.int32), attention_mask_bl=jnp.ones((b, L), jnp.int32),
-        mask_bt=jnp.ones((b, r)), logp_old_bt=jnp.zeros((b, r)), logp_ref_bt=jnp.zeros((b, r)), attr_bt=attr_br),
+    mb = learn.pi_batch(TrainBatch(
+        tokens_bl=jnp.ones((b, L), jnp.int32), mask_bl=jnp.ones((b, L), jnp.int32),
+        mask_br=jnp.ones((b, r)), logp_old_br=jnp.zeros((b, r)), logp_ref_br=jnp.zeros((b, r)), attr_br=attr_br),
         attr_br, signal_rows=spec.pipo.sdpo_pi_denominator == "signal_tokens")
     logp, _ = algorithms.student_logprobs(spec, params, mb)
     return params, mb.replace(logp_old_br=logp - logp_shift, logp_ref_br=logp)
@@ -149,8 +150,8 @@ def test_ppo_adv_gate_and_sign_attribution_in_the_trainer():
     # iteration 1: empty window -> gate 0 (advantages zeroed, so the stored attribution is 0)
     # iteration 2: window [0.25] (one mean: sigma 1): xi_gate = 0.5 - 0.25, gate 0.25
     np.testing.assert_allclose([metrics[0]["ppo_gate"], metrics[1]["ppo_gate"]], [0.0, 0.25], atol=1e-6)
-    attr = np.asarray(state.pipo.prev.attr_bt)
-    mask = np.asarray(state.pipo.prev.mask_bt)
+    attr = np.asarray(state.pipo.prev.attr_br)
+    mask = np.asarray(state.pipo.prev.mask_br)
     assert set(np.unique(np.round(attr[mask > 0], 5))) <= {-1.0, 0.0, 1.0}  # about sign(abar) per response
     rows = np.abs(attr).sum(-1) > 0  # rows with a nonzero mean advantage: +-1 on every valid token
     assert rows.any() and np.all((np.abs(attr[rows]) == 1) | (mask[rows] == 0))

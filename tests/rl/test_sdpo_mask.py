@@ -83,6 +83,6 @@ def test_vpd_recomputed_attribution_is_zero_without_teacher_signal():
     assert spec.vpd.e_step and spec.pipo.attribution == "sdpo_token"
     new_state, _ = jax.jit(lambda s, r, k: learn.learn(spec, s, r, k))(state, ro, jax.random.PRNGKey(2))
     stored = new_state.pipo.prev
-    attr = np.asarray(stored.attr_bt)
+    attr = np.asarray(stored.attr_br)
     assert np.all(attr[SD_MASK == 0] == 0.0)
     assert np.abs(attr[SD_MASK == 1]).sum() > 0

@@ -12,6 +12,7 @@ from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, loop
 from pipo_jax.rl import response_logprobs as logprobs
+from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError, train_spec
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.rl.trainer import train
@@ -98,8 +99,8 @@ def _pi_case(c_sign: float, count: int = 4, mu_t: float | None = None):
     mask_r = jnp.ones((b, r), jnp.float32)
     logp_old, _ = _response_logprobs(spec.model, state.params, tokens, mask_l, spec.prompt_len)
     attr = jnp.zeros((b, r)).at[0].set(1.0).at[1].set(-1.0)
-    stored = pipo.StoredBatch(tokens_bl=tokens, attention_mask_bl=mask_l, mask_bt=mask_r, logp_old_bt=logp_old,
-                              logp_ref_bt=logp_old, attr_bt=attr)
+    stored = TrainBatch(tokens_bl=tokens, mask_bl=mask_l, mask_br=mask_r, logp_old_br=logp_old,
+                        logp_ref_br=logp_old, attr_br=attr)
     window = jnp.array([0.2, 0.4, 0.2, 0.4])
     ps = pipo.PipoState(mu_window_k=window, count=jnp.int32(count), has_prev=jnp.bool_(True), prev=stored)
     mu = 0.3 + c_sign * 0.2 if mu_t is None else mu_t
