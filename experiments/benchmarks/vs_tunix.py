@@ -46,6 +46,7 @@ from experiments.benchmarks.sampler import (bench_config, engine_fn, interleaved
                                             median_ratio)
 from pipo_jax import provenance
 from pipo_jax.losses import pipo, policy
+from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl import learn, steps
 from pipo_jax.rl.batch import TrainBatch, stored
@@ -140,8 +141,7 @@ def tunix_learner_fn(model, batch: TrainBatch, micro: int, spec):
         logp = jax.nn.log_softmax(logits[:, -r - 1:-1].astype(jnp.float32))
         logp_br = jnp.take_along_axis(logp, mb.tokens_bl[:, -r:, None], -1)[..., 0]
         return policy.token_clip_loss(logp_br, mb.logp_old_br, mb.adv_br, mb.mask_br,
-                                      loss_agg_mode=spec.loss.agg_mode, num_tokens=counts["num_tokens"],
-                                      num_seqs=counts["num_seqs"])[0]
+                                      agg=Aggregation.of(spec.loss.agg_mode, counts))[0]
 
     grad = jax.grad(loss)
 

@@ -19,16 +19,18 @@ sequence's tokens stay together; the per-sequence token mean is local to a row).
 `norm_length` (``seq-mean-token-sum-norm`` only) defaults to the padded length R; pass a
 constant (the configured max response length) so that the loss does not depend on padding.
 
-Public signature (used by every loss in this package):
-    aggregate(loss_br, mask_br, mode, *, num_tokens=None, num_seqs=None, norm_length=None) -> scalar
+The four settings travel together as one `Aggregation` record (a pytree: `mode` and
+`norm_length` static, the counts traced), the `agg=` argument of every loss in this package:
+    aggregate(loss_br, mask_br, agg: Aggregation) -> scalar
 """
 
 from __future__ import annotations
 
-import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from pipo_jax.losses.masking import as_mask
 
@@ -40,6 +42,26 @@ def check_agg_mode(mode: str) -> str:
     if mode not in AGG_MODES:
         raise ValueError(f"loss_agg_mode={mode!r} is not one of {AGG_MODES}")
     return mode
+
+
+@struct.dataclass
+class Aggregation:
+    """How a per-token loss becomes a scalar: `mode` (one of `AGG_MODES`, static), the global
+    counts `num_tokens` / `num_seqs` of the mini-batch (f32 scalars; None: counted from the
+    mask at hand) and `norm_length` (``seq-mean-token-sum-norm``'s divisor, static; None: R)."""
+
+    mode: str = struct.field(pytree_node=False, default="token-mean")
+    num_tokens: Any = None
+    num_seqs: Any = None
+    norm_length: float | None = struct.field(pytree_node=False, default=None)
+
+    def __post_init__(self):
+        check_agg_mode(self.mode)
+
+    @classmethod
+    def of(cls, mode: str, counts: dict, norm_length: float | None = None) -> "Aggregation":
+        """`mode` with the counts of `aggregation_counts`."""
+        return cls(mode, counts["num_tokens"], counts["num_seqs"], norm_length)
 
 
 def aggregation_counts(mask_br) -> dict:
@@ -62,29 +84,20 @@ def token_mean(values_br, mask_br, num_tokens=None):
     return jnp.sum(values_br * m) / _count_or_local(num_tokens, jnp.sum(m))
 
 
-@functools.partial(jax.jit, static_argnames=("mode", "norm_length"))
-def aggregate(
-    loss_br,
-    mask_br,
-    mode: str,
-    *,
-    num_tokens=None,
-    num_seqs=None,
-    norm_length: float | None = None,
-):
-    """Scalar loss from `loss_br` [B, R] by `mode` (see module docstring for the formulas)."""
-    check_agg_mode(mode)
+@jax.jit
+def aggregate(loss_br, mask_br, agg: Aggregation):
+    """Scalar loss from `loss_br` [B, R] by `agg.mode` (see module docstring for the formulas)."""
     m = as_mask(mask_br)
     masked_br = jnp.where(m > 0, loss_br, 0.0)  # where, not *, so inf/nan in padding cannot leak
-    if mode == "token-mean":
-        return jnp.sum(masked_br) / _count_or_local(num_tokens, jnp.sum(m))
+    if agg.mode == "token-mean":
+        return jnp.sum(masked_br) / _count_or_local(agg.num_tokens, jnp.sum(m))
     seq_len_b = jnp.sum(m, axis=-1)
     seq_sum_b = jnp.sum(masked_br, axis=-1)
     local_seqs = jnp.sum((seq_len_b > 0).astype(jnp.float32))
-    seqs = _count_or_local(num_seqs, local_seqs)
-    if mode == "seq-mean-token-mean":
+    seqs = _count_or_local(agg.num_seqs, local_seqs)
+    if agg.mode == "seq-mean-token-mean":
         return jnp.sum(seq_sum_b / jnp.maximum(seq_len_b, 1.0)) / seqs
-    if mode == "seq-mean-token-sum":
+    if agg.mode == "seq-mean-token-sum":
         return jnp.sum(seq_sum_b) / seqs
-    length = loss_br.shape[-1] if norm_length is None else norm_length
+    length = loss_br.shape[-1] if agg.norm_length is None else agg.norm_length
     return jnp.sum(seq_sum_b) / length / seqs

@@ -17,11 +17,11 @@ params. Shapes: `*_br` [B, R] per response token; `*_brv` [B, R, V] per vocabula
 - `ema_update(teacher_params, student_params, rate)`: the EMA teacher.
 
 The SDPO losses (registered as `rl/algorithms.py:POLICY_LOSSES["sdpo_token"]`, `["sdpo_jsd"]`) share the policy-loss
-signature `fn(logp_br, logp_old_br, adv_br, mask_br, *, loss_agg_mode="token-mean", ...)`; the
+signature `fn(logp_br, logp_old_br, adv_br, mask_br, *, agg=Aggregation("token-mean"), ...)`; the
 SDPO loss replaces the policy-gradient loss, so `adv_br` is not read (pass None). Extra keyword
 inputs: `logp_teacher_br` (token form) or `student_distill_logp_brn`/`teacher_distill_logp_brn`
 (JSD form), and `sd_mask_b` [B] (0 = no teacher signal for that sample). With micro-batching,
-pass `num_tokens` counted over mask * sd_mask of the whole mini-batch.
+pass `agg` with the counts of mask * sd_mask over the whole mini-batch.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses.aggregation import aggregate, token_mean
+from pipo_jax.losses.aggregation import Aggregation, aggregate, token_mean
 from pipo_jax.losses.masking import as_mask
 
 _TAIL_LOG_MASS_MAX = -1e-7  # keeps log(1 - sum p) finite when the top-k hold all the mass
@@ -103,19 +103,18 @@ def _sd_mask(mask_br, sd_mask_b):
     return m if sd_mask_b is None else m * as_mask(sd_mask_b)[:, None]
 
 
-def _sdpo_finish(per_token_br, logp_br, logp_old_br, logp_teacher_br, mask_br, sd_mask_b, is_clip, cfg):
+def _sdpo_finish(per_token_br, logp_br, logp_old_br, logp_teacher_br, mask_br, sd_mask_b, is_clip, agg):
     m = _sd_mask(mask_br, sd_mask_b)
     weighted_br = per_token_br * importance_weight(logp_br, logp_old_br, is_clip)
-    loss = aggregate(weighted_br, m, cfg["loss_agg_mode"], num_tokens=cfg["num_tokens"], num_seqs=cfg["num_seqs"],
-                     norm_length=cfg["norm_length"])
+    loss = aggregate(weighted_br, m, agg)
     metrics = {"sdpo_loss": loss}
     if logp_teacher_br is not None:
         diff_br = jax.lax.stop_gradient(logp_teacher_br - logp_br)
-        metrics["sdpo_teacher_minus_student_logp"] = token_mean(diff_br, m, cfg["num_tokens"])
+        metrics["sdpo_teacher_minus_student_logp"] = token_mean(diff_br, m, agg.num_tokens)
     return loss, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("is_clip", "loss_agg_mode", "norm_length"))
+@functools.partial(jax.jit, static_argnames=("is_clip",))
 def sdpo_token_loss(
     logp_br,
     logp_old_br,
@@ -125,19 +124,15 @@ def sdpo_token_loss(
     logp_teacher_br,
     is_clip: float | None = 2.0,
     sd_mask_b=None,
-    loss_agg_mode: str = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm_length=None,
+    agg: Aggregation = Aggregation("token-mean"),
 ):
     """SDPO token-level reverse-KL loss, IS-weighted, aggregated over mask * sd_mask. (loss, metrics)."""
     del adv_br  # the teacher log-probs are the target
     per_token_br = reverse_kl_token_loss(logp_br, jax.lax.stop_gradient(logp_teacher_br))
-    cfg = {'loss_agg_mode': loss_agg_mode, 'num_tokens': num_tokens, 'num_seqs': num_seqs, 'norm_length': norm_length}
-    return _sdpo_finish(per_token_br, logp_br, logp_old_br, logp_teacher_br, mask_br, sd_mask_b, is_clip, cfg)
+    return _sdpo_finish(per_token_br, logp_br, logp_old_br, logp_teacher_br, mask_br, sd_mask_b, is_clip, agg)
 
 
-@functools.partial(jax.jit, static_argnames=("alpha", "is_clip", "loss_agg_mode", "norm_length"))
+@functools.partial(jax.jit, static_argnames=("alpha", "is_clip"))
 def sdpo_jsd_loss(
     logp_br,
     logp_old_br,
@@ -150,10 +145,7 @@ def sdpo_jsd_loss(
     is_clip: float | None = 2.0,
     sd_mask_b=None,
     logp_teacher_br=None,
-    loss_agg_mode: str = "token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    norm_length=None,
+    agg: Aggregation = Aggregation("token-mean"),
 ):
     """SDPO generalised-JSD loss over a distillation support (see `student_topk_with_tail`). (loss, metrics).
 
@@ -161,8 +153,7 @@ def sdpo_jsd_loss(
     """
     del adv_br
     per_token_br = generalized_jsd(student_distill_logp_brn, teacher_distill_logp_brn, alpha)
-    cfg = {'loss_agg_mode': loss_agg_mode, 'num_tokens': num_tokens, 'num_seqs': num_seqs, 'norm_length': norm_length}
-    return _sdpo_finish(per_token_br, logp_br, logp_old_br, logp_teacher_br, mask_br, sd_mask_b, is_clip, cfg)
+    return _sdpo_finish(per_token_br, logp_br, logp_old_br, logp_teacher_br, mask_br, sd_mask_b, is_clip, agg)
 
 
 def token_attribution(logp_teacher_br, logp_student_br, mask_br, sd_mask_b=None):

@@ -18,7 +18,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses.aggregation import aggregate
+from pipo_jax.losses.aggregation import Aggregation, aggregate
 
 
 def kl_k1(logp_br, logp_ref_br):
@@ -48,22 +48,19 @@ def kl_estimate(logp_br, logp_ref_br, estimator: str):
     return KL_ESTIMATORS[estimator](logp_br, logp_ref_br)
 
 
-@functools.partial(jax.jit, static_argnames=("estimator", "loss_agg_mode", "norm_length"))
+@functools.partial(jax.jit, static_argnames=("estimator",))
 def kl_loss(
     logp_br,
     logp_ref_br,
     mask_br,
     *,
     estimator: str = "k3",
-    loss_agg_mode: str,
-    num_tokens=None,
-    num_seqs=None,
-    norm_length=None,
+    agg: Aggregation,
 ):
     """Aggregated KL-to-reference loss (unscaled; the trainer multiplies by the KL coef).
 
     Returns (loss scalar, {"kl": loss}).
     """
     kl_br = kl_estimate(logp_br, logp_ref_br, estimator)
-    loss = aggregate(kl_br, mask_br, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+    loss = aggregate(kl_br, mask_br, agg)
     return loss, {"kl": loss}

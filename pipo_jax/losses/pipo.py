@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.masking import as_mask, masked_mean
 from pipo_jax.losses.policy import gspo_loss, token_clip_loss
 
@@ -354,8 +355,7 @@ def ppo_gate(mu_t, window_k, count, *, ddof: int = 1, xi_clip: bool = False):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("ratio", "eps_low", "eps_high", "clip_ratio_c", "no_lower_clip", "symmetric_clip",
-                     "loss_agg_mode", "norm_length"),
+    static_argnames=("ratio", "eps_low", "eps_high", "clip_ratio_c", "no_lower_clip", "symmetric_clip"),
 )
 def pi_surrogate_loss(
     logp_br,
@@ -369,10 +369,7 @@ def pi_surrogate_loss(
     clip_ratio_c: float = 0.0,
     no_lower_clip: bool = False,
     symmetric_clip: bool = False,
-    loss_agg_mode: str,
-    num_tokens=None,
-    num_seqs=None,
-    norm_length=None,
+    agg: Aggregation,
 ):
     """PI surrogate (paper Eq. 11) on B_{t-1}: -min(nu rhat, clip(nu) rhat), aggregated. (loss, metrics).
 
@@ -388,10 +385,7 @@ def pi_surrogate_loss(
         "eps_low": eps_low,
         "eps_high": eps_low if symmetric_clip and token else eps_high,
         "lower_clip_negative_adv": not (no_lower_clip and token),
-        "loss_agg_mode": loss_agg_mode,
-        "num_tokens": num_tokens,
-        "num_seqs": num_seqs,
-        "norm_length": norm_length,
+        "agg": agg,
     }
     if ratio == "token":
         return token_clip_loss(logp_br, logp_old_br, rhat_br, mask_br, clip_ratio_c=clip_ratio_c, **common)

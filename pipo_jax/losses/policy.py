@@ -18,9 +18,9 @@ CISPO (MiniMax-M1, arXiv 2506.13585): L = -sg(clip(r, 1 - eps_low, 1 + eps_high)
     lower clip and the gradient is zero once r > 1 + eps_high (for A >= 0 it is the token clip).
 
 The policy losses share one signature (`rl/algorithms.py` registers them as `POLICY_LOSSES`):
-    loss_fn(logp_br, logp_old_br, adv_br, mask_br, *, loss_agg_mode, num_tokens=None,
-            num_seqs=None, norm_length=None, **loss_specific) -> (loss scalar, metrics dict)
-Metrics are token means normalised by the same global `num_tokens` as the loss, so, like the
+    loss_fn(logp_br, logp_old_br, adv_br, mask_br, *, agg: Aggregation, **loss_specific)
+        -> (loss scalar, metrics dict)
+Metrics are token means normalised by the same global `agg.num_tokens` as the loss, so, like the
 loss, they add up across micro-batches: "pg_clipfrac" (tokens where the clip is active),
 "pg_clipfrac_lower" (dual clip active), "ppo_kl" (mean of logp_old - logp), "pg_loss"
 (CISPO: "pg_clipfrac" counts tokens whose weight is clipped).
@@ -34,7 +34,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses.aggregation import aggregate, check_agg_mode, token_mean
+from pipo_jax.losses.aggregation import Aggregation, aggregate, token_mean
 from pipo_jax.losses.masking import as_mask
 
 
@@ -95,9 +95,9 @@ def clipped_surrogate(
     return loss_br, clipped_br, dual_clipped_br
 
 
-def _finish(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, mode, num_tokens, num_seqs, norm_length):
-    check_agg_mode(mode)
-    loss = aggregate(loss_br, mask_br, mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
+def _finish(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg: Aggregation):
+    loss = aggregate(loss_br, mask_br, agg)
+    num_tokens = agg.num_tokens
     metrics = {
         "pg_loss": loss,
         "pg_clipfrac": token_mean(clipped_br.astype(jnp.float32), mask_br, num_tokens),
@@ -107,7 +107,7 @@ def _finish(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, mode, n
     return loss, metrics
 
 
-_CLIP_STATIC = ("loss_agg_mode", "eps_low", "eps_high", "clip_ratio_c", "lower_clip_negative_adv", "norm_length")
+_CLIP_STATIC = ("eps_low", "eps_high", "clip_ratio_c", "lower_clip_negative_adv")
 
 
 @functools.partial(jax.jit, static_argnames=_CLIP_STATIC)
@@ -117,14 +117,11 @@ def token_clip_loss(
     adv_br,
     mask_br,
     *,
-    loss_agg_mode: str,
+    agg: Aggregation,
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     clip_ratio_c: float = 3.0,
     lower_clip_negative_adv: bool = True,
-    num_tokens=None,
-    num_seqs=None,
-    norm_length=None,
 ):
     """PPO/GRPO/DAPO token-ratio clipped loss with asymmetric eps and dual clip. (loss, metrics)."""
     loss_br, clipped_br, dual_br = clipped_surrogate(
@@ -135,9 +132,7 @@ def token_clip_loss(
         clip_ratio_c=clip_ratio_c,
         lower_clip_negative_adv=lower_clip_negative_adv,
     )
-    return _finish(
-        loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, loss_agg_mode, num_tokens, num_seqs, norm_length
-    )
+    return _finish(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg)
 
 
 @functools.partial(jax.jit, static_argnames=tuple(n for n in _CLIP_STATIC if n != "clip_ratio_c"))
@@ -147,13 +142,10 @@ def gspo_loss(
     adv_br,
     mask_br,
     *,
-    loss_agg_mode: str = "seq-mean-token-mean",
+    agg: Aggregation = Aggregation("seq-mean-token-mean"),
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
     lower_clip_negative_adv: bool = True,
-    num_tokens=None,
-    num_seqs=None,
-    norm_length=None,
 ):
     """GSPO sequence-ratio clipped loss in the stop-gradient token form, no dual clip. (loss, metrics)."""
     loss_br, clipped_br, dual_br = clipped_surrogate(
@@ -164,24 +156,19 @@ def gspo_loss(
         clip_ratio_c=0.0,
         lower_clip_negative_adv=lower_clip_negative_adv,
     )
-    return _finish(
-        loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, loss_agg_mode, num_tokens, num_seqs, norm_length
-    )
+    return _finish(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg)
 
 
-@functools.partial(jax.jit, static_argnames=("loss_agg_mode", "eps_low", "eps_high", "norm_length"))
+@functools.partial(jax.jit, static_argnames=("eps_low", "eps_high"))
 def cispo_loss(
     logp_br,
     logp_old_br,
     adv_br,
     mask_br,
     *,
-    loss_agg_mode: str = "token-mean",
+    agg: Aggregation = Aggregation("token-mean"),
     eps_low: float = 0.2,
     eps_high: float = 0.28,
-    num_tokens=None,
-    num_seqs=None,
-    norm_length=None,
 ):
     """CISPO: -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp per token, aggregated. (loss, metrics)."""
     check_clip_config(eps_low, eps_high, 0.0)
@@ -189,8 +176,7 @@ def cispo_loss(
     weight_br = jax.lax.stop_gradient(jnp.clip(ratio_br, 1.0 - eps_low, 1.0 + eps_high))
     loss_br = -weight_br * adv_br * logp_br
     clipped_br = (ratio_br < 1.0 - eps_low) | (ratio_br > 1.0 + eps_high)
-    return _finish(loss_br, clipped_br, jnp.zeros_like(clipped_br), logp_br, logp_old_br, mask_br, loss_agg_mode,
-                   num_tokens, num_seqs, norm_length)
+    return _finish(loss_br, clipped_br, jnp.zeros_like(clipped_br), logp_br, logp_old_br, mask_br, agg)
 
 
 @functools.partial(jax.jit, static_argnames=("eps_low", "eps_high"))

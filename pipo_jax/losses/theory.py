@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipo_jax.losses.advantages import group_relative_advantages
+from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import token_clip_loss
 
 
@@ -81,7 +82,7 @@ def _grpo_group_loss(theta_n, arms_g, success_n):
     adv_g = group_relative_advantages(success_n[arms_g], arms_g.shape[0], std_ddof=0, eps=0.0)
     loss, _ = token_clip_loss(
         logp_g1, jax.lax.stop_gradient(logp_g1), adv_g[:, None], jnp.ones_like(logp_g1),
-        loss_agg_mode="seq-mean-token-mean", clip_ratio_c=0.0,
+        agg=Aggregation("seq-mean-token-mean"), clip_ratio_c=0.0,
     )
     return loss
 

@@ -14,10 +14,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses.aggregation import aggregate, token_mean
+from pipo_jax.losses.aggregation import Aggregation, aggregate, token_mean
 
 
-@functools.partial(jax.jit, static_argnames=("cliprange_value", "loss_agg_mode", "norm_length"))
+@functools.partial(jax.jit, static_argnames=("cliprange_value",))
 def clipped_value_loss(
     values_br,
     values_old_br,
@@ -25,10 +25,7 @@ def clipped_value_loss(
     mask_br,
     *,
     cliprange_value: float = 0.5,
-    loss_agg_mode: str,
-    num_tokens=None,
-    num_seqs=None,
-    norm_length=None,
+    agg: Aggregation,
 ):
     """Returns (loss scalar, {"vf_loss", "vf_clipfrac"}); vf_clipfrac is normalised by `num_tokens`."""
     if cliprange_value < 0:
@@ -37,8 +34,6 @@ def clipped_value_loss(
     unclipped_br = jnp.square(values_br - returns_br)
     clipped_br = jnp.square(clipped_values_br - returns_br)
     per_token_br = jnp.maximum(unclipped_br, clipped_br)
-    loss = 0.5 * aggregate(
-        per_token_br, mask_br, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length
-    )
-    clipfrac = token_mean((clipped_br > unclipped_br).astype(jnp.float32), mask_br, num_tokens)
+    loss = 0.5 * aggregate(per_token_br, mask_br, agg)
+    clipfrac = token_mean((clipped_br > unclipped_br).astype(jnp.float32), mask_br, agg.num_tokens)
     return loss, {"vf_loss": loss, "vf_clipfrac": clipfrac}

@@ -24,7 +24,7 @@ KL(teacher || student) per valid token.
 GRPO + SDPO hybrids from the paper's ablations (appendix B):
     joint:   L = L_clip(A_GRPO) + w * L_SDPO                           (`joint_hybrid_loss`)
     reshape: A'_it = A_GRPO_i + w * sg(log q(y_it) - log pi_old(y_it)),
-             L = L_clip(A')                                            (`reshape_hybrid_loss`)
+             L = L_clip(A')      (`reshaped_advantages`; the learner's `vpd_reshape` advantage shaping)
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from pipo_jax.losses import distill
-from pipo_jax.losses.aggregation import token_mean
+from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.masking import as_mask
 from pipo_jax.losses.policy import token_clip_loss
 
@@ -217,26 +217,7 @@ def reshaped_advantages(adv_br, logp_teacher_br, logp_student_br, mask_br, *, we
     return jnp.where(m > 0, adv_br + weight * attr_br, 0.0)
 
 
-_CLIP_STATIC = ("loss_agg_mode", "eps_low", "eps_high", "clip_ratio_c", "norm_length")
-
-
-@functools.partial(jax.jit, static_argnames=_CLIP_STATIC + ("weight",))
-def reshape_hybrid_loss(logp_br, logp_old_br, adv_br, mask_br, *, logp_teacher_br, weight: float, sd_mask_b=None,
-                        loss_agg_mode: str = "seq-mean-token-mean", eps_low: float = 0.2, eps_high: float = 0.2,
-                        clip_ratio_c: float = 3.0, num_tokens=None, num_seqs=None, norm_length=None):
-    """Advantage-reshaping hybrid: the token clip loss with A' = A + w * sg(log q - log pi_old). (loss, metrics).
-
-        L = agg_t max(-A'_t r_t, -A'_t clip(r_t, 1 - eps_low, 1 + eps_high)) (dual clip for A' < 0)
-
-    with r_t = exp(logp_t - logp_old_t) and A' from `reshaped_advantages(adv, logp_teacher,
-    logp_old, ...)`. `adv_br` is the group-relative advantage broadcast over tokens.
-    """
-    adv2 = reshaped_advantages(adv_br, logp_teacher_br, logp_old_br, mask_br, weight=weight, sd_mask_b=sd_mask_b)
-    loss, metrics = token_clip_loss(logp_br, logp_old_br, adv2, mask_br, loss_agg_mode=loss_agg_mode,
-                                    eps_low=eps_low, eps_high=eps_high, clip_ratio_c=clip_ratio_c,
-                                    num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
-    metrics["reshaped_adv_mean"] = token_mean(jax.lax.stop_gradient(adv2), mask_br, num_tokens)
-    return loss, metrics
+_CLIP_STATIC = ("eps_low", "eps_high", "clip_ratio_c")
 
 
 @functools.partial(jax.jit, static_argnames=_CLIP_STATIC + ("weight", "distill_form", "distill_agg_mode", "alpha",
@@ -244,23 +225,20 @@ def reshape_hybrid_loss(logp_br, logp_old_br, adv_br, mask_br, *, logp_teacher_b
 def joint_hybrid_loss(logp_br, logp_old_br, adv_br, mask_br, *, weight: float, distill_form: str = "token",
                       logp_teacher_br=None, student_distill_logp_brn=None, teacher_distill_logp_brn=None,
                       alpha: float = 0.5, is_clip: float | None = 2.0, sd_mask_b=None,
-                      loss_agg_mode: str = "seq-mean-token-mean", distill_agg_mode: str = "token-mean",
-                      eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio_c: float = 3.0, num_tokens=None,
-                      num_seqs=None, norm_length=None):
+                      agg: Aggregation = Aggregation("seq-mean-token-mean"), distill_agg_mode: str = "token-mean",
+                      eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio_c: float = 3.0):
     """Joint-loss hybrid: L = L_clip(A_GRPO) + w * L_SDPO. (loss, metrics).
 
-    L_clip is the token clip loss aggregated with `loss_agg_mode`; L_SDPO is SDPO's
+    L_clip is the token clip loss aggregated by `agg`; L_SDPO is SDPO's
     IS-weighted distillation loss aggregated with `distill_agg_mode` over mask * sd_mask:
     `distill_form="token"`: sg(logp_S - logp_T) * logp_S (needs `logp_teacher_br`);
     `"jsd"`: generalised JSD with `alpha` on a support (needs `*_distill_logp_brn`).
-    Both terms use the same global counts. Metrics: both terms' metrics plus "joint_loss".
+    Both terms use `agg`'s global counts. Metrics: both terms' metrics plus "joint_loss".
     """
     _check_choice(distill_form, "distill_form", DISTILL_FORMS)
-    pg, pg_metrics = token_clip_loss(logp_br, logp_old_br, adv_br, mask_br, loss_agg_mode=loss_agg_mode,
-                                     eps_low=eps_low, eps_high=eps_high, clip_ratio_c=clip_ratio_c,
-                                     num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
-    common = {"is_clip": is_clip, "sd_mask_b": sd_mask_b, "loss_agg_mode": distill_agg_mode,
-              "num_tokens": num_tokens, "num_seqs": num_seqs, "norm_length": norm_length}
+    pg, pg_metrics = token_clip_loss(logp_br, logp_old_br, adv_br, mask_br, agg=agg, eps_low=eps_low,
+                                     eps_high=eps_high, clip_ratio_c=clip_ratio_c)
+    common = {"is_clip": is_clip, "sd_mask_b": sd_mask_b, "agg": agg.replace(mode=distill_agg_mode)}
     if distill_form == "token":
         if logp_teacher_br is None:
             raise ValueError("joint_hybrid_loss(distill_form='token') needs logp_teacher_br")

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from pipo_jax.losses import advantages, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
+from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.response_logprobs import response_log_softmax, response_logprobs
@@ -176,10 +177,10 @@ def teacher_logprobs(spec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
     return jax.lax.stop_gradient(logp)
 
 
-def loss_counts(spec, counts: dict) -> dict:
-    """Keyword arguments of every loss in `pipo_jax.losses`: the aggregation mode and global counts."""
-    return dict(loss_agg_mode=spec.loss.agg_mode, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"],
-                norm_length=spec.rollout.response_len)
+def aggregation(spec, counts: dict) -> Aggregation:
+    """The `agg=` of every loss in `pipo_jax.losses`: `loss.agg_mode` with a mini-batch's global
+    counts (`steps.response_counts`), normalised by the configured response length."""
+    return Aggregation.of(spec.loss.agg_mode, counts, norm_length=spec.rollout.response_len)
 
 
 def _check_loss_inputs(logp_br, mb: TrainBatch) -> None:
@@ -214,7 +215,7 @@ def _clip_loss(loss, spec, params, mb: TrainBatch, counts: dict, **kw):
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     value, metrics = loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=spec.loss.clip_low,
-                          eps_high=spec.loss.clip_high, **kw, **loss_counts(spec, counts))
+                          eps_high=spec.loss.clip_high, **kw, agg=aggregation(spec, counts))
     return value, metrics, logp, ent
 
 
@@ -237,7 +238,7 @@ def _cispo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
 
 
 def _distill_kwargs(spec, mb: TrainBatch, counts: dict) -> dict:
-    return dict(is_clip=spec.sdpo.is_clip, sd_mask_b=mb.sd_mask_b, **loss_counts(spec, counts["sd"]))
+    return dict(is_clip=spec.sdpo.is_clip, sd_mask_b=mb.sd_mask_b, agg=aggregation(spec, counts["sd"]))
 
 
 @policy_loss("sdpo_token", distills=True)
@@ -283,7 +284,7 @@ def _vpd_joint(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     loss, metrics = vpd_loss.joint_hybrid_loss(
         logp, mb.logp_old_br, mb.adv_br, mb.mask_br, weight=spec.vpd.hybrid_weight, logp_teacher_br=logp_t,
         sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip, eps_low=spec.loss.clip_low, eps_high=spec.loss.clip_high,
-        clip_ratio_c=spec.loss.clip_ratio_c, **loss_counts(spec, counts))
+        clip_ratio_c=spec.loss.clip_ratio_c, agg=aggregation(spec, counts))
     return loss, metrics, logp, ent
 
 

@@ -168,13 +168,12 @@ def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.Gradien
 def _regularisers(spec: TrainSpec, logp_br, ent_br, mb: TrainBatch, counts: dict) -> tuple[jax.Array, dict]:
     """KL-to-reference loss term and entropy bonus (both optional)."""
     loss, metrics = 0.0, {}
-    agg = algorithms.loss_counts(spec, counts)
+    agg = algorithms.aggregation(spec, counts)
     if spec.loss.kl_coef > 0 and not spec.loss.kl_in_reward:
-        kl, _ = kl_loss(logp_br, mb.logp_ref_br, mb.mask_br, estimator=spec.loss.kl_estimator, **agg)
+        kl, _ = kl_loss(logp_br, mb.logp_ref_br, mb.mask_br, estimator=spec.loss.kl_estimator, agg=agg)
         loss, metrics["kl_loss"] = loss + spec.loss.kl_coef * kl, kl
     if spec.loss.entropy_coef > 0:
-        ent = aggregate(ent_br, mb.mask_br, spec.loss.agg_mode, num_tokens=agg["num_tokens"],
-                        num_seqs=agg["num_seqs"], norm_length=agg["norm_length"])
+        ent = aggregate(ent_br, mb.mask_br, agg)
         loss, metrics["entropy_loss"] = loss - spec.loss.entropy_coef * ent, ent
     return loss, metrics
 
@@ -229,7 +228,7 @@ def pi_loss_fn(spec: TrainSpec) -> LossFn:
             logp, mb.logp_old_br, mb.rhat_br, mb.mask_br, ratio=spec.pi_ratio, eps_low=eps_low,
             eps_high=eps_high, no_lower_clip=options.pi_no_lower_clip and authors_token_loss,
             symmetric_clip=options.pi_symmetric_clip and authors_token_loss,
-            **algorithms.loss_counts(spec, surrogate_counts))
+            agg=algorithms.aggregation(spec, surrogate_counts))
         reg, reg_metrics = _regularisers(spec, logp, ent, mb, counts)
         loss = loss + reg
         return loss, dict(metrics, **reg_metrics, loss=loss)
@@ -251,7 +250,7 @@ def critic_loss_fn(spec: TrainSpec) -> LossFn:
         values = critic_values(spec, critic_params, mb.tokens_bl, mb.mask_bl)
         loss, metrics = clipped_value_loss(values, mb.values_br, mb.returns_br, mb.mask_br,
                                            cliprange_value=spec.critic.cliprange_value,
-                                           **algorithms.loss_counts(spec, counts))
+                                           agg=algorithms.aggregation(spec, counts))
         return loss, metrics
 
     return loss_fn

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.losses import distill
-from pipo_jax.losses.aggregation import aggregation_counts
+from pipo_jax.losses.aggregation import Aggregation, aggregation_counts
 
 S2 = jnp.log(jnp.array([[[0.5, 0.5]]]))  # [1, 1, 2]
 T2 = jnp.log(jnp.array([[[0.9, 0.1]]]))
@@ -127,7 +127,8 @@ def test_sdpo_jsd_loss_weighting_and_micro_batches():
         loss, _ = distill.sdpo_jsd_loss(logp, old, None, mask, **kw)
         counts = aggregation_counts(eff)
         parts = [distill.sdpo_jsd_loss(logp[sl], old[sl], None, mask[sl], student_distill_logp_brn=s_n[sl],
-                                       teacher_distill_logp_brn=t_n[sl], sd_mask_b=sd[sl], **counts)[0]
+                                       teacher_distill_logp_brn=t_n[sl], sd_mask_b=sd[sl],
+                                       agg=Aggregation.of("token-mean", counts))[0]
                  for sl in (slice(0, 1), slice(1, 4))]
         return expected, loss, sum(parts)
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.losses import pipo
+from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import gspo_loss, token_clip_loss
 from pipo_jax.rl.batch import TrainBatch
 
@@ -192,18 +193,18 @@ def test_pi_surrogate_loss_is_eq11():
     logp = logp_old + jnp.log(jnp.array([[1.5, 0.5, 0.5, 1.1]]))
     rhat = jnp.array([[0.4, 0.4, -0.3, -0.3]])
     mask = jnp.ones((1, 4))
-    loss, _ = pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, loss_agg_mode="token-mean")
+    loss, _ = pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, agg=Aggregation("token-mean"))
     # -min(nu r, clip(nu) r): -0.48, -0.2, 0.24 (lower clip), 0.33
     chex.assert_trees_all_close(loss, jnp.float32((-0.48 - 0.2 + 0.24 + 0.33) / 4), rtol=1e-5)
-    loss_c, _ = pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, loss_agg_mode="token-mean", no_lower_clip=True)
+    loss_c, _ = pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, agg=Aggregation("token-mean"), no_lower_clip=True)
     chex.assert_trees_all_close(loss_c, jnp.float32((-0.48 - 0.2 + 0.15 + 0.33) / 4), rtol=1e-5)
-    ref, _ = token_clip_loss(logp, logp_old, rhat, mask, clip_ratio_c=0.0, loss_agg_mode="token-mean")
+    ref, _ = token_clip_loss(logp, logp_old, rhat, mask, clip_ratio_c=0.0, agg=Aggregation("token-mean"))
     chex.assert_trees_all_close(loss, ref)
     seq, _ = pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, ratio="sequence", eps_low=3e-4, eps_high=4e-4,
-                                    loss_agg_mode="seq-mean-token-mean")
+                                    agg=Aggregation("seq-mean-token-mean"))
     chex.assert_trees_all_close(seq, gspo_loss(logp, logp_old, rhat, mask)[0])
     with pytest.raises(ValueError, match="ratio='seq'"):
-        pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, ratio="seq", loss_agg_mode="token-mean")
+        pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, ratio="seq", agg=Aggregation("token-mean"))
 
 
 def test_pi_verification_combines_the_steps():

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.losses import pipo
+from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.rl.batch import TrainBatch
 
 K = 8
@@ -101,7 +102,7 @@ def test_pi_clip_for_negative_rhat():
     rhat = jnp.array([[-0.3, -0.3, -0.3, 0.4]])
 
     def loss(lp, **kw):
-        return pipo.pi_surrogate_loss(lp, LOGP_OLD, rhat, MASK, loss_agg_mode="token-mean", **kw)[0]
+        return pipo.pi_surrogate_loss(lp, LOGP_OLD, rhat, MASK, agg=Aggregation("token-mean"), **kw)[0]
 
     # authors: -min(nu, clip(nu, .8, 1.2)) * C: 0.3 * [0.5, 1.1, 1.2] and -0.4 * 1.2 for C = 0.4, nu = 1.25
     authors = jnp.float32((0.15 + 0.33 + 0.36 - 0.48) / 4)
@@ -121,7 +122,7 @@ def test_dapo_pi_step_symmetric_clip():
 
     def loss(**kw):
         return float(pipo.pi_surrogate_loss(LOGP, LOGP_OLD, rhat, MASK, eps_low=0.2, eps_high=0.28,
-                                            loss_agg_mode="token-mean", **kw)[0])
+                                            agg=Aggregation("token-mean"), **kw)[0])
 
     # 0.2 / 0.28: 1.25 is inside [0.8, 1.28] -> -1.25; symmetric 0.2: clipped to 1.2
     np.testing.assert_allclose([loss(), loss(symmetric_clip=True)], [-1.25 / 4, -1.2 / 4], rtol=1e-6)

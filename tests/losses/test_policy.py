@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pipo_jax.losses.aggregation import AGG_MODES, aggregation_counts
+from pipo_jax.losses.aggregation import AGG_MODES, Aggregation, aggregation_counts
 from pipo_jax.kernels.softmax_stats import token_entropy
 from pipo_jax.losses.kl import kl_estimate, kl_k3, kl_loss
 from pipo_jax.losses.policy import (
@@ -28,24 +28,24 @@ RATIO = np.array([[1.5, 0.5, 0.5, 1.5, 5.0, 1.0]])
 LOGP_OLD = jnp.array([[-1.0, -2.0, -0.5, -1.5, -3.0, -0.7]])
 LOGP = LOGP_OLD + jnp.asarray(np.log(RATIO), jnp.float32)
 ONES = jnp.ones((1, 6))
-CLIP_CFG = {"eps_low": 0.2, "eps_high": 0.28, "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean"}
+CLIP_CFG = {"eps_low": 0.2, "eps_high": 0.28, "clip_ratio_c": 3.0, "agg": Aggregation("token-mean")}
 
 
 def test_cispo_hand_computed_every_token_keeps_its_gradient():
     # weights sg(clip(r, 0.8, 1.28)): 1.28, 0.8, 0.8, 1.28, 1.28, 1; per token -w A logp
     w = np.array([1.28, 0.8, 0.8, 1.28, 1.28, 1.0])
     a, logp = np.asarray(ADV[0]), np.asarray(LOGP[0], np.float64)
-    loss, metrics = cispo_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.28, loss_agg_mode="token-mean")
+    loss, metrics = cispo_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.28, agg=Aggregation("token-mean"))
     chex.assert_trees_all_close(loss, jnp.float32(np.mean(-w * a * logp)), rtol=1e-5)
     chex.assert_trees_all_close(metrics["pg_clipfrac"], jnp.float32(5 / 6), rtol=1e-6)  # all but r = 1
     # d loss / d logp_t = -w_t A_t / 6: the clipped tokens keep a gradient (the token clip's is 0 there)
     grad = jax.grad(lambda x: cispo_loss(x, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.28,
-                                         loss_agg_mode="token-mean")[0])(LOGP)
+                                         agg=Aggregation("token-mean"))[0])(LOGP)
     chex.assert_trees_all_close(grad[0], jnp.asarray(-w * a / 6, jnp.float32), rtol=1e-5)
     clip_grad = jax.grad(lambda x: token_clip_loss(x, LOGP_OLD, ADV, ONES, **CLIP_CFG)[0])(LOGP)
     assert float(clip_grad[0, 0]) == 0.0 and float(grad[0, 0]) != 0.0
-    half, _ = cispo_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.28, loss_agg_mode="token-mean",
-                         num_tokens=12.0)
+    half, _ = cispo_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.28, 
+                         agg=Aggregation("token-mean", num_tokens=12.0))
     chex.assert_trees_all_close(half, loss / 2, rtol=1e-6)  # the global count is honoured
 
 
@@ -80,16 +80,16 @@ def test_token_clip_compat_no_lower_clip_for_negative_adv():
 
 def test_token_clip_ratio_log_clamp():
     loss, _ = token_clip_loss(jnp.array([[50.0]]), jnp.array([[0.0]]), jnp.array([[-1.0]]), jnp.ones((1, 1)),
-                              eps_low=0.2, eps_high=0.2, clip_ratio_c=0.0, loss_agg_mode="token-mean")
+                              eps_low=0.2, eps_high=0.2, clip_ratio_c=0.0, agg=Aggregation("token-mean"))
     chex.assert_trees_all_close(loss, jnp.float32(np.exp(20.0)), rtol=1e-5)
 
 
 def test_clip_config_errors():
     with pytest.raises(ValueError, match="clip_ratio_c=0.5"):
         token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.2, clip_ratio_c=0.5,
-                        loss_agg_mode="token-mean")
+                        agg=Aggregation("token-mean"))
     with pytest.raises(ValueError, match="eps_low=1.5"):
-        token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=1.5, eps_high=0.2, loss_agg_mode="token-mean")
+        token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=1.5, eps_high=0.2, agg=Aggregation("token-mean"))
 
 
 def test_log_ratios_hand_computed():
@@ -134,7 +134,7 @@ def test_gspo_token_form_matches_sequence_form_value_and_gradient():
     cfg = {"eps_low": 0.03, "eps_high": 0.04}
 
     def token_form(d):
-        return gspo_loss(logp_old + d, logp_old, adv_bt, mask, loss_agg_mode="seq-mean-token-mean", **cfg)[0]
+        return gspo_loss(logp_old + d, logp_old, adv_bt, mask, agg=Aggregation("seq-mean-token-mean"), **cfg)[0]
 
     def seq_form(d):
         return gspo_sequence_loss_reference(logp_old + d, logp_old, adv_b, mask, **cfg)
@@ -162,7 +162,8 @@ def test_micro_batch_invariance_of_loss_and_gradient(mode, loss_name):
 
     def loss(th, sl, counts):
         logp = logp_old[sl] + feats[sl] @ th
-        return fn(logp, logp_old[sl], adv[sl], mask[sl], loss_agg_mode=mode, **cfg, **counts)[0]
+        agg = Aggregation.of(mode, counts) if counts else Aggregation(mode)
+        return fn(logp, logp_old[sl], adv[sl], mask[sl], agg=agg, **cfg)[0]
 
     @jax.jit
     def full_and_summed_parts(th):
@@ -187,8 +188,8 @@ def test_padding_invariance(loss_name):
     fn = token_clip_loss if loss_name == "token_clip" else gspo_loss
     pad = lambda x, v: jnp.concatenate([x, jnp.full((4, 3), v, jnp.float32)], axis=1)
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
-        ref, ref_m = fn(logp, logp_old, adv, mask, loss_agg_mode=mode)
-        got, got_m = fn(pad(logp, 3.0), pad(logp_old, -9.0), pad(adv, 5.0), pad(mask, 0.0), loss_agg_mode=mode)
+        ref, ref_m = fn(logp, logp_old, adv, mask, agg=Aggregation(mode))
+        got, got_m = fn(pad(logp, 3.0), pad(logp_old, -9.0), pad(adv, 5.0), pad(mask, 0.0), agg=Aggregation(mode))
         chex.assert_trees_all_close((got, got_m), (ref, ref_m), rtol=1e-6)
 
 
@@ -199,7 +200,7 @@ def test_kl_estimators_hand_computed():
     chex.assert_trees_all_close(kl_estimate(logp, ref, "k2"), jnp.array([0.5, 0.5, 450.0]))
     # k3: x = ref - logp = -1 -> e^-1; x = 1 -> e - 2; x = -30 clipped to -20 -> 19, clipped to 10
     chex.assert_trees_all_close(kl_k3(logp, ref), jnp.array([math.exp(-1), math.e - 2, 10.0]), rtol=1e-6)
-    loss, _m = kl_loss(logp[None], ref[None], jnp.array([[1, 1, 0]]), estimator="k3", loss_agg_mode="token-mean")
+    loss, _m = kl_loss(logp[None], ref[None], jnp.array([[1, 1, 0]]), estimator="k3", agg=Aggregation("token-mean"))
     chex.assert_trees_all_close(loss, jnp.float32((math.exp(-1) + math.e - 2) / 2), rtol=1e-6)
     with pytest.raises(ValueError, match="kl estimator='k4'"):
         kl_estimate(logp, ref, "k4")
@@ -221,9 +222,9 @@ def test_value_loss_hand_computed():
     v = jnp.array([[1.0, 2.0]])
     v_old = jnp.array([[0.0, 2.0]])
     ret = jnp.array([[1.2, 1.0]])
-    loss, m = clipped_value_loss(v, v_old, ret, jnp.ones((1, 2)), loss_agg_mode="token-mean")
+    loss, m = clipped_value_loss(v, v_old, ret, jnp.ones((1, 2)), agg=Aggregation("token-mean"))
     # token 0: max(.04, (0.5 - 1.2)^2 = .49) clipped; token 1: max(1, 1) -> 0.5 * (.49 + 1) / 2
     chex.assert_trees_all_close(loss, jnp.float32(0.3725), rtol=1e-6)
     chex.assert_trees_all_close(m["vf_clipfrac"], jnp.float32(0.5))
-    grad = jax.grad(lambda x: clipped_value_loss(x, v_old, ret, jnp.ones((1, 2)), loss_agg_mode="token-mean")[0])(v)
+    grad = jax.grad(lambda x: clipped_value_loss(x, v_old, ret, jnp.ones((1, 2)), agg=Aggregation("token-mean"))[0])(v)
     chex.assert_trees_all_close(grad, jnp.array([[0.0, 0.5]]), atol=1e-6)  # clipped branch has no gradient

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.losses import distill, vpd
+from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import token_clip_loss
 
 LOGQ = jnp.array([[-1.0, -2.0, -3.0], [-0.5, -0.5, 0.0]])
@@ -182,21 +183,24 @@ def test_reshaped_advantages_hand_computed():
     chex.assert_trees_all_close(a, jnp.array([[3.0, 0.0], [-2.0, 3.0]]))
 
 
-def test_reshape_hybrid_loss_hand_value_and_equals_token_clip_on_reshaped_advantages():
+def reshape_hybrid(logp, logp_old, adv, mask, *, logp_teacher, weight, sd_mask_b=None):
+    """The reshape hybrid as the learner runs it (the `vpd_reshape` advantage shaping, then the
+    token clip loss): (loss, metrics, A')."""
+    a2 = vpd.reshaped_advantages(adv, logp_teacher, logp_old, mask, weight=weight, sd_mask_b=sd_mask_b)
+    loss, metrics = token_clip_loss(logp, logp_old, a2, mask, agg=Aggregation("seq-mean-token-mean"))
+    return loss, metrics, a2
+
+
+def test_reshape_hybrid_hand_value_and_weight_zero_is_token_clip():
     # at ratio 1 the clip loss is -A': seq-mean-token-mean of [[-1.5, -1], [1, 1]] = mean(-1.25, 1) = -0.125
-    loss, m = vpd.reshape_hybrid_loss(LOGP_S, LOGP_S, ADV, M2, logp_teacher_br=LOGP_T, weight=0.5, sd_mask_b=SD)
+    loss, _, a2 = reshape_hybrid(LOGP_S, LOGP_S, ADV, M2, logp_teacher=LOGP_T, weight=0.5, sd_mask_b=SD)
     assert float(loss) == pytest.approx(-0.125, rel=1e-6)
-    assert float(m["reshaped_adv_mean"]) == pytest.approx((1.5 + 1.0 - 2.0) / 4, rel=1e-6)
-    logp = LOGP_S + jnp.array([[0.3, -0.4], [0.1, 0.5]])  # some ratios outside the clip range
-    a2 = vpd.reshaped_advantages(ADV, LOGP_T, LOGP_S, M2, weight=0.5, sd_mask_b=SD)
-    f = lambda lp: vpd.reshape_hybrid_loss(lp, LOGP_S, ADV, M2, logp_teacher_br=LOGP_T, weight=0.5,
-                                           sd_mask_b=SD)[0]
-    g = lambda lp: token_clip_loss(lp, LOGP_S, a2, M2, loss_agg_mode="seq-mean-token-mean")[0]
+    chex.assert_trees_all_close(a2, jnp.array([[1.5, 1.0], [-1.0, -1.0]]), rtol=1e-6)
+    # weight 0: plain GRPO token clip, value and gradient, with ratios outside the clip range
+    logp = LOGP_S + jnp.array([[0.3, -0.4], [0.1, 0.5]])
+    f = lambda lp: reshape_hybrid(lp, LOGP_S, ADV, M2, logp_teacher=LOGP_T, weight=0.0)[0]
+    g = lambda lp: token_clip_loss(lp, LOGP_S, ADV, M2, agg=Aggregation("seq-mean-token-mean"))[0]
     chex.assert_trees_all_close(jax.value_and_grad(f)(logp), jax.value_and_grad(g)(logp), rtol=1e-6)
-    # weight 0: plain GRPO token clip
-    chex.assert_trees_all_close(
-        vpd.reshape_hybrid_loss(logp, LOGP_S, ADV, M2, logp_teacher_br=LOGP_T, weight=0.0)[0],
-        token_clip_loss(logp, LOGP_S, ADV, M2, loss_agg_mode="seq-mean-token-mean")[0], rtol=1e-6)
 
 
 def test_joint_hybrid_loss_token_form_hand_value_and_gradient():
@@ -221,7 +225,7 @@ def test_joint_hybrid_loss_jsd_form_is_clip_plus_weighted_jsd():
     loss, m = vpd.joint_hybrid_loss(logp, LOGP_S, ADV, M2, weight=0.3, distill_form="jsd",
                                     student_distill_logp_brn=s_btn, teacher_distill_logp_brn=t_btn, alpha=0.5,
                                     sd_mask_b=SD)
-    pg, _ = token_clip_loss(logp, LOGP_S, ADV, M2, loss_agg_mode="seq-mean-token-mean")
+    pg, _ = token_clip_loss(logp, LOGP_S, ADV, M2, agg=Aggregation("seq-mean-token-mean"))
     sd, _ = distill.sdpo_jsd_loss(logp, LOGP_S, None, M2, student_distill_logp_brn=s_btn,
                                   teacher_distill_logp_brn=t_btn, alpha=0.5, sd_mask_b=SD)
     assert float(loss) == pytest.approx(float(pg + 0.3 * sd), rel=1e-6)

@@ -15,6 +15,7 @@ import pytest
 from configs import grpo, sdpo, vpd
 from pipo_jax.losses import advantages, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
+from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, steps
@@ -130,12 +131,12 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     # the same computation (response_logprobs) jitted in a different program: float32 rounding of
     # log-softmax sums over a 40-token vocabulary (|logp| < 10), well under 1e-5
     chex.assert_trees_all_close(logp, want_logp, atol=1e-5)
-    agg = dict(loss_agg_mode=spec.loss.agg_mode, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"],
-               norm_length=spec.rollout.response_len)
+    agg = dict(agg=Aggregation(spec.loss.agg_mode, counts["num_tokens"], counts["num_seqs"],
+                               norm_length=spec.rollout.response_len))
     lo = spec.loss
     teacher_logp, _ = response_logprobs(spec.model, teacher, mb.teacher_tokens_bq, mb.teacher_mask_bq,
                                         mb.teacher_tokens_bq.shape[1] - spec.rollout.response_len, temperature=t)
-    sd_agg = dict(agg, num_tokens=counts["sd"]["num_tokens"], num_seqs=counts["sd"]["num_seqs"])
+    sd_agg = dict(agg=agg["agg"].replace(num_tokens=counts["sd"]["num_tokens"], num_seqs=counts["sd"]["num_seqs"]))
     if name == "token_clip":
         want, _ = token_clip_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=lo.clip_low,
                                   eps_high=lo.clip_high, clip_ratio_c=lo.clip_ratio_c, **agg)
