@@ -24,6 +24,7 @@ from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
 from pipo_jax.rl import evaluate
 from pipo_jax.rl import task_config as task_config_lib
 from pipo_jax.sampling import sampler
+from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic
 
 PROMPT_BUCKET = 32  # text prompts are left-padded to a multiple of this: few compiles
@@ -118,9 +119,9 @@ class Chat:
 
     def response_ids(self, tokens_p: np.ndarray, mask_p: np.ndarray) -> list[int]:
         out = sampler.generate(self.model, self.params, jnp.asarray(tokens_p[None]), jnp.asarray(mask_p[None]),
-                               jax.random.fold_in(self.rng, self.count), max_new_tokens=self.max_new_tokens,
-                               temperature=self.temperature, top_p=self.top_p, stop_token_ids=self.stop_ids,
-                               pad_id=self.pad_id)
+                               jax.random.fold_in(self.rng, self.count),
+                               SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                              top_p=self.top_p, stop_token_ids=self.stop_ids, pad_id=self.pad_id))
         self.count += 1
         tokens, mask = np.asarray(out.tokens_br[0]), np.asarray(out.mask_br[0])
         return [int(t) for t in tokens[mask == 1]]

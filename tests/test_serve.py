@@ -23,6 +23,7 @@ from pipo_jax.data import char_vocab as cv
 from pipo_jax.models import qwen3
 from pipo_jax.rl.spec import train_spec
 from pipo_jax.sampling import sampler
+from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -51,8 +52,9 @@ def _reference(spec, params, texts, stops=STOPS, max_new=MAX_NEW):
     problems = arithmetic.make_problems(spec.task, *(np.array(c) for c in zip(
         *[(int(a), cv.OPERATORS.index(op), int(b)) for a, op, b in parsed])))
     out = sampler.generate(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp,
-                           jax.random.PRNGKey(0), max_new_tokens=max_new, temperature=0.0, stop_token_ids=stops,
-                           pad_id=spec.task.pad_id)
+                           jax.random.PRNGKey(0),
+                           SamplingParams(max_new_tokens=max_new, temperature=0.0, stop_token_ids=stops,
+                                          pad_id=spec.task.pad_id))
     rows = [list(map(int, t[m == 1])) for t, m in zip(np.asarray(out.tokens_br), np.asarray(out.mask_br))]
     return [r[:-1] if r[-1] in stops else r for r in rows], problems
 

@@ -297,7 +297,8 @@ def build_generate(spec: TrainSpec, mesh: Mesh) -> Program:
     mask = _rows((b, p), jnp.int32, mesh)
 
     def gen(params, tokens, mask, rng):
-        return sampler.generate(spec.model, params, tokens, mask, rng, max_new_tokens=8, temperature=1.0)
+        return sampler.generate(spec.model, params, tokens, mask, rng,
+                                SamplingParams(max_new_tokens=8, temperature=1.0))
 
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh))
     return Program(jax.jit(gen), (params, tokens, mask, rng), mesh)

@@ -21,6 +21,7 @@ from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.placement import Placement
 from pipo_jax.rl.spec import TrainSpec, train_spec
 from pipo_jax.sampling import sampler
+from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import passk
 from pipo_jax.tasks.protocol import HostScorer
 
@@ -77,9 +78,9 @@ def sample_n(model: qwen3.Qwen3Config, params, prompt_tokens_bp, prompt_mask_bp,
         pad = batch_size - len(prompts[rows])  # one compile: pad the last batch with copies
         take = lambda x: np.concatenate([x[rows], np.repeat(x[:1], pad, 0)]) if pad else x[rows]  # noqa: E731
         out = sampler.generate(model, params, jnp.asarray(take(prompts)), jnp.asarray(take(masks)),
-                               jax.random.fold_in(rng, start), max_new_tokens=max_new_tokens,
-                               temperature=temperature, top_k=top_k, top_p=top_p,
-                               stop_token_ids=tuple(stop_token_ids), pad_id=pad_id)
+                               jax.random.fold_in(rng, start),
+                               SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                              top_p=top_p, stop_token_ids=tuple(stop_token_ids), pad_id=pad_id))
         keep = batch_size - pad
         outs_t.append(np.asarray(out.tokens_br)[:keep])
         outs_m.append(np.asarray(out.mask_br)[:keep])

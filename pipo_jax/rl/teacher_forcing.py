@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from pipo_jax.models import qwen3
 from pipo_jax.sampling import sampler
+from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks.protocol import Task
 
 
@@ -55,8 +56,8 @@ def decoded_accuracy(model: qwen3.Qwen3Config, params, task: Task, problems) -> 
     """float32 []: the share of `problems` whose greedy response (`task.answer_len` tokens) the
     task's JAX reward scores 1.0, i.e. solved (partial credit does not count; `device_reward` tasks)."""
     out = sampler.generate(model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, jax.random.PRNGKey(0),
-                           max_new_tokens=task.answer_len, temperature=0.0, stop_token_ids=tuple(task.stop_token_ids),
-                           pad_id=task.pad_id)
+                           SamplingParams(max_new_tokens=task.answer_len, temperature=0.0,
+                                          stop_token_ids=tuple(task.stop_token_ids), pad_id=task.pad_id))
     return jnp.mean((task.reward(problems, out.tokens_br, out.mask_br) >= 1.0).astype(jnp.float32))
 
 

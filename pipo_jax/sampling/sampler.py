@@ -92,15 +92,6 @@ def row_keys(rng: jax.Array, batch: int) -> jax.Array:
     return rng
 
 
-def resolve_sampling(sampling: SamplingParams | None, **overrides) -> SamplingParams:
-    """`sampling` (default `SamplingParams()`) with the non-None keyword overrides applied."""
-    base = SamplingParams() if sampling is None else sampling
-    kw = {k: v for k, v in overrides.items() if v is not None}
-    if "stop_token_ids" in kw:
-        kw["stop_token_ids"] = tuple(int(t) for t in kw["stop_token_ids"])
-    return base.replace(**kw) if kw else base
-
-
 class _Loop(NamedTuple):
     """While-loop carry of `generate` (t = response index being sampled next)."""
 
@@ -116,8 +107,7 @@ class _Loop(NamedTuple):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("config", "sampling", "max_new_tokens", "temperature", "top_k", "top_p", "stop_token_ids",
-                     "pad_id", "logprobs", "cache_dtype", "attn_block"),
+    static_argnames=("config", "sampling", "cache_dtype", "attn_block"),
 )
 def generate(
     config: Qwen3Config,
@@ -125,16 +115,9 @@ def generate(
     prompt_tokens_bp: jax.Array,
     prompt_mask_bp: jax.Array,
     rng: jax.Array,
-    sampling: SamplingParams | None = None,
+    sampling: SamplingParams = SamplingParams(),
     *,
     max_new_b: jax.Array | None = None,
-    max_new_tokens: int | None = None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    stop_token_ids: tuple[int, ...] | None = None,
-    pad_id: int | None = None,
-    logprobs: str | None = None,
     cache_dtype=None,
     attn_block: int = DEFAULT_ATTN_BLOCK,
 ) -> SampleOutput:
@@ -146,10 +129,9 @@ def generate(
       prompt_tokens_bp, prompt_mask_bp: left-padded prompts and their 0/1 mask `[B, P]`;
         every row needs at least one real token.
       rng: one PRNG key (row b uses `fold_in(rng, b)`) or per-row keys `[B]`.
-      sampling: a `SamplingParams`; the keyword arguments `max_new_tokens`,
-        `temperature`, `top_k`, `top_p`, `stop_token_ids`, `pad_id`, `logprobs`
-        override its fields (all static).
-      max_new_b: optional per-row budgets `[B]` (each clipped to `max_new_tokens`).
+      sampling: the `SamplingParams` (static): temperature, truncation, budget, stops, pad id,
+        log-prob mode.
+      max_new_b: optional per-row budgets `[B]` (each clipped to `sampling.max_new_tokens`).
       cache_dtype: KV-cache dtype (default the compute dtype).
       attn_block: granularity of the cache-width ladder (`attention_lengths`): the
         cache grows along it as responses lengthen.
@@ -157,8 +139,7 @@ def generate(
     Returns:
       `SampleOutput` with responses `[B, max_new_tokens]`.
     """
-    sp = resolve_sampling(sampling, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                          top_p=top_p, stop_token_ids=stop_token_ids, pad_id=pad_id, logprobs=logprobs)
+    sp = sampling
     sp.validate_vocab(config.vocab_size)
     b, p = prompt_tokens_bp.shape
     if prompt_mask_bp.shape != (b, p):

@@ -84,8 +84,9 @@ def test_cached_forward_equal(params, batch):
 
 def test_sampled_tokens_equal(params, batch):
     tokens, mask = batch
-    outs = [sampler.generate(config, params, tokens, mask, jax.random.key(3), max_new_tokens=7, temperature=1.0,
-                             stop_token_ids=(), pad_id=0) for config in (SCAN, UNROLL)]
+    outs = [sampler.generate(config, params, tokens, mask, jax.random.key(3),
+                             SamplingParams(max_new_tokens=7, temperature=1.0, stop_token_ids=(), pad_id=0))
+            for config in (SCAN, UNROLL)]
     np.testing.assert_array_equal(outs[1].tokens_br, outs[0].tokens_br)
     np.testing.assert_allclose(outs[1].logprobs_br, outs[0].logprobs_br, rtol=1e-5, atol=1e-5)
 

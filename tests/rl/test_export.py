@@ -25,6 +25,7 @@ from pipo_jax.models import hf
 from pipo_jax.rl import evaluate, export
 from pipo_jax.rl.trainer import train
 from pipo_jax.sampling import sampler
+from pipo_jax.sampling.sampling_params import SamplingParams
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -49,8 +50,9 @@ def _sampler_responses(policy_dir: str, step: int, n: int = 12) -> tuple[list[st
     spec, state = evaluate.restore_run(policy_dir, step)
     problems = spec.task.heldout_problems(None, n, jax.random.PRNGKey(7))
     out = sampler.generate(spec.model, state.params, problems.prompt_tokens_bp, problems.prompt_mask_bp,
-                           jax.random.PRNGKey(0), max_new_tokens=spec.task.answer_len, temperature=0.0,
-                           stop_token_ids=spec.task.stop_token_ids, pad_id=spec.task.pad_id)
+                           jax.random.PRNGKey(0),
+                           SamplingParams(max_new_tokens=spec.task.answer_len, temperature=0.0,
+                                          stop_token_ids=spec.task.stop_token_ids, pad_id=spec.task.pad_id))
     tokens, mask = np.asarray(out.tokens_br), np.asarray(out.mask_br)
     prompts = [cv.decode(t, skip_pad=True) for t in np.asarray(problems.prompt_tokens_bp)]
     return prompts, [list(map(int, t[m == 1])) for t, m in zip(tokens, mask)]
@@ -134,7 +136,8 @@ def test_bfloat16_export_stores_bf16_weights_and_transformers_loads_them(run, tm
     tokens = jnp.asarray([[0] * (width - len(t)) + t for t in toks], jnp.int32)
     mask = jnp.asarray([[0] * (width - len(t)) + [1] * len(t) for t in toks], jnp.int32)
     ours = sampler.generate(model.replace(dtype="bfloat16"), params, tokens, mask, jax.random.PRNGKey(0),
-                            max_new_tokens=4, temperature=0.0, stop_token_ids=(cv.EOS_ID,), pad_id=cv.PAD_ID)
+                            SamplingParams(max_new_tokens=4, temperature=0.0, stop_token_ids=(cv.EOS_ID,),
+                                           pad_id=cv.PAD_ID))
     ours_rows = [list(map(int, t[m == 1])) for t, m in zip(np.asarray(ours.tokens_br), np.asarray(ours.mask_br))]
     theirs = _hf_greedy(str(out), prompts)
     same = sum(a == b for a, b in zip(ours_rows, theirs))
@@ -186,8 +189,9 @@ def _expected_replies(root, step, problems_text):
               (re.match(r"(\d+)([-+*])(\d+)", t).groups() for t in problems_text)]
     problems = arithmetic.make_problems(spec.task, *(np.array(col) for col in zip(*parsed)))
     out = sampler.generate(spec.model, state.params, problems.prompt_tokens_bp, problems.prompt_mask_bp,
-                           jax.random.PRNGKey(0), max_new_tokens=spec.task.answer_len, temperature=0.0,
-                           stop_token_ids=spec.task.stop_token_ids, pad_id=spec.task.pad_id)
+                           jax.random.PRNGKey(0),
+                           SamplingParams(max_new_tokens=spec.task.answer_len, temperature=0.0,
+                                          stop_token_ids=spec.task.stop_token_ids, pad_id=spec.task.pad_id))
     tokens, mask = np.asarray(out.tokens_br), np.asarray(out.mask_br)
     return [list(map(int, t[m == 1])) for t, m in zip(tokens, mask)], problems
 
@@ -288,8 +292,8 @@ def test_chat_on_a_hf_directory_renders_its_chat_template(text_model_dir):
                      add_special_tokens=False)
     model, params = hf.load(str(text_model_dir))
     out = sampler.generate(model, params, jnp.asarray([ids]), jnp.ones((1, len(ids)), jnp.int32),
-                           jax.random.PRNGKey(0), max_new_tokens=6, temperature=0.0,
-                           stop_token_ids=chat.stop_ids, pad_id=chat.pad_id)
+                           jax.random.PRNGKey(0), SamplingParams(max_new_tokens=6, temperature=0.0,
+                                                                 stop_token_ids=chat.stop_ids, pad_id=chat.pad_id))
     expected = [int(t) for t, m in zip(np.asarray(out.tokens_br[0]), np.asarray(out.mask_br[0])) if m]
     assert "<|im_start|>assistant" in tok.decode(ids) and chat.stop_ids == (1, 2)
     assert chat.reply(question) == tok.decode(expected, skip_special_tokens=True)

@@ -50,7 +50,8 @@ def _hf_greedy(model, tokens, mask, new, eos=None):
 def test_greedy_equals_transformers_generate(hf_model, prompts):
     model, config, params = hf_model
     tokens, mask = left_padded(prompts)
-    out = sampler.generate(config, params, tokens, mask, jax.random.key(0), max_new_tokens=12, temperature=0.0)
+    out = sampler.generate(config, params, tokens, mask, jax.random.key(0),
+                           SamplingParams(max_new_tokens=12, temperature=0.0))
     np.testing.assert_array_equal(np.asarray(out.tokens_br), _hf_greedy(model, tokens, mask, 12))
     np.testing.assert_array_equal(np.asarray(out.mask_br), 1)
     np.testing.assert_array_equal(np.asarray(out.lengths_b), 12)
@@ -63,8 +64,8 @@ def test_greedy_with_stop_tokens_equals_transformers_eos(hf_model, prompts):
     tokens, mask = left_padded(prompts)
     free = _hf_greedy(model, tokens, mask, 12)
     stops = (int(free[0, 4]), int(free[2, 2]))  # make rows 0 and 2 end early
-    out = sampler.generate(config, params, tokens, mask, jax.random.key(0), max_new_tokens=12, temperature=0.0,
-                           stop_token_ids=stops, pad_id=0)
+    out = sampler.generate(config, params, tokens, mask, jax.random.key(0),
+                           SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=stops, pad_id=0))
     ref = _hf_greedy(model, tokens, mask, 12, eos=list(stops))  # HF pads finished rows with 0
     ours = np.asarray(out.tokens_br)
     np.testing.assert_array_equal(ours[:, : ref.shape[1]], ref)
@@ -94,8 +95,8 @@ def _log_softmax(x):
 def test_logprobs_equal_teacher_forced_recompute(hf_model, prompts):
     _, config, params = hf_model
     tokens, mask = left_padded(prompts)
-    out = sampler.generate(config, params, tokens, mask, jax.random.key(7), max_new_tokens=10, temperature=1.0,
-                           stop_token_ids=(5, 6, 7, 8))
+    out = sampler.generate(config, params, tokens, mask, jax.random.key(7),
+                           SamplingParams(max_new_tokens=10, temperature=1.0, stop_token_ids=(5, 6, 7, 8)))
     logits = _teacher_forced_logits(config, params, out)
     m = np.asarray(out.mask_br)
     got = np.take_along_axis(_log_softmax(logits), np.asarray(out.tokens_br)[..., None], -1)[..., 0]
@@ -108,8 +109,8 @@ def test_truncated_logprob_modes_equal_teacher_forced(hf_model, prompts, mode):
     _, config, params = hf_model
     tokens, mask = left_padded(prompts)
     temp, top_k, top_p = 0.7, 20, 0.9
-    out = sampler.generate(config, params, tokens, mask, jax.random.key(3), max_new_tokens=8, temperature=temp,
-                           top_k=top_k, top_p=top_p, logprobs=mode)
+    out = sampler.generate(config, params, tokens, mask, jax.random.key(3),
+                           SamplingParams(max_new_tokens=8, temperature=temp, top_k=top_k, top_p=top_p, logprobs=mode))
     logits = _teacher_forced_logits(config, params, out)
     toks = np.asarray(out.tokens_br)
     for b in range(4):
@@ -197,6 +198,6 @@ def test_bad_inputs_raise_clear_errors(hf_model, prompts):
     with pytest.raises(ValueError, match="prompt_mask_bp"):
         sampler.generate(config, params, tokens, mask[:, 1:], jax.random.key(0))
     with pytest.raises(ValueError, match="stop_token_ids"):
-        sampler.generate(config, params, tokens, mask, jax.random.key(0), stop_token_ids=(10_000,))
+        sampler.generate(config, params, tokens, mask, jax.random.key(0), SamplingParams(stop_token_ids=(10_000,)))
     with pytest.raises(ValueError, match="key shape"):
         sampler.generate(config, params, tokens, mask, jax.random.split(jax.random.key(0), 3))

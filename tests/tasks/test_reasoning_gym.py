@@ -18,6 +18,7 @@ from pipo_jax.rl import rollout, teacher_forcing
 from pipo_jax.rl.sections import ConfigError
 from pipo_jax.rl.spec import train_spec
 from pipo_jax.rl.task_config import make_task
+from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import reasoning_gym as rgt
 from tests.conftest import override
 from tests.data.tiny_tokenizer import save_tiny_model_dir
@@ -168,7 +169,8 @@ def test_heldout_accuracy_is_the_verifiers_on_greedy_responses():
     acc = float(teacher_forcing.heldout_accuracy(spec.model, params, task, None, 8, jax.random.PRNGKey(0)))
     out = jax.jit(lambda p: __import__("pipo_jax.sampling.sampler", fromlist=["x"]).generate(
         spec.model, p, *task.heldout_problems(None, 8, None)[:2], jax.random.PRNGKey(0),
-        max_new_tokens=task.answer_len, temperature=0.0, stop_token_ids=task.stop_token_ids, pad_id=task.pad_id))(params)
+        SamplingParams(max_new_tokens=task.answer_len, temperature=0.0, stop_token_ids=task.stop_token_ids,
+                       pad_id=task.pad_id)))(params)
     scores = task.score(task.source.heldout_rows[:8], out.tokens_br, out.mask_br)
     assert acc == pytest.approx(float(np.mean(scores >= 1.0)))
 
