@@ -18,7 +18,7 @@ from pipo_jax.losses.masking import masked_mean
 from pipo_jax.rl import algorithms, steps, vpd_estep
 from pipo_jax.rl.batch import TrainBatch, check_batch, stored
 from pipo_jax.rl.response_logprobs import response_logprobs
-from pipo_jax.rl.rollout import Rollout, response_part, teacher_settings
+from pipo_jax.rl.rollout import Rollout, response_part, shaped_rewards, teacher_settings
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, make_optimizer, nonfinite_counts, with_lr
 
@@ -84,11 +84,7 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[Train
                        rewards_b=rollout.rewards_b)
     passes = rollout_passes(spec, state, tokens, mask, (t_tokens, t_mask) if teacher else None)
     logp_old, entropy, logp_ref = passes["logp_old_br"], passes["entropy_br"], passes["logp_ref_br"]
-    rewards_b = rollout.rewards_b
-    if spec.dapo.overlong_buffer:
-        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.rollout.response_len,
-                                                            buffer=spec.dapo.overlong_buffer,
-                                                            factor=spec.dapo.overlong_factor)
+    rewards_b = shaped_rewards(spec, rollout.rewards_b, lengths_b)
     token_rewards = advantages.outcome_token_rewards(rewards_b, mask_br)
     if spec.loss.kl_in_reward:
         token_rewards = advantages.kl_penalized_token_rewards(token_rewards, logp_old, logp_ref, mask_br,

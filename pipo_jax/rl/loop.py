@@ -12,10 +12,8 @@ import functools
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from pipo_jax.losses import advantages
 from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.learn import learn
 from pipo_jax.rl.rollout import Rollout
@@ -76,13 +74,10 @@ def _host_driven_generate(spec: TrainSpec, params, table, rng, n_prompts: int) -
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _host_merge(spec: TrainSpec, buffer: Rollout | None, filled, new: Rollout):
-    if buffer is None:  # built inside the jit, so on a mesh it is a global array like `new`
-        buffer = jax.tree.map(lambda x: jnp.zeros((spec.batch,) + x.shape[1:], x.dtype), new)
-        filled = jnp.zeros((), jnp.int32)
-    keep_p, _, counts = advantages.dapo_group_filter(new.rewards_b, spec.rollout.group_size)
-    buffer, filled = rollout_lib.merge_kept_groups(spec, buffer, filled, new, keep_p)
-    return buffer, filled, counts["num_dropped"], rollout_lib.sequence_reward_sum(spec, new)
+def _host_add(spec: TrainSpec, ds: rollout_lib.DynamicSampling | None, new: Rollout) -> rollout_lib.DynamicSampling:
+    if ds is None:  # built inside the jit, so on a mesh it is a global array like `new`
+        ds = rollout_lib.dynamic_sampling_start(spec, new)
+    return rollout_lib.dynamic_sampling_add(spec, ds, new)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
@@ -126,15 +121,13 @@ def host_collect(spec: TrainSpec, params, rng, reward_fn: HostReward,
     programs = programs or single_device_programs(spec)
     if not spec.dapo.dynamic_sampling:
         return programs.score(programs.generate(params, rng, spec.rollout.prompts_per_batch), reward_fn), {}
-    buffer, filled, n, dropped, raw_sum = None, None, 0, 0, 0.0
-    while (filled is None or int(filled) < spec.rollout.prompts_per_batch) and n < spec.dapo.max_num_gen_batches:
-        new = programs.score(programs.generate(params, jax.random.fold_in(rng, n), spec.dapo.gen_prompts_per_batch), reward_fn)
-        buffer, filled, d, r = _host_merge(spec, buffer, filled, new)
-        n, dropped, raw_sum = n + 1, dropped + int(d), raw_sum + float(r)
-    buffer = buffer.replace(mu_raw=jnp.float32(raw_sum / (n * spec.dapo.gen_prompts_per_batch * spec.rollout.group_size)))
-    stats = {"dapo_gen_batches": n, "dapo_groups_dropped": dropped, "dapo_groups_kept": int(filled),
-             "dapo_exhausted": int(filled) < spec.rollout.prompts_per_batch}
-    return buffer, stats
+    ds, n = None, 0
+    while ds is None or bool(rollout_lib.dynamic_sampling_more(spec, ds)):
+        new = programs.score(programs.generate(params, jax.random.fold_in(rng, n), spec.dapo.gen_prompts_per_batch),
+                             reward_fn)
+        ds, n = _host_add(spec, ds, new), n + 1
+    batch, stats = rollout_lib.dynamic_sampling_result(spec, ds)
+    return batch, {k: np.asarray(v).item() for k, v in stats.items()}
 
 
 def host_iteration(spec: TrainSpec, state: TrainState, reward_fn: HostReward,

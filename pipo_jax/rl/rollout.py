@@ -170,15 +170,20 @@ def with_rewards(rollout: Rollout, rewards_b) -> Rollout:
 # ----------------------------------------------------------------------------- DAPO
 
 
+def shaped_rewards(spec: TrainSpec, rewards_b, lengths_b) -> jax.Array:
+    """The sequence rewards the learner uses: the task rewards plus DAPO's overlong shaping
+    (`dapo.overlong_buffer` > 0; `lengths_b` the response lengths in tokens). float32 [B]."""
+    if not spec.dapo.overlong_buffer:
+        return rewards_b
+    return rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.rollout.response_len,
+                                                   buffer=spec.dapo.overlong_buffer, factor=spec.dapo.overlong_factor)
+
+
 def sequence_reward_sum(spec: TrainSpec, rollout: Rollout) -> jax.Array:
-    """Sum over the rows of the sequence reward `learn.prepare` takes mu_t from (the task reward
-    plus DAPO's overlong shaping), before any filtering. float32 []."""
-    rewards_b = rollout.rewards_b
-    if spec.dapo.overlong_buffer:
-        lengths_b = jnp.sum(response_part(spec, rollout)[1].astype(jnp.float32), axis=1)
-        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.rollout.response_len,
-                                                            buffer=spec.dapo.overlong_buffer, factor=spec.dapo.overlong_factor)
-    return jnp.sum(rewards_b)
+    """Sum over the rows of the sequence reward `learn.prepare` takes mu_t from (`shaped_rewards`),
+    before any filtering. float32 []."""
+    lengths_b = jnp.sum(response_part(spec, rollout)[1].astype(jnp.float32), axis=1)
+    return jnp.sum(shaped_rewards(spec, rollout.rewards_b, lengths_b))
 
 
 def merge_kept_groups(spec: TrainSpec, buffer: Rollout, filled, new: Rollout, keep_p) -> tuple[Rollout, jax.Array]:
@@ -199,13 +204,54 @@ def merge_kept_groups(spec: TrainSpec, buffer: Rollout, filled, new: Rollout, ke
     return merged, jnp.minimum(filled + jnp.sum(keep_p.astype(jnp.int32)), spec.rollout.prompts_per_batch)
 
 
+@struct.dataclass
+class DynamicSampling:
+    """DAPO's dynamic sampling in progress: the batch being filled and its counts (int32 / float32 [])."""
+
+    buffer: Rollout  # P x G rows; the first `filled` groups are kept ones
+    filled: jax.Array  # groups kept so far (<= P)
+    batches: jax.Array  # generation batches run
+    dropped: jax.Array  # groups dropped (all rewards equal)
+    raw_sum: jax.Array  # sum of `sequence_reward_sum` over every generated row
+
+
+def dynamic_sampling_start(spec: TrainSpec, like: Rollout) -> DynamicSampling:
+    """An empty batch with the leaves of a generation batch `like` (arrays or shape structs)."""
+    zero = jnp.zeros((), jnp.int32)
+    buffer = jax.tree.map(lambda x: jnp.zeros((spec.batch,) + x.shape[1:], x.dtype), like)
+    return DynamicSampling(buffer, zero, zero, zero, jnp.zeros((), jnp.float32))
+
+
+def dynamic_sampling_more(spec: TrainSpec, ds: DynamicSampling) -> jax.Array:
+    """bool []: fewer than P groups kept and generation batches left (`dapo.max_num_gen_batches`)."""
+    return (ds.filled < spec.rollout.prompts_per_batch) & (ds.batches < spec.dapo.max_num_gen_batches)
+
+
+def dynamic_sampling_add(spec: TrainSpec, ds: DynamicSampling, new: Rollout) -> DynamicSampling:
+    """Keeps the groups of the scored generation batch `new` whose rewards differ (`dapo_group_filter`)."""
+    keep_p, _, counts = advantages.dapo_group_filter(new.rewards_b, spec.rollout.group_size)
+    buffer, filled = merge_kept_groups(spec, ds.buffer, ds.filled, new, keep_p)
+    return DynamicSampling(buffer, filled, ds.batches + 1, ds.dropped + counts["num_dropped"],
+                           ds.raw_sum + sequence_reward_sum(spec, new))
+
+
+def dynamic_sampling_result(spec: TrainSpec, ds: DynamicSampling) -> tuple[Rollout, dict]:
+    """(the batch with `mu_raw` = the mean shaped reward over every generated row, stats)."""
+    rows = ds.batches * spec.dapo.gen_prompts_per_batch * spec.rollout.group_size
+    batch = ds.buffer.replace(mu_raw=ds.raw_sum / rows.astype(jnp.float32))
+    stats = {"dapo_gen_batches": ds.batches, "dapo_groups_dropped": ds.dropped, "dapo_groups_kept": ds.filled,
+             "dapo_exhausted": ds.filled < spec.rollout.prompts_per_batch}
+    return batch, stats
+
+
 def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Array]) -> tuple[Rollout, dict]:
     """One training batch of `P x G` scored sequences, in one jit-able function.
 
     Without dynamic sampling: P prompts, G samples each. With DAPO's dynamic sampling:
-    generation batches of `gen_prompts` prompts, keeping groups whose rewards differ,
-    until P groups are kept or `max_num_gen_batches` batches ran (then `dapo_exhausted`
-    is set and the host raises a clear error).
+    generation batches of `gen_prompts` prompts (batch n with key `fold_in(rng, n)`), keeping
+    groups whose rewards differ, until P groups are kept or `max_num_gen_batches` batches ran
+    (then `dapo_exhausted` is set and the host raises a clear error). The host loop
+    (`loop.host_collect`) runs the same `dynamic_sampling_*` steps with a host reward.
     """
     if not spec.dapo.dynamic_sampling:
         k_prob, k_gen = jax.random.split(rng)
@@ -218,24 +264,7 @@ def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Arr
         r = generate(spec, params, sample_problems(spec, k_prob, spec.dapo.gen_prompts_per_batch), k_gen)
         return with_rewards(r, reward_fn(r))
 
-    template = jax.eval_shape(lambda: gen_batch(0))
-    buffer = jax.tree.map(lambda x: jnp.zeros((spec.batch,) + x.shape[1:], x.dtype), template)
-
-    def cond(carry):
-        _, filled, n, _, _ = carry
-        return (filled < spec.rollout.prompts_per_batch) & (n < spec.dapo.max_num_gen_batches)
-
-    def body(carry):
-        buf, filled, n, dropped, raw_sum = carry
-        new = gen_batch(n)
-        keep_p, _, counts = advantages.dapo_group_filter(new.rewards_b, spec.rollout.group_size)
-        buf, filled = merge_kept_groups(spec, buf, filled, new, keep_p)
-        return buf, filled, n + 1, dropped + counts["num_dropped"], raw_sum + sequence_reward_sum(spec, new)
-
-    zero = jnp.zeros((), jnp.int32)
-    buffer, filled, n, dropped, raw_sum = jax.lax.while_loop(cond, body, (buffer, zero, zero, zero,
-                                                                           jnp.zeros((), jnp.float32)))
-    buffer = buffer.replace(mu_raw=raw_sum / (n * spec.dapo.gen_prompts_per_batch * spec.rollout.group_size).astype(jnp.float32))
-    stats = {"dapo_gen_batches": n, "dapo_groups_dropped": dropped, "dapo_groups_kept": filled,
-             "dapo_exhausted": filled < spec.rollout.prompts_per_batch}
-    return buffer, stats
+    ds = dynamic_sampling_start(spec, jax.eval_shape(lambda: gen_batch(0)))
+    ds = jax.lax.while_loop(lambda d: dynamic_sampling_more(spec, d),
+                            lambda d: dynamic_sampling_add(spec, d, gen_batch(d.batches)), ds)
+    return dynamic_sampling_result(spec, ds)
