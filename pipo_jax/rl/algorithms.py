@@ -52,6 +52,7 @@ class AdvantageEstimator:
     name: str
     fn: Callable
     critic: bool = False  # reads `values_br` and trains PPO's value model
+    group: bool = False  # normalises within each prompt's group of G responses (needs G >= 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +114,11 @@ def _register(table: dict, name: str, entry):
     return entry
 
 
-def advantage_estimator(*names: str, critic: bool = False):
-    """Registers `fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)` under each of `names`."""
+def advantage_estimator(*names: str, critic: bool = False, group: bool = False):
+    """Registers `fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)` under each of `names`;
+    `critic`: reads the critic's values; `group`: group-relative (G >= 2 checked by `TrainSpec`)."""
     def register(fn):
-        entry = AdvantageEstimator(names[0], fn, critic)
+        entry = AdvantageEstimator(names[0], fn, critic, group)
         for name in names:
             _register(ADVANTAGE_ESTIMATORS, name, entry)
         return fn
@@ -152,6 +154,11 @@ def register_algorithm(algorithm: Algorithm) -> Algorithm:
     if algorithm.advantage_shaping is not None and algorithm.advantage_shaping not in ADVANTAGE_SHAPINGS:
         raise ValueError(f"algorithm {algorithm.name!r}: unknown advantage shaping {algorithm.advantage_shaping!r}")
     return _register(ALGORITHMS, algorithm.name, algorithm)
+
+
+def group_estimators() -> tuple[str, ...]:
+    """The names of the registered estimators declared `group=True`."""
+    return tuple(name for name, est in ADVANTAGE_ESTIMATORS.items() if est.group)
 
 
 def algorithm_key(name: str, vpd_hybrid: str = "none") -> str:
@@ -199,7 +206,7 @@ def _gae(spec, x: AdvantageInputs):
     return advantages.masked_whiten(adv_br, x.mask_br), returns_br
 
 
-@advantage_estimator("grpo", "group_relative")
+@advantage_estimator("grpo", "group_relative", group=True)
 def _group_relative(spec, x: AdvantageInputs):
     """GRPO / GSPO / DAPO / Dr. GRPO (`norm_by_std=False`): (r - group mean) / group std on every token."""
     adv_b = advantages.group_relative_advantages(x.seq_rewards_b, spec.rollout.group_size,
@@ -334,7 +341,7 @@ def _vpd_reshape(spec, batch: TrainBatch):
 # ----------------------------------------------------------------------------- algorithms
 
 CLIP_LOSSES = (("token_clip", "token_clip"), ("gspo", "gspo"), ("cispo", "cispo"))
-GROUP_ESTIMATORS = ("grpo", "group_relative")
+GROUP_ESTIMATORS = group_estimators()  # what the group-relative algorithms accept (declared `group=True`)
 SDPO_LOSSES = (("sdpo_token", "sdpo_token"), ("sdpo_jsd", "sdpo_jsd"))
 
 register_algorithm(Algorithm("ppo", ("gae",), CLIP_LOSSES, "gae", authors_pi_token_loss=False, authors_ppo=True))

@@ -86,7 +86,7 @@ class TrainSpec:
         _need(self.pipo.attribution == algo.attribution, "pipo.attribution",
               f"{self.pipo.attribution!r} does not fit algorithm={algo.name.split('+')[0]!r}{hybrid} "
               f"(expected {algo.attribution!r})")
-        group_estimator = self.advantage.estimator in algorithms.GROUP_ESTIMATORS
+        group_estimator = self.advantage.estimator in algorithms.group_estimators()
         if group_estimator or self.pipo.attribution == "group":
             _need(r.group_size >= 2, "rollout.group_size",
                   f"G={r.group_size} with a group method (advantage.estimator={self.advantage.estimator!r}, "

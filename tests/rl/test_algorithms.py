@@ -200,6 +200,16 @@ def test_declared_capabilities_make_the_checks():
     assert reshape.advantage_shaping is algorithms.ADVANTAGE_SHAPINGS["vpd_reshape"] and reshape.uses_teacher
 
 
+def test_group_estimators_are_declared_and_need_two_samples():
+    assert algorithms.group_estimators() == algorithms.GROUP_ESTIMATORS == ("grpo", "group_relative")
+    assert not algorithms.ADVANTAGE_ESTIMATORS["gae"].group
+    c = grpo.get_config("micro")
+    c.rollout.group_size = 1
+    with pytest.raises(ConfigError, match=r"config\.rollout\.group_size: G=1 with a group method "
+                                          r"\(advantage\.estimator='grpo'"):
+        train_spec(c)
+
+
 def test_registration_rejects_duplicates_and_unknown_pieces():
     with pytest.raises(ValueError, match="'token_clip' is registered twice"):
         algorithms.policy_loss("token_clip")(lambda *a: None)
