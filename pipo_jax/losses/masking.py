@@ -16,11 +16,6 @@ def masked_mean(x, mask, axis=None):
     return jnp.sum(jnp.where(m > 0, x, 0.0), axis=axis) / jnp.maximum(jnp.sum(m, axis=axis), 1.0)
 
 
-def sequence_lengths(mask_br):
-    """|y_b| = number of valid tokens per row, float32 [B]."""
-    return jnp.sum(as_mask(mask_br), axis=-1)
-
-
 def last_valid_index(mask_br):
     """Index of the last valid token per row, int32 [B] (-1 for an empty row)."""
     m = as_mask(mask_br) > 0

@@ -177,18 +177,3 @@ def cispo_loss(
     loss_br = -weight_br * adv_br * logp_br
     clipped_br = (ratio_br < 1.0 - eps_low) | (ratio_br > 1.0 + eps_high)
     return _finish(loss_br, clipped_br, jnp.zeros_like(clipped_br), logp_br, logp_old_br, mask_br, agg)
-
-
-@functools.partial(jax.jit, static_argnames=("eps_low", "eps_high"))
-def gspo_sequence_loss_reference(logp_br, logp_old_br, adv_b, mask_br, *, eps_low=3e-4, eps_high=4e-4, num_seqs=None):
-    """Plain sequence form of GSPO: mean over non-empty rows of max(-A s_i, -A clip(s_i)). Scalar.
-
-    The spec of `gspo_loss`; the token form must match it in value and gradient.
-    """
-    log_s_b = jnp.minimum(sequence_log_ratio(logp_br, logp_old_br, mask_br), 10.0)
-    s_b = jnp.exp(log_s_b)
-    loss_b = jnp.maximum(-adv_b * s_b, -adv_b * jnp.clip(s_b, 1.0 - eps_low, 1.0 + eps_high))
-    nonempty_b = jnp.sum(as_mask(mask_br), axis=-1) > 0
-    local = jnp.sum(nonempty_b.astype(jnp.float32))
-    count = local if num_seqs is None else num_seqs
-    return jnp.sum(jnp.where(nonempty_b, loss_b, 0.0)) / jnp.maximum(count, 1.0)

@@ -130,7 +130,3 @@ def with_shardings(tree: Any, shardings: Any) -> Any:
     """`jax.ShapeDtypeStruct`s of `tree` carrying `shardings` (an orbax restore template)."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(_shape(x), x.dtype, sharding=s), tree, shardings)
 
-
-def spec_tree(shardings: Any) -> Any:
-    """The PartitionSpecs of a tree of NamedShardings (for logs and tests)."""
-    return jax.tree.map(lambda s: s.spec, shardings, is_leaf=lambda s: isinstance(s, NamedSharding))

@@ -25,12 +25,6 @@ from pipo_jax.sampling.sampling_params import SamplingParams
 _NEG_INF = -jnp.inf
 
 
-def request_keys(seeds) -> jax.Array:
-    """Typed PRNG keys `[R]`, one per request, from integer seeds `[R]`."""
-    seeds = jnp.asarray(seeds, jnp.uint32)
-    return jax.vmap(jax.random.key)(seeds)
-
-
 def token_keys(keys_b: jax.Array, indices_b: jax.Array) -> jax.Array:
     """The key of response token `indices_b[b]` of row `b`: `fold_in(keys_b[b], index)`."""
     return jax.vmap(jax.random.fold_in)(keys_b, indices_b.astype(jnp.uint32))

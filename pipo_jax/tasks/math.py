@@ -375,13 +375,6 @@ def time_limit(seconds: float):
             signal.setitimer(signal.ITIMER_REAL, left, old_timer[1])
 
 
-def answers_equivalent(pred: str, gold: str, config: MathVerifyConfig) -> bool:
-    """`answers_equivalent_untimed` under a ``config.timeout_s`` timer (main thread only);
-    raises AnswerCheckTimeout when the limit passes."""
-    with time_limit(config.timeout_s):
-        return answers_equivalent_untimed(pred, gold, config)
-
-
 def check_response(response: str, gold: str, config: MathVerifyConfig, limit_s: float | None = None) -> dict:
     """The whole check of one response against the reference string `gold` (`gold_answer`),
     extraction included, under one timer of `limit_s` (default ``config.timeout_s``; main
@@ -449,12 +442,6 @@ def _verdict_result(extracted: str, outcome: str, config: MathVerifyConfig, deta
         return MathResult(
             0.0, f"The final answer {shown} could not be checked within {config.timeout_s:g} s.", extracted, outcome)
     return MathResult(0.0, f"The final answer {shown} could not be checked ({detail}).", extracted, STATUS_ERROR)
-
-
-def score_math_inline(response: str, gold: Any, config: MathVerifyConfig = MathVerifyConfig()) -> MathResult:
-    """Reward and feedback for one response, checked in the calling thread, which must
-    be the main one (``config.isolation`` is not consulted; see `MathVerifier`)."""
-    return _result(check_response(response, gold_answer(gold), config), config)
 
 
 # ----------------------------------------------------------------------------------

@@ -10,9 +10,6 @@ unweighted mean over benchmarks (the paper's AVG column).
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -31,13 +28,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
-
-
-def pass_at_k_exact(n: int, c: int, k: int) -> float:
-    """Closed form ``1 - C(n-c, k) / C(n, k)`` with exact integers (reference)."""
-    if k > n:
-        raise ValueError(f"pass@{k} needs at least {k} samples per problem, got n={n}")
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def correct_counts(rewards_pn: Sequence[Sequence[float]], threshold: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -122,10 +112,3 @@ def to_json(rows: Sequence[BenchmarkScore]) -> dict:
         for r in rows
     }
 
-
-def write_json(path: str, rows: Sequence[BenchmarkScore]) -> None:
-    """Write `to_json` to ``path`` (parent directories created)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(to_json(rows), f, indent=2, sort_keys=False)
-        f.write("\n")

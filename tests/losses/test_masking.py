@@ -13,6 +13,5 @@ def test_masked_reductions():
     assert masking.as_mask(M).dtype == jnp.float32
     chex.assert_trees_all_close(masking.masked_mean(X, M), jnp.float32(7.0 / 3))
     chex.assert_trees_all_close(masking.masked_mean(X, M, axis=-1), jnp.array([1.5, 4.0, 0.0]))
-    chex.assert_trees_all_close(masking.sequence_lengths(M), jnp.array([2.0, 1.0, 0.0]))
     chex.assert_trees_all_close(masking.last_valid_index(M), jnp.array([1, 0, -1], jnp.int32))
     chex.assert_trees_all_close(masking.last_valid_index(jnp.array([[1, 0, 1, 0]])), jnp.array([2], jnp.int32))

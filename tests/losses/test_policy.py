@@ -14,13 +14,23 @@ from pipo_jax.losses.kl import kl_estimate, kl_k3, kl_loss
 from pipo_jax.losses.policy import (
     cispo_loss,
     gspo_loss,
-    gspo_sequence_loss_reference,
     gspo_token_log_ratio,
     sequence_log_ratio,
     token_clip_loss,
     token_log_ratio,
 )
+from pipo_jax.losses.masking import as_mask
 from pipo_jax.losses.value import clipped_value_loss
+
+
+def gspo_sequence_loss_reference(logp_br, logp_old_br, adv_b, mask_br, *, eps_low=3e-4, eps_high=4e-4):
+    """Plain sequence form of GSPO, the spec of `gspo_loss`: mean over non-empty rows of
+    max(-A s_i, -A clip(s_i)). Scalar."""
+    log_s_b = jnp.minimum(sequence_log_ratio(logp_br, logp_old_br, mask_br), 10.0)
+    s_b = jnp.exp(log_s_b)
+    loss_b = jnp.maximum(-adv_b * s_b, -adv_b * jnp.clip(s_b, 1.0 - eps_low, 1.0 + eps_high))
+    nonempty_b = jnp.sum(as_mask(mask_br), axis=-1) > 0
+    return jnp.sum(jnp.where(nonempty_b, loss_b, 0.0)) / jnp.maximum(jnp.sum(nonempty_b.astype(jnp.float32)), 1.0)
 
 # six tokens: (A, r) = (1, 1.5) (1, .5) (-1, .5) (-1, 1.5) (-1, 5) (2, 1); eps .2 / .28, c = 3
 ADV = jnp.array([[1.0, 1.0, -1.0, -1.0, -1.0, 2.0]])

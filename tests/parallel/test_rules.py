@@ -21,6 +21,11 @@ from pipo_jax.sampling import decode
 MESH = AbstractMesh((2, 2, 2), parallel.AXES)
 
 
+def spec_tree(shardings):
+    """The PartitionSpecs of a tree of NamedShardings."""
+    return jax.tree.map(lambda s: s.spec, shardings, is_leaf=lambda s: isinstance(s, NamedSharding))
+
+
 @pytest.mark.parametrize("spec, n, expected", [
     (MeshSpec(-1, 1, 1), 8, (8, 1, 1)),
     (MeshSpec(2, -1, 2), 8, (2, 2, 2)),
@@ -88,14 +93,14 @@ def test_param_and_optimizer_state_shardings():
     cfg = _tiny()
     params = jax.eval_shape(lambda: qwen3.init_params(cfg, jax.random.PRNGKey(0)))
     sh = parallel.tree_shardings(params, qwen3.param_axes(cfg), MESH)
-    specs = parallel.shardings.spec_tree(sh)
+    specs = spec_tree(sh)
     assert specs["embed"] == P("tensor", "fsdp")
     assert specs["layers"]["q_proj"] == P(None, "fsdp", "tensor", None)
     assert specs["layers"]["down_proj"] == P(None, "tensor", "fsdp")
     assert specs["layers"]["q_norm"] == P(None, None)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3))
     state = jax.eval_shape(opt.init, params)
-    opt_specs = parallel.shardings.spec_tree(parallel.mirror_shardings(state, params, sh, MESH))
+    opt_specs = spec_tree(parallel.mirror_shardings(state, params, sh, MESH))
     adam = opt_specs[1].inner_state[0]
     assert adam.mu == specs and adam.nu == specs
     assert adam.count == P() and opt_specs[1].hyperparams["learning_rate"] == P()
@@ -106,14 +111,14 @@ def test_critic_pipo_and_cache_shardings():
     critic = {"backbone": jax.eval_shape(lambda: qwen3.init_params(cfg, jax.random.PRNGKey(0))),
               "value_head": jax.ShapeDtypeStruct((cfg.hidden_size,), jnp.float32)}
     c_axes = parallel.critic_axes(qwen3.param_axes(cfg))
-    c_specs = parallel.shardings.spec_tree(parallel.tree_shardings(critic, c_axes, MESH))
+    c_specs = spec_tree(parallel.tree_shardings(critic, c_axes, MESH))
     assert c_specs["value_head"] == P("fsdp") and c_specs["backbone"]["embed"] == P("tensor", "fsdp")
 
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
     stored = TrainBatch(tokens_bl=f32(8, 11), mask_bl=f32(8, 11), mask_br=f32(8, 4),
                         logp_old_br=f32(8, 4), logp_ref_br=f32(8, 4), attr_br=f32(8, 4))
     ps = jax.eval_shape(lambda: pipo.init_pipo_state(4, stored))
-    p_specs = parallel.shardings.spec_tree(parallel.pipo_state_shardings(ps, MESH))
+    p_specs = spec_tree(parallel.pipo_state_shardings(ps, MESH))
     assert p_specs.mu_window_k == P(None) and p_specs.count == P()
     assert p_specs.prev.tokens_bl == P(("data", "fsdp"), None)
 
@@ -138,9 +143,9 @@ def test_train_state_shardings_cover_every_algorithm(algo):
     ok = jax.tree.leaves(jax.tree.map(lambda a, s: isinstance(s, NamedSharding) and len(s.spec) <= a.ndim,
                                       abstract, sh))
     assert len(ok) == len(jax.tree.leaves(abstract)) and all(ok)
-    embed = parallel.shardings.spec_tree(sh.params)["embed"]
+    embed = spec_tree(sh.params)["embed"]
     assert embed == P("tensor", "fsdp")
     if abstract.critic is not None:
-        assert parallel.shardings.spec_tree(sh.critic["params"]["backbone"])["embed"] == embed
+        assert spec_tree(sh.critic["params"]["backbone"])["embed"] == embed
     if abstract.teacher_params is not None:
-        assert parallel.shardings.spec_tree(sh.teacher_params)["embed"] == embed
+        assert spec_tree(sh.teacher_params)["embed"] == embed

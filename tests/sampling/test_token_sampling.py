@@ -9,12 +9,16 @@ from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.sampling.token_sampling import (
     is_stop_token,
     reference_truncation_mask,
-    request_keys,
     sample_tokens,
     truncation_threshold,
 )
 
 PROBS = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
+
+
+def request_keys(seeds) -> jax.Array:
+    """Typed PRNG keys `[R]`, one per request, from integer seeds `[R]`."""
+    return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
 
 
 def _kept(logits_bv, top_k, top_p):

@@ -10,6 +10,18 @@ from pipo_jax.tasks import math as mt
 
 INLINE = mt.MathVerifyConfig(isolation="inline", timeout_s=5.0)
 
+
+def answers_equivalent(pred: str, gold: str, config: mt.MathVerifyConfig) -> bool:
+    """The equivalence check alone, under ``config.timeout_s`` (main thread only)."""
+    with mt.time_limit(config.timeout_s):
+        return mt.answers_equivalent_untimed(pred, gold, config)
+
+
+def score_inline(response: str, gold, config: mt.MathVerifyConfig) -> mt.MathResult:
+    """One response through the verifier's inline path (``config.isolation="inline"``: this thread)."""
+    assert config.isolation == "inline"
+    return mt.MathVerifier(config)(response, gold)
+
 # (gold, predicted final answer, equivalent?) -- real-style answers from MATH-like data.
 EQUIVALENT = [
     (r"\frac{1}{2}", "0.5"),
@@ -112,7 +124,7 @@ def test_table_is_big_enough():
 
 @pytest.mark.parametrize("gold,pred,expected", TABLE)
 def test_equivalence_table_inline(gold, pred, expected):
-    assert mt.answers_equivalent(pred, gold, INLINE) is expected
+    assert answers_equivalent(pred, gold, INLINE) is expected
 
 
 def test_equivalence_table_in_workers_matches_inline():
@@ -152,8 +164,8 @@ def test_answer_pattern():
     assert mt.extract_final_answer("ANSWER", r"[A-Z]+") == "ANSWER"
     assert mt.extract_final_answer("nothing", r"Answer:\s*(\S+)") is None
     cfg = mt.MathVerifyConfig(isolation="inline", answer_pattern=r"####\s*(.+)")
-    assert mt.score_math_inline("so 6*7 = 42\n#### 42", "42", cfg).reward == 1.0
-    nope = mt.score_math_inline(r"\boxed{42}", "42", cfg)
+    assert score_inline("so 6*7 = 42\n#### 42", "42", cfg).reward == 1.0
+    nope = score_inline(r"\boxed{42}", "42", cfg)
     assert (nope.status, nope.reward) == ("no_answer", 0.0)
     assert "expected answer format" in nope.feedback
     with pytest.raises(ValueError, match="answer_pattern"):
@@ -188,13 +200,13 @@ def test_normalize_answer(raw, expected):
 # ---------------------------------------------------------------- reward and feedback
 
 def test_reward_and_feedback_strings():
-    good = mt.score_math_inline(r"so the total is $\boxed{\dfrac{3}{4}}$", "0.75", INLINE)
+    good = score_inline(r"so the total is $\boxed{\dfrac{3}{4}}$", "0.75", INLINE)
     assert good == mt.MathResult(1.0, r"The final answer \dfrac{3}{4} is correct.", r"\dfrac{3}{4}", "correct")
-    bad = mt.score_math_inline(r"\boxed{12}", "13", INLINE)
+    bad = score_inline(r"\boxed{12}", "13", INLINE)
     assert bad == mt.MathResult(0.0, "The final answer 12 is incorrect.", "12", "incorrect")
-    none = mt.score_math_inline("I think it is 13", "13", INLINE)
+    none = score_inline("I think it is 13", "13", INLINE)
     assert none == mt.MathResult(0.0, r"No \boxed{} answer found.", None, "no_answer")
-    long = mt.score_math_inline("\\boxed{" + "1+" * 200 + "1}", "3", INLINE)
+    long = score_inline("\\boxed{" + "1+" * 200 + "1}", "3", INLINE)
     assert long.reward == 0.0 and long.feedback.endswith("... is incorrect.") and len(long.feedback) < 240
 
 
@@ -205,7 +217,7 @@ def test_inline_timeout_and_outer_timer_restored():
     signal.setitimer(signal.ITIMER_REAL, 30.0)
     try:
         start = time.monotonic()
-        res = mt.score_math_inline(r"\boxed{9^{9^{9}}}", "5", cfg)
+        res = score_inline(r"\boxed{9^{9^{9}}}", "5", cfg)
         assert time.monotonic() - start < 25
         assert res.status == "timeout" and res.reward == 0.0
         assert res.feedback == "The final answer 9^{9^{9}} could not be checked within 0.5 s."
@@ -223,7 +235,7 @@ def test_inline_from_other_thread_is_a_clear_error():
 
     def run():
         try:
-            mt.score_math_inline(r"\boxed{1}", "1", INLINE)
+            score_inline(r"\boxed{1}", "1", INLINE)
         except RuntimeError as e:
             errors.append(str(e))
 
