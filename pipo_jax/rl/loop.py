@@ -67,10 +67,10 @@ def _host_problems(spec: TrainSpec, table, rng, n_prompts: int):
     return rollout_lib.sample_problems(spec, rng, n_prompts, table=table)
 
 
-def _host_driven_generate(spec: TrainSpec, params, table, rng, n_prompts: int) -> Rollout:
-    """`_host_generate` with a host-driven generator (same keys: `rollout.generate_on_host`)."""
+def _host_driven_generate(spec: TrainSpec, generator, params, table, rng, n_prompts: int) -> Rollout:
+    """`_host_generate` with a host-driven `generator` (same keys: `rollout.generate_on_host`)."""
     k_prob, k_gen = jax.random.split(rng)
-    return rollout_lib.generate_on_host(spec, params, _host_problems(spec, table, k_prob, n_prompts), k_gen)
+    return rollout_lib.generate_on_host(generator, params, _host_problems(spec, table, k_prob, n_prompts), k_gen)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -108,10 +108,15 @@ class HostPrograms:
 
 
 def single_device_programs(spec: TrainSpec) -> HostPrograms:
-    """The host loop's programs on the default device (a dataset task's prompt table placed once)."""
+    """The host loop's programs on the default device (a dataset task's prompt table placed once;
+    a host-driven generator made once, so its slot engines compile once for these programs)."""
     table = rollout_lib.prompt_table(spec)
-    generate = _host_generate if spec.generator.in_program else _host_driven_generate
-    return HostPrograms(generate=lambda params, rng, n_prompts: generate(spec, params, table, rng, n_prompts),
+    generator = spec.generator
+    if generator.in_program:
+        generate = functools.partial(_host_generate, spec)
+    else:
+        generate = functools.partial(_host_driven_generate, spec, generator)
+    return HostPrograms(generate=lambda params, rng, n_prompts: generate(params, table, rng, n_prompts),
                         score=_scored, learn=functools.partial(_host_learn, spec))
 
 

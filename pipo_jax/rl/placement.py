@@ -33,10 +33,12 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """`mesh` None: the default device. Otherwise the mesh and the logical-axis rules."""
+    """`mesh` None: the default device. Otherwise the mesh and the logical-axis rules. A
+    placement keeps the host loop's programs it made (`host_programs`) for its lifetime."""
 
     mesh: Mesh | None = None
     rules: Rules | None = None
+    _host: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)  # spec -> HostPrograms
 
     @property
     def is_main_process(self) -> bool:
@@ -78,8 +80,7 @@ class Placement:
             loop.check_dynamic_sampling(spec, metrics)
             loop.check_finite_updates(spec, metrics, first)
             return state, metrics
-        programs = loop.single_device_programs(spec) if self.mesh is None else \
-            sharded_steps.mesh_host_programs(spec, self.mesh, self.rules)
+        programs = self.host_programs(spec)
         rows = []
         for _ in range(n):
             first = int(self.to_host(state.step))
@@ -87,6 +88,14 @@ class Placement:
             rows.append(self.to_host(m))
             loop.check_finite_updates(spec, {k: np.asarray(v)[None] for k, v in rows[-1].items()}, first)
         return state, {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}
+
+    def host_programs(self, spec: TrainSpec) -> loop.HostPrograms:
+        """The host loop's programs for `spec` on this placement, made on first use and kept, so
+        their jits (and a host-driven generator's slot engines) compile once for a run."""
+        if spec not in self._host:
+            self._host[spec] = loop.single_device_programs(spec) if self.mesh is None else \
+                sharded_steps.mesh_host_programs(spec, self.mesh, self.rules)
+        return self._host[spec]
 
     def reference_accuracy(self, spec: TrainSpec, params, n: int, rng, kind: str = "none") -> float:
         """Greedy accuracy on the task's `n` held-out problems drawn with `rng` (shown teacher

@@ -112,10 +112,11 @@ def from_generation(problems, tokens_br, mask_br, logp_br) -> Rollout:
                    rewards_b=jnp.zeros((tokens.shape[0],), jnp.float32))
 
 
-def generate_on_host(spec: TrainSpec, params, problems, rng) -> Rollout:
-    """`generate` with a host-driven `spec.generator` (the slots engine): the same keys, so the
-    same tokens as the one-jit sampler. Problems and params are device arrays."""
-    out = spec.generator(params, problems.prompt_tokens_bp, problems.prompt_mask_bp, rng)
+def generate_on_host(generator, params, problems, rng) -> Rollout:
+    """`generate` with a host-driven `generator` (the caller's instance of `spec.generator`, the
+    slots engine, which keeps its compiled engines): the same keys, so the same tokens as the
+    one-jit sampler. Problems and params are device arrays."""
+    out = generator(params, problems.prompt_tokens_bp, problems.prompt_mask_bp, rng)
     return from_generation(problems, *(jnp.asarray(x) for x in (out.tokens_br, out.mask_br, out.logprobs_br)))
 
 

@@ -11,7 +11,8 @@ log-probs `[B, R]` and lengths `[B]` (`Generation`). Row b samples with key
 - `SlotEngineSampler` (`rollout.engine=slots`): the slot `Engine` driven by
   `continuous_batching.rollout` on the host, each prompt prefilled once for its G samples and a
   slot refilled as soon as its request ends. Host-driven (not `in_program`): the trainer's host
-  loop on one device.
+  loop on one device. Each instance owns its engines (`EnginePool`, one per setting), so the
+  caller that keeps the instance (`loop.single_device_programs`) compiles them once.
 """
 
 from __future__ import annotations
@@ -60,22 +61,43 @@ class OneJitSampler:
         return Generation(out.tokens_br, out.mask_br, out.logprobs_br, out.lengths_b)
 
 
+class EnginePool:
+    """Slot engines by setting (model, sampling, slots, cache length): one setting's jitted
+    programs compile once for as long as the pool's owner keeps it."""
+
+    def __init__(self):
+        self._engines: dict[tuple, Engine] = {}
+
+    def get(self, model: Qwen3Config, sampling: SamplingParams, slots: int, max_len: int) -> Engine:
+        key = (model, sampling, slots, max_len)
+        if key not in self._engines:
+            self._engines[key] = Engine(model, sampling, max_concurrent_decodes=slots, max_len=max_len)
+        return self._engines[key]
+
+    def __len__(self) -> int:
+        return len(self._engines)
+
+
 @dataclasses.dataclass(frozen=True)
 class SlotEngineSampler:
     """The slot `Engine` with continuous batching as a `Generator` (host-driven).
 
     `group_size`: rows come in groups of G equal prompts (the trainer's layout); each group's
-    prompt is prefilled once. `slots`: concurrent decode slots (0: one per row).
+    prompt is prefilled once. `slots`: concurrent decode slots (0: one per row). `engines`: this
+    instance's engines (not part of its identity: equal samplers compare equal).
     """
 
     model: Qwen3Config
     sampling: SamplingParams
     group_size: int = 1
     slots: int = 0
+    engines: EnginePool = dataclasses.field(default_factory=EnginePool, compare=False, repr=False)
     in_program = False
 
     def engine(self, rows: int, prompt_width: int) -> Engine:
-        return _engine(self.model, self.sampling, self.slots or rows, prompt_width + self.sampling.max_new_tokens)
+        """The engine for `rows` prompts rows `prompt_width` wide (made once per setting)."""
+        return self.engines.get(self.model, self.sampling, self.slots or rows,
+                                prompt_width + self.sampling.max_new_tokens)
 
     def __call__(self, params: Params, prompt_tokens_bp, prompt_mask_bp, rng: jax.Array) -> Generation:
         tokens_bp, mask_bp = np.asarray(prompt_tokens_bp), np.asarray(prompt_mask_bp)
@@ -91,13 +113,3 @@ class SlotEngineSampler:
         tokens, logprobs, mask = result.padded(self.sampling.max_new_tokens, self.sampling.pad_id)
         return Generation(tokens, mask, logprobs, result.lengths)
 
-
-_ENGINES: dict[tuple, Engine] = {}
-
-
-def _engine(model: Qwen3Config, sampling: SamplingParams, slots: int, max_len: int) -> Engine:
-    """One engine per setting, so its jitted programs compile once for a run."""
-    key = (model, sampling, slots, max_len)
-    if key not in _ENGINES:
-        _ENGINES[key] = Engine(model, sampling, max_concurrent_decodes=slots, max_len=max_len)
-    return _ENGINES[key]

@@ -8,6 +8,7 @@ import pytest
 
 from configs import grpo
 from pipo_jax.rl import loop, warmup
+from pipo_jax.rl.placement import Placement
 from pipo_jax.rl.spec import ConfigError, train_spec
 
 
@@ -25,7 +26,10 @@ def test_host_loop_rollout_is_the_same_with_the_slot_engine():
     rng = jax.random.PRNGKey(3)
     n = ref_spec.rollout.prompts_per_batch
     ref = loop.single_device_programs(ref_spec).generate(params, rng, n)
-    got = loop.single_device_programs(slots_spec).generate(params, rng, n)
+    placement = Placement()
+    programs = placement.host_programs(slots_spec)
+    got = programs.generate(params, rng, n)
+    assert placement.host_programs(slots_spec) is programs  # kept: the slot engines compile once a run
     np.testing.assert_array_equal(got.tokens_bl, ref.tokens_bl)
     np.testing.assert_array_equal(got.mask_bl, ref.mask_bl)
     np.testing.assert_allclose(got.sample_logp_br, ref.sample_logp_br, atol=1e-4)  # float32 summation order

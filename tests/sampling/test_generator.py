@@ -22,7 +22,8 @@ def test_slot_engine_equals_one_jit_sampler():
     tokens_bp, mask_bp = left_padded([p for p in prompts for _ in range(g)])
     key = jax.random.PRNGKey(7)
     one_jit = generator.OneJitSampler(CONFIG, SAMPLING)(params, tokens_bp, mask_bp, key)
-    slots = generator.SlotEngineSampler(CONFIG, SAMPLING, group_size=g, slots=5)(params, tokens_bp, mask_bp, key)
+    sampler = generator.SlotEngineSampler(CONFIG, SAMPLING, group_size=g, slots=5)
+    slots = sampler(params, tokens_bp, mask_bp, key)
     np.testing.assert_array_equal(slots.tokens_br, np.asarray(one_jit.tokens_br))
     np.testing.assert_array_equal(slots.mask_br, np.asarray(one_jit.mask_br))
     np.testing.assert_array_equal(slots.lengths_b, np.asarray(one_jit.lengths_b))
@@ -30,6 +31,14 @@ def test_slot_engine_equals_one_jit_sampler():
     np.testing.assert_allclose(slots.logprobs_br, np.asarray(one_jit.logprobs_br), atol=1e-4)
     assert len(set(np.asarray(one_jit.lengths_b).tolist())) >= 3  # responses end at varied lengths
     assert generator.OneJitSampler.in_program and not generator.SlotEngineSampler.in_program
+    # the sampler owns its engines: a second call reuses the one made (and compiled) by the first;
+    # an equal sampler is another owner with none yet (no process-wide cache)
+    engine = sampler.engine(tokens_bp.shape[0], tokens_bp.shape[1])
+    again = sampler(params, tokens_bp, mask_bp, key)
+    np.testing.assert_array_equal(again.tokens_br, slots.tokens_br)
+    assert len(sampler.engines) == 1 and sampler.engine(tokens_bp.shape[0], tokens_bp.shape[1]) is engine
+    other = generator.SlotEngineSampler(CONFIG, SAMPLING, group_size=g, slots=5)
+    assert other == sampler and len(other.engines) == 0
 
 
 def test_slot_engine_needs_whole_groups_of_one_prompt():
