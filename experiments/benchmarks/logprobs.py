@@ -88,7 +88,8 @@ def _functions(impl: str, kwargs: dict):
     """(forward, forward+backward), both jitted, of (hidden, w, targets, g_logp, g_entropy)."""
 
     def forward(h, w, t, g_lp, g_ent):
-        return lp.token_logprobs(h, w, t, return_entropy=True, impl=impl, platform=_platform(), **kwargs)
+        return lp.token_logprobs(h, w, t,
+                                 lp.kernel_config(with_entropy=True, impl=impl, platform=_platform(), **kwargs))
 
     def loss(h, w, t, g_lp, g_ent):
         logp, ent = forward(h, w, t, g_lp, g_ent)

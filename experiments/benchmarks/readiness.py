@@ -77,7 +77,7 @@ from jax.sharding import Mesh  # noqa: E402
 from configs import grpo  # noqa: E402
 from experiments.benchmarks import hlo_cost  # noqa: E402
 from pipo_jax import parallel  # noqa: E402
-from pipo_jax.kernels import logprobs_sharded  # noqa: E402
+from pipo_jax.kernels import logprobs, logprobs_sharded  # noqa: E402
 from pipo_jax.models import qwen3  # noqa: E402
 from pipo_jax.parallel.context import sharding_context  # noqa: E402
 from pipo_jax.parallel.rules import make_rules, replicated  # noqa: E402
@@ -227,7 +227,7 @@ def build_logprobs(impl: str):
 
         def loss(h, p, t):
             w = qwen3.lm_head_weight(m, p).astype(h.dtype)
-            return jnp.sum(logprobs_sharded.token_logprobs(h, w, t, impl=impl, **target))
+            return jnp.sum(logprobs_sharded.token_logprobs(h, w, t, logprobs.kernel_config(impl=impl, **target)))
 
         fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
         return Program(fn, (hidden, params, targets), mesh)

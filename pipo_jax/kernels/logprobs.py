@@ -7,7 +7,8 @@ For every token n with final hidden state `h_n` and target id `t_n`:
     logp_n  = z_n,t_n - lse_n
     entropy_n = lse_n - sum_v softmax(z_n)_v * z_nv
 
-Implementations (all behind `token_logprobs(..., impl=...)`):
+Implementations (all behind `token_logprobs(h, w, t, cfg)`, `cfg.impl`; `kernel_config(...)`
+validates and resolves the static settings into a `KernelConfig`):
 
 * `reference`: the full [N, V] fp32 logits and plain autodiff. The spec.
 * `chunked`: pure XLA. Loops over vocab blocks (outer) and token blocks (inner) with an
@@ -310,17 +311,32 @@ def _resolve_temperature(temperature: Any) -> float:
     return value
 
 
-def _make_config(
-    impl: str,
-    temperature: float,
-    with_entropy: bool,
-    block_n: int | None,
-    block_v: int | None,
-    block_d: int | None,
-    interpret: bool | None,
-    pallas_variant: str,
-    platform: str,
+def kernel_config(
+    *,
+    impl: str = "auto",
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    block_n: int | None = None,
+    block_v: int | None = None,
+    block_d: int | None = None,
+    interpret: bool | None = None,
+    pallas_variant: str = "auto",
+    platform: str = "cpu",
 ) -> KernelConfig:
+    """The `KernelConfig` of a `token_logprobs` call, validated (a ValueError names the setting).
+
+    impl: "auto" (= "chunked" on every backend), "reference", "chunked" or "pallas".
+    temperature: static Python float > 0. with_entropy: also return the per-token entropy (nats).
+    block_n, block_v: token / vocab block sizes (chunked defaults per platform in
+    `CHUNKED_BLOCKS`; Pallas defaults depend on the kernel variant). block_d: hidden chunk of
+    the Triton kernel (default: the largest of 64, 32, 16 dividing D). interpret: Pallas
+    interpret mode; None = True exactly when `platform` is "cpu". pallas_variant: "auto"
+    (Triton for "cuda", the Mosaic TPU kernel otherwise), "mosaic_tpu" or "triton".
+    platform: the platform the program is for (`pipo_jax.platforms.PLATFORMS`), not the
+    host's: it picks the block sizes, interpret mode and the XLA:CPU workarounds.
+    """
+    impl = _resolve_impl(impl)
+    temperature = _resolve_temperature(temperature)
     platforms.check(platform)
     if impl == "pallas":
         variant = logprobs_pallas.resolve_variant(pallas_variant, platform)
@@ -397,45 +413,26 @@ def token_logprobs(
     hidden_nd: jax.Array,
     w_dv: jax.Array,
     targets_n: jax.Array,
+    cfg: KernelConfig | None = None,
     *,
-    temperature: float = 1.0,
-    return_entropy: bool = False,
     valid_n: jax.Array | None = None,
-    impl: str = "auto",
-    block_n: int | None = None,
-    block_v: int | None = None,
-    block_d: int | None = None,
-    interpret: bool | None = None,
-    pallas_variant: str = "auto",
-    platform: str = "cpu",
 ):
-    """Per-token log p(target) (and entropy) under softmax((hidden @ w) / temperature).
+    """Per-token log p(target) (and entropy) under softmax((hidden @ w) * cfg.inv_temperature).
 
     Args:
       hidden_nd: [N, D] final hidden states (fp32 or bf16).
       w_dv: [D, V] LM-head weight (fp32 or bf16).
       targets_n: [N] integer target ids in [0, V).
-      temperature: static Python float > 0.
-      return_entropy: also return the per-token entropy (nats).
+      cfg: the static settings (`kernel_config(...)`; None: `kernel_config()`).
       valid_n: optional [N] bool; invalid rows return 0 and get zero gradients.
-      impl: "auto" (= "chunked" on every backend), "reference", "chunked" or "pallas".
-      block_n, block_v: token / vocab block sizes (chunked defaults per platform in
-        `CHUNKED_BLOCKS`; Pallas defaults depend on the kernel variant). block_d: hidden
-        chunk of the Triton kernel (default: the largest of 64, 32, 16 dividing D).
-      interpret: Pallas interpret mode; None = True exactly when `platform` is "cpu".
-      pallas_variant: "auto" (Triton for "cuda", the Mosaic TPU kernel otherwise),
-        "mosaic_tpu" or "triton".
-      platform: the platform the program is for (`pipo_jax.platforms.PLATFORMS`), not
-        the host's: it picks the block sizes (`CHUNKED_BLOCKS`, Pallas variant
-        defaults), interpret mode and the XLA:CPU workarounds.
 
     Returns:
       logp_n [N] fp32 (NaN on valid rows whose target is outside [0, V)), and if
-      return_entropy also entropy_n [N] fp32. Differentiable in hidden_nd and w_dv.
+      cfg.with_entropy also entropy_n [N] fp32. Differentiable in hidden_nd and w_dv.
     """
     _check_inputs(hidden_nd, w_dv, targets_n, valid_n)
-    impl = _resolve_impl(impl)
-    temperature = _resolve_temperature(temperature)
+    cfg = kernel_config() if cfg is None else cfg
+    return_entropy = cfg.with_entropy
     v = w_dv.shape[1]
     _check_target_range(targets_n, valid_n, 0, v, "targets_n")
     t = targets_n.astype(jnp.int32)
@@ -443,11 +440,9 @@ def token_logprobs(
     if valid_n is not None:
         h = jnp.where(valid_n[:, None], h, jnp.zeros((), h.dtype))
 
-    if impl == "reference":
-        logp, ent = _reference_logprobs(h, w_dv, t, 1.0 / temperature, return_entropy)
+    if cfg.impl == "reference":
+        logp, ent = _reference_logprobs(h, w_dv, t, cfg.inv_temperature, return_entropy)
     else:
-        cfg = _make_config(impl, temperature, return_entropy, block_n, block_v, block_d, interpret, pallas_variant,
-                           platform)
         h, w_dv, t = align_varying(h, w_dv, t)
         stats = _softmax_stats(cfg, h, w_dv, t)
         in_vocab = (t >= 0) & (t < v)
@@ -464,18 +459,10 @@ def token_logprobs_vocab_parallel(
     hidden_nd: jax.Array,
     w_dv_shard: jax.Array,
     targets_n: jax.Array,
+    cfg: KernelConfig | None = None,
     *,
     axis_name: str,
-    temperature: float = 1.0,
-    return_entropy: bool = False,
     valid_n: jax.Array | None = None,
-    impl: str = "auto",
-    block_n: int | None = None,
-    block_v: int | None = None,
-    block_d: int | None = None,
-    interpret: bool | None = None,
-    pallas_variant: str = "auto",
-    platform: str = "cpu",
 ):
     """`token_logprobs` for a vocab-sharded LM head; call inside `shard_map`.
 
@@ -487,13 +474,13 @@ def token_logprobs_vocab_parallel(
     with pmax / psum: lse = logsumexp_k lse_k, entropy = sum_k q_k (H_k - log q_k) with
     q_k = exp(lse_k - lse), and the target logit comes only from the shard owning it.
     Only per-token [N] vectors cross the axis; the [N, V] logits are never gathered.
-    Returns logp_n (, entropy_n), replicated over `axis_name`. Keyword args as in
+    Returns logp_n (, entropy_n), replicated over `axis_name`. `cfg` and `valid_n` as in
     `token_logprobs`; impl="pallas" in interpret mode (CPU) needs the enclosing
     shard_map to use check_vma=False (see logprobs_pallas.py).
     """
     _check_inputs(hidden_nd, w_dv_shard, targets_n, valid_n)
-    impl = _resolve_impl(impl)
-    temperature = _resolve_temperature(temperature)
+    cfg = kernel_config() if cfg is None else cfg
+    return_entropy = cfg.with_entropy
     v_local = w_dv_shard.shape[1]
     t = targets_n.astype(jnp.int32)
     t_local = t - lax.axis_index(axis_name) * v_local
@@ -502,11 +489,9 @@ def token_logprobs_vocab_parallel(
         h = jnp.where(valid_n[:, None], h, jnp.zeros((), h.dtype))
     h, w_dv_shard, t_local = align_varying(h, w_dv_shard, t_local, extra_axes=(axis_name,))
 
-    if impl == "reference":
-        stats = _reference_stats(h, w_dv_shard, t_local, 1.0 / temperature, return_entropy)
+    if cfg.impl == "reference":
+        stats = _reference_stats(h, w_dv_shard, t_local, cfg.inv_temperature, return_entropy)
     else:
-        cfg = _make_config(impl, temperature, return_entropy, block_n, block_v, block_d, interpret, pallas_variant,
-                           platform)
         stats = _softmax_stats(cfg, h, w_dv_shard, t_local)
     lse_local, zt_local = stats[0], stats[1]
 

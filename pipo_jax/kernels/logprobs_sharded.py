@@ -21,6 +21,7 @@ import jax
 from jax.sharding import Mesh, PartitionSpec as P
 
 from pipo_jax.kernels import logprobs as kernel
+from pipo_jax.kernels.softmax_stats import KernelConfig
 from pipo_jax.parallel.context import active_context
 from pipo_jax.parallel.mesh import mesh_sizes
 from pipo_jax.parallel.rules import Rules, spec_for
@@ -36,10 +37,9 @@ def _row_axes(n: int, mesh: Mesh, rules: Rules | None):
     return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
-def token_logprobs_tensor_parallel(hidden_nd: jax.Array, w_dv: jax.Array, targets_n: jax.Array, *, mesh: Mesh,
-                                   rules: Rules | None = None, temperature: float = 1.0,
-                                   return_entropy: bool = False, valid_n: jax.Array | None = None,
-                                   impl: str = "auto", **kernel_kwargs):
+def token_logprobs_tensor_parallel(hidden_nd: jax.Array, w_dv: jax.Array, targets_n: jax.Array,
+                                   cfg: KernelConfig | None = None, *, mesh: Mesh, rules: Rules | None = None,
+                                   valid_n: jax.Array | None = None):
     """`kernels.logprobs.token_logprobs` with `w_dv` split over vocab on the `tensor` axis of `mesh`.
 
     hidden_nd [N, D], w_dv [D, V] (V divisible by the tensor size), targets_n [N] global
@@ -50,13 +50,13 @@ def token_logprobs_tensor_parallel(hidden_nd: jax.Array, w_dv: jax.Array, target
     t = mesh_sizes(mesh).get(TENSOR, 1)
     if v % t:
         raise ValueError(f"vocab-parallel log-probs: vocab size {v} is not divisible by mesh tensor={t}")
+    cfg = kernel.kernel_config() if cfg is None else cfg
     rows = _row_axes(hidden_nd.shape[0], mesh, rules)
-    fn = functools.partial(kernel.token_logprobs_vocab_parallel, axis_name=TENSOR, temperature=temperature,
-                           return_entropy=return_entropy, impl=impl, **kernel_kwargs)
-    out_specs = (P(rows), P(rows)) if return_entropy else P(rows)
+    fn = functools.partial(kernel.token_logprobs_vocab_parallel, cfg=cfg, axis_name=TENSOR)
+    out_specs = (P(rows), P(rows)) if cfg.with_entropy else P(rows)
     # The Pallas kernels carry no varying-axes types (see kernels/logprobs_pallas.py);
     # without the check shard_map still differentiates correctly, with psums it cannot elide.
-    check_vma = impl != "pallas"
+    check_vma = cfg.impl != "pallas"
     if valid_n is None:
         sharded = jax.shard_map(lambda h, w, tg: fn(h, w, tg), mesh=mesh, check_vma=check_vma,
                                 in_specs=(P(rows, None), P(None, TENSOR), P(rows)), out_specs=out_specs)
@@ -66,14 +66,15 @@ def token_logprobs_tensor_parallel(hidden_nd: jax.Array, w_dv: jax.Array, target
     return sharded(hidden_nd, w_dv, targets_n, valid_n)
 
 
-def token_logprobs_row_parallel(hidden_nd: jax.Array, w_dv: jax.Array, targets_n: jax.Array, *, mesh: Mesh,
-                                rules: Rules | None = None, return_entropy: bool = False,
-                                valid_n: jax.Array | None = None, **kernel_kwargs):
+def token_logprobs_row_parallel(hidden_nd: jax.Array, w_dv: jax.Array, targets_n: jax.Array,
+                                cfg: KernelConfig | None = None, *, mesh: Mesh, rules: Rules | None = None,
+                                valid_n: jax.Array | None = None):
     """`kernels.logprobs.token_logprobs` under `shard_map` with rows split like the batch and
     `w_dv` whole on every device (for kernels that cannot be partitioned automatically)."""
+    cfg = kernel.kernel_config() if cfg is None else cfg
     rows = _row_axes(hidden_nd.shape[0], mesh, rules)
-    fn = functools.partial(kernel.token_logprobs, return_entropy=return_entropy, **kernel_kwargs)
-    out_specs = (P(rows), P(rows)) if return_entropy else P(rows)
+    fn = functools.partial(kernel.token_logprobs, cfg=cfg)
+    out_specs = (P(rows), P(rows)) if cfg.with_entropy else P(rows)
     if valid_n is None:
         return jax.shard_map(lambda h, w, tg: fn(h, w, tg), mesh=mesh, check_vma=False,
                              in_specs=(P(rows, None), P(), P(rows)), out_specs=out_specs)(hidden_nd, w_dv, targets_n)
@@ -82,18 +83,22 @@ def token_logprobs_row_parallel(hidden_nd: jax.Array, w_dv: jax.Array, targets_n
                          out_specs=out_specs)(hidden_nd, w_dv, targets_n, valid_n)
 
 
-def token_logprobs(hidden_nd: jax.Array, w_dv: jax.Array, targets_n: jax.Array, **kwargs):
+def token_logprobs(hidden_nd: jax.Array, w_dv: jax.Array, targets_n: jax.Array, cfg: KernelConfig | None = None, *,
+                   valid_n: jax.Array | None = None):
     """Drop-in `kernels.logprobs.token_logprobs`, placed for the active `sharding_context`.
 
     No context: the plain kernel. tensor > 1 dividing the vocab: vocab-parallel. Else
-    with `impl="pallas"`: row-parallel under `shard_map`. Else the plain kernel, which XLA
-    partitions.
+    with `cfg.impl == "pallas"`: row-parallel under `shard_map`. Else the plain kernel, which
+    XLA partitions.
     """
+    cfg = kernel.kernel_config() if cfg is None else cfg
     ctx = active_context()
     if ctx is None:
-        return kernel.token_logprobs(hidden_nd, w_dv, targets_n, **kwargs)
+        return kernel.token_logprobs(hidden_nd, w_dv, targets_n, cfg, valid_n=valid_n)
     if ctx.tensor_size > 1 and w_dv.shape[1] % ctx.tensor_size == 0:
-        return token_logprobs_tensor_parallel(hidden_nd, w_dv, targets_n, mesh=ctx.mesh, rules=ctx.rules, **kwargs)
-    if kwargs.get("impl") == "pallas":
-        return token_logprobs_row_parallel(hidden_nd, w_dv, targets_n, mesh=ctx.mesh, rules=ctx.rules, **kwargs)
-    return kernel.token_logprobs(hidden_nd, w_dv, targets_n, **kwargs)
+        return token_logprobs_tensor_parallel(hidden_nd, w_dv, targets_n, cfg, mesh=ctx.mesh, rules=ctx.rules,
+                                              valid_n=valid_n)
+    if cfg.impl == "pallas":
+        return token_logprobs_row_parallel(hidden_nd, w_dv, targets_n, cfg, mesh=ctx.mesh, rules=ctx.rules,
+                                           valid_n=valid_n)
+    return kernel.token_logprobs(hidden_nd, w_dv, targets_n, cfg, valid_n=valid_n)

@@ -23,7 +23,8 @@ _F32_MIN = float(np.finfo(np.float32).min)
 class KernelConfig:
     """Static configuration of one fused log-prob call (hashable: a custom_vjp nondiff arg).
 
-    impl: "chunked" or "pallas". inv_temperature: 1 / temperature. with_entropy: also
+    Built by `logprobs.kernel_config` (which validates and fills the defaults).
+    impl: "reference", "chunked" or "pallas". inv_temperature: 1 / temperature. with_entropy: also
     compute the per-token entropy. block_n / block_v / block_d: token, vocab and hidden
     block sizes (block_d: Triton kernel only; None = the largest of 64, 32, 16 that
     divides D). interpret: run Pallas in interpret mode. variant: Pallas kernel family,

@@ -13,8 +13,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.models import qwen3
+from pipo_jax.kernels.logprobs import kernel_config
 from pipo_jax.kernels.logprobs_sharded import token_logprobs
+from pipo_jax.models import qwen3
 
 
 def response_hidden(model: qwen3.Qwen3Config, params, tokens_bl, mask_bl, prompt_len: int):
@@ -33,9 +34,9 @@ def response_logprobs(model: qwen3.Qwen3Config, params, tokens_bl, mask_bl, prom
     b, r, d = hidden_brd.shape
     targets_n = tokens_bl[:, prompt_len:].reshape(-1)
     valid_n = mask_bl[:, prompt_len:].reshape(-1).astype(bool)
+    cfg = kernel_config(impl=impl, temperature=temperature, with_entropy=with_entropy, platform=model.platform)
     out = token_logprobs(hidden_brd.reshape(b * r, d), qwen3.lm_head_weight(model, params).astype(hidden_brd.dtype),
-                         targets_n, temperature=temperature, return_entropy=with_entropy, valid_n=valid_n, impl=impl,
-                         platform=model.platform)
+                         targets_n, cfg, valid_n=valid_n)
     if with_entropy:
         return out[0].reshape(b, r), out[1].reshape(b, r)
     return out.reshape(b, r), None

@@ -35,14 +35,16 @@ def _logprob_grads(fn, h, w, t, valid, g):
 
 def check_pallas_logprobs(mesh, name):
     h, w, t, valid, g = _logprob_inputs()
-    want = _logprob_grads(functools.partial(kernel.token_logprobs, impl="reference"), h, w, t, valid, g)
+    want = _logprob_grads(functools.partial(kernel.token_logprobs, cfg=kernel.kernel_config(impl="reference")),
+                          h, w, t, valid, g)
     with parallel.sharding_context(mesh):
-        got = _logprob_grads(functools.partial(logprobs_sharded.token_logprobs, impl="pallas", block_n=8, block_v=128),
-                             h, w, t, valid, g)
+        pallas = kernel.kernel_config(impl="pallas", block_n=8, block_v=128)
+        got = _logprob_grads(functools.partial(logprobs_sharded.token_logprobs, cfg=pallas), h, w, t, valid, g)
         # The same call built for a TPU: Mosaic kernels inside shard_map, no interpreter.
         args = [jax.ShapeDtypeStruct(x.shape, jnp.bfloat16 if x.dtype == jnp.float32 else x.dtype) for x in (h, w, t)]
         lowered = jax.jit(jax.grad(lambda h, w, t: jnp.sum(logprobs_sharded.token_logprobs(
-            h, w, t, impl="pallas", platform="tpu")), (0, 1))).trace(*args).lower(lowering_platforms=("tpu",))
+            h, w, t, kernel.kernel_config(impl="pallas", platform="tpu"))), (0, 1))).trace(*args).lower(
+            lowering_platforms=("tpu",))
         text = lowered.as_text()
     for a, b in zip(got, want):
         # fp32 sums over 512 columns in other orders (~1e-6 relative).

@@ -45,8 +45,9 @@ def _value_and_grads(h, w, t, g_lp, g_ent, *, impl, temperature=1.0, entropy=Tru
     """(logp, entropy, dh, dw) for the loss sum(g_lp * logp) + sum(g_ent * entropy)."""
 
     def loss(h, w):
-        out = lp.token_logprobs(h, w, t, temperature=temperature, return_entropy=entropy, valid_n=valid,
-                                impl=impl, **kw)
+        out = lp.token_logprobs(h, w, t,
+                                lp.kernel_config(temperature=temperature, with_entropy=entropy, impl=impl, **kw),
+                                valid_n=valid)
         logp, ent = out if entropy else (out, jnp.zeros_like(out))
         return jnp.sum(g_lp * logp) + jnp.sum(g_ent * ent), (logp, ent)
 
@@ -77,14 +78,14 @@ def test_reference_matches_hand_computed_softmax():
     h = jnp.array([[1.0, 0.0], [0.0, 2.0]])
     w = jnp.array([[1.0, 2.0, 3.0], [0.5, 0.0, -0.5]])
     t = jnp.array([2, 0])
-    logp, ent = lp.token_logprobs(h, w, t, temperature=2.0, return_entropy=True, impl="reference")
+    logp, ent = lp.token_logprobs(h, w, t, lp.kernel_config(temperature=2.0, with_entropy=True, impl="reference"))
     z = np.array([[1.0, 2.0, 3.0], [1.0, 0.0, -1.0]]) / 2.0
     log_z = np.log(np.exp(z).sum(1))
     p = np.exp(z - log_z[:, None])
     np.testing.assert_allclose(logp, [z[0, 2] - log_z[0], z[1, 0] - log_z[1]], rtol=1e-6)
     np.testing.assert_allclose(ent, -(p * np.log(p)).sum(1), rtol=1e-6)
     # d logp_0 / d h_0 = w[:, t] / T - sum_v p_v w[:, v] / T
-    dh = jax.grad(lambda h: lp.token_logprobs(h, w, t, temperature=2.0, impl="reference")[0])(h)
+    dh = jax.grad(lambda h: lp.token_logprobs(h, w, t, lp.kernel_config(temperature=2.0, impl="reference"))[0])(h)
     np.testing.assert_allclose(dh[0], (w[:, 2] - (np.asarray(w) * p[0]).sum(1)) / 2.0, rtol=1e-6)
 
 
@@ -165,8 +166,9 @@ def test_pallas_kernels_lower_for_hardware(variant, platform):
     n, d, v = 300, 256, 128 * 9 + 5
 
     def loss(h, w, t, g):
-        logp, ent = lp.token_logprobs(h, w, t, return_entropy=True, impl="pallas", interpret=False,
-                                      pallas_variant=variant, temperature=0.8)
+        logp, ent = lp.token_logprobs(h, w, t,
+                                      lp.kernel_config(with_entropy=True, impl="pallas", interpret=False,
+                                                       pallas_variant=variant, temperature=0.8))
         return jnp.sum(g * logp) + jnp.sum(ent)
 
     args = (jax.ShapeDtypeStruct((n, d), jnp.bfloat16), jax.ShapeDtypeStruct((d, v), jnp.bfloat16),
@@ -183,7 +185,7 @@ def test_primitive_gives_zero_target_logit_outside_vocab(impl, variant):
     n, d, v = 16, 16, 200
     h, w, _, g_lp, g_ent = _inputs(n, d, v)
     t = jnp.array([205, -3, 200, 255, 0, 199, 256, 50] * 2, jnp.int32)
-    cfg = lp._make_config(impl, 1.0, True, 16, 128, None, None, variant, "cpu")
+    cfg = lp.kernel_config(impl=impl, with_entropy=True, block_n=16, block_v=128, pallas_variant=variant)
 
     def stats_loss(fn):
         def loss(h, w):
@@ -211,11 +213,13 @@ def test_triton_default_block_d_divides_hidden_size():
 def test_triton_rejects_blocks_it_cannot_tile():
     h, w, t, *_ = _inputs(8, 24, 64)
     with pytest.raises(ValueError, match="block_d"):
-        lp.token_logprobs(h, w, t, impl="pallas", pallas_variant="triton", block_n=16, block_v=16, block_d=16)
+        lp.token_logprobs(h, w, t,
+                          lp.kernel_config(impl="pallas", pallas_variant="triton", block_n=16, block_v=16, block_d=16))
     with pytest.raises(ValueError, match="power of two"):
-        lp.token_logprobs(h, w, t, impl="pallas", pallas_variant="triton", block_n=24, block_v=16, block_d=8)
+        lp.token_logprobs(h, w, t,
+                          lp.kernel_config(impl="pallas", pallas_variant="triton", block_n=24, block_v=16, block_d=8))
     with pytest.raises(ValueError, match="multiple of 16"):
-        lp.token_logprobs(h, w, t, impl="pallas", pallas_variant="triton", block_n=16, block_v=16)
+        lp.token_logprobs(h, w, t, lp.kernel_config(impl="pallas", pallas_variant="triton", block_n=16, block_v=16))
 
 
 # --- masking, bad targets, transformations -----------------------------------------------
@@ -258,11 +262,11 @@ def test_out_of_vocab_target_raises_eagerly_and_is_nan_under_jit():
     h, w, t, *_ = _inputs(6, 8, 50)
     bad = t.at[2].set(50)
     with pytest.raises(ValueError, match=r"targets_n\[2\] = 50"):
-        lp.token_logprobs(h, w, bad, impl="chunked")
+        lp.token_logprobs(h, w, bad, lp.kernel_config(impl="chunked"))
     # Masked rows may hold any target.
-    lp.token_logprobs(h, w, bad, valid_n=jnp.arange(6) != 2, impl="chunked")
+    lp.token_logprobs(h, w, bad, lp.kernel_config(impl="chunked"), valid_n=jnp.arange(6) != 2)
     for impl in ("reference", "chunked"):
-        out = np.asarray(jax.jit(functools.partial(lp.token_logprobs, impl=impl))(h, w, bad))
+        out = np.asarray(jax.jit(functools.partial(lp.token_logprobs, cfg=lp.kernel_config(impl=impl)))(h, w, bad))
         assert np.isnan(out[2]) and np.all(np.isfinite(np.delete(out, 2)))
 
 
@@ -273,17 +277,19 @@ def test_jit_and_vmap_match_eager_reference(impl, blocks):
     h_bnd = jax.random.normal(k[0], (b, n, d))
     w = jax.random.normal(k[1], (d, v)) * 0.5
     t_bn = jax.random.randint(k[2], (b, n), 0, v)
-    f = functools.partial(lp.token_logprobs, temperature=0.8, return_entropy=True, impl=impl, **blocks)
+    cfg = lp.kernel_config(temperature=0.8, with_entropy=True, impl=impl, **blocks)
+    f = functools.partial(lp.token_logprobs, cfg=cfg)
     logp, ent = jax.jit(jax.vmap(f, in_axes=(0, None, 0)))(h_bnd, w, t_bn)
     for i in range(b):
-        want = lp.token_logprobs(h_bnd[i], w, t_bn[i], temperature=0.8, return_entropy=True, impl="reference")
+        want = lp.token_logprobs(h_bnd[i], w, t_bn[i],
+                                 lp.kernel_config(temperature=0.8, with_entropy=True, impl="reference"))
         np.testing.assert_allclose(logp[i], want[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(ent[i], want[1], rtol=1e-5, atol=1e-6)
 
 
 def _ppo_loss(h, w, t, logp_old, adv, valid, impl, **blocks):
     """Clipped PPO surrogate (token-mean) with an entropy bonus, as the trainer builds it."""
-    logp, ent = lp.token_logprobs(h, w, t, return_entropy=True, valid_n=valid, impl=impl, **blocks)
+    logp, ent = lp.token_logprobs(h, w, t, lp.kernel_config(with_entropy=True, impl=impl, **blocks), valid_n=valid)
     ratio = jnp.exp(logp - logp_old)
     surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, 0.8, 1.28) * adv)
     per_token = -surrogate - 0.01 * ent
@@ -295,7 +301,7 @@ def test_grad_of_ppo_loss_matches_reference(impl, blocks):
     h, w, t, g_lp, g_ent = _inputs(16, 16, 200, seed=4)
     valid = jnp.arange(16) < 13
     # Old log-probs near the current ones so that some ratios are clipped and some not.
-    logp_now = lp.token_logprobs(h, w, t, impl="reference")
+    logp_now = lp.token_logprobs(h, w, t, lp.kernel_config(impl="reference"))
     logp_old = logp_now + 0.3 * g_lp
     adv = g_ent
     grad = jax.jit(jax.grad(_ppo_loss, (0, 1)), static_argnums=(6,), static_argnames=tuple(blocks))
@@ -323,7 +329,8 @@ def test_chunked_compiles_without_full_logits():
 
     def grad_fn(impl):
         def loss(h, w, t):
-            logp, ent = lp.token_logprobs(h, w, t, return_entropy=True, impl=impl, block_n=128, block_v=512)
+            logp, ent = lp.token_logprobs(h, w, t,
+                                          lp.kernel_config(with_entropy=True, impl=impl, block_n=128, block_v=512))
             return jnp.sum(logp) + jnp.sum(ent)
 
         args = (jax.ShapeDtypeStruct((n, d), jnp.float32), jax.ShapeDtypeStruct((d, v), jnp.float32),
@@ -343,11 +350,11 @@ def test_chunked_compiles_without_full_logits():
 def test_bad_arguments_raise_clear_errors():
     h, w, t, *_ = _inputs(4, 8, 20)
     with pytest.raises(ValueError, match="impl"):
-        lp.token_logprobs(h, w, t, impl="fast")
+        lp.token_logprobs(h, w, t, lp.kernel_config(impl="fast"))
     with pytest.raises(ValueError, match="temperature"):
-        lp.token_logprobs(h, w, t, temperature=0.0)
+        lp.token_logprobs(h, w, t, lp.kernel_config(temperature=0.0))
     with pytest.raises(TypeError, match="static Python float"):
-        jax.jit(lambda temp: lp.token_logprobs(h, w, t, temperature=temp))(1.0)
+        jax.jit(lambda temp: lp.token_logprobs(h, w, t, lp.kernel_config(temperature=temp)))(1.0)
     with pytest.raises(ValueError, match="w_dv"):
         lp.token_logprobs(h, w.T, t)
     with pytest.raises(ValueError, match="targets_n"):
@@ -355,9 +362,9 @@ def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="valid_n"):
         lp.token_logprobs(h, w, t, valid_n=jnp.ones((3,), bool))
     with pytest.raises(ValueError, match="block_v"):
-        lp.token_logprobs(h, w, t, impl="chunked", block_v=0)
+        lp.token_logprobs(h, w, t, lp.kernel_config(impl="chunked", block_v=0))
     with pytest.raises(ValueError, match="pallas_variant"):
-        lp.token_logprobs(h, w, t, impl="pallas", pallas_variant="mosaic_gpu")
+        lp.token_logprobs(h, w, t, lp.kernel_config(impl="pallas", pallas_variant="mosaic_gpu"))
 
 
 def test_auto_selects_chunked():

@@ -23,14 +23,14 @@ def test_no_host_backend_lookups_in_the_package():
 @pytest.mark.parametrize("platform,blocks,xla_cpu", [("cpu", (1024, 8192), True), ("tpu", (2048, 8192), False),
                                                       ("cuda", (2048, 8192), False)])
 def test_chunked_kernel_config_follows_platform(platform, blocks, xla_cpu):
-    cfg = lp._make_config("chunked", 1.0, False, None, None, None, None, "auto", platform)
+    cfg = lp.kernel_config(impl="chunked", platform=platform)
     assert (cfg.block_n, cfg.block_v) == blocks and cfg.xla_cpu is xla_cpu and not cfg.interpret
 
 
 @pytest.mark.parametrize("platform,variant,interpret", [("cpu", "mosaic_tpu", True), ("tpu", "mosaic_tpu", False),
                                                          ("cuda", "triton", False)])
 def test_pallas_kernel_config_follows_platform(platform, variant, interpret):
-    cfg = lp._make_config("pallas", 1.0, False, None, None, None, None, "auto", platform)
+    cfg = lp.kernel_config(impl="pallas", platform=platform)
     assert cfg.variant == variant and cfg.interpret is interpret
 
 
@@ -41,7 +41,7 @@ def test_pallas_logprobs_exported_for_tpu_from_this_host_are_mosaic():
             jax.ShapeDtypeStruct((n,), jnp.int32))
 
     def loss(h, w, t):
-        return jnp.sum(lp.token_logprobs(h, w, t, impl="pallas", platform="tpu"))
+        return jnp.sum(lp.token_logprobs(h, w, t, lp.kernel_config(impl="pallas", platform="tpu")))
 
     exported = jax.export.export(jax.jit(jax.grad(loss, (0, 1))), platforms=("tpu",))(*args)
     assert exported.mlir_module().count("tpu_custom_call") == 3  # forward, dh, dw
@@ -50,7 +50,7 @@ def test_pallas_logprobs_exported_for_tpu_from_this_host_are_mosaic():
 def test_unknown_platform_is_rejected():
     h, w, t = jnp.zeros((4, 8)), jnp.zeros((8, 16)), jnp.zeros((4,), jnp.int32)
     with pytest.raises(ValueError, match="platform='gpu'"):
-        lp.token_logprobs(h, w, t, impl="chunked", platform="gpu")
+        lp.token_logprobs(h, w, t, lp.kernel_config(impl="chunked", platform="gpu"))
 
 
 @pytest.mark.slow  # ~70 s: a fresh interpreter compiling 6 sharded programs

@@ -40,8 +40,8 @@ def _run(fn, h, w, t, valid, g_lp, g_ent):
 
 
 def _sharded(mesh, rows, impl, check_vma=True, **kw):
-    per_shard = functools.partial(lp.token_logprobs_vocab_parallel, axis_name="tensor", temperature=TEMPERATURE,
-                                  return_entropy=True, impl=impl, **kw)
+    per_shard = functools.partial(lp.token_logprobs_vocab_parallel, axis_name="tensor",
+                                  cfg=lp.kernel_config(temperature=TEMPERATURE, with_entropy=True, impl=impl, **kw))
     return jax.shard_map(
         lambda h, w, t, ok: per_shard(h, w, t, valid_n=ok),
         mesh=mesh,
@@ -56,8 +56,9 @@ def main() -> int:
     h, w, t, valid, g_lp, g_ent = _inputs()
 
     def plain(h, w, t, valid):
-        return lp.token_logprobs(h, w, t, temperature=TEMPERATURE, return_entropy=True, valid_n=valid,
-                                 impl="reference")
+        return lp.token_logprobs(h, w, t,
+                                 lp.kernel_config(temperature=TEMPERATURE, with_entropy=True, impl="reference"),
+                                 valid_n=valid)
 
     want = _run(plain, h, w, t, valid, g_lp, g_ent)
     failures = []

@@ -68,20 +68,22 @@ def logprob_check(out: str) -> None:
 
     def compiled(fn):
         def f(h, w):
-            lp, ent = fn(h, w, tgt, temperature=0.7, return_entropy=True, valid_n=valid)
+            lp, ent = fn(h, w, tgt, valid_n=valid)
             return jnp.sum(lp * g_lp) + jnp.sum(ent * g_ent), (lp, ent)
 
         return jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True)).lower(h, w).compile()
 
     results = {}
-    (_, (lp, ent)), (dh, dw) = compiled(functools.partial(kernel.token_logprobs, impl="reference"))(h, w)
+    config = functools.partial(kernel.kernel_config, temperature=0.7, with_entropy=True)
+    (_, (lp, ent)), (dh, dw) = compiled(functools.partial(kernel.token_logprobs, cfg=config(impl="reference")))(h, w)
     results.update(ref_lp=lp, ref_ent=ent, ref_dh=dh, ref_dw=dw)
     cases = {"1x2x4_chunked": (1, 2, 4, "chunked"), "2x2x2_chunked": (2, 2, 2, "chunked"),
              "2x1x4_reference": (2, 1, 4, "reference"), "1x2x4_pallas": (1, 2, 4, "pallas")}
     for name, (dd, f, t, impl) in cases.items():
         mesh = parallel.make_mesh(dd, f, t)
         blocks = dict(block_n=8, block_v=8) if impl != "reference" else {}
-        fn = functools.partial(logprobs_sharded.token_logprobs_tensor_parallel, mesh=mesh, impl=impl, **blocks)
+        fn = functools.partial(logprobs_sharded.token_logprobs_tensor_parallel, cfg=config(impl=impl, **blocks),
+                               mesh=mesh)
         program = compiled(fn)
         (_, (lp, ent)), (dh, dw) = program(h, w)
         results.update({f"{name}_lp": lp, f"{name}_ent": ent, f"{name}_dh": dh, f"{name}_dw": dw})

@@ -62,10 +62,11 @@ def test_logprob_dispatch_without_tensor_axis_is_the_kernel():
     h = jnp.asarray(rng.randn(6, 8), jnp.float32)
     w = jnp.asarray(rng.randn(8, 16), jnp.float32)
     t = jnp.asarray(rng.randint(0, 16, 6))
-    ref = kernel.token_logprobs(h, w, t, impl="reference")
-    np.testing.assert_array_equal(logprobs_sharded.token_logprobs(h, w, t, impl="reference"), ref)
+    cfg = kernel.kernel_config(impl="reference")
+    ref = kernel.token_logprobs(h, w, t, cfg)
+    np.testing.assert_array_equal(logprobs_sharded.token_logprobs(h, w, t, cfg), ref)
     with parallel.sharding_context(parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])):
-        np.testing.assert_array_equal(logprobs_sharded.token_logprobs(h, w, t, impl="reference"), ref)
+        np.testing.assert_array_equal(logprobs_sharded.token_logprobs(h, w, t, cfg), ref)
 
 
 def test_placed_state_can_be_donated_without_deleting_the_source():
