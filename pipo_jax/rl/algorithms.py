@@ -170,7 +170,7 @@ def student_logprobs(spec, params, mb: TrainBatch):
 
 def teacher_logprobs(spec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
     """Teacher log-probs `[B, R]` of the response tokens in the teacher context (no gradient)."""
-    q = tokens_bq.shape[1] - spec.rollout.response_len
+    q = tokens_bq.shape[1] - spec.rollout.max_new_tokens
     logp, _ = response_logprobs(spec.model, jax.lax.stop_gradient(teacher_params), tokens_bq, mask_bq, q,
                                 temperature=spec.rollout.temperature, impl=spec.logprob_impl)
     return jax.lax.stop_gradient(logp)
@@ -179,7 +179,7 @@ def teacher_logprobs(spec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
 def loss_counts(spec, counts: dict) -> dict:
     """Keyword arguments of every loss in `pipo_jax.losses`: the aggregation mode and global counts."""
     return dict(loss_agg_mode=spec.loss.agg_mode, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"],
-                norm_length=spec.rollout.response_len)
+                norm_length=spec.rollout.max_new_tokens)
 
 
 def _check_loss_inputs(logp_br, mb: TrainBatch) -> None:
@@ -254,7 +254,7 @@ def _sdpo_token(spec, params, teacher_params, mb: TrainBatch, counts: dict):
 @policy_loss("sdpo_jsd", distills=True)
 def _sdpo_jsd(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     """SDPO's generalised JSD on the student's top-k tokens + tail (`losses/distill.py:sdpo_jsd_loss`)."""
-    p, r = spec.prompt_len, spec.rollout.response_len
+    p, r = spec.prompt_len, spec.rollout.max_new_tokens
     q = mb.teacher_tokens_bq.shape[1] - r
     student = response_log_softmax(spec.model, params, mb.tokens_bl, mb.mask_bl, p,
                                    temperature=spec.rollout.temperature)

@@ -76,7 +76,7 @@ def test_attributions_bind_the_pure_functions():
 def _micro_batch(spec, seed=0):
     """A random batch of the spec's shapes with teacher contexts (the prompt, left-padded wider)."""
     k = jax.random.split(jax.random.PRNGKey(seed), 6)
-    b, p, r, v = spec.batch, spec.prompt_len, spec.rollout.response_len, spec.model.vocab_size
+    b, p, r, v = spec.batch, spec.prompt_len, spec.rollout.max_new_tokens, spec.model.vocab_size
     tokens = jax.random.randint(k[0], (b, p + r), 1, v)
     mask = jnp.ones((b, p + r), jnp.int32).at[:, p + r - 2:].set(jnp.arange(b)[:, None] % 2)  # ragged responses
     mask_br = mask[:, p:].astype(jnp.float32)
@@ -131,10 +131,10 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     # log-softmax sums over a 40-token vocabulary (|logp| < 10), well under 1e-5
     chex.assert_trees_all_close(logp, want_logp, atol=1e-5)
     agg = dict(loss_agg_mode=spec.loss.agg_mode, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"],
-               norm_length=spec.rollout.response_len)
+               norm_length=spec.rollout.max_new_tokens)
     lo = spec.loss
     teacher_logp, _ = response_logprobs(spec.model, teacher, mb.teacher_tokens_bq, mb.teacher_mask_bq,
-                                        mb.teacher_tokens_bq.shape[1] - spec.rollout.response_len, temperature=t)
+                                        mb.teacher_tokens_bq.shape[1] - spec.rollout.max_new_tokens, temperature=t)
     sd_agg = dict(agg, num_tokens=counts["sd"]["num_tokens"], num_seqs=counts["sd"]["num_seqs"])
     if name == "token_clip":
         want, _ = token_clip_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=lo.clip_low,

@@ -91,7 +91,7 @@ def _pi_case(c_sign: float, count: int = 4, mu_t: float | None = None):
     c = micro("grpo", True, **{"pipo.window": 4, "pipo.lr": 1e-4, "train.mini_batch_prompts": 4,
                                "train.shuffle": False})
     spec, state = fresh_state(c)
-    b, L, r = spec.batch, spec.seq_len, spec.rollout.response_len
+    b, L, r = spec.batch, spec.seq_len, spec.rollout.max_new_tokens
     rng = np.random.RandomState(0)
     tokens = jnp.asarray(rng.randint(3, 20, (b, L)), jnp.int32)
     mask_l = jnp.ones((b, L), jnp.int32)
@@ -230,8 +230,8 @@ def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
     spec = train_spec(c)
     problems = arithmetic.make_problems(spec.task, jnp.array([12, 12]), jnp.array([0, 0]), jnp.array([30, 30]))
     responses = ["42<eos>", "41<eos>"]
-    resp = jnp.array([cv.encode(r) + [cv.PAD_ID] * (spec.rollout.response_len - len(cv.encode(r))) for r in responses])
-    resp_mask = (jnp.arange(spec.rollout.response_len)[None] < jnp.array([[3], [3]])).astype(jnp.int32)
+    resp = jnp.array([cv.encode(r) + [cv.PAD_ID] * (spec.rollout.max_new_tokens - len(cv.encode(r))) for r in responses])
+    resp_mask = (jnp.arange(spec.rollout.max_new_tokens)[None] < jnp.array([[3], [3]])).astype(jnp.int32)
     rollout = Rollout(problems=problems, tokens_bl=jnp.concatenate([problems.prompt_tokens_bp, resp], 1),
                       mask_bl=jnp.concatenate([problems.prompt_mask_bp, resp_mask], 1),
                       sample_logp_br=jnp.zeros(resp.shape), rewards_b=jnp.array([1.0, 0.0]))
@@ -243,7 +243,7 @@ def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
     assert text[0] == "<feedback><correct><solve><bos>12+30=42<eos>"
     np.testing.assert_array_equal(sd_mask, [1.0, 1.0])
     # The response sits at the end of the teacher row, where the student's is in its row.
-    np.testing.assert_array_equal(tokens[:, -spec.rollout.response_len:], resp)
+    np.testing.assert_array_equal(tokens[:, -spec.rollout.max_new_tokens:], resp)
 
 
 @pytest.mark.slow  # one compile of the trainer per hybrid
