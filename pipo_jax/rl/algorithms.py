@@ -339,6 +339,11 @@ SDPO_LOSSES = (("sdpo_token", "sdpo_token"), ("sdpo_jsd", "sdpo_jsd"))
 register_algorithm(Algorithm("ppo", ("gae",), CLIP_LOSSES, "gae", authors_pi_token_loss=False, authors_ppo=True))
 for _name in ("grpo", "gspo", "dapo"):
     register_algorithm(Algorithm(_name, GROUP_ESTIMATORS, CLIP_LOSSES, "group"))
+# Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): GRPO without its two
+# length / difficulty biases; configs/dr_grpo.py sets them off: A_i = R_i - mean_g
+# (`advantage.norm_by_std=false`) and each response's token losses summed and divided by a constant
+# (`loss.agg_mode=seq-mean-token-sum-norm`, SPEC 1 "Aggregation"), not by the response's length.
+register_algorithm(Algorithm("dr_grpo", GROUP_ESTIMATORS, CLIP_LOSSES, "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True))

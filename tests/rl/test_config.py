@@ -11,7 +11,7 @@ import pytest
 from pipo_jax.rl.spec import ConfigError, train_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
+ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "sdpo", "vpd")
 
 
 def check_config_values(stdout: str) -> dict:
