@@ -179,7 +179,7 @@ def teacher_logprobs(spec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
 def loss_counts(spec, counts: dict) -> dict:
     """Keyword arguments of every loss in `pipo_jax.losses`: the aggregation mode and global counts."""
     return dict(loss_agg_mode=spec.loss.agg_mode, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"],
-                norm_length=spec.rollout.max_new_tokens)
+                norm_length=spec.loss.norm_length or spec.rollout.max_new_tokens)
 
 
 def _check_loss_inputs(logp_br, mb: TrainBatch) -> None:

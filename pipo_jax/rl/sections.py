@@ -23,8 +23,7 @@ from pipo_jax.losses.pipo import ATTRIBUTION_NORMS, AUTHORS_BEHAVIOURS, PipoOpti
 from pipo_jax.models import attention, qwen3
 from pipo_jax.parallel.distributed import MODES as DISTRIBUTED_MODES
 from pipo_jax.rl import algorithms
-from pipo_jax.rl.schema import (RETIRED, ConfigError, Section, above, at_least, choice, is_int, key, need,
-                                within)
+from pipo_jax.rl.schema import RETIRED, ConfigError, Section, above, at_least, choice, key, need, within
 from pipo_jax.sampling.generator import ENGINES
 
 __all__ = ["ConfigError", "need", "choice", "RunConfig"]
@@ -224,10 +223,16 @@ class LossConfig(Section):
     clip_ratio_c: float = key(3.0, "dual clip; 0 disables", _dual_clip)
     agg_mode: str = key("seq-mean-token-mean", "how token losses become a scalar (losses/aggregation.py)",
                         choices=AGG_MODES)
+    norm_length: int = key(0, "seq-mean-token-sum-norm's constant divisor, in tokens (Dr. GRPO's constant length): "
+                           "each response's token-loss sum / this; 0 = rollout.max_new_tokens", at_least(0))
     kl_coef: float = key(0.001, "the reference KL term's weight", at_least(0))
     kl_estimator: str = key("k3", "the KL estimator", choices=tuple(KL_ESTIMATORS))
     kl_in_reward: bool = key(False, "PPO: k1 penalty in the token rewards instead of a loss term")
     entropy_coef: float = key(0.0, "entropy bonus weight", at_least(0))
+
+    def check(self):
+        need(not self.norm_length or self.agg_mode == "seq-mean-token-sum-norm", "loss.norm_length",
+             f"{self.norm_length} is seq-mean-token-sum-norm's divisor, not {self.agg_mode!r}'s: set it to 0")
 
 
 @dataclasses.dataclass(frozen=True)

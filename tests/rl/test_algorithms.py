@@ -206,6 +206,20 @@ def test_dr_grpo_is_grpo_without_its_normalisations():
     assert abs(float(loss) - float(grpo_loss)) > 1e-3
 
 
+def test_loss_norm_length_is_the_constant_divisor():
+    """`loss.norm_length` replaces max_new_tokens as seq-mean-token-sum-norm's divisor: twice the
+    length, half the policy loss."""
+    c = dr_grpo.get_config("micro")
+    spec = train_spec(c)
+    c.loss.norm_length = 2 * spec.rollout.max_new_tokens
+    longer = train_spec(c)
+    assert algorithms.loss_counts(longer, {"num_tokens": 1.0, "num_seqs": 1.0})["norm_length"] == c.loss.norm_length
+    params, teacher, mb = _micro_batch(spec)
+    counts = steps.response_counts(mb)
+    loss = spec.policy.fn(spec, params, teacher, mb, counts)[0]
+    chex.assert_trees_all_close(longer.policy.fn(longer, params, teacher, mb, counts)[0], loss / 2, rtol=1e-6)
+
+
 def test_declared_capabilities_make_the_checks():
     c = grpo.get_config("micro")
     c.loss.policy = "cispo"  # no dual clip: the default clip_ratio_c = 3 would have no effect

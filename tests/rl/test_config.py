@@ -122,6 +122,9 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
         (lambda c: setattr(c.rollout, "top_p", 0.0), r"config\.rollout\.top_p"),
         (lambda c: setattr(c.task, "max_digits", 12), r"config\.task: .*max_digits=12"),
         (lambda c: setattr(c.model, "logprob_impl", "cuda"), r"config\.model\.logprob_impl"),
+        (lambda c: setattr(c.loss, "norm_length", -1), r"config\.loss\.norm_length: -1 must be >= 0"),
+        (lambda c: setattr(c.loss, "norm_length", 8),
+         r"config\.loss\.norm_length: 8 is seq-mean-token-sum-norm's divisor, not 'seq-mean-token-mean''s"),
     ],
 )
 def test_invalid_settings_name_the_key(edit, message):
