@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pipo_jax.losses import advantages
 from pipo_jax.losses.aggregation import AGG_MODES, aggregation_counts
 from pipo_jax.kernels.softmax_stats import token_entropy
 from pipo_jax.losses.kl import kl_estimate, kl_k3, kl_loss
@@ -233,8 +234,6 @@ def test_dr_grpo_advantages_and_loss_by_hand():
     """Dr. GRPO (configs/dr_grpo.py): A_i = R_i - mean_g, and the token clip loss summed over each
     response's tokens over a constant length, then averaged over responses. Two groups of two,
     responses of 3, 1, 2 and 3 tokens, ratio 1 (no clip), constant length 8."""
-    from pipo_jax.losses import advantages
-
     rewards = jnp.array([1.0, 0.0, 0.75, 0.25])
     adv_b = advantages.group_relative_advantages(rewards, 2, norm_by_std=False)
     chex.assert_trees_all_close(adv_b, jnp.array([0.5, -0.5, 0.25, -0.25]))  # r - group mean, no std

@@ -7,6 +7,7 @@ from configs import base, dapo, gspo, grpo, ppo, sdpo
 from pipo_jax.losses import pipo
 from pipo_jax.rl.sections import PipoConfig
 from pipo_jax.rl.spec import ConfigError, train_spec
+from tests.rl.test_config import check_config_values
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -95,8 +96,6 @@ def test_a_named_authors_behaviour_wins_over_compat(compat, named, expected_off)
 def test_an_unset_authors_behaviour_is_set_from_the_command_line():
     import subprocess
     import sys
-
-    from tests.rl.test_config import check_config_values
 
     out = subprocess.run([sys.executable, "-m", "experiments.train", "--check_config", "--config=configs/grpo.py:micro",
                           "--config.pipo.compat=true", "--config.pipo.authors.window_twice=false"],
