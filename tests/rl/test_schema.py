@@ -14,7 +14,7 @@ from pipo_jax.rl.sections import ConfigError, RunConfig
 from pipo_jax.rl.spec import train_spec
 from pipo_jax.rl.workdir import flat_config
 
-ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "sdpo", "vpd")
+ALGOS = sections.algorithm_names()  # each registered algorithm has its configs/<name>.py
 
 
 def test_every_key_has_exactly_one_declaration_with_a_description():
