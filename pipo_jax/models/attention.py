@@ -76,21 +76,14 @@ def reference(q_bthd, k_bskd, v_bskd, allowed_bts, dtype):
 
     Query rows with no allowed key (padding) return uniform averages, never NaN.
     """
-    b, t, h, dh = q_bthd.shape
-    kv = k_bskd.shape[2]
-    q = q_bthd.reshape(b, t, kv, h // kv, dh)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k_bskd, preferred_element_type=jnp.float32)
-    scores = scores * (dh**-0.5)
-    scores = jnp.where(allowed_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v_bskd, preferred_element_type=jnp.float32)
-    return out.reshape(b, t, h, dh).astype(dtype)
+    return over_cache(q_bthd, jnp.swapaxes(k_bskd, 1, 2), jnp.swapaxes(v_bskd, 1, 2), allowed_bts, dtype)
 
 
 def over_cache(q_bthd, k_bksd, v_bksd, allowed_bts, dtype):
-    """`reference` with keys / values head-major (`[B, K, S, Dh]`, a KV cache's layout): the
-    same function, whose two matmuls batch over (batch, kv head) without transposing the
-    cache."""
+    """`reference` with keys / values head-major (`[B, K, S, Dh]`, a KV cache's layout), whose
+    two matmuls batch over (batch, kv head) without transposing the cache. The output leaves
+    the second matmul head-major too and is transposed after it: XLA:CPU has no bf16 x bf16
+    -> f32 dot that writes a transposed output."""
     b, t, h, dh = q_bthd.shape
     kv = k_bksd.shape[1]
     q = q_bthd.reshape(b, t, kv, h // kv, dh)
@@ -98,8 +91,8 @@ def over_cache(q_bthd, k_bksd, v_bksd, allowed_bts, dtype):
     scores = scores * (dh**-0.5)
     scores = jnp.where(allowed_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    out = jnp.einsum("bkgts,bksd->btkgd", probs, v_bksd, preferred_element_type=jnp.float32)
-    return out.reshape(b, t, h, dh).astype(dtype)
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v_bksd, preferred_element_type=jnp.float32)
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, dh).astype(dtype)
 
 
 # ----------------------------------------------------------------------------- cuDNN

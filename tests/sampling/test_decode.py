@@ -126,6 +126,25 @@ def test_bf16_cache_is_close(params, batch):
     np.testing.assert_allclose(a, b, atol=2e-2)
 
 
+@pytest.mark.parametrize("layer_loop", ["scan", "unroll"])
+def test_bf16_compute_decode_runs_on_cpu_and_is_close_to_fp32(params, batch, layer_loop):
+    """bf16 weights and cache (`model.dtype=bfloat16`): the attention's bf16 x bf16 -> f32
+    matmuls over the head-major cache run on XLA:CPU, and the decode logits stay within bf16
+    rounding of the fp32 full forward."""
+    tokens, mask = batch
+    config = CONFIG.replace(dtype="bfloat16", layer_loop=layer_loop)
+    weights = decode.compute_params(config, params)
+    _, lengths, cache = decode.prefill(config, weights, tokens, mask, 12)
+    assert cache.k.dtype == jnp.bfloat16
+    nxt = jax.random.randint(jax.random.PRNGKey(3), (3, 2), 0, CONFIG.vocab_size)
+    logits = []
+    for t in range(2):
+        out, cache = decode.decode_step(config, weights, cache, nxt[:, t], lengths + t)
+        logits.append(out)
+    full = qwen3.logits(CONFIG, params, jnp.concatenate([tokens, nxt], 1), jnp.concatenate([mask, jnp.ones_like(nxt)], 1))
+    np.testing.assert_allclose(jnp.stack(logits, axis=1), full[:, -2:], atol=5e-2)
+
+
 def test_attention_length_ladder():
     assert attention_lengths(1, 1000, 128) == (128, 256, 512, 1000)
     assert attention_lengths(200, 1000, 128) == (256, 512, 1000)
