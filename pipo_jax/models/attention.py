@@ -75,8 +75,17 @@ def reference(q_bthd, k_bskd, v_bskd, allowed_bts, dtype):
     """Grouped-query softmax attention; `allowed_bts` is the boolean key mask per query.
 
     Query rows with no allowed key (padding) return uniform averages, never NaN.
+    (`over_cache` is the same function over head-major keys / values, the KV cache's layout.)
     """
-    return over_cache(q_bthd, jnp.swapaxes(k_bskd, 1, 2), jnp.swapaxes(v_bskd, 1, 2), allowed_bts, dtype)
+    b, t, h, dh = q_bthd.shape
+    kv = k_bskd.shape[2]
+    q = q_bthd.reshape(b, t, kv, h // kv, dh)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k_bskd, preferred_element_type=jnp.float32)
+    scores = scores * (dh**-0.5)
+    scores = jnp.where(allowed_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v_bskd, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, h, dh).astype(dtype)
 
 
 def over_cache(q_bthd, k_bksd, v_bksd, allowed_bts, dtype):
