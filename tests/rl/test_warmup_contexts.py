@@ -9,7 +9,7 @@ from configs import sdpo as sdpo_configs
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.rl import learn, teacher_forcing, warmup
 from pipo_jax.rl.rollout import Rollout
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.tasks import arithmetic as ar
 
 TASK = ar.ArithmeticTask(min_digits=2, max_digits=2, answer_format="reversed", feedback_style="reveal")

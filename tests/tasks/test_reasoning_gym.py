@@ -16,7 +16,7 @@ from pipo_jax.data import tokenizer as tk
 from pipo_jax.models import qwen3
 from pipo_jax.rl import rollout, teacher_forcing
 from pipo_jax.rl.sections import ConfigError
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.task_config import make_task
 from pipo_jax.tasks import reasoning_gym as rgt
 from tests.conftest import override
