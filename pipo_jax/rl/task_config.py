@@ -13,7 +13,7 @@ import ml_collections
 
 from pipo_jax.rl.sections import ConfigError
 from pipo_jax.tasks import registry
-from pipo_jax.tasks.protocol import Task, TaskConfigError
+from pipo_jax.tasks.protocol import Task, TaskConfigError, missing_attributes
 
 TASKS = registry.TASKS  # config.task.name -> registry.TaskEntry
 
@@ -28,6 +28,7 @@ def make_task(c: ml_collections.ConfigDict) -> Task:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"config.task: {e}") from e
-    if not isinstance(task, Task):
-        raise TypeError(f"task {c.task.name!r}: its constructor returned {type(task).__name__}, not a Task")
+    if not isinstance(task, Task) or missing_attributes(task):
+        raise TypeError(f"task {c.task.name!r}: its constructor returned a {type(task).__name__}, not a Task with "
+                        f"{missing_attributes(task) or 'the protocol'}")
     return task

@@ -52,7 +52,7 @@ def evaluate_expression(text: str, numbers) -> Fraction | None:
     if not text or len(text) > MAX_EXPRESSION_CHARS or not set(text) <= _ALLOWED_CHARS:
         return None
     try:
-        tree = ast.parse(text, mode="eval")
+        tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError:
         return None
     used = collections.Counter()

@@ -138,13 +138,10 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def answer_len(self) -> int: ...
 
-    @property
-    @abc.abstractmethod
-    def stop_token_ids(self) -> tuple[int, ...]: ...
-
-    @property
-    @abc.abstractmethod
-    def pad_id(self) -> int: ...
+    # Required too, as plain attributes (a dataclass field without a default is no class
+    # attribute, so these are checked on the built task: `missing_attributes`).
+    stop_token_ids: tuple[int, ...]
+    pad_id: int
 
     @property
     @abc.abstractmethod
@@ -206,6 +203,14 @@ class Task(abc.ABC):
         return self.sample_problems(self.prompt_table(), rng, n, "train")
 
 
+REQUIRED_ATTRIBUTES = ("stop_token_ids", "pad_id")
+
+
 def missing_members(cls: type) -> tuple[str, ...]:
     """The abstract members a `Task` subclass leaves unimplemented (empty: it can be built)."""
     return tuple(sorted(getattr(cls, "__abstractmethods__", ())))
+
+
+def missing_attributes(task: Task) -> tuple[str, ...]:
+    """The required plain attributes (`REQUIRED_ATTRIBUTES`) a built task lacks."""
+    return tuple(a for a in REQUIRED_ATTRIBUTES if not hasattr(task, a))

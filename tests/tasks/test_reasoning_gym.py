@@ -139,8 +139,10 @@ def test_config_errors_name_the_key():
         make_task(rg_config(config="{"))
     with pytest.raises(ConfigError, match=r"rg_dataset='no_such_dataset'"):
         make_task(rg_config(dataset="no_such_dataset", config=""))
+    # the character form declares no teacher contexts: refused at start-up naming the key
+    assert not make_task(rg_config()).capabilities.teacher_contexts
     with pytest.raises(ConfigError, match=r"config\.algorithm: sdpo needs teacher contexts"):
-        make_task(rg_config(algorithm="sdpo"))
+        train_spec(rg_config(algorithm="sdpo"))
     with pytest.raises(ConfigError, match=r"config\.warmup\.mistake_rate: 0\.5: the built-in task's"):
         train_spec(rg_config(**{"warmup.mistake_rate": 0.5}))
 
