@@ -4,7 +4,7 @@ An algorithm is a config: `configs/<algo>.py:get_config(preset)` takes this base
 the algorithm's estimator / loss / attribution, then a preset (`tiny`, `qwen3_4b`,
 `qwen3_8b`). Every key is overridable on the command line, e.g.
 `--config=configs/grpo.py:tiny --config.pipo.enabled=true --config.pipo.lam=0.2`.
-`pipo_jax.rl.spec.train_spec` checks a config at start-up and names the key.
+`pipo_jax.rl.setup.train_spec` checks a config at start-up and names the key.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.layer_loop = "auto"
 
     c.task = ml_collections.ConfigDict()
-    c.task.name = "arithmetic"  # the built-in JAX-reward task
+    c.task.name = "arithmetic"  # tasks/registry.py: arithmetic (built-in), countdown, math, code, reasoning_gym
     c.task.min_digits = 1
     c.task.max_digits = 2
     c.task.ops = "+-"

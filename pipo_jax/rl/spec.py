@@ -70,9 +70,10 @@ class TrainSpec:
         _need((self.vpd is not None) == algo.vpd_settings, "vpd",
               f"the vpd section is for algorithm=vpd, not {algo.name!r}")
         hybrid = "" if self.vpd is None else f" with vpd.hybrid={self.vpd.hybrid!r}"
+        no_teacher = tuple(a for a in ALGORITHM_CHOICES if not algorithms.plain_algorithm(a).teacher)
         _need(not algo.teacher or self.task.capabilities.teacher_contexts, "algorithm",
               f"{algo.config_name} needs teacher contexts (SDPO / VPD teacher prompts), which the {self.task.name} "
-              f"task does not have; use one of {tuple(a for a in ALGORITHM_CHOICES if not algorithms.plain_algorithm(a).teacher)}")
+              f"task does not have; use one of {no_teacher}")
         _choice(self.advantage.estimator, "advantage.estimator", ESTIMATOR_CHOICES)
         _need(self.advantage.estimator in algo.estimators, "advantage.estimator",
               f"{self.advantage.estimator!r} does not fit algorithm={algo.config_name!r}{hybrid} "

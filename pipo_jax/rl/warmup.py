@@ -176,7 +176,7 @@ def warmup(
     after every `eval_every` steps (and at the last step). With `target_accuracy` set,
     training stops at the first evaluation (step 0 included) with accuracy >=
     target_accuracy. `mistake_rate`: flawed demonstrations (module docstring). `context_fraction` of each batch's rows carry a teacher context
-    (`arithmetic.draw_contexts`, through `Task.warmup_problems`); the teacher's accuracy with a solution / a feedback context is
+    (`Task.warmup_problems`: `arithmetic.draw_contexts`); the teacher's accuracy with a solution / a feedback context is
     measured at every evaluation beside the student's. The seed drives the initial params, the train batches and the
     held-out set; the result is a deterministic function of the arguments.
 
