@@ -211,6 +211,21 @@ def missing_members(cls: type) -> tuple[str, ...]:
     return tuple(sorted(getattr(cls, "__abstractmethods__", ())))
 
 
+# The optional members each capability promises (a device-reward task's teacher prompts are its own;
+# a host-reward task's are its scorer's, checked when used).
+PROMISED_MEMBERS = {"device_reward": ("reward",), "exact_answers": ("reference_responses",),
+                    "warmup": ("reference_responses",), "warmup_shaping": ("warmup_problems",)}
+
+
 def missing_attributes(task: Task) -> tuple[str, ...]:
-    """The required plain attributes (`REQUIRED_ATTRIBUTES`) a built task lacks."""
-    return tuple(a for a in REQUIRED_ATTRIBUTES if not hasattr(task, a))
+    """The required plain attributes (`REQUIRED_ATTRIBUTES`) a built task lacks, and the optional
+    members its capabilities promise but it leaves to the base class (`capability -> member`)."""
+    out = [a for a in REQUIRED_ATTRIBUTES if not hasattr(task, a)]
+    caps = task.capabilities
+    promised = dict(PROMISED_MEMBERS)
+    if caps.teacher_contexts and caps.device_reward:
+        promised["teacher_contexts"] = ("teacher_prompts",)
+    for capability, members in promised.items():
+        out += [f"{capability} -> {m}" for m in members
+                if getattr(caps, capability) and getattr(type(task), m) is getattr(Task, m)]
+    return tuple(out)

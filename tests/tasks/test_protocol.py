@@ -15,7 +15,7 @@ from pipo_jax.rl.sections import ConfigError
 from pipo_jax.rl.setup import make_model_config, train_spec
 from pipo_jax.rl.task_config import make_task
 from pipo_jax.tasks import registry
-from pipo_jax.tasks.protocol import Task, TaskCapabilities, missing_members
+from pipo_jax.tasks.protocol import Task, TaskCapabilities, missing_attributes, missing_members
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,20 @@ def test_a_task_missing_a_required_member_cannot_be_built():
     with pytest.raises(TypeError, match=r"does not implement \(.*'sample_problems'"):
         registry.check_task_class(NoReward, "NoReward")
     registry.check_task_class(Bare, "Bare")  # complete
+
+
+def test_every_registered_task_class_is_complete_and_keeps_its_capabilities_promises():
+    for name in registry.TASKS:
+        registry.constructor(name)  # imports the module, checks its classes
+    assert missing_attributes(Bare()) == ()
+
+    @dataclasses.dataclass(frozen=True)
+    class Promises(Bare):
+        capabilities: ClassVar[TaskCapabilities] = TaskCapabilities(device_reward=True, teacher_contexts=True,
+                                                                    warmup=True)
+
+    assert missing_attributes(Promises()) == ("device_reward -> reward", "warmup -> reference_responses",
+                                              "teacher_contexts -> teacher_prompts")
 
 
 def test_optional_members_name_the_capability_they_need():
