@@ -220,3 +220,32 @@ def test_imports_are_read_at_module_and_function_level(source, expected, tmp_pat
 def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# The config schema (ARCHITECTURE.md 3 "A config key"): a key's type, default, description and
+# constraint are declared once, with `schema.key(...)`, in `rl/sections.py`; `configs/base.py:base_config`
+# builds the ml-collections defaults from those declarations and sets none itself.
+KEY_DECLARATIONS = "pipo_jax.rl.sections"
+
+
+def _declares_keys(module: str) -> list[int]:
+    """Lines of `module` that import or call `pipo_jax.rl.schema.key`."""
+    tree = ast.parse(MODULES[module].read_text())
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "pipo_jax.rl.schema":
+            lines += [node.lineno for a in node.names if a.name == "key"]
+        elif isinstance(node, ast.Attribute) and node.attr == "key" and isinstance(node.value, ast.Name) \
+                and node.value.id == "schema":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_config_keys_are_declared_only_in_sections():
+    bad = [f"{m}:{line}" for m in MODULES if m != KEY_DECLARATIONS for line in _declares_keys(m)]
+    assert not bad, "config keys declared outside rl/sections.py:\n" + "\n".join(bad)
+    assert _declares_keys(KEY_DECLARATIONS)
+    tree = ast.parse(MODULES["configs.base"].read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "base_config")
+    sets = [n.lineno for n in ast.walk(body) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))]
+    assert not sets, f"configs/base.py:base_config sets defaults itself (lines {sets}); declare them in rl/sections.py"

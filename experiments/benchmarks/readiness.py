@@ -532,7 +532,7 @@ def _sample_problems(spec: TrainSpec, table, rng):
 
 
 def _abstract_rollout(spec: TrainSpec, mesh: Mesh, rules):
-    b, p, r = spec.batch, spec.prompt_len, spec.rollout.response_len
+    b, p, r = spec.batch, spec.prompt_len, spec.rollout.max_new_tokens
     table = prompt_table(spec, mesh)
     shapes = jax.eval_shape(lambda t: rollout_lib.Rollout(
         problems=_sample_problems(spec, t, jax.random.PRNGKey(0)),
@@ -721,7 +721,7 @@ def paper_checks(model: str, memory_target: str, log) -> list[dict]:
     ]
     step = paper_row(model, HOST_FSDP8, "base_step")
     spec = paper_spec(model)
-    mf = model_train_flops(spec.model, spec.batch * spec.train.epochs, spec.prompt_len, spec.rollout.response_len,
+    mf = model_train_flops(spec.model, spec.batch * spec.train.epochs, spec.prompt_len, spec.rollout.max_new_tokens,
                            remat=spec.model.remat == "full")
     value = step["flops_per_device"] * 8 / mf if step["ok"] else None
     checks.append({"model": model, "check": f"base-step FLOPs x 8 devices / model FLOPs [{HOST_FSDP8}]",

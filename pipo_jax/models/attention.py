@@ -87,6 +87,21 @@ def reference(q_bthd, k_bskd, v_bskd, allowed_bts, dtype):
     return out.reshape(b, t, h, dh).astype(dtype)
 
 
+def over_cache(q_bthd, k_bksd, v_bksd, allowed_bts, dtype):
+    """`reference` with keys / values head-major (`[B, K, S, Dh]`, a KV cache's layout): the
+    same function, whose two matmuls batch over (batch, kv head) without transposing the
+    cache."""
+    b, t, h, dh = q_bthd.shape
+    kv = k_bksd.shape[1]
+    q = q_bthd.reshape(b, t, kv, h // kv, dh)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k_bksd, preferred_element_type=jnp.float32)
+    scores = scores * (dh**-0.5)
+    scores = jnp.where(allowed_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bkgts,bksd->btkgd", probs, v_bksd, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, h, dh).astype(dtype)
+
+
 # ----------------------------------------------------------------------------- cuDNN
 
 

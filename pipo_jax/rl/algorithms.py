@@ -190,7 +190,7 @@ def student_logprobs(spec, params, mb: TrainBatch):
 
 def teacher_logprobs(spec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
     """Teacher log-probs `[B, R]` of the response tokens in the teacher context (no gradient)."""
-    q = tokens_bq.shape[1] - spec.rollout.response_len
+    q = tokens_bq.shape[1] - spec.rollout.max_new_tokens
     logp, _ = response_logprobs(spec.model, jax.lax.stop_gradient(teacher_params), tokens_bq, mask_bq, q,
                                 temperature=spec.rollout.temperature, impl=spec.logprob_impl)
     return jax.lax.stop_gradient(logp)
@@ -199,7 +199,7 @@ def teacher_logprobs(spec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
 def loss_counts(spec, counts: dict) -> dict:
     """Keyword arguments of every loss in `pipo_jax.losses`: the aggregation mode and global counts."""
     return dict(loss_agg_mode=spec.loss.agg_mode, num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"],
-                norm_length=spec.rollout.response_len)
+                norm_length=spec.loss.norm_length or spec.rollout.max_new_tokens)
 
 
 def _check_loss_inputs(logp_br, mb: TrainBatch) -> None:
@@ -274,7 +274,7 @@ def _sdpo_token(spec, params, teacher_params, mb: TrainBatch, counts: dict):
 @policy_loss("sdpo_jsd", distills=True)
 def _sdpo_jsd(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     """SDPO's generalised JSD on the student's top-k tokens + tail (`losses/distill.py:sdpo_jsd_loss`)."""
-    p, r = spec.prompt_len, spec.rollout.response_len
+    p, r = spec.prompt_len, spec.rollout.max_new_tokens
     q = mb.teacher_tokens_bq.shape[1] - r
     student = response_log_softmax(spec.model, params, mb.tokens_bl, mb.mask_bl, p,
                                    temperature=spec.rollout.temperature)
@@ -359,6 +359,11 @@ SDPO_LOSSES = (("sdpo_token", "sdpo_token"), ("sdpo_jsd", "sdpo_jsd"))
 register_algorithm(Algorithm("ppo", ("gae",), CLIP_LOSSES, "gae", authors_pi_token_loss=False, authors_ppo=True))
 for _name in ("grpo", "gspo", "dapo"):
     register_algorithm(Algorithm(_name, GROUP_ESTIMATORS, CLIP_LOSSES, "group"))
+# Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): GRPO without its two
+# length / difficulty biases; configs/dr_grpo.py sets them off: A_i = R_i - mean_g
+# (`advantage.norm_by_std=false`) and each response's token losses summed and divided by a constant
+# (`loss.agg_mode=seq-mean-token-sum-norm`, SPEC 1 "Aggregation"), not by the response's length.
+register_algorithm(Algorithm("dr_grpo", GROUP_ESTIMATORS, CLIP_LOSSES, "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,

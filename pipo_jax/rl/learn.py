@@ -87,7 +87,7 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[Train
     logp_old, entropy, logp_ref = passes["logp_old_br"], passes["entropy_br"], passes["logp_ref_br"]
     rewards_b = rollout.rewards_b
     if spec.dapo.overlong_buffer:
-        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.rollout.response_len,
+        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.rollout.max_new_tokens,
                                                             buffer=spec.dapo.overlong_buffer,
                                                             factor=spec.dapo.overlong_factor)
     token_rewards = advantages.outcome_token_rewards(rewards_b, mask_br)

@@ -190,7 +190,7 @@ def sequence_reward_sum(spec: TrainSpec, rollout: Rollout) -> jax.Array:
     rewards_b = rollout.rewards_b
     if spec.dapo.overlong_buffer:
         lengths_b = jnp.sum(response_part(spec, rollout)[1].astype(jnp.float32), axis=1)
-        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.rollout.response_len,
+        rewards_b = rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.rollout.max_new_tokens,
                                                             buffer=spec.dapo.overlong_buffer, factor=spec.dapo.overlong_factor)
     return jnp.sum(rewards_b)
 

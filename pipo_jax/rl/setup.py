@@ -15,22 +15,20 @@ import jax
 import ml_collections
 
 from pipo_jax import platforms
-from pipo_jax.models import attention, hf, qwen3
+from pipo_jax.models import hf, qwen3
 from pipo_jax.rl import warmup
-from pipo_jax.rl.sections import ConfigError, choice as _choice, need as _need
-from pipo_jax.rl.spec import ALGORITHM_CHOICES, TrainSpec, check_run_config, eval_benchmarks, spec_from_config
+from pipo_jax.rl.schema import from_config
+from pipo_jax.rl.sections import ConfigError, ModelConfig, RunConfig, need as _need
+from pipo_jax.rl.spec import TrainSpec, check_run_config, eval_benchmarks, spec_from_config
 from pipo_jax.rl.task_config import make_task
 from pipo_jax.tasks.protocol import Task
 
 __all__ = ["ConfigError", "make_model_config", "train_spec"]
 
 
-def make_model_config(mc: ml_collections.ConfigDict, task: Task | None = None) -> qwen3.Qwen3Config:
+def make_model_config(mc: ModelConfig, task: Task | None = None) -> qwen3.Qwen3Config:
     """The model's shapes: the built-in task model (its vocabulary wide enough for `task`'s
     token ids), a preset, or the HF directory's config.json."""
-    _choice(mc.platform, "model.platform", ("auto", *platforms.PLATFORMS))
-    _choice(mc.attention_impl, "model.attention_impl", attention.IMPLS)
-    _choice(mc.layer_loop, "model.layer_loop", qwen3.LAYER_LOOPS)
     platform = platforms.of_devices(jax.devices()) if mc.platform == "auto" else mc.platform
     overrides = dict(param_dtype=mc.param_dtype, dtype=mc.dtype, remat=mc.remat, platform=platform,
                      attention_impl=mc.attention_impl, layer_loop=mc.layer_loop)
@@ -54,14 +52,14 @@ def make_model_config(mc: ml_collections.ConfigDict, task: Task | None = None) -
 def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     """Loads the model config and the task `c` points at, validates `c` and returns its `TrainSpec`;
     raises `ConfigError` naming the key."""
-    _choice(c.algorithm, "algorithm", ALGORITHM_CHOICES)
-    model = make_model_config(c.model)  # its errors first: a paper preset without model.path says so
+    run = from_config(RunConfig, c)  # every key's own constraint
+    model = make_model_config(run.model)  # its errors first: a paper preset without model.path says so
     task = make_task(c)
-    if not c.model.path and c.model.preset == "task_tiny":
-        model = make_model_config(c.model, task)  # the task model's vocabulary covers the task's tokens
+    if not run.model.path and run.model.preset == "task_tiny":
+        model = make_model_config(run.model, task)  # the task model's vocabulary covers the task's tokens
     _need(task.token_id_bound <= model.vocab_size, "task.tokenizer_path" if task.tokenizer is not None else "task",
           f"token ids up to {task.token_id_bound - 1} do not fit the model's vocab_size {model.vocab_size}")
-    check_run_config(c, task)
-    if c.eval.benchmarks:
-        eval_benchmarks(c.eval)  # raises naming the key
+    check_run_config(run, task)
+    if run.eval.benchmarks:
+        eval_benchmarks(run.eval)  # raises naming the key
     return spec_from_config(c, model, task)

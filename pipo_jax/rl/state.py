@@ -111,7 +111,7 @@ def nonfinite_counts(before, after) -> dict[str, jax.Array]:
 
 def stored_batch_template(spec: TrainSpec) -> pipo.StoredBatch:
     """Shapes of the batch PIPO keeps for verification: B sequences of prompt + response."""
-    b, L, r = spec.batch, spec.seq_len, spec.rollout.response_len
+    b, L, r = spec.batch, spec.seq_len, spec.rollout.max_new_tokens
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     return pipo.StoredBatch(

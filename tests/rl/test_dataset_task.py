@@ -84,7 +84,7 @@ def test_prompt_table_and_splits(model_dir, math_file):
 def constructed_rollout(spec, tok, rows, texts):
     """A rollout of the task's rows with the given response texts (each then <|im_end|>):
     (rollout, response tokens [B, R], response mask [B, R])."""
-    r = spec.rollout.response_len
+    r = spec.rollout.max_new_tokens
     resp = np.full((len(texts), r), spec.task.pad_id, np.int32)
     mask = np.zeros((len(texts), r), np.int32)
     for i, t in enumerate(texts):

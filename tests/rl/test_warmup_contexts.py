@@ -48,7 +48,7 @@ def test_context_prompts_match_the_sdpo_teacher_contexts():
     # group 0: row 0 right (row 1 sees it as a solution, row 0 gets feedback <correct>);
     # group 1: both wrong (feedback <wrong> on each)
     texts = ["231<eos>", "221<eos>", "42<eos>", "3<eos>"]
-    r = spec.rollout.response_len
+    r = spec.rollout.max_new_tokens
     resp = jnp.array([cv.encode(t) + [cv.PAD_ID] * (r - len(cv.encode(t))) for t in texts])
     resp_mask = (jnp.arange(r)[None] < jnp.array([[len(cv.encode(t))] for t in texts])).astype(jnp.int32)
     rewards = ar.reward(spec.task, problems, resp, resp_mask)

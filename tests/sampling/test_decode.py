@@ -26,12 +26,12 @@ def batch():
 
 
 def test_resize_cache_pads_and_drops_slots():
-    kv = qwen3.KVCache(jax.random.normal(jax.random.key(0), (2, 3, 5, 2, 4)),
-                       jax.random.normal(jax.random.key(1), (2, 3, 5, 2, 4)))
+    kv = qwen3.KVCache(jax.random.normal(jax.random.key(0), (2, 3, 2, 5, 4)),  # [L, B, K, S, Dh]
+                       jax.random.normal(jax.random.key(1), (2, 3, 2, 5, 4)))
     grown = decode.resize_cache(kv, 8)
-    np.testing.assert_array_equal(grown.k[:, :, :5], kv.k)
-    assert grown.max_len == 8 and float(jnp.abs(grown.v[:, :, 5:]).max()) == 0.0
-    np.testing.assert_array_equal(decode.resize_cache(kv, 2).v, kv.v[:, :, :2])
+    np.testing.assert_array_equal(grown.k[:, :, :, :5], kv.k)
+    assert grown.max_len == 8 and float(jnp.abs(grown.v[:, :, :, 5:]).max()) == 0.0
+    np.testing.assert_array_equal(decode.resize_cache(kv, 2).v, kv.v[:, :, :, :2])
 
 
 def _equations(jaxpr):
@@ -75,7 +75,7 @@ def test_prefill_last_logits_equal_full_forward(params, batch):
     last = jnp.array([7, 7, 1])
     np.testing.assert_allclose(logits, full[jnp.arange(3), last], atol=1e-5)
     np.testing.assert_array_equal(lengths, [5, 8, 2])
-    assert cache.k.shape == (CONFIG.num_hidden_layers, 3, 12, CONFIG.num_key_value_heads, CONFIG.head_dim)
+    assert cache.k.shape == (CONFIG.num_hidden_layers, 3, CONFIG.num_key_value_heads, 12, CONFIG.head_dim)
     # The plain cached forward fills the same slots with the same keys/values.
     ref = qwen3.forward(CONFIG, params, tokens, mask, cache=qwen3.init_cache(CONFIG, 3, 12))[1]
     np.testing.assert_allclose(cache.k, ref.k, atol=1e-5)

@@ -85,13 +85,13 @@ def test_reward_by_hand_through_the_trainers_path():
     rows = [row[(3, 5, 7), 56]] * 5 + [row[(2, 4, 8), 16]] * 3
     texts = ["(3+5)*7", "7*(5+3)", "3+5*7", "(3+5)*7+7", "7*8", "8/2*4", "2*4+8", "8/4*2"]
     expected = [1, 1, 0, 0, 0, 1, 1, 0]  # 38; 7 twice; 8 not given; 16, 16 (division); 4
-    tokens, mask = responses(texts, spec.rollout.response_len)
+    tokens, mask = responses(texts, spec.rollout.max_new_tokens)
     problems = spec.task.problems_at(np.asarray(rows))
     batch = rollout.from_generation(problems, jnp.asarray(tokens), jnp.asarray(mask), jnp.zeros(tokens.shape))
     got = np.asarray(jax.jit(rollout.task_rewards, static_argnums=0)(spec, batch))
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(spec.task.scorer().score(problems, tokens, mask).rewards_b, expected)
-    no_eos = spec.task.score(problems.index_b[:1], *responses(texts[:1], spec.rollout.response_len, eos=False))
+    no_eos = spec.task.score(problems.index_b[:1], *responses(texts[:1], spec.rollout.max_new_tokens, eos=False))
     np.testing.assert_array_equal(no_eos, [0.0])  # an unfinished response scores 0
 
 

@@ -52,7 +52,7 @@ def trainer_rewards(spec, rows, texts):
     """Rewards of `texts` as responses to task rows `rows`, through the trainer's reward path
     (`rollout.task_rewards` of a `Rollout`, jitted like the scan loop's)."""
     problems = spec.task.problems_at(np.asarray(rows, np.int32))
-    resp, mask = responses(texts, spec.rollout.response_len)
+    resp, mask = responses(texts, spec.rollout.max_new_tokens)
     batch = rollout.from_generation(problems, jnp.asarray(resp), jnp.asarray(mask),
                                     jnp.zeros(resp.shape, jnp.float32))
     return np.asarray(jax.jit(rollout.task_rewards, static_argnums=0)(spec, batch))
