@@ -16,7 +16,7 @@ from ml_collections import config_flags
 from experiments import cli
 from pipo_jax.rl import schema
 from pipo_jax.rl.sections import RunConfig
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.trainer import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/grpo.py:tiny", "run config file:preset")

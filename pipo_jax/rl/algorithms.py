@@ -82,6 +82,9 @@ class Algorithm:
     `pi_symmetric_clip`, their `grpo_layback`) apply; their PPO PI step is the plain clip.
     authors_ppo: the authors' PPO path (`ppo_layback`): `pipo.authors.ppo_pi_no_lam`,
     `ppo_sign_attribution` and `ppo_adv_gate` apply.
+    config_name: the `config.algorithm` value it answers to ("" = `name`); variant: which of that
+    name's registered variants it is, chosen by `vpd.hybrid` ("none": the plain one).
+    vpd_settings: reads the `vpd` section (VPD's E-step and hybrids; `TrainSpec.vpd`).
     """
 
     name: str
@@ -92,6 +95,13 @@ class Algorithm:
     advantage_shaping: str | None = None
     authors_pi_token_loss: bool = True
     authors_ppo: bool = False
+    config_name: str = ""
+    variant: str = "none"
+    vpd_settings: bool = False
+
+    def __post_init__(self):
+        if not self.config_name:
+            object.__setattr__(self, "config_name", self.name)
 
     def loss_for(self, policy: str) -> str | None:
         """The registered loss `loss.policy = policy` trains with, or None if it does not fit."""
@@ -153,9 +163,19 @@ def register_algorithm(algorithm: Algorithm) -> Algorithm:
     return _register(ALGORITHMS, algorithm.name, algorithm)
 
 
-def algorithm_key(name: str, vpd_hybrid: str = "none") -> str:
-    """The `ALGORITHMS` key of `config.algorithm` (VPD's hybrids are variants: "vpd+joint")."""
-    return name if vpd_hybrid == "none" else f"{name}+{vpd_hybrid}"
+def config_names() -> tuple[str, ...]:
+    """The `config.algorithm` values: each registered algorithm's `config_name`, once."""
+    return tuple(dict.fromkeys(a.config_name for a in ALGORITHMS.values()))
+
+
+def plain_algorithm(config_name: str) -> Algorithm:
+    """The registered algorithm `config.algorithm = config_name` names without a variant."""
+    return next(a for a in ALGORITHMS.values() if a.config_name == config_name and a.variant == "none")
+
+
+def algorithm_variant(config_name: str, variant: str = "none") -> Algorithm:
+    """The registered algorithm of `config.algorithm` and its variant (VPD's hybrids: `vpd.hybrid`)."""
+    return next(a for a in ALGORITHMS.values() if a.config_name == config_name and a.variant == variant)
 
 
 # ----------------------------------------------------------------------------- model passes
@@ -345,7 +365,8 @@ for _name in ("grpo", "gspo", "dapo"):
 # (`loss.agg_mode=seq-mean-token-sum-norm`, SPEC 1 "Aggregation"), not by the response's length.
 register_algorithm(Algorithm("dr_grpo", GROUP_ESTIMATORS, CLIP_LOSSES, "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
-register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
-register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True))
+register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
+register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,
+                             config_name="vpd", variant="joint", vpd_settings=True))
 register_algorithm(Algorithm("vpd+reshape", GROUP_ESTIMATORS, CLIP_LOSSES, "group", teacher=True,
-                             advantage_shaping="vpd_reshape"))
+                             advantage_shaping="vpd_reshape", config_name="vpd", variant="reshape", vpd_settings=True))

@@ -19,7 +19,8 @@ from pipo_jax.data.prompts import build_prompts
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.placement import Placement
-from pipo_jax.rl.spec import TrainSpec, train_spec
+from pipo_jax.rl.spec import TrainSpec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.sampling import sampler
 from pipo_jax.tasks import passk
 from pipo_jax.tasks.protocol import HostScorer
@@ -92,7 +93,7 @@ def heldout_rewards(spec: TrainSpec, params, n_problems: int, n: int, rng, tempe
     """Rewards `[n_problems, n]` of `n` samples on held-out problems of a `device_reward` task
     (the built-in task), scored by its JAX reward."""
     task = spec.task
-    if not task.device_reward:
+    if not task.capabilities.device_reward:
         raise ValueError(f"the {task.name} task is scored on the host: use its benchmarks (math_benchmarks)")
     k_prob, k_gen = jax.random.split(rng)
     problems = task.heldout_problems(task.prompt_table(), n_problems, k_prob)

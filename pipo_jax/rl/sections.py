@@ -34,7 +34,7 @@ RETIRED["train.micro_batch_size"] = ("the global micro-batch is gone: set train.
 
 def algorithm_names() -> tuple[str, ...]:
     """`config.algorithm`'s choices: the registered algorithms (VPD's hybrids are `vpd.hybrid`)."""
-    return tuple(dict.fromkeys(name.split("+")[0] for name in algorithms.ALGORITHMS))
+    return algorithms.config_names()
 
 
 def estimator_names() -> tuple[str, ...]:
@@ -83,11 +83,11 @@ class ModelConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig(Section):
-    """config.task: the task (`rl/task_config.py:make_task` reads and checks it against the task)."""
+    """config.task: the task (`rl/task_config.py:make_task` builds the registered task from it)."""
 
     _section = "task"
-    name: str = key("arithmetic", "the task: arithmetic (built-in, JAX reward) | math | code (dataset tasks, host "
-                    "reward) | reasoning_gym (rl/task_config.py:TASKS)")
+    name: str = key("arithmetic", "the task, a name registered in tasks/registry.py:TASKS (e.g. arithmetic: the "
+                    "built-in JAX-reward task; math / code: dataset tasks, host reward)")
     min_digits: int = key(1, "arithmetic: fewest digits of an operand")
     max_digits: int = key(2, "arithmetic: most digits of an operand")
     ops: str = key("+-", "arithmetic: the operators drawn from")

@@ -1,9 +1,11 @@
 """`TrainSpec`: the validated, hashable (jit-static) view of an ml-collections run config.
 
-`train_spec(config)` loads what the config points at (the model's `config.json`, a
-dataset task) and then validates: `spec_from_config(config, model, task)` builds the
+Pure: no file is read here and no task module is imported (`tests/test_layers.py` checks that
+importing this module loads neither the math verifier, the code sandbox nor the warm-up).
+`rl/setup.py:train_spec(config)` loads what the config points at (the model's `config.json`,
+the task) and then validates: `spec_from_config(config, model, task)` builds the
 self-validating sections of `rl/sections.py` and the `TrainSpec` that ties them together
-and resolves the algorithm's registered pieces (`rl/algorithms.py`); it does no I/O.
+and resolves the algorithm's registered pieces (`rl/algorithms.py`).
 Every error is a `ConfigError` naming the key (unknown algorithm, K < 2, lam outside
 [0, 1], G = 1 with a group method, a mini-batch that does not divide the batch, a
 missing model path, ...).
@@ -12,25 +14,21 @@ missing model path, ...).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
-import jax
 import ml_collections
 
-from pipo_jax import platforms
-from pipo_jax.models import hf, qwen3
-from pipo_jax.rl import algorithms, warmup
+from pipo_jax.models import qwen3
+from pipo_jax.rl import algorithms
 from pipo_jax.sampling import generator as generator_lib
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.rl.schema import from_config
 from pipo_jax.rl.sections import (AdvantageConfig, ConfigError, CriticConfig, DapoConfig, EvalConfig, LossConfig,
-                                  ModelConfig, PipoConfig, RolloutConfig, RunConfig, SdpoConfig, TrainConfig,
-                                  VpdConfig, need as _need)
-from pipo_jax.rl.task_config import make_task
+                                  PipoConfig, RolloutConfig, RunConfig, SdpoConfig, TrainConfig, VpdConfig,
+                                  need as _need)
 from pipo_jax.tasks.protocol import Task
 
-__all__ = ["ConfigError", "TrainSpec", "VpdConfig", "train_spec", "spec_from_config"]
+__all__ = ["ConfigError", "TrainSpec", "VpdConfig", "spec_from_config"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,19 +68,23 @@ class TrainSpec:
               "filters groups by reward variance: needs G >= 2")
         _need(self.dapo.overlong_buffer <= r.max_new_tokens, "dapo.overlong_buffer",
               f"{self.dapo.overlong_buffer} must be in [0, max_new_tokens={r.max_new_tokens}]")
-        _need((self.vpd is not None) == algo.name.startswith("vpd"), "vpd",
+        _need((self.vpd is not None) == algo.vpd_settings, "vpd",
               f"the vpd section is for algorithm=vpd, not {algo.name!r}")
         hybrid = "" if self.vpd is None else f" with vpd.hybrid={self.vpd.hybrid!r}"
+        no_teacher = tuple(a for a in algorithms.config_names() if not algorithms.plain_algorithm(a).teacher)
+        _need(not algo.teacher or self.task.capabilities.teacher_contexts, "algorithm",
+              f"{algo.config_name} needs teacher contexts (SDPO / VPD teacher prompts), which the {self.task.name} "
+              f"task does not have; use one of {no_teacher}")
         _need(self.advantage.estimator in algo.estimators, "advantage.estimator",
-              f"{self.advantage.estimator!r} does not fit algorithm={algo.name.split('+')[0]!r}{hybrid} "
+              f"{self.advantage.estimator!r} does not fit algorithm={algo.config_name!r}{hybrid} "
               f"(expected one of {algo.estimators})")
         _need(algo.loss_for(self.loss.policy) is not None, "loss.policy",
-              f"{self.loss.policy!r} does not fit algorithm={algo.name.split('+')[0]!r}{hybrid} "
+              f"{self.loss.policy!r} does not fit algorithm={algo.config_name!r}{hybrid} "
               f"(expected one of {tuple(dict(algo.policy_losses))})")
         _need(not self.loss.clip_ratio_c or self.policy.dual_clip or self.policy.distills, "loss.clip_ratio_c",
               f"loss.policy={self.loss.policy!r} has no dual clip: set it to 0")
         _need(self.pipo.attribution == algo.attribution, "pipo.attribution",
-              f"{self.pipo.attribution!r} does not fit algorithm={algo.name.split('+')[0]!r}{hybrid} "
+              f"{self.pipo.attribution!r} does not fit algorithm={algo.config_name!r}{hybrid} "
               f"(expected {algo.attribution!r})")
         group_estimator = self.advantage.estimator in algorithms.GROUP_ESTIMATORS
         if group_estimator or self.pipo.attribution == "group":
@@ -199,29 +201,6 @@ def eval_benchmarks(ec: EvalConfig) -> tuple[dict[str, str], tuple[int, ...]]:
     return out, ec.pass_ks
 
 
-def make_model_config(mc: ModelConfig, task: Task | None = None) -> qwen3.Qwen3Config:
-    """The model's shapes: the built-in task model (its vocabulary wide enough for `task`'s
-    token ids), a preset, or the HF directory's config.json."""
-    platform = platforms.of_devices(jax.devices()) if mc.platform == "auto" else mc.platform
-    overrides = dict(param_dtype=mc.param_dtype, dtype=mc.dtype, remat=mc.remat, platform=platform,
-                     attention_impl=mc.attention_impl, layer_loop=mc.layer_loop)
-    try:
-        if mc.path:
-            _need(os.path.isdir(mc.path), "model.path", f"{mc.path!r} is not a directory")
-            with open(os.path.join(mc.path, "config.json")) as f:
-                return hf.config_from_hf(json.load(f), os.path.join(mc.path, "config.json"), **overrides)
-        if mc.preset == "task_tiny":
-            if task is None:
-                return warmup.task_model_config(**overrides)
-            return warmup.task_model_config(task.token_id_bound, **overrides)
-        _need(False, "model.path", f"model.preset={mc.preset!r} needs the Hugging Face weights: set "
-              f"--config.model.path=/path/to/{mc.preset} (no weights are downloaded at run time)")
-    except (ValueError, FileNotFoundError) as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"config.model: {e}") from e
-
-
 def run_iterations_of(spec: TrainSpec, c: ml_collections.ConfigDict) -> int:
     """`config.iterations`, or with `task.epochs` > 0 round(epochs * train rows / prompts_per_batch) (>= 1)."""
     if not c.task.epochs:
@@ -238,9 +217,9 @@ def spec_from_config(c: ml_collections.ConfigDict, model: qwen3.Qwen3Config, tas
     rollout = dataclasses.replace(run.rollout, max_new_tokens=run.rollout.max_new_tokens or task.answer_len)
     dapo = dataclasses.replace(run.dapo, gen_prompts_per_batch=run.dapo.gen_prompts_per_batch
                                or rollout.prompts_per_batch)
-    vpd = run.vpd if run.algorithm == "vpd" else None
+    vpd = run.vpd if algorithms.plain_algorithm(run.algorithm).vpd_settings else None
     return TrainSpec(
-        algorithm=algorithms.ALGORITHMS[algorithms.algorithm_key(run.algorithm, "none" if vpd is None else vpd.hybrid)],
+        algorithm=algorithms.algorithm_variant(run.algorithm, "none" if vpd is None else vpd.hybrid),
         model=model, task=task, rollout=rollout, train=run.train, advantage=run.advantage, loss=run.loss,
         critic=run.critic, dapo=dapo, sdpo=run.sdpo, pipo=run.pipo, vpd=vpd, model_path=run.model.path,
         logprob_impl=run.model.logprob_impl)
@@ -250,8 +229,9 @@ def check_run_config(c: RunConfig, task: Task) -> None:
     """What the keys the trainer reads outside the spec (iterations, logging, checkpoints,
     evaluation, warm-up) need of the task and of each other; raises `ConfigError` naming the key.
     Each key's own constraint is its declaration's (`rl/sections.py`)."""
-    _need(not c.eval.benchmarks or task.name == "math", "eval.benchmarks",
-          "math benchmarks need a math task's tokenizer and prompts: set task.name=math")
+    _need(not c.eval.benchmarks or task.capabilities.answer_benchmarks, "eval.benchmarks",
+          f"math benchmarks need a math task's tokenizer, prompts and verifier; the {task.name} task has none: "
+          "set task.name=math")
     _need(not c.task.epochs or task.train_size > 0, "task.epochs",
           f"counts passes over a dataset task's training rows; the {task.name} task generates its problems: "
           "use `iterations`")
@@ -260,24 +240,10 @@ def check_run_config(c: RunConfig, task: Task) -> None:
     if c.warmup.enabled:
         _need(not c.model.path, "warmup.enabled", "the supervised warm-up trains a fresh task model; "
               "disable it when loading model.path")
+        _need(task.capabilities.warmup, "warmup.enabled", f"the {task.name} task has no reference responses for "
+              "the supervised warm-up: set it to false")
         for key in ("mistake_rate", "context_fraction"):
             value = getattr(c.warmup, key)
-            _need(task.name == "arithmetic" or value == 0, f"warmup.{key}",
+            _need(task.capabilities.warmup_shaping or value == 0, f"warmup.{key}",
                   f"{value}: the built-in task's; the {task.name} task warms up on its reference "
                   "responses only (set it to 0)")
-
-
-def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
-    """Loads the model config and the task `c` points at, validates `c` and returns its `TrainSpec`;
-    raises `ConfigError` naming the key."""
-    run = from_config(RunConfig, c)  # every key's own constraint
-    model = make_model_config(run.model)  # its errors first: a paper preset without model.path says so
-    task = make_task(c)
-    if not run.model.path and run.model.preset == "task_tiny":
-        model = make_model_config(run.model, task)  # the task model's vocabulary covers the task's tokens
-    _need(task.token_id_bound <= model.vocab_size, "task.tokenizer_path" if task.tokenizer is not None else "task",
-          f"token ids up to {task.token_id_bound - 1} do not fit the model's vocab_size {model.vocab_size}")
-    check_run_config(run, task)
-    if run.eval.benchmarks:
-        eval_benchmarks(run.eval)  # raises naming the key
-    return spec_from_config(c, model, task)

@@ -31,8 +31,8 @@ from pipo_jax.rl.checkpoint import Checkpointer, saved_steps
 from pipo_jax.rl.placement import Placement, placement_from_config
 from pipo_jax.rl.preemption import RunInterrupted, StopRequests
 from pipo_jax.rl.sections import RunConfig
-from pipo_jax.rl.spec import (ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config,
-                              train_spec)
+from pipo_jax.rl.setup import train_spec
+from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config
 from pipo_jax.rl.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class Evaluation:
         a wrong response). Then the benchmarks' pass@k."""
         spec, ec = self.spec, self.config.eval
         key = jax.random.PRNGKey(EVAL_SEED)
-        if spec.task.exact_answers or spec.task.device_reward:
+        if spec.task.capabilities.exact_answers or spec.task.capabilities.device_reward:
             out = {"heldout_accuracy": self.where.reference_accuracy(spec, params, ec.n, key)}
             if spec.uses_teacher:
                 kinds = jax.eval_shape(lambda: spec.task.teacher_eval_problems(spec.task.prompt_table(), ec.n, key))
@@ -73,9 +73,9 @@ class Evaluation:
         params = self.where.to_host(params)  # gathered once for every evaluation below
         out = {"heldout_accuracy": evaluate.decoded_heldout_accuracy(spec, params, self.reward.scorer, ec.n)}
         if self.benchmarks:
+            tokenizer, prompt_config, verifier = self.reward.scorer.benchmark_inputs()
             rows, info = evaluate.math_benchmarks(
-                spec.model, params, spec.task.tokenizer, self.benchmarks,
-                spec.task.prompt_config, self.reward.scorer.verifier, ec.samples, self.ks,
+                spec.model, params, tokenizer, self.benchmarks, prompt_config, verifier, ec.samples, self.ks,
                 jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step), max_new_tokens=spec.rollout.max_new_tokens,
                 temperature=ec.temperature, stop_token_ids=spec.task.stop_token_ids, pad_id=spec.task.pad_id,
                 batch_size=ec.batch_size)
@@ -300,7 +300,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         config = config.copy_and_resolve_references()
         config.iterations = run_iterations_of(spec, config)
         log.info("task.epochs=%g over %d training rows: %d iterations", config.task.epochs,
-                 len(spec.task.train_rows_np), config.iterations)
+                 spec.task.train_size, config.iterations)
     run = RunConfig.from_config(config)
     where = placement_from_config(run.mesh)
     if where.mesh is not None:  # every device computes whole micro-batches of its own rows
@@ -308,7 +308,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if not spec.generator.in_program and where.mesh is not None:
         raise ConfigError("config.rollout.engine: the slots engine runs on one device; use rollout.engine=sampler "
                           "on a mesh (or --config.mesh.enabled=false)")
-    if not spec.task.device_reward and spec.uses_teacher and where.mesh is not None:
+    if not spec.task.capabilities.device_reward and spec.uses_teacher and where.mesh is not None:
         raise ConfigError(f"config.mesh.enabled: SDPO / VPD on the {spec.task.name} task build teacher prompts on "
                           "one host; run them on one device (--config.mesh.enabled=false)")
     lock = workdir_lib.WorkdirLock(workdir) if where.is_main_process else None

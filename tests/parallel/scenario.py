@@ -33,7 +33,7 @@ def initial_state():
 
     from pipo_jax.losses import pipo
     from pipo_jax.models import qwen3
-    from pipo_jax.rl.spec import train_spec
+    from pipo_jax.rl.setup import train_spec
     from pipo_jax.rl.state import init_train_state
 
     spec = train_spec(config())

@@ -127,7 +127,7 @@ def test_train_state_shardings_cover_every_algorithm(algo):
     import importlib
 
     from pipo_jax.rl import sharded_steps as steps
-    from pipo_jax.rl.spec import train_spec
+    from pipo_jax.rl.setup import train_spec
 
     c = importlib.import_module(f"configs.{algo}").get_config("micro")
     c.pipo.enabled = True

@@ -21,7 +21,8 @@ from pipo_jax.rl import algorithms, steps
 from pipo_jax.rl.algorithms import AdvantageInputs
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.response_logprobs import response_logprobs
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 
 B, T = 4, 3
 MASK = jnp.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], jnp.float32)

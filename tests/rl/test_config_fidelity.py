@@ -6,7 +6,8 @@ import pytest
 from configs import base, dapo, gspo, grpo, ppo, sdpo
 from pipo_jax.losses import pipo
 from pipo_jax.rl.sections import PipoConfig
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.setup import train_spec
+from pipo_jax.rl.spec import ConfigError
 from tests.rl.test_config import check_config_values
 
 

@@ -14,7 +14,7 @@ import pytest
 from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, rollout
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
 from tests.conftest import override
 

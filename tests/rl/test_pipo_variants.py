@@ -14,7 +14,8 @@ from configs import gspo, grpo, ppo, sdpo
 from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, learn, rollout, steps
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
 
 

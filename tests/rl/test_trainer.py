@@ -12,7 +12,8 @@ from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, loop
 from pipo_jax.rl import response_logprobs as logprobs
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.rl.trainer import train
 from tests.conftest import override

@@ -21,7 +21,8 @@ from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, rollout
 from pipo_jax.rl import vpd_estep as vpd
 from pipo_jax.rl.batch import TrainBatch
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_teacher_opt_state, init_train_state, skip_nonfinite
 
 # ----------------------------------------------------------------------------- config and schedule
