@@ -49,7 +49,8 @@ from experiments import cli, provenance, stats
 from experiments.runs import parse_seeds, warmed_up_model
 from pipo_jax.models import hf
 from pipo_jax.rl import loop, teacher_forcing
-from pipo_jax.rl.spec import TrainSpec, train_spec
+from pipo_jax.rl.spec import TrainSpec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.rl.trainer import EVAL_SEED
 
@@ -126,7 +127,7 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
     initial / final accuracy, reward_auc (mean batch reward), pi_steps.
     """
     spec = train_spec(config)
-    if not spec.task.device_reward:
+    if not spec.task.capabilities.device_reward:
         raise ValueError(f"compare.run_arm: the {spec.task.name} task is scored on the host; the vmapped scan and "
                          "evaluation need a JAX reward (the built-in task, reasoning-gym)")
     states = stack([init_train_state(spec, p, s) for p, s in zip(base_params, seeds)])

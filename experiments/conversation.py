@@ -22,7 +22,6 @@ from pipo_jax.data import char_vocab as cv
 from pipo_jax.data.prompts import PromptConfig, render_prompt
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
 from pipo_jax.rl import evaluate
-from pipo_jax.rl import task_config as task_config_lib
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic
@@ -151,7 +150,7 @@ def make_chat(policy: str, step: int | None = None, *, max_new_tokens: int | Non
                     max_new_tokens=max_new_tokens or task.answer_len, **kw)
     if spec is not None:
         run = evaluate.load_run_config(policy)
-        prompts = TextPrompts(spec.task.tokenizer, task_config_lib.prompt_config(run.task), max_prompt_tokens)
+        prompts = TextPrompts(spec.task.tokenizer, spec.task.prompt_config, max_prompt_tokens)
         return Chat(model, params, prompts, stop_ids=spec.task.stop_token_ids, pad_id=spec.task.pad_id,
                     max_new_tokens=max_new_tokens or run.rollout.max_new_tokens, **kw)
     tokenizer = load_tokenizer(policy)

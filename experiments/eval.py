@@ -174,7 +174,7 @@ def main(argv):
     rng = jax.random.PRNGKey(_SEED.value)
     rows, info = [], {}
     if _BUILTIN.value:
-        if spec is None or not spec.task.device_reward:
+        if spec is None or not spec.task.capabilities.device_reward:
             raise cli.UsageError("--builtin_problems needs a workdir of a run on the built-in task")
         builtin = evaluate.heldout_rewards(spec, params, _BUILTIN.value, _N.value, rng, _TEMPERATURE.value,
                                            _BATCH.value)

@@ -16,7 +16,7 @@ import numpy as np
 from experiments.cli import UsageError
 from pipo_jax.models import hf
 from pipo_jax.rl import observe, warmup
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.trainer import train, warmup_kwargs
 
 

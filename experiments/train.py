@@ -7,18 +7,29 @@ Any config key can be overridden: `--config.pipo.lam=0.2 --config.iterations=100
 
 from __future__ import annotations
 
+import json
 import logging
 
 from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl import schema
+from pipo_jax.rl.sections import RunConfig
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.trainer import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/grpo.py:tiny", "run config file:preset")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "output directory (metrics, plots, checkpoints)")
-_CHECK = flags.DEFINE_bool("check_config", False, "validate the config, print it and exit")
+_CHECK = flags.DEFINE_bool("check_config", False,
+                            "validate the config, print each key (`key = value  # description`) and exit")
+
+
+def check_config_listing(config) -> str:
+    """One line per key: `key = value  # description` (the value as JSON; the description and
+    choices from its declaration in `pipo_jax/rl/sections.py`)."""
+    return "\n".join(f"{name} = {json.dumps(value)}  # {doc}"
+                     for name, value, doc in schema.describe(RunConfig, config))
 
 
 def main(argv):
@@ -28,7 +39,7 @@ def main(argv):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if _CHECK.value:
         train_spec(_CONFIG.value)
-        print(_CONFIG.value.to_json_best_effort(indent=2))
+        print(check_config_listing(_CONFIG.value))
         return
     if not _WORKDIR.value.strip():
         raise cli.UsageError("--workdir: empty; give the run's output directory")

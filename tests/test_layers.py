@@ -9,6 +9,7 @@ Imports are read with `ast` (module- and function-level), nothing is executed.
 
 import ast
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -111,16 +112,50 @@ def test_leaves_import_only_leaves_and_parallel_only_platforms():
 
 
 # The learner reaches a task through the Task protocol (ARCHITECTURE.md 3): besides the protocol and
-# pass@k, only the config -> task factory and the built-in task's supervised warm-up name a task.
+# pass@k it imports no task module; the config -> task factory reads the registry, which names the
+# task modules by path (imported only when chosen) and imports nothing but the protocol.
 TASK_INTERFACE = ("pipo_jax.tasks.protocol", "pipo_jax.tasks.passk")
-NAMES_TASKS = ("pipo_jax.rl.task_config", "pipo_jax.rl.warmup")
+READS_REGISTRY = ("pipo_jax.rl.task_config",)
 
 
 def test_the_learner_imports_no_task_but_the_protocol():
     bad = [f"{m}:{line} imports {target}" for m, target, line in _package_edges()
-           if m.startswith("pipo_jax.rl") and m not in NAMES_TASKS and target.startswith("pipo_jax.tasks")
-           and target not in TASK_INTERFACE]
+           if m.startswith("pipo_jax.rl") and target.startswith("pipo_jax.tasks") and target not in TASK_INTERFACE
+           and not (target == "pipo_jax.tasks.registry" and m in READS_REGISTRY)]
     assert not bad, "the learner importing a task module:\n" + "\n".join(bad)
+
+
+def test_the_task_registry_is_light_and_names_existing_modules():
+    bad = [f"{m}:{line} imports {target}" for m, target, line in _package_edges()
+           if m == "pipo_jax.tasks.registry" and target != "pipo_jax.tasks.protocol"]
+    assert not bad, "the registry must import only the protocol:\n" + "\n".join(bad)
+    from pipo_jax.tasks import registry
+
+    for entry in registry.TASKS.values():
+        assert entry.module in MODULES, f"task {entry.name!r}: no module {entry.module}"
+        tree = ast.parse(MODULES[entry.module].read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        assert entry.constructor in defined and set(entry.task_classes) <= defined, entry
+
+
+# What importing a module may not load: the spec is pure (no warm-up, no verifier, no sandbox), and
+# the task factory loads only the chosen task's module.
+_PROBE = """
+import sys
+import pipo_jax.rl.spec
+heavy = ("pipo_jax.tasks.code", "pipo_jax.tasks.math", "pipo_jax.tasks.dataset", "pipo_jax.tasks.reasoning_gym",
+         "pipo_jax.tasks.arithmetic", "pipo_jax.rl.warmup", "pipo_jax.rl.task_config")
+print(sorted(m for m in heavy if m in sys.modules))
+from configs import grpo
+from pipo_jax.rl.task_config import make_task
+make_task(grpo.get_config("micro"))
+print(sorted(m for m in heavy[:4] if m in sys.modules))
+"""
+
+
+def test_importing_the_spec_loads_no_task_module_and_the_factory_only_the_chosen_one():
+    out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "[]"], out.stdout + out.stderr
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -185,3 +220,32 @@ def test_imports_are_read_at_module_and_function_level(source, expected, tmp_pat
 def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# The config schema (ARCHITECTURE.md 3 "A config key"): a key's type, default, description and
+# constraint are declared once, with `schema.key(...)`, in `rl/sections.py`; `configs/base.py:base_config`
+# builds the ml-collections defaults from those declarations and sets none itself.
+KEY_DECLARATIONS = "pipo_jax.rl.sections"
+
+
+def _declares_keys(module: str) -> list[int]:
+    """Lines of `module` that import or call `pipo_jax.rl.schema.key`."""
+    tree = ast.parse(MODULES[module].read_text())
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "pipo_jax.rl.schema":
+            lines += [node.lineno for a in node.names if a.name == "key"]
+        elif isinstance(node, ast.Attribute) and node.attr == "key" and isinstance(node.value, ast.Name) \
+                and node.value.id == "schema":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_config_keys_are_declared_only_in_sections():
+    bad = [f"{m}:{line}" for m in MODULES if m != KEY_DECLARATIONS for line in _declares_keys(m)]
+    assert not bad, "config keys declared outside rl/sections.py:\n" + "\n".join(bad)
+    assert _declares_keys(KEY_DECLARATIONS)
+    tree = ast.parse(MODULES["configs.base"].read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "base_config")
+    sets = [n.lineno for n in ast.walk(body) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))]
+    assert not sets, f"configs/base.py:base_config sets defaults itself (lines {sets}); declare them in rl/sections.py"

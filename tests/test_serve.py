@@ -21,7 +21,7 @@ import pytest
 from configs import grpo
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.models import qwen3
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic

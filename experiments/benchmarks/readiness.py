@@ -87,7 +87,8 @@ from pipo_jax.rl import rollout as rollout_lib  # noqa: E402
 from pipo_jax.rl import sharded_steps  # noqa: E402
 from pipo_jax.rl import steps as rl_steps  # noqa: E402
 from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
-from pipo_jax.rl.spec import TrainSpec, make_model_config, spec_from_config, train_spec  # noqa: E402
+from pipo_jax.rl.spec import TrainSpec, spec_from_config  # noqa: E402
+from pipo_jax.rl.setup import make_model_config, train_spec
 from pipo_jax.rl.state import make_optimizer  # noqa: E402
 from pipo_jax.sampling import decode, engine as engine_lib, sampler  # noqa: E402
 from pipo_jax.sampling.sampling_params import SamplingParams  # noqa: E402
@@ -532,7 +533,7 @@ def _sample_problems(spec: TrainSpec, table, rng):
 
 
 def _abstract_rollout(spec: TrainSpec, mesh: Mesh, rules):
-    b, p, r = spec.batch, spec.prompt_len, spec.rollout.response_len
+    b, p, r = spec.batch, spec.prompt_len, spec.rollout.max_new_tokens
     table = prompt_table(spec, mesh)
     shapes = jax.eval_shape(lambda t: rollout_lib.Rollout(
         problems=_sample_problems(spec, t, jax.random.PRNGKey(0)),
@@ -721,7 +722,7 @@ def paper_checks(model: str, memory_target: str, log) -> list[dict]:
     ]
     step = paper_row(model, HOST_FSDP8, "base_step")
     spec = paper_spec(model)
-    mf = model_train_flops(spec.model, spec.batch * spec.train.epochs, spec.prompt_len, spec.rollout.response_len,
+    mf = model_train_flops(spec.model, spec.batch * spec.train.epochs, spec.prompt_len, spec.rollout.max_new_tokens,
                            remat=spec.model.remat == "full")
     value = step["flops_per_device"] * 8 / mf if step["ok"] else None
     checks.append({"model": model, "check": f"base-step FLOPs x 8 devices / model FLOPs [{HOST_FSDP8}]",

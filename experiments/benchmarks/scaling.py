@@ -44,7 +44,8 @@ from pipo_jax import parallel  # noqa: E402
 from pipo_jax.models import qwen3  # noqa: E402
 from pipo_jax.rl import sharded_steps  # noqa: E402
 from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
-from pipo_jax.rl.spec import TrainSpec, train_spec  # noqa: E402
+from pipo_jax.rl.spec import TrainSpec  # noqa: E402
+from pipo_jax.rl.setup import train_spec
 
 DEFAULT_MESHES = "1x1x1,1x2x1,1x2x2,2x2x2"
 # Dense bf16 peak TFLOP/s per device (vendor data sheets), keyed by a substring of device_kind.

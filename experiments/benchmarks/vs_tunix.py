@@ -233,8 +233,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
     ap.add_argument("--out", help="write all numbers to this JSON file")
-    ap.add_argument("--batches", default="1,32")
-    ap.add_argument("--micro", default="8,32", help="learner micro-batch sizes")
+    ap.add_argument("--batches", default="1,32", help="decode batch sizes ('' = no decode rows)")
+    ap.add_argument("--micro", default="8,32", help="learner micro-batch sizes ('' = no learner rows)")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
@@ -258,9 +258,9 @@ def main(argv=None) -> dict:
         tunix=("google-tunix " + _version("google-tunix")) if use_tunix else "not installed: Tunix columns left out",
         decode={}, learner={})
     prompts = np.random.RandomState(0).randint(1, base_config.vocab_size - 1,
-                                               (max(int(b) for b in args.batches.split(",")), args.prompt_len))
+                                               (max([int(b) for b in args.batches.split(",") if b] or [1]), args.prompt_len))
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
-    for b in (int(x) for x in args.batches.split(",")):
+    for b in (int(x) for x in args.batches.split(",") if x):
         log(f"decode, batch {b}")
         pb = prompts[:b].astype(np.int32)
         makers = {}
@@ -290,7 +290,7 @@ def main(argv=None) -> dict:
         results["decode"][b] = row
     rows, resp = 32, 80 - args.prompt_len
     batch = learner_batch(base_config, rows, args.prompt_len, resp, seed=0)
-    for micro in (int(x) for x in args.micro.split(",")):
+    for micro in (int(x) for x in args.micro.split(",") if x):
         log(f"learner, micro-batch {micro}")
         fns = {}
         for loop, config in configs.items():

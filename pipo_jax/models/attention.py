@@ -75,6 +75,7 @@ def reference(q_bthd, k_bskd, v_bskd, allowed_bts, dtype):
     """Grouped-query softmax attention; `allowed_bts` is the boolean key mask per query.
 
     Query rows with no allowed key (padding) return uniform averages, never NaN.
+    (`over_cache` is the same function over head-major keys / values, the KV cache's layout.)
     """
     b, t, h, dh = q_bthd.shape
     kv = k_bskd.shape[2]
@@ -85,6 +86,22 @@ def reference(q_bthd, k_bskd, v_bskd, allowed_bts, dtype):
     probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v_bskd, preferred_element_type=jnp.float32)
     return out.reshape(b, t, h, dh).astype(dtype)
+
+
+def over_cache(q_bthd, k_bksd, v_bksd, allowed_bts, dtype):
+    """`reference` with keys / values head-major (`[B, K, S, Dh]`, a KV cache's layout), whose
+    two matmuls batch over (batch, kv head) without transposing the cache. The output leaves
+    the second matmul head-major too and is transposed after it: XLA:CPU has no bf16 x bf16
+    -> f32 dot that writes a transposed output."""
+    b, t, h, dh = q_bthd.shape
+    kv = k_bksd.shape[1]
+    q = q_bthd.reshape(b, t, kv, h // kv, dh)
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k_bksd, preferred_element_type=jnp.float32)
+    scores = scores * (dh**-0.5)
+    scores = jnp.where(allowed_bts[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v_bksd, preferred_element_type=jnp.float32)
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, dh).astype(dtype)
 
 
 # ----------------------------------------------------------------------------- cuDNN

@@ -232,19 +232,22 @@ def lm_head_weight(config: Qwen3Config, params: Params) -> jax.Array:
 
 
 class KVCache(NamedTuple):
-    """Keys/values by position: `k`, `v` are `[layers, batch, max_len, kv_heads, head_dim]`."""
+    """Keys/values by position: `k`, `v` are `[layers, batch, kv_heads, max_len, head_dim]`.
+
+    Head-major (each kv head's slots contiguous): attention over the cache is a batched
+    matmul over (batch, kv head) with no per-step transpose of the cache."""
 
     k: jax.Array
     v: jax.Array
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
 
 def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache for `batch` rows of up to `max_len` positions (compute dtype by default)."""
-    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+    shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_len, config.head_dim)
     dtype = config.jnp_dtype if dtype is None else dtype
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
@@ -285,8 +288,14 @@ def apply_rope(x_bthd: jax.Array, cos_btd: jax.Array, sin_btd: jax.Array) -> jax
     return out.astype(x_bthd.dtype)
 
 
-# The plain reference attention (`[B, T, S]` mask; used with a cache and on CPU).
-attention = attention_lib.reference
+# The plain reference attention over a head-major cache (`[B, K, S, Dh]` keys / values,
+# `[B, T, S]` mask).
+cached_attention = attention_lib.over_cache
+
+
+def write_cache(c_bksd: jax.Array, rows_bt: jax.Array, slots_bt: jax.Array, x_btkd: jax.Array) -> jax.Array:
+    """`x` written at (row, slot) of a head-major layer cache; slots `>= max_len` write nothing."""
+    return c_bksd.at[rows_bt, :, slots_bt].set(x_btkd.astype(c_bksd.dtype), mode="drop")
 
 
 def layer_qkv(config: Qwen3Config, x_btd, lp, cos, sin):
@@ -329,13 +338,13 @@ def _decoder_layer(config: Qwen3Config, x_btd, lp, cos, sin, positions_bt, valid
     if cache_kv is None:
         return layer_out(config, x_btd, lp, self_attention(config, q, k, v, valid_bt)), None
     ck, cv = cache_kv
-    max_len = ck.shape[1]
+    max_len = ck.shape[2]
     # Padding tokens write to an out-of-range slot, which `mode="drop"` discards.
     slots = jnp.where(valid_bt, positions_bt, max_len)
     rows = jnp.broadcast_to(jnp.arange(x_btd.shape[0])[:, None], slots.shape)
-    ck = ck.at[rows, slots].set(k.astype(ck.dtype), mode="drop")
-    cv = cv.at[rows, slots].set(v.astype(cv.dtype), mode="drop")
-    a = attention(q, ck.astype(dt), cv.astype(dt), allowed_bts, dt)
+    ck = write_cache(ck, rows, slots, k)
+    cv = write_cache(cv, rows, slots, v)
+    a = cached_attention(q, ck.astype(dt), cv.astype(dt), allowed_bts, dt)
     return layer_out(config, x_btd, lp, a), (ck, cv)
 
 

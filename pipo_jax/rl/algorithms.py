@@ -84,6 +84,9 @@ class Algorithm:
     `pi_symmetric_clip`, their `grpo_layback`) apply; their PPO PI step is the plain clip.
     authors_ppo: the authors' PPO path (`ppo_layback`): `pipo.authors.ppo_pi_no_lam`,
     `ppo_sign_attribution` and `ppo_adv_gate` apply.
+    config_name: the `config.algorithm` value it answers to ("" = `name`); variant: which of that
+    name's registered variants it is, chosen by `vpd.hybrid` ("none": the plain one).
+    vpd_settings: reads the `vpd` section (VPD's E-step and hybrids; `TrainSpec.vpd`).
     """
 
     name: str
@@ -94,6 +97,13 @@ class Algorithm:
     advantage_shaping: str | None = None
     authors_pi_token_loss: bool = True
     authors_ppo: bool = False
+    config_name: str = ""
+    variant: str = "none"
+    vpd_settings: bool = False
+
+    def __post_init__(self):
+        if not self.config_name:
+            object.__setattr__(self, "config_name", self.name)
 
     def loss_for(self, policy: str) -> str | None:
         """The registered loss `loss.policy = policy` trains with, or None if it does not fit."""
@@ -161,9 +171,20 @@ def group_estimators() -> tuple[str, ...]:
     return tuple(name for name, est in ADVANTAGE_ESTIMATORS.items() if est.group)
 
 
-def algorithm_key(name: str, vpd_hybrid: str = "none") -> str:
-    """The `ALGORITHMS` key of `config.algorithm` (VPD's hybrids are variants: "vpd+joint")."""
-    return name if vpd_hybrid == "none" else f"{name}+{vpd_hybrid}"
+
+def config_names() -> tuple[str, ...]:
+    """The `config.algorithm` values: each registered algorithm's `config_name`, once."""
+    return tuple(dict.fromkeys(a.config_name for a in ALGORITHMS.values()))
+
+
+def plain_algorithm(config_name: str) -> Algorithm:
+    """The registered algorithm `config.algorithm = config_name` names without a variant."""
+    return next(a for a in ALGORITHMS.values() if a.config_name == config_name and a.variant == "none")
+
+
+def algorithm_variant(config_name: str, variant: str = "none") -> Algorithm:
+    """The registered algorithm of `config.algorithm` and its variant (VPD's hybrids: `vpd.hybrid`)."""
+    return next(a for a in ALGORITHMS.values() if a.config_name == config_name and a.variant == variant)
 
 
 # ----------------------------------------------------------------------------- model passes
@@ -178,7 +199,7 @@ def student_logprobs(spec, params, mb: TrainBatch):
 
 def teacher_logprobs(spec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
     """Teacher log-probs `[B, R]` of the response tokens in the teacher context (no gradient)."""
-    q = tokens_bq.shape[1] - spec.rollout.response_len
+    q = tokens_bq.shape[1] - spec.rollout.max_new_tokens
     logp, _ = response_logprobs(spec.model, jax.lax.stop_gradient(teacher_params), tokens_bq, mask_bq, q,
                                 temperature=spec.rollout.temperature, impl=spec.logprob_impl)
     return jax.lax.stop_gradient(logp)
@@ -187,7 +208,7 @@ def teacher_logprobs(spec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
 def aggregation(spec, counts: dict) -> Aggregation:
     """The `agg=` of every loss in `pipo_jax.losses`: `loss.agg_mode` with a mini-batch's global
     counts (`steps.response_counts`), normalised by the configured response length."""
-    return Aggregation.of(spec.loss.agg_mode, counts, norm_length=spec.rollout.response_len)
+    return Aggregation.of(spec.loss.agg_mode, counts, norm_length=spec.loss.norm_length or spec.rollout.max_new_tokens)
 
 
 def _check_loss_inputs(logp_br, mb: TrainBatch) -> None:
@@ -262,7 +283,7 @@ def _sdpo_token(spec, params, teacher_params, mb: TrainBatch, counts: dict):
 @policy_loss("sdpo_jsd", distills=True)
 def _sdpo_jsd(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     """SDPO's generalised JSD on the student's top-k tokens + tail (`losses/distill.py:sdpo_jsd_loss`)."""
-    p, r = spec.prompt_len, spec.rollout.response_len
+    p, r = spec.prompt_len, spec.rollout.max_new_tokens
     q = mb.teacher_tokens_bq.shape[1] - r
     student = response_log_softmax(spec.model, params, mb.tokens_bl, mb.mask_bl, p,
                                    temperature=spec.rollout.temperature)
@@ -347,8 +368,14 @@ SDPO_LOSSES = (("sdpo_token", "sdpo_token"), ("sdpo_jsd", "sdpo_jsd"))
 register_algorithm(Algorithm("ppo", ("gae",), CLIP_LOSSES, "gae", authors_pi_token_loss=False, authors_ppo=True))
 for _name in ("grpo", "gspo", "dapo"):
     register_algorithm(Algorithm(_name, GROUP_ESTIMATORS, CLIP_LOSSES, "group"))
+# Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): GRPO without its two
+# length / difficulty biases; configs/dr_grpo.py sets them off: A_i = R_i - mean_g
+# (`advantage.norm_by_std=false`) and each response's token losses summed and divided by a constant
+# (`loss.agg_mode=seq-mean-token-sum-norm`, SPEC 1 "Aggregation"), not by the response's length.
+register_algorithm(Algorithm("dr_grpo", GROUP_ESTIMATORS, CLIP_LOSSES, "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
-register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
-register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True))
+register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
+register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,
+                             config_name="vpd", variant="joint", vpd_settings=True))
 register_algorithm(Algorithm("vpd+reshape", GROUP_ESTIMATORS, CLIP_LOSSES, "group", teacher=True,
-                             advantage_shaping="vpd_reshape"))
+                             advantage_shaping="vpd_reshape", config_name="vpd", variant="reshape", vpd_settings=True))

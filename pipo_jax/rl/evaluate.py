@@ -19,7 +19,8 @@ from pipo_jax.data.prompts import build_prompts
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.placement import Placement
-from pipo_jax.rl.spec import TrainSpec, train_spec
+from pipo_jax.rl.spec import TrainSpec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import passk
@@ -93,12 +94,12 @@ def heldout_rewards(spec: TrainSpec, params, n_problems: int, n: int, rng, tempe
     """Rewards `[n_problems, n]` of `n` samples on held-out problems of a `device_reward` task
     (the built-in task), scored by its JAX reward."""
     task = spec.task
-    if not task.device_reward:
+    if not task.capabilities.device_reward:
         raise ValueError(f"the {task.name} task is scored on the host: use its benchmarks (math_benchmarks)")
     k_prob, k_gen = jax.random.split(rng)
     problems = task.heldout_problems(task.prompt_table(), n_problems, k_prob)
     tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, n, k_gen,
-                            max_new_tokens=spec.rollout.response_len, temperature=temperature,
+                            max_new_tokens=spec.rollout.max_new_tokens, temperature=temperature,
                             stop_token_ids=task.stop_token_ids, pad_id=task.pad_id, batch_size=batch_size)
     repeated = jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), problems)
     r = task.reward(repeated, jnp.asarray(tokens.reshape(n_problems * n, -1)),
@@ -114,7 +115,7 @@ def decoded_heldout_accuracy(spec: TrainSpec, params, scorer: HostScorer, n: int
     problems = jax.device_get(task.heldout_problems(task.prompt_table(), n, jax.random.PRNGKey(0)))
     rows = len(problems.prompt_tokens_bp)
     tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, 1,
-                            jax.random.PRNGKey(0), max_new_tokens=spec.rollout.response_len, temperature=0.0,
+                            jax.random.PRNGKey(0), max_new_tokens=spec.rollout.max_new_tokens, temperature=0.0,
                             stop_token_ids=task.stop_token_ids, pad_id=task.pad_id,
                             batch_size=min(batch_size, rows))
     return float(np.mean(scorer.score(problems, tokens[:, 0], mask[:, 0]).rewards_b))

@@ -18,7 +18,7 @@ from pipo_jax.losses.masking import masked_mean
 from pipo_jax.rl import algorithms, steps, vpd_estep
 from pipo_jax.rl.batch import TrainBatch, check_batch, stored
 from pipo_jax.rl.response_logprobs import response_logprobs
-from pipo_jax.rl.rollout import Rollout, response_part, shaped_rewards, teacher_settings
+from pipo_jax.rl.rollout import Rollout, choose_contexts, response_part, shaped_rewards, teacher_settings
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, make_optimizer, nonfinite_counts, with_lr
 
@@ -27,15 +27,16 @@ def teacher_contexts(spec: TrainSpec, rollout: Rollout, rewards_b) -> tuple[jax.
     """SDPO / VPD teacher inputs `[B, Q + R]` (the teacher's prompt, then the student's
     response) and `sd_mask_b` (1 where the prompt carries a solution or feedback).
 
-    The prompt comes from the task: built on the host with the rewards (`rollout.teacher_context`,
-    `TaskReward.score_rollout`) or in JAX here (`Task.teacher_prompts`, `device_reward` tasks).
+    The learner chooses each row's context (`rollout.choose_contexts`); the task renders it: on
+    the host with the rewards (`rollout.teacher_context`, `TaskReward.score_rollout`) or in JAX
+    here (`Task.teacher_prompts`, `device_reward` tasks).
     """
     resp_tokens, resp_mask = response_part(spec, rollout)
     if rollout.teacher_context is not None:
         ctx_tokens, ctx_mask, has_context = rollout.teacher_context
     else:
-        ctx_tokens, ctx_mask, has_context = spec.task.teacher_prompts(rollout.problems, resp_tokens, resp_mask,
-                                                                      rewards_b, teacher_settings(spec))
+        ctx_tokens, ctx_mask, has_context = spec.task.teacher_prompts(
+            rollout.problems, resp_tokens, resp_mask, choose_contexts(rewards_b, teacher_settings(spec)))
     return (jnp.concatenate([ctx_tokens, resp_tokens], axis=1), jnp.concatenate([ctx_mask, resp_mask], axis=1),
             has_context.astype(jnp.float32))
 

@@ -1,6 +1,6 @@
 """Where the trainer's state lives and which programs advance it: one device, or a mesh.
 
-`placement_from_config(config)` reads `config.mesh` (sizes `data` / `fsdp` / `tensor`,
+`placement_from_config(config.mesh)` reads the typed mesh section (sizes `data` / `fsdp` / `tensor`,
 `-1` fills, `dcn_*`, `rules`). With one device (or `mesh.enabled=false`) the trainer
 runs the plain single-device programs (`loop.scan_chunk`, `loop.host_iteration`). With
 several devices, of one process or many, it builds the mesh over all of them and runs
@@ -17,7 +17,6 @@ import logging
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
@@ -25,6 +24,7 @@ from pipo_jax import parallel
 from pipo_jax.parallel.rules import Rules, make_rules
 from pipo_jax.rl import loop, rollout, sharded_steps, teacher_forcing
 from pipo_jax.rl.checkpoint import Checkpointer
+from pipo_jax.rl.sections import MeshConfig
 from pipo_jax.rl.spec import ConfigError, TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
 
@@ -113,13 +113,12 @@ class Placement:
         return jax.device_get(tree) if self.mesh is None else sharded_steps.to_host(tree)
 
 
-def placement_from_config(config: ml_collections.ConfigDict) -> Placement:
-    """The placement of `config.mesh` over all devices (see the module doc)."""
-    cfg = config.get("mesh")
-    if cfg is None or not cfg.get("enabled", True) or jax.device_count() == 1:
+def placement_from_config(cfg: MeshConfig) -> Placement:
+    """The placement of the `config.mesh` section over all devices (see the module doc)."""
+    if not cfg.enabled or jax.device_count() == 1:
         return Placement()
     try:
-        rules = make_rules(cfg.get("rules", "") or None)
+        rules = make_rules(cfg.rules or None)
         mesh = parallel.mesh_from_config(cfg)
     except ValueError as e:
         raise ConfigError(str(e)) from e

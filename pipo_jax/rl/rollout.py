@@ -16,10 +16,11 @@ from flax import struct
 
 from pipo_jax import parallel
 from pipo_jax.losses import advantages
+from pipo_jax.losses.distill import select_demonstrations
 from pipo_jax.rl import steps
 from pipo_jax.rl.spec import ConfigError, TrainSpec
 from pipo_jax.sampling import sampler
-from pipo_jax.tasks.protocol import HostScorer, Scored, TeacherSettings
+from pipo_jax.tasks.protocol import ContextChoice, HostScorer, Scored, TeacherSettings
 
 
 @struct.dataclass
@@ -131,6 +132,16 @@ def teacher_settings(spec: TrainSpec) -> TeacherSettings:
                            use_feedback=spec.sdpo.use_feedback, width=spec.teacher_prompt_len)
 
 
+def choose_contexts(rewards_b, teacher: TeacherSettings) -> ContextChoice:
+    """SDPO / VPD's choice of each row's teacher context, made by the learner for every task:
+    the first *other* response of the row's group with reward >= `success_threshold`
+    (`losses/distill.select_demonstrations`; `demo_row_b` 0 where there is none), else, with
+    `use_feedback`, the task's feedback on the row's own response. JAX arrays `[B]`."""
+    demo_row_b, has_demo_b = select_demonstrations(jnp.asarray(rewards_b, jnp.float32), teacher.group_size,
+                                                   success_threshold=teacher.success_threshold)
+    return ContextChoice(jnp.maximum(demo_row_b, 0), has_demo_b, (~has_demo_b) & teacher.use_feedback)
+
+
 class TaskReward:
     """The task's host scorer (`Task.scorer()`) as the host loop's reward: `reward(rollout)`
     gives the rewards `[B]` (what each process computes for its rows on a mesh);
@@ -140,18 +151,21 @@ class TaskReward:
     def __init__(self, spec: TrainSpec, scorer: HostScorer):
         self.spec, self.scorer = spec, scorer
 
-    def _score(self, rollout: Rollout, teacher: TeacherSettings | None) -> Scored:
-        problems, tokens_br, mask_br = jax.device_get((rollout.problems, *response_part(self.spec, rollout)))
-        return self.scorer.score(problems, tokens_br, mask_br, teacher)
-
     def __call__(self, rollout: Rollout) -> np.ndarray:
-        return self._score(rollout, None).rewards_b
+        problems, tokens_br, mask_br = jax.device_get((rollout.problems, *response_part(self.spec, rollout)))
+        return self.scorer.score(problems, tokens_br, mask_br).rewards_b
 
     def score_rollout(self, rollout: Rollout) -> Rollout:
-        scored = self._score(rollout, teacher_settings(self.spec) if self.spec.uses_teacher else None)
+        """The rollout with its rewards and, for SDPO / VPD on a host-reward task, the teacher
+        prompts the scorer renders for the learner's `choose_contexts`."""
+        problems, tokens_br, mask_br = jax.device_get((rollout.problems, *response_part(self.spec, rollout)))
+        scored = self.scorer.score(problems, tokens_br, mask_br)
         out = with_rewards(rollout, scored.rewards_b)
-        if scored.teacher_prompts is not None:
-            out = out.replace(teacher_context=tuple(jnp.asarray(x) for x in scored.teacher_prompts))
+        if self.spec.uses_teacher and not self.spec.task.capabilities.device_reward:
+            settings = teacher_settings(self.spec)
+            choice = jax.device_get(choose_contexts(scored.rewards_b, settings))
+            prompts = self.scorer.teacher_prompts(problems, tokens_br, mask_br, scored, choice, settings.width)
+            out = out.replace(teacher_context=tuple(jnp.asarray(x) for x in prompts))
         return out
 
     def take_counts(self) -> dict[str, int]:
@@ -176,7 +190,7 @@ def shaped_rewards(spec: TrainSpec, rewards_b, lengths_b) -> jax.Array:
     (`dapo.overlong_buffer` > 0; `lengths_b` the response lengths in tokens). float32 [B]."""
     if not spec.dapo.overlong_buffer:
         return rewards_b
-    return rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.rollout.response_len,
+    return rewards_b + advantages.overlong_penalty(lengths_b, max_len=spec.rollout.max_new_tokens,
                                                    buffer=spec.dapo.overlong_buffer, factor=spec.dapo.overlong_factor)
 
 

@@ -1,287 +1,301 @@
-"""The run config's sections as frozen, self-validating, hashable (jit-static) records.
+"""The run config's schema: every key declared once, as a field of its section.
 
-Each section checks its own values in `__post_init__` and raises `ConfigError` naming the
-key as `config.<section>.<field>`; `from_config(section, ...)` reads its ml-collections
-section (keys it does not use are left to the other readers). Nothing here does I/O:
-what depends on files (the model's shapes, a dataset) is loaded first and passed in.
-Checks that tie two sections together (a loss that fits the algorithm, a mini-batch that
-divides the batch) live in `rl/spec.py:TrainSpec`.
+Each section is a frozen, hashable (jit-static) dataclass whose fields are its config keys,
+declared with `key(default, description, check, choices=)` (`rl/schema.py`): the annotation is
+the key's type, the default its only default (`configs/base.py:base_config` is
+`schema.defaults(RunConfig)`), the description what `--check_config` prints, the constraint
+checked on construction with a one-line `ConfigError("config.<section>.<key>: ...")`. Choices
+that are registered names (algorithms, estimators, losses, attributions) are read from the
+registries. `schema.from_config(Section, config.<section>)` builds a section (field names equal
+the keys). A section's `check()` ties its own keys together; checks across sections live in
+`rl/spec.py:TrainSpec`, checks that need the task in `rl/spec.py:check_run_config`. No I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping
 
+from pipo_jax import platforms
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import AGG_MODES
 from pipo_jax.losses.kl import KL_ESTIMATORS
 from pipo_jax.losses.pipo import ATTRIBUTION_NORMS, AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
+from pipo_jax.models import attention, qwen3
+from pipo_jax.parallel.distributed import MODES as DISTRIBUTED_MODES
+from pipo_jax.rl import algorithms
+from pipo_jax.rl.schema import RETIRED, ConfigError, Section, above, at_least, choice, key, need, within
 from pipo_jax.sampling.generator import ENGINES
 
+__all__ = ["ConfigError", "need", "choice", "RunConfig"]
 
-class ConfigError(ValueError):
-    """An invalid run config; the message names the key."""
-
-
-def need(cond: bool, key: str, message: str) -> None:
-    """Raises `ConfigError("config.<key>: <message>")` unless `cond`."""
-    if not cond:
-        raise ConfigError(f"config.{key}: {message}")
+RETIRED["train.micro_batch_size"] = ("the global micro-batch is gone: set train.micro_batch_size_per_device "
+                                     "(sequences per device)")
 
 
-def choice(value, key: str, choices) -> None:
-    need(value in choices, key, f"{value!r} is not one of {tuple(choices)}")
+def algorithm_names() -> tuple[str, ...]:
+    """`config.algorithm`'s choices: the registered algorithms (VPD's hybrids are `vpd.hybrid`)."""
+    return algorithms.config_names()
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def estimator_names() -> tuple[str, ...]:
+    return tuple(algorithms.ADVANTAGE_ESTIMATORS) + ("none",)
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def policy_names() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(name for a in algorithms.ALGORITHMS.values() for name, _ in a.policy_losses))
+
+
+def attribution_names() -> tuple[str, ...]:
+    return tuple(algorithms.ATTRIBUTIONS)
+
+
+LOGPROB_IMPLS = ("auto", "reference", "chunked", "pallas")
+REMAT_POLICIES = ("none", "full", "dots_saveable")
+
+
+def _float32_masters(value):
+    if value == "float32":
+        return None
+    return (f"{value!r}: the trainer keeps float32 master weights and AdamW state (bf16 cannot hold AdamW's "
+            "b2 = 0.999 or a 1e-6 update); set model.dtype=bfloat16 for bf16 compute")
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """config.rollout. Sizes in prompts / sequences / tokens."""
+class ModelConfig(Section):
+    """config.model: the policy model's shapes, weights, dtypes and kernels."""
 
-    prompts_per_batch: int = 16  # P prompts per training batch
-    group_size: int = 8  # G responses per prompt
-    response_len: int = 1  # R: max new tokens (`max_new_tokens`, or the task's answer length when 0)
-    temperature: float = 1.0
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0
-    generate_rows_per_device: int = 0  # rows one device decodes per generation pass; 0 = all at once
-    engine: str = "sampler"  # the rollout interface's implementation (sampling/generator.py): sampler | slots
-    engine_slots: int = 0  # slots engine: concurrent decode slots (0 = one per row)
+    _section = "model"
+    preset: str = key("task_tiny", "`task_tiny` (the built-in task's model) or a qwen3 preset name (needs model.path)")
+    path: str = key("", "Hugging Face directory (config.json + safetensors); \"\" = random init")
+    param_dtype: str = key("float32", "master weights and AdamW state; the trainer requires float32",
+                           _float32_masters)
+    dtype: str = key("float32", "matmul / activation dtype (bfloat16: mixed precision, cast inside the model)")
+    remat: str = key("none", "rematerialisation of each layer", choices=REMAT_POLICIES)
+    logprob_impl: str = key("auto", "fused log-prob kernel", choices=LOGPROB_IMPLS)
+    platform: str = key("auto", "the platform the programs are built for (auto: this run's devices); it picks the "
+                        "attention kernel, the log-prob kernel's block sizes and Pallas mode",
+                        choices=("auto",) + platforms.PLATFORMS)
+    attention_impl: str = key("auto", "attention kernel (auto: by platform)", choices=attention.IMPLS)
+    layer_loop: str = key("auto", "the layer loop: auto (unroll on cpu, scan on cuda / tpu; by model.platform, never "
+                          "the host), scan (one lax.scan over the stacked layers) or unroll; the same function",
+                          choices=qwen3.LAYER_LOOPS)
 
-    def __post_init__(self):
-        key = "rollout."
-        choice(self.engine, key + "engine", ENGINES)
-        need(_is_int(self.engine_slots) and self.engine_slots >= 0, key + "engine_slots",
-             f"{self.engine_slots} must be >= 0 (0 = one slot per row)")
-        need(self.engine == "slots" or not self.engine_slots, key + "engine_slots",
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig(Section):
+    """config.task: the task (`rl/task_config.py:make_task` builds the registered task from it)."""
+
+    _section = "task"
+    name: str = key("arithmetic", "the task, a name registered in tasks/registry.py:TASKS (e.g. arithmetic: the "
+                    "built-in JAX-reward task; math / code: dataset tasks, host reward)")
+    min_digits: int = key(1, "arithmetic: fewest digits of an operand")
+    max_digits: int = key(2, "arithmetic: most digits of an operand")
+    ops: str = key("+-", "arithmetic: the operators drawn from")
+    answer_format: str = key("reversed", "arithmetic: reversed (least-significant digit first: carries are "
+                             "learnable) | plain")
+    reward_mode: str = key("exact", "arithmetic: exact (1 for the whole answer) | per_token (graded)")
+    feedback_style: str = key("position", "arithmetic: the SDPO / VPD feedback (position | reveal)")
+    heldout_fraction: float = key(0.1, "rows / problems never trained on, for the held-out accuracy")
+    epochs: float = key(0.0, "dataset tasks: > 0 sets `iterations` to round(epochs * train rows / "
+                        "prompts_per_batch) (prompts are drawn with replacement: an epoch is a budget of prompts)",
+                        at_least(0))
+    split_seed: int = key(0, "seed of the train / held-out split")
+    path: str = key("", "dataset tasks: JSONL / JSONL.gz / parquet file, or a tensorflow-datasets name "
+                    "(format=tfds); prompts through the tokenizer's chat template, rewards verified on the host "
+                    "(needs model.path and log.jit_loop=false)")
+    format: str = key("auto", "auto | jsonl | parquet | tfds")
+    tfds_split: str = key("train", "tfds: the split")
+    data_dir: str = key("", "tfds: the directory of prepared datasets (\"\" = tfds's default, ~/tensorflow_datasets)")
+    tfds_download: bool = key(False, "tfds: download and prepare a dataset data_dir lacks (else: an error naming it)")
+    limit: int = key(0, "first rows only; 0 = all")
+    prompt_field: str = key("problem", "the prompt's (dotted) field name")
+    answer_field: str = key("answer", "math: the reference answer's field")
+    tests_field: str = key("tests", "code: assert list, [{input, output}] or APPS input_output")
+    tokenizer_path: str = key("", "\"\" = model.path")
+    prompt_style: str = key("instruct", "instruct | base (see pipo_jax.data.prompts)")
+    instruction: str = key("auto", "auto = the kind's default; \"\" = none")
+    enable_thinking: str = key("template", "template (its default) | true | false")
+    max_prompt_tokens: int = key(512, "longest prompt in tokens (longer ones follow task.overlong)")
+    overlong: str = key("drop", "drop (counted, logged) | truncate_left | truncate_right | error")
+    answer_pattern: str = key("", "math: regex for the final answer instead of \\boxed{}")
+    verify_timeout_s: float = key(5.0, "math: per answer (extraction + check); code: per test")
+    verify_batch_budget_s: float = key(60.0, "math: wall-clock budget of one batch's checks; answers not checked "
+                                       "by then score 0 and are counted (metric reward/unscored)")
+    verify_workers: int = key(0, "math verifier processes / concurrent code sandboxes; 0 = one per CPU core (max 16)")
+    sandbox_memory_mb: int = key(1024, "code: memory of one sandbox")
+    sandbox_allow_unconfined: bool = key(False, "code: run generated programs even where the kernel has no Landlock "
+                                         "(file system then open to them)")
+    sandbox_allow_network: bool = key(False, "code: run generated programs even where there is no network namespace; "
+                                      "then only a Python audit hook, which ctypes gets past, keeps them off the "
+                                      "network")
+    rg_dataset: str = key("", "reasoning_gym: one of the library's procedural datasets, e.g. chain_sum, gcd, "
+                          "spell_backward (`pip install 'pipo_jax[rg]'`)")
+    rg_config: str = key("", "reasoning_gym: JSON of the dataset's own config, e.g. '{\"min_terms\":2}'; \"\" = its "
+                         "defaults")
+    rg_size: int = key(4000, "reasoning_gym: entries generated (seed task.split_seed); repeated questions dropped")
+    rg_prompt: str = key("compact", "reasoning_gym, character model: compact (the text all questions share cut off) "
+                         "| question")
+    rg_max_prompt_chars: int = key(48, "reasoning_gym, character model: longer rows follow rg_overlong")
+    rg_max_answer_chars: int = key(8, "reasoning_gym, character model: longest answer")
+    rg_overlong: str = key("error", "reasoning_gym: error (names the row) | drop (counted, logged)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig(Section):
+    """config.rollout. Sizes in prompts / sequences / tokens. In a `TrainSpec`, `max_new_tokens`
+    is resolved (the task's answer length when the config says 0)."""
+
+    _section = "rollout"
+    prompts_per_batch: int = key(16, "P prompts per iteration (the train batch, in prompts)", at_least(1))
+    group_size: int = key(8, "G responses per prompt", at_least(1))
+    max_new_tokens: int = key(0, "R: the longest response in tokens; 0 = the task's answer length", at_least(0))
+    temperature: float = key(1.0, "sampling temperature", above(0))
+    top_k: int = key(0, "top-k sampling; 0 = off", at_least(0, " (0 = off)"))
+    top_p: float = key(1.0, "nucleus sampling", within(0, 1, open_low=True))
+    generate_rows_per_device: int = key(
+        0, "rows one device decodes per generation pass (lax.map over passes): the KV cache then holds this many "
+        "rows; 0 = one pass", at_least(0, " (0 = all of a device's rows in one pass)"))
+    engine: str = key("sampler", "the rollout interface's implementation (sampling/generator.py): sampler (one jit, "
+                      "inside the jitted iteration, any mesh) | slots (the slot engine, continuous batching, driven "
+                      "from the host: log.jit_loop=false, one device)", choices=ENGINES)
+    engine_slots: int = key(0, "slots engine: concurrent decode slots (0 = one per row)",
+                            at_least(0, " (0 = one slot per row)"))
+
+    def check(self):
+        need(self.engine == "slots" or not self.engine_slots, "rollout.engine_slots",
              f"{self.engine_slots} slots are for rollout.engine=slots, not {self.engine!r}")
-        need(self.engine == "sampler" or not self.generate_rows_per_device, key + "generate_rows_per_device",
+        need(self.engine == "sampler" or not self.generate_rows_per_device, "rollout.generate_rows_per_device",
              "generation passes are the one-jit sampler's (rollout.engine=sampler); the slots engine bounds its "
              "memory with rollout.engine_slots")
-        need(_is_int(self.prompts_per_batch) and self.prompts_per_batch >= 1, key + "prompts_per_batch",
-             f"{self.prompts_per_batch} must be >= 1")
-        need(_is_int(self.group_size) and self.group_size >= 1, key + "group_size", f"{self.group_size} must be >= 1")
-        need(_is_int(self.response_len) and self.response_len >= 1, key + "max_new_tokens",
-             f"{self.response_len} must be >= 1")
-        need(_is_number(self.temperature) and self.temperature > 0, key + "temperature",
-             f"{self.temperature} must be > 0")
-        need(_is_int(self.top_k) and self.top_k >= 0, key + "top_k", f"{self.top_k} must be >= 0 (0 = off)")
-        need(_is_number(self.top_p) and 0 < self.top_p <= 1, key + "top_p", f"{self.top_p} must be in (0, 1]")
-        need(_is_int(self.generate_rows_per_device) and self.generate_rows_per_device >= 0,
-             key + "generate_rows_per_device",
-             f"{self.generate_rows_per_device} must be >= 0 (0 = all of a device's rows in one pass)")
 
     @property
     def batch(self) -> int:
         """B = P * G sequences per training batch."""
         return self.prompts_per_batch * self.group_size
 
-    @classmethod
-    def from_config(cls, r: Mapping, default_response_len: int) -> RolloutConfig:
-        """`default_response_len`: the task's answer length, used when `max_new_tokens` is 0."""
-        need(r["max_new_tokens"] >= 0, "rollout.max_new_tokens", f"{r['max_new_tokens']} must be >= 0")
-        response_len = r["max_new_tokens"] or default_response_len
-        need(response_len >= 1, "rollout.max_new_tokens", "the task has no default response length: set it (>= 1)")
-        return cls(prompts_per_batch=r["prompts_per_batch"], group_size=r["group_size"], response_len=response_len,
-                   temperature=float(r["temperature"]), top_k=r["top_k"], top_p=float(r["top_p"]),
-                   generate_rows_per_device=r["generate_rows_per_device"], engine=r["engine"],
-                   engine_slots=r["engine_slots"])
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(Section):
+    """config.train: the optimizer and the mini-batch x epoch schedule."""
+
+    _section = "train"
+    lr: float = key(1e-6, "the base step's learning rate", above(0))
+    weight_decay: float = key(0.01, "AdamW weight decay", at_least(0))
+    adam_b1: float = key(0.9, "AdamW b1", within(0, 1, open_high=True))
+    adam_b2: float = key(0.999, "AdamW b2", within(0, 1, open_high=True))
+    grad_clip: float = key(1.0, "global gradient-norm clip", above(0))
+    max_bad_steps: int = key(8, "updates with NaN / inf gradients are skipped and counted; this many in a row (base "
+                             "and PI steps alike) stop the run", at_least(1))
+    mini_batch_prompts: int = key(8, "prompts per optimizer step (paper: 64 of 128); divides "
+                                  "rollout.prompts_per_batch", at_least(1))
+    micro_batch_size_per_device: int = key(
+        0, "sequences each device computes per gradient-accumulation step (verl's *_micro_batch_size_per_gpu), also "
+        "the chunk of the no-gradient passes; 0 = the device's share of the mini-batch", at_least(0))
+    epochs: int = key(1, "passes over the batch", at_least(1))
+    shuffle: bool = key(True, "mini-batches in a random order (false: batch order)")
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """config.train: the optimizer and the mini-batch x epoch schedule (sizes in sequences)."""
+class AdvantageConfig(Section):
+    """config.advantage: the estimator (`rl/algorithms.py:ADVANTAGE_ESTIMATORS`) and its settings."""
 
-    mini_batch: int  # sequences per optimizer step (`mini_batch_prompts` x G)
-    micro_batch_per_device: int = 0  # sequences per device per accumulation step; 0 = its mini-batch share
-    epochs: int = 1
-    shuffle: bool = True
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    grad_clip: float = 1.0
-    max_bad_steps: int = 8  # updates with non-finite gradients in a row before the run stops
+    _section = "advantage"
+    estimator: str = key("grpo", "the advantage estimator (none: no advantages, SDPO's distillation)",
+                         choices=estimator_names)
+    std_ddof: int = key(0, "group std: 0 (population) or 1 (torch.std)", choices=(0, 1))
+    norm_by_std: bool = key(True, "divide the group advantage by the group std (false: Dr. GRPO's r - mean)")
+    gamma: float = key(1.0, "GAE discount", within(0, 1))
+    lam: float = key(1.0, "GAE lambda", within(0, 1))
 
-    def __post_init__(self):
-        key = "train."
-        need(_is_int(self.mini_batch) and self.mini_batch >= 1, key + "mini_batch_prompts",
-             f"a mini-batch of {self.mini_batch} sequences must be >= 1")
-        micro = self.micro_batch_per_device
-        need(_is_int(micro) and micro >= 0 and (micro == 0 or self.mini_batch % micro == 0),
-             key + "micro_batch_size_per_device", f"{micro} does not divide the mini-batch of {self.mini_batch}")
-        need(_is_int(self.epochs) and self.epochs >= 1, key + "epochs", f"{self.epochs} must be >= 1")
-        need(isinstance(self.shuffle, bool), key + "shuffle", f"{self.shuffle!r} must be True or False")
-        need(_is_number(self.lr) and self.lr > 0, key + "lr", f"{self.lr} must be > 0")
-        need(_is_number(self.weight_decay) and self.weight_decay >= 0, key + "weight_decay",
-             f"{self.weight_decay} must be >= 0")
-        for name in ("adam_b1", "adam_b2"):
-            value = getattr(self, name)
-            need(_is_number(value) and 0 <= value < 1, key + name, f"{value} must be in [0, 1)")
-        need(_is_number(self.grad_clip) and self.grad_clip > 0, key + "grad_clip", f"{self.grad_clip} must be > 0")
-        need(_is_int(self.max_bad_steps) and self.max_bad_steps >= 1, key + "max_bad_steps",
-             f"{self.max_bad_steps} must be >= 1")
 
-    @classmethod
-    def from_config(cls, t: Mapping, rollout: RolloutConfig) -> TrainConfig:
-        need("micro_batch_size" not in t, "train.micro_batch_size",
-             "the global micro-batch is gone: set train.micro_batch_size_per_device (sequences per device)")
-        mini_prompts = t["mini_batch_prompts"]
-        need(mini_prompts >= 1 and rollout.prompts_per_batch % mini_prompts == 0, "train.mini_batch_prompts",
-             f"{mini_prompts} does not divide rollout.prompts_per_batch={rollout.prompts_per_batch}")
-        return cls(mini_batch=mini_prompts * rollout.group_size, micro_batch_per_device=t["micro_batch_size_per_device"],
-                   epochs=t["epochs"], shuffle=bool(t["shuffle"]), lr=float(t["lr"]),
-                   weight_decay=float(t["weight_decay"]), adam_b1=float(t["adam_b1"]), adam_b2=float(t["adam_b2"]),
-                   grad_clip=float(t["grad_clip"]), max_bad_steps=t["max_bad_steps"])
+def _dual_clip(value):
+    return None if value == 0 or value > 1 else f"{value} must be 0 or > 1"
 
 
 @dataclasses.dataclass(frozen=True)
-class AdvantageConfig:
-    """config.advantage: the estimator's name (`rl/algorithms.py:ADVANTAGE_ESTIMATORS`, or "none")
-    and its settings."""
+class LossConfig(Section):
+    """config.loss: the policy loss (`rl/algorithms.py:POLICY_LOSSES`), clipping, aggregation, regularisers."""
 
-    estimator: str = "grpo"
-    std_ddof: int = 0  # group std: 0 (population) or 1 (torch.std)
-    norm_by_std: bool = True  # False: Dr. GRPO's mean-only baseline
-    gamma: float = 1.0  # GAE discount
-    lam: float = 1.0  # GAE lambda
+    _section = "loss"
+    policy: str = key("token_clip", "the policy loss (it must fit the algorithm)", choices=policy_names)
+    clip_low: float = key(0.2, "eps_low of the ratio clip", within(0, 1, open_high=True))
+    clip_high: float = key(0.2, "eps_high of the ratio clip", at_least(0))
+    clip_ratio_c: float = key(3.0, "dual clip; 0 disables", _dual_clip)
+    agg_mode: str = key("seq-mean-token-mean", "how token losses become a scalar (losses/aggregation.py)",
+                        choices=AGG_MODES)
+    norm_length: int = key(0, "seq-mean-token-sum-norm's constant divisor, in tokens (Dr. GRPO's constant length): "
+                           "each response's token-loss sum / this; 0 = rollout.max_new_tokens", at_least(0))
+    kl_coef: float = key(0.001, "the reference KL term's weight", at_least(0))
+    kl_estimator: str = key("k3", "the KL estimator", choices=tuple(KL_ESTIMATORS))
+    kl_in_reward: bool = key(False, "PPO: k1 penalty in the token rewards instead of a loss term")
+    entropy_coef: float = key(0.0, "entropy bonus weight", at_least(0))
 
-    def __post_init__(self):
-        choice(self.std_ddof, "advantage.std_ddof", (0, 1))
-        need(_is_number(self.gamma) and 0 <= self.gamma <= 1, "advantage.gamma", f"{self.gamma} must be in [0, 1]")
-        need(_is_number(self.lam) and 0 <= self.lam <= 1, "advantage.lam", f"{self.lam} must be in [0, 1]")
-
-    @classmethod
-    def from_config(cls, a: Mapping) -> AdvantageConfig:
-        return cls(estimator=a["estimator"], std_ddof=a["std_ddof"], norm_by_std=bool(a["norm_by_std"]),
-                   gamma=float(a["gamma"]), lam=float(a["lam"]))
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    """config.loss: the policy loss's name (`rl/algorithms.py:POLICY_LOSSES`), clipping,
-    aggregation and the regularisers."""
-
-    policy: str = "token_clip"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    clip_ratio_c: float = 3.0  # dual clip; 0 = off
-    agg_mode: str = "seq-mean-token-mean"
-    kl_coef: float = 0.001
-    kl_estimator: str = "k3"
-    kl_in_reward: bool = False  # the KL as a k1 penalty in the token rewards instead of a loss term
-    entropy_coef: float = 0.0
-
-    def __post_init__(self):
-        key = "loss."
-        choice(self.agg_mode, key + "agg_mode", AGG_MODES)
-        choice(self.kl_estimator, key + "kl_estimator", tuple(KL_ESTIMATORS))
-        need(_is_number(self.clip_low) and 0 <= self.clip_low < 1, key + "clip_low",
-             f"{self.clip_low} must be in [0, 1)")
-        need(_is_number(self.clip_high) and self.clip_high >= 0, key + "clip_high", f"{self.clip_high} must be >= 0")
-        need(_is_number(self.clip_ratio_c) and (self.clip_ratio_c == 0 or self.clip_ratio_c > 1), key + "clip_ratio_c",
-             f"{self.clip_ratio_c} must be 0 or > 1")
-        need(_is_number(self.kl_coef) and self.kl_coef >= 0, key + "kl_coef", f"{self.kl_coef} must be >= 0")
-        need(_is_number(self.entropy_coef) and self.entropy_coef >= 0, key + "entropy_coef",
-             f"{self.entropy_coef} must be >= 0")
-
-    @classmethod
-    def from_config(cls, lo: Mapping) -> LossConfig:
-        return cls(policy=lo["policy"], clip_low=float(lo["clip_low"]), clip_high=float(lo["clip_high"]),
-                   clip_ratio_c=float(lo["clip_ratio_c"]), agg_mode=lo["agg_mode"], kl_coef=float(lo["kl_coef"]),
-                   kl_estimator=lo["kl_estimator"], kl_in_reward=bool(lo["kl_in_reward"]),
-                   entropy_coef=float(lo["entropy_coef"]))
+    def check(self):
+        need(not self.norm_length or self.agg_mode == "seq-mean-token-sum-norm", "loss.norm_length",
+             f"{self.norm_length} is seq-mean-token-sum-norm's divisor, not {self.agg_mode!r}'s: set it to 0")
 
 
 @dataclasses.dataclass(frozen=True)
-class CriticConfig:
+class CriticConfig(Section):
     """config.critic: PPO's value model."""
 
-    lr: float = 1e-5
-    cliprange_value: float = 0.5
-
-    def __post_init__(self):
-        need(_is_number(self.lr) and self.lr > 0, "critic.lr", f"{self.lr} must be > 0")
-        need(_is_number(self.cliprange_value) and self.cliprange_value > 0, "critic.cliprange_value",
-             f"{self.cliprange_value} must be > 0")
-
-    @classmethod
-    def from_config(cls, c: Mapping) -> CriticConfig:
-        return cls(lr=float(c["lr"]), cliprange_value=float(c["cliprange_value"]))
+    _section = "critic"
+    lr: float = key(1e-5, "the critic's learning rate", above(0))
+    cliprange_value: float = key(0.5, "value clip", above(0))
 
 
 @dataclasses.dataclass(frozen=True)
-class DapoConfig:
-    """config.dapo: dynamic sampling (refill with groups whose rewards differ) and overlong shaping."""
+class DapoConfig(Section):
+    """config.dapo: dynamic sampling (refill with groups whose rewards differ) and overlong shaping.
+    In a `TrainSpec`, `gen_prompts_per_batch` is resolved (P when the config says 0)."""
 
-    dynamic_sampling: bool = False
-    gen_prompts_per_batch: int = 1  # prompts per generation batch (`gen_prompts_per_batch`, or P when 0)
-    max_num_gen_batches: int = 10
-    overlong_buffer: int = 0  # tokens; 0 = overlong shaping off
-    overlong_factor: float = 1.0
-
-    def __post_init__(self):
-        need(_is_int(self.gen_prompts_per_batch) and self.gen_prompts_per_batch >= 1, "dapo.gen_prompts_per_batch",
-             f"{self.gen_prompts_per_batch} must be >= 0 (0 = rollout.prompts_per_batch)")
-        need(_is_int(self.max_num_gen_batches) and self.max_num_gen_batches >= 1, "dapo.max_num_gen_batches",
-             f"{self.max_num_gen_batches} must be >= 1")
-        need(_is_int(self.overlong_buffer) and self.overlong_buffer >= 0, "dapo.overlong_buffer",
-             f"{self.overlong_buffer} must be >= 0")
-        need(_is_number(self.overlong_factor) and self.overlong_factor >= 0, "dapo.overlong_factor",
-             f"{self.overlong_factor} must be >= 0")
-
-    @classmethod
-    def from_config(cls, d: Mapping, rollout: RolloutConfig) -> DapoConfig:
-        if d["dynamic_sampling"]:
-            need(rollout.group_size >= 2, "dapo.dynamic_sampling", "filters groups by reward variance: needs G >= 2")
-        need(d["overlong_buffer"] <= rollout.response_len, "dapo.overlong_buffer",
-             f"{d['overlong_buffer']} must be in [0, max_new_tokens={rollout.response_len}]")
-        return cls(dynamic_sampling=bool(d["dynamic_sampling"]),
-                   gen_prompts_per_batch=d["gen_prompts_per_batch"] or rollout.prompts_per_batch,
-                   max_num_gen_batches=d["max_num_gen_batches"], overlong_buffer=d["overlong_buffer"],
-                   overlong_factor=float(d["overlong_factor"]))
+    _section = "dapo"
+    dynamic_sampling: bool = key(False, "keep only groups whose rewards differ, refilling the batch (needs G >= 2)")
+    gen_prompts_per_batch: int = key(0, "prompts per generation batch; 0 = rollout.prompts_per_batch",
+                                     at_least(0, " (0 = rollout.prompts_per_batch)"))
+    max_num_gen_batches: int = key(10, "generation batches one iteration may draw", at_least(1))
+    overlong_buffer: int = key(0, "tokens before max_new_tokens where the overlong penalty ramps; 0 = off",
+                               at_least(0))
+    overlong_factor: float = key(1.0, "the overlong penalty at max_new_tokens", at_least(0))
 
 
 SDPO_TEACHERS = ("ema", "live")
 
 
 @dataclasses.dataclass(frozen=True)
-class SdpoConfig:
+class SdpoConfig(Section):
     """config.sdpo: the feedback-conditioned teacher (SDPO, VPD and its hybrids)."""
 
-    alpha: float = 0.5  # JSD mixture weight
-    topk: int = 100  # JSD: the student's top-k tokens (+ tail)
-    teacher: str = "ema"  # ema (its own EMA copy) | live (the student's params)
-    ema_rate: float = 0.05
-    success_threshold: float = 1.0  # a sibling with reward >= this is a demonstration
-    is_clip: float = 2.0  # importance-weight clip of the distillation loss
-    use_feedback: bool = True  # environment feedback when no sibling succeeded
+    _section = "sdpo"
+    alpha: float = key(0.5, "JSD mixture weight", within(0, 1))
+    topk: int = key(100, "JSD: the student's top-k tokens (+ tail)", at_least(1))
+    teacher: str = key("ema", "ema (its own EMA copy) | live (the student's params)", choices=SDPO_TEACHERS)
+    ema_rate: float = key(0.05, "the EMA teacher's rate", within(0, 1))
+    success_threshold: float = key(1.0, "a sibling with reward >= this is a demonstration")
+    is_clip: float = key(2.0, "importance-weight clip of the distillation loss", above(0))
+    use_feedback: bool = key(True, "environment feedback when no sibling succeeded")
 
-    def __post_init__(self):
-        choice(self.teacher, "sdpo.teacher", SDPO_TEACHERS)
-        need(_is_number(self.alpha) and 0 <= self.alpha <= 1, "sdpo.alpha", f"{self.alpha} must be in [0, 1]")
-        need(_is_number(self.ema_rate) and 0 <= self.ema_rate <= 1, "sdpo.ema_rate",
-             f"{self.ema_rate} must be in [0, 1]")
-        need(_is_int(self.topk) and self.topk >= 1, "sdpo.topk", f"{self.topk} must be >= 1")
-        need(_is_number(self.success_threshold), "sdpo.success_threshold",
-             f"{self.success_threshold!r} must be a finite number")
-        need(_is_number(self.is_clip) and self.is_clip > 0, "sdpo.is_clip", f"{self.is_clip} must be > 0")
 
-    @classmethod
-    def from_config(cls, s: Mapping) -> SdpoConfig:
-        return cls(alpha=float(s["alpha"]), topk=s["topk"], teacher=s["teacher"], ema_rate=float(s["ema_rate"]),
-                   success_threshold=float(s["success_threshold"]), is_clip=float(s["is_clip"]),
-                   use_feedback=bool(s["use_feedback"]))
+def _authors_docs() -> dict[str, str]:
+    """Each behaviour's description, from `PipoOptions`'s docstring (declared once there)."""
+    docs, name = {}, None
+    for line in (PipoOptions.__doc__ or "").splitlines():
+        words = line.split(maxsplit=1)
+        if words and words[0] in AUTHORS_BEHAVIOURS:
+            name = words[0]
+            docs[name] = words[1] if len(words) > 1 else ""
+        elif name and line.strip():
+            docs[name] += " " + line.strip()
+        else:
+            name = None
+    return docs
 
+
+_AUTHORS_DOCS = _authors_docs()
+# config.pipo.authors: each of the authors' behaviours true / false, or None (unset: follows pipo.compat).
+AuthorsConfig = dataclasses.make_dataclass(
+    "AuthorsConfig", [(n, "bool | None", key(None, _AUTHORS_DOCS.get(n, ""))) for n in AUTHORS_BEHAVIOURS],
+    bases=(Section,), frozen=True, namespace={"_section": "pipo.authors", "__module__": __name__})
 
 MU_SOURCES = ("filtered", "raw")
 PI_OPTIMIZERS = ("shared", "separate")
@@ -289,58 +303,47 @@ PI_RATIOS = ("base", "token")
 PI_DENOMINATORS = ("all_tokens", "signal_tokens")
 
 
-def _optional_float(value):
-    return None if value is None else (float(value) if _is_number(value) else value)
+def _window(value):
+    return None if value >= 2 else f"K={value} must be >= 2 (the window std needs two means)"
+
+
+def _pi_clip(value):
+    return None if value > 0 else f"{value!r} must be None (the base loss's clip) or > 0"
 
 
 @dataclasses.dataclass(frozen=True)
-class PipoConfig:
+class PipoConfig(Section):
     """config.pipo: the controller (SPEC 1) and its PI step."""
 
-    enabled: bool = False
-    window: int = 8  # K
-    lam: float = 0.1
-    lr: float = 1e-6  # alpha_PI
-    options: PipoOptions = PipoOptions()  # the authors' code's behaviours that are on (all off = paper)
-    mu_source: str = "filtered"  # DAPO: mu_t over the trained batch | "raw": every sampled group
-    attribution: str = "group"  # `rl/algorithms.py:ATTRIBUTIONS` name
-    # Settings beside the paper's recipe (README "Why PIPO lowers SDPO and GSPO here"); the
-    # defaults are the paper's.
-    attribution_norm: str = "none"  # none | mean_abs: a / mean |a| over the rows with a signal
-    pi_optimizer: str = "shared"  # shared (SPEC 2: one AdamW state) | separate (the PI step's own)
-    pi_ratio: str = "base"  # base: the base loss's ratio (GSPO: sequence) | token
-    pi_clip_low: float | None = None  # the PI step's eps_low; None = loss.clip_ratio_low
-    pi_clip_high: float | None = None  # the PI step's eps_high; None = loss.clip_ratio_high
-    sdpo_pi_denominator: str = "all_tokens"  # all_tokens (Eq. 11: 1/N over B_{t-1}) | signal_tokens
+    _section = "pipo"
+    enabled: bool = key(False, "run PIPO's verification and PI step on top of the base algorithm")
+    attribution: str = key("group", "the stored attribution (set by the algorithm file; it must fit the algorithm)",
+                           choices=attribution_names)
+    window: int = key(8, "K: iterations of mean reward in the window", _window)
+    lam: float = key(0.1, "lambda: the PI step's scale when the improvement signal is negative", within(0, 1))
+    lr: float = key(1e-6, "alpha_PI: the PI step's learning rate", above(0))
+    compat: bool = key(False, "every behaviour of `pipo.authors` (README \"PIPO: the paper and the authors' code\")")
+    authors: AuthorsConfig = key(AuthorsConfig(), "the authors' behaviours one by one: true / false sets one; unset "
+                                 "(None) follows pipo.compat")
+    mu_source: str = key("filtered", "DAPO: mu_t over the filtered batch (SPEC, authors) | raw: every sampled group",
+                         choices=MU_SOURCES)
+    sdpo_pi_denominator: str = key(
+        "all_tokens", "SDPO's PI step averages over all response tokens of B_{t-1} (paper Eq. 11) | signal_tokens: "
+        "over the tokens of rows with a teacher signal (README \"SDPO's PI denominator\")", choices=PI_DENOMINATORS)
+    attribution_norm: str = key("none", "none | mean_abs: attribution / its mean |a| over rows with a signal",
+                                choices=ATTRIBUTION_NORMS)
+    pi_optimizer: str = key("shared", "shared: one AdamW state for both steps (SPEC 2) | separate: the PI step's own",
+                            choices=PI_OPTIMIZERS)
+    pi_ratio: str = key("base", "base: the base loss's ratio (GSPO: its sequence ratio) | token: per-token ratio",
+                        choices=PI_RATIOS)
+    pi_clip_low: float | None = key(None, "the PI step's eps_low; unset = loss.clip_low", _pi_clip)
+    pi_clip_high: float | None = key(None, "the PI step's eps_high; unset = loss.clip_high", _pi_clip)
 
-    def __post_init__(self):
-        need(_is_int(self.window) and self.window >= 2, "pipo.window",
-             f"K={self.window} must be >= 2 (the window std needs two means)")
-        need(_is_number(self.lam) and 0 <= self.lam <= 1, "pipo.lam", f"{self.lam} must be in [0, 1]")
-        need(_is_number(self.lr) and self.lr > 0, "pipo.lr", f"{self.lr} must be > 0")
-        choice(self.mu_source, "pipo.mu_source", MU_SOURCES)
-        choice(self.attribution_norm, "pipo.attribution_norm", ATTRIBUTION_NORMS)
-        choice(self.pi_optimizer, "pipo.pi_optimizer", PI_OPTIMIZERS)
-        choice(self.pi_ratio, "pipo.pi_ratio", PI_RATIOS)
-        choice(self.sdpo_pi_denominator, "pipo.sdpo_pi_denominator", PI_DENOMINATORS)
-        for key in ("pi_clip_low", "pi_clip_high"):
-            value = getattr(self, key)
-            need(value is None or (_is_number(value) and 0 < value), f"pipo.{key}",
-                 f"{value!r} must be None (the base loss's clip) or > 0")
-
-    @classmethod
-    def from_config(cls, p: Mapping) -> PipoConfig:
-        authors = dict(p["authors"].items()) if "authors" in p else {}
-        for name in authors:
-            need(name in AUTHORS_BEHAVIOURS, f"pipo.authors.{name}",
-                 f"unknown behaviour; expected one of {AUTHORS_BEHAVIOURS}")
-        return cls(enabled=bool(p["enabled"]), window=p["window"], lam=float(p["lam"]), lr=float(p["lr"]),
-                   options=pipo_options(bool(p["compat"]), **authors), mu_source=p["mu_source"],
-                   attribution=p["attribution"], attribution_norm=p.get("attribution_norm", "none"),
-                   pi_optimizer=p.get("pi_optimizer", "shared"), pi_ratio=p.get("pi_ratio", "base"),
-                   pi_clip_low=_optional_float(p.get("pi_clip_low")),
-                   pi_clip_high=_optional_float(p.get("pi_clip_high")),
-                   sdpo_pi_denominator=p.get("sdpo_pi_denominator", "all_tokens"))
+    @property
+    def options(self) -> PipoOptions:
+        """The authors' behaviours that are on (all off = the paper): `compat`, then each named one."""
+        return pipo_options(self.compat, **{f.name: getattr(self.authors, f.name)
+                                            for f in dataclasses.fields(self.authors)})
 
 
 VPD_REFERENCES = ("dynamic", "fixed")
@@ -348,52 +351,161 @@ VPD_HYBRIDS = ("none", "joint", "reshape")
 
 
 @dataclasses.dataclass(frozen=True)
-class VpdConfig:
-    """config.vpd (algorithm = vpd).
+class VpdConfig(Section):
+    """config.vpd (algorithm = vpd; experimental, SPEC 4)."""
 
-    beta: implicit-reward scale in rtilde = beta * log(q / pi_ref).
-    every: F, run the E-step on iterations with step % F == 0 (step = student iterations done).
-    lr: the teacher's AdamW learning rate (its own optimizer state; written into it at every E-step).
-    e_step: False turns VPD into SDPO (the teacher is never trained).
-    reference: "dynamic" (the student at theta_t, paper default) or "fixed" (initial params).
-    delta_mode / delta_ema_rate: running mean of implicit rewards, see `losses.vpd.update_delta`.
-    seq_logprob: "sum" (sequence log-likelihood ratio) or "mean" (per valid token).
-    hybrid / hybrid_weight: GRPO + SDPO ablation ("none", "joint", "reshape") and its w.
-    """
+    _section = "vpd"
+    beta: float = key(0.1, "implicit reward rtilde = beta * log(q / pi_ref)", above(0))
+    every: int = key(5, "F: the E-step runs on iterations with step % F == 0", at_least(1))
+    lr: float = key(1e-6, "the teacher's own AdamW learning rate", above(0))
+    e_step: bool = key(True, "false: the teacher is never trained (VPD reduces to SDPO)")
+    reference: str = key("dynamic", "dynamic (the current student, paper default) | fixed (the initial policy)",
+                         choices=VPD_REFERENCES)
+    delta_mode: str = key("cumulative", "running mean of implicit rewards (losses/vpd.py:update_delta)",
+                          choices=vpd_loss.DELTA_MODES)
+    delta_ema_rate: float = key(0.1, "delta_mode=ema: its rate", within(0, 1, open_low=True))
+    seq_logprob: str = key("sum", "sum (sequence log-likelihood ratio) | mean (per valid token)",
+                           choices=vpd_loss.SEQ_LOGPROB_MODES)
+    hybrid: str = key("none", "GRPO + SDPO ablations: none | joint | reshape", choices=VPD_HYBRIDS)
+    hybrid_weight: float = key(1.0, "the hybrid's weight w", at_least(0))
 
-    beta: float = 0.1
-    every: int = 5
-    lr: float = 1e-6
-    e_step: bool = True
-    reference: str = "dynamic"
-    delta_mode: str = "cumulative"
-    delta_ema_rate: float = 0.1
-    seq_logprob: str = "sum"
-    hybrid: str = "none"
-    hybrid_weight: float = 1.0
 
-    def __post_init__(self):
-        def number(field):
-            value = getattr(self, field)
-            need(_is_number(value), f"vpd.{field}", f"{value!r} must be a finite number")
-            return value
+@dataclasses.dataclass(frozen=True)
+class WarmupConfig(Section):
+    """config.warmup: the supervised warm-up of the task model (a fresh model, no model.path)."""
 
-        need(number("beta") > 0, "vpd.beta", f"{self.beta} must be > 0")
-        need(_is_int(self.every) and self.every >= 1, "vpd.every", f"{self.every!r} must be an integer >= 1")
-        need(number("lr") > 0, "vpd.lr", f"{self.lr} must be > 0")
-        need(isinstance(self.e_step, bool), "vpd.e_step", f"{self.e_step!r} must be True or False")
-        choice(self.reference, "vpd.reference", VPD_REFERENCES)
-        choice(self.delta_mode, "vpd.delta_mode", vpd_loss.DELTA_MODES)
-        need(0 < number("delta_ema_rate") <= 1, "vpd.delta_ema_rate", f"{self.delta_ema_rate} must be in (0, 1]")
-        choice(self.seq_logprob, "vpd.seq_logprob", vpd_loss.SEQ_LOGPROB_MODES)
-        choice(self.hybrid, "vpd.hybrid", VPD_HYBRIDS)
-        need(number("hybrid_weight") >= 0, "vpd.hybrid_weight", f"{self.hybrid_weight} must be >= 0")
+    _section = "warmup"
+    enabled: bool = key(True, "warm the task model up on demonstrations before RL")
+    steps: int = key(800, "warm-up optimizer steps", at_least(1))
+    batch: int = key(64, "demonstrations per warm-up step", at_least(1))
+    lr: float = key(3e-3, "the warm-up's learning rate", above(0))
+    target_accuracy: float | None = key(0.25, "stop at this held-out accuracy (a partial solver, so RL has room); "
+                                        "None = run all steps", within(0, 1))
+    eval_every: int = key(50, "steps between held-out checks (the target's resolution: a stop overshoots by less)",
+                          at_least(1))
+    mistake_rate: float = key(0.0, "share of carrying / borrowing demonstrations shown with the column mistake",
+                              within(0, 1))
+    context_fraction: float = key(0.0, "share of rows shown with an SDPO / VPD teacher context (solution / feedback)",
+                                  within(0, 1))
 
-    @classmethod
-    def from_config(cls, section: Mapping) -> VpdConfig:
-        """From a `config.vpd` section (or dict); missing keys keep their defaults."""
-        items = dict(section.items())
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(items) - fields)
-        need(not unknown, f"vpd.{unknown[0] if unknown else ''}", f"unknown key; valid keys are {sorted(fields)}")
-        return cls(**items)
+
+def _ks(value):
+    try:
+        tuple(int(k) for k in str(value).split(","))
+    except ValueError:
+        return f"{value!r} is not a comma-separated list of integers"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig(Section):
+    """config.eval: the trainer's evaluation."""
+
+    _section = "eval"
+    every: int = key(20, "iterations between evaluations; 0 = only at start and end", at_least(0))
+    n: int = key(512, "held-out problems of the task (greedy accuracy)", at_least(1))
+    benchmarks: str = key("", "math benchmarks scored at every evaluation (pass@1 = mean over `samples`, unbiased "
+                          "pass@k), as experiments/eval.py: \"NAME=PATH,NAME=PATH\" (JSONL / parquet with "
+                          "task.prompt_field / answer_field); needs a math task")
+    samples: int = key(4, "responses per benchmark problem", at_least(1))
+    ks: str = key("1,4", "the k of pass@k, comma-separated, each in [1, samples]", _ks)
+    temperature: float = key(1.0, "benchmark sampling temperature", at_least(0))
+    batch_size: int = key(64, "benchmark prompts per sampling batch", at_least(1))
+
+    def check(self):
+        need(all(1 <= k <= self.samples for k in self.pass_ks), "eval.ks",
+             f"{self.pass_ks}: each k must be in [1, eval.samples={self.samples}]")
+
+    @property
+    def pass_ks(self) -> tuple[int, ...]:
+        return tuple(int(k) for k in str(self.ks).split(","))
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig(Section):
+    """config.log: logging and the jitted chunk."""
+
+    _section = "log"
+    every: int = key(5, "iterations per jitted lax.scan chunk between host logging points", at_least(1))
+    jit_loop: bool = key(True, "scan the whole iteration when the reward is JAX-native")
+    tensorboard: bool = key(True, "write TensorBoard events")
+    wandb: bool = key(False, "log to Weights & Biases")
+    wandb_project: str = key("pipo_jax", "the W&B project")
+    progress: bool = key(True, "a progress bar")
+    plots: bool = key(True, "plots of the metrics at the end")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig(Section):
+    """config.checkpoint. A run killed at any point resumes from its newest checkpoint and loses at
+    most `every` iterations; SIGTERM / SIGINT save one before exiting (README "Reliability")."""
+
+    _section = "checkpoint"
+    every: int = key(10, "iterations between checkpoints; 0 = only at the end (and on SIGTERM / SIGINT)",
+                     at_least(0))
+    warmup_every: int = key(200, "the warm-up's steps between its own checkpoints; 0 = none", at_least(0))
+    keep: int = key(3, "checkpoints kept", at_least(1))
+    resume: bool = key(True, "resume from the workdir's newest checkpoint (false: refuse a workdir that has one)")
+    allow_config_change: bool = key(
+        False, "resume with changed settings: keys that change the saved state's shapes are always refused; others "
+        "(e.g. train.lr) need this (the earlier config is kept as config.<step>.json); run-control keys "
+        "(iterations, log.*, eval.*, checkpoint.*, mesh.*, distributed.*) change freely")
+    export_hf: bool = key(True, "write the final policy as a Hugging Face directory (hf_export/)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig(Section):
+    """config.mesh: with more than one device (one process or many) the job runs sharded over this
+    mesh (`parallel/mesh.py:mesh_from_config` checks the sizes against the devices)."""
+
+    _section = "mesh"
+    enabled: bool = key(True, "false: one device even when there are more")
+    data: int = key(-1, "data-parallel ways; -1: whatever the other axes leave of the devices")
+    fsdp: int = key(1, "splits batch and parameters / optimizer state (ZeRO-3)")
+    tensor: int = key(1, "splits heads, MLP and vocabulary (log-probs run vocab-parallel)")
+    dcn_data: int = key(1, "how many of the data ways cross hosts / slices")
+    dcn_fsdp: int = key(1, "how many of the fsdp ways cross hosts / slices")
+    rules: str = key("", "logical-axis rule overrides, e.g. \"embed=none;mlp=fsdp+tensor\"")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig(Section):
+    """config.distributed: multi-process start-up (`parallel/distributed.py`): this config, then
+    the JAX_* environment, SLURM, a TPU pod."""
+
+    _section = "distributed"
+    mode: str = key("auto", "auto | on | off", choices=DISTRIBUTED_MODES)
+    coordinator_address: str = key("", "host:port of process 0")
+    num_processes: int = key(0, "processes in the job; 0 = from the environment")
+    process_id: int = key(-1, "this process's id; -1 = from the environment")
+    local_device_ids: str = key("", "this process's devices, e.g. \"0,1\"")
+    port: int = key(0, "SLURM coordinator port; 0 = JAX_COORDINATOR_PORT or the job-id default")
+    cpu_collectives: str = key("gloo", "CPU collectives implementation")
+    initialization_timeout: int = key(300, "seconds", at_least(1))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(Section):
+    """The whole run config: `configs/base.py:base_config()` is `schema.defaults(RunConfig)`."""
+
+    algorithm: str = key("grpo", "the registered algorithm (rl/algorithms.py:ALGORITHMS; configs/<name>.py sets "
+                         "its defaults)", choices=algorithm_names)
+    seed: int = key(0, "the run's seed")
+    iterations: int = key(60, "RL iterations (dataset tasks: task.epochs > 0 sets it)", at_least(1))
+    model: ModelConfig = key(ModelConfig(), "")
+    task: TaskConfig = key(TaskConfig(), "")
+    rollout: RolloutConfig = key(RolloutConfig(), "")
+    train: TrainConfig = key(TrainConfig(), "")
+    advantage: AdvantageConfig = key(AdvantageConfig(), "")
+    loss: LossConfig = key(LossConfig(), "")
+    critic: CriticConfig = key(CriticConfig(), "PPO only")
+    dapo: DapoConfig = key(DapoConfig(), "")
+    sdpo: SdpoConfig = key(SdpoConfig(), "")
+    vpd: VpdConfig = key(VpdConfig(), "algorithm = vpd only (experimental, SPEC 4)")
+    pipo: PipoConfig = key(PipoConfig(), "")
+    warmup: WarmupConfig = key(WarmupConfig(), "")
+    eval: EvalConfig = key(EvalConfig(), "")
+    log: LogConfig = key(LogConfig(), "")
+    checkpoint: CheckpointConfig = key(CheckpointConfig(), "")
+    mesh: MeshConfig = key(MeshConfig(), "")
+    distributed: DistributedConfig = key(DistributedConfig(), "")

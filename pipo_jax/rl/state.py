@@ -112,7 +112,7 @@ def nonfinite_counts(before, after) -> dict[str, jax.Array]:
 
 def stored_batch_template(spec: TrainSpec) -> TrainBatch:
     """Shapes of the batch PIPO keeps for verification (`batch.stored`): B sequences of prompt + response."""
-    return stored_template(spec.batch, spec.seq_len, spec.rollout.response_len)
+    return stored_template(spec.batch, spec.seq_len, spec.rollout.max_new_tokens)
 
 
 def _copy(tree):

@@ -33,13 +33,13 @@ LossFn = Callable[[Any, Batch, dict], tuple[jax.Array, dict]]
 
 def minibatch_order(spec: TrainSpec, rng, batch_size: int) -> jax.Array:
     """Row indices `[epochs * n_mini, mini_batch]`: a fresh permutation per epoch when shuffling."""
-    n_mini = batch_size // spec.train.mini_batch
+    n_mini = batch_size // spec.mini_batch
 
     def epoch(key):
         return jax.random.permutation(key, batch_size) if spec.train.shuffle else jnp.arange(batch_size)
 
     orders = jax.vmap(epoch)(jax.random.split(rng, spec.train.epochs))
-    return orders.reshape(spec.train.epochs * n_mini, spec.train.mini_batch)
+    return orders.reshape(spec.train.epochs * n_mini, spec.mini_batch)
 
 
 def response_counts(mini: TrainBatch) -> dict:
@@ -54,17 +54,17 @@ def response_counts(mini: TrainBatch) -> dict:
 def micro_rows_per_device(spec: TrainSpec, shards: int) -> int:
     """Sequences one device computes per micro-batch: `train.micro_batch_size_per_device`, or
     (0) the device's share of the mini-batch."""
-    return spec.train.micro_batch_per_device or spec.train.mini_batch // shards
+    return spec.train.micro_batch_size_per_device or spec.mini_batch // shards
 
 
 def check_micro_batching(spec: TrainSpec, shards: int) -> None:
     """Raises `ConfigError` naming the key unless `shards` devices split every mini-batch into
     whole per-device micro-batches."""
     per_device = micro_rows_per_device(spec, shards)
-    if per_device < 1 or spec.train.mini_batch % (per_device * shards):
+    if per_device < 1 or spec.mini_batch % (per_device * shards):
         raise ConfigError(
-            f"config.train.micro_batch_size_per_device: {spec.train.micro_batch_per_device} x {shards} batch shards "
-            f"(mesh axes of `batch`) does not divide the mini-batch of {spec.train.mini_batch} sequences")
+            f"config.train.micro_batch_size_per_device: {spec.train.micro_batch_size_per_device} x {shards} batch shards "
+            f"(mesh axes of `batch`) does not divide the mini-batch of {spec.mini_batch} sequences")
 
 
 def split_micro(x: jax.Array, n_micro: int, shards: int) -> jax.Array:
@@ -145,7 +145,7 @@ def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.Gradien
     mini-batch `counts = counts_fn(mini_batch)` (default: valid tokens and non-empty rows
     of `batch.mask_br`), so losses and metrics of micro-batches add up to the
     mini-batch's. Each mini-batch is split into micro-batches of
-    `spec.train.micro_batch_per_device` rows per device (`accumulate_grads`). Returns (params,
+    `spec.train.micro_batch_size_per_device` rows per device (`accumulate_grads`). Returns (params,
     opt_state, metrics averaged over the optimizer steps, plus "grad_norm").
     """
     size = rows_of(batch)

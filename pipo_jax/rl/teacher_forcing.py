@@ -45,9 +45,7 @@ def greedy_matches(model: qwen3.Qwen3Config, params, prompt_tokens_bp, prompt_ma
 
 def problems_accuracy(model: qwen3.Qwen3Config, params, task: Task, problems) -> jax.Array:
     """float32 []: greedy exact-match accuracy on `problems` (their `reference_responses`)."""
-    targets = task.reference_responses(problems)
-    if targets is None:
-        raise ValueError(f"the {task.name} task has no reference responses: evaluate by decoding and scoring")
+    targets = task.reference_responses(problems)  # raises for a task without them
     ok = greedy_matches(model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, *targets)
     return jnp.mean(ok.astype(jnp.float32))
 
@@ -71,6 +69,6 @@ def heldout_accuracy(model: qwen3.Qwen3Config, params, task: Task, table, n: int
         problems = task.heldout_problems(table, n, rng)
     else:
         problems = task.teacher_eval_problems(table, n, rng)[kind]
-    if not task.exact_answers and task.device_reward:
+    if not task.capabilities.exact_answers and task.capabilities.device_reward:
         return decoded_accuracy(model, params, task, problems)
     return problems_accuracy(model, params, task, problems)

@@ -2,7 +2,7 @@
 supervised warm-up), then RL iterations in jitted `lax.scan` chunks (or the host loop),
 with held-out evaluation, metrics, orbax checkpoints / exact resume and a final HF export.
 On several devices or processes the same job runs sharded over `config.mesh`
-(`pipo_jax.rl.placement`).
+(`pipo_jax.rl.placement`). The run-level sections are read typed (`rl/sections.py:RunConfig`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from pipo_jax.rl import workdir as workdir_lib
 from pipo_jax.rl.checkpoint import Checkpointer, saved_steps
 from pipo_jax.rl.placement import Placement, placement_from_config
 from pipo_jax.rl.preemption import RunInterrupted, StopRequests
-from pipo_jax.rl.spec import (ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config,
-                              train_spec)
+from pipo_jax.rl.sections import RunConfig
+from pipo_jax.rl.setup import train_spec
+from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config
 from pipo_jax.rl.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,7 @@ class Evaluation:
     """The trainer's evaluation: held-out greedy accuracy, plus `config.eval.benchmarks`
     (math tasks: pass@1 / pass@k through `evaluate.math_benchmarks`, as experiments/eval.py)."""
 
-    def __init__(self, spec: TrainSpec, config: ml_collections.ConfigDict, where: Placement,
-                 reward: rollout.TaskReward | None):
+    def __init__(self, spec: TrainSpec, config: RunConfig, where: Placement, reward: rollout.TaskReward | None):
         self.spec, self.config, self.where, self.reward = spec, config, where, reward
         self.benchmarks, self.ks = {}, ()
         if config.eval.benchmarks:
@@ -63,7 +63,7 @@ class Evaluation:
         a wrong response). Then the benchmarks' pass@k."""
         spec, ec = self.spec, self.config.eval
         key = jax.random.PRNGKey(EVAL_SEED)
-        if spec.task.exact_answers or spec.task.device_reward:
+        if spec.task.capabilities.exact_answers or spec.task.capabilities.device_reward:
             out = {"heldout_accuracy": self.where.reference_accuracy(spec, params, ec.n, key)}
             if spec.uses_teacher:
                 kinds = jax.eval_shape(lambda: spec.task.teacher_eval_problems(spec.task.prompt_table(), ec.n, key))
@@ -73,10 +73,10 @@ class Evaluation:
         params = self.where.to_host(params)  # gathered once for every evaluation below
         out = {"heldout_accuracy": evaluate.decoded_heldout_accuracy(spec, params, self.reward.scorer, ec.n)}
         if self.benchmarks:
+            tokenizer, prompt_config, verifier = self.reward.scorer.benchmark_inputs()
             rows, info = evaluate.math_benchmarks(
-                spec.model, params, spec.task.tokenizer, self.benchmarks,
-                spec.task.prompt_config, self.reward.scorer.verifier, ec.samples, self.ks,
-                jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step), max_new_tokens=spec.rollout.response_len,
+                spec.model, params, tokenizer, self.benchmarks, prompt_config, verifier, ec.samples, self.ks,
+                jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step), max_new_tokens=spec.rollout.max_new_tokens,
                 temperature=ec.temperature, stop_token_ids=spec.task.stop_token_ids, pad_id=spec.task.pad_id,
                 batch_size=ec.batch_size)
             for row in rows:
@@ -88,8 +88,9 @@ class Evaluation:
 WARMUP_CHECKPOINTS = "warmup_checkpoints"
 
 
-def warmup_kwargs(config: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
-    """`warmup.warmup` keyword arguments of `config.warmup` for `seed`."""
+def warmup_kwargs(config: RunConfig | ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
+    """`warmup.warmup` keyword arguments of `config.warmup` for `seed` (the typed config or its
+    ml-collections form: the same keys)."""
     w = config.warmup
     return dict(steps=w.steps, batch=w.batch, lr=w.lr, seed=seed, target_accuracy=w.target_accuracy,
                 eval_every=w.eval_every, eval_n=config.eval.n, mistake_rate=w.mistake_rate, context_fraction=w.context_fraction)
@@ -100,7 +101,7 @@ class WarmupCheckpoints:
     `checkpoint.warmup_every` steps and on a stop request, so a run killed in the warm-up
     continues it exactly; removed once the RL state of step 0 is saved."""
 
-    def __init__(self, workdir: str, spec: TrainSpec, config: ml_collections.ConfigDict, stop: StopRequests):
+    def __init__(self, workdir: str, spec: TrainSpec, config: RunConfig, stop: StopRequests):
         self.directory = os.path.join(workdir, WARMUP_CHECKPOINTS)
         self.every, self.stop, self.config = config.checkpoint.warmup_every, stop, config
         self.template = warmup.abstract_progress(spec.model, steps=config.warmup.steps, lr=config.warmup.lr,
@@ -147,7 +148,7 @@ class WarmupCheckpoints:
             self._ckpt = None
 
 
-def base_params(spec: TrainSpec, config: ml_collections.ConfigDict, logger_rows: list,
+def base_params(spec: TrainSpec, config: RunConfig | ml_collections.ConfigDict, logger_rows: list,
                 warmup_checkpoints: WarmupCheckpoints | None = None) -> Any:
     """The RL starting point: HF weights, the supervised warm-up, or a random init."""
     if spec.model_path:
@@ -169,7 +170,7 @@ def base_params(spec: TrainSpec, config: ml_collections.ConfigDict, logger_rows:
     return qwen3.init_params(spec.model, jax.random.PRNGKey(config.seed))
 
 
-def _chunk_length(step: int, config: ml_collections.ConfigDict) -> int:
+def _chunk_length(step: int, config: RunConfig) -> int:
     """Iterations until the next logging, evaluation or checkpoint point."""
     stops = [config.iterations, (step // config.log.every + 1) * config.log.every]
     for every in (config.eval.every, config.checkpoint.every):
@@ -254,7 +255,7 @@ def check_resume_config(config: ml_collections.ConfigDict, spec: TrainSpec, stor
         workdir_lib.refuse_shape_changes(shape_keys or [k for k in changes if not workdir_lib.is_free(k)],
                                          changes, checkpoint_dir)
     bound = [k for k in changes if not workdir_lib.is_free(k)]
-    if bound and not config.checkpoint.allow_config_change:
+    if bound and not RunConfig.from_config(config).checkpoint.allow_config_change:
         raise ConfigError(f"config.checkpoint.allow_config_change: resuming with changed settings "
                           f"({workdir_lib.describe_changes(changes, bound)}); set them back, or continue with them "
                           "by --config.checkpoint.allow_config_change=true (the old config is kept)")
@@ -293,20 +294,21 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     (a no-op for a single process); every process runs this function on the same
     (shared) `workdir`, and only process 0 writes logs, plots, the summary and the export.
     """
-    initialize_distributed(config.get("distributed"))
+    initialize_distributed(RunConfig.from_config(config).distributed)
     spec = train_spec(config)
     if config.task.epochs:
         config = config.copy_and_resolve_references()
         config.iterations = run_iterations_of(spec, config)
         log.info("task.epochs=%g over %d training rows: %d iterations", config.task.epochs,
-                 len(spec.task.train_rows_np), config.iterations)
-    where = placement_from_config(config)
+                 spec.task.train_size, config.iterations)
+    run = RunConfig.from_config(config)
+    where = placement_from_config(run.mesh)
     if where.mesh is not None:  # every device computes whole micro-batches of its own rows
         steps.check_micro_batching(spec, mesh_batch_shards(where.mesh, where.rules))
     if not spec.generator.in_program and where.mesh is not None:
         raise ConfigError("config.rollout.engine: the slots engine runs on one device; use rollout.engine=sampler "
                           "on a mesh (or --config.mesh.enabled=false)")
-    if not spec.task.device_reward and spec.uses_teacher and where.mesh is not None:
+    if not spec.task.capabilities.device_reward and spec.uses_teacher and where.mesh is not None:
         raise ConfigError(f"config.mesh.enabled: SDPO / VPD on the {spec.task.name} task build teacher prompts on "
                           "one host; run them on one device (--config.mesh.enabled=false)")
     lock = workdir_lib.WorkdirLock(workdir) if where.is_main_process else None
@@ -314,20 +316,21 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         lock.acquire()
     try:
         with StopRequests() as stop:
-            return _train(config, workdir, spec, where, stop, lock)
+            return _train(config, run, workdir, spec, where, stop, lock)
     finally:
         if lock is not None:
             lock.release()  # a refused run leaves no directory it created
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, spec: TrainSpec, where: Placement,
+def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec: TrainSpec, where: Placement,
            stop: StopRequests, lock: workdir_lib.WorkdirLock | None) -> dict[str, Any]:
+    """`config` is what is stored and compared (config.json), `run` its typed form the loop reads."""
     main = where.is_main_process
     # Nothing is written into the workdir before the config is validated, the
     # evaluation files are read and the resume decision is made: a refused run leaves it as it was.
     ckpt_dir = os.path.join(workdir, "checkpoints")
     existing = saved_steps(ckpt_dir)
-    if not config.checkpoint.resume and existing:
+    if not run.checkpoint.resume and existing:
         raise ConfigError(f"config.checkpoint.resume: false, but {os.path.abspath(ckpt_dir)} holds checkpoints "
                           f"{existing}: use a new --workdir, delete them, or resume")
     stored = workdir_lib.read_stored_config(workdir)
@@ -337,11 +340,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str, spec: TrainSpec, whe
                     workdir)
     elif existing or resuming_warmup:
         check_resume_config(config, spec, stored, os.path.abspath(ckpt_dir))
-    evaluation = Evaluation(spec, config, where, None)
+    evaluation = Evaluation(spec, run, where, None)
     if lock is not None:
         lock.record()
-    ckpt = Checkpointer(ckpt_dir, keep=config.checkpoint.keep)
-    warmup_ckpts = WarmupCheckpoints(workdir, spec, config, stop) if not spec.model_path else None
+    ckpt = Checkpointer(ckpt_dir, keep=run.checkpoint.keep)
+    warmup_ckpts = WarmupCheckpoints(workdir, spec, run, stop) if not spec.model_path else None
 
     pre_rows: list[dict] = []
     resume_step = None
@@ -353,7 +356,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, spec: TrainSpec, whe
         if main:
             _write_config(workdir, config, stored, str(resume_step) if resume_step is not None else "superseded")
         if not existing:
-            state = where.init_state(spec, base_params(spec, config, pre_rows, warmup_ckpts), config.seed)
+            state = where.init_state(spec, base_params(spec, run, pre_rows, warmup_ckpts), run.seed)
     except BaseException:
         ckpt.close()
         if warmup_ckpts is not None:
@@ -366,15 +369,15 @@ def _train(config: ml_collections.ConfigDict, workdir: str, spec: TrainSpec, whe
     logger = None
     summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe()}
     try:
-        logger = observe.RunLogger(workdir, total=config.iterations, tensorboard=config.log.tensorboard,
-                                   wandb=config.log.wandb, wandb_project=config.log.wandb_project,
-                                   progress=config.log.progress, run_config=config.to_dict(), start_step=resume_step,
+        logger = observe.RunLogger(workdir, total=run.iterations, tensorboard=run.log.tensorboard,
+                                   wandb=run.log.wandb, wandb_project=run.log.wandb_project,
+                                   progress=run.log.progress, run_config=config.to_dict(), start_step=resume_step,
                                    enabled=main)
         if resume_step is None:
             scores = evaluation(state.params, 0)
             logger.log(0, dict(pre_rows[0] if pre_rows else {}, **scores))
             summary["initial_accuracy"] = scores["heldout_accuracy"]
-            if config.warmup.enabled and not spec.model_path:  # the warm-up is not redone after a kill
+            if run.warmup.enabled and not spec.model_path:  # the warm-up is not redone after a kill
                 ckpt.save(0, state)
                 ckpt.wait()
                 warmup_ckpts.remove()
@@ -382,22 +385,22 @@ def _train(config: ml_collections.ConfigDict, workdir: str, spec: TrainSpec, whe
             row0 = next((r for r in observe.read_metrics(logger.jsonl_path) if r.get("step") == 0), {})
             if "heldout_accuracy" in row0:
                 summary["initial_accuracy"] = row0["heldout_accuracy"]
-        while step < config.iterations:
+        while step < run.iterations:
             if _any_process(stop.requested is not None):
                 _save_and_stop(ckpt, step, state, stop)
-            n = _chunk_length(step, config)
+            n = _chunk_length(step, run)
             t0 = time.perf_counter()
-            state, metrics = run_iterations(spec, state, n, config.log.jit_loop, reward, where=where)
+            state, metrics = run_iterations(spec, state, n, run.log.jit_loop, reward, where=where)
             jax.block_until_ready(state.params)
             dt = time.perf_counter() - t0
             # One chunk is timed as a whole: each iteration gets the chunk's mean time.
             metrics["tokens_per_s"] = np.asarray(metrics["tokens"], np.float64) / (dt / n)
             extra = {"iteration_time_s": dt / n}
             step += n
-            if config.eval.every and step % config.eval.every == 0 or step == config.iterations:
+            if run.eval.every and step % run.eval.every == 0 or step == run.iterations:
                 extra.update(evaluation(state.params, step))
             logger.log_many(step - n, metrics, extra)
-            if config.checkpoint.every and step % config.checkpoint.every == 0 and step < config.iterations:
+            if run.checkpoint.every and step % run.checkpoint.every == 0 and step < run.iterations:
                 ckpt.save(step, state)
         # A finished run resumed again has its last checkpoint already, unless it was unreadable.
         if step not in ckpt.all_steps() or step in ckpt.unreadable:
@@ -406,7 +409,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, spec: TrainSpec, whe
         final = evaluation(state.params, step)
         summary["final_accuracy"] = final["heldout_accuracy"]
         summary["final_eval"] = final
-        if config.checkpoint.export_hf:
+        if run.checkpoint.export_hf:
             export = os.path.join(workdir, "hf_export")
             params = where.to_host(state.params)  # every process takes part in the gather
             if main:  # weights, tokenizer, generation config, model card (`rl/export.py`)
@@ -420,7 +423,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, spec: TrainSpec, whe
         if warmup_ckpts is not None:
             warmup_ckpts.close()
         reward.close()
-        summary["plots"] = logger.close(plots=config.log.plots) if logger is not None else []
+        summary["plots"] = logger.close(plots=run.log.plots) if logger is not None else []
     summary["state"] = state
     if main:
         with open(os.path.join(workdir, "summary.json"), "w") as f:

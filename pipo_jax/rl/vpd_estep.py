@@ -4,7 +4,7 @@ The teacher is the SDPO teacher (`TrainState.teacher_params`: the same network, 
 param copy, fed the feedback context `batch.teacher_tokens_bq`). Every `every` student
 iterations the E-step trains it with the BCO-style loss of `pipo_jax.losses.vpd` on the
 current batch, through the same mini-batch x epoch machinery as the student
-(`steps.minibatch_updates`: `spec.train.mini_batch`, `spec.train.micro_batch_per_device`, `spec.train.epochs`,
+(`steps.minibatch_updates`: `spec.mini_batch`, `spec.train.micro_batch_size_per_device`, `spec.train.epochs`,
 `spec.train.shuffle`), with its own AdamW state and learning rate `VpdConfig.lr`. Gradient flows
 into the teacher params only.
 
@@ -96,7 +96,7 @@ def e_step_batch(batch: TrainBatch, ref_logp_br, positive_b, negative_b) -> ESte
 
 def teacher_response_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
     """log q(y_t) `[B, R]` of the response tokens in the teacher context, differentiable in `teacher_params`."""
-    q = tokens_bq.shape[1] - spec.rollout.response_len
+    q = tokens_bq.shape[1] - spec.rollout.max_new_tokens
     logp, _ = response_logprobs(spec.model, teacher_params, tokens_bq, mask_bq, q,
                                 temperature=spec.rollout.temperature, impl=spec.logprob_impl)
     return logp
@@ -199,7 +199,7 @@ def teacher_diagnostics(spec: TrainSpec, teacher_params, student_params, batch: 
         raise ValueError(f"teacher_diagnostics chunk_rows={chunk_rows} does not divide the batch of {b}")
     else:
         n, shards = b // chunk_rows, 1
-    q = batch.teacher_tokens_bq.shape[1] - spec.rollout.response_len
+    q = batch.teacher_tokens_bq.shape[1] - spec.rollout.max_new_tokens
     keys = ("tokens_bl", "mask_bl", "mask_br", "teacher_tokens_bq", "teacher_mask_bq", "sd_mask_b")
     chunks = {k: steps.split_micro(getattr(batch, k), n, shards) for k in keys}
     teacher, student = jax.lax.stop_gradient(teacher_params), jax.lax.stop_gradient(student_params)

@@ -1,5 +1,5 @@
 """Supervised warm-up: turns a randomly initialised tiny Qwen3 into a *partial* solver of
-the arithmetic task, or of any task with reference responses (`Task.reference_responses`,
+the arithmetic task, or of any task with the `warmup` capability (`Task.reference_responses`,
 e.g. a reasoning-gym dataset in the character vocabulary: the library's own answers), the RL
 base model, so reinforcement learning has room to improve.
 
@@ -21,7 +21,8 @@ their teacher (`ArithmeticTask.teacher_prompts`, `arithmetic.context_prompts`): 
 `<feedback>` + the environment's feedback on a response, then `<solve>` and the prompt.
 The model thus learns to read a context (with `feedback_style='reveal'` the feedback
 holds the answer; with 'position' only the solution context carries it), and the
-teacher's greedy accuracy with each context is measured beside the student's.
+teacher's greedy accuracy with each context is measured beside the student's. Both options
+are the built-in task's (capability `warmup_shaping`: `ArithmeticTask.warmup_problems`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import optax
 from pipo_jax.data import char_vocab
 from pipo_jax.models import qwen3
 from pipo_jax.rl import teacher_forcing
-from pipo_jax.tasks import arithmetic
+from pipo_jax.tasks.protocol import Task
 
 
 def task_model_config(vocab_ids: int = char_vocab.VOCAB_SIZE, **overrides) -> qwen3.Qwen3Config:
@@ -67,15 +68,6 @@ def answer_loss(model_config: qwen3.Qwen3Config, params, problems, targets=None)
     return jnp.sum(nll_ba * mask) / jnp.sum(mask)
 
 
-def draw_contexts(rng, batch: int, context_fraction: float) -> tuple[jax.Array, jax.Array]:
-    """(kind_b, feedback_correct_b): a context on a `context_fraction` share of rows, half
-    solution, half feedback (the feedback's verdict a fair coin)."""
-    k_kind, k_verdict = jax.random.split(rng)
-    u = jax.random.uniform(k_kind, (batch,))
-    kind = jnp.where(u < context_fraction, jnp.where(u < context_fraction / 2, 1, 2), 0)
-    return kind.astype(jnp.int32), jax.random.bernoulli(k_verdict, 0.5, (batch,))
-
-
 def _seed_keys(seed: int):
     """(init, train, eval) keys of a warm-up seed."""
     return jax.random.split(jax.random.PRNGKey(seed), 3)
@@ -97,25 +89,11 @@ def make_warmup_optimizer(lr: float, weight_decay: float = 0.01, warmup_steps: i
     return optax.chain(optax.clip_by_global_norm(clip_norm), optax.adamw(schedule, weight_decay=weight_decay))
 
 
-def demonstrations(task, rng, batch: int, context_fraction: float = 0.0, mistake_rate: float = 0.0):
-    """A warm-up batch of train problems: a `context_fraction` share shown with a teacher
-    context (`draw_contexts`, true targets), and on the plain rows the target replaced by
-    `arithmetic.carryless_answer` with probability `mistake_rate` (both the built-in task's);
-    another task's: its train problems with their `reference_responses`."""
-    if not isinstance(task, arithmetic.ArithmeticTask):
-        return task.sample_problems(None, rng, batch, "train")
-    problems = arithmetic.sample_problems(task, rng, batch, split="train")
-    kind_b = jnp.zeros((batch,), jnp.int32)
-    if context_fraction > 0:
-        kind_b, correct_b = draw_contexts(jax.random.fold_in(rng, 1), batch, context_fraction)
-        problems = arithmetic.with_contexts(task, problems, kind_b, correct_b)
-    if mistake_rate > 0:
-        wrong = arithmetic.carryless_answer(problems.lhs_b, problems.op_b, problems.rhs_b, task.max_digits)
-        flawed_b = jax.random.bernoulli(jax.random.fold_in(rng, 2), mistake_rate, (batch,)) & (kind_b == 0)
-        demo = arithmetic.with_answers(task, problems, wrong)
-        problems = jax.tree.map(lambda d, t: jnp.where(flawed_b.reshape((-1,) + (1,) * (t.ndim - 1)), d, t),
-                                demo, problems)
-    return problems
+def demonstrations(task: Task, rng, batch: int, context_fraction: float = 0.0, mistake_rate: float = 0.0):
+    """A warm-up batch: `task.warmup_problems` (train problems whose `reference_responses` are the
+    targets; `context_fraction` / `mistake_rate` for a task with `warmup_shaping`, e.g. the built-in
+    task's teacher contexts and flawed demonstrations)."""
+    return task.warmup_problems(rng, batch, context_fraction, mistake_rate)
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "task", "optimizer", "batch", "num_steps",
@@ -198,7 +176,7 @@ def warmup(
     after every `eval_every` steps (and at the last step). With `target_accuracy` set,
     training stops at the first evaluation (step 0 included) with accuracy >=
     target_accuracy. `mistake_rate`: flawed demonstrations (module docstring). `context_fraction` of each batch's rows carry a teacher context
-    (`draw_contexts`); the teacher's accuracy with a solution / a feedback context is
+    (`Task.warmup_problems`: `arithmetic.draw_contexts`); the teacher's accuracy with a solution / a feedback context is
     measured at every evaluation beside the student's. The seed drives the initial params, the train batches and the
     held-out set; the result is a deterministic function of the arguments.
 
@@ -221,11 +199,10 @@ def warmup(
     if model_config.max_position_embeddings < task.prompt_len + task.answer_len:
         raise ValueError(f"warmup: model_config.max_position_embeddings={model_config.max_position_embeddings} "
                          f"< the task's prompt + answer length {task.prompt_len + task.answer_len}")
-    if not isinstance(task, arithmetic.ArithmeticTask) and (mistake_rate > 0 or context_fraction > 0):
+    if not task.capabilities.warmup_shaping and (mistake_rate > 0 or context_fraction > 0):
         raise ValueError(f"warmup: mistake_rate / context_fraction are the built-in task's; the {task.name} task "
                          "warms up on its reference responses only (set both to 0)")
-    if not isinstance(task, arithmetic.ArithmeticTask) and task.reference_responses(
-            jax.eval_shape(lambda: task.sample_problems(None, jax.random.PRNGKey(0), 1, "train"))) is None:
+    if not task.capabilities.warmup:
         raise ValueError(f"warmup: the {task.name} task has no reference responses to learn from")
     if target_accuracy is not None and not 0.0 <= target_accuracy <= 1.0:
         raise ValueError(f"warmup: target_accuracy={target_accuracy} must be in [0, 1]")

@@ -9,7 +9,7 @@ The same function as `qwen3.forward(config, params, tokens, mask, positions, cac
   per-layer weights that `compute_params` slices out once per call (a scan there copies
   every layer's weights out of the stacked arrays on every token). `compute_params` also
   casts fp32 master weights to a 16-bit compute dtype, once per call, when the two differ;
-* the cache is a `qwen3.KVCache` `[layers, B, S, kv_heads, head_dim]` carried whole
+* the cache is a `qwen3.KVCache` `[layers, B, kv_heads, S, head_dim]` carried whole
   through the scan: each layer writes its new keys / values at their slots in place and
   attends over its own slice, so a decode step writes one slot per row and layer;
 * prefill attends over the prompt itself with `qwen3.self_attention` (cuDNN / splash
@@ -31,8 +31,8 @@ from pipo_jax.models import qwen3
 from pipo_jax.models.qwen3 import KVCache, Params, Qwen3Config
 from pipo_jax.parallel.context import constrain
 
-# Logical axes of the cache `[layers, B, S, kv_heads, head_dim]`.
-KV_CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+# Logical axes of the cache `[layers, B, kv_heads, S, head_dim]`.
+KV_CACHE_AXES = ("layers", "batch", "kv_heads", "cache_length", "head_dim")
 
 
 def compute_params(config: Qwen3Config, params: Params) -> Params:
@@ -73,14 +73,14 @@ def resize_cache(cache: KVCache, max_len: int) -> KVCache:
     if max_len == old:
         return cache
     if max_len < old:
-        return constrain_cache(KVCache(cache.k[:, :, :max_len], cache.v[:, :, :max_len]))
-    pad = ((0, 0), (0, 0), (0, max_len - old), (0, 0), (0, 0))
+        return constrain_cache(KVCache(cache.k[:, :, :, :max_len], cache.v[:, :, :, :max_len]))
+    pad = ((0, 0), (0, 0), (0, 0), (0, max_len - old), (0, 0))
     return constrain_cache(KVCache(jnp.pad(cache.k, pad), jnp.pad(cache.v, pad)))
 
 
-def _write(c_lbskd, layer, rows_bt, slots_bt, x_btkd):
-    """Writes `x` at (layer, row, slot); slots `>= width` write nothing."""
-    return c_lbskd.at[layer, rows_bt, slots_bt].set(x_btkd.astype(c_lbskd.dtype), mode="drop")
+def _write(c_lbksd, layer, rows_bt, slots_bt, x_btkd):
+    """Writes `x` at (layer, row, slot) of the stacked cache; slots `>= width` write nothing."""
+    return c_lbksd.at[layer, rows_bt, :, slots_bt].set(x_btkd.astype(c_lbksd.dtype), mode="drop")
 
 
 def cached_forward(
@@ -131,7 +131,8 @@ def cached_forward(
         if prefill:
             a = qwen3.self_attention(c, q, k, v, valid_bt)
         else:
-            a = qwen3.attention(q, ck[i].astype(c.jnp_dtype), cv[i].astype(c.jnp_dtype), allowed_bts, c.jnp_dtype)
+            a = qwen3.cached_attention(q, ck[i].astype(c.jnp_dtype), cv[i].astype(c.jnp_dtype), allowed_bts,
+                                       c.jnp_dtype)
         x_btd = constrain(qwen3.layer_out(c, x_btd, lp, a), qwen3.RESIDUAL_AXES)
         return (x_btd, ck, cv), None
 

@@ -68,7 +68,7 @@ class DecodeState(NamedTuple):
     done_s: jax.Array  # bool [S]: finished or empty
 
     def kv_cache(self) -> KVCache:
-        """The cache `[layers, S, width, kv_heads, head_dim]`."""
+        """The cache `[layers, S, kv_heads, width, head_dim]`."""
         return self.cache
 
 

@@ -35,8 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipo_jax.data import char_vocab as cv
-from pipo_jax.losses.distill import select_demonstrations
-from pipo_jax.tasks.protocol import Scored, TeacherSettings
+from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities
 
 ANSWER_FORMATS = ("plain", "reversed", "worked")
 REWARD_MODES = ("exact", "per_token")
@@ -49,7 +48,7 @@ _MAX_ENUMERATED_PROBLEMS = 4_000_000
 
 
 @dataclasses.dataclass(frozen=True)
-class ArithmeticTask:
+class ArithmeticTask(Task):
     """Config of the arithmetic task (hashable: pass it as a static jit argument).
 
     The defaults (1-2 digit '+'/'-', reversed answers) are the tiny CPU task: the
@@ -154,8 +153,8 @@ class ArithmeticTask:
     # ------------------------------------------------------------- the Task protocol (tasks/protocol.py)
 
     name: ClassVar[str] = "arithmetic"
-    device_reward: ClassVar[bool] = True
-    exact_answers: ClassVar[bool] = True
+    capabilities: ClassVar[TaskCapabilities] = TaskCapabilities(
+        device_reward=True, exact_answers=True, teacher_contexts=True, warmup=True, warmup_shaping=True)
     tokenizer: ClassVar[Any] = None
     train_size: ClassVar[int] = 0  # problems are generated: no epochs
     stop_token_ids: ClassVar[tuple[int, ...]] = (cv.EOS_ID,)
@@ -180,17 +179,14 @@ class ArithmeticTask:
     def reward(self, problems: Problems, tokens_br, mask_br) -> jax.Array:
         return reward(self, problems, tokens_br, mask_br)
 
-    def teacher_prompts(self, problems: Problems, tokens_br, mask_br, rewards_b,
-                        teacher: TeacherSettings) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """`<solution>` + the group's first other successful response, else (`use_feedback`)
-        `<feedback>` + `feedback_tokens` on the row's own response; then `<solve>` and the
-        prompt (`teacher_prompt`); width 3 + R + feedback_len + prompt_len."""
-        demo_row, has_demo = select_demonstrations(rewards_b, teacher.group_size,
-                                                   success_threshold=teacher.success_threshold)
-        safe_row = jnp.maximum(demo_row, 0)
-        use_fb = (~has_demo) & teacher.use_feedback
+    def teacher_prompts(self, problems: Problems, tokens_br, mask_br,
+                        choice: ContextChoice) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """`<solution>` + the chosen sibling's response, else (`choice.feedback_b`) `<feedback>` +
+        `feedback_tokens` on the row's own response; then `<solve>` and the prompt
+        (`teacher_prompt`); width 3 + R + feedback_len + prompt_len."""
+        has_demo, use_fb = choice.has_demo_b, choice.feedback_b
         tokens, mask = teacher_prompt(
-            self, problems, (tokens_br[safe_row], mask_br[safe_row]), has_demo,
+            self, problems, (tokens_br[choice.demo_row_b], mask_br[choice.demo_row_b]), has_demo,
             feedback_tokens(self, problems, tokens_br, mask_br), use_fb, jnp.ones_like(has_demo))
         return tokens, mask, (has_demo | use_fb).astype(jnp.float32)
 
@@ -201,8 +197,22 @@ class ArithmeticTask:
         return {kind: with_contexts(self, problems, jnp.full((n,), CONTEXT_KINDS.index(kind), jnp.int32),
                                     jnp.zeros((n,), bool)) for kind in CONTEXT_KINDS[1:]}
 
+    def warmup_problems(self, rng: jax.Array, n: int, context_fraction: float = 0.0,
+                        mistake_rate: float = 0.0) -> Problems:
+        """`warmup_demonstrations`: train problems, some shown with a teacher context, some flawed."""
+        return warmup_demonstrations(self, rng, n, context_fraction, mistake_rate)
+
     def scorer(self) -> ArithmeticScorer:
         return ArithmeticScorer(self)
+
+
+def from_config(c) -> ArithmeticTask:
+    """The task of run config `c` (`config.task`: digits, ops, answer format, reward, feedback, split)."""
+    tc = c.task
+    return ArithmeticTask(
+        min_digits=tc.min_digits, max_digits=tc.max_digits, ops=tuple(tc.ops), answer_format=tc.answer_format,
+        reward_mode=tc.reward_mode, feedback_style=tc.feedback_style, heldout_fraction=tc.heldout_fraction,
+        split_seed=tc.split_seed)
 
 
 class Problems(NamedTuple):
@@ -584,15 +594,42 @@ def with_contexts(task: ArithmeticTask, problems: Problems, kind_b, feedback_cor
     return problems._replace(prompt_tokens_bp=tokens, prompt_mask_bp=mask)
 
 
+def draw_contexts(rng, batch: int, context_fraction: float) -> tuple[jax.Array, jax.Array]:
+    """(kind_b, feedback_correct_b): a context on a `context_fraction` share of rows, half
+    solution, half feedback (the feedback's verdict a fair coin)."""
+    k_kind, k_verdict = jax.random.split(rng)
+    u = jax.random.uniform(k_kind, (batch,))
+    kind = jnp.where(u < context_fraction, jnp.where(u < context_fraction / 2, 1, 2), 0)
+    return kind.astype(jnp.int32), jax.random.bernoulli(k_verdict, 0.5, (batch,))
+
+
+def warmup_demonstrations(task: ArithmeticTask, rng, batch: int, context_fraction: float = 0.0,
+                          mistake_rate: float = 0.0) -> Problems:
+    """A supervised warm-up batch of train problems (`rl/warmup.py`): a `context_fraction` share
+    shown with a teacher context (`draw_contexts`, true targets), and on the plain rows the target
+    replaced by `carryless_answer` with probability `mistake_rate`."""
+    problems = sample_problems(task, rng, batch, split="train")
+    kind_b = jnp.zeros((batch,), jnp.int32)
+    if context_fraction > 0:
+        kind_b, correct_b = draw_contexts(jax.random.fold_in(rng, 1), batch, context_fraction)
+        problems = with_contexts(task, problems, kind_b, correct_b)
+    if mistake_rate > 0:
+        wrong = carryless_answer(problems.lhs_b, problems.op_b, problems.rhs_b, task.max_digits)
+        flawed_b = jax.random.bernoulli(jax.random.fold_in(rng, 2), mistake_rate, (batch,)) & (kind_b == 0)
+        demo = with_answers(task, problems, wrong)
+        problems = jax.tree.map(lambda d, t: jnp.where(flawed_b.reshape((-1,) + (1,) * (t.ndim - 1)), d, t),
+                                demo, problems)
+    return problems
+
+
 class ArithmeticScorer:
     """The JAX reward as a host scorer (the host loop with the built-in task); teacher
-    prompts are built on device (`ArithmeticTask.teacher_prompts`), so none come back."""
+    prompts are built on device (`ArithmeticTask.teacher_prompts`)."""
 
     def __init__(self, task: ArithmeticTask):
         self.task = task
 
-    def score(self, problems: Problems, tokens_br, mask_br, teacher: TeacherSettings | None = None) -> Scored:
-        del teacher
+    def score(self, problems: Problems, tokens_br, mask_br) -> Scored:
         return Scored(np.asarray(reward(self.task, problems, tokens_br, mask_br), np.float32))
 
     def close(self) -> None:

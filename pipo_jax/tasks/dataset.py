@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, ClassVar, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipo_jax.data.prompts import PromptConfig, build_prompts, render_prompt
-from pipo_jax.data.sources import DataError, Example
-from pipo_jax.losses.distill import select_demonstrations
+from pipo_jax.data import tokenizer as tok_lib
+from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig, build_prompts, render_prompt
+from pipo_jax.data.sources import DataError, Example, SourceConfig, load_examples
 from pipo_jax.tasks import code
-from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig
-from pipo_jax.tasks.protocol import Scored, TeacherSettings
+from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig, resolve_workers
+from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities, TaskConfigError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Problems(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class DatasetTask:
+class DatasetTask(Task):
     """A dataset task. Hashes by identity (it is part of the jit-static `TrainSpec`).
 
     kind: "math" (reference answers) or "code" (tests).
@@ -92,12 +92,15 @@ class DatasetTask:
 
     # ------------------------------------------------------------- the Task protocol (tasks/protocol.py)
 
-    device_reward: ClassVar[bool] = False
-    exact_answers: ClassVar[bool] = False
-
     @property
     def name(self) -> str:
         return self.kind
+
+    @property
+    def capabilities(self) -> TaskCapabilities:
+        """A host reward; teacher contexts (a sibling's solution or the verifier's feedback); math
+        tasks also score `eval.benchmarks`."""
+        return TaskCapabilities(teacher_contexts=True, answer_benchmarks=self.kind == "math")
 
     @property
     def token_id_bound(self) -> int:
@@ -122,19 +125,6 @@ class DatasetTask:
         if table.heldout_rows.shape[0] == 0:
             raise ValueError("the dataset task has no held-out rows: set task.heldout_fraction > 0")
         return problems_at(table, table.heldout_rows[:n])
-
-    def reference_responses(self, problems: Problems) -> None:
-        return None  # answers are verified, not matched token by token
-
-    def reward(self, problems: Problems, tokens_br, mask_br) -> jax.Array:
-        raise ValueError(f"the {self.kind} task has no JAX reward; it is scored on the host (task.scorer())")
-
-    def teacher_prompts(self, problems: Problems, tokens_br, mask_br, rewards_b, teacher: TeacherSettings):
-        raise ValueError(f"the {self.kind} task builds its teacher prompts on the host (task.scorer().score "
-                         "with TeacherSettings)")
-
-    def teacher_eval_problems(self, table: PromptTable, n: int, rng: jax.Array) -> dict:
-        return {}
 
     def scorer(self) -> DatasetReward:
         return DatasetReward(self, self.math_config, self.sandbox_config)
@@ -278,15 +268,13 @@ def teacher_prompt_ids(tokenizer: Any, prompt_config: PromptConfig, question, co
     return ids if len(ids) <= width else []
 
 
-def teacher_prompts(task: DatasetTask, index_b, rewards_b, responses: Sequence[str], feedback: Sequence[str], *,
-                    group_size: int, success_threshold: float, use_feedback: bool,
-                    width: int) -> tuple[np.ndarray, ...]:
-    """SDPO teacher prompts `[B, width]` (left-padded) and `has_context_b`: the question with a
-    successful sibling's response as the solution (first other response of the group with
-    reward >= threshold), else the verifier's feedback on this response (`use_feedback`);
-    rows with neither get has_context 0 and an empty prompt. Host (numpy) function."""
-    demo_b, has_demo_b = (np.asarray(x) for x in select_demonstrations(
-        np.asarray(rewards_b, np.float32), group_size, success_threshold=success_threshold))
+def teacher_prompts(task: DatasetTask, index_b, responses: Sequence[str], feedback: Sequence[str],
+                    choice: ContextChoice, width: int) -> tuple[np.ndarray, ...]:
+    """SDPO teacher prompts `[B, width]` (left-padded) and `has_context_b`: the question with the
+    chosen sibling's response as the solution (`choice.has_demo_b`), else the verifier's feedback
+    on this response (`choice.feedback_b`, when there is feedback); rows with neither get
+    has_context 0 and an empty prompt. Host (numpy) function."""
+    demo_b, has_demo_b, feedback_b = (np.asarray(x) for x in choice)
     b = len(responses)
     index_b = np.asarray(index_b)
     tokens = np.full((b, width), task.pad_id, np.int32)
@@ -295,7 +283,7 @@ def teacher_prompts(task: DatasetTask, index_b, rewards_b, responses: Sequence[s
     for i in range(b):
         if has_demo_b[i]:
             context = SOLUTION_CONTEXT.format(text=responses[int(demo_b[i])])
-        elif use_feedback and feedback[i]:
+        elif feedback_b[i] and feedback[i]:
             context = FEEDBACK_CONTEXT.format(text=feedback[i])
         else:
             continue
@@ -347,17 +335,26 @@ class DatasetReward:
     def __call__(self, tokens_br, mask_br, index_b) -> tuple[np.ndarray, list[str]]:
         return self.score_texts(self.decode(tokens_br, mask_br), index_b)
 
-    def score(self, problems: Problems, tokens_br, mask_br, teacher: TeacherSettings | None = None) -> Scored:
-        """Rewards of the responses, and with `teacher` (SDPO / VPD) the teacher prompts built
-        from them (`teacher_prompts`: a successful sibling, else the verifier's feedback)."""
-        index_b = np.asarray(problems.index_b)
+    def score(self, problems: Problems, tokens_br, mask_br) -> Scored:
+        """Rewards of the responses; `context`: their decoded texts and the verifier's feedback
+        (what `teacher_prompts` renders)."""
         texts = self.decode(tokens_br, mask_br)
-        rewards_b, feedback = self.score_texts(texts, index_b)
-        if teacher is None:
-            return Scored(rewards_b)
-        return Scored(rewards_b, teacher_prompts(
-            self.task, index_b, rewards_b, texts, feedback, group_size=teacher.group_size,
-            success_threshold=teacher.success_threshold, use_feedback=teacher.use_feedback, width=teacher.width))
+        rewards_b, feedback = self.score_texts(texts, np.asarray(problems.index_b))
+        return Scored(rewards_b, (texts, feedback))
+
+    def teacher_prompts(self, problems: Problems, tokens_br, mask_br, scored: Scored, choice: ContextChoice,
+                        width: int) -> tuple[np.ndarray, ...]:
+        """SDPO / VPD teacher prompts of the learner's `choice` (`teacher_prompts`: the chosen
+        sibling's solution, else the verifier's feedback), `width` tokens wide."""
+        del tokens_br, mask_br  # rendered from the decoded texts in `scored.context`
+        texts, feedback = scored.context
+        return teacher_prompts(self.task, np.asarray(problems.index_b), texts, feedback, choice, width)
+
+    def benchmark_inputs(self) -> tuple[Any, PromptConfig, MathVerifier]:
+        """(tokenizer, prompt config, math verifier) that `eval.benchmarks` renders and scores with."""
+        if self.verifier is None:
+            raise ValueError(f"the {self.task.kind} task has no answer benchmarks (capabilities.answer_benchmarks)")
+        return self.tokenizer, self.task.prompt_config, self.verifier
 
     def take_counts(self) -> dict[str, int]:
         """The counts since the last call (then reset); empty for a code task."""
@@ -374,3 +371,126 @@ class DatasetReward:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ----------------------------------------------------------------------------- construction from a run config
+
+
+def prompt_config(tc, auto_instruction: str) -> PromptConfig:
+    """A text task's `PromptConfig` from `config.task` (`instruction=auto`: `auto_instruction`)."""
+    if tc.enable_thinking not in ("template", "true", "false"):
+        raise TaskConfigError(f"config.task.enable_thinking: {tc.enable_thinking!r} is not one of "
+                              "('template', 'true', 'false')")
+    instruction = auto_instruction if tc.instruction == "auto" else tc.instruction
+    thinking = None if tc.enable_thinking == "template" else tc.enable_thinking == "true"
+    try:
+        return PromptConfig(style=tc.prompt_style, instruction=instruction, enable_thinking=thinking,
+                            max_prompt_tokens=tc.max_prompt_tokens, overlong=tc.overlong)
+    except ValueError as e:
+        raise TaskConfigError(f"config.task: {e}") from e
+
+
+def settings_missing(c) -> list[str]:
+    """What a text task (math / code / reasoning-gym with a tokenizer) needs and run config `c`
+    lacks, one `--config...` hint each."""
+    tc, out = c.task, []
+    if not c.model.path:
+        out.append("--config.model.path=/path/to/hf_model (a Hugging Face model and its tokenizer)")
+    if not tc.path:
+        out.append("--config.task.path=FILE (a JSONL / parquet file or tfds name)")
+    if c.log.jit_loop:
+        out.append("--config.log.jit_loop=false (the reward is computed on the host)")
+    if c.rollout.max_new_tokens < 1:
+        out.append("--config.rollout.max_new_tokens=N (the response budget; there is no task default)")
+    if c.warmup.enabled:
+        out.append("--config.warmup.enabled=false (the warm-up trains the built-in task's model)")
+    return out
+
+
+def math_from_config(c) -> DatasetTask:
+    """`task.name=math`: `dataset_from_config`."""
+    return dataset_from_config(c)
+
+
+def code_from_config(c) -> DatasetTask:
+    """`task.name=code`: the sandbox checked first (`check_sandbox`), then `dataset_from_config`."""
+    missing = settings_missing(c)
+    if not missing:
+        check_sandbox(c.task)
+    return dataset_from_config(c)
+
+
+def dataset_from_config(c) -> DatasetTask:
+    """Loads `config.task.path` with the tokenizer of `task.tokenizer_path` (default `model.path`)."""
+    tc = c.task
+    missing = settings_missing(c)
+    if missing:  # every one at once, not one per start
+        raise TaskConfigError(f"config: task.name={tc.name!r} needs " + "; ".join(missing))
+    tok_path = tc.tokenizer_path or c.model.path
+    prompts = prompt_config(tc, DEFAULT_INSTRUCTION if tc.name == "math" else CODE_INSTRUCTION)
+    try:
+        tokenizer = tok_lib.load_tokenizer(tok_path)
+        source = SourceConfig(tc.path, format=tc.format, prompt_field=tc.prompt_field,
+                              answer_field=tc.answer_field if tc.name == "math" else None,
+                              extra_fields=(tc.tests_field,) if tc.name == "code" else (),
+                              split=tc.tfds_split, limit=tc.limit or None,
+                              # .get: runs saved before these keys existed load as before
+                              data_dir=tc.get("data_dir", "") or None, tfds_download=bool(tc.get("tfds_download")))
+        examples = load_examples(source)
+        task = load_dataset_task(
+            tc.name, examples, tokenizer, prompts, stop_token_ids=tok_lib.stop_token_ids(tokenizer, tok_path),
+            pad_id=tok_lib.pad_token_id(tokenizer), heldout_fraction=tc.heldout_fraction,
+            split_seed=tc.split_seed, tests_field=tc.tests_field)
+    except (DataError, FileNotFoundError, ValueError, ImportError) as e:  # ImportError: format=tfds without tfds
+        raise TaskConfigError(f"config.task (path={tc.path!r}, tokenizer={tok_path!r}): {e}") from e
+    return dataclasses.replace(task, math_config=math_verify_config(tc), sandbox_config=sandbox_config(tc))
+
+
+def check_verify_keys(tc) -> None:
+    """`task.verify_timeout_s`, `verify_batch_budget_s` > 0 and `verify_workers` >= 0, or an error naming the key."""
+    for key in ("verify_timeout_s", "verify_batch_budget_s"):
+        if not tc[key] > 0:
+            raise TaskConfigError(f"config.task.{key}: {tc[key]} must be > 0 (seconds)")
+    if tc.verify_workers < 0:
+        raise TaskConfigError(f"config.task.verify_workers: {tc.verify_workers} must be >= 0 (0 = one per CPU core)")
+
+
+def math_verify_config(tc) -> MathVerifyConfig:
+    """The math verifier's settings from `config.task`."""
+    check_verify_keys(tc)
+    try:
+        return MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
+                                batch_budget_s=tc.verify_batch_budget_s, num_workers=tc.verify_workers)
+    except ValueError as e:
+        raise TaskConfigError(f"config.task: {e}") from e
+
+
+def sandbox_config(tc) -> code.SandboxConfig:
+    """The code sandbox's settings from `config.task`."""
+    check_verify_keys(tc)
+    for key in ("sandbox_allow_unconfined", "sandbox_allow_network"):
+        if not isinstance(tc[key], bool):
+            raise TaskConfigError(f"config.task.{key}: {tc[key]!r} must be True or False")
+    try:
+        return code.SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
+                                  allow_unconfined=tc.sandbox_allow_unconfined,
+                                  allow_network=tc.sandbox_allow_network,
+                                  max_workers=resolve_workers(tc.verify_workers))
+    except ValueError as e:
+        raise TaskConfigError(f"config.task: {e}") from e
+
+
+def check_sandbox(tc) -> None:
+    """The code sandbox can run generated programs here under `config.task`'s settings; else an
+    error naming the key that would allow it (before any file is read)."""
+    config = sandbox_config(tc)
+    for key, check in (("sandbox_allow_unconfined", code.check_confinement),
+                       ("sandbox_allow_network", code.check_network_isolation)):
+        try:
+            check(config)
+        except code.SandboxUnavailable as e:
+            raise TaskConfigError(f"config.task.{key}: {e}") from e
+    try:
+        code.check_process_bound(config)
+    except code.SandboxUnavailable as e:
+        raise TaskConfigError(f"config.task: {e}") from e

@@ -35,11 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipo_jax.data import text_vocab
+from pipo_jax.data import tokenizer as tok_lib
 from pipo_jax.data.prompts import PromptConfig, build_prompts
-from pipo_jax.data.sources import Example
+from pipo_jax.data.sources import DataError, Example
 from pipo_jax.tasks import dataset as dataset_lib
 from pipo_jax.tasks.dataset import DatasetTask, split_rows
-from pipo_jax.tasks.protocol import Scored, TeacherSettings
+from pipo_jax.tasks.math import resolve_workers
+from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities, TaskConfigError
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +173,7 @@ class Problems(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class ReasoningGymTask:
+class ReasoningGymTask(Task):
     """A reasoning-gym dataset in the character vocabulary. Hashes by identity (jit-static).
 
     prompts / answers: each row's prompt text and the library's answer; the tables hold them as
@@ -189,8 +191,9 @@ class ReasoningGymTask:
     num_dropped: int = 0
 
     name: ClassVar[str] = "reasoning_gym"
-    device_reward: ClassVar[bool] = True
-    exact_answers: ClassVar[bool] = False  # the verifier may accept other answers, or give partial credit
+    # A JAX reward (calling the library); the verifier may accept other answers or give partial
+    # credit (no exact answers); the library's answers are the warm-up's demonstrations.
+    capabilities: ClassVar[TaskCapabilities] = TaskCapabilities(device_reward=True, warmup=True)
     tokenizer: ClassVar[Any] = None
     stop_token_ids: ClassVar[tuple[int, ...]] = (text_vocab.EOS_ID,)
     pad_id: ClassVar[int] = text_vocab.PAD_ID
@@ -260,12 +263,6 @@ class ReasoningGymTask:
         return jax.pure_callback(self.score, shape, problems.index_b, tokens_br, mask_br,
                                  vmap_method="broadcast_all")
 
-    def teacher_prompts(self, problems, tokens_br, mask_br, rewards_b, teacher: TeacherSettings):
-        raise ValueError("the reasoning_gym task has no SDPO / VPD teacher contexts: use ppo, grpo, gspo or dapo")
-
-    def teacher_eval_problems(self, table, n: int, rng: jax.Array) -> dict:
-        return {}
-
     def scorer(self) -> ReasoningGymCharReward:
         return ReasoningGymCharReward(self)
 
@@ -276,9 +273,7 @@ class ReasoningGymCharReward:
     def __init__(self, task: ReasoningGymTask):
         self.task = task
 
-    def score(self, problems: Problems, tokens_br, mask_br, teacher: TeacherSettings | None = None) -> Scored:
-        if teacher is not None:
-            raise ValueError("the reasoning_gym task has no SDPO / VPD teacher contexts")
+    def score(self, problems: Problems, tokens_br, mask_br) -> Scored:
         return Scored(self.task.score(problems.index_b, tokens_br, mask_br))
 
     def close(self) -> None:
@@ -387,15 +382,17 @@ class ReasoningGymReward:
         entries = [self.task.source.entries[int(i)] for i in np.asarray(index_b)]
         return score_texts(self.task.source.dataset, entries, [self.extract(t) for t in texts], self.task.workers)
 
-    def score(self, problems, tokens_br, mask_br, teacher: TeacherSettings | None = None) -> Scored:
-        index_b = np.asarray(problems.index_b)
+    def score(self, problems, tokens_br, mask_br) -> Scored:
         texts = self.decode(tokens_br, mask_br)
-        rewards_b = self.score_texts(texts, index_b)
-        if teacher is None:
-            return Scored(rewards_b)
-        return Scored(rewards_b, dataset_lib.teacher_prompts(
-            self.task, index_b, rewards_b, texts, [""] * len(texts), group_size=teacher.group_size,
-            success_threshold=teacher.success_threshold, use_feedback=False, width=teacher.width))
+        return Scored(self.score_texts(texts, np.asarray(problems.index_b)), texts)
+
+    def teacher_prompts(self, problems, tokens_br, mask_br, scored: Scored, choice: ContextChoice,
+                        width: int) -> tuple[np.ndarray, ...]:
+        """A successful sibling's response as the solution (the library gives no feedback)."""
+        del tokens_br, mask_br
+        texts = scored.context
+        return dataset_lib.teacher_prompts(self.task, np.asarray(problems.index_b), texts, [""] * len(texts), choice,
+                                           width)
 
     def close(self) -> None:
         pass
@@ -423,3 +420,44 @@ def text_task(name: str, source: Entries, tokenizer: Any, prompt_config: PromptC
     log.info("reasoning-gym %s: %d prompts (%d train, %d held out; %d dropped, %d truncated for length), width %d",
              name, task.size, len(train), len(heldout), task.num_dropped, task.num_truncated, task.prompt_len)
     return task
+
+
+# ----------------------------------------------------------------------------- construction from a run config
+
+
+def from_config(c) -> ReasoningGymTask | ReasoningGymTextTask:
+    """A reasoning-gym dataset (`task.rg_*`): in the character vocabulary for the task model, or
+    rendered with `model.path`'s tokenizer and chat template (`task.tokenizer_path` overrides)."""
+    tc = c.task
+    if not tc.rg_dataset:
+        raise TaskConfigError("config.task.rg_dataset: name a reasoning-gym dataset (e.g. chain_sum, gcd, "
+                              "spell_backward)")
+    try:
+        import_reasoning_gym()
+    except ImportError as e:
+        raise TaskConfigError(f"config.task.name: {e}") from e
+    try:
+        source = generate_entries(tc.rg_dataset, parse_config(tc.rg_config), tc.rg_size, tc.split_seed,
+                                  tc.heldout_fraction)
+    except ValueError as e:
+        raise TaskConfigError(f"config.task: {e}") from e
+    if not c.model.path:
+        try:
+            return char_task(tc.rg_dataset, source, prompt_form=tc.rg_prompt, max_prompt_chars=tc.rg_max_prompt_chars,
+                             max_answer_chars=tc.rg_max_answer_chars, overlong=tc.rg_overlong,
+                             workers=resolve_workers(tc.verify_workers))
+        except ValueError as e:
+            raise TaskConfigError(f"config.task: {e}") from e
+    missing = [hint for hint in dataset_lib.settings_missing(c) if "task.path" not in hint]
+    if missing:
+        raise TaskConfigError("config: task.name='reasoning_gym' with model.path needs " + "; ".join(missing))
+    tok_path = tc.tokenizer_path or c.model.path
+    try:
+        tokenizer = tok_lib.load_tokenizer(tok_path)
+        return text_task(tc.rg_dataset, source, tokenizer, dataset_lib.prompt_config(tc, TEXT_INSTRUCTION),
+                         stop_token_ids=tok_lib.stop_token_ids(tokenizer, tok_path),
+                         pad_id=tok_lib.pad_token_id(tokenizer), workers=resolve_workers(tc.verify_workers))
+    except (DataError, FileNotFoundError, ValueError) as e:
+        if isinstance(e, TaskConfigError):
+            raise
+        raise TaskConfigError(f"config.task (rg_dataset={tc.rg_dataset!r}, tokenizer={tok_path!r}): {e}") from e

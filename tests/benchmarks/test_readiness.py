@@ -92,8 +92,8 @@ def test_model_train_flops_by_hand():
 def test_paper_spec_is_table_5():
     spec = paper_spec("qwen3_8b")
     assert (spec.rollout.prompts_per_batch, spec.rollout.group_size, spec.batch) == (128, 8, 1024)
-    assert (spec.prompt_len, spec.rollout.response_len) == (512, 4096)
-    assert spec.train.mini_batch == 64 * 8 and spec.pipo.enabled and spec.algorithm.name == "grpo"
+    assert (spec.prompt_len, spec.rollout.max_new_tokens) == (512, 4096)
+    assert spec.mini_batch == 64 * 8 and spec.pipo.enabled and spec.algorithm.name == "grpo"
     assert spec.model == qwen3.preset("qwen3_8b", param_dtype=spec.model.param_dtype, dtype=spec.model.dtype,
                                       remat=spec.model.remat)
     assert spec.model.remat == "full" and spec.train.lr == spec.pipo.lr == 1e-6

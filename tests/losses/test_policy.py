@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pipo_jax.losses import advantages
 from pipo_jax.losses.aggregation import AGG_MODES, Aggregation, aggregation_counts
 from pipo_jax.kernels.softmax_stats import token_entropy
 from pipo_jax.losses.kl import kl_estimate, kl_k3, kl_loss
@@ -238,3 +239,27 @@ def test_value_loss_hand_computed():
     chex.assert_trees_all_close(m["vf_clipfrac"], jnp.float32(0.5))
     grad = jax.grad(lambda x: clipped_value_loss(x, v_old, ret, jnp.ones((1, 2)), agg=Aggregation("token-mean"))[0])(v)
     chex.assert_trees_all_close(grad, jnp.array([[0.0, 0.5]]), atol=1e-6)  # clipped branch has no gradient
+
+
+def test_dr_grpo_advantages_and_loss_by_hand():
+    """Dr. GRPO (configs/dr_grpo.py): A_i = R_i - mean_g, and the token clip loss summed over each
+    response's tokens over a constant length, then averaged over responses. Two groups of two,
+    responses of 3, 1, 2 and 3 tokens, ratio 1 (no clip), constant length 8."""
+    rewards = jnp.array([1.0, 0.0, 0.75, 0.25])
+    adv_b = advantages.group_relative_advantages(rewards, 2, norm_by_std=False)
+    chex.assert_trees_all_close(adv_b, jnp.array([0.5, -0.5, 0.25, -0.25]))  # r - group mean, no std
+    # GRPO's std division would make both groups +-1
+    chex.assert_trees_all_close(advantages.group_relative_advantages(rewards, 2), jnp.array([1.0, -1.0, 1.0, -1.0]),
+                                atol=1e-5)
+    mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]], jnp.float32)
+    adv_bt = adv_b[:, None] * mask
+    logp = jnp.log(jnp.full((4, 4), 0.5))
+
+    def loss(lp, mode):
+        return token_clip_loss(lp, logp, adv_bt, mask, agg=Aggregation(mode, norm_length=8))[0]
+
+    # sum_t -A_i: -1.5, 0.5, -0.5, 0.75 -> -0.75; / 8 tokens / 4 responses
+    chex.assert_trees_all_close(loss(logp, "seq-mean-token-sum-norm"), -0.75 / 8 / 4)
+    chex.assert_trees_all_close(loss(logp, "seq-mean-token-mean"), 0.0)  # GRPO: each response's mean, -A_i
+    # every token weighs -A_i / (8 * 4) whatever its response's length (no 1/|o_i|)
+    chex.assert_trees_all_close(jax.grad(loss)(logp, "seq-mean-token-sum-norm"), -adv_bt / 32)

@@ -32,8 +32,8 @@ def test_prefill_then_one_token_decode_equals_full_forward(params, tokens):
         outs.append(out)
     np.testing.assert_allclose(np.concatenate(outs, axis=1), full, atol=1e-5)
     # The cache holds exactly positions 0..9; slots beyond stay empty.
-    assert float(jnp.abs(cache.k[:, :, 10:]).max()) == 0.0
-    assert float(jnp.abs(cache.k[:, :, :10]).min(axis=(-1, -2)).max()) > 0.0
+    assert float(jnp.abs(cache.k[:, :, :, 10:]).max()) == 0.0  # [L, B, K, S, Dh]
+    assert float(jnp.abs(cache.k[:, :, :, :10]).min(axis=(2, 4)).max()) > 0.0
 
 
 def test_decode_rows_at_different_positions(params, tokens):

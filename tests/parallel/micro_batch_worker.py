@@ -28,7 +28,7 @@ from pipo_jax.rl import sharded_steps as sharded
 from pipo_jax.parallel.shardings import batch_shardings
 from pipo_jax.rl import learn, rollout, steps
 from pipo_jax.rl.batch import TrainBatch
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
 
 SEED = 1

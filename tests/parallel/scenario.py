@@ -34,12 +34,12 @@ def initial_state():
     from pipo_jax.losses import pipo
     from pipo_jax.models import qwen3
     from pipo_jax.rl.batch import TrainBatch
-    from pipo_jax.rl.spec import train_spec
+    from pipo_jax.rl.setup import train_spec
     from pipo_jax.rl.state import init_train_state
 
     spec = train_spec(config())
     state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(SEED)), SEED)
-    b, L, r = spec.batch, spec.seq_len, spec.rollout.response_len
+    b, L, r = spec.batch, spec.seq_len, spec.rollout.max_new_tokens
     rng = np.random.RandomState(SEED)
     tokens = rng.randint(3, spec.model.vocab_size, (b, L)).astype(np.int32)
     mask_r = np.ones((b, r), np.float32)

@@ -124,7 +124,7 @@ def test_critic_pipo_and_cache_shardings():
 
     cache = jax.eval_shape(lambda: qwen3.init_cache(cfg, 4, 16))
     k_spec = parallel.tree_shardings(cache, qwen3.KVCache(decode.KV_CACHE_AXES, decode.KV_CACHE_AXES), MESH).k.spec
-    assert k_spec == P(None, ("data", "fsdp"), None, "tensor", None)
+    assert k_spec == P(None, ("data", "fsdp"), "tensor", None, None)  # [L, B, K, S, Dh]
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo", "gspo", "dapo", "sdpo", "vpd"])
@@ -133,7 +133,7 @@ def test_train_state_shardings_cover_every_algorithm(algo):
     import importlib
 
     from pipo_jax.rl import sharded_steps as steps
-    from pipo_jax.rl.spec import train_spec
+    from pipo_jax.rl.setup import train_spec
 
     c = importlib.import_module(f"configs.{algo}").get_config("micro")
     c.pipo.enabled = True

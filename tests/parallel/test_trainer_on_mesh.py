@@ -21,7 +21,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from pipo_jax.models import hf
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.trainer import base_params, train
 from tests.parallel.equivalence import UPDATE_RTOL
 from tests.rl.test_trainer import micro

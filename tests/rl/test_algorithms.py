@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import grpo, sdpo, vpd
+from configs import dr_grpo, grpo, sdpo, vpd
 from pipo_jax.losses import advantages, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
@@ -22,7 +22,8 @@ from pipo_jax.rl import algorithms, steps
 from pipo_jax.rl.algorithms import AdvantageInputs
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.response_logprobs import response_logprobs
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 
 B, T = 4, 3
 MASK = jnp.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], jnp.float32)
@@ -77,7 +78,7 @@ def test_attributions_bind_the_pure_functions():
 def _micro_batch(spec, seed=0):
     """A random batch of the spec's shapes with teacher contexts (the prompt, left-padded wider)."""
     k = jax.random.split(jax.random.PRNGKey(seed), 6)
-    b, p, r, v = spec.batch, spec.prompt_len, spec.rollout.response_len, spec.model.vocab_size
+    b, p, r, v = spec.batch, spec.prompt_len, spec.rollout.max_new_tokens, spec.model.vocab_size
     tokens = jax.random.randint(k[0], (b, p + r), 1, v)
     mask = jnp.ones((b, p + r), jnp.int32).at[:, p + r - 2:].set(jnp.arange(b)[:, None] % 2)  # ragged responses
     mask_br = mask[:, p:].astype(jnp.float32)
@@ -132,10 +133,10 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     # log-softmax sums over a 40-token vocabulary (|logp| < 10), well under 1e-5
     chex.assert_trees_all_close(logp, want_logp, atol=1e-5)
     agg = dict(agg=Aggregation(spec.loss.agg_mode, counts["num_tokens"], counts["num_seqs"],
-                               norm_length=spec.rollout.response_len))
+                               norm_length=spec.rollout.max_new_tokens))
     lo = spec.loss
     teacher_logp, _ = response_logprobs(spec.model, teacher, mb.teacher_tokens_bq, mb.teacher_mask_bq,
-                                        mb.teacher_tokens_bq.shape[1] - spec.rollout.response_len, temperature=t)
+                                        mb.teacher_tokens_bq.shape[1] - spec.rollout.max_new_tokens, temperature=t)
     sd_agg = dict(agg=agg["agg"].replace(num_tokens=counts["sd"]["num_tokens"], num_seqs=counts["sd"]["num_seqs"]))
     if name == "token_clip":
         want, _ = token_clip_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=lo.clip_low,
@@ -173,7 +174,7 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     ("advantage.estimator", "gae", r"config\.advantage\.estimator: 'gae' does not fit algorithm='grpo'"),
     ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
     ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
-                               r"'sdpo', 'vpd'\)"),
+                               r"'dr_grpo', 'sdpo', 'vpd'\)"),
 ])
 def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     c = grpo.get_config("micro")
@@ -181,6 +182,43 @@ def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     (c[section] if section else c)[field] = value
     with pytest.raises(ConfigError, match=match):
         train_spec(c)
+
+
+def test_dr_grpo_is_grpo_without_its_normalisations():
+    """The registered `dr_grpo` with configs/dr_grpo.py's defaults: advantages r - group mean (hand
+    values, one group of G = 4), and its policy loss the token clip summed over tokens over the
+    constant max_new_tokens, averaged over responses (not GRPO's per-response token mean)."""
+    spec = train_spec(dr_grpo.get_config("micro"))
+    assert (spec.algorithm.name, spec.advantage.norm_by_std, spec.loss.agg_mode, spec.policy.name) == (
+        "dr_grpo", False, "seq-mean-token-sum-norm", "token_clip")
+    rewards = jnp.array([1.0, 0.0, 0.75, 0.25])
+    adv, _ = spec.estimator.fn(spec, AdvantageInputs(MASK, advantages.outcome_token_rewards(rewards, MASK), rewards))
+    chex.assert_trees_all_close(adv, jnp.array([0.5, -0.5, 0.25, -0.25])[:, None] * MASK)
+    params, teacher, mb = _micro_batch(spec)
+    counts = steps.response_counts(mb)
+    assert algorithms.aggregation(spec, counts).norm_length == spec.rollout.max_new_tokens
+    loss, _, logp, _ = spec.policy.fn(spec, params, teacher, mb, counts)
+    clip = dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=3.0)
+    norm = Aggregation.of("seq-mean-token-sum-norm", counts, norm_length=spec.rollout.max_new_tokens)
+    want, _ = token_clip_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, agg=norm, **clip)
+    chex.assert_trees_all_close(loss, want, rtol=1e-6)
+    grpo_loss, _ = token_clip_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br,
+                                   agg=Aggregation.of("seq-mean-token-mean", counts), **clip)
+    assert abs(float(loss) - float(grpo_loss)) > 1e-3
+
+
+def test_loss_norm_length_is_the_constant_divisor():
+    """`loss.norm_length` replaces max_new_tokens as seq-mean-token-sum-norm's divisor: twice the
+    length, half the policy loss."""
+    c = dr_grpo.get_config("micro")
+    spec = train_spec(c)
+    c.loss.norm_length = 2 * spec.rollout.max_new_tokens
+    longer = train_spec(c)
+    assert algorithms.loss_counts(longer, {"num_tokens": 1.0, "num_seqs": 1.0})["norm_length"] == c.loss.norm_length
+    params, teacher, mb = _micro_batch(spec)
+    counts = steps.response_counts(mb)
+    loss = spec.policy.fn(spec, params, teacher, mb, counts)[0]
+    chex.assert_trees_all_close(longer.policy.fn(longer, params, teacher, mb, counts)[0], loss / 2, rtol=1e-6)
 
 
 def test_declared_capabilities_make_the_checks():

@@ -12,7 +12,7 @@ import numpy as np
 from configs import grpo, ppo
 from pipo_jax.models import qwen3
 from pipo_jax.rl.checkpoint import Checkpointer
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
 
 
@@ -58,7 +58,7 @@ def test_killed_save_leaves_the_previous_checkpoint(tmp_path):
         from configs import grpo
         from pipo_jax.models import qwen3
         from pipo_jax.rl.checkpoint import Checkpointer
-        from pipo_jax.rl.spec import train_spec
+        from pipo_jax.rl.setup import train_spec
         from pipo_jax.rl.state import init_train_state
         c = grpo.get_config("micro")
         spec = train_spec(c)

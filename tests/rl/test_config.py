@@ -8,10 +8,20 @@ import sys
 
 import pytest
 
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
+ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "sdpo", "vpd")
+
+
+def check_config_values(stdout: str) -> dict:
+    """{key: value} of `--check_config`'s `key = <JSON value>  # description` lines."""
+    out = {}
+    for line in stdout.splitlines():
+        name, _, rest = line.partition(" = ")
+        out[name] = json.JSONDecoder().raw_decode(rest)[0]
+    return out
 
 
 def config(algo="grpo", preset="micro"):
@@ -88,7 +98,7 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
     c.model.path = str(tmp_path)
     c.task.path = str(tmp_path / "math.jsonl")
     spec = train_spec(c)
-    assert spec.model.hidden_size == 32 and spec.rollout.response_len == 4096
+    assert spec.model.hidden_size == 32 and spec.rollout.max_new_tokens == 4096
     assert spec.task.name == "math" and spec.task.train_size == len(spec.task.train_rows_np) == 196  # 2% of 200 held out
     row = TABLE5.get(algo, TABLE5["grpo"])  # SDPO / VPD keep the base (GRPO) run size
     epochs, batch = row[3], row[0]
@@ -113,6 +123,9 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
         (lambda c: setattr(c.rollout, "top_p", 0.0), r"config\.rollout\.top_p"),
         (lambda c: setattr(c.task, "max_digits", 12), r"config\.task: .*max_digits=12"),
         (lambda c: setattr(c.model, "logprob_impl", "cuda"), r"config\.model\.logprob_impl"),
+        (lambda c: setattr(c.loss, "norm_length", -1), r"config\.loss\.norm_length: -1 must be >= 0"),
+        (lambda c: setattr(c.loss, "norm_length", 8),
+         r"config\.loss\.norm_length: 8 is seq-mean-token-sum-norm's divisor, not 'seq-mean-token-mean''s"),
     ],
 )
 def test_invalid_settings_name_the_key(edit, message):
@@ -141,8 +154,13 @@ def test_command_line_overrides():
             "--config.rollout.group_size=4", "--check_config"]
     out = subprocess.run([sys.executable, "-m", "experiments.train", *argv], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    c = json.loads(out.stdout)
-    assert (c["algorithm"], c["pipo"]["enabled"], c["pipo"]["lam"], c["rollout"]["group_size"]) == ("dapo", True, 0.2, 4)
+    c = check_config_values(out.stdout)
+    assert (c["algorithm"], c["pipo.enabled"], c["pipo.lam"], c["rollout.group_size"]) == ("dapo", True, 0.2, 4)
+    # every key with its description, from its one declaration (rl/sections.py)
+    lines = dict(line.split(" = ", 1) for line in out.stdout.splitlines())
+    assert lines["pipo.lam"] == "0.2  # lambda: the PI step's scale when the improvement signal is negative"
+    assert lines["loss.policy"].endswith("[token_clip | gspo | cispo | sdpo_token | sdpo_jsd]")
+    assert len(lines) == len(check_config_values(out.stdout)) > 150
     bad = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/grpo.py:tiny",
                           "--config.pipo.window=1", "--check_config"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "config.pipo.window: K=1 must be >= 2" in bad.stderr

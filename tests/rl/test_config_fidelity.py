@@ -6,7 +6,9 @@ import pytest
 from configs import base, dapo, gspo, grpo, ppo, sdpo
 from pipo_jax.losses import pipo
 from pipo_jax.rl.sections import PipoConfig
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.setup import train_spec
+from pipo_jax.rl.spec import ConfigError
+from tests.rl.test_config import check_config_values
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -14,7 +16,7 @@ from pipo_jax.rl.spec import ConfigError, train_spec
     ("warmup.lr", -3e-3, r"config.warmup.lr: -0.003 must be > 0"),
     ("warmup.eval_every", 0, r"config.warmup.eval_every: 0 must be >= 1"),
     ("train.weight_decay", -0.01, r"config.train.weight_decay: -0.01 must be >= 0"),
-    ("pipo.authors.clamp", True, r"config.pipo.authors.clamp: unknown behaviour; expected one of \('window_twice'"),
+    ("pipo.authors.clamp", True, r"config.pipo.authors.clamp: unknown key; expected one of \('window_twice'"),
     ("pipo.attribution_norm", "l2", r"config.pipo.attribution_norm: 'l2' is not one of \('none', 'mean_abs'\)"),
     ("pipo.pi_optimizer", "adam", r"config.pipo.pi_optimizer: 'adam' is not one of \('shared', 'separate'\)"),
     ("pipo.pi_ratio", "sequence", r"config.pipo.pi_ratio: 'sequence' is not one of \('base', 'token'\)"),
@@ -93,12 +95,11 @@ def test_a_named_authors_behaviour_wins_over_compat(compat, named, expected_off)
 
 
 def test_an_unset_authors_behaviour_is_set_from_the_command_line():
-    import json
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-m", "experiments.train", "--check_config", "--config=configs/grpo.py:micro",
                           "--config.pipo.compat=true", "--config.pipo.authors.window_twice=false"],
                          capture_output=True, text=True, check=True).stdout
-    authors = json.loads(out)["pipo"]["authors"]
-    assert authors["window_twice"] is False and authors["std_ddof0"] is None
+    values = check_config_values(out)
+    assert values["pipo.authors.window_twice"] is False and values["pipo.authors.std_ddof0"] is None

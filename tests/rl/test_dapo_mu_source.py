@@ -9,7 +9,8 @@ import pytest
 from configs import dapo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, loop, rollout
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
 
 

@@ -16,7 +16,8 @@ from pipo_jax.data import prompts as pr
 from pipo_jax.data import tokenizer as tk
 from pipo_jax.models import hf
 from pipo_jax.rl import evaluate, rollout
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.trainer import train
 from pipo_jax.tasks import dataset
 from tests.conftest import override
@@ -55,7 +56,7 @@ def math_config(model_dir, math_file, **overrides):
 def test_prompt_table_and_splits(model_dir, math_file):
     spec = train_spec(math_config(model_dir, math_file))
     task = spec.task
-    assert not spec.task.device_reward and task.kind == "math" and task.size == 12
+    assert not spec.task.capabilities.device_reward and task.kind == "math" and task.size == 12
     tok = tk.load_tokenizer(model_dir)
     for i, (q, a) in enumerate(QUESTIONS):  # left-padded chat-template ids of each question
         text = tok.apply_chat_template([{"role": "user", "content": q + "\n" + pr.DEFAULT_INSTRUCTION}],
@@ -83,7 +84,7 @@ def test_prompt_table_and_splits(model_dir, math_file):
 def constructed_rollout(spec, tok, rows, texts):
     """A rollout of the task's rows with the given response texts (each then <|im_end|>):
     (rollout, response tokens [B, R], response mask [B, R])."""
-    r = spec.rollout.response_len
+    r = spec.rollout.max_new_tokens
     resp = np.full((len(texts), r), spec.task.pad_id, np.int32)
     mask = np.zeros((len(texts), r), np.int32)
     for i, t in enumerate(texts):

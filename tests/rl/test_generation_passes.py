@@ -10,7 +10,8 @@ import pytest
 
 from pipo_jax.models import qwen3
 from pipo_jax.rl import rollout
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 
 
 def micro_spec(**overrides):
@@ -34,7 +35,7 @@ def test_generation_in_passes_equals_one_pass():
     # Same rows, same keys; only the decode batch size differs, which can move float32 matmul
     # rounding by a few ulp of the log-probs (|logp| < 20): 1e-5 bounds that.
     np.testing.assert_allclose(passes.sample_logp_br, one.sample_logp_br, rtol=0, atol=1e-5)
-    assert np.asarray(one.mask_bl[:, -spec.rollout.response_len:]).sum() > 0
+    assert np.asarray(one.mask_bl[:, -spec.rollout.max_new_tokens:]).sum() > 0
 
 
 def test_generation_passes_that_do_not_divide_name_the_key():

@@ -12,7 +12,8 @@ import pytest
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, learn, rollout, steps
 from pipo_jax.rl import response_logprobs as logprobs
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
 
 
@@ -28,9 +29,9 @@ def test_split_micro_takes_rows_of_every_device_block_and_merge_inverts_it():
 
 def test_micro_batch_settings_that_do_not_divide_name_the_key():
     spec = train_spec(importlib.import_module("configs.grpo").get_config("micro"))  # mini-batch of 8
-    steps.check_micro_batching(spec.with_section("train", micro_batch_per_device=2), 4)
+    steps.check_micro_batching(spec.with_section("train", micro_batch_size_per_device=2), 4)
     with pytest.raises(ConfigError, match=r"config\.train\.micro_batch_size_per_device: 2 x 8 batch shards"):
-        steps.check_micro_batching(spec.with_section("train", micro_batch_per_device=2), 8)
+        steps.check_micro_batching(spec.with_section("train", micro_batch_size_per_device=2), 8)
     with pytest.raises(ConfigError, match=r"config\.train\.micro_batch_size_per_device: 0 x 16"):
         steps.check_micro_batching(spec, 16)  # 0 = the device's share: 8 rows over 16 devices
 
@@ -39,7 +40,7 @@ def synthetic_rollout(spec) -> rollout.Rollout:
     """Task prompts with random responses of random lengths and 0/1 rewards (no sampler to compile)."""
     rng = np.random.RandomState(0)
     problems = rollout.sample_problems(spec, jax.random.PRNGKey(1), spec.rollout.prompts_per_batch)
-    b, r = spec.batch, spec.rollout.response_len
+    b, r = spec.batch, spec.rollout.max_new_tokens
     resp = rng.randint(3, spec.model.vocab_size, (b, r)).astype(np.int32)
     resp_mask = (np.arange(r)[None, :] < rng.randint(1, r + 1, (b, 1))).astype(np.int32)
     return rollout.Rollout(problems=problems,

@@ -15,7 +15,7 @@ from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, rollout
 from pipo_jax.rl.batch import TrainBatch
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
 from tests.conftest import override
 
@@ -35,7 +35,7 @@ def primed_state(spec):
     """A fresh float32 state whose PIPO window is full (means 0.2, 0.4) with a stored batch,
     so the PI step runs from the first learn step."""
     state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(SEED)), SEED)
-    b, L, r = spec.batch, spec.seq_len, spec.rollout.response_len
+    b, L, r = spec.batch, spec.seq_len, spec.rollout.max_new_tokens
     rng = np.random.RandomState(SEED)
     tokens = rng.randint(3, spec.model.vocab_size, (b, L)).astype(np.int32)
     mask_r = np.ones((b, r), np.float32)

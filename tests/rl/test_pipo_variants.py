@@ -15,14 +15,15 @@ from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, learn, rollout, steps
 from pipo_jax.rl.batch import TrainBatch
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
 
 
 def _stored(spec, attr_br, logp_shift=0.0):
     """A stored batch of ones (tokens id 1, every position real) whose behaviour and reference
     log-probs are the model's own minus `logp_shift` (ratio exp(logp_shift) on every token)."""
-    b, L, r = spec.batch, spec.seq_len, spec.rollout.response_len
+    b, L, r = spec.batch, spec.seq_len, spec.rollout.max_new_tokens
     params = qwen3.init_params(spec.model, jax.random.PRNGKey(0))
     mb = learn.pi_batch(TrainBatch(
         tokens_bl=jnp.ones((b, L), jnp.int32), mask_bl=jnp.ones((b, L), jnp.int32),
@@ -38,7 +39,7 @@ def test_sdpo_pi_denominator(denominator):
     c.pipo.enabled = True
     c.pipo.sdpo_pi_denominator = denominator
     spec = train_spec(c)
-    b, r = spec.batch, spec.rollout.response_len
+    b, r = spec.batch, spec.rollout.max_new_tokens
     # rhat = 1 on every token of row 0 (the one row with a teacher signal), 0 elsewhere; ratio 1:
     # the surrogate is -sum(rhat) / denominator = -r / (b * r) = -1 / b over all tokens, -r / r = -1 over the signal row's
     rhat = jnp.zeros((b, r)).at[0].set(1.0)
@@ -68,7 +69,7 @@ def test_gspo_pi_clip_and_ratio(overrides, clipfrac):
         c.pipo[k] = v
     spec = train_spec(c)
     assert spec.pi_ratio == overrides.get("pi_ratio", "sequence")
-    params, mb = _stored(spec, jnp.ones((spec.batch, spec.rollout.response_len)), logp_shift=0.1)
+    params, mb = _stored(spec, jnp.ones((spec.batch, spec.rollout.max_new_tokens)), logp_shift=0.1)
     loss, metrics = steps.pi_loss_fn(spec)(params, mb, steps.response_counts(mb))
     np.testing.assert_allclose(float(metrics["pg_clipfrac"]), clipfrac, atol=1e-6)
     # value: -min(s, clip(s)) * 1 = -1.0004 (clipped) or -1.105 (exp(0.1), unclipped / token ratio 1.05)
@@ -127,7 +128,7 @@ def test_pi_optimizer_separate_keeps_the_base_state_apart(mode):
     c.pipo.enabled = True
     c.pipo.pi_optimizer = mode
     spec, state, metrics = _iterate(c)
-    steps_per_update = spec.train.epochs * spec.batch // spec.train.mini_batch
+    steps_per_update = spec.train.epochs * spec.batch // spec.mini_batch
     pi_steps = int(sum(m["pi_step_applied"] for m in metrics))
     assert pi_steps == 2  # K = 2: iterations 3 and 4
     base = 4 * steps_per_update

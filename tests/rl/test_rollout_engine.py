@@ -9,7 +9,8 @@ import pytest
 from configs import grpo
 from pipo_jax.rl import loop, warmup
 from pipo_jax.rl.placement import Placement
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 
 
 def micro(**rollout):

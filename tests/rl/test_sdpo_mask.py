@@ -13,7 +13,7 @@ import pytest
 from configs import sdpo, vpd
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, learn, rollout, steps
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
 
 # micro: P = 4 prompts x G = 4. With feedback off, a row has a teacher signal only when another

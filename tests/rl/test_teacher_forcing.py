@@ -104,7 +104,7 @@ def test_decoded_evaluation_equals_teacher_forced(partly_trained):
     with the sampler and scoring on the host (`evaluate.decoded_heldout_accuracy`, the path
     of tasks without exact answers) gives the teacher-forced accuracy."""
     spec = types.SimpleNamespace(task=TINY_TASK, model=TINY_MODEL,
-                                 rollout=types.SimpleNamespace(response_len=TINY_TASK.answer_len))
+                                 rollout=types.SimpleNamespace(max_new_tokens=TINY_TASK.answer_len))
     decoded = evaluate.decoded_heldout_accuracy(spec, partly_trained, TINY_TASK.scorer(), 64)
     forced = float(teacher_forcing.heldout_accuracy(TINY_MODEL, partly_trained, TINY_TASK, None, 64,
                                                     jax.random.PRNGKey(0)))

@@ -13,7 +13,8 @@ from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, loop
 from pipo_jax.rl import response_logprobs as logprobs
 from pipo_jax.rl.batch import TrainBatch
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.rl.trainer import train
 from tests.conftest import override
@@ -78,6 +79,20 @@ def test_every_variant_runs_three_iterations(algo, pipo_on, dtype):
         assert np.all(np.isfinite(m["vpd/kl_teacher_student"])) and np.all(m["vpd/teacher_entropy"] > 0)
 
 
+def test_dr_grpo_runs_a_micro_iteration():
+    """`algorithm=dr_grpo` (configs/dr_grpo.py: r - group mean, the constant-length token sum) through one
+    jitted trainer iteration: a step with signal, finite metrics, the params moved."""
+    c = micro("dr_grpo", False, seed=1)
+    spec, state = fresh_state(c)
+    assert (spec.algorithm.name, spec.loss.agg_mode) == ("dr_grpo", "seq-mean-token-sum-norm")
+    before = jax.tree.map(np.asarray, state.params)
+    state, m = jax.device_get(loop.scan_chunk(spec, state, 1))
+    assert int(state.step) == 1 and m["reward_std"][0] > 0
+    assert all(np.all(np.isfinite(v)) for k, v in m.items() if k not in ("mu_his", "sigma_his"))
+    changed = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), before, state.params))
+    assert max(changed) > 0
+
+
 # Compiled once for every case below (same spec and shapes; count and mu_t are array inputs).
 _pi_step = jax.jit(learn.pi_step, static_argnums=0)
 _response_logprobs = jax.jit(logprobs.response_logprobs, static_argnums=(0, 4))
@@ -92,7 +107,7 @@ def _pi_case(c_sign: float, count: int = 4, mu_t: float | None = None):
     c = micro("grpo", True, **{"pipo.window": 4, "pipo.lr": 1e-4, "train.mini_batch_prompts": 4,
                                "train.shuffle": False})
     spec, state = fresh_state(c)
-    b, L, r = spec.batch, spec.seq_len, spec.rollout.response_len
+    b, L, r = spec.batch, spec.seq_len, spec.rollout.max_new_tokens
     rng = np.random.RandomState(0)
     tokens = jnp.asarray(rng.randint(3, 20, (b, L)), jnp.int32)
     mask_l = jnp.ones((b, L), jnp.int32)
@@ -231,8 +246,8 @@ def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
     spec = train_spec(c)
     problems = arithmetic.make_problems(spec.task, jnp.array([12, 12]), jnp.array([0, 0]), jnp.array([30, 30]))
     responses = ["42<eos>", "41<eos>"]
-    resp = jnp.array([cv.encode(r) + [cv.PAD_ID] * (spec.rollout.response_len - len(cv.encode(r))) for r in responses])
-    resp_mask = (jnp.arange(spec.rollout.response_len)[None] < jnp.array([[3], [3]])).astype(jnp.int32)
+    resp = jnp.array([cv.encode(r) + [cv.PAD_ID] * (spec.rollout.max_new_tokens - len(cv.encode(r))) for r in responses])
+    resp_mask = (jnp.arange(spec.rollout.max_new_tokens)[None] < jnp.array([[3], [3]])).astype(jnp.int32)
     rollout = Rollout(problems=problems, tokens_bl=jnp.concatenate([problems.prompt_tokens_bp, resp], 1),
                       mask_bl=jnp.concatenate([problems.prompt_mask_bp, resp_mask], 1),
                       sample_logp_br=jnp.zeros(resp.shape), rewards_b=jnp.array([1.0, 0.0]))
@@ -244,7 +259,7 @@ def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
     assert text[0] == "<feedback><correct><solve><bos>12+30=42<eos>"
     np.testing.assert_array_equal(sd_mask, [1.0, 1.0])
     # The response sits at the end of the teacher row, where the student's is in its row.
-    np.testing.assert_array_equal(tokens[:, -spec.rollout.response_len:], resp)
+    np.testing.assert_array_equal(tokens[:, -spec.rollout.max_new_tokens:], resp)
 
 
 @pytest.mark.slow  # one compile of the trainer per hybrid

@@ -21,7 +21,8 @@ from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, rollout
 from pipo_jax.rl import vpd_estep as vpd
 from pipo_jax.rl.batch import TrainBatch
-from pipo_jax.rl.spec import ConfigError, train_spec
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_teacher_opt_state, init_train_state, skip_nonfinite
 
 # ----------------------------------------------------------------------------- config and schedule
@@ -232,7 +233,7 @@ def test_micro_batching_does_not_change_the_e_step(micro, monkeypatch):
     batch = micro.batch.replace(rewards_b=PATTERN)
     teacher = micro.state.teacher_params
     opt0 = _sgd(micro.cfg.lr, micro.spec).init(teacher)
-    spec2 = micro.spec.with_section("train", micro_batch_per_device=micro.spec.train.mini_batch // 2)
+    spec2 = micro.spec.with_section("train", micro_batch_size_per_device=micro.spec.mini_batch // 2)
     step = lambda spec: jax.jit(lambda t, s, b, d, k: vpd.e_step(spec, micro.cfg, t, s, b, None, d, k))  # noqa: E731
     split, whole = (step(s)(teacher, opt0, batch, vpd_loss.init_delta_state(), jax.random.PRNGKey(5))
                     for s in (spec2, micro.spec))  # ref None: read logp_old_br ("dynamic")
@@ -243,7 +244,7 @@ def test_micro_batching_does_not_change_the_e_step(micro, monkeypatch):
     # the update may move by n * eps * |update|_2 when the sum is split in two; plus one float32
     # spacing of the parameter, as theta + update is rounded to it. (Measured: 0.12 of the bound,
     # with and without XLA_FLAGS=--xla_cpu_max_isa=AVX2.)
-    n = micro.spec.train.mini_batch * batch.teacher_tokens_bq.shape[1]
+    n = micro.spec.mini_batch * batch.teacher_tokens_bq.shape[1]
     u_split, u_whole = (jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b), out[0], teacher)
                         for out in (split, whole))
     norm = np.sqrt(sum(np.sum(u ** 2) for u in jax.tree.leaves(u_whole)))
@@ -268,7 +269,7 @@ def test_teacher_diagnostics_match_a_full_batch_computation(micro):
     @jax.jit
     def full(t, s, b):
         from pipo_jax.rl import response_logprobs as logprobs
-        q = b.teacher_tokens_bq.shape[1] - spec.rollout.response_len
+        q = b.teacher_tokens_bq.shape[1] - spec.rollout.max_new_tokens
         t_btv = logprobs.response_log_softmax(spec.model, t, b.teacher_tokens_bq, b.teacher_mask_bq, q,
                                               temperature=spec.rollout.temperature)
         s_btv = logprobs.response_log_softmax(spec.model, s, b.tokens_bl, b.mask_bl, spec.prompt_len,

@@ -9,7 +9,7 @@ from configs import sdpo as sdpo_configs
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.rl import learn, teacher_forcing, warmup
 from pipo_jax.rl.rollout import Rollout
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.tasks import arithmetic as ar
 
 TASK = ar.ArithmeticTask(min_digits=2, max_digits=2, answer_format="reversed", feedback_style="reveal")
@@ -48,7 +48,7 @@ def test_context_prompts_match_the_sdpo_teacher_contexts():
     # group 0: row 0 right (row 1 sees it as a solution, row 0 gets feedback <correct>);
     # group 1: both wrong (feedback <wrong> on each)
     texts = ["231<eos>", "221<eos>", "42<eos>", "3<eos>"]
-    r = spec.rollout.response_len
+    r = spec.rollout.max_new_tokens
     resp = jnp.array([cv.encode(t) + [cv.PAD_ID] * (r - len(cv.encode(t))) for t in texts])
     resp_mask = (jnp.arange(r)[None] < jnp.array([[len(cv.encode(t))] for t in texts])).astype(jnp.int32)
     rewards = ar.reward(spec.task, problems, resp, resp_mask)
@@ -96,3 +96,32 @@ def test_trainer_logs_the_teacher_accuracy_with_a_context(tmp_path):
         expected = float(teacher_forcing.heldout_accuracy(spec.model, base, spec.task, None, c.eval.n,
                                                           jax.random.PRNGKey(EVAL_SEED), kind))
         assert row[f"teacher_accuracy_{kind}"] == expected
+
+
+@pytest.mark.parametrize("use_feedback, threshold", [(True, 1.0), (False, 1.0), (True, 0.5)])
+def test_the_learners_choice_renders_the_teacher_prompts_the_task_chose_before(use_feedback, threshold):
+    """The learner now picks each row's context (`rollout.choose_contexts`) and the task only renders
+    it; the prompts are bit-equal to the task's own choice as it was made before (the first other
+    successful response of the group, else feedback), written out here."""
+    from pipo_jax.losses.distill import select_demonstrations
+    from pipo_jax.rl.rollout import choose_contexts
+    from pipo_jax.tasks.protocol import TeacherSettings
+
+    g, b = 4, 16
+    k_p, k_r, k_t, k_m = jax.random.split(jax.random.PRNGKey(7), 4)
+    problems = ar.sample_problems(TASK, k_p, b)
+    rewards = jnp.where(jax.random.bernoulli(k_r, 0.3, (b,)), 1.0, jax.random.uniform(k_m, (b,), maxval=0.9))
+    resp = jax.random.randint(k_t, (b, TASK.answer_len), 0, cv.VOCAB_SIZE)
+    resp_mask = (jnp.arange(TASK.answer_len)[None] < jax.random.randint(k_m, (b, 1), 1, TASK.answer_len)).astype(
+        jnp.int32)
+    teacher = TeacherSettings(group_size=g, success_threshold=threshold, use_feedback=use_feedback)
+    got = TASK.teacher_prompts(problems, resp, resp_mask, choose_contexts(rewards, teacher))
+    demo_row, has_demo = select_demonstrations(rewards, g, success_threshold=threshold)
+    safe = jnp.maximum(demo_row, 0)
+    use_fb = (~has_demo) & use_feedback
+    tokens, mask = ar.teacher_prompt(TASK, problems, (resp[safe], resp_mask[safe]), has_demo,
+                                     ar.feedback_tokens(TASK, problems, resp, resp_mask), use_fb,
+                                     jnp.ones_like(has_demo))
+    for x, y in zip(got, (tokens, mask, (has_demo | use_fb).astype(jnp.float32))):
+        np.testing.assert_array_equal(x, y)
+    assert 0 < int(jnp.sum(has_demo)) < b  # both kinds of rows occur

@@ -26,12 +26,12 @@ def batch():
 
 
 def test_resize_cache_pads_and_drops_slots():
-    kv = qwen3.KVCache(jax.random.normal(jax.random.key(0), (2, 3, 5, 2, 4)),
-                       jax.random.normal(jax.random.key(1), (2, 3, 5, 2, 4)))
+    kv = qwen3.KVCache(jax.random.normal(jax.random.key(0), (2, 3, 2, 5, 4)),  # [L, B, K, S, Dh]
+                       jax.random.normal(jax.random.key(1), (2, 3, 2, 5, 4)))
     grown = decode.resize_cache(kv, 8)
-    np.testing.assert_array_equal(grown.k[:, :, :5], kv.k)
-    assert grown.max_len == 8 and float(jnp.abs(grown.v[:, :, 5:]).max()) == 0.0
-    np.testing.assert_array_equal(decode.resize_cache(kv, 2).v, kv.v[:, :, :2])
+    np.testing.assert_array_equal(grown.k[:, :, :, :5], kv.k)
+    assert grown.max_len == 8 and float(jnp.abs(grown.v[:, :, :, 5:]).max()) == 0.0
+    np.testing.assert_array_equal(decode.resize_cache(kv, 2).v, kv.v[:, :, :, :2])
 
 
 def _equations(jaxpr):
@@ -75,7 +75,7 @@ def test_prefill_last_logits_equal_full_forward(params, batch):
     last = jnp.array([7, 7, 1])
     np.testing.assert_allclose(logits, full[jnp.arange(3), last], atol=1e-5)
     np.testing.assert_array_equal(lengths, [5, 8, 2])
-    assert cache.k.shape == (CONFIG.num_hidden_layers, 3, 12, CONFIG.num_key_value_heads, CONFIG.head_dim)
+    assert cache.k.shape == (CONFIG.num_hidden_layers, 3, CONFIG.num_key_value_heads, 12, CONFIG.head_dim)
     # The plain cached forward fills the same slots with the same keys/values.
     ref = qwen3.forward(CONFIG, params, tokens, mask, cache=qwen3.init_cache(CONFIG, 3, 12))[1]
     np.testing.assert_allclose(cache.k, ref.k, atol=1e-5)
@@ -124,6 +124,25 @@ def test_bf16_cache_is_close(params, batch):
     a, _ = decode.decode_step(CONFIG, params, c32, tokens[:, 0], lengths)
     b, _ = decode.decode_step(CONFIG, params, c16, tokens[:, 0], lengths)
     np.testing.assert_allclose(a, b, atol=2e-2)
+
+
+@pytest.mark.parametrize("layer_loop", ["scan", "unroll"])
+def test_bf16_compute_decode_runs_on_cpu_and_is_close_to_fp32(params, batch, layer_loop):
+    """bf16 weights and cache (`model.dtype=bfloat16`): the attention's bf16 x bf16 -> f32
+    matmuls over the head-major cache run on XLA:CPU, and the decode logits stay within bf16
+    rounding of the fp32 full forward."""
+    tokens, mask = batch
+    config = CONFIG.replace(dtype="bfloat16", layer_loop=layer_loop)
+    weights = decode.compute_params(config, params)
+    _, lengths, cache = decode.prefill(config, weights, tokens, mask, 12)
+    assert cache.k.dtype == jnp.bfloat16
+    nxt = jax.random.randint(jax.random.PRNGKey(3), (3, 2), 0, CONFIG.vocab_size)
+    logits = []
+    for t in range(2):
+        out, cache = decode.decode_step(config, weights, cache, nxt[:, t], lengths + t)
+        logits.append(out)
+    full = qwen3.logits(CONFIG, params, jnp.concatenate([tokens, nxt], 1), jnp.concatenate([mask, jnp.ones_like(nxt)], 1))
+    np.testing.assert_allclose(jnp.stack(logits, axis=1), full[:, -2:], atol=5e-2)
 
 
 def test_attention_length_ladder():

@@ -77,7 +77,7 @@ def test_manual_prefill_insert_generate(params, prompts, engine_and_params):
     engine, eparams = engine_and_params
     keys = [jax.random.key(100), jax.random.key(200)]
     state = engine.init_decode_state()
-    assert isinstance(state, DecodeState) and state.cache.k.shape == (2, 4, 16, 2, 16)  # [L, S, width, K, Dh]
+    assert isinstance(state, DecodeState) and state.cache.k.shape == (2, 4, 2, 16, 16)  # [L, S, K, width, Dh]
     assert engine.cache_widths == (16, 32, 48)
     state = engine.resize(state, 32)
     outs = {}
@@ -100,10 +100,10 @@ def test_manual_prefill_insert_generate(params, prompts, engine_and_params):
             break
         state, result = engine.generate(eparams, state)
     kv = state.kv_cache()  # qwen3.KVCache view: slot 3 holds prompt 1 (9 tokens) + its tokens
-    assert kv.k.shape == (2, 4, 32, 2, 16)
+    assert kv.k.shape == (2, 4, 2, 32, 16)  # [L, S, K, width, Dh]
     filled = 9 + len(outs[3][0]) - 1  # the last sampled token is never fed back
-    assert float(jnp.abs(kv.k[:, 3, :filled]).max(axis=(-1, -2)).min()) > 0
-    assert float(jnp.abs(kv.k[:, 3, filled:]).max()) == 0.0
+    assert float(jnp.abs(kv.k[:, 3, :, :filled]).max(axis=(1, 3)).min()) > 0
+    assert float(jnp.abs(kv.k[:, 3, :, filled:]).max()) == 0.0
     for slot, prompt, key in ((3, prompts[1], keys[0]), (1, prompts[4], keys[1])):
         tokens, mask = left_padded([prompt])
         ref = sampler.generate(CONFIG, params, tokens, mask, key[None], SAMPLING)

@@ -16,7 +16,7 @@ from pipo_jax.data import tokenizer as tk
 from pipo_jax.models import qwen3
 from pipo_jax.rl import rollout, teacher_forcing
 from pipo_jax.rl.sections import ConfigError
-from pipo_jax.rl.spec import train_spec
+from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.task_config import make_task
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import reasoning_gym as rgt
@@ -53,7 +53,7 @@ def trainer_rewards(spec, rows, texts):
     """Rewards of `texts` as responses to task rows `rows`, through the trainer's reward path
     (`rollout.task_rewards` of a `Rollout`, jitted like the scan loop's)."""
     problems = spec.task.problems_at(np.asarray(rows, np.int32))
-    resp, mask = responses(texts, spec.rollout.response_len)
+    resp, mask = responses(texts, spec.rollout.max_new_tokens)
     batch = rollout.from_generation(problems, jnp.asarray(resp), jnp.asarray(mask),
                                     jnp.zeros(resp.shape, jnp.float32))
     return np.asarray(jax.jit(rollout.task_rewards, static_argnums=0)(spec, batch))
@@ -140,8 +140,10 @@ def test_config_errors_name_the_key():
         make_task(rg_config(config="{"))
     with pytest.raises(ConfigError, match=r"rg_dataset='no_such_dataset'"):
         make_task(rg_config(dataset="no_such_dataset", config=""))
+    # the character form declares no teacher contexts: refused at start-up naming the key
+    assert not make_task(rg_config()).capabilities.teacher_contexts
     with pytest.raises(ConfigError, match=r"config\.algorithm: sdpo needs teacher contexts"):
-        make_task(rg_config(algorithm="sdpo"))
+        train_spec(rg_config(algorithm="sdpo"))
     with pytest.raises(ConfigError, match=r"config\.warmup\.mistake_rate: 0\.5: the built-in task's"):
         train_spec(rg_config(**{"warmup.mistake_rate": 0.5}))
 

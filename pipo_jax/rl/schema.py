@@ -1,0 +1,244 @@
+"""The config schema's machinery: a key declared once (type, default, description, constraint).
+
+A section is a frozen dataclass (`rl/sections.py`) whose fields are its config keys, each
+declared with `key(default, doc, check)`: the field's annotation is the key's type, `default`
+its one default, `doc` the description `--check_config` prints, `check` its constraint.
+From these declarations alone:
+
+    defaults(cls) -> ml_collections.ConfigDict   what `configs/base.py:base_config` returns
+    from_config(cls, mapping) -> cls             the typed section of a config section
+    to_config(section) -> dict                   its values again (`from_config(cls, to_config(s)) == s`)
+    describe(cls, config) -> [(key, value, doc)] every key with its value and description
+
+A section checks itself on construction (`Section.__post_init__`): each field's type, then its
+`choices` / `check`, then the section's own `check()` (what ties its fields together). Every error
+is one line, `ConfigError("config.<section>.<key>: <message>")`. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar
+
+import ml_collections
+from ml_collections import config_dict
+
+Check = Callable[[Any], "str | None"]  # value -> the error message, or None when it is valid
+
+
+class ConfigError(ValueError):
+    """An invalid run config; the message names the key."""
+
+
+def need(cond: bool, key: str, message: str) -> None:
+    """Raises `ConfigError("config.<key>: <message>")` unless `cond`."""
+    if not cond:
+        raise ConfigError(f"config.{key}: {message}")
+
+
+def choice(value, key: str, choices) -> None:
+    need(value in choices, key, f"{value!r} is not one of {tuple(choices)}")
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def key(default, doc: str, check: Check | None = None, *, choices: Iterable | Callable[[], Iterable] | None = None):
+    """A config key's declaration: `default`, description `doc`, constraint `check` (value ->
+    message or None) and / or `choices` (a tuple, or a function returning one: a registry's names)."""
+    meta = {"doc": doc, "check": check, "choices": choices}
+    if dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=type(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+# ----------------------------------------------------------------------------- constraints
+
+
+def at_least(bound, note: str = "") -> Check:
+    """`value >= bound`; message "<value> must be >= <bound><note>"."""
+    return lambda v: None if v >= bound else f"{v} must be >= {bound}{note}"
+
+
+def above(bound, note: str = "") -> Check:
+    """`value > bound`."""
+    return lambda v: None if v > bound else f"{v} must be > {bound}{note}"
+
+
+def within(low, high, *, open_low: bool = False, open_high: bool = False) -> Check:
+    """`value` in [low, high] (a bound excluded with `open_low` / `open_high`)."""
+    text = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+
+    def check(v):
+        ok = (v > low if open_low else v >= low) and (v < high if open_high else v <= high)
+        return None if ok else f"{v} must be in {text}"
+    return check
+
+
+def choices_of(declared) -> tuple:
+    """The choices a `key(..., choices=)` declares (calling a registry function)."""
+    return tuple(declared() if callable(declared) else declared)
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+@dataclasses.dataclass(frozen=True)
+class _Type:
+    name: str  # int | float | bool | str | a section class name
+    optional: bool  # `X | None`: None is a valid value
+
+
+def _field_type(f: dataclasses.Field) -> _Type:
+    text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    parts = [p.strip() for p in text.split("|")]
+    return _Type(next(p for p in parts if p != "None"), "None" in parts)
+
+
+_TYPE_CHECKS = {
+    "int": (is_int, "an integer"),
+    "float": (is_number, "a finite number"),
+    "bool": (lambda v: isinstance(v, bool), "True or False"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+class Section:
+    """Base of a config section (a frozen dataclass of `key(...)` fields). `_section` is the
+    section's place in the config ("rollout", "pipo.authors"; "" = the top level)."""
+
+    _section: ClassVar[str] = ""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            check_value(type(self), f, getattr(self, f.name))
+        self.check()
+
+    def check(self) -> None:
+        """What ties the section's keys together (override); raise with `need`."""
+
+    @classmethod
+    def from_config(cls, mapping: Mapping, **resolved):
+        """`from_config(cls, mapping, **resolved)`: this section of a config."""
+        return from_config(cls, mapping, **resolved)
+
+    @classmethod
+    def key_name(cls, name: str) -> str:
+        return f"{cls._section}.{name}" if cls._section else name
+
+
+def check_value(cls, f: dataclasses.Field, value) -> None:
+    """One key's type, choices and constraint; raises `ConfigError` naming it."""
+    name, kind = cls.key_name(f.name), _field_type(f)
+    if value is None and kind.optional:
+        return
+    if kind.name in _TYPE_CHECKS:
+        ok, what = _TYPE_CHECKS[kind.name]
+        none = " or None" if kind.optional else ""
+        need(ok(value), name, f"{value!r} must be {what}{none}")
+    elif not isinstance(value, Section):
+        raise ConfigError(f"config.{name}: {value!r} must be a section")
+    if f.metadata.get("choices") is not None:
+        choice(value, name, choices_of(f.metadata["choices"]))
+    if f.metadata.get("check") is not None:
+        message = f.metadata["check"](value)
+        need(message is None, name, message or "")
+
+
+def _subsection(f: dataclasses.Field):
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return type(default) if isinstance(default, Section) else None
+
+
+# Keys a release removed, with what replaces them: a config that still sets one gets this message.
+RETIRED: dict[str, str] = {}
+
+
+def _items(mapping) -> dict:
+    return dict(mapping.items()) if hasattr(mapping, "items") else dict(mapping)
+
+
+def from_config(cls, mapping: Mapping, **resolved):
+    """The section `cls` of a config section: each key read into the field of the same name
+    (ints where a float is declared become floats; a key the config lacks keeps its default, as in
+    a config stored by an older release); `resolved` replaces fields (a value the caller derived).
+    An unknown key is a `ConfigError` naming it."""
+    items = _items(mapping)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in items:
+        if name not in fields:
+            full = cls.key_name(name)
+            need(False, full, RETIRED.get(full, f"unknown key; expected one of {tuple(fields)}"))
+    values = {}
+    for name, f in fields.items():
+        if name in resolved:
+            values[name] = resolved[name]
+        elif name in items:
+            sub, value = _subsection(f), items[name]
+            if sub is not None:
+                need(hasattr(value, "items"), cls.key_name(name), f"{value!r} must be a section")
+                value = from_config(sub, value)
+            elif _field_type(f).name == "float" and is_int(value):
+                value = float(value)
+            values[name] = value
+    return cls(**values)
+
+
+def to_config(section: Section) -> dict:
+    """The section's keys and values as nested dicts (`from_config` reads them back)."""
+    return {f.name: to_config(v) if isinstance(v := getattr(section, f.name), Section) else v
+            for f in dataclasses.fields(section)}
+
+
+def defaults(cls) -> ml_collections.ConfigDict:
+    """The ml-collections config of `cls`'s defaults (a `None` default of a `X | None` key is a
+    placeholder of type X, so `--config.<key>=value` parses)."""
+    c = ml_collections.ConfigDict()
+    for f in dataclasses.fields(cls):
+        sub = _subsection(f)
+        if sub is not None:
+            c[f.name] = defaults(sub)
+        elif f.default is None:
+            c[f.name] = config_dict.placeholder({"int": int, "float": float, "bool": bool, "str": str}[
+                _field_type(f).name])
+        else:
+            c[f.name] = f.default
+    return c
+
+
+def doc_of(f: dataclasses.Field) -> str:
+    """A key's description, with its choices (read from the registries at call time)."""
+    doc = f.metadata.get("doc", "")
+    if f.metadata.get("choices") is not None:
+        doc += f" [{' | '.join(map(str, choices_of(f.metadata['choices'])))}]"
+    return doc
+
+
+def declarations(cls, prefix: str = "") -> dict[str, dataclasses.Field]:
+    """{dotted key: its field} for every key of `cls` and its subsections."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        sub = _subsection(f)
+        if sub is not None:
+            out.update(declarations(sub, f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = f
+    return out
+
+
+def describe(cls, config: Mapping) -> list[tuple[str, Any, str]]:
+    """(dotted key, value in `config`, description) for every declared key of `cls`."""
+    out = []
+    for name, f in declarations(cls).items():
+        value = config
+        for part in name.split("."):
+            value = value[part]
+        out.append((name, value, doc_of(f)))
+    return out

@@ -1,0 +1,112 @@
+"""The config schema (`rl/schema.py`, `rl/sections.py`): every key declared once with its type,
+default, description and constraint; `base_config` built from the declarations; the generic
+`from_config` round-trips; choices read from the registries."""
+
+import importlib
+import json
+
+import ml_collections
+import pytest
+
+from configs import base
+from pipo_jax.rl import algorithms, schema, sections
+from pipo_jax.rl.sections import ConfigError, RunConfig
+from pipo_jax.rl.setup import train_spec
+from pipo_jax.rl.workdir import flat_config
+
+ALGOS = sections.algorithm_names()  # each registered algorithm has its configs/<name>.py
+
+
+def test_every_key_has_exactly_one_declaration_with_a_description():
+    declared = schema.declarations(RunConfig)
+    keys = list(flat_config(base.base_config()))
+    assert keys == list(declared)  # the same keys, once each, in declaration order
+    assert len(keys) == len(set(keys)) > 150
+    missing = [k for k, f in declared.items() if not f.metadata.get("doc")]
+    assert not missing, f"keys without a description: {missing}"
+
+
+def test_base_config_defaults_are_the_declared_defaults():
+    flat = flat_config(base.base_config())
+    for name, f in schema.declarations(RunConfig).items():
+        assert flat[name] == f.default and type(flat[name]) is type(f.default), name
+    c = base.base_config()
+    assert c.rollout.max_new_tokens == 0 and isinstance(c.task.epochs, float) and c.pipo.pi_clip_low is None
+    # a None default is a typed placeholder: the command line parses it as its type
+    c.pipo.authors.window_twice = False
+    with pytest.raises(TypeError):
+        c.pipo.authors.window_twice = "no"
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_from_config_round_trips(algo):
+    c = importlib.import_module(f"configs.{algo}").get_config("micro")
+    run = RunConfig.from_config(c)
+    assert schema.to_config(run) == json.loads(c.to_json())
+    assert RunConfig.from_config(ml_collections.ConfigDict(schema.to_config(run))) == run
+    assert hash(run) == hash(RunConfig.from_config(c))  # frozen and hashable (jit-static)
+    spec = train_spec(c)
+    for name in ("rollout", "train", "advantage", "loss", "critic", "dapo", "sdpo", "pipo"):
+        section = getattr(spec, name)
+        assert type(section).from_config(schema.to_config(section)) == section, name
+
+
+def test_fields_are_named_as_their_keys():
+    spec = train_spec(importlib.import_module("configs.dapo").get_config("micro"))
+    c = importlib.import_module("configs.dapo").get_config("micro")
+    # the spec resolves the "0 = default" keys; every other field is its key's value
+    assert spec.rollout.max_new_tokens == spec.task.answer_len and c.rollout.max_new_tokens == 0
+    assert spec.dapo.gen_prompts_per_batch == c.rollout.prompts_per_batch
+    assert spec.train.mini_batch_prompts == c.train.mini_batch_prompts
+    assert spec.mini_batch == c.train.mini_batch_prompts * c.rollout.group_size
+    assert spec.train.micro_batch_size_per_device == c.train.micro_batch_size_per_device
+
+
+def test_reading_a_section():
+    loss = sections.LossConfig.from_config({"clip_high": 1, "kl_coef": 0})
+    assert loss.clip_high == 1.0 and isinstance(loss.clip_high, float) and isinstance(loss.kl_coef, float)
+    assert loss.policy == "token_clip"  # a key the config lacks (a config stored by an older release): its default
+    with pytest.raises(ConfigError, match=r"config\.loss\.kl_coeff: unknown key; expected one of \('policy', "):
+        sections.LossConfig.from_config({"kl_coeff": 0.1})
+    with pytest.raises(ConfigError, match=r"config\.train\.micro_batch_size: the global micro-batch is gone"):
+        sections.TrainConfig.from_config({"micro_batch_size": 4})
+    with pytest.raises(ConfigError, match=r"config\.rollout\.group_size: 2\.5 must be an integer$"):
+        sections.RolloutConfig(group_size=2.5)
+    with pytest.raises(ConfigError, match=r"config\.log\.jit_loop: 'yes' must be True or False$"):
+        sections.LogConfig(jit_loop="yes")
+    with pytest.raises(ConfigError, match=r"config\.pipo\.pi_clip_low: 'a' must be a finite number or None$"):
+        sections.PipoConfig(pi_clip_low="a")
+    with pytest.raises(ConfigError, match=r"config\.pipo\.authors: 3 must be a section$"):
+        sections.PipoConfig.from_config({"authors": 3})
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("iterations", 0, r"config\.iterations: 0 must be >= 1$"),
+    ("log.every", 0, r"config\.log\.every: 0 must be >= 1$"),
+    ("checkpoint.keep", 0, r"config\.checkpoint\.keep: 0 must be >= 1$"),
+    ("eval.ks", "1,x", r"config\.eval\.ks: '1,x' is not a comma-separated list of integers$"),
+    ("eval.ks", "1,8", r"config\.eval\.ks: \(1, 8\): each k must be in \[1, eval\.samples=4\]$"),
+    ("warmup.mistake_rate", 1.5, r"config\.warmup\.mistake_rate: 1\.5 must be in \[0, 1\]$"),
+    ("distributed.mode", "maybe", r"config\.distributed\.mode: 'maybe' is not one of \('auto', 'on', 'off'\)$"),
+    ("model.remat", "some", r"config\.model\.remat: 'some' is not one of \('none', 'full', 'dots_saveable'\)$"),
+    ("task.epochs", -1.0, r"config\.task\.epochs: -1\.0 must be >= 0$"),
+])
+def test_run_level_keys_are_checked_by_their_declaration(key, value, message):
+    c = base.apply_preset(base.base_config(), "micro")
+    *path, name = key.split(".")
+    node = c
+    for part in path:
+        node = node[part]
+    node[name] = value
+    with pytest.raises(ConfigError, match=message):
+        train_spec(c)
+
+
+def test_choices_come_from_the_registries():
+    docs = {name: doc for name, _, doc in schema.describe(RunConfig, base.base_config())}
+    assert docs["algorithm"].endswith(f"[{' | '.join(sections.algorithm_names())}]")
+    assert "dr_grpo" in sections.algorithm_names() and "vpd+joint" not in sections.algorithm_names()
+    assert "cispo" in docs["loss.policy"] and set(sections.policy_names()) >= {"token_clip", "gspo", "cispo"}
+    assert docs["advantage.estimator"].endswith(f"[{' | '.join(list(algorithms.ADVANTAGE_ESTIMATORS) + ['none'])}]")
+    assert docs["pipo.attribution"].endswith("[group | gae | sdpo_token]")
+    assert docs["pipo.authors.window_twice"].startswith("mu_t enters the window before xi is computed")
