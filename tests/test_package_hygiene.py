@@ -13,8 +13,8 @@ PACKAGE = sorted((ROOT / "pipo_jax").rglob("*.py"))
 USERS = PACKAGE + sorted((ROOT / "experiments").rglob("*.py")) + sorted((ROOT / "configs").rglob("*.py"))
 # Public API documented in README.md for users, though nothing in the repository calls it.
 DOCUMENTED_API = {"hidden_states"}
-# Module-level tables the package fills once at import (the algorithm registry), not caches.
-REGISTRIES = {"ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "ATTRIBUTIONS", "ADVANTAGE_SHAPINGS", "ALGORITHMS"}
+# Module-level tables the package fills once at import (the algorithm and task registries), not caches.
+REGISTRIES = {"ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "ATTRIBUTIONS", "ADVANTAGE_SHAPINGS", "ALGORITHMS", "TASKS"}
 
 
 def _top_level_functions(path: pathlib.Path):

@@ -214,7 +214,7 @@ def test_loss_norm_length_is_the_constant_divisor():
     spec = train_spec(c)
     c.loss.norm_length = 2 * spec.rollout.max_new_tokens
     longer = train_spec(c)
-    assert algorithms.loss_counts(longer, {"num_tokens": 1.0, "num_seqs": 1.0})["norm_length"] == c.loss.norm_length
+    assert algorithms.aggregation(longer, {"num_tokens": 1.0, "num_seqs": 1.0}).norm_length == c.loss.norm_length
     params, teacher, mb = _micro_batch(spec)
     counts = steps.response_counts(mb)
     loss = spec.policy.fn(spec, params, teacher, mb, counts)[0]
