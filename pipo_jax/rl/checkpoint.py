@@ -6,7 +6,8 @@ never picked up as the latest: a crash mid-save leaves the previous good one in 
 A checkpoint damaged after the fact (a truncated or deleted file, garbage bytes) is
 skipped on restore: the newest one that reads is used, each skipped one is named in one
 log line and left on disk (moved aside into `<directory>.unreadable/` only when a new
-save needs its step number).
+save needs its step number). A checkpoint written by older code under names since renamed
+(`LEGACY_NAMES`) is read by its stored names and laid out like the template.
 """
 
 from __future__ import annotations
@@ -26,6 +27,24 @@ log = logging.getLogger(__name__)
 
 class NoReadableCheckpoint(RuntimeError):
     """No checkpoint of a directory could be read."""
+
+
+# Names a field of the saved state had before a rename (new -> old), so a run saved by older
+# code still resumes: PIPO's stored batch (`PipoState.prev`) was a `StoredBatch` of
+# `_bt`-named fields until it became the `TrainBatch` cut to `batch.STORED_FIELDS`.
+LEGACY_NAMES = {"mask_bl": "attention_mask_bl", "mask_br": "mask_bt", "logp_old_br": "logp_old_bt",
+                "logp_ref_br": "logp_ref_bt", "attr_br": "attr_bt"}
+
+
+def _key_name(k) -> str:
+    for attr in ("name", "key", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    raise TypeError(f"unexpected pytree key {k!r}")
+
+
+def _flat_by_path(tree) -> dict[tuple[str, ...], object]:
+    return {tuple(_key_name(k) for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _reason(e: BaseException, limit: int = 300) -> str:
@@ -125,7 +144,33 @@ class Checkpointer:
         metadata = os.path.join(self.step_path(step), "default", "_METADATA")
         if not os.path.exists(metadata):
             raise FileNotFoundError(f"{metadata} is missing")
-        return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        try:
+            return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        except Exception as e:  # noqa: BLE001 - a renamed field? then read it by its stored name
+            restored = self._restore_legacy(step, abstract)
+            if restored is None:
+                raise e
+            log.info("checkpoint step %d at %s holds fields under their former names: read and renamed",
+                     step, self.step_path(step))
+            return restored
+
+    def _restore_legacy(self, step: int, abstract):
+        """The state of a checkpoint that stored some fields under their `LEGACY_NAMES`, laid out
+        like `abstract` (each leaf by its path, renamed where the new path is absent); None when
+        it has no such field or a leaf of `abstract` is missing or of another shape / dtype."""
+        stored = _flat_by_path(self._manager.restore(step, args=ocp.args.StandardRestore()))
+        paths, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+        leaves, renamed = [], False
+        for path, want in paths:
+            key = tuple(_key_name(k) for k in path)
+            if key not in stored and key[-1] in LEGACY_NAMES:
+                key, renamed = key[:-1] + (LEGACY_NAMES[key[-1]],), True
+            have = stored.get(key)
+            if have is None or have.shape != want.shape or have.dtype != want.dtype:
+                return None
+            sharding = getattr(want, "sharding", None)
+            leaves.append(jax.device_put(have, sharding) if sharding is not None else jax.numpy.asarray(have))
+        return jax.tree_util.tree_unflatten(treedef, leaves) if renamed else None
 
     def wait(self) -> None:
         """Blocks until pending asynchronous saves are on disk."""

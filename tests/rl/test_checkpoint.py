@@ -73,3 +73,35 @@ def test_killed_save_leaves_the_previous_checkpoint(tmp_path):
     restored = ckpt.restore(_state(grpo, 5))
     ckpt.close()
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), jax.device_get(state.params))
+
+
+def test_a_checkpoint_saved_with_the_former_stored_batch_names_resumes(tmp_path):
+    """A run saved while PIPO's stored batch was a `StoredBatch` of `_bt`-named fields (before
+    it became the `TrainBatch` cut to `STORED_FIELDS`) restores into today's state, every array
+    equal, read by its stored name (`checkpoint.LEGACY_NAMES`)."""
+    import flax
+
+    from pipo_jax.rl.checkpoint import LEGACY_NAMES
+
+    @flax.struct.dataclass
+    class StoredBatch:  # the former type, as it was saved
+        tokens_bl: jax.Array
+        attention_mask_bl: jax.Array
+        mask_bt: jax.Array
+        logp_old_bt: jax.Array
+        logp_ref_bt: jax.Array
+        attr_bt: jax.Array
+
+    state = _state(grpo, 3)
+    prev = state.pipo.prev
+    shifted = jax.tree.map(lambda x: x + 1, prev)  # values a fresh template does not have
+    legacy = StoredBatch(**{LEGACY_NAMES.get(f, f): getattr(shifted, f)
+                            for f in ("tokens_bl", "mask_bl", "mask_br", "logp_old_br", "logp_ref_br", "attr_br")})
+    ckpt = Checkpointer(str(tmp_path), keep=2)
+    ckpt.save(4, state.replace(pipo=state.pipo.replace(prev=legacy)))
+    ckpt.wait()
+    restored = ckpt.restore(_state(grpo, 0))
+    ckpt.close()
+    want = state.replace(pipo=state.pipo.replace(prev=shifted))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(want))
+    assert type(restored.pipo.prev) is type(prev)
