@@ -32,6 +32,7 @@ import numpy as np
 
 from pipo_jax.data import text_vocab
 from pipo_jax.tasks.protocol import Scored, Task, TaskCapabilities
+from pipo_jax.tasks.row_split import RowSampling
 
 GENERATING_OPS = ("+", "*")  # the target's expression; a response may also use '-' and '/'
 MAX_EXPRESSION_CHARS = 15  # a longer response scores 0 (and the response width is this + <eos>)
@@ -161,7 +162,7 @@ class Problems(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class CountdownTask(Task):
+class CountdownTask(RowSampling, Task):
     """The countdown task (hashable by its settings: jit-static).
 
     count: numbers per problem (2..4); max_number: the numbers are 1..max_number (<= 9: one
@@ -221,18 +222,8 @@ class CountdownTask(Task):
             target_tokens_ba=jnp.asarray(t.reference_tokens_na)[rows_b],
             target_mask_ba=(jnp.arange(a)[None, :] < ref_lengths[:, None]).astype(jnp.int32))
 
-    def sample_problems(self, table, rng: jax.Array, n: int, split: str = "train") -> Problems:
-        """`n` problems of `split` drawn uniformly with replacement (pure, jit-able)."""
-        del table
-        rows = {"train": self.tables.train_rows, "heldout": self.tables.heldout_rows}.get(split)
-        if rows is None:
-            raise ValueError(f"split {split!r} is not 'train' or 'heldout'")
-        return self.problems_at(jnp.asarray(rows)[jax.random.randint(rng, (n,), 0, len(rows))])
-
-    def heldout_problems(self, table, n: int, rng: jax.Array) -> Problems:
-        """The first `n` held-out problems (fewer if the split is smaller; the same every time)."""
-        del table, rng
-        return self.problems_at(self.tables.heldout_rows[:n])
+    def row_split(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.tables.train_rows, self.tables.heldout_rows
 
     def reference_responses(self, problems: Problems) -> tuple[jax.Array, jax.Array]:
         """The generating expression and `<eos>` (the warm-up's demonstrations)."""

@@ -42,6 +42,7 @@ from pipo_jax.tasks import dataset as dataset_lib
 from pipo_jax.tasks.dataset import DatasetTask, split_rows
 from pipo_jax.tasks.math import resolve_workers
 from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities, TaskConfigError
+from pipo_jax.tasks.row_split import RowSampling
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class Problems(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class ReasoningGymTask(Task):
+class ReasoningGymTask(RowSampling, Task):
     """A reasoning-gym dataset in the character vocabulary. Hashes by identity (jit-static).
 
     prompts / answers: each row's prompt text and the library's answer; the tables hold them as
@@ -230,18 +231,8 @@ class ReasoningGymTask(Task):
             index_b=rows_b, target_tokens_ba=jnp.asarray(self.target_tokens_np)[rows_b],
             target_mask_ba=(jnp.arange(a)[None, :] < targets[:, None]).astype(jnp.int32))
 
-    def sample_problems(self, table, rng: jax.Array, n: int, split: str = "train") -> Problems:
-        """`n` rows of `split` drawn uniformly with replacement (pure, jit-able)."""
-        del table
-        rows = {"train": self.source.train_rows, "heldout": self.source.heldout_rows}.get(split)
-        if rows is None:
-            raise ValueError(f"split {split!r} is not 'train' or 'heldout'")
-        return self.problems_at(jnp.asarray(rows)[jax.random.randint(rng, (n,), 0, len(rows))])
-
-    def heldout_problems(self, table, n: int, rng: jax.Array) -> Problems:
-        """The first `n` held-out rows (fewer if the split is smaller; the same rows every time)."""
-        del table, rng
-        return self.problems_at(self.source.heldout_rows[:n])
+    def row_split(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.source.train_rows, self.source.heldout_rows
 
     def reference_responses(self, problems: Problems) -> tuple[jax.Array, jax.Array]:
         """The library's answer and `<eos>` (the warm-up's demonstrations)."""
