@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipo_jax.data import text_vocab
-from pipo_jax.tasks.protocol import Scored, Task, TaskCapabilities
-from pipo_jax.tasks.row_split import RowSampling
+from pipo_jax.tasks.protocol import Task, TaskCapabilities
+from pipo_jax.tasks.row_split import RowSampling, RowScorer
 
 GENERATING_OPS = ("+", "*")  # the target's expression; a response may also use '-' and '/'
 MAX_EXPRESSION_CHARS = 15  # a longer response scores 0 (and the response width is this + <eos>)
@@ -247,21 +247,8 @@ class CountdownTask(RowSampling, Task):
         shape = jax.ShapeDtypeStruct(problems.index_b.shape, jnp.float32)
         return jax.pure_callback(self.score, shape, problems.index_b, tokens_br, mask_br, vmap_method="broadcast_all")
 
-    def scorer(self) -> CountdownScorer:
-        return CountdownScorer(self)
-
-
-class CountdownScorer:
-    """The countdown reward as a `HostScorer` (the host loop, `log.jit_loop=false`)."""
-
-    def __init__(self, task: CountdownTask):
-        self.task = task
-
-    def score(self, problems: Problems, tokens_br, mask_br) -> Scored:
-        return Scored(self.task.score(problems.index_b, tokens_br, mask_br))
-
-    def close(self) -> None:
-        pass
+    def scorer(self) -> RowScorer:
+        return RowScorer(self)
 
 
 def from_config(c) -> CountdownTask:

@@ -42,7 +42,7 @@ from pipo_jax.tasks import dataset as dataset_lib
 from pipo_jax.tasks.dataset import DatasetTask, split_rows
 from pipo_jax.tasks.math import resolve_workers
 from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities, TaskConfigError
-from pipo_jax.tasks.row_split import RowSampling
+from pipo_jax.tasks.row_split import RowSampling, RowScorer
 
 log = logging.getLogger(__name__)
 
@@ -254,21 +254,8 @@ class ReasoningGymTask(RowSampling, Task):
         return jax.pure_callback(self.score, shape, problems.index_b, tokens_br, mask_br,
                                  vmap_method="broadcast_all")
 
-    def scorer(self) -> ReasoningGymCharReward:
-        return ReasoningGymCharReward(self)
-
-
-class ReasoningGymCharReward:
-    """The character task's reward as a `HostScorer` (the host loop, `log.jit_loop=false`)."""
-
-    def __init__(self, task: ReasoningGymTask):
-        self.task = task
-
-    def score(self, problems: Problems, tokens_br, mask_br) -> Scored:
-        return Scored(self.task.score(problems.index_b, tokens_br, mask_br))
-
-    def close(self) -> None:
-        pass
+    def scorer(self) -> RowScorer:
+        return RowScorer(self)
 
 
 def _left_padded(rows: Sequence[list[int]], width: int) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Problems that are rows of a task's own tables, split once into train / held out: the
-sampling such JAX-reward tasks share (countdown, reasoning-gym's character form)."""
+sampling and the host-scorer adapter such JAX-reward tasks share (countdown, reasoning-gym's
+character form)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import abc
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from pipo_jax.tasks.protocol import Scored
 
 
 class RowSampling(abc.ABC):
@@ -35,3 +38,17 @@ class RowSampling(abc.ABC):
         """The first `n` held-out problems (fewer if the split is smaller; the same every time)."""
         del table, rng
         return self.problems_at(self.row_split()[1][:n])
+
+
+class RowScorer:
+    """A row task's reward as a `HostScorer` (the host loop, `log.jit_loop=false`): its
+    `score(index_b, tokens_br, mask_br)`, the function its JAX reward calls back."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def score(self, problems, tokens_br, mask_br) -> Scored:
+        return Scored(self.task.score(problems.index_b, tokens_br, mask_br))
+
+    def close(self) -> None:
+        pass
