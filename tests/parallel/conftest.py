@@ -77,12 +77,27 @@ def _reference_beside(procs: dict, request) -> tuple[dict, dict]:
     return ref
 
 
+# XLA:CPU aborts a process whose simulated devices deadlock in a collective (device threads
+# starved on a 2-core machine: some wait at one rendezvous while others never get there); the
+# abort names the rendezvous. Seen on the 8-device worker beside the other test worker's load.
+XLA_CPU_RENDEZVOUS_ABORT = "Termination timeout for"
+
+
 @pytest.fixture(scope="module")
 def mesh_run(tmp_path_factory, request) -> tuple[Path, tuple[dict, dict]]:
-    """(outputs of tests.parallel.mesh_worker, reference)."""
+    """(outputs of tests.parallel.mesh_worker, reference). A worker that XLA:CPU aborted in a
+    collective deadlock of its simulated devices is run once more (its log kept); any other
+    failure, or a second abort, fails."""
     out = tmp_path_factory.mktemp("mesh_worker")
-    procs = {"mesh_worker": (_launch(["tests.parallel.mesh_worker", str(out)], out / "log.txt"), out / "log.txt")}
-    return out, _reference_beside(procs, request)
+    for attempt in (1, 2):
+        log = out / ("log.txt" if attempt == 1 else "log.retry.txt")
+        procs = {"mesh_worker": (_launch(["tests.parallel.mesh_worker", str(out)], log), log)}
+        try:
+            return out, _reference_beside(procs, request)
+        except pytest.fail.Exception:
+            if attempt == 2 or XLA_CPU_RENDEZVOUS_ABORT not in log.read_text():
+                raise
+            print(f"mesh_worker: XLA:CPU collective deadlock (log {log}); running it once more", file=sys.stderr)
 
 
 @pytest.fixture(scope="module")
