@@ -86,12 +86,14 @@ XLA_CPU_RENDEZVOUS_ABORT = "Termination timeout for"
 @pytest.fixture(scope="module")
 def mesh_run(tmp_path_factory, request) -> tuple[Path, tuple[dict, dict]]:
     """(outputs of tests.parallel.mesh_worker, reference). A worker that XLA:CPU aborted in a
-    collective deadlock of its simulated devices is run once more (its log kept); any other
-    failure, or a second abort, fails."""
+    collective deadlock of its simulated devices is run once more, compiling afresh (its log
+    kept); any other failure, or a second abort, fails."""
     out = tmp_path_factory.mktemp("mesh_worker")
     for attempt in (1, 2):
         log = out / ("log.txt" if attempt == 1 else "log.retry.txt")
-        procs = {"mesh_worker": (_launch(["tests.parallel.mesh_worker", str(out)], log), log)}
+        # the retry compiles afresh: the deadlocks seen came back with the persistent cache's programs
+        procs = {"mesh_worker": (_launch(["tests.parallel.mesh_worker", str(out)], log, compilation_cache=attempt == 1),
+                                 log)}
         try:
             return out, _reference_beside(procs, request)
         except pytest.fail.Exception:
