@@ -91,7 +91,7 @@ def mesh_run(tmp_path_factory, request) -> tuple[Path, tuple[dict, dict]]:
     out = tmp_path_factory.mktemp("mesh_worker")
     for attempt in (1, 2):
         log = out / ("log.txt" if attempt == 1 else "log.retry.txt")
-        # the retry compiles afresh: the deadlocks seen came back with the persistent cache's programs
+        # the retry also compiles afresh (a changed condition; the deadlock's cause is not known)
         procs = {"mesh_worker": (_launch(["tests.parallel.mesh_worker", str(out)], log, compilation_cache=attempt == 1),
                                  log)}
         try:
