@@ -18,6 +18,7 @@ from pipo_jax.models import hf
 from pipo_jax.rl import observe, warmup
 from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.trainer import train, warmup_kwargs
+from pipo_jax.rl.workdir import flat_config
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -61,7 +62,8 @@ def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> 
         except (OSError, ValueError):
             raise UsageError(f"{path}: a base model without a readable {WARMUP_RECORD}; "
                              "remove it or pass another --base_dir") from None
-        diff = sorted(k for k in _flat(want).keys() | _flat(have).keys() if _flat(want).get(k) != _flat(have).get(k))
+        want_flat, have_flat = flat_config(want), flat_config(have)
+        diff = sorted(k for k in want_flat.keys() | have_flat.keys() if want_flat.get(k) != have_flat.get(k))
         if diff:
             raise UsageError(f"{path} was warmed up with other settings ({', '.join(diff[:8])}); "
                              "remove it or pass another --base_dir")
@@ -75,13 +77,6 @@ def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> 
         json.dump(want, f, indent=1)
     os.replace(partial, path)
     return path
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in tree.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
-    return out
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, base_model: str | None) -> dict[str, Any]:

@@ -147,7 +147,10 @@ class Checkpointer:
         try:
             return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
         except Exception as e:  # noqa: BLE001 - a renamed field? then read it by its stored name
-            restored = self._restore_legacy(step, abstract)
+            try:
+                restored = self._restore_legacy(step, abstract)
+            except Exception:  # noqa: BLE001 - unreadable either way: the template's error says why
+                restored = None
             if restored is None:
                 raise e
             log.info("checkpoint step %d at %s holds fields under their former names: read and renamed",
