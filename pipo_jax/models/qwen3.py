@@ -5,7 +5,9 @@ Parameters are a nested dict of arrays with the decoder layers stacked on a lead
 platform): one `lax.scan` over the stacked layers (TPU / GPU: compile time does not grow
 with depth), or unrolled over static per-layer slices (CPU: XLA:CPU copies each scanned
 layer's weights out of the stacked arrays on every iteration; static slices are taken once
-per program). The two are the same function (tests hold them equal). `param_axes(config)` gives the same tree with a logical axis name per dimension
+per program). The dense layers likewise take the target platform's form (`project`). Each
+pair of forms is the same function (tests hold them equal). `param_axes(config)` gives the
+same tree with a logical axis name per dimension
 (`embed`, `vocab`, `heads`, `kv_heads`, `head_dim`, `mlp`, `layers`) for sharding.
 
 The KV cache is indexed by *position*: the key/value of the token at position p of
@@ -17,6 +19,7 @@ serves a full forward, prefill and one-token decode, and left- or right-padded r
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -31,6 +34,7 @@ Params = dict[str, Any]
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _REMAT_POLICIES = ("none", "full", "dots_saveable")
 LAYER_LOOPS = ("auto", "scan", "unroll")
+DENSE_FORMS = ("auto", "flat", "batched")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +46,10 @@ class Qwen3Config:
     platform the programs are built for (`pipo_jax.platforms.PLATFORMS`; not read from
     the host), which picks the attention kernel (`attention_impl`: "auto" = cuDNN on
     "cuda" in 16-bit compute, splash on "tpu", XLA on "cpu"; see `models/attention.py`)
-    and the fused log-prob kernel's defaults, and the layer loop (`layer_loop`: "auto" =
-    unrolled on "cpu", one `lax.scan` on "cuda" / "tpu", as MaxText's `scan_layers`).
+    and the fused log-prob kernel's defaults, the layer loop (`layer_loop`: "auto" =
+    unrolled on "cpu", one `lax.scan` on "cuda" / "tpu", as MaxText's `scan_layers`) and
+    the dense layers' form (`dense_form`: "auto" = 2-D matmuls over flattened tokens on
+    "cpu", einsums over `[B, T, ...]` on "cuda" / "tpu"; see `project`).
     """
 
     vocab_size: int = 151_936
@@ -63,6 +69,7 @@ class Qwen3Config:
     platform: str = "cpu"  # one of pipo_jax.platforms.PLATFORMS
     attention_impl: str = "auto"  # one of models.attention.IMPLS
     layer_loop: str = "auto"  # one of LAYER_LOOPS
+    dense_form: str = "auto"  # one of DENSE_FORMS
 
     def __post_init__(self):
         platforms.check(self.platform, "Qwen3Config.platform")
@@ -73,6 +80,8 @@ class Qwen3Config:
                 raise ValueError(f"Qwen3Config.{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}")
         if self.layer_loop not in LAYER_LOOPS:
             raise ValueError(f"Qwen3Config.layer_loop={self.layer_loop!r}; expected one of {LAYER_LOOPS}")
+        if self.dense_form not in DENSE_FORMS:
+            raise ValueError(f"Qwen3Config.dense_form={self.dense_form!r}; expected one of {DENSE_FORMS}")
         if self.remat not in _REMAT_POLICIES:
             raise ValueError(f"Qwen3Config.remat={self.remat!r}; expected one of {_REMAT_POLICIES}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -98,6 +107,12 @@ class Qwen3Config:
     def unrolled_layers(self) -> bool:
         """Whether the layer loop is unrolled (`layer_loop`, "auto" by the target platform)."""
         return self.layer_loop == "unroll" or (self.layer_loop == "auto" and self.platform == "cpu")
+
+    @property
+    def flat_tokens(self) -> bool:
+        """Whether dense layers run as 2-D matmuls over flattened tokens (`dense_form`, "auto"
+        by the target platform: flat on "cpu", batched einsums on "cuda" / "tpu"; see `project`)."""
+        return self.dense_form == "flat" or (self.dense_form == "auto" and self.platform == "cpu")
 
     @property
     def num_params(self) -> int:
@@ -298,14 +313,32 @@ def write_cache(c_bksd: jax.Array, rows_bt: jax.Array, slots_bt: jax.Array, x_bt
     return c_bksd.at[rows_bt, :, slots_bt].set(x_btkd.astype(c_bksd.dtype), mode="drop")
 
 
+def project(config: Qwen3Config, x, w, in_dims: int = 1):
+    """A dense layer: `x [B, T, *in] @ w [*in, *out] -> [B, T, *out]` (the last `in_dims`
+    axes of `x` contract with the first `in_dims` of `w`).
+
+    With `config.flat_tokens` (the CPU form) and more than one token per row, one 2-D matmul
+    `[B*T, in] @ [in, out]`: XLA:CPU lowers the gradient of the einsum form, whose tokens
+    span two axes, through transposing copies of the activations (a learner step 1.3x
+    slower). One-token decode steps keep the einsum, measured faster there. Elsewhere the
+    einsum keeps its named axes (the accelerator programs' form).
+    """
+    b, t = x.shape[:2]
+    if config.flat_tokens and t > 1:
+        n_in, out_shape = math.prod(w.shape[:in_dims]), w.shape[in_dims:]
+        y = x.reshape(b * t, n_in) @ w.reshape(n_in, math.prod(out_shape))
+        return y.reshape(b, t, *out_shape)
+    x_axes = "bt" + "ijk"[:in_dims]
+    w_axes = "ijk"[:in_dims] + "mno"[: w.ndim - in_dims]
+    return jnp.einsum(f"{x_axes},{w_axes}->bt{w_axes[in_dims:]}", x, w)
+
+
 def layer_qkv(config: Qwen3Config, x_btd, lp, cos, sin):
     """Attention inputs of one block: q `[B, T, H, Dh]`, k, v `[B, T, K, Dh]` (normed, RoPE'd)."""
     dt = config.jnp_dtype
     eps = config.rms_norm_eps
     h = rms_norm(x_btd, lp["attn_norm"], eps)
-    q = jnp.einsum("btd,dhk->bthk", h, lp["q_proj"].astype(dt))
-    k = jnp.einsum("btd,dhk->bthk", h, lp["k_proj"].astype(dt))
-    v = jnp.einsum("btd,dhk->bthk", h, lp["v_proj"].astype(dt))
+    q, k, v = (project(config, h, lp[name].astype(dt)) for name in ("q_proj", "k_proj", "v_proj"))
     q = apply_rope(rms_norm(q, lp["q_norm"], eps), cos, sin)
     k = apply_rope(rms_norm(k, lp["k_norm"], eps), cos, sin)
     return q, k, v
@@ -314,11 +347,11 @@ def layer_qkv(config: Qwen3Config, x_btd, lp, cos, sin):
 def layer_out(config: Qwen3Config, x_btd, lp, a_bthd):
     """The rest of one block after attention `a_bthd`: output projection and MLP, residuals."""
     dt = config.jnp_dtype
-    x_btd = x_btd + jnp.einsum("bthk,hkd->btd", a_bthd, lp["o_proj"].astype(dt))
+    x_btd = x_btd + project(config, a_bthd, lp["o_proj"].astype(dt), in_dims=2)
     h = rms_norm(x_btd, lp["mlp_norm"], config.rms_norm_eps)
-    gate = jnp.einsum("btd,df->btf", h, lp["gate_proj"].astype(dt))
-    up = jnp.einsum("btd,df->btf", h, lp["up_proj"].astype(dt))
-    return x_btd + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp["down_proj"].astype(dt))
+    gate = project(config, h, lp["gate_proj"].astype(dt))
+    up = project(config, h, lp["up_proj"].astype(dt))
+    return x_btd + project(config, jax.nn.silu(gate) * up, lp["down_proj"].astype(dt))
 
 
 def self_attention(config: Qwen3Config, q_bthd, k_btkd, v_btkd, valid_bt):

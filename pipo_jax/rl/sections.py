@@ -79,6 +79,9 @@ class ModelConfig(Section):
     layer_loop: str = key("auto", "the layer loop: auto (unroll on cpu, scan on cuda / tpu; by model.platform, never "
                           "the host), scan (one lax.scan over the stacked layers) or unroll; the same function",
                           choices=qwen3.LAYER_LOOPS)
+    dense_form: str = key("auto", "the dense layers: auto (flat on cpu, batched on cuda / tpu; by model.platform), "
+                          "flat (2-D matmuls over the flattened tokens) or batched (einsums over [B, T, ...]); "
+                          "the same function", choices=qwen3.DENSE_FORMS)
 
 
 @dataclasses.dataclass(frozen=True)

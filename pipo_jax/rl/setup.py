@@ -31,7 +31,8 @@ def make_model_config(mc: ModelConfig, task: Task | None = None) -> qwen3.Qwen3C
     token ids), a preset, or the HF directory's config.json."""
     platform = platforms.of_devices(jax.devices()) if mc.platform == "auto" else mc.platform
     overrides = dict(param_dtype=mc.param_dtype, dtype=mc.dtype, remat=mc.remat, platform=platform,
-                     attention_impl=mc.attention_impl, layer_loop=mc.layer_loop)
+                     attention_impl=mc.attention_impl, layer_loop=mc.layer_loop,
+                     dense_form=mc.dense_form)
     try:
         if mc.path:
             _need(os.path.isdir(mc.path), "model.path", f"{mc.path!r} is not a directory")

@@ -1,6 +1,10 @@
-"""The two layer-loop forms (`Qwen3Config.layer_loop`: one `lax.scan` over the stacked layers,
-or unrolled over static per-layer slices) are the same function: logits, gradients, cached
-decode, sampling and the slot engine agree; "auto" follows the target platform, never the host."""
+"""The program forms are the same function: the layer loop (`Qwen3Config.layer_loop`: one
+`lax.scan` over the stacked layers, or unrolled over static per-layer slices) and the dense
+layers (`dense_form`: einsums over `[B, T, ...]`, or 2-D matmuls over flattened tokens). Logits,
+gradients, cached decode, sampling and the slot engine agree with the accelerator form (scan,
+batched); "auto" follows the target platform, never the host."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +17,11 @@ from pipo_jax.sampling.engine import Engine
 from pipo_jax.sampling.sampling_params import SamplingParams
 
 BASE = qwen3.preset("tiny").replace(num_hidden_layers=3)
-SCAN, UNROLL = BASE.replace(layer_loop="scan"), BASE.replace(layer_loop="unroll")
+# The accelerator form (the reference) first, then the others; UNROLL_FLAT is what "auto" picks on cpu.
+FORMS = {f"{loop}_{dense}": BASE.replace(layer_loop=loop, dense_form=dense)
+         for loop, dense in (("scan", "batched"), ("unroll", "flat"), ("unroll", "batched"), ("scan", "flat"))}
+SCAN, UNROLL = FORMS["scan_batched"], FORMS["unroll_flat"]
+OTHERS = [name for name in FORMS if name != "scan_batched"]
 
 
 @pytest.fixture(scope="module")
@@ -28,16 +36,48 @@ def batch():
     return tokens, mask
 
 
-@pytest.mark.parametrize("platform, unrolled", [("cpu", True), ("cuda", False), ("tpu", False)])
-def test_auto_follows_the_target_platform(platform, unrolled):
-    assert BASE.replace(platform=platform).unrolled_layers is unrolled
+@pytest.mark.parametrize("platform, cpu_form", [("cpu", True), ("cuda", False), ("tpu", False)])
+def test_auto_follows_the_target_platform(platform, cpu_form):
+    assert BASE.replace(platform=platform).unrolled_layers is cpu_form
     assert BASE.replace(platform=platform, layer_loop="scan").unrolled_layers is False
     assert BASE.replace(platform=platform, layer_loop="unroll").unrolled_layers is True
+    assert BASE.replace(platform=platform).flat_tokens is cpu_form
+    assert BASE.replace(platform=platform, dense_form="batched").flat_tokens is False
+    assert BASE.replace(platform=platform, dense_form="flat").flat_tokens is True
 
 
-def test_bad_layer_loop_is_refused():
+def test_bad_layer_loop_or_dense_form_is_refused():
     with pytest.raises(ValueError, match="layer_loop='loop'"):
         BASE.replace(layer_loop="loop")
+    with pytest.raises(ValueError, match="dense_form='2d'"):
+        BASE.replace(dense_form="2d")
+
+
+@pytest.mark.parametrize("in_dims, w_shape", [(1, (8, 3, 4)), (2, (3, 4, 8)), (1, (8, 5))])
+def test_project_forms_equal_the_einsum(in_dims, w_shape):
+    x = jax.random.normal(jax.random.key(5), (2, 3) + w_shape[:in_dims])
+    w = jax.random.normal(jax.random.key(6), w_shape)
+    expected = np.tensordot(np.asarray(x, np.float64), np.asarray(w, np.float64), axes=in_dims)
+    for dense in ("flat", "batched"):
+        got = qwen3.project(BASE.replace(dense_form=dense), x, w, in_dims)
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_flat_form_gradients_need_no_transposes():
+    """Why the cpu form is flat: XLA:CPU lowers the gradient of the block's output projection and
+    MLP in the einsum form over `[B, T, ...]` with transposes of the activations (5 here); in the
+    flat form with none."""
+    d, f = 32, 64
+    lp = {"gate_proj": jnp.ones((d, f)), "up_proj": jnp.ones((d, f)), "down_proj": jnp.ones((f, d)),
+          "o_proj": jnp.ones((4, 16, d)), "mlp_norm": jnp.ones((d,))}
+    x, a = jnp.ones((4, 6, d)), jnp.ones((4, 6, 4, 16))
+    transposes = {}
+    for dense in ("flat", "batched"):
+        config = BASE.replace(hidden_size=d, intermediate_size=f, dense_form=dense)
+        grad = jax.jit(jax.grad(lambda p: jnp.sum(qwen3.layer_out(config, x, p, a) ** 2)))
+        transposes[dense] = len(re.findall(r"\} transpose\(", grad.lower(lp).compile().as_text()))
+    assert transposes["flat"] == 0 < transposes["batched"], transposes
 
 
 def test_accelerator_programs_keep_the_layer_scan_on_a_cpu_host(params, batch):
@@ -49,8 +89,9 @@ def test_accelerator_programs_keep_the_layer_scan_on_a_cpu_host(params, batch):
         assert ("stablehlo.while" in text) is scans, platform
 
 
+@pytest.mark.parametrize("form", OTHERS)
 @pytest.mark.parametrize("remat", ["none", "full"])
-def test_forward_and_gradients_equal(params, batch, remat):
+def test_forward_and_gradients_equal(params, batch, remat, form):
     tokens, mask = batch
 
     def loss(config, p):
@@ -58,7 +99,7 @@ def test_forward_and_gradients_equal(params, batch, remat):
         picked = jnp.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
         return -jnp.sum(picked * mask[:, 1:]) / jnp.sum(mask[:, 1:])
 
-    scan, unroll = SCAN.replace(remat=remat), UNROLL.replace(remat=remat)
+    scan, unroll = SCAN.replace(remat=remat), FORMS[form].replace(remat=remat)
     np.testing.assert_allclose(qwen3.logits(unroll, params, tokens, mask), qwen3.logits(scan, params, tokens, mask),
                                rtol=1e-5, atol=1e-5)
     g_scan = jax.grad(lambda p: loss(scan, p))(params)
@@ -68,30 +109,33 @@ def test_forward_and_gradients_equal(params, batch, remat):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path[0]))
 
 
-def test_cached_forward_equal(params, batch):
+@pytest.mark.parametrize("form", OTHERS)
+def test_cached_forward_equal(params, batch, form):
     tokens, mask = batch
     positions = qwen3.default_positions(mask)
-    outs = {}
-    for config in (SCAN, UNROLL):
+    outs = []
+    for config in (SCAN, FORMS[form]):
         cache = qwen3.init_cache(config, 3, 12)
         logits, cache = qwen3.forward(config, params, tokens, mask, positions, cache)
         hidden, dcache = decode.cached_forward(config, decode.compute_params(config, params),
                                                decode.init_cache(config, 3, 12), tokens, positions, mask)
-        outs[config.layer_loop] = (logits, cache, hidden, dcache)
-    for a, b in zip(jax.tree.leaves(outs["scan"]), jax.tree.leaves(outs["unroll"])):
+        outs.append((logits, cache, hidden, dcache))
+    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
-def test_sampled_tokens_equal(params, batch):
+@pytest.mark.parametrize("form", OTHERS)
+def test_sampled_tokens_equal(params, batch, form):
     tokens, mask = batch
     outs = [sampler.generate(config, params, tokens, mask, jax.random.key(3),
                              SamplingParams(max_new_tokens=7, temperature=1.0, stop_token_ids=(), pad_id=0))
-            for config in (SCAN, UNROLL)]
+            for config in (SCAN, FORMS[form])]
     np.testing.assert_array_equal(outs[1].tokens_br, outs[0].tokens_br)
     np.testing.assert_allclose(outs[1].logprobs_br, outs[0].logprobs_br, rtol=1e-5, atol=1e-5)
 
 
 def test_slot_engine_equal(params):
+    """The engine in the accelerator form and in the cpu form ("auto" on cpu)."""
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     sp = SamplingParams(max_new_tokens=6, temperature=1.0, stop_token_ids=(), pad_id=0)
     results = []
