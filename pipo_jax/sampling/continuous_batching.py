@@ -2,7 +2,11 @@
 
 `rollout` walks the requests in order (request `r` = sample `r % G` of prompt
 `r // G`), fills every free slot with the next request, steps all slots once, reads the
-new tokens back, and refills a slot as soon as its request finishes. Each prompt is
+new tokens back, and refills a slot as soon as its request finishes. Each step is
+dispatched before the previous one is read (as JetStream's orchestrator does), so the
+host's reading and bookkeeping overlap the device's work: a request that stops on a stop
+token idles its slot one step before the host refills it, and a request that ends by its
+budget is never stepped past it. Each prompt is
 prefilled once (right-padded to the engine's prefill bucket, so compiles stay bounded)
 and its G samples reuse that KV, each redrawing its first token with its own key.
 
@@ -91,10 +95,12 @@ def rollout(
     tokens: list[list[int]] = [[] for _ in range(n_req)]
     logprobs: list[list[float]] = [[] for _ in range(n_req)]
     stopped = np.zeros((n_req,), bool)
+    finished = np.zeros((n_req,), bool)
     stop_ids = set(engine.sampling.stop_token_ids)
     pending = collections.deque(range(n_req))
-    slot_req: dict[int, int] = {}
-    slot_pos: dict[int, int] = {}  # position of the token each slot feeds next
+    slot_req: dict[int, int] = {}  # the request each slot holds, as far as the host has read
+    slot_pos: dict[int, int] = {}  # position of the token each slot feeds next, as far as read
+    in_flight: collections.deque = collections.deque()  # (result, {slot: request} at dispatch)
     last_prompt, last_prefix = -1, None
     stats = dict(decode_steps=0, prefills=0, slot_steps_used=0, slot_steps_total=0, resizes=0)
     state = engine.init_decode_state()  # every slot empty
@@ -102,9 +108,31 @@ def rollout(
         engine.free_resource(slot)
 
     def finish(r: int, tok: int) -> None:
+        finished[r] = True
         stopped[r] = tok in stop_ids
 
-    while pending or slot_req:
+    def read(result, requests: dict[int, int]) -> None:
+        """The tokens of one step, each given to the request its slot held when it was dispatched."""
+        res = jax.device_get(result)
+        for slot, r in requests.items():
+            if not res.valid_s[slot]:
+                if finished[r]:  # ended the step before (read one step late): its slot idled
+                    continue
+                raise RuntimeError(f"slot {slot} (request {r}) produced no token although it was decoding")
+            tokens[r].append(int(res.tokens_s[slot]))
+            logprobs[r].append(float(res.logprobs_s[slot]))
+            stats["slot_steps_used"] += 1
+            slot_pos[slot] += 1
+            if res.done_s[slot]:
+                finish(r, int(res.tokens_s[slot]))
+                del slot_req[slot], slot_pos[slot]
+                engine.free_resource(slot)
+
+    def steps_ahead(slot: int) -> int:
+        """Dispatched, unread steps that advance `slot`'s request (0 or 1)."""
+        return sum(requests.get(slot) == slot_req[slot] for _, requests in in_flight)
+
+    while pending or slot_req or in_flight:
         for slot in engine.free_slots():
             if not pending:
                 break
@@ -130,29 +158,23 @@ def rollout(
             state = engine.insert(prefix, state, slot)
             slot_req[slot] = r
             slot_pos[slot] = padded[pi][1]
-        if not slot_req:
-            continue
-        # Keep the cache as wide as the longest running request needs (grow or shrink).
-        width = engine.width_for(max(slot_pos.values()))
-        if width != state.cache.max_len:
-            state = engine.resize(state, width)
-            stats["resizes"] += 1
-        state, result = engine.generate(params, state)
-        res = jax.device_get(result)
-        stats["decode_steps"] += 1
-        stats["slot_steps_total"] += engine.max_concurrent_decodes
-        stats["slot_steps_used"] += len(slot_req)
-        for slot in list(slot_req):
-            r = slot_req[slot]
-            if not res.valid_s[slot]:
-                raise RuntimeError(f"slot {slot} (request {r}) produced no token although it was decoding")
-            tokens[r].append(int(res.tokens_s[slot]))
-            logprobs[r].append(float(res.logprobs_s[slot]))
-            slot_pos[slot] += 1
-            if res.done_s[slot]:
-                finish(r, int(res.tokens_s[slot]))
-                del slot_req[slot], slot_pos[slot]
-                engine.free_resource(slot)
+        # Slots whose request is not known to end (by its budget) within the dispatched steps.
+        needing = [s for s in slot_req if len(tokens[slot_req[s]]) + steps_ahead(s) < budgets[slot_req[s]]]
+        if needing:
+            width = engine.width_for(max(slot_pos[s] + steps_ahead(s) for s in needing))
+            if width != state.cache.max_len:
+                state = engine.resize(state, width)
+                stats["resizes"] += 1
+            # Dispatched before the previous step is read: the host's reading and bookkeeping
+            # overlap the device's step. A request that stopped in the unread step idles here.
+            state, result = engine.generate(params, state)
+            in_flight.append((result, dict(slot_req)))
+            stats["decode_steps"] += 1
+            stats["slot_steps_total"] += engine.max_concurrent_decodes
+        elif not in_flight:
+            raise RuntimeError(f"slots {sorted(slot_req)} hold requests that neither decode nor end")
+        if len(in_flight) > 1 or (in_flight and not needing):
+            read(*in_flight.popleft())
 
     return RolloutResult(
         tokens=[np.asarray(t, np.int32) for t in tokens],

@@ -72,6 +72,23 @@ def test_rollout_with_per_request_budgets_and_greedy(params, prompts):
     assert (res.lengths <= budgets).all()
 
 
+def test_rollout_dispatches_a_step_ahead_without_stepping_past_budgets(params):
+    """Each step is dispatched before the previous one is read; a request that ends by its
+    budget is never stepped past it (one request of budget 9: exactly 8 decode steps), and a
+    request that stops on a stop token costs its slot at most one idle step."""
+    prompt = [[21, 22, 23]]
+    sp = SamplingParams(temperature=0.0, max_new_tokens=9, stop_token_ids=())
+    engine = Engine(CONFIG, sp, max_concurrent_decodes=1, max_len=16, prefill_buckets=(8,))
+    res = continuous_batching.rollout(engine, engine.load_params(params), prompt, 1, jax.random.key(0))
+    assert res.lengths.tolist() == [9] and res.stats["decode_steps"] == 8
+    sp = SamplingParams(temperature=1.0, max_new_tokens=20, stop_token_ids=SAMPLING.stop_token_ids)
+    engine = Engine(CONFIG, sp, max_concurrent_decodes=1, max_len=32, prefill_buckets=(8,))
+    res = continuous_batching.rollout(engine, engine.load_params(params), prompt, 6, jax.random.key(1))
+    stopped_late = int(np.sum(res.stopped & (res.lengths > 1)))  # stopped in a decode step (not at prefill)
+    assert stopped_late >= 2
+    assert int(np.sum(res.lengths - 1)) <= res.stats["decode_steps"] <= int(np.sum(res.lengths - 1)) + stopped_late
+
+
 def test_manual_prefill_insert_generate(params, prompts, engine_and_params):
     """JetStream-style use by hand: two requests in slots 3 and 1, stepped together."""
     engine, eparams = engine_and_params
