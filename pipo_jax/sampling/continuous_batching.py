@@ -171,7 +171,7 @@ def rollout(
             in_flight.append((result, dict(slot_req)))
             stats["decode_steps"] += 1
             stats["slot_steps_total"] += engine.max_concurrent_decodes
-        elif not in_flight:
+        elif slot_req and not in_flight:
             raise RuntimeError(f"slots {sorted(slot_req)} hold requests that neither decode nor end")
         if len(in_flight) > 1 or (in_flight and not needing):
             read(*in_flight.popleft())

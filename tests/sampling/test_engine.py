@@ -81,6 +81,9 @@ def test_rollout_dispatches_a_step_ahead_without_stepping_past_budgets(params):
     engine = Engine(CONFIG, sp, max_concurrent_decodes=1, max_len=16, prefill_buckets=(8,))
     res = continuous_batching.rollout(engine, engine.load_params(params), prompt, 1, jax.random.key(0))
     assert res.lengths.tolist() == [9] and res.stats["decode_steps"] == 8
+    res = continuous_batching.rollout(engine, engine.load_params(params), prompt * 3, 1, jax.random.key(0),
+                                      max_new_tokens=[1, 1, 1])  # every request ends at its prefill
+    assert res.lengths.tolist() == [1, 1, 1] and res.stats["decode_steps"] == 0
     sp = SamplingParams(temperature=1.0, max_new_tokens=20, stop_token_ids=SAMPLING.stop_token_ids)
     engine = Engine(CONFIG, sp, max_concurrent_decodes=1, max_len=32, prefill_buckets=(8,))
     res = continuous_batching.rollout(engine, engine.load_params(params), prompt, 6, jax.random.key(1))
