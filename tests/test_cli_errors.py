@@ -13,7 +13,10 @@ import pytest
 from pipo_jax.data.sources import DataError, SourceConfig, load_examples
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-_ENV = dict(os.environ, JAX_PLATFORMS="cpu")  # no "Unable to initialize backend 'tpu'" log line
+# No "Unable to initialize backend 'tpu'" log line, and no persistent compilation cache: a warning
+# of the cache shared with the concurrent test workers (an entry's file gone mid-read) would be a
+# second stderr line beside the one-line error these tests check.
+_ENV = dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_COMPILATION_CACHE="false")
 
 
 def _run(*args):

@@ -5,8 +5,9 @@ The same function as `qwen3.forward(config, params, tokens, mask, positions, cac
 
 * the layer loop takes the form `config.layer_loop` picks by target platform: on TPU / GPU
   one `lax.scan` over the stacked `params["layers"]` as stored, so a program's size does
-  not grow with depth and nothing is re-laid-out per rollout; on CPU unrolled over
-  per-layer weights that `compute_params` slices out once per call (a scan there copies
+  not grow with depth and nothing is re-laid-out per rollout; on CPU (one device: under a
+  mesh it scans, see `qwen3.layers_unrolled`) unrolled over per-layer weights that
+  `compute_params` slices out once per call (a scan there copies
   every layer's weights out of the stacked arrays on every token). `compute_params` also
   casts fp32 master weights to a 16-bit compute dtype, once per call, when the two differ;
 * the cache is a `qwen3.KVCache` `[layers, B, kv_heads, S, head_dim]` carried whole
@@ -41,7 +42,7 @@ def compute_params(config: Qwen3Config, params: Params) -> Params:
     not once per token)."""
     dt = config.jnp_dtype
     params = jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
-    if config.unrolled_layers and not isinstance(params["layers"], tuple):
+    if qwen3.layers_unrolled(config) and not isinstance(params["layers"], tuple):
         params = dict(params, layers=tuple(qwen3.layer_params(params, i) for i in range(config.num_hidden_layers)))
     return params
 
@@ -50,7 +51,7 @@ def _per_layer(config: Qwen3Config, params: Params) -> tuple[Params, ...] | None
     """The per-layer weights of an unrolled loop (from `compute_params` or sliced now), else None."""
     if isinstance(params["layers"], tuple):
         return params["layers"]
-    if config.unrolled_layers:
+    if qwen3.layers_unrolled(config):
         return tuple(qwen3.layer_params(params, i) for i in range(config.num_hidden_layers))
     return None
 

@@ -64,6 +64,39 @@ def test_project_forms_equal_the_einsum(in_dims, w_shape):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_flat_form_only_for_several_tokens_outside_a_sharding_context():
+    """The flat form reshapes the tokens into one axis; one-token decode steps and programs
+    under a `sharding_context` (partitioned by the named axes) keep the einsum."""
+    from pipo_jax import parallel
+
+    flat = BASE.replace(dense_form="flat")
+    w = jnp.ones((8, 4))
+
+    def reshapes(x):
+        return str(jax.make_jaxpr(lambda x: qwen3.project(flat, x, w))(x)).count("reshape")
+
+    assert reshapes(jnp.ones((2, 3, 8))) > 0 and reshapes(jnp.ones((2, 1, 8))) == 0
+    with parallel.sharding_context(parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])):
+        assert reshapes(jnp.ones((2, 3, 8))) == 0
+
+
+def test_programs_under_a_sharding_context_scan_the_layers(params, batch):
+    """A cpu program under a mesh keeps the accelerator loop (unrolled, XLA:CPU gathers every
+    layer's fsdp shards at once); a one-device cpu program unrolls."""
+    from pipo_jax import parallel
+
+    tokens, mask = batch
+    config = BASE.replace(platform="cpu")
+
+    def lowered():
+        return jax.jit(lambda p, t, m: qwen3.logits(config, p, t, m)).lower(params, tokens, mask).as_text()
+
+    assert qwen3.layers_unrolled(config) and "stablehlo.while" not in lowered()
+    with parallel.sharding_context(parallel.make_mesh(1, 1, 1, devices=jax.devices()[:1])):
+        assert not qwen3.layers_unrolled(config) and "stablehlo.while" in lowered()
+        assert not isinstance(decode.compute_params(config, params)["layers"], tuple)
+
+
 def test_flat_form_gradients_need_no_transposes():
     """Why the cpu form is flat: XLA:CPU lowers the gradient of the block's output projection and
     MLP in the einsum form over `[B, T, ...]` with transposes of the activations (5 here); in the
