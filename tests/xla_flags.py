@@ -11,10 +11,10 @@ a simulated device count is the one thing a subprocess sets for itself.
 
 import os
 
-# A collective on simulated CPU devices aborts the process when one device's thread is 40 s late
-# at the rendezvous (XLA's default); on a 2-core machine running the other test worker's fork and
-# thread bombs beside an 8-device mesh that happens without any fault. 600 s keeps a real hang
-# (a missing participant) failing.
+# XLA:CPU's collective timeouts are wall-clock: a device thread that is not scheduled for a while
+# (the test process paused, or starved on 2 cores by the other test worker's fork / thread bombs)
+# makes the others wait at the rendezvous, and after 40 s (XLA's default) the process is aborted
+# although nothing is wrong. 600 s keeps a real hang (a participant that never comes) failing.
 TEST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_collective_call_terminate_timeout_seconds=600")
 DEVICE_COUNT = "--xla_force_host_platform_device_count"
 
