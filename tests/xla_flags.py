@@ -1,4 +1,4 @@
-"""XLA flags of the test processes and the JAX subprocesses they start.
+"""XLA flags of the test processes, and the environment of the JAX subprocesses they start.
 
 Most of the suite's time is XLA:CPU compiling many small programs. LLVM's optimisation level 0
 compiles them about a third faster (two trainer test files, cold: 33 s -> 23 s on the 2-core
@@ -11,12 +11,24 @@ a simulated device count is the one thing a subprocess sets for itself.
 
 import os
 
-# A collective on simulated CPU devices aborts the process when one device's thread is 40 s late
-# at the rendezvous (XLA's default); on a 2-core machine running the other test worker's fork and
-# thread bombs beside an 8-device mesh that happens without any fault. 600 s keeps a real hang
-# (a missing participant) failing.
+# XLA:CPU's collective timeouts are wall-clock: a device thread that is not scheduled for a while
+# (the test process paused, or starved on 2 cores by the other test worker's fork / thread bombs)
+# makes the others wait at the rendezvous, and after 40 s (XLA's default) the process is aborted
+# although nothing is wrong. 600 s keeps a real hang (a participant that never comes) failing.
 TEST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_collective_call_terminate_timeout_seconds=600")
 DEVICE_COUNT = "--xla_force_host_platform_device_count"
+
+# A subprocess running sharded programs compiles them itself, never loading them from the
+# persistent compilation cache (tests/conftest.py): XLA:CPU (jaxlib 0.10.2) orders a program's
+# collectives through one shared resource, and deserializing an executable (a cache hit) rebuilds
+# that resource once per thunk sequence, so a while loop (a sequence of its own) is no longer
+# ordered after the collectives beside it: the devices of one program can reach them in different
+# orders and deadlock. The 8-device worker's sharded generate did (the arithmetic task's
+# rejection-sampling loop, an all-reduce in its condition, against the sampler's parameter
+# all-gathers) in 13 tries of 13 from a warm cache, and never when compiled in the process.
+# tests/parallel/test_xla_cpu_cache.py shows the lost order. (The two-process gloo workers also
+# hung from a warm cache, idle in their first device-to-host copy; not traced further.)
+NO_PERSISTENT_CACHE = {"JAX_ENABLE_COMPILATION_CACHE": "false"}
 
 
 def xla_flags(*extra: str) -> str:
@@ -28,3 +40,11 @@ def xla_flags(*extra: str) -> str:
 def device_count_flags(n: int) -> str:
     """`xla_flags` for a subprocess with `n` simulated CPU devices."""
     return xla_flags(f"{DEVICE_COUNT}={n}")
+
+
+def sharded_subprocess_env(devices: int | None = None, **extra: str) -> dict[str, str]:
+    """`os.environ` for a JAX subprocess that runs sharded programs on simulated CPU devices:
+    XLA_FLAGS (`device_count_flags(devices)`, or `xla_flags()` for a subprocess that sets its device
+    count itself), no persistent compilation cache (`NO_PERSISTENT_CACHE`), then `extra`."""
+    flags = xla_flags() if devices is None else device_count_flags(devices)
+    return dict(os.environ, XLA_FLAGS=flags, **NO_PERSISTENT_CACHE, **extra)

@@ -19,7 +19,7 @@ import pytest
 
 from pipo_jax.rl import loop
 from tests.parallel import scenario
-from tests.xla_flags import xla_flags
+from tests.xla_flags import sharded_subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1800  # generous: compiles on a loaded 2-core machine are slow
@@ -31,11 +31,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(args: list[str], log: Path, compilation_cache: bool = True) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env["XLA_FLAGS"] = xla_flags()  # each worker adds its device count
-    if not compilation_cache:
-        env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+def _launch(args: list[str], log: Path) -> subprocess.Popen:
+    # each worker adds its device count; no persistent compilation cache (tests/xla_flags.py)
+    env = sharded_subprocess_env(PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with open(log, "w") as f:
         return subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
 
@@ -77,29 +75,13 @@ def _reference_beside(procs: dict, request) -> tuple[dict, dict]:
     return ref
 
 
-# XLA:CPU aborts a process whose simulated devices deadlock in a collective (device threads
-# starved on a 2-core machine: some wait at one rendezvous while others never get there); the
-# abort names the rendezvous. Seen on the 8-device worker beside the other test worker's load.
-XLA_CPU_RENDEZVOUS_ABORT = "Termination timeout for"
-
-
 @pytest.fixture(scope="module")
 def mesh_run(tmp_path_factory, request) -> tuple[Path, tuple[dict, dict]]:
-    """(outputs of tests.parallel.mesh_worker, reference). A worker that XLA:CPU aborted in a
-    collective deadlock of its simulated devices is run once more, compiling afresh (its log
-    kept); any other failure, or a second abort, fails."""
+    """(outputs of tests.parallel.mesh_worker, reference)."""
     out = tmp_path_factory.mktemp("mesh_worker")
-    for attempt in (1, 2):
-        log = out / ("log.txt" if attempt == 1 else "log.retry.txt")
-        # the retry also compiles afresh (a changed condition; the deadlock's cause is not known)
-        procs = {"mesh_worker": (_launch(["tests.parallel.mesh_worker", str(out)], log, compilation_cache=attempt == 1),
-                                 log)}
-        try:
-            return out, _reference_beside(procs, request)
-        except pytest.fail.Exception:
-            if attempt == 2 or XLA_CPU_RENDEZVOUS_ABORT not in log.read_text():
-                raise
-            print(f"mesh_worker: XLA:CPU collective deadlock (log {log}); running it once more", file=sys.stderr)
+    log = out / "log.txt"
+    procs = {"mesh_worker": (_launch(["tests.parallel.mesh_worker", str(out)], log), log)}
+    return out, _reference_beside(procs, request)
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +92,5 @@ def multiprocess_run(tmp_path_factory, request) -> tuple[Path, tuple[dict, dict]
     procs = {}
     for pid in ("0", "1"):
         log = out / f"log{pid}.txt"
-        # No persistent compilation cache for the two processes: with programs loaded from a warm
-        # cache their gloo collectives hung (both processes idle in the first device-to-host copy,
-        # seen on jax 0.10.2), while compiling cold completes in about a minute.
-        procs[f"process {pid}"] = (_launch(["tests.parallel.multiprocess_worker", port, pid, str(out)], log,
-                                           compilation_cache=False), log)
+        procs[f"process {pid}"] = (_launch(["tests.parallel.multiprocess_worker", port, pid, str(out)], log), log)
     return out, _reference_beside(procs, request)

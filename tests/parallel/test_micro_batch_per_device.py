@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.xla_flags import xla_flags
+from tests.xla_flags import sharded_subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("micro_batch") / "out.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env["XLA_FLAGS"] = xla_flags()  # the worker adds its device count
+    # the worker adds its device count; no persistent compilation cache (tests/xla_flags.py)
+    env = sharded_subprocess_env(PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "tests.parallel.micro_batch_worker", str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -11,7 +11,6 @@ iterations of the same config run here on one device.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.trainer import base_params, train
 from tests.parallel.equivalence import UPDATE_RTOL
 from tests.rl.test_trainer import micro
-from tests.xla_flags import device_count_flags
+from tests.xla_flags import sharded_subprocess_env
 
 pytestmark = pytest.mark.slow  # the main job three times, twice in a 4-device subprocess
 
@@ -35,7 +34,7 @@ SKIP = ("time", "per_s", "warmup")  # wall clock and the warm-up row (only the f
 
 
 def _run_job(workdir: Path, *flags: str) -> None:
-    env = dict(os.environ, XLA_FLAGS=device_count_flags(4), JAX_PLATFORMS="cpu")
+    env = sharded_subprocess_env(4, JAX_PLATFORMS="cpu")  # no persistent compilation cache (tests/xla_flags.py)
     proc = subprocess.run([sys.executable, "-m", "experiments.train", *FLAGS, *flags, f"--workdir={workdir}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
