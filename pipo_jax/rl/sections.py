@@ -163,10 +163,14 @@ class RolloutConfig(Section):
                       "from the host: log.jit_loop=false, one device)", choices=ENGINES)
     engine_slots: int = key(0, "slots engine: concurrent decode slots (0 = one per row)",
                             at_least(0, " (0 = one slot per row)"))
+    engine_steps: int = key(1, "slots engine: decode steps per device call (> 1: fewer host round trips; a slot "
+                            "whose request ends inside a call idles for the rest of it)", at_least(1))
 
     def check(self):
         need(self.engine == "slots" or not self.engine_slots, "rollout.engine_slots",
              f"{self.engine_slots} slots are for rollout.engine=slots, not {self.engine!r}")
+        need(self.engine == "slots" or self.engine_steps == 1, "rollout.engine_steps",
+             f"{self.engine_steps} steps per call are for rollout.engine=slots, not {self.engine!r}")
         need(self.engine == "sampler" or not self.generate_rows_per_device, "rollout.generate_rows_per_device",
              "generation passes are the one-jit sampler's (rollout.engine=sampler); the slots engine bounds its "
              "memory with rollout.engine_slots")

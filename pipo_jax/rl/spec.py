@@ -115,7 +115,7 @@ class TrainSpec:
         """The rollout interface's implementation (`rollout.engine`)."""
         if self.rollout.engine == "slots":
             return generator_lib.SlotEngineSampler(self.model, self.sampling, self.rollout.group_size,
-                                                   self.rollout.engine_slots)
+                                                   self.rollout.engine_slots, self.rollout.engine_steps)
         return generator_lib.OneJitSampler(self.model, self.sampling)
 
     def with_section(self, section: str, **fields) -> TrainSpec:

@@ -6,7 +6,9 @@ new tokens back, and refills a slot as soon as its request finishes. Each step i
 dispatched before the previous one is read (as JetStream's orchestrator does), so the
 host's reading and bookkeeping overlap the device's work: a request that stops on a stop
 token idles its slot one step before the host refills it, and a request that ends by its
-budget is never stepped past it. Each prompt is
+budget is never stepped past it. An engine with `steps_per_call > 1` runs that many steps
+per call (`Engine.generate_steps`): fewer host round trips, and a slot whose request ends
+inside a call idles for the rest of it. Each prompt is
 prefilled once (right-padded to the engine's prefill bucket, so compiles stay bounded)
 and its G samples reuse that KV, each redrawing its first token with its own key.
 
@@ -112,25 +114,35 @@ def rollout(
         stopped[r] = tok in stop_ids
 
     def read(result, requests: dict[int, int]) -> None:
-        """The tokens of one step, each given to the request its slot held when it was dispatched."""
+        """The tokens of one call's steps (in order), each given to the request its slot held
+        when the call was dispatched."""
         res = jax.device_get(result)
-        for slot, r in requests.items():
-            if not res.valid_s[slot]:
-                if finished[r]:  # ended the step before (read one step late): its slot idled
-                    continue
-                raise RuntimeError(f"slot {slot} (request {r}) produced no token although it was decoding")
-            tokens[r].append(int(res.tokens_s[slot]))
-            logprobs[r].append(float(res.logprobs_s[slot]))
-            stats["slot_steps_used"] += 1
-            slot_pos[slot] += 1
-            if res.done_s[slot]:
-                finish(r, int(res.tokens_s[slot]))
-                del slot_req[slot], slot_pos[slot]
-                engine.free_resource(slot)
+        for j in range(res.tokens_s.shape[0]):
+            for slot, r in requests.items():
+                if not res.valid_s[j, slot]:
+                    if finished[r]:  # ended at an earlier step (or call, read late): its slot idled
+                        continue
+                    raise RuntimeError(f"slot {slot} (request {r}) produced no token although it was decoding")
+                tokens[r].append(int(res.tokens_s[j, slot]))
+                logprobs[r].append(float(res.logprobs_s[j, slot]))
+                stats["slot_steps_used"] += 1
+                slot_pos[slot] += 1
+                if res.done_s[j, slot]:
+                    finish(r, int(res.tokens_s[j, slot]))
+                    del slot_req[slot], slot_pos[slot]
+                    engine.free_resource(slot)
+
+    steps = engine.steps_per_call
 
     def steps_ahead(slot: int) -> int:
-        """Dispatched, unread steps that advance `slot`'s request (0 or 1)."""
-        return sum(requests.get(slot) == slot_req[slot] for _, requests in in_flight)
+        """Dispatched, unread steps that advance `slot`'s request (0 or `steps_per_call`)."""
+        return steps * sum(requests.get(slot) == slot_req[slot] for _, requests in in_flight)
+
+    def last_position(slot: int) -> int:
+        """The furthest position `slot` feeds in the next call: `steps` on from where the
+        dispatched steps leave it, or its request's last (by budget) if that comes first."""
+        r = slot_req[slot]
+        return min(slot_pos[slot] + steps_ahead(slot) + steps - 1, slot_pos[slot] + budgets[r] - len(tokens[r]) - 1)
 
     while pending or slot_req or in_flight:
         for slot in engine.free_slots():
@@ -161,16 +173,16 @@ def rollout(
         # Slots whose request is not known to end (by its budget) within the dispatched steps.
         needing = [s for s in slot_req if len(tokens[slot_req[s]]) + steps_ahead(s) < budgets[slot_req[s]]]
         if needing:
-            width = engine.width_for(max(slot_pos[s] + steps_ahead(s) for s in needing))
+            width = engine.width_for(max(last_position(s) for s in needing))
             if width != state.cache.max_len:
                 state = engine.resize(state, width)
                 stats["resizes"] += 1
             # Dispatched before the previous step is read: the host's reading and bookkeeping
             # overlap the device's step. A request that stopped in the unread step idles here.
-            state, result = engine.generate(params, state)
+            state, result = engine.generate_steps(params, state)
             in_flight.append((result, dict(slot_req)))
-            stats["decode_steps"] += 1
-            stats["slot_steps_total"] += engine.max_concurrent_decodes
+            stats["decode_steps"] += steps
+            stats["slot_steps_total"] += steps * engine.max_concurrent_decodes
         elif slot_req and not in_flight:
             raise RuntimeError(f"slots {sorted(slot_req)} hold requests that neither decode nor end")
         if len(in_flight) > 1 or (in_flight and not needing):

@@ -100,6 +100,8 @@ class Engine:
       prefill_buckets: padded prompt widths (ascending); default powers of two from 16.
       cache_dtype: KV-cache dtype (default the compute dtype).
       attn_block: granularity of the cache-width ladder (see `attention_lengths`).
+      steps_per_call: decode steps `generate_steps` runs in one program (one host round
+        trip for several steps, as vLLM's multi-step scheduling; `generate` is one step).
     """
 
     def __init__(
@@ -111,7 +113,10 @@ class Engine:
         prefill_buckets: tuple[int, ...] | None = None,
         cache_dtype=None,
         attn_block: int = DEFAULT_ATTN_BLOCK,
+        steps_per_call: int = 1,
     ):
+        if steps_per_call < 1:
+            raise ValueError(f"steps_per_call={steps_per_call} must be >= 1")
         if max_concurrent_decodes < 1:
             raise ValueError(f"max_concurrent_decodes={max_concurrent_decodes} must be >= 1")
         if max_len < 2:
@@ -133,7 +138,9 @@ class Engine:
         self._prefill = jax.jit(self._prefill_impl)
         self._resample = jax.jit(self._resample_impl)
         self._insert = jax.jit(self._insert_impl, donate_argnums=(1,))
+        self.steps_per_call = steps_per_call
         self._generate = jax.jit(self._generate_impl, donate_argnums=(1,))
+        self._generate_steps = jax.jit(self._generate_steps_impl, donate_argnums=(1,))
         self._resize = jax.jit(self._resize_impl, static_argnums=(1,))  # shapes change: nothing to donate
 
     # ------------------------------------------------------------------ prefill / insert / generate
@@ -212,6 +219,19 @@ class Engine:
         """
         _check_params(params)
         return self._generate(params.weights, decode_state)
+
+    def generate_steps(self, params: EngineParams, decode_state: DecodeState) -> tuple[DecodeState, ResultTokens]:
+        """`steps_per_call` decode steps of every slot in one program (donates `decode_state`):
+        each field of the result is `[steps_per_call, S]`, row j being what `generate` would
+        return at the j-th step. A slot whose request ends at a step idles for the rest.
+
+        Every position a slot reaches in the call must be below the cache width.
+        """
+        _check_params(params)
+        if self.steps_per_call == 1:
+            state, result = self._generate(params.weights, decode_state)
+            return state, jax.tree.map(lambda x: x[None], result)
+        return self._generate_steps(params.weights, decode_state)
 
     def resize(self, decode_state: DecodeState, width: int) -> DecodeState:
         """The state with a cache `width` wide (a `cache_widths` entry; donates the state).
@@ -307,6 +327,9 @@ class Engine:
 
     def _resize_impl(self, state: DecodeState, width: int) -> DecodeState:
         return state._replace(cache=decode.resize_cache(state.cache, width))
+
+    def _generate_steps_impl(self, weights, state: DecodeState) -> tuple[DecodeState, ResultTokens]:
+        return jax.lax.scan(lambda st, _: self._generate_impl(weights, st), state, None, length=self.steps_per_call)
 
     def _generate_impl(self, weights, state: DecodeState) -> tuple[DecodeState, ResultTokens]:
         sp = self.sampling

@@ -68,10 +68,12 @@ class EnginePool:
     def __init__(self):
         self._engines: dict[tuple, Engine] = {}
 
-    def get(self, model: Qwen3Config, sampling: SamplingParams, slots: int, max_len: int) -> Engine:
-        key = (model, sampling, slots, max_len)
+    def get(self, model: Qwen3Config, sampling: SamplingParams, slots: int, max_len: int,
+            steps_per_call: int = 1) -> Engine:
+        key = (model, sampling, slots, max_len, steps_per_call)
         if key not in self._engines:
-            self._engines[key] = Engine(model, sampling, max_concurrent_decodes=slots, max_len=max_len)
+            self._engines[key] = Engine(model, sampling, max_concurrent_decodes=slots, max_len=max_len,
+                                        steps_per_call=steps_per_call)
         return self._engines[key]
 
     def __len__(self) -> int:
@@ -83,21 +85,23 @@ class SlotEngineSampler:
     """The slot `Engine` with continuous batching as a `Generator` (host-driven).
 
     `group_size`: rows come in groups of G equal prompts (the trainer's layout); each group's
-    prompt is prefilled once. `slots`: concurrent decode slots (0: one per row). `engines`: this
-    instance's engines (not part of its identity: equal samplers compare equal).
+    prompt is prefilled once. `slots`: concurrent decode slots (0: one per row). `steps_per_call`:
+    decode steps per device call (`Engine.steps_per_call`). `engines`: this instance's engines
+    (not part of its identity: equal samplers compare equal).
     """
 
     model: Qwen3Config
     sampling: SamplingParams
     group_size: int = 1
     slots: int = 0
+    steps_per_call: int = 1
     engines: EnginePool = dataclasses.field(default_factory=EnginePool, compare=False, repr=False)
     in_program = False
 
     def engine(self, rows: int, prompt_width: int) -> Engine:
         """The engine for `rows` prompts rows `prompt_width` wide (made once per setting)."""
         return self.engines.get(self.model, self.sampling, self.slots or rows,
-                                prompt_width + self.sampling.max_new_tokens)
+                                prompt_width + self.sampling.max_new_tokens, self.steps_per_call)
 
     def __call__(self, params: Params, prompt_tokens_bp, prompt_mask_bp, rng: jax.Array) -> Generation:
         tokens_bp, mask_bp = np.asarray(prompt_tokens_bp), np.asarray(prompt_mask_bp)

@@ -15,7 +15,8 @@ import functools
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+if __name__ == "__main__":  # not when the test imports the markers: its process and children keep their flags
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

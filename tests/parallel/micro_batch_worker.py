@@ -40,6 +40,10 @@ def make_spec(prompts: int, per_device: int = 1):
     c.rollout.prompts_per_batch = prompts
     c.train.mini_batch_prompts = 4  # 16 sequences per mini-batch
     c.train.micro_batch_size_per_device = per_device
+    # The one-device programs in the form the mesh programs take (a cpu program under a mesh scans
+    # its layers: `qwen3.layers_unrolled`), so that their FLOPs compare (`cost_analysis` counts a
+    # loop body once).
+    c.model.layer_loop = "scan"
     return train_spec(c)
 
 

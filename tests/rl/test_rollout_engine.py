@@ -21,8 +21,11 @@ def micro(**rollout):
     return c
 
 
-def test_host_loop_rollout_is_the_same_with_the_slot_engine():
-    ref_spec, slots_spec = train_spec(micro()), train_spec(micro(engine="slots", engine_slots=5))
+@pytest.mark.parametrize("steps", [1, 3])
+def test_host_loop_rollout_is_the_same_with_the_slot_engine(steps):
+    ref_spec = train_spec(micro())
+    slots_spec = train_spec(micro(engine="slots", engine_slots=5, engine_steps=steps))
+    assert slots_spec.generator.steps_per_call == steps
     params = warmup.initial_params(ref_spec.model, 0)
     rng = jax.random.PRNGKey(3)
     n = ref_spec.rollout.prompts_per_batch
@@ -47,5 +50,9 @@ def test_slot_engine_config_errors_name_the_key():
         train_spec(micro(engine="vllm"))
     with pytest.raises(ConfigError, match="config.rollout.engine_slots: 4 slots are for rollout.engine=slots"):
         train_spec(micro(engine_slots=4))
+    with pytest.raises(ConfigError, match="config.rollout.engine_steps: 2 steps per call are for rollout.engine=slots"):
+        train_spec(micro(engine_steps=2))
+    with pytest.raises(ConfigError, match="config.rollout.engine_steps: 0 must be >= 1"):
+        train_spec(micro(engine="slots", engine_steps=0))
     with pytest.raises(ConfigError, match="config.rollout.generate_rows_per_device: generation passes"):
         train_spec(micro(engine="slots", generate_rows_per_device=2))

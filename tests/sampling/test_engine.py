@@ -92,6 +92,48 @@ def test_rollout_dispatches_a_step_ahead_without_stepping_past_budgets(params):
     assert int(np.sum(res.lengths - 1)) <= res.stats["decode_steps"] <= int(np.sum(res.lengths - 1)) + stopped_late
 
 
+@pytest.mark.parametrize("steps", [2, 3])
+def test_rollout_with_several_steps_per_call_equals_one_jit_generate(params, prompts, steps):
+    """`steps_per_call` steps in one program: the same tokens and log-probs as the one-jit
+    sampler (varied lengths, stop tokens, refills, per-request budgets), `steps` steps a call."""
+    engine = Engine(CONFIG, SAMPLING, max_concurrent_decodes=4, max_len=48, prefill_buckets=(16, 32), attn_block=16,
+                    steps_per_call=steps)
+    budgets = np.array([1, 20, 4, 7, 20, 2, 9, 3, 20, 5, 13, 20, 6, 11, 20])
+    rng = jax.random.key(42)
+    res = continuous_batching.rollout(engine, engine.load_params(params), prompts, 3, rng, budgets)
+    ref = _one_jit(params, prompts, 3, rng, budgets=jnp.asarray(budgets))
+    tokens, logprobs, mask = res.padded(SAMPLING.max_new_tokens, SAMPLING.pad_id)
+    np.testing.assert_array_equal(tokens, np.asarray(ref.tokens_br))
+    np.testing.assert_array_equal(mask, np.asarray(ref.mask_br))
+    np.testing.assert_allclose(logprobs, np.asarray(ref.logprobs_br), atol=1e-4)
+    np.testing.assert_array_equal(res.stopped, np.asarray(ref.stopped_b))
+    assert res.stats["slot_steps_used"] == int(np.sum(res.lengths - 1))
+    assert engine.free_slots() == [0, 1, 2, 3]
+
+
+def test_generate_steps_rows_equal_single_steps(params, prompts, engine_and_params):
+    engine, eparams = engine_and_params
+    multi = Engine(CONFIG, SAMPLING, max_concurrent_decodes=4, max_len=48, prefill_buckets=(16, 32), attn_block=16,
+                   steps_per_call=3)
+    state = engine.init_decode_state(48)
+    for slot, p in enumerate(prompts[:3]):
+        tok, length = engine.pad_to_bucket(p)
+        state = engine.insert(engine.prefill(eparams, tok, length, jax.random.key(slot), 5), state, slot)
+    copy = jax.tree.map(jnp.copy, state)
+    rows = []
+    for _ in range(3):
+        state, r = engine.generate(eparams, state)
+        rows.append(jax.device_get(r))
+    _, many = multi.generate_steps(eparams, copy)
+    for j, r in enumerate(rows):
+        for a, b in zip(r, jax.device_get(many)):
+            np.testing.assert_allclose(np.asarray(b)[j], np.asarray(a), rtol=1e-6, atol=1e-6)
+    for slot in range(3):
+        engine.free_resource(slot)
+    with pytest.raises(ValueError, match="steps_per_call=0"):
+        Engine(CONFIG, SAMPLING, max_concurrent_decodes=1, max_len=16, steps_per_call=0)
+
+
 def test_manual_prefill_insert_generate(params, prompts, engine_and_params):
     """JetStream-style use by hand: two requests in slots 3 and 1, stepped together."""
     engine, eparams = engine_and_params
