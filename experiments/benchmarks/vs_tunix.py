@@ -8,7 +8,8 @@ system's figure and of the per-round ratios, as the machine's bandwidth drifts):
 1. greedy decode tokens/s at batch 1 and 32 (prefill excluded: `B * (N - 1) / (t(N) -
    t(1))`): the one-jit `sampler.generate` and the slot engine, each with the layer loop
    as one `lax.scan` (what TPU / GPU programs use) and unrolled (what `layer_loop="auto"`
-   picks on CPU), against Tunix's `Sampler` (no stop token; the greedy tokens are compared);
+   picks on CPU; the unrolled engine also with several decode steps per call,
+   `--engine-steps`), against Tunix's `Sampler` (no stop token; the greedy tokens are compared);
 2. the learner on one GRPO mini-batch of 32 sequences x 80 tokens (32 prompt + 48
    response) at micro-batch 8 and 32: this project's base step (`steps.minibatch_updates`
    with the GRPO loss and the trainer's optimizer) in both loop forms, the PIPO learner
@@ -239,6 +240,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--intermediate", type=int, default=2048, help="MLP width (2048: 39.9M parameters)")
+    ap.add_argument("--engine-steps", default="1,8",
+                    help="decode steps per call of the unrolled slot engine's rows (Engine.steps_per_call)")
     ap.add_argument("--skip-tunix", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
@@ -260,15 +263,19 @@ def main(argv=None) -> dict:
     prompts = np.random.RandomState(0).randint(1, base_config.vocab_size - 1,
                                                (max([int(b) for b in args.batches.split(",") if b] or [1]), args.prompt_len))
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
+    engine_steps = [int(k) for k in args.engine_steps.split(",")]
     for b in (int(x) for x in args.batches.split(",") if x):
         log(f"decode, batch {b}")
         pb = prompts[:b].astype(np.int32)
         makers = {}
         for loop, config in configs.items():
             makers[f"generate_{loop}"] = lambda n, config=config: jax_generate_fn(config, params, pb, n)
-            engine = Engine(config, greedy, max_concurrent_decodes=b, max_len=args.prompt_len + args.new_tokens)
-            eparams = engine.load_params(params)
-            makers[f"engine_{loop}"] = lambda n, c=config, e=engine, ep=eparams: engine_fn(c, ep, e, pb, n)
+            for steps in ([1] if loop == "scan" else engine_steps):
+                engine = Engine(config, greedy, max_concurrent_decodes=b, max_len=args.prompt_len + args.new_tokens,
+                                steps_per_call=steps)
+                eparams = engine.load_params(params)
+                name = f"engine_{loop}" + (f"_{steps}steps" if steps > 1 else "")
+                makers[name] = lambda n, c=config, e=engine, ep=eparams: engine_fn(c, ep, e, pb, n)
         if tmodel is not None:
             from tunix.generate import sampler as tunix_sampler
 
@@ -324,17 +331,17 @@ def _version(name: str) -> str:
 def print_tables(r: dict) -> None:
     nan = float("nan")
     print(f"model {r['model']['params'] / 1e6:.1f}M fp32 | Tunix: {r['tunix']} | load {r['loadavg_start'][0]:.1f}")
-    print(f"{'batch':>5} | {'system':>16} | {'tok/s':>8} | {'vs scan':>7} | {'vs Tunix':>8} | {'eq scan':>7}")
+    print(f"{'batch':>5} | {'system':>20} | {'tok/s':>8} | {'vs scan':>7} | {'vs Tunix':>8} | {'eq scan':>7}")
     for b, row in r["decode"].items():
         for name in [k[:-6] for k in row if k.endswith("_tok_s")]:
-            print(f"{b:>5} | {name:>16} | {row[name + '_tok_s']:>8.1f} | "
+            print(f"{b:>5} | {name:>20} | {row[name + '_tok_s']:>8.1f} | "
                   f"{row.get(name + '_vs_generate_scan', 1.0 if name == 'generate_scan' else nan):>7.2f} | "
                   f"{row.get(name + '_vs_tunix', nan):>8.2f} | {row['tokens_equal'][name]:>7.2f}")
-    print(f"{'micro':>5} | {'system':>16} | {'s/step':>8} | {'speed vs Tunix':>14} | {'PIPO / base':>11}")
+    print(f"{'micro':>5} | {'system':>20} | {'s/step':>8} | {'speed vs Tunix':>14} | {'PIPO / base':>11}")
     for micro, row in r["learner"].items():
         for name in [k[:-2] for k in row if k.endswith("_s") and not k.startswith("times")]:
             loop = name.split("_")[-1]
-            print(f"{micro:>5} | {name:>16} | {row[name + '_s']:>8.3f} | "
+            print(f"{micro:>5} | {name:>20} | {row[name + '_s']:>8.3f} | "
                   f"{row.get(name + '_speed_vs_tunix', nan):>14.2f} | "
                   f"{row.get('pipo_over_base_' + loop, nan) if name.startswith('pipo') else nan:>11.2f}")
 
