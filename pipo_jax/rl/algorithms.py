@@ -171,7 +171,6 @@ def group_estimators() -> tuple[str, ...]:
     return tuple(name for name, est in ADVANTAGE_ESTIMATORS.items() if est.group)
 
 
-
 def config_names() -> tuple[str, ...]:
     """The `config.algorithm` values: each registered algorithm's `config_name`, once."""
     return tuple(dict.fromkeys(a.config_name for a in ALGORITHMS.values()))

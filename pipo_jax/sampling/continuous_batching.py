@@ -177,8 +177,8 @@ def rollout(
             if width != state.cache.max_len:
                 state = engine.resize(state, width)
                 stats["resizes"] += 1
-            # Dispatched before the previous step is read: the host's reading and bookkeeping
-            # overlap the device's step. A request that stopped in the unread step idles here.
+            # Dispatched before the previous call is read: the host's reading and bookkeeping
+            # overlap the device's steps. A request that stopped in the unread call idles here.
             state, result = engine.generate_steps(params, state)
             in_flight.append((result, dict(slot_req)))
             stats["decode_steps"] += steps

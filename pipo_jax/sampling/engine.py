@@ -137,8 +137,8 @@ class Engine:
         self._free = set(range(max_concurrent_decodes))
         self._prefill = jax.jit(self._prefill_impl)
         self._resample = jax.jit(self._resample_impl)
-        self._insert = jax.jit(self._insert_impl, donate_argnums=(1,))
         self.steps_per_call = steps_per_call
+        self._insert = jax.jit(self._insert_impl, donate_argnums=(1,))
         self._generate = jax.jit(self._generate_impl, donate_argnums=(1,))
         self._generate_steps = jax.jit(self._generate_steps_impl, donate_argnums=(1,))
         self._resize = jax.jit(self._resize_impl, static_argnums=(1,))  # shapes change: nothing to donate
@@ -228,9 +228,6 @@ class Engine:
         Every position a slot reaches in the call must be below the cache width.
         """
         _check_params(params)
-        if self.steps_per_call == 1:
-            state, result = self._generate(params.weights, decode_state)
-            return state, jax.tree.map(lambda x: x[None], result)
         return self._generate_steps(params.weights, decode_state)
 
     def resize(self, decode_state: DecodeState, width: int) -> DecodeState:
@@ -329,6 +326,9 @@ class Engine:
         return state._replace(cache=decode.resize_cache(state.cache, width))
 
     def _generate_steps_impl(self, weights, state: DecodeState) -> tuple[DecodeState, ResultTokens]:
+        if self.steps_per_call == 1:  # the one-step program, its results given the steps axis in it
+            state, result = self._generate_impl(weights, state)
+            return state, jax.tree.map(lambda x: x[None], result)
         return jax.lax.scan(lambda st, _: self._generate_impl(weights, st), state, None, length=self.steps_per_call)
 
     def _generate_impl(self, weights, state: DecodeState) -> tuple[DecodeState, ResultTokens]:

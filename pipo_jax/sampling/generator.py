@@ -62,7 +62,7 @@ class OneJitSampler:
 
 
 class EnginePool:
-    """Slot engines by setting (model, sampling, slots, cache length): one setting's jitted
+    """Slot engines by setting (model, sampling, slots, cache length, steps per call): one setting's jitted
     programs compile once for as long as the pool's owner keeps it."""
 
     def __init__(self):
