@@ -28,7 +28,7 @@ setup(
     ],
     extras_require={
         # torch (CPU is enough) runs the Hugging Face reference model in parity tests.
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "torch>=2.3", "pyarrow>=14"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "filelock>=3", "torch>=2.3", "pyarrow>=14"],
         # task.format=tfds: tensorflow-datasets reads through tf.data, so TensorFlow too (~2 GB).
         "data": ["tensorflow-datasets>=4.9", "tensorflow>=2.16", "pyarrow>=14"],
         "track": ["wandb>=0.17"],

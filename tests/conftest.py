@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.tasks import code as code_sandbox
+from tests import compilation_cache
 from tests.xla_flags import xla_flags
 
 # Read when JAX starts its CPU backend (at the first computation, after this import); the JAX
@@ -25,27 +26,34 @@ os.environ["XLA_FLAGS"] = xla_flags()
 MAPS_LIMIT = 25_000
 
 
+_REPAIRED = pytest.StashKey[int]()  # half-written cache files removed at the session start
+
+
 # The persistent compilation cache: a program compiled once (in any xdist worker, any subprocess,
 # or before `jax.clear_caches()` below) is loaded from disk instead of compiled again. It lives in
 # the pytest cache (`.pytest_cache/d/jax_compilation_cache`), so the next run of the same code
 # compiles nothing it compiled before; keys hash the HLO, XLA flags and jax/jaxlib versions, so
 # an entry is never reused for a different program. A size cap switches on JAX's LRU eviction,
 # which also takes a file lock around every read and write: xdist workers and subprocesses never
-# read an entry another process is half-way through writing.
-COMPILATION_CACHE = {
-    "jax_persistent_cache_min_compile_time_secs": 0.1,  # skip the many tiny eager-op programs
-    "jax_compilation_cache_max_size": 2 * 1024**3,  # bytes
-}
-
-
+# read an entry another process is half-way through writing. The session starts by removing
+# half-written entries, which would stop the cache from taking new ones
+# (tests/compilation_cache.py).
 def pytest_configure(config):
     cache = getattr(config, "cache", None)  # None under `-p no:cacheprovider`
     path = str(cache.mkdir("jax_compilation_cache")) if cache is not None else os.path.join(
         tempfile.gettempdir(), "pipo_jax_test_compilation_cache")
-    settings = dict(COMPILATION_CACHE, jax_compilation_cache_dir=path)
+    settings = dict(compilation_cache.SETTINGS, jax_compilation_cache_dir=path)
     for name, value in settings.items():
         jax.config.update(name, value)
         os.environ[name.upper()] = str(value)  # read by the JAX subprocesses the tests start
+    if not hasattr(config, "workerinput"):  # the controller (or the only process), before any worker
+        config.stash[_REPAIRED] = compilation_cache.repair(path)
+
+
+
+def pytest_report_header(config):
+    removed = config.stash.get(_REPAIRED, 0)
+    return [f"compilation cache: removed {removed} half-written entry file(s)"] if removed else []
 
 
 def _memory_mappings() -> int:

@@ -14,6 +14,7 @@ import pytest
 
 from pipo_jax.rl import observe
 from pipo_jax.rl.checkpoint import saved_steps
+from tests import compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EVERY = 4
@@ -45,8 +46,15 @@ def _wait_for_step(proc, workdir, step, timeout=300):
         if max(_logged_steps(workdir), default=-1) >= step:
             return
         time.sleep(0.2)
-    proc.kill()
+    _kill(proc)
     raise AssertionError(f"no metrics row at step {step} within {timeout}s")
+
+
+def _kill(proc):
+    """SIGKILL, then the shared compilation cache's repair (the run may have died mid-write)."""
+    proc.kill()
+    proc.communicate()
+    compilation_cache.repair(compilation_cache.shared_dir())
 
 
 def _stderr_lines(text):
@@ -89,8 +97,7 @@ def test_sigkill_loses_at_most_the_iterations_since_the_last_finished_save(tmp_p
     workdir = str(tmp_path / "run")
     first = _start(workdir)
     _wait_for_step(first, workdir, 2 * EVERY + 1)
-    first.kill()
-    first.communicate()
+    _kill(first)
     logged = max(_logged_steps(workdir))  # rows 0..logged: logged + 1 iterations done
     newest = max(saved_steps(os.path.join(workdir, "checkpoints")))
     assert newest % EVERY == 0 and newest <= logged + 1, (logged, newest)
