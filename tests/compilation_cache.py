@@ -13,6 +13,7 @@ every test that kills a JAX process using the cache call it.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import filelock
@@ -45,3 +46,13 @@ def repair(path: str | os.PathLike | None, lock_timeout_s: float = 60.0) -> int:
         for name in orphans:
             (root / name).unlink(missing_ok=True)
     return len(orphans)
+
+
+def private_dir(name: str) -> str:
+    """A cache directory beside the shared one, for the subprocesses of one test file only (kept
+    between runs like the shared one; repaired now, as the session start repairs the shared one)."""
+    shared = shared_dir() or os.path.join(tempfile.gettempdir(), "pipo_jax_test_compilation_cache")
+    path = f"{shared.rstrip(os.sep)}_{name}"
+    os.makedirs(path, exist_ok=True)
+    repair(path)
+    return path

@@ -48,6 +48,8 @@ def pytest_configure(config):
         os.environ[name.upper()] = str(value)  # read by the JAX subprocesses the tests start
     if not hasattr(config, "workerinput"):  # the controller (or the only process), before any worker
         config.stash[_REPAIRED] = compilation_cache.repair(path)
+        if cache is not None:
+            config.pluginmanager.register(FileSeconds(cache), "pipo_jax_file_seconds")
 
 
 
@@ -137,26 +139,52 @@ def right_padded_batch():
     return tokens, mask
 
 
-# Files whose tests run the trainer end to end, subprocesses or many compiles, with seconds measured
-# on the 2-core machine (cold compilation cache, two xdist workers): handed to the workers first,
-# longest first, so that no long file starts while the other worker has nothing left to do.
+# The order files are handed to the xdist workers: longest first, so that no long file starts while
+# the other worker has nothing left to do. Seconds per file as the previous run on this checkout
+# measured them (kept in the pytest cache, `FILE_SECONDS_KEY`); for a file it has not timed (a fresh
+# clone, as CI), `LONG_FILES`: the files over 25 s of a run with a cold compilation cache on the
+# 2-core machine, two workers (2026-11-26).
+FILE_SECONDS_KEY = "pipo_jax/file_seconds"
 LONG_FILES = {
-    "tests/rl/test_learning_slow.py": 120, "tests/parallel/test_sharded_training.py": 105,
-    "tests/parallel/test_trainer_on_mesh.py": 90, "tests/rl/test_trainer.py": 250,
-    "tests/benchmarks/test_readiness.py": 80, "tests/test_experiments.py": 55,
-    "tests/parallel/test_multiprocess.py": 50, "tests/rl/test_mixed_precision.py": 40,
-    "tests/rl/test_dataset_task.py": 40, "tests/parallel/test_micro_batch_per_device.py": 30,
-    "tests/rl/test_export.py": 100, "tests/test_serve.py": 85,
+    "tests/rl/test_trainer.py": 286, "tests/rl/test_run_guards.py": 148, "tests/rl/test_learning_slow.py": 131,
+    "tests/tasks/test_reasoning_gym.py": 104, "tests/test_cli_errors.py": 97, "tests/test_experiments.py": 80,
+    "tests/test_preemption.py": 61, "tests/parallel/test_trainer_on_mesh.py": 60,
+    "tests/parallel/test_sharded_training.py": 56, "tests/rl/test_export.py": 56, "tests/kernels/test_logprobs.py": 42,
+    "tests/rl/test_pipo_variants.py": 37, "tests/test_compare.py": 36, "tests/rl/test_dataset_task.py": 34,
+    "tests/parallel/test_multiprocess.py": 33, "tests/rl/test_warmup_contexts.py": 31,
+    "tests/models/test_layer_loop.py": 31, "tests/sampling/test_engine.py": 30, "tests/sampling/test_sampler.py": 29,
+    "tests/parallel/test_micro_batch_per_device.py": 28, "tests/rl/test_mixed_precision.py": 27,
 }
 
 
+def _file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Orders files by LONG_FILES (longest first), the rest after them in collection order."""
+    """Orders files by their seconds (longest first), the untimed rest after them in collection order."""
+    cache = getattr(config, "cache", None)
+    seconds = dict(LONG_FILES, **(cache.get(FILE_SECONDS_KEY, {}) if cache is not None else {}))
     first_index = {}
     for i, item in enumerate(items):
-        first_index.setdefault(item.nodeid.split("::", 1)[0], i)
-    items.sort(key=lambda item: (-LONG_FILES.get(item.nodeid.split("::", 1)[0], 0),
-                                 first_index[item.nodeid.split("::", 1)[0]]))
+        first_index.setdefault(_file(item.nodeid), i)
+    items.sort(key=lambda item: (-seconds.get(_file(item.nodeid), 0), first_index[_file(item.nodeid)]))
+
+
+class FileSeconds:
+    """Times this run's files (in the controller: xdist forwards the workers' reports) and stores
+    them beside those of earlier runs, for the next run's order."""
+
+    def __init__(self, cache):
+        self.cache, self.seconds = cache, {}
+
+    def pytest_runtest_logreport(self, report):  # setup, call and teardown each add their duration
+        self.seconds[_file(report.nodeid)] = self.seconds.get(_file(report.nodeid), 0.0) + report.duration
+
+    def pytest_sessionfinish(self):
+        if self.seconds:
+            stored = self.cache.get(FILE_SECONDS_KEY, {})
+            self.cache.set(FILE_SECONDS_KEY, dict(stored, **{f: round(s, 1) for f, s in self.seconds.items()}))
 
 
 def override(config, overrides: dict):

@@ -11,12 +11,15 @@ import sys
 import pytest
 
 from pipo_jax.data.sources import DataError, SourceConfig, load_examples
+from tests import compilation_cache
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# No "Unable to initialize backend 'tpu'" log line, and no persistent compilation cache: a warning
-# of the cache shared with the concurrent test workers (an entry's file gone mid-read) would be a
-# second stderr line beside the one-line error these tests check.
-_ENV = dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_COMPILATION_CACHE="false")
+# No "Unable to initialize backend 'tpu'" log line. The subprocesses use a compilation cache of
+# their own, beside the shared one: a warning of the cache the concurrent test worker writes to
+# (e.g. an entry it half-wrote when killed, before its repair) would be a second stderr line
+# beside the one-line error these tests check. This file's tests run one at a time on one worker.
+_ENV = dict(os.environ, JAX_PLATFORMS="cpu",
+            JAX_COMPILATION_CACHE_DIR=compilation_cache.private_dir("cli_errors"))
 
 
 def _run(*args):
