@@ -48,7 +48,7 @@ def pytest_configure(config):
         os.environ[name.upper()] = str(value)  # read by the JAX subprocesses the tests start
     if not hasattr(config, "workerinput"):  # the controller (or the only process), before any worker
         config.stash[_REPAIRED] = compilation_cache.repair(path)
-        if cache is not None:
+        if cache is not None and _whole_suite(config):
             config.pluginmanager.register(FileSeconds(cache), "pipo_jax_file_seconds")
 
 
@@ -143,17 +143,18 @@ def right_padded_batch():
 # the other worker has nothing left to do. Seconds per file as the previous run on this checkout
 # measured them (kept in the pytest cache, `FILE_SECONDS_KEY`); for a file it has not timed (a fresh
 # clone, as CI), `LONG_FILES`: the files over 25 s of a run with a cold compilation cache on the
-# 2-core machine, two workers (2026-11-26).
+# 2-core machine, two workers, the extras installed (2026-11-26).
 FILE_SECONDS_KEY = "pipo_jax/file_seconds"
 LONG_FILES = {
-    "tests/rl/test_trainer.py": 286, "tests/rl/test_run_guards.py": 148, "tests/rl/test_learning_slow.py": 131,
-    "tests/tasks/test_reasoning_gym.py": 104, "tests/test_cli_errors.py": 97, "tests/test_experiments.py": 80,
-    "tests/test_preemption.py": 61, "tests/parallel/test_trainer_on_mesh.py": 60,
-    "tests/parallel/test_sharded_training.py": 56, "tests/rl/test_export.py": 56, "tests/kernels/test_logprobs.py": 42,
-    "tests/rl/test_pipo_variants.py": 37, "tests/test_compare.py": 36, "tests/rl/test_dataset_task.py": 34,
-    "tests/parallel/test_multiprocess.py": 33, "tests/rl/test_warmup_contexts.py": 31,
-    "tests/models/test_layer_loop.py": 31, "tests/sampling/test_engine.py": 30, "tests/sampling/test_sampler.py": 29,
-    "tests/parallel/test_micro_batch_per_device.py": 28, "tests/rl/test_mixed_precision.py": 27,
+    "tests/rl/test_trainer.py": 299, "tests/rl/test_learning_slow.py": 148, "tests/test_cli_errors.py": 100,
+    "tests/tasks/test_reasoning_gym.py": 99, "tests/rl/test_run_guards.py": 71,
+    "tests/parallel/test_trainer_on_mesh.py": 68, "tests/rl/test_export.py": 63,
+    "tests/kernels/test_logprobs.py": 62, "tests/test_experiments.py": 56,
+    "tests/parallel/test_sharded_training.py": 55, "tests/sampling/test_engine.py": 49,
+    "tests/models/test_layer_loop.py": 44, "tests/models/test_qwen3.py": 41, "tests/test_preemption.py": 35,
+    "tests/rl/test_dataset_task.py": 35, "tests/sampling/test_sampler.py": 34, "tests/rl/test_pipo_variants.py": 34,
+    "tests/parallel/test_multiprocess.py": 33, "tests/rl/test_warmup_contexts.py": 33,
+    "tests/rl/test_algorithms.py": 27, "tests/test_serve.py": 25,
 }
 
 
@@ -171,9 +172,17 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: (-seconds.get(_file(item.nodeid), 0), first_index[_file(item.nodeid)]))
 
 
+def _whole_suite(config) -> bool:
+    """Whether this run is the whole suite (no -k / -m selection, the tests folder or no path):
+    a run of part of a file must not store that part's seconds as the file's."""
+    tests_dir = os.path.join(str(config.rootpath), "tests")
+    return not config.option.keyword and not config.option.markexpr and all(
+        os.path.abspath(arg) == tests_dir for arg in (config.args or ["tests"]))
+
+
 class FileSeconds:
-    """Times this run's files (in the controller: xdist forwards the workers' reports) and stores
-    them beside those of earlier runs, for the next run's order."""
+    """Times the files of a whole-suite run (in the controller: xdist forwards the workers' reports)
+    and stores them beside those of earlier runs, for the next run's order."""
 
     def __init__(self, cache):
         self.cache, self.seconds = cache, {}
