@@ -15,7 +15,8 @@ import os
 # (the test process paused, or starved on 2 cores by the other test worker's fork / thread bombs)
 # makes the others wait at the rendezvous, and after 40 s (XLA's default) the process is aborted
 # although nothing is wrong. 600 s keeps a real hang (a participant that never comes) failing.
-TEST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_collective_call_terminate_timeout_seconds=600")
+TERMINATE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds"
+TEST_FLAGS = ("--xla_backend_optimization_level=0", f"{TERMINATE_TIMEOUT}=600")
 DEVICE_COUNT = "--xla_force_host_platform_device_count"
 
 # A subprocess running sharded programs compiles them itself, never loading them from the
@@ -28,13 +29,20 @@ DEVICE_COUNT = "--xla_force_host_platform_device_count"
 # all-gathers) in 13 tries of 13 from a warm cache, and never when compiled in the process.
 # tests/parallel/test_xla_cpu_cache.py shows the lost order. (The two-process gloo workers also
 # hung from a warm cache, idle in their first device-to-host copy; not traced further.)
+#
+# A program compiled in the process can deadlock the same way, rarely: the 8-device worker did once
+# (2026-11-26, the other test worker busy beside it; its devices waited at a collective permute, two
+# all-reduces and an all-gather of one program, and XLA aborted it after 600 s). The worker runs
+# with a shorter abort and once more after one (tests/parallel/conftest.py: mesh_run).
 NO_PERSISTENT_CACHE = {"JAX_ENABLE_COMPILATION_CACHE": "false"}
 
 
 def xla_flags(*extra: str) -> str:
-    """The caller's XLA_FLAGS without a simulated device count, the test flags, then `extra`."""
+    """The caller's XLA_FLAGS without a simulated device count, the test flags, then `extra` (a flag
+    of `extra` replaces the same flag before it)."""
     given = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT)]
-    return " ".join(dict.fromkeys([*given, *TEST_FLAGS, *extra]))
+    flags = {f.split("=", 1)[0]: f for f in [*given, *TEST_FLAGS, *extra]}
+    return " ".join(flags.values())
 
 
 def device_count_flags(n: int) -> str:
@@ -42,9 +50,12 @@ def device_count_flags(n: int) -> str:
     return xla_flags(f"{DEVICE_COUNT}={n}")
 
 
-def sharded_subprocess_env(devices: int | None = None, **extra: str) -> dict[str, str]:
+def sharded_subprocess_env(devices: int | None = None, terminate_timeout_s: int | None = None,
+                           **extra: str) -> dict[str, str]:
     """`os.environ` for a JAX subprocess that runs sharded programs on simulated CPU devices:
     XLA_FLAGS (`device_count_flags(devices)`, or `xla_flags()` for a subprocess that sets its device
-    count itself), no persistent compilation cache (`NO_PERSISTENT_CACHE`), then `extra`."""
-    flags = xla_flags() if devices is None else device_count_flags(devices)
+    count itself; `terminate_timeout_s` for XLA's collective abort instead of 600 s), no persistent
+    compilation cache (`NO_PERSISTENT_CACHE`), then `extra`."""
+    timeout = () if terminate_timeout_s is None else (f"{TERMINATE_TIMEOUT}={terminate_timeout_s}",)
+    flags = xla_flags(*timeout) if devices is None else xla_flags(f"{DEVICE_COUNT}={devices}", *timeout)
     return dict(os.environ, XLA_FLAGS=flags, **NO_PERSISTENT_CACHE, **extra)
