@@ -21,6 +21,9 @@ import filelock
 CACHE_SUFFIX, ATIME_SUFFIX = "-cache", "-atime"
 LOCK_NAME = ".lockfile"  # the lock JAX's LRUCache takes around every read and write
 
+# Where the caches live when pytest has no cache folder (`-p no:cacheprovider`).
+FALLBACK_DIR = os.path.join(tempfile.gettempdir(), "pipo_jax_test_compilation_cache")
+
 SETTINGS = {
     "jax_persistent_cache_min_compile_time_secs": 0.1,  # skip the many tiny eager-op programs
     "jax_compilation_cache_max_size": 2 * 1024**3,  # bytes
@@ -41,8 +44,8 @@ def repair(path: str | os.PathLike | None, lock_timeout_s: float = 60.0) -> int:
     root = Path(path)
     with filelock.FileLock(root / LOCK_NAME, timeout=lock_timeout_s):
         names = {p.name for p in root.iterdir()}
-        orphans = [n for n in names if n.endswith(CACHE_SUFFIX) and n[: -len(CACHE_SUFFIX)] + ATIME_SUFFIX not in names]
-        orphans += [n for n in names if n.endswith(ATIME_SUFFIX) and n[: -len(ATIME_SUFFIX)] + CACHE_SUFFIX not in names]
+        orphans = [n for own, other in ((CACHE_SUFFIX, ATIME_SUFFIX), (ATIME_SUFFIX, CACHE_SUFFIX))
+                   for n in names if n.endswith(own) and n[: -len(own)] + other not in names]
         for name in orphans:
             (root / name).unlink(missing_ok=True)
     return len(orphans)
@@ -51,8 +54,7 @@ def repair(path: str | os.PathLike | None, lock_timeout_s: float = 60.0) -> int:
 def private_dir(name: str) -> str:
     """A cache directory beside the shared one, for the subprocesses of one test file only (kept
     between runs like the shared one; repaired now, as the session start repairs the shared one)."""
-    shared = shared_dir() or os.path.join(tempfile.gettempdir(), "pipo_jax_test_compilation_cache")
-    path = f"{shared.rstrip(os.sep)}_{name}"
+    path = f"{(shared_dir() or FALLBACK_DIR).rstrip(os.sep)}_{name}"
     os.makedirs(path, exist_ok=True)
     repair(path)
     return path

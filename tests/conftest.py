@@ -4,7 +4,6 @@ XLA compilation cache shared by the test processes and the JAX subprocesses they
 
 import gc
 import os
-import tempfile
 
 import jax
 import numpy as np
@@ -40,8 +39,7 @@ _REPAIRED = pytest.StashKey[int]()  # half-written cache files removed at the se
 # (tests/compilation_cache.py).
 def pytest_configure(config):
     cache = getattr(config, "cache", None)  # None under `-p no:cacheprovider`
-    path = str(cache.mkdir("jax_compilation_cache")) if cache is not None else os.path.join(
-        tempfile.gettempdir(), "pipo_jax_test_compilation_cache")
+    path = str(cache.mkdir("jax_compilation_cache")) if cache is not None else compilation_cache.FALLBACK_DIR
     settings = dict(compilation_cache.SETTINGS, jax_compilation_cache_dir=path)
     for name, value in settings.items():
         jax.config.update(name, value)
@@ -50,7 +48,6 @@ def pytest_configure(config):
         config.stash[_REPAIRED] = compilation_cache.repair(path)
         if cache is not None and _whole_suite(config):
             config.pluginmanager.register(FileSeconds(cache), "pipo_jax_file_seconds")
-
 
 
 def pytest_report_header(config):

@@ -38,8 +38,8 @@ NO_PERSISTENT_CACHE = {"JAX_ENABLE_COMPILATION_CACHE": "false"}
 
 
 def xla_flags(*extra: str) -> str:
-    """The caller's XLA_FLAGS without a simulated device count, the test flags, then `extra` (a flag
-    of `extra` replaces the same flag before it)."""
+    """The caller's XLA_FLAGS without a simulated device count, the test flags, then `extra` (a later
+    flag replaces the same flag before it, as XLA would read the last)."""
     given = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT)]
     flags = {f.split("=", 1)[0]: f for f in [*given, *TEST_FLAGS, *extra]}
     return " ".join(flags.values())
@@ -56,6 +56,7 @@ def sharded_subprocess_env(devices: int | None = None, terminate_timeout_s: int 
     XLA_FLAGS (`device_count_flags(devices)`, or `xla_flags()` for a subprocess that sets its device
     count itself; `terminate_timeout_s` for XLA's collective abort instead of 600 s), no persistent
     compilation cache (`NO_PERSISTENT_CACHE`), then `extra`."""
+    count = () if devices is None else (f"{DEVICE_COUNT}={devices}",)
     timeout = () if terminate_timeout_s is None else (f"{TERMINATE_TIMEOUT}={terminate_timeout_s}",)
-    flags = xla_flags(*timeout) if devices is None else xla_flags(f"{DEVICE_COUNT}={devices}", *timeout)
+    flags = xla_flags(*count, *timeout)
     return dict(os.environ, XLA_FLAGS=flags, **NO_PERSISTENT_CACHE, **extra)

@@ -133,11 +133,11 @@ class Engine:
         self.prefill_buckets = prefill_buckets
         self.cache_dtype = cache_dtype
         self.cache_widths = attention_lengths(1, max_len, attn_block)
+        self.steps_per_call = steps_per_call
         self._slots = max_concurrent_decodes
         self._free = set(range(max_concurrent_decodes))
         self._prefill = jax.jit(self._prefill_impl)
         self._resample = jax.jit(self._resample_impl)
-        self.steps_per_call = steps_per_call
         self._insert = jax.jit(self._insert_impl, donate_argnums=(1,))
         self._generate = jax.jit(self._generate_impl, donate_argnums=(1,))
         self._generate_steps = jax.jit(self._generate_steps_impl, donate_argnums=(1,))
