@@ -321,6 +321,31 @@ def write_cache(c_bksd: jax.Array, rows_bt: jax.Array, slots_bt: jax.Array, x_bt
     return c_bksd.at[rows_bt, :, slots_bt].set(x_btkd.astype(c_bksd.dtype), mode="drop")
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ColumnBlocks:
+    """A dense weight `[*in, *out]` stored as contiguous blocks along its last axis.
+
+    `project` multiplies each block and concatenates the outputs, so the result is the
+    product with the whole weight (tests hold them equal). The one-row decode step on CPU
+    takes its attention projections in this form (`sampling.decode.compute_params`): there
+    each product is a matrix-vector product, which XLA:CPU runs on one core, and
+    independent blocks let its thunk executor run them on both.
+    """
+
+    blocks: tuple[jax.Array, ...]
+
+    @classmethod
+    def split(cls, w: jax.Array, n: int) -> "ColumnBlocks":
+        """`w` cut into `n` equal blocks along its last axis (which `n` must divide)."""
+        if w.shape[-1] % n:
+            raise ValueError(f"cannot cut a weight of shape {w.shape} into {n} blocks along its last axis")
+        return cls(tuple(jnp.split(w, n, axis=-1)))
+
+    def astype(self, dtype) -> "ColumnBlocks":
+        return ColumnBlocks(tuple(b.astype(dtype) for b in self.blocks))
+
+
 def project(config: Qwen3Config, x, w, in_dims: int = 1):
     """A dense layer: `x [B, T, *in] @ w [*in, *out] -> [B, T, *out]` (the last `in_dims`
     axes of `x` contract with the first `in_dims` of `w`).
@@ -331,7 +356,10 @@ def project(config: Qwen3Config, x, w, in_dims: int = 1):
     slower). One-token decode steps keep the einsum, measured faster there, and so do
     programs under a `sharding_context` (partitioned by the named axes, in the accelerator
     programs' form, as `layers_unrolled`). Elsewhere the einsum keeps its named axes.
+    A `ColumnBlocks` weight is multiplied block by block.
     """
+    if isinstance(w, ColumnBlocks):
+        return jnp.concatenate([project(config, x, block, in_dims) for block in w.blocks], axis=-1)
     b, t = x.shape[:2]
     if config.flat_tokens and t > 1 and active_context() is None:  # see layers_unrolled
         n_in, out_shape = math.prod(w.shape[:in_dims]), w.shape[in_dims:]

@@ -25,6 +25,8 @@ a position `>= cache.max_len` writes nothing (idle rows).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -36,14 +38,39 @@ from pipo_jax.parallel.context import constrain
 KV_CACHE_AXES = ("layers", "batch", "kv_heads", "cache_length", "head_dim")
 
 
-def compute_params(config: Qwen3Config, params: Params) -> Params:
+# Column blocks of the attention projections for one-row decode on CPU (`compute_params`).
+# Each product is then a matrix-vector product, which XLA:CPU runs on one core; its thunk
+# executor hands ready thunks to a second worker only when more than 8 are ready at once
+# (XLA's `ExecuteSession::kSplitThreshold`). q, k and v share their input, so 4 blocks each
+# make 12 products ready together; the output projection alone takes 16. On the ~40M
+# benchmark model (`experiments/benchmarks/vs_tunix.py`) this made the batch-1 decode step
+# 4-6% faster; 2 blocks each (6 ready, run in turn) made it 5% slower. Beyond one row the
+# blocks do not pay (batch 4 and 8: 1-2% slower; batch 32: 10%), so they are for one row only.
+ONE_ROW_BLOCKS = {"q_proj": 4, "k_proj": 4, "v_proj": 4, "o_proj": 16}
+
+
+def one_row_blocks(layer: Params) -> Params:
+    """One layer's weights with the attention projections as `qwen3.ColumnBlocks` (`ONE_ROW_BLOCKS`;
+    fewer blocks where the count does not divide the last axis)."""
+    out = dict(layer)
+    for name, n in ONE_ROW_BLOCKS.items():
+        w = layer[name]
+        out[name] = qwen3.ColumnBlocks.split(w, math.gcd(n, w.shape[-1]))
+    return out
+
+
+def compute_params(config: Qwen3Config, params: Params, rows: int | None = None) -> Params:
     """`params` laid out for the decode loop: in the compute dtype (a no-op when stored in
     it) and, with unrolled layers, `layers` as a tuple of per-layer trees (sliced once here,
-    not once per token)."""
+    not once per token). With unrolled layers and `rows == 1` (decode steps of one row) the
+    attention projections are also cut into column blocks (`ONE_ROW_BLOCKS`)."""
     dt = config.jnp_dtype
     params = jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
     if qwen3.layers_unrolled(config) and not isinstance(params["layers"], tuple):
-        params = dict(params, layers=tuple(qwen3.layer_params(params, i) for i in range(config.num_hidden_layers)))
+        layers = tuple(qwen3.layer_params(params, i) for i in range(config.num_hidden_layers))
+        if rows == 1:
+            layers = tuple(one_row_blocks(layer) for layer in layers)
+        params = dict(params, layers=layers)
     return params
 
 

@@ -155,7 +155,8 @@ class Engine:
 
     def load_params(self, params: Params) -> EngineParams:
         """`params` for the engine: as stored, cast to the compute dtype if stored in another."""
-        return EngineParams(jax.jit(decode.compute_params, static_argnums=0)(self.config, params))
+        lay_out = jax.jit(decode.compute_params, static_argnums=(0, 2))
+        return EngineParams(lay_out(self.config, params, self._slots))
 
     def init_decode_state(self, width: int | None = None) -> DecodeState:
         """All slots empty (done); a zero cache `width` wide (default the smallest width)."""

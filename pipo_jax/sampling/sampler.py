@@ -150,7 +150,7 @@ def generate(
     if max_new_b is not None:
         budget_b = jnp.clip(jnp.asarray(max_new_b, jnp.int32), 1, r)
 
-    weights = decode.compute_params(config, params)
+    weights = decode.compute_params(config, params, rows=b)
     # Cache widths: a ladder of attention windows (one while-loop each), so a step
     # reads only ~the slots it needs; the last sampled token is never fed back, so
     # positions stay below P + R - 1.

@@ -59,9 +59,20 @@ def test_project_forms_equal_the_einsum(in_dims, w_shape):
     w = jax.random.normal(jax.random.key(6), w_shape)
     expected = np.tensordot(np.asarray(x, np.float64), np.asarray(w, np.float64), axes=in_dims)
     for dense in ("flat", "batched"):
-        got = qwen3.project(BASE.replace(dense_form=dense), x, w, in_dims)
-        assert got.shape == expected.shape
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        for weight in (w, qwen3.ColumnBlocks.split(w, w_shape[-1])):
+            got = qwen3.project(BASE.replace(dense_form=dense), x, weight, in_dims)
+            assert got.shape == expected.shape
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        # One token per row (a decode step): the blocks give exactly the whole weight's product.
+        config = BASE.replace(dense_form=dense)
+        blocks = qwen3.ColumnBlocks.split(w, w_shape[-1])
+        np.testing.assert_array_equal(qwen3.project(config, x[:1, :1], blocks, in_dims),
+                                      qwen3.project(config, x[:1, :1], w, in_dims))
+
+
+def test_column_blocks_refuse_a_count_that_does_not_divide():
+    with pytest.raises(ValueError, match=r"shape \(8, 5\) into 2 blocks"):
+        qwen3.ColumnBlocks.split(jnp.zeros((8, 5)), 2)
 
 
 def test_flat_form_only_for_several_tokens_outside_a_sharding_context():
@@ -167,14 +178,41 @@ def test_sampled_tokens_equal(params, batch, form):
     np.testing.assert_allclose(outs[1].logprobs_br, outs[0].logprobs_br, rtol=1e-5, atol=1e-5)
 
 
-def test_slot_engine_equal(params):
-    """The engine in the accelerator form and in the cpu form ("auto" on cpu)."""
+def test_one_row_decode_equal(params, batch):
+    """Batch-1 decode in the cpu form takes the attention projections as column blocks
+    (`decode.ONE_ROW_BLOCKS`); tokens and log-probs equal the accelerator form's."""
+    weights = decode.compute_params(UNROLL, params, rows=1)
+    for i, layer in enumerate(weights["layers"]):
+        for name, n in decode.ONE_ROW_BLOCKS.items():
+            assert isinstance(layer[name], qwen3.ColumnBlocks) and len(layer[name].blocks) == n, name
+            np.testing.assert_array_equal(jnp.concatenate(layer[name].blocks, -1), params["layers"][name][i])
+    for rows in (None, 2):
+        leaves = jax.tree.leaves(decode.compute_params(UNROLL, params, rows=rows),
+                                 is_leaf=lambda x: isinstance(x, qwen3.ColumnBlocks))
+        assert not any(isinstance(w, qwen3.ColumnBlocks) for w in leaves)
+    tokens, mask = batch
+    for row in range(3):
+        outs = [sampler.generate(config, params, tokens[row:row + 1], mask[row:row + 1], jax.random.key(3),
+                                 SamplingParams(max_new_tokens=7, temperature=1.0, stop_token_ids=(), pad_id=0))
+                for config in (SCAN, UNROLL)]
+        np.testing.assert_array_equal(outs[1].tokens_br, outs[0].tokens_br)
+        np.testing.assert_allclose(outs[1].logprobs_br, outs[0].logprobs_br, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("slots", [2, 1])
+def test_slot_engine_equal(params, slots):
+    """The engine in the accelerator form and in the cpu form ("auto" on cpu; one slot
+    decodes with column blocks)."""
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     sp = SamplingParams(max_new_tokens=6, temperature=1.0, stop_token_ids=(), pad_id=0)
     results = []
     for config in (SCAN, UNROLL):
-        engine = Engine(config, sp, max_concurrent_decodes=2, max_len=16, prefill_buckets=(8,))
-        results.append(continuous_batching.rollout(engine, engine.load_params(params), prompts, 2, jax.random.key(4)))
+        engine = Engine(config, sp, max_concurrent_decodes=slots, max_len=16, prefill_buckets=(8,))
+        eparams = engine.load_params(params)
+        layers = eparams.weights["layers"]
+        q_proj = layers[0]["q_proj"] if isinstance(layers, tuple) else layers["q_proj"]
+        assert isinstance(q_proj, qwen3.ColumnBlocks) is (config is UNROLL and slots == 1)
+        results.append(continuous_batching.rollout(engine, eparams, prompts, 2, jax.random.key(4)))
     scan, unroll = results
     np.testing.assert_array_equal(unroll.lengths, scan.lengths)
     for a, b in zip(scan.tokens, unroll.tokens):

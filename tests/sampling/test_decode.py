@@ -41,16 +41,16 @@ def _equations(jaxpr):
             yield from _equations(sub)
 
 
-@pytest.mark.parametrize("layer_loop", ["scan", "unroll"])
-def test_decode_step_reads_weights_without_relayout(params, layer_loop):
+@pytest.mark.parametrize("layer_loop, rows", [("scan", 2), ("unroll", 2), ("unroll", 1)])
+def test_decode_step_reads_weights_without_relayout(params, layer_loop, rows):
     """No re-layout of the weights in a decode step; with `scan` the layers run as one loop
     over the stored stack, with `unroll` over the per-layer weights `compute_params` sliced
-    once per call (the step itself slices nothing)."""
+    once per call (and, for one row, cut into column blocks; the step itself slices nothing)."""
     config = CONFIG.replace(layer_loop=layer_loop)
-    weights = decode.compute_params(config, params)
-    cache = decode.init_cache(config, 2, 8)
+    weights = decode.compute_params(config, params, rows=rows)
+    cache = decode.init_cache(config, rows, 8)
     closed = jax.make_jaxpr(decode.decode_step, static_argnums=0)(
-        config, weights, cache, jnp.zeros((2,), jnp.int32), jnp.zeros((2,), jnp.int32))
+        config, weights, cache, jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), jnp.int32))
     eqns = list(_equations(closed.jaxpr))
     scans = [e for e in eqns if e.primitive.name == "scan"]
     if layer_loop == "scan":
