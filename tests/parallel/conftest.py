@@ -19,7 +19,7 @@ import pytest
 
 from pipo_jax.rl import loop
 from tests.parallel import scenario
-from tests.xla_flags import sharded_subprocess_env
+from tests.xla_flags import SHARDED_WORKER_TERMINATE_S, XLA_CPU_RENDEZVOUS_ABORT, sharded_subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1800  # generous: compiles on a loaded 2-core machine are slow
@@ -76,13 +76,6 @@ def _reference_beside(procs: dict, request) -> tuple[dict, dict]:
     return ref
 
 
-# XLA:CPU's abort of a collective some devices never reach (tests/xla_flags.py), and how long the
-# mesh worker's devices may wait at one: minutes, where a starved device thread makes them wait
-# seconds (600 s elsewhere).
-XLA_CPU_RENDEZVOUS_ABORT = "Termination timeout for"
-MESH_WORKER_TERMINATE_S = 180
-
-
 @pytest.fixture(scope="module")
 def mesh_run(tmp_path_factory, request) -> tuple[Path, tuple[dict, dict]]:
     """(outputs of tests.parallel.mesh_worker, reference). A worker that XLA:CPU aborted in a
@@ -91,7 +84,7 @@ def mesh_run(tmp_path_factory, request) -> tuple[Path, tuple[dict, dict]]:
     out = tmp_path_factory.mktemp("mesh_worker")
     for attempt in (1, 2):
         log = out / ("log.txt" if attempt == 1 else "log.retry.txt")
-        proc = _launch(["tests.parallel.mesh_worker", str(out)], log, MESH_WORKER_TERMINATE_S)
+        proc = _launch(["tests.parallel.mesh_worker", str(out)], log, SHARDED_WORKER_TERMINATE_S)
         try:
             return out, _reference_beside({"mesh_worker": (proc, log)}, request)
         except pytest.fail.Exception:

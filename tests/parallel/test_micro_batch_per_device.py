@@ -5,12 +5,11 @@ data=2 x fsdp=4 (8 batch shards), `train.micro_batch_size_per_device=1`, a mini-
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from tests.xla_flags import sharded_subprocess_env
+from tests.xla_flags import SHARDED_WORKER_TERMINATE_S, run_once_more_after_abort, sharded_subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,10 +17,12 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("micro_batch") / "out.json"
-    # the worker adds its device count; no persistent compilation cache (tests/xla_flags.py)
-    env = sharded_subprocess_env(PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "tests.parallel.micro_batch_worker", str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=1800)
+    # the worker adds its device count; no persistent compilation cache (tests/xla_flags.py); a
+    # collective deadlock aborts it after minutes, and it runs once more
+    env = sharded_subprocess_env(terminate_timeout_s=SHARDED_WORKER_TERMINATE_S,
+                                 PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = run_once_more_after_abort([sys.executable, "-m", "tests.parallel.micro_batch_worker", str(out)],
+                                     cwd=REPO, env=env, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
