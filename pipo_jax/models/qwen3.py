@@ -329,8 +329,8 @@ class ColumnBlocks:
     `project` multiplies each block and concatenates the outputs, so the result is the
     product with the whole weight (tests hold them equal). The one-row decode step on CPU
     takes its attention projections in this form (`sampling.decode.compute_params`): there
-    each product is a matrix-vector product, which XLA:CPU runs on one core, and
-    independent blocks let its thunk executor run them on both.
+    each product is a matrix-vector product, which XLA:CPU runs on one core when the matrix
+    is small, and independent blocks let its thunk executor run them on both.
     """
 
     blocks: tuple[jax.Array, ...]

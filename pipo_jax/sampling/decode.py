@@ -7,7 +7,8 @@ The same function as `qwen3.forward(config, params, tokens, mask, positions, cac
   one `lax.scan` over the stacked `params["layers"]` as stored, so a program's size does
   not grow with depth and nothing is re-laid-out per rollout; on CPU (one device: under a
   mesh it scans, see `qwen3.layers_unrolled`) unrolled over per-layer weights that
-  `compute_params` slices out once per call (a scan there copies
+  `compute_params` slices out once per call (for one-row decode also cutting the attention
+  projections into column blocks, `ONE_ROW_BLOCKS`; a scan there copies
   every layer's weights out of the stacked arrays on every token). `compute_params` also
   casts fp32 master weights to a 16-bit compute dtype, once per call, when the two differ;
 * the cache is a `qwen3.KVCache` `[layers, B, kv_heads, S, head_dim]` carried whole
@@ -44,7 +45,7 @@ KV_CACHE_AXES = ("layers", "batch", "kv_heads", "cache_length", "head_dim")
 # (XLA's `ExecuteSession::kSplitThreshold`). q, k and v share their input, so 4 blocks each
 # make 12 products ready together; the output projection alone takes 16. On the ~40M
 # benchmark model (`experiments/benchmarks/vs_tunix.py`) this made the batch-1 decode step
-# 4-6% faster; 2 blocks each (6 ready, run in turn) made it 5% slower. Beyond one row the
+# 4-7% faster; 2 blocks each (6 ready, run in turn) made it 5% slower. Beyond one row the
 # blocks do not pay (batch 4 and 8: 1-2% slower; batch 32: 10%), so they are for one row only.
 ONE_ROW_BLOCKS = {"q_proj": 4, "k_proj": 4, "v_proj": 4, "o_proj": 16}
 

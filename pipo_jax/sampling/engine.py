@@ -154,7 +154,8 @@ class Engine:
         return self.prefill_buckets[-1]
 
     def load_params(self, params: Params) -> EngineParams:
-        """`params` for the engine: as stored, cast to the compute dtype if stored in another."""
+        """`params` for the engine (`decode.compute_params` for its slot count): as stored, cast to
+        the compute dtype if stored in another."""
         lay_out = jax.jit(decode.compute_params, static_argnums=(0, 2))
         return EngineParams(lay_out(self.config, params, self._slots))
 
