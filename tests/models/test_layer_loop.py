@@ -58,14 +58,14 @@ def test_project_forms_equal_the_einsum(in_dims, w_shape):
     x = jax.random.normal(jax.random.key(5), (2, 3) + w_shape[:in_dims])
     w = jax.random.normal(jax.random.key(6), w_shape)
     expected = np.tensordot(np.asarray(x, np.float64), np.asarray(w, np.float64), axes=in_dims)
+    blocks = qwen3.ColumnBlocks.split(w, w_shape[-1])
     for dense in ("flat", "batched"):
-        for weight in (w, qwen3.ColumnBlocks.split(w, w_shape[-1])):
-            got = qwen3.project(BASE.replace(dense_form=dense), x, weight, in_dims)
+        config = BASE.replace(dense_form=dense)
+        for weight in (w, blocks):
+            got = qwen3.project(config, x, weight, in_dims)
             assert got.shape == expected.shape
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
         # One token per row (a decode step): the blocks give exactly the whole weight's product.
-        config = BASE.replace(dense_form=dense)
-        blocks = qwen3.ColumnBlocks.split(w, w_shape[-1])
         np.testing.assert_array_equal(qwen3.project(config, x[:1, :1], blocks, in_dims),
                                       qwen3.project(config, x[:1, :1], w, in_dims))
 
