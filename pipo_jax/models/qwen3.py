@@ -323,27 +323,34 @@ def write_cache(c_bksd: jax.Array, rows_bt: jax.Array, slots_bt: jax.Array, x_bt
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class ColumnBlocks:
-    """A dense weight `[*in, *out]` stored as contiguous blocks along its last axis.
+class ColumnStack:
+    """A dense weight `[*in, *out]` as `n` equal blocks of its flattened output columns,
+    stacked: `blocks_nio [n, prod(in), prod(out) / n]`.
 
-    `project` multiplies each block and concatenates the outputs, so the result is the
-    product with the whole weight (tests hold them equal). The one-row decode step on CPU
-    takes its attention projections in this form (`sampling.decode.compute_params`): there
-    each product is a matrix-vector product, which XLA:CPU runs on one core when the matrix
-    is small, and independent blocks let its thunk executor run them on both.
+    `project` multiplies all blocks in one batched matmul and returns the output flat,
+    `[B, T, prod(out)]`: the product with the whole weight (tests hold them equal). The
+    one-row decode step on CPU takes its small attention projections in this form
+    (`sampling.decode.compute_params`): XLA:CPU runs a matrix-vector product of a small
+    matrix on one core, and the members of a batched one on both.
     """
 
-    blocks: tuple[jax.Array, ...]
+    blocks_nio: jax.Array
 
     @classmethod
-    def split(cls, w: jax.Array, n: int) -> "ColumnBlocks":
-        """`w` cut into `n` equal blocks along its last axis (which `n` must divide)."""
-        if w.shape[-1] % n:
-            raise ValueError(f"cannot cut a weight of shape {w.shape} into {n} blocks along its last axis")
-        return cls(tuple(jnp.split(w, n, axis=-1)))
+    def split(cls, w: jax.Array, n: int, in_dims: int = 1) -> "ColumnStack":
+        """`w` (`in_dims` input axes) cut into `n` blocks of its output columns (`n` must divide them)."""
+        n_in, n_out = math.prod(w.shape[:in_dims]), math.prod(w.shape[in_dims:])
+        if n_out % n:
+            raise ValueError(f"cannot cut a weight of shape {w.shape} into {n} blocks of its output columns")
+        return cls(jnp.transpose(w.reshape(n_in, n, n_out // n), (1, 0, 2)))
 
-    def astype(self, dtype) -> "ColumnBlocks":
-        return ColumnBlocks(tuple(b.astype(dtype) for b in self.blocks))
+    def whole(self) -> jax.Array:
+        """The weight as one matrix `[prod(in), prod(out)]`."""
+        n, n_in, m = self.blocks_nio.shape
+        return jnp.transpose(self.blocks_nio, (1, 0, 2)).reshape(n_in, n * m)
+
+    def astype(self, dtype) -> "ColumnStack":
+        return ColumnStack(self.blocks_nio.astype(dtype))
 
 
 def project(config: Qwen3Config, x, w, in_dims: int = 1):
@@ -356,11 +363,14 @@ def project(config: Qwen3Config, x, w, in_dims: int = 1):
     slower). One-token decode steps keep the einsum, measured faster there, and so do
     programs under a `sharding_context` (partitioned by the named axes, in the accelerator
     programs' form, as `layers_unrolled`). Elsewhere the einsum keeps its named axes.
-    A `ColumnBlocks` weight is multiplied block by block.
+    A `ColumnStack` weight is multiplied in one batched matmul, its output flat `[B, T, out]`.
     """
-    if isinstance(w, ColumnBlocks):
-        return jnp.concatenate([project(config, x, block, in_dims) for block in w.blocks], axis=-1)
     b, t = x.shape[:2]
+    if isinstance(w, ColumnStack):
+        n, n_in, m = w.blocks_nio.shape
+        x_nri = jnp.broadcast_to(x.reshape(1, b * t, n_in), (n, b * t, n_in))
+        y_nrm = jax.lax.dot_general(x_nri, w.blocks_nio, (((2,), (1,)), ((0,), (0,))))
+        return jnp.transpose(y_nrm, (1, 0, 2)).reshape(b, t, n * m)
     if config.flat_tokens and t > 1 and active_context() is None:  # see layers_unrolled
         n_in, out_shape = math.prod(w.shape[:in_dims]), w.shape[in_dims:]
         y = x.reshape(b * t, n_in) @ w.reshape(n_in, math.prod(out_shape))
@@ -375,7 +385,13 @@ def layer_qkv(config: Qwen3Config, x_btd, lp, cos, sin):
     dt = config.jnp_dtype
     eps = config.rms_norm_eps
     h = rms_norm(x_btd, lp["attn_norm"], eps)
-    q, k, v = (project(config, h, lp[name].astype(dt)) for name in ("q_proj", "k_proj", "v_proj"))
+    if "qkv_proj" in lp:  # q, k and v in one `ColumnStack` (`sampling.decode.compute_params`)
+        b, t = h.shape[:2]
+        nh, nk, dh = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        q, k, v = jnp.split(project(config, h, lp["qkv_proj"].astype(dt)), [nh * dh, (nh + nk) * dh], axis=-1)
+        q, k, v = q.reshape(b, t, nh, dh), k.reshape(b, t, nk, dh), v.reshape(b, t, nk, dh)
+    else:
+        q, k, v = (project(config, h, lp[name].astype(dt)) for name in ("q_proj", "k_proj", "v_proj"))
     q = apply_rope(rms_norm(q, lp["q_norm"], eps), cos, sin)
     k = apply_rope(rms_norm(k, lp["k_norm"], eps), cos, sin)
     return q, k, v

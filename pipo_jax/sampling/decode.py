@@ -7,8 +7,8 @@ The same function as `qwen3.forward(config, params, tokens, mask, positions, cac
   one `lax.scan` over the stacked `params["layers"]` as stored, so a program's size does
   not grow with depth and nothing is re-laid-out per rollout; on CPU (one device: under a
   mesh it scans, see `qwen3.layers_unrolled`) unrolled over per-layer weights that
-  `compute_params` slices out once per call (for one-row decode also cutting the attention
-  projections into column blocks, `ONE_ROW_BLOCKS`; a scan there copies
+  `compute_params` slices out once per call (for one-row decode also stacking the small
+  attention projections' column blocks, `one_row_layer`; a scan there copies
   every layer's weights out of the stacked arrays on every token). `compute_params` also
   casts fp32 master weights to a 16-bit compute dtype, once per call, when the two differ;
 * the cache is a `qwen3.KVCache` `[layers, B, kv_heads, S, head_dim]` carried whole
@@ -26,8 +26,6 @@ a position `>= cache.max_len` writes nothing (idle rows).
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
@@ -39,24 +37,43 @@ from pipo_jax.parallel.context import constrain
 KV_CACHE_AXES = ("layers", "batch", "kv_heads", "cache_length", "head_dim")
 
 
-# Column blocks of the attention projections for one-row decode on CPU (`compute_params`).
-# Each product is then a matrix-vector product, which XLA:CPU runs on one core; its thunk
-# executor hands ready thunks to a second worker only when more than 8 are ready at once
-# (XLA's `ExecuteSession::kSplitThreshold`). q, k and v share their input, so 4 blocks each
-# make 12 products ready together; the output projection alone takes 16. On the ~40M
-# benchmark model (`experiments/benchmarks/vs_tunix.py`) this made the batch-1 decode step
-# 4-7% faster; 2 blocks each (6 ready, run in turn) made it 5% slower. Beyond one row the
-# blocks do not pay (batch 4 and 8: 1-2% slower; batch 32: 10%), so they are for one row only.
-ONE_ROW_BLOCKS = {"q_proj": 4, "k_proj": 4, "v_proj": 4, "o_proj": 16}
+# One-row decode on CPU (`compute_params`): each product is then a matrix-vector product,
+# which XLA:CPU (Eigen) runs on one core for a matrix under about 3 MB (one core streams
+# ~13 GB/s from memory on the benchmark VM, two ~28), and the members of a batched one on
+# both. So attention projections under `STACK_BELOW_BYTES` become a `qwen3.ColumnStack` of
+# `STACK_BLOCK_BYTES` blocks: q, k and v in one stack (one product, not three), o in its own.
+# On the ~40M benchmark model (`experiments/benchmarks/vs_tunix.py`; q, k, v 2 MB together,
+# o 1 MB: 4 and 2 blocks) this made the batch-1 decode step 7-8% faster than 16 single
+# products in column blocks, and the MLP's 4 MB products, which Eigen already spreads, did
+# not gain from it. Beyond one row the stacks do not pay (batch 4: 2% faster; 32: 7% slower).
+STACK_BELOW_BYTES = 3 * 2**20
+STACK_BLOCK_BYTES = 2**19
 
 
-def one_row_blocks(layer: Params) -> Params:
-    """One layer's weights with the attention projections as `qwen3.ColumnBlocks` (`ONE_ROW_BLOCKS`;
-    fewer blocks where the count does not divide the last axis)."""
+def stack_blocks(n_in: int, n_out: int, dtype) -> int:
+    """How many `ColumnStack` blocks a one-row product with a matrix `[n_in, n_out]` of
+    `dtype` takes (1: leave it whole): blocks of about `STACK_BLOCK_BYTES`, a count that
+    divides `n_out`."""
+    size = n_in * n_out * jnp.dtype(dtype).itemsize
+    n = max(1, size // STACK_BLOCK_BYTES) if size < STACK_BELOW_BYTES else 1
+    while n_out % n:
+        n -= 1
+    return n
+
+
+def one_row_layer(layer: Params) -> Params:
+    """One layer's weights for one-row decode: q, k and v as one `qwen3.ColumnStack`
+    (`"qkv_proj"`) and o as another, where `stack_blocks` cuts them (else as they were)."""
     out = dict(layer)
-    for name, n in ONE_ROW_BLOCKS.items():
-        w = layer[name]
-        out[name] = qwen3.ColumnBlocks.split(w, math.gcd(n, w.shape[-1]))
+    qkv = [layer[name] for name in ("q_proj", "k_proj", "v_proj")]
+    d, dt = qkv[0].shape[0], qkv[0].dtype
+    if (n := stack_blocks(d, sum(w.size for w in qkv) // d, dt)) > 1:
+        out["qkv_proj"] = qwen3.ColumnStack.split(jnp.concatenate([w.reshape(d, -1) for w in qkv], axis=-1), n)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            del out[name]
+    o = layer["o_proj"]
+    if (n := stack_blocks(o.size // o.shape[-1], o.shape[-1], o.dtype)) > 1:
+        out["o_proj"] = qwen3.ColumnStack.split(o, n, in_dims=2)
     return out
 
 
@@ -64,13 +81,13 @@ def compute_params(config: Qwen3Config, params: Params, rows: int | None = None)
     """`params` laid out for the decode loop: in the compute dtype (a no-op when stored in
     it) and, with unrolled layers, `layers` as a tuple of per-layer trees (sliced once here,
     not once per token). With unrolled layers and `rows == 1` (decode steps of one row) the
-    attention projections are also cut into column blocks (`ONE_ROW_BLOCKS`)."""
+    small attention projections also become column stacks (`one_row_layer`)."""
     dt = config.jnp_dtype
     params = jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
     if qwen3.layers_unrolled(config) and not isinstance(params["layers"], tuple):
         layers = tuple(qwen3.layer_params(params, i) for i in range(config.num_hidden_layers))
         if rows == 1:
-            layers = tuple(one_row_blocks(layer) for layer in layers)
+            layers = tuple(one_row_layer(layer) for layer in layers)
         params = dict(params, layers=layers)
     return params
 

@@ -53,26 +53,36 @@ def test_bad_layer_loop_or_dense_form_is_refused():
         BASE.replace(dense_form="2d")
 
 
-@pytest.mark.parametrize("in_dims, w_shape", [(1, (8, 3, 4)), (2, (3, 4, 8)), (1, (8, 5))])
-def test_project_forms_equal_the_einsum(in_dims, w_shape):
+@pytest.mark.parametrize("in_dims, w_shape, n", [(1, (8, 3, 4), 4), (2, (3, 4, 8), 2), (1, (8, 5), 5)])
+def test_project_forms_equal_the_einsum(in_dims, w_shape, n):
     x = jax.random.normal(jax.random.key(5), (2, 3) + w_shape[:in_dims])
     w = jax.random.normal(jax.random.key(6), w_shape)
     expected = np.tensordot(np.asarray(x, np.float64), np.asarray(w, np.float64), axes=in_dims)
-    blocks = qwen3.ColumnBlocks.split(w, w_shape[-1])
+    stack = qwen3.ColumnStack.split(w, n, in_dims)
+    assert stack.blocks_nio.shape == (n, np.prod(w_shape[:in_dims]), np.prod(w_shape[in_dims:]) // n)
+    np.testing.assert_array_equal(stack.whole(), w.reshape(stack.whole().shape))
     for dense in ("flat", "batched"):
         config = BASE.replace(dense_form=dense)
-        for weight in (w, blocks):
-            got = qwen3.project(config, x, weight, in_dims)
-            assert got.shape == expected.shape
-            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
-        # One token per row (a decode step): the blocks give exactly the whole weight's product.
-        np.testing.assert_array_equal(qwen3.project(config, x[:1, :1], blocks, in_dims),
-                                      qwen3.project(config, x[:1, :1], w, in_dims))
+        got = qwen3.project(config, x, w, in_dims)
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        got = qwen3.project(config, x, stack, in_dims)  # a stack's output is flat
+        assert got.shape == (2, 3, expected[0, 0].size)
+        np.testing.assert_allclose(got, expected.reshape(got.shape), rtol=1e-5, atol=1e-5)
 
 
-def test_column_blocks_refuse_a_count_that_does_not_divide():
+def test_column_stack_refuses_a_count_that_does_not_divide():
     with pytest.raises(ValueError, match=r"shape \(8, 5\) into 2 blocks"):
-        qwen3.ColumnBlocks.split(jnp.zeros((8, 5)), 2)
+        qwen3.ColumnStack.split(jnp.zeros((8, 5)), 2)
+
+
+@pytest.mark.parametrize("shape, dtype, n", [((512, 1024), jnp.float32, 4), ((512, 512), jnp.float32, 2),
+                                             ((512, 1024), jnp.bfloat16, 2), ((512, 2048), jnp.float32, 1),
+                                             ((64, 64), jnp.float32, 1), ((512, 5 * 64), jnp.float32, 1)])
+def test_stack_blocks_by_size(shape, dtype, n):
+    """Blocks of about 512 KiB for matrices under 3 MiB, a count that divides the columns:
+    the benchmark model's q/k/v (2 MiB) takes 4 and o (1 MiB) 2; Eigen spreads 4 MiB itself."""
+    assert decode.stack_blocks(*shape, dtype) == n
 
 
 def test_flat_form_only_for_several_tokens_outside_a_sharding_context():
@@ -178,18 +188,23 @@ def test_sampled_tokens_equal(params, batch, form):
     np.testing.assert_allclose(outs[1].logprobs_br, outs[0].logprobs_br, rtol=1e-5, atol=1e-5)
 
 
-def test_one_row_decode_equal(params, batch):
-    """Batch-1 decode in the cpu form takes the attention projections as column blocks
-    (`decode.ONE_ROW_BLOCKS`); tokens and log-probs equal the accelerator form's."""
+def test_one_row_decode_equal(params, batch, monkeypatch):
+    """Batch-1 decode in the cpu form takes the small attention projections as column stacks
+    (`decode.one_row_layer`; blocks of 8 KiB here, so the tiny model's q/k/v and o take 4
+    and 2 as the benchmark model's do); tokens and log-probs equal the accelerator form's."""
+    monkeypatch.setattr(decode, "STACK_BLOCK_BYTES", 2**13)
     weights = decode.compute_params(UNROLL, params, rows=1)
     for i, layer in enumerate(weights["layers"]):
-        for name, n in decode.ONE_ROW_BLOCKS.items():
-            assert isinstance(layer[name], qwen3.ColumnBlocks) and len(layer[name].blocks) == n, name
-            np.testing.assert_array_equal(jnp.concatenate(layer[name].blocks, -1), params["layers"][name][i])
+        assert not {"q_proj", "k_proj", "v_proj"} & set(layer), "q, k and v live in qkv_proj"
+        qkv_io = jnp.concatenate([params["layers"][name][i].reshape(64, -1) for name in ("q_proj", "k_proj", "v_proj")],
+                                 axis=-1)
+        for name, n, whole in (("qkv_proj", 4, qkv_io), ("o_proj", 2, params["layers"]["o_proj"][i].reshape(64, 64))):
+            assert isinstance(layer[name], qwen3.ColumnStack) and layer[name].blocks_nio.shape[0] == n, name
+            np.testing.assert_array_equal(layer[name].whole(), whole)
     for rows in (None, 2):
         leaves = jax.tree.leaves(decode.compute_params(UNROLL, params, rows=rows),
-                                 is_leaf=lambda x: isinstance(x, qwen3.ColumnBlocks))
-        assert not any(isinstance(w, qwen3.ColumnBlocks) for w in leaves)
+                                 is_leaf=lambda x: isinstance(x, qwen3.ColumnStack))
+        assert not any(isinstance(w, qwen3.ColumnStack) for w in leaves)
     tokens, mask = batch
     for row in range(3):
         outs = [sampler.generate(config, params, tokens[row:row + 1], mask[row:row + 1], jax.random.key(3),
@@ -199,19 +214,37 @@ def test_one_row_decode_equal(params, batch):
         np.testing.assert_allclose(outs[1].logprobs_br, outs[0].logprobs_br, rtol=1e-5, atol=1e-5)
 
 
+def test_one_row_layer_equals_the_layer(params, monkeypatch):
+    """One decoder layer's q, k, v and output on one token with the stacks (4 and 2 blocks)
+    equal the plain weights', to float32 rounding."""
+    monkeypatch.setattr(decode, "STACK_BLOCK_BYTES", 2**13)
+    layer = qwen3.layer_params(params, 1)
+    stacked = decode.one_row_layer(layer)
+    assert stacked["qkv_proj"].blocks_nio.shape == (4, 64, 32) and stacked["o_proj"].blocks_nio.shape == (2, 64, 32)
+    x_btd = jax.random.normal(jax.random.key(7), (1, 1, 64))
+    cos, sin = qwen3.rope_tables(jnp.array([[5]]), BASE.head_dim, BASE.rope_theta)
+    for got, want in zip(qwen3.layer_qkv(UNROLL, x_btd, stacked, cos, sin), qwen3.layer_qkv(UNROLL, x_btd, layer, cos, sin)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    a_bthd = jax.random.normal(jax.random.key(8), (1, 1, 4, 16))
+    np.testing.assert_allclose(qwen3.layer_out(UNROLL, x_btd, stacked, a_bthd), qwen3.layer_out(UNROLL, x_btd, layer, a_bthd),
+                               rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("slots", [2, 1])
-def test_slot_engine_equal(params, slots):
+def test_slot_engine_equal(params, slots, monkeypatch):
     """The engine in the accelerator form and in the cpu form ("auto" on cpu; one slot
-    decodes with column blocks)."""
+    decodes with column stacks, of 8 KiB blocks here)."""
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     sp = SamplingParams(max_new_tokens=6, temperature=1.0, stop_token_ids=(), pad_id=0)
+    monkeypatch.setattr(decode, "STACK_BLOCK_BYTES", 2**13)
     results = []
     for config in (SCAN, UNROLL):
         engine = Engine(config, sp, max_concurrent_decodes=slots, max_len=16, prefill_buckets=(8,))
         eparams = engine.load_params(params)
         layers = eparams.weights["layers"]
-        q_proj = layers[0]["q_proj"] if isinstance(layers, tuple) else layers["q_proj"]
-        assert isinstance(q_proj, qwen3.ColumnBlocks) is (config is UNROLL and slots == 1)
+        o_proj = layers[0]["o_proj"] if isinstance(layers, tuple) else layers["o_proj"]
+        assert isinstance(o_proj, qwen3.ColumnStack) is (config is UNROLL and slots == 1)
         results.append(continuous_batching.rollout(engine, eparams, prompts, 2, jax.random.key(4)))
     scan, unroll = results
     np.testing.assert_array_equal(unroll.lengths, scan.lengths)

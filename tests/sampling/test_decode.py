@@ -42,12 +42,16 @@ def _equations(jaxpr):
 
 
 @pytest.mark.parametrize("layer_loop, rows", [("scan", 2), ("unroll", 2), ("unroll", 1)])
-def test_decode_step_reads_weights_without_relayout(params, layer_loop, rows):
+def test_decode_step_reads_weights_without_relayout(params, layer_loop, rows, monkeypatch):
     """No re-layout of the weights in a decode step; with `scan` the layers run as one loop
     over the stored stack, with `unroll` over the per-layer weights `compute_params` sliced
-    once per call (and, for one row, cut into column blocks; the step itself slices nothing)."""
+    once per call (and, for one row, stacked as column blocks, of 8 KiB here; the step itself
+    slices nothing)."""
+    monkeypatch.setattr(decode, "STACK_BLOCK_BYTES", 2**13)
     config = CONFIG.replace(layer_loop=layer_loop)
     weights = decode.compute_params(config, params, rows=rows)
+    if layer_loop == "unroll" and rows == 1:
+        assert isinstance(weights["layers"][0]["qkv_proj"], qwen3.ColumnStack)
     cache = decode.init_cache(config, rows, 8)
     closed = jax.make_jaxpr(decode.decode_step, static_argnums=0)(
         config, weights, cache, jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), jnp.int32))
