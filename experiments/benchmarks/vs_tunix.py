@@ -8,9 +8,10 @@ system's figure and of the per-round ratios, as the machine's bandwidth drifts):
 1. greedy decode tokens/s at batch 1 and 32 (prefill excluded: `B * (N - 1) / (t(N) -
    t(1))`): the one-jit `sampler.generate` and the slot engine, each with the layer loop
    as one `lax.scan` (what TPU / GPU programs use) and unrolled (what `layer_loop="auto"`
-   picks on CPU; at batch 1 it also cuts the attention projections into column blocks,
-   `decode.ONE_ROW_BLOCKS`; the unrolled engine also with several decode steps per call,
-   `--engine-steps`), against Tunix's `Sampler` (no stop token; the greedy tokens are compared);
+   picks on CPU; at batch 1 it also takes the small attention projections as column stacks,
+   one batched product each, `decode.one_row_layer`; the unrolled engine also with several
+   decode steps per call, `--engine-steps`), against Tunix's `Sampler` (no stop token; the
+   greedy tokens are compared);
 2. the learner on one GRPO mini-batch of 32 sequences x 80 tokens (32 prompt + 48
    response) at micro-batch 8 and 32: this project's base step (`steps.minibatch_updates`
    with the GRPO loss and the trainer's optimizer) in both loop forms, the PIPO learner
