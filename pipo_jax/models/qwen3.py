@@ -213,9 +213,8 @@ def param_axes(config: Qwen3Config) -> Params:
 
 
 _NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm", "final_norm")
-# Input dimensions (fan-in) of each matrix, counted from the end of its shape.
-_FAN_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1,
-                "up_proj": 1, "down_proj": 1}
+# How many leading axes of each dense weight of a layer are its inputs (`project`'s `in_dims`).
+DENSE_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1, "down_proj": 1}
 
 
 def init_params(config: Qwen3Config, rng: jax.Array, std: float = 0.02) -> Params:
@@ -353,6 +352,29 @@ class ColumnStack:
         return ColumnStack(self.blocks_nio.astype(dtype))
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TransposedWeight:
+    """A dense weight `[*in, *out]` stored transposed, `w_oi [prod(out), prod(in)]`.
+
+    `project` contracts the input with its last axis; the result is the product with the
+    weight as stored (tests hold them equal). Multi-row decode on CPU takes its weights in
+    this form (`sampling.decode.compute_params`): XLA:CPU's products of a few rows run
+    faster with the contracted axis minor in both operands.
+    """
+
+    w_oi: jax.Array
+    out_shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+
+    @classmethod
+    def of(cls, w: jax.Array, in_dims: int = 1) -> "TransposedWeight":
+        """`w` (`in_dims` input axes) transposed."""
+        return cls(jnp.transpose(w.reshape(math.prod(w.shape[:in_dims]), -1)), tuple(w.shape[in_dims:]))
+
+    def astype(self, dtype) -> "TransposedWeight":
+        return TransposedWeight(self.w_oi.astype(dtype), self.out_shape)
+
+
 def project(config: Qwen3Config, x, w, in_dims: int = 1):
     """A dense layer: `x [B, T, *in] @ w [*in, *out] -> [B, T, *out]` (the last `in_dims`
     axes of `x` contract with the first `in_dims` of `w`).
@@ -363,9 +385,13 @@ def project(config: Qwen3Config, x, w, in_dims: int = 1):
     slower). One-token decode steps keep the einsum, measured faster there, and so do
     programs under a `sharding_context` (partitioned by the named axes, in the accelerator
     programs' form, as `layers_unrolled`). Elsewhere the einsum keeps its named axes.
-    A `ColumnStack` weight is multiplied in one batched matmul, its output flat `[B, T, out]`.
+    A `ColumnStack` weight is multiplied in one batched matmul, its output flat `[B, T, out]`;
+    a `TransposedWeight` as one 2-D matmul over the flattened tokens.
     """
     b, t = x.shape[:2]
+    if isinstance(w, TransposedWeight):
+        y = jax.lax.dot_general(x.reshape(b * t, w.w_oi.shape[1]), w.w_oi, (((1,), (1,)), ((), ())))
+        return y.reshape(b, t, *w.out_shape)
     if isinstance(w, ColumnStack):
         n, n_in, m = w.blocks_nio.shape
         x_nri = jnp.broadcast_to(x.reshape(1, b * t, n_in), (n, b * t, n_in))

@@ -77,11 +77,27 @@ def one_row_layer(layer: Params) -> Params:
     return out
 
 
+# Multi-row decode on CPU (`compute_params`): with `TRANSPOSED_MIN_ROWS` rows or more, the
+# dense weights and the head are stored transposed (`qwen3.TransposedWeight`, `[out, in]`),
+# which XLA:CPU multiplies faster there. On the benchmark model (paired, one process) the
+# decode step was 4% faster at batch 16, 2-6% at 32 and 7% at 64; at batch 8 it gained
+# nothing, and the head alone at batch 4 lost 1%.
+TRANSPOSED_MIN_ROWS = 16
+
+
+def transposed_layer(layer: Params) -> Params:
+    """One layer's weights with its dense weights as `qwen3.TransposedWeight`."""
+    return {name: qwen3.TransposedWeight.of(w, qwen3.DENSE_IN_DIMS[name]) if name in qwen3.DENSE_IN_DIMS else w
+            for name, w in layer.items()}
+
+
 def compute_params(config: Qwen3Config, params: Params, rows: int | None = None) -> Params:
     """`params` laid out for the decode loop: in the compute dtype (a no-op when stored in
     it) and, with unrolled layers, `layers` as a tuple of per-layer trees (sliced once here,
     not once per token). With unrolled layers and `rows == 1` (decode steps of one row) the
-    small attention projections also become column stacks (`one_row_layer`)."""
+    small attention projections also become column stacks (`one_row_layer`); with `rows >=
+    TRANSPOSED_MIN_ROWS` the dense weights and an untied head are stored transposed
+    (`transposed_layer`)."""
     dt = config.jnp_dtype
     params = jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
     if qwen3.layers_unrolled(config) and not isinstance(params["layers"], tuple):
@@ -89,6 +105,10 @@ def compute_params(config: Qwen3Config, params: Params, rows: int | None = None)
         if rows == 1:
             layers = tuple(one_row_layer(layer) for layer in layers)
         params = dict(params, layers=layers)
+        if rows is not None and rows >= TRANSPOSED_MIN_ROWS:
+            params["layers"] = tuple(transposed_layer(layer) for layer in layers)
+            if not config.tie_word_embeddings:
+                params["lm_head"] = qwen3.TransposedWeight.of(params["lm_head"])
     return params
 
 
@@ -199,7 +219,9 @@ def head_logits(config: Qwen3Config, params: Params, hidden_bd: jax.Array) -> ja
     dt = config.jnp_dtype
     if config.tie_word_embeddings:
         return jnp.einsum("bd,vd->bv", hidden_bd, params["embed"].astype(dt), preferred_element_type=jnp.float32)
-    return jnp.einsum("bd,dv->bv", hidden_bd, params["lm_head"].astype(dt), preferred_element_type=jnp.float32)
+    if isinstance(head := params["lm_head"], qwen3.TransposedWeight):
+        return jnp.einsum("bd,vd->bv", hidden_bd, head.w_oi.astype(dt), preferred_element_type=jnp.float32)
+    return jnp.einsum("bd,dv->bv", hidden_bd, head.astype(dt), preferred_element_type=jnp.float32)
 
 
 def decode_step(

@@ -69,6 +69,12 @@ def test_project_forms_equal_the_einsum(in_dims, w_shape, n):
         got = qwen3.project(config, x, stack, in_dims)  # a stack's output is flat
         assert got.shape == (2, 3, expected[0, 0].size)
         np.testing.assert_allclose(got, expected.reshape(got.shape), rtol=1e-5, atol=1e-5)
+        transposed = qwen3.TransposedWeight.of(w, in_dims)
+        assert transposed.w_oi.shape == (np.prod(w_shape[in_dims:]), np.prod(w_shape[:in_dims]))
+        for rows in (x, x[:, :1]):  # several tokens per row, and one (a decode step)
+            got = qwen3.project(config, rows, transposed, in_dims)
+            assert got.shape == expected[:, : rows.shape[1]].shape
+            np.testing.assert_allclose(got, expected[:, : rows.shape[1]], rtol=1e-5, atol=1e-5)
 
 
 def test_column_stack_refuses_a_count_that_does_not_divide():
@@ -231,13 +237,39 @@ def test_one_row_layer_equals_the_layer(params, monkeypatch):
                                rtol=1e-6, atol=1e-6)
 
 
+def test_multi_row_decode_equal(batch, monkeypatch):
+    """Decode of `TRANSPOSED_MIN_ROWS` rows or more (2 here) in the cpu form takes every dense
+    weight and the (untied) head transposed; tokens and log-probs equal the accelerator form's."""
+    monkeypatch.setattr(decode, "TRANSPOSED_MIN_ROWS", 2)
+    scan, unroll = (config.replace(tie_word_embeddings=False) for config in (SCAN, UNROLL))
+    params = qwen3.init_params(scan, jax.random.key(0), std=0.1)
+    weights = decode.compute_params(unroll, params, rows=2)
+    assert isinstance(weights["lm_head"], qwen3.TransposedWeight)
+    np.testing.assert_array_equal(weights["lm_head"].w_oi, params["lm_head"].T)
+    for i, layer in enumerate(weights["layers"]):
+        for name, in_dims in qwen3.DENSE_IN_DIMS.items():
+            w = params["layers"][name][i]
+            assert isinstance(layer[name], qwen3.TransposedWeight) and layer[name].out_shape == w.shape[in_dims:], name
+            np.testing.assert_array_equal(layer[name].w_oi.T.reshape(w.shape), w)
+    assert not isinstance(decode.compute_params(unroll, params, rows=1)["lm_head"], qwen3.TransposedWeight)
+    assert not isinstance(decode.compute_params(scan, params, rows=2)["lm_head"], qwen3.TransposedWeight)
+    tokens, mask = batch
+    outs = [sampler.generate(config, params, tokens, mask, jax.random.key(3),
+                             SamplingParams(max_new_tokens=7, temperature=1.0, stop_token_ids=(), pad_id=0))
+            for config in (scan, unroll)]
+    np.testing.assert_array_equal(outs[1].tokens_br, outs[0].tokens_br)
+    np.testing.assert_allclose(outs[1].logprobs_br, outs[0].logprobs_br, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("slots", [2, 1])
 def test_slot_engine_equal(params, slots, monkeypatch):
     """The engine in the accelerator form and in the cpu form ("auto" on cpu; one slot
-    decodes with column stacks, of 8 KiB blocks here)."""
+    decodes with column stacks, of 8 KiB blocks here, and two with transposed weights, from
+    2 rows here)."""
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     sp = SamplingParams(max_new_tokens=6, temperature=1.0, stop_token_ids=(), pad_id=0)
     monkeypatch.setattr(decode, "STACK_BLOCK_BYTES", 2**13)
+    monkeypatch.setattr(decode, "TRANSPOSED_MIN_ROWS", 2)
     results = []
     for config in (SCAN, UNROLL):
         engine = Engine(config, sp, max_concurrent_decodes=slots, max_len=16, prefill_buckets=(8,))
@@ -245,6 +277,7 @@ def test_slot_engine_equal(params, slots, monkeypatch):
         layers = eparams.weights["layers"]
         o_proj = layers[0]["o_proj"] if isinstance(layers, tuple) else layers["o_proj"]
         assert isinstance(o_proj, qwen3.ColumnStack) is (config is UNROLL and slots == 1)
+        assert isinstance(o_proj, qwen3.TransposedWeight) is (config is UNROLL and slots == 2)
         results.append(continuous_batching.rollout(engine, eparams, prompts, 2, jax.random.key(4)))
     scan, unroll = results
     np.testing.assert_array_equal(unroll.lengths, scan.lengths)

@@ -41,17 +41,20 @@ def _equations(jaxpr):
             yield from _equations(sub)
 
 
-@pytest.mark.parametrize("layer_loop, rows", [("scan", 2), ("unroll", 2), ("unroll", 1)])
+@pytest.mark.parametrize("layer_loop, rows", [("scan", 2), ("unroll", 2), ("unroll", 1), ("unroll", 3)])
 def test_decode_step_reads_weights_without_relayout(params, layer_loop, rows, monkeypatch):
     """No re-layout of the weights in a decode step; with `scan` the layers run as one loop
     over the stored stack, with `unroll` over the per-layer weights `compute_params` sliced
-    once per call (and, for one row, stacked as column blocks, of 8 KiB here; the step itself
-    slices nothing)."""
+    once per call (and, for one row, stacked as column blocks, of 8 KiB here; from 3 rows
+    here, transposed; the step itself slices nothing)."""
     monkeypatch.setattr(decode, "STACK_BLOCK_BYTES", 2**13)
+    monkeypatch.setattr(decode, "TRANSPOSED_MIN_ROWS", 3)
     config = CONFIG.replace(layer_loop=layer_loop)
     weights = decode.compute_params(config, params, rows=rows)
     if layer_loop == "unroll" and rows == 1:
         assert isinstance(weights["layers"][0]["qkv_proj"], qwen3.ColumnStack)
+    o_proj = weights["layers"][0]["o_proj"] if layer_loop == "unroll" else weights["layers"]["o_proj"]
+    assert isinstance(o_proj, qwen3.TransposedWeight) is (rows == 3 and layer_loop == "unroll")
     cache = decode.init_cache(config, rows, 8)
     closed = jax.make_jaxpr(decode.decode_step, static_argnums=0)(
         config, weights, cache, jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), jnp.int32))
