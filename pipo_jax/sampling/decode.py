@@ -78,16 +78,25 @@ def one_row_layer(layer: Params) -> Params:
 
 
 # Multi-row decode on CPU (`compute_params`): with `TRANSPOSED_MIN_ROWS` rows or more, the
-# dense weights and the head are stored transposed (`qwen3.TransposedWeight`, `[out, in]`),
-# which XLA:CPU multiplies faster there. On the benchmark model (paired, one process) the
-# decode step was 4% faster at batch 16, 2-6% at 32 and 7% at 64; at batch 8 it gained
-# nothing, and the head alone at batch 4 lost 1%.
+# dense weights and the head of `TRANSPOSED_MIN_BYTES` or more are stored transposed
+# (`qwen3.TransposedWeight`, `[out, in]`), which XLA:CPU multiplies faster there. On the
+# ~40M benchmark model (paired, one process) the decode step was 4% faster at batch 16, 2-6%
+# at 32 and 7% at 64; at batch 8 it gained nothing, and the head alone at batch 4 lost 1%.
+# On the 0.3M `tiny` model (64 x 64 matrices) it lost 1-5% (batch 256 / 32), hence the floor.
 TRANSPOSED_MIN_ROWS = 16
+TRANSPOSED_MIN_BYTES = 2**19
+
+
+def transposed(w: jax.Array, in_dims: int = 1) -> jax.Array | qwen3.TransposedWeight:
+    """`w` as a `qwen3.TransposedWeight` when it has `TRANSPOSED_MIN_BYTES` or more, else as is."""
+    if w.size * w.dtype.itemsize < TRANSPOSED_MIN_BYTES:
+        return w
+    return qwen3.TransposedWeight.of(w, in_dims)
 
 
 def transposed_layer(layer: Params) -> Params:
-    """One layer's weights with its dense weights as `qwen3.TransposedWeight`."""
-    return {name: qwen3.TransposedWeight.of(w, qwen3.DENSE_IN_DIMS[name]) if name in qwen3.DENSE_IN_DIMS else w
+    """One layer's weights with its dense weights `transposed`."""
+    return {name: transposed(w, qwen3.DENSE_IN_DIMS[name]) if name in qwen3.DENSE_IN_DIMS else w
             for name, w in layer.items()}
 
 
@@ -96,8 +105,7 @@ def compute_params(config: Qwen3Config, params: Params, rows: int | None = None)
     it) and, with unrolled layers, `layers` as a tuple of per-layer trees (sliced once here,
     not once per token). With unrolled layers and `rows == 1` (decode steps of one row) the
     small attention projections also become column stacks (`one_row_layer`); with `rows >=
-    TRANSPOSED_MIN_ROWS` the dense weights and an untied head are stored transposed
-    (`transposed_layer`)."""
+    TRANSPOSED_MIN_ROWS` the dense weights and an untied head are stored `transposed`."""
     dt = config.jnp_dtype
     params = jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
     if qwen3.layers_unrolled(config) and not isinstance(params["layers"], tuple):
@@ -108,7 +116,7 @@ def compute_params(config: Qwen3Config, params: Params, rows: int | None = None)
         if rows is not None and rows >= TRANSPOSED_MIN_ROWS:
             params["layers"] = tuple(transposed_layer(layer) for layer in layers)
             if not config.tie_word_embeddings:
-                params["lm_head"] = qwen3.TransposedWeight.of(params["lm_head"])
+                params["lm_head"] = transposed(params["lm_head"])
     return params
 
 

@@ -239,10 +239,16 @@ def test_one_row_layer_equals_the_layer(params, monkeypatch):
 
 def test_multi_row_decode_equal(batch, monkeypatch):
     """Decode of `TRANSPOSED_MIN_ROWS` rows or more (2 here) in the cpu form takes every dense
-    weight and the (untied) head transposed; tokens and log-probs equal the accelerator form's."""
-    monkeypatch.setattr(decode, "TRANSPOSED_MIN_ROWS", 2)
+    weight and the (untied) head of `TRANSPOSED_MIN_BYTES` or more (any size here) transposed;
+    tokens and log-probs equal the accelerator form's."""
     scan, unroll = (config.replace(tie_word_embeddings=False) for config in (SCAN, UNROLL))
     params = qwen3.init_params(scan, jax.random.key(0), std=0.1)
+    monkeypatch.setattr(decode, "TRANSPOSED_MIN_ROWS", 2)
+    # The tiny model's matrices (16-64 KiB) are under the size floor: they stay as stored.
+    plain = decode.compute_params(unroll, params, rows=2)
+    assert not any(isinstance(w, qwen3.TransposedWeight) for w in jax.tree.leaves(
+        plain, is_leaf=lambda x: isinstance(x, qwen3.TransposedWeight)))
+    monkeypatch.setattr(decode, "TRANSPOSED_MIN_BYTES", 0)
     weights = decode.compute_params(unroll, params, rows=2)
     assert isinstance(weights["lm_head"], qwen3.TransposedWeight)
     np.testing.assert_array_equal(weights["lm_head"].w_oi, params["lm_head"].T)
@@ -265,11 +271,12 @@ def test_multi_row_decode_equal(batch, monkeypatch):
 def test_slot_engine_equal(params, slots, monkeypatch):
     """The engine in the accelerator form and in the cpu form ("auto" on cpu; one slot
     decodes with column stacks, of 8 KiB blocks here, and two with transposed weights, from
-    2 rows here)."""
+    2 rows and any size here)."""
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     sp = SamplingParams(max_new_tokens=6, temperature=1.0, stop_token_ids=(), pad_id=0)
     monkeypatch.setattr(decode, "STACK_BLOCK_BYTES", 2**13)
     monkeypatch.setattr(decode, "TRANSPOSED_MIN_ROWS", 2)
+    monkeypatch.setattr(decode, "TRANSPOSED_MIN_BYTES", 0)
     results = []
     for config in (SCAN, UNROLL):
         engine = Engine(config, sp, max_concurrent_decodes=slots, max_len=16, prefill_buckets=(8,))

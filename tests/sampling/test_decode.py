@@ -46,9 +46,10 @@ def test_decode_step_reads_weights_without_relayout(params, layer_loop, rows, mo
     """No re-layout of the weights in a decode step; with `scan` the layers run as one loop
     over the stored stack, with `unroll` over the per-layer weights `compute_params` sliced
     once per call (and, for one row, stacked as column blocks, of 8 KiB here; from 3 rows
-    here, transposed; the step itself slices nothing)."""
+    here, transposed, whatever their size; the step itself slices nothing)."""
     monkeypatch.setattr(decode, "STACK_BLOCK_BYTES", 2**13)
     monkeypatch.setattr(decode, "TRANSPOSED_MIN_ROWS", 3)
+    monkeypatch.setattr(decode, "TRANSPOSED_MIN_BYTES", 0)
     config = CONFIG.replace(layer_loop=layer_loop)
     weights = decode.compute_params(config, params, rows=rows)
     if layer_loop == "unroll" and rows == 1:
