@@ -110,13 +110,14 @@ def compute_params(config: Qwen3Config, params: Params, rows: int | None = None)
     params = jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
     if qwen3.layers_unrolled(config) and not isinstance(params["layers"], tuple):
         layers = tuple(qwen3.layer_params(params, i) for i in range(config.num_hidden_layers))
+        transpose = rows is not None and rows >= TRANSPOSED_MIN_ROWS
         if rows == 1:
             layers = tuple(one_row_layer(layer) for layer in layers)
+        elif transpose:
+            layers = tuple(transposed_layer(layer) for layer in layers)
         params = dict(params, layers=layers)
-        if rows is not None and rows >= TRANSPOSED_MIN_ROWS:
-            params["layers"] = tuple(transposed_layer(layer) for layer in layers)
-            if not config.tie_word_embeddings:
-                params["lm_head"] = transposed(params["lm_head"])
+        if transpose and not config.tie_word_embeddings:
+            params["lm_head"] = transposed(params["lm_head"])
     return params
 
 
@@ -223,13 +224,15 @@ def cached_forward(
 
 
 def head_logits(config: Qwen3Config, params: Params, hidden_bd: jax.Array) -> jax.Array:
-    """Float32 logits `[B, V]` of final-normed hidden states `[B, D]` (the head as stored)."""
-    dt = config.jnp_dtype
+    """Float32 logits `[B, V]` of final-normed hidden states `[B, D]` (the head as stored, or
+    `transposed` by `compute_params`)."""
     if config.tie_word_embeddings:
-        return jnp.einsum("bd,vd->bv", hidden_bd, params["embed"].astype(dt), preferred_element_type=jnp.float32)
-    if isinstance(head := params["lm_head"], qwen3.TransposedWeight):
-        return jnp.einsum("bd,vd->bv", hidden_bd, head.w_oi.astype(dt), preferred_element_type=jnp.float32)
-    return jnp.einsum("bd,dv->bv", hidden_bd, head.astype(dt), preferred_element_type=jnp.float32)
+        w, spec = params["embed"], "bd,vd->bv"
+    elif isinstance(params["lm_head"], qwen3.TransposedWeight):
+        w, spec = params["lm_head"].w_oi, "bd,vd->bv"
+    else:
+        w, spec = params["lm_head"], "bd,dv->bv"
+    return jnp.einsum(spec, hidden_bd, w.astype(config.jnp_dtype), preferred_element_type=jnp.float32)
 
 
 def decode_step(
