@@ -17,7 +17,13 @@ so by default (``isolation="process"``) checks run in worker subprocesses (their
 thread, so the timer works whatever thread the trainer calls from) and the parent also
 kills a worker that misses ``timeout_s + grace_s`` (stuck in C code, e.g. a huge
 integer power) or dies; the answer then scores 0 with a "could not be checked"
-feedback. ``isolation="inline"`` checks in the calling thread (must be the main one).
+feedback. ``isolation="inline"`` checks in the calling thread (must be the main one)
+and has **no hard bound**: its timer interrupts Python code only, so an answer whose
+check runs long inside C (sympy's big-integer power, GMP) runs past ``timeout_s`` and
+the batch budget, for as long as the computation takes (``\\boxed{9^{9^{9^9}}}`` never
+ends). It is for answers one trusts (tests of the checker itself, small offline tables);
+whatever scores a policy's answers uses "process", the default and the only form the
+run config can choose.
 
 Extraction runs in the workers too, under the same per-answer timer (and it is linear
 in the response's length: `last_boxed` matches the braces once, not per box), so the
@@ -69,8 +75,9 @@ class MathVerifyConfig:
     timeout_s: wall-clock limit for checking one answer (extract + parse + compare), seconds.
     batch_budget_s: wall-clock limit for a whole `score_batch` call, seconds (checks not
       done by then score 0, `MathResult.unscored`); independent of the batch's size.
-    isolation: "process" (worker subprocesses, works from any thread, survives
-      uninterruptible C code) or "inline" (calling thread, must be the main thread).
+    isolation: "process" (worker subprocesses, works from any thread, killed when stuck
+      in C code: the only form with a hard bound) or "inline" (calling thread, main thread
+      only; its timer interrupts Python code only, so a check stuck in C has no bound).
     num_workers: worker processes for "process" isolation; 0 = one per CPU core this
       process may use, at most `MAX_AUTO_WORKERS` (`resolve_workers`).
     grace_s: extra seconds the parent waits before killing a worker that missed
@@ -599,7 +606,9 @@ class MathVerifier:
         return results  # type: ignore[return-value]
 
     def _run_inline(self, todo: deque, results: list) -> None:
-        """Checks `todo` in this (main) thread, each under min(timeout_s, what is left of the budget)."""
+        """Checks `todo` in this (main) thread, each under min(timeout_s, what is left of the budget).
+
+        The limits bound Python code only: a check stuck in C runs until it returns."""
         cfg = self.config
         deadline = time.monotonic() + cfg.batch_budget_s
         for i, resp, gold in todo:

@@ -75,9 +75,23 @@ def test_the_budget_bounds_a_batch_whatever_its_size_and_counts_the_unscored():
         assert [r.status for r in after] == ["correct", "incorrect"] and not any(r.unscored for r in after)
 
 
-def test_inline_checks_keep_the_budget_too():
+def spin_in_python_on_gold_7(real_check):
+    """`real_check`, except that a check against the gold "7" never ends in Python bytecode:
+    the one kind of long check the inline timer can interrupt (a check stuck in C, such as
+    `ADVERSARIAL`, runs only in the killable workers, never in the test process)."""
+    def check(pred, gold, config):
+        while gold == "7":
+            pass
+        return real_check(pred, gold, config)
+    return check
+
+
+def test_inline_checks_keep_the_budget_too(monkeypatch):
+    monkeypatch.setattr(mt, "answers_equivalent_untimed", spin_in_python_on_gold_7(mt.answers_equivalent_untimed))
     cfg = mt.MathVerifyConfig(timeout_s=1.0, isolation="inline", batch_budget_s=1.5)
-    results = mt.MathVerifier(cfg).score_batch([r"\boxed{2}"] + [ADVERSARIAL[0]] * 5, ["2"] + ["7"] * 5)
+    t0 = time.monotonic()
+    results = mt.MathVerifier(cfg).score_batch([r"\boxed{2}"] * 6, ["2"] + ["7"] * 5)
+    assert time.monotonic() - t0 <= cfg.batch_budget_s + 1.0
     assert results[0].status == "correct"
     assert results[1].status == "timeout" and not results[1].unscored  # its own 1 s limit
     assert [r.unscored for r in results[2:]] == [True] * 4  # cut by, or after, the 1.5 s budget
