@@ -22,7 +22,7 @@ With no accelerator (8 simulated CPU devices, `libtpu` for deviceless TPU compil
    once), the base step's against the model FLOPs, and a roofline time per program for
    H20, H100 and TPU v5p.
 
-Targets (issue 15), each reported PASS / FAIL as measured:
+Targets, each reported PASS / FAIL as measured:
 - every entry point exports for tpu and cuda, and its TPU program compiles;
 - 8B: every program's per-device peak <= 48 GB; 4B: <= 32 GB (each target);
 - prepare's peak at 1024 rows within 10% of its peak at 128 rows (v5p-16, else the host);
@@ -100,7 +100,7 @@ ALGORITHMS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
 # TPU v5p slices by name: chips as a topology (one JAX device per chip, megacore).
 TPU_TOPOLOGIES = {"v5p-8": "v5p:2x2x1", "v5p-16": "v5p:2x2x2"}
 SMALL_TPU = "v5p-16"  # 8 chips: every small mesh fits
-# Dense bf16 peak FLOP/s and HBM bytes/s per device (data sheets; issue 15).
+# Dense bf16 peak FLOP/s and HBM bytes/s per device (data sheets).
 ROOFLINE = {"H20": (148e12, 4.0e12), "H100": (989e12, 3.35e12), "TPU v5p": (459e12, 2.76e12)}
 GB = 1e9
 MEMORY_LIMIT_GB = {"qwen3_8b": 48.0, "qwen3_4b": 32.0}
@@ -115,10 +115,10 @@ RESULTS = os.path.join(os.path.dirname(__file__), "..", "results", "readiness.js
 def for_target(spec: TrainSpec, target: str) -> TrainSpec:
     """`spec` as built for `target` ("tpu", "cuda", "cpu").
 
-    The one place the target platform reaches the code under test. Today's code reads
-    backend choices from the host at trace time (`jax.default_backend()`, issue 15 item
-    6), so a program exported here for TPU carries the host's choices; once the model
-    config takes a target platform this sets it.
+    The one place the target platform reaches the code under test: it sets the model config's
+    target-platform field, so a program exported here for TPU carries the TPU's backend choices.
+    A model config without that field is left as it is, and its backend choices follow the host
+    at trace time (`jax.default_backend()`).
     """
     fields = {f.name for f in dataclasses.fields(spec.model)}
     for name in ("platform", "target_platform"):
@@ -260,8 +260,8 @@ def decode_shardings(tree, mesh: Mesh):
 
 
 def decode_weights(model: qwen3.Qwen3Config, params):
-    """What `decode.prefill` / `decode.decode_step` take: the re-laid-out `DecodeWeights` where the
-    decoder has them, else the params as stored (issue 15 item 7). The one place that API differs."""
+    """What `decode.prefill` / `decode.decode_step` take: the re-laid-out weights where the decoder
+    has a `prepare_weights`, else the params as stored. The one place that API differs."""
     prepare = getattr(decode, "prepare_weights", None)
     return params if prepare is None else prepare(model, params)
 
