@@ -1,0 +1,135 @@
+"""The trainer's side of one sandboxed run: start the judge (in namespaces, a cgroup), watch its
+progress records, end it at a deadline, remove its scratch directory."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+from pipo_jax.tasks.code import child, sandbox
+from pipo_jax.tasks.code.config import SandboxConfig
+from pipo_jax.tasks.code.protocol import _memfd_with, _read_all
+
+
+_RECORD_SLACK_S = 2.0  # harness overhead allowed between a test's time limit and its record
+_SUPERVISOR_EXIT_S = 5.0  # time the judge gets to kill the runner's tree at a deadline
+
+
+def _child_of(pid: int) -> int | None:
+    """A child process of `pid` (from /proc), or None."""
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    return int(name)
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
+
+
+def _end_program(proc: subprocess.Popen, namespaced: bool) -> None:
+    """At a deadline: SIGKILL the namespace's first process (the kernel then kills the whole
+    namespace before `unshare` returns), or SIGTERM the judge (it kills the runner's
+    tree, then exits); waits for that."""
+    try:
+        target = _child_of(proc.pid) if namespaced else None
+        if target is not None:
+            os.kill(target, signal.SIGKILL)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=_SUPERVISOR_EXIT_S)
+    except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+        pass
+
+
+def _wait_or_kill(proc: subprocess.Popen, config: SandboxConfig, progress_fd: int, namespaced: bool) -> bool:
+    """Wait for the judge while it makes progress; then kill its whole process group.
+
+    The judge has ``startup_s + timeout_s`` to start and define the solution, and
+    ``timeout_s + _RECORD_SLACK_S`` after each result record it writes to
+    ``progress_fd`` for the next one. Waits with WNOWAIT so an exited leader keeps
+    its pid (and group id) reserved until the group is killed. Returns True when a
+    deadline killed the child.
+    """
+    deadline = time.monotonic() + config.startup_s + config.timeout_s
+    delay, killed, seen = 0.001, False, 0
+    while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+        now = time.monotonic()
+        size = os.fstat(progress_fd).st_size
+        if size != seen:
+            seen, deadline, delay = size, now + config.timeout_s + _RECORD_SLACK_S, 0.001
+        if now >= deadline:
+            killed = True
+            break
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+    if killed:
+        _end_program(proc, namespaced)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    return killed
+
+
+def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, bool]:
+    """Run the harness once in a fresh working directory.
+
+    The spec (code, tests, limits) arrives on an anonymous memfd as stdin, which the
+    harness reads and then replaces; result records go to another memfd; nothing the
+    program could read or overwrite is on disk. Returns (records, stdout, return
+    code, killed_by_deadline).
+    """
+    confine, bound = sandbox.check_confinement(config), sandbox.check_process_bound(config)
+    cmd = [config.python, "-I", "-X", "utf8", child.SCRIPT, "--harness"]
+    namespaced = sandbox.check_network_isolation(config)
+    if namespaced:
+        cmd = [shutil.which("unshare"), *sandbox._UNSHARE_FLAGS, *cmd]
+    cgroup = None
+    if bound == "cgroup":
+        try:
+            cgroup = sandbox._new_pids_cgroup(sandbox.pids_cgroup_parent(), config.max_processes + sandbox._PIDS_OVERHEAD + namespaced)
+        except OSError as e:
+            if not sandbox.process_filter_available():
+                raise sandbox.SandboxUnavailable(f"could not make the sandbox's pids cgroup: {e}") from e
+            bound = "seccomp"
+    if cgroup is not None:  # the shell enters the cgroup, then becomes the sandbox: no task starts outside
+        cmd = ["/bin/sh", "-c", sandbox._ENTER_CGROUP, cgroup, *cmd]
+    spec = dict(spec, confine=confine, no_processes=bound == "seccomp")
+    try:
+        return _run_harness(spec, cmd, config, namespaced)
+    finally:
+        if cgroup is not None:
+            sandbox._remove_cgroup(cgroup)
+
+
+def _run_harness(spec: dict, cmd: list[str], config: SandboxConfig, namespaced: bool
+                 ) -> tuple[list[dict], bytes, int, bool]:
+    """Runs `cmd` (the judge) on `spec` in a fresh scratch directory; what `_launch` returns."""
+    spec_fd = _memfd_with(json.dumps(spec).encode(), "spec")
+    results_fd = os.memfd_create("results")
+    stdout_fd = os.memfd_create("stdout")
+    try:
+        with tempfile.TemporaryDirectory(prefix="pipo_code_") as workdir:
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+                   "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            proc = subprocess.Popen(cmd + [str(results_fd)], stdin=spec_fd, stdout=stdout_fd,
+                                    stderr=subprocess.DEVNULL, cwd=workdir, env=env,
+                                    start_new_session=True, pass_fds=(results_fd,))
+            killed = _wait_or_kill(proc, config, results_fd, namespaced)
+        records = []
+        for line in _read_all(results_fd, 1 << 24).decode("utf-8", errors="replace").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a record cut short by the kill
+        stdout = _read_all(stdout_fd, config.max_output_bytes + 1)
+    finally:
+        for fd in (spec_fd, results_fd, stdout_fd):
+            os.close(fd)
+    return records, stdout, proc.returncode, killed

@@ -1,0 +1,133 @@
+"""Scoring a program against its tests: `run_tests`, `score_code`, `score_code_batch`."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from pipo_jax.tasks.code.config import SandboxConfig
+from pipo_jax.tasks.code.extract import extract_python_code
+from pipo_jax.tasks.code.feedback import _clip, _clip_text, _ended_badly
+from pipo_jax.tasks.code.kinds import AssertTest, CallTest, IOTest, Test
+from pipo_jax.tasks.code.launch import _launch
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeResult:
+    """reward = passed / total; outcomes[i] in pass/fail/error/timeout/crash/not_run."""
+
+    reward: float
+    passed: int
+    total: int
+    feedback: str
+    outcomes: tuple[str, ...]
+
+
+def _run_in_process_tests(code: str, tests: Sequence[Test], config: SandboxConfig
+                          ) -> tuple[list[tuple[str, str]], tuple[str, str] | None]:
+    """Assert/call tests, all in one judge and its runner.
+
+    Returns ((outcome, message) per test, definition failure or None). Record -1 is
+    defining the solution; if that fails every test gets its outcome. The judge reports
+    the runner's end itself; a judge killed by the deadline during test k gives k that
+    outcome, later tests "not_run".
+    """
+    spec = {"mode": "functions", "code": code, "tests": [_test_record(t) for t in tests],
+            "limits": _limits(config, len(tests) + 1)}
+    records, _, rc, killed = _launch(spec, config)
+    by_index = {r["i"]: (r["outcome"], r["msg"]) for r in records}
+    definition = by_index.get(-1) or _ended_badly(rc, killed, config.timeout_s, config.max_output_bytes)
+    if definition[0] != "pass":
+        return [definition] * len(tests), definition
+    out: list[tuple[str, str]] = []
+    for k in range(len(tests)):
+        if k in by_index:
+            out.append(by_index[k])
+        elif k == len(by_index) - 1:  # the test that was running when the judge stopped
+            out.append(_ended_badly(rc, killed, config.timeout_s, config.max_output_bytes))
+        else:
+            out.append(("not_run", "not run"))
+    return out, None
+
+
+def _run_io_test(code: str, test: IOTest, config: SandboxConfig) -> tuple[str, str]:
+    spec = {"mode": "io", "code": code, "stdin": test.stdin, "limits": _limits(config, 1)}
+    records, stdout_bytes, rc, killed = _launch(spec, config)
+    if not records:
+        return _ended_badly(rc, killed, config.timeout_s, config.max_output_bytes)
+    outcome, msg = records[-1]["outcome"], records[-1]["msg"]
+    if outcome != "pass":
+        return outcome, msg
+    stdout = stdout_bytes.decode("utf-8", errors="replace")
+    if _normalise_output(stdout) == _normalise_output(test.expected_stdout):
+        return "pass", ""
+    return "fail", (f"input {_clip(repr(test.stdin))}: expected output {_clip(repr(test.expected_stdout))} "
+                    f"but got {_clip(repr(stdout))}")
+
+
+def _normalise_output(s: str) -> str:
+    return "\n".join(line.rstrip() for line in s.strip("\n").split("\n")).rstrip()
+
+
+def _test_record(t: Test) -> dict:
+    if isinstance(t, AssertTest):
+        return {"kind": "assert", "source": t.source}
+    if isinstance(t, CallTest):
+        return {"kind": "call", "fn_name": t.fn_name, "args": list(t.args), "expected": t.expected}
+    raise TypeError(f"not a test: {t!r}")
+
+
+def _limits(config: SandboxConfig, n_slots: int) -> dict:
+    return {"timeout_s": config.timeout_s, "startup_s": config.startup_s, "memory": config.memory_mb * 2**20,
+            "cpu_s": math.ceil(config.startup_s + config.timeout_s * n_slots) + 1,
+            "fsize": config.max_output_bytes, "nproc": config.max_processes, "audit": config.audit_hook}
+
+
+def _describe(outcome: str, msg: str) -> str:
+    if outcome == "fail":
+        return f"failed: {msg}"
+    if outcome == "error":
+        return f"raised {msg}"
+    return f"{'timed out' if outcome == 'timeout' else 'crashed'} ({msg})"
+
+
+def run_tests(code: str, tests: Sequence[Test], config: SandboxConfig = SandboxConfig()) -> CodeResult:
+    """Run ``code`` against ``tests``; never raises for anything the code does."""
+    if not tests:
+        raise ValueError("run_tests needs at least one test")
+    n_io = sum(isinstance(t, IOTest) for t in tests)
+    if n_io not in (0, len(tests)):
+        raise ValueError("a test list must be all IOTest or all AssertTest/CallTest")
+    definition_failure = None
+    if n_io:
+        outcomes = [_run_io_test(code, t, config) for t in tests]
+    else:
+        outcomes, definition_failure = _run_in_process_tests(code, tests, config)
+    passed = sum(o == "pass" for o, _ in outcomes)
+    if definition_failure is not None:
+        feedback = "The solution itself " + _describe(*definition_failure) + " before any test ran."
+    else:
+        first_bad = next(((k, o) for k, o in enumerate(outcomes) if o[0] != "pass"), None)
+        feedback = "All tests passed." if first_bad is None else (
+            f"Test {first_bad[0] + 1} " + _describe(*first_bad[1]))
+    return CodeResult(passed / len(tests), passed, len(tests), _clip_text(feedback), tuple(o for o, _ in outcomes))
+
+
+def score_code(response: str, tests: Sequence[Test], config: SandboxConfig = SandboxConfig()) -> CodeResult:
+    """Extract the last ```python block of ``response`` and run it against ``tests``."""
+    code = extract_python_code(response)
+    if code is None:
+        return CodeResult(0.0, 0, len(tests), "No ```python code block found.", ("not_run",) * len(tests))
+    return run_tests(code, tests, config)
+
+
+def score_code_batch(responses: Sequence[str], tests: Sequence[Sequence[Test]],
+                     config: SandboxConfig = SandboxConfig()) -> list[CodeResult]:
+    """`score_code` over a batch, ``config.max_workers`` runs at a time."""
+    if len(responses) != len(tests):
+        raise ValueError(f"score_code_batch: {len(responses)} responses but {len(tests)} test lists")
+    if config.max_workers == 1:
+        return [score_code(r, t, config) for r, t in zip(responses, tests, strict=True)]
+    with ThreadPoolExecutor(config.max_workers) as pool:
+        return list(pool.map(lambda rt: score_code(rt[0], rt[1], config), zip(responses, tests, strict=True)))
