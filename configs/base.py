@@ -6,7 +6,7 @@ the algorithm's estimator / loss / attribution, then a preset (`tiny`, `qwen3_4b
 `--config=configs/grpo.py:tiny --config.pipo.enabled=true --config.pipo.lam=0.2`.
 The keys, their defaults, descriptions and constraints are declared once, in
 `pipo_jax/rl/sections.py`; `base_config` builds the ml-collections config from them.
-`pipo_jax.rl.setup.train_spec` checks a config at start-up and names the key.
+`pipo_jax.run.setup.train_spec` checks a config at start-up and names the key.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training: a critical perspective"):
 GRPO without its two normalisations. The advantage is the group-centred reward A_i = R_i - mean_g
-(no division by the group std: SPEC 1, `norm_by_std=False`), and the token clip loss of a response
+(no division by the group std: docs/math.md §1, `norm_by_std=False`), and the token clip loss of a response
 is summed over its tokens and divided by a constant, the maximum response length
 `rollout.max_new_tokens`, not by the response's own length (`seq-mean-token-sum-norm`: the mean over
 responses of sum_t l_t / max_new_tokens, the paper's Eq. for Dr. GRPO with 1/|o_i| removed). The clip,

@@ -1,4 +1,4 @@
-"""VPD (experimental, SPEC 4): SDPO's M-step toward a feedback-conditioned teacher that an
+"""VPD (experimental, docs/math.md §4): SDPO's M-step toward a feedback-conditioned teacher that an
 E-step (BCO loss on the implicit reward beta * log(q / pi_student)) refines every F steps.
 
 Presets as for every algorithm (`tiny`, `micro`, `qwen3_4b`, `qwen3_8b`); ablations are
@@ -14,7 +14,7 @@ def get_config(preset: str = "tiny"):
     c = base.apply_preset(base.base_config(), preset)
     c.algorithm = "vpd"
     c.advantage.estimator = "none"
-    c.loss.policy = "sdpo_token"  # SPEC 4: the M-step is SDPO's token-level KL toward the teacher
+    c.loss.policy = "sdpo_token"  # docs/math.md §4: the M-step is SDPO's token-level KL toward the teacher
     c.loss.agg_mode = "token-mean"
     c.loss.kl_coef = 0.0
     c.pipo.attribution = "sdpo_token"

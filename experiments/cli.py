@@ -27,12 +27,12 @@ from absl import app, flags
 
 from pipo_jax.data.sources import DataError
 from pipo_jax.models.hf import CheckpointError
-from pipo_jax.rl.checkpoint import NoReadableCheckpoint
-from pipo_jax.rl.export import ExportError
 from pipo_jax.rl.loop import DynamicSamplingExhausted, NonFiniteUpdates
-from pipo_jax.rl.preemption import RunInterrupted
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.workdir import WorkdirError
+from pipo_jax.run.checkpoint import NoReadableCheckpoint
+from pipo_jax.run.export import ExportError
+from pipo_jax.run.preemption import RunInterrupted
+from pipo_jax.run.workdir import WorkdirError
 
 
 class UsageError(ValueError):

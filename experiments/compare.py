@@ -48,11 +48,12 @@ from absl import flags
 from experiments import cli, provenance, stats
 from experiments.runs import parse_seeds, warmed_up_model
 from pipo_jax.models import hf
-from pipo_jax.rl import loop, teacher_forcing
+from pipo_jax.rl import loop
 from pipo_jax.rl.spec import TrainSpec
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import TrainState, init_train_state
-from pipo_jax.rl.trainer import EVAL_SEED
+from pipo_jax.run import teacher_forcing
+from pipo_jax.run.setup import train_spec
+from pipo_jax.run.trainer import EVAL_SEED
 
 _ALGORITHMS = flags.DEFINE_list("algorithms", ["grpo"], "algorithms (configs/<name>.py) to compare")
 _PRESET = flags.DEFINE_string("preset", "tiny", "preset of the algorithm configs")

@@ -21,7 +21,7 @@ import numpy as np
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.data.prompts import PromptConfig, render_prompt
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
-from pipo_jax.rl import evaluate
+from pipo_jax.run import evaluate
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic

@@ -11,7 +11,7 @@ Math benchmarks (a Hugging Face model directory with its tokenizer, JSONL/parque
 A run workdir trained on a math task takes its tokenizer from the run's config
 (`task.tokenizer_path` or `model.path`); `--tokenizer` overrides it. The trainer's
 periodic evaluation (`config.eval.benchmarks`) scores benchmarks with the same
-`pipo_jax.rl.evaluate.math_benchmarks`.
+`pipo_jax.run.evaluate.math_benchmarks`.
 
 The JSON records what was evaluated: ``{"written_by": "experiments.eval", "policy",
 "checkpoint_step" (None for a HF directory), the sampling flags, "results": {benchmark:
@@ -36,8 +36,8 @@ from pipo_jax import provenance
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
 from pipo_jax.data.sources import SourceConfig, load_examples
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
-from pipo_jax.rl import evaluate
-from pipo_jax.rl.checkpoint import saved_steps
+from pipo_jax.run import evaluate
+from pipo_jax.run.checkpoint import saved_steps
 from pipo_jax.tasks import passk
 from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig
 

@@ -6,7 +6,7 @@ that `transformers` and other tools load:
 `--policy`: a training run's workdir (checkpoint `--step`, default the newest that reads) or a
 Hugging Face model directory with its tokenizer. `--dtype`: the stored weights' dtype (default:
 as trained). The trainer writes the same export of the final policy to `<workdir>/hf_export`
-(`pipo_jax/rl/export.py`).
+(`pipo_jax/run/export.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 from absl import flags
 
 from experiments import cli
-from pipo_jax.rl import export
+from pipo_jax.run import export
 
 _POLICY = flags.DEFINE_string("policy", None, "training-run workdir or HF model directory", required=True)
 _OUT = flags.DEFINE_string("out", None, "output directory (created; earlier weights in it are replaced)",

@@ -24,7 +24,7 @@ from absl import flags
 
 from experiments import cli, provenance
 from experiments.runs import parse_seeds
-from pipo_jax.rl import observe
+from pipo_jax.run import observe
 
 _SEEDS = flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comma list")
 _WORKERS = flags.DEFINE_integer("workers", 1, "runs at a time (each is a whole training process)")

@@ -15,10 +15,10 @@ import numpy as np
 
 from experiments.cli import UsageError
 from pipo_jax.models import hf
-from pipo_jax.rl import observe, warmup
-from pipo_jax.rl.setup import train_spec
-from pipo_jax.rl.trainer import train, warmup_kwargs
-from pipo_jax.rl.workdir import flat_config
+from pipo_jax.run import observe, warmup
+from pipo_jax.run.setup import train_spec
+from pipo_jax.run.trainer import train, warmup_kwargs
+from pipo_jax.run.workdir import flat_config
 
 
 def parse_seeds(text: str) -> list[int]:

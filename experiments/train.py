@@ -16,8 +16,8 @@ from ml_collections import config_flags
 from experiments import cli
 from pipo_jax.rl import schema
 from pipo_jax.rl.sections import RunConfig
-from pipo_jax.rl.setup import train_spec
-from pipo_jax.rl.trainer import train
+from pipo_jax.run.setup import train_spec
+from pipo_jax.run.trainer import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/grpo.py:tiny", "run config file:preset")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "output directory (metrics, plots, checkpoints)")

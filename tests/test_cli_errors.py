@@ -61,7 +61,7 @@ def test_jsonl_error_at_the_end_of_a_line_names_that_column(tmp_path):
         load_examples(SourceConfig(str(path)))
 
 
-# ----------------------------------------------------------------------------- one line, exit 2 (issue 26.7)
+# ----------------------------------------------------------------------------- one line, exit 2
 
 def _one_line_error(res, *fragments):
     """`res` exited 2 with exactly one stderr line, `error: ...`, holding every fragment."""

@@ -11,8 +11,8 @@ from experiments import compare, runs
 from experiments.cli import UsageError
 from pipo_jax.models import qwen3
 from pipo_jax.rl import loop
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run.setup import train_spec
 
 
 def test_parse_seeds():

@@ -1,6 +1,6 @@
 """The import graph of `pipo_jax/`, `configs/` and `experiments/` points one way (ARCHITECTURE.md 1).
 
-Layers, lowest first: models -> kernels -> losses -> sampling -> tasks -> rl -> configs -> experiments.
+Layers, lowest first: models -> kernels -> losses -> sampling -> tasks -> rl -> run -> configs -> experiments.
 A module imports only from its own layer or lower ones. `platforms.py`, `data/` and `parallel/` are
 leaves anything may import; `parallel/` itself imports nothing of the package but `platforms`.
 No module cycles; no function-level imports except of the optional third-party packages below.
@@ -17,7 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("pipo_jax", "configs", "experiments")
 
-LAYERS = ("models", "kernels", "losses", "sampling", "tasks", "rl", "configs", "experiments")
+LAYERS = ("models", "kernels", "losses", "sampling", "tasks", "rl", "run", "configs", "experiments")
 LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.data", "pipo_jax.parallel")
 
 # Imported inside the function that needs them, so the package runs without them installed.
@@ -91,7 +91,7 @@ def _package_edges(function_level: bool | None = None) -> list[tuple[str, str, i
 def test_every_module_is_placed_in_a_layer():
     for module in MODULES:
         _layer(module)  # raises ValueError for a package outside LAYERS / LEAVES
-    assert "pipo_jax.rl.trainer" in MODULES and "experiments.train" in MODULES
+    assert "pipo_jax.run.trainer" in MODULES and "experiments.train" in MODULES
 
 
 def test_no_import_points_to_a_higher_layer():
@@ -115,7 +115,7 @@ def test_leaves_import_only_leaves_and_parallel_only_platforms():
 # pass@k it imports no task module; the config -> task factory reads the registry, which names the
 # task modules by path (imported only when chosen) and imports nothing but the protocol.
 TASK_INTERFACE = ("pipo_jax.tasks.protocol", "pipo_jax.tasks.passk")
-READS_REGISTRY = ("pipo_jax.rl.task_config",)
+READS_REGISTRY = ("pipo_jax.run.task_config",)
 
 
 def test_the_learner_imports_no_task_but_the_protocol():
@@ -138,16 +138,36 @@ def test_the_task_registry_is_light_and_names_existing_modules():
         assert entry.constructor in defined and set(entry.task_classes) <= defined, entry
 
 
+# The learner's packages: `pipo_jax/rl/` (the learner) knows nothing of `pipo_jax/run/` (the job around
+# it: the layer order says so); a rollout's path from sampling to the update only goes down: `rollout`
+# makes `experience.Rollout`s, `learn` consumes them, neither imports the other; the PIPO controller
+# is pure math over the losses.
+def _targets(module: str) -> set[str]:
+    return {t for m, t, _ in _package_edges() if m == module}
+
+
+def test_a_rollouts_path_to_the_update_only_goes_down():
+    assert "pipo_jax.rl.rollout" not in _targets("pipo_jax.rl.learn")
+    assert "pipo_jax.rl.learn" not in _targets("pipo_jax.rl.rollout")
+    assert not _targets("pipo_jax.rl.experience") & {"pipo_jax.rl.rollout", "pipo_jax.rl.learn", "pipo_jax.rl.loop"}
+    assert "pipo_jax.rl.experience" in _targets("pipo_jax.rl.learn") & _targets("pipo_jax.rl.rollout")
+
+
+def test_the_pipo_controller_is_pure_math_over_the_losses():
+    assert _targets("pipo_jax.rl.controller") == {"pipo_jax.losses.pipo"}
+    assert not any(t.startswith("pipo_jax.run") for m, t, _ in _package_edges() if m.startswith("pipo_jax.rl"))
+
+
 # What importing a module may not load: the spec is pure (no warm-up, no verifier, no sandbox), and
 # the task factory loads only the chosen task's module.
 _PROBE = """
 import sys
 import pipo_jax.rl.spec
 heavy = ("pipo_jax.tasks.code", "pipo_jax.tasks.math", "pipo_jax.tasks.dataset", "pipo_jax.tasks.reasoning_gym",
-         "pipo_jax.tasks.arithmetic", "pipo_jax.rl.warmup", "pipo_jax.rl.task_config")
+         "pipo_jax.tasks.arithmetic", "pipo_jax.run.warmup", "pipo_jax.run.task_config")
 print(sorted(m for m in heavy if m in sys.modules))
 from configs import grpo
-from pipo_jax.rl.task_config import make_task
+from pipo_jax.run.task_config import make_task
 make_task(grpo.get_config("micro"))
 print(sorted(m for m in heavy[:4] if m in sys.modules))
 """

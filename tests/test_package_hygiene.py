@@ -1,4 +1,4 @@
-"""The package holds no code only its tests call, and no process-wide mutable cache (issue 30).
+"""The package holds no code only its tests call, and no process-wide mutable cache.
 
 Read with `ast` and a word search over the sources, nothing is executed.
 """

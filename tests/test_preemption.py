@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from pipo_jax.rl import observe
-from pipo_jax.rl.checkpoint import saved_steps
+from pipo_jax.run import observe
+from pipo_jax.run.checkpoint import saved_steps
 from tests import compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

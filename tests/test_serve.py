@@ -21,7 +21,7 @@ import pytest
 from configs import grpo
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.models import qwen3
-from pipo_jax.rl.setup import train_spec
+from pipo_jax.run.setup import train_spec
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic
@@ -62,11 +62,11 @@ def _reference(spec, params, texts, stops=STOPS, max_new=MAX_NEW):
 @pytest.mark.slow  # imports JetStream / TensorFlow, compiles the engine (~40 s on a loaded 2-core CPU)
 def test_concurrent_requests_stream_the_samplers_tokens(policy):
     pytest.importorskip("jetstream", reason="the [serve] extra (google-jetstream) is not installed")
-    from experiments import serving  # first: it undoes the logging changes of JetStream's import
-    from experiments.conversation import ArithmeticPrompts, Chat
-
     import grpc
     from jetstream.core import orchestrator, server_lib
+
+    from experiments import serving  # first: it undoes the logging changes of JetStream's import
+    from experiments.conversation import ArithmeticPrompts, Chat
 
     spec, params = policy
     chat = Chat(spec.model, params, ArithmeticPrompts(spec.task), stop_ids=STOPS, pad_id=spec.task.pad_id,
@@ -134,8 +134,7 @@ def test_without_the_extra_the_command_fails_in_one_line(tmp_path):
 def test_serve_command_on_an_exported_policy(policy, tmp_path):
     pytest.importorskip("jetstream", reason="the [serve] extra (google-jetstream) is not installed")
     from experiments import serving
-    from pipo_jax.rl import export
-
+    from pipo_jax.run import export
     spec, params = policy
     out = export.write_export(str(tmp_path / "policy"), spec.model, params, spec=spec)
     port = _free_port()

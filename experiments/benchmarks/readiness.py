@@ -84,13 +84,15 @@ from pipo_jax.parallel.rules import make_rules, replicated  # noqa: E402
 from pipo_jax.parallel.shardings import batch_shardings, tree_shardings  # noqa: E402
 from pipo_jax.rl import learn as learn_lib  # noqa: E402
 from pipo_jax.rl import rollout as rollout_lib  # noqa: E402
-from pipo_jax.rl import sharded_steps  # noqa: E402
 from pipo_jax.rl import steps as rl_steps  # noqa: E402
 from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
 from pipo_jax.rl.spec import TrainSpec, spec_from_config  # noqa: E402
-from pipo_jax.rl.setup import make_model_config, train_spec
 from pipo_jax.rl.state import make_optimizer  # noqa: E402
-from pipo_jax.sampling import decode, engine as engine_lib, sampler  # noqa: E402
+from pipo_jax.run import sharded_steps  # noqa: E402
+from pipo_jax.run.setup import make_model_config, train_spec
+from pipo_jax.sampling import decode
+from pipo_jax.sampling import engine as engine_lib  # noqa: E402
+from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams  # noqa: E402
 from pipo_jax.tasks.dataset import DatasetTask  # noqa: E402
 

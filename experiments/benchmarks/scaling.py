@@ -4,7 +4,7 @@ single-device MFU of a policy train step.
 1. For each model size (`tiny`: the built-in task model, ~0.3M parameters; `mid`: a
    Qwen3-shaped 8-layer model of ~25M parameters on the same task) and each mesh, one
    GRPO + PIPO iteration (sample, reward, PI step, base step) is jitted with
-   `rl.sharded_steps.sharded_scan_chunk` and measured: compile time, iteration time (best
+   `run.sharded_steps.sharded_scan_chunk` and measured: compile time, iteration time (best
    of `--repeats` after one warm-up) and the compiled program's per-device memory
    (`memory_analysis()`: arguments = the train state shard, temporaries, outputs).
    Without accelerators the devices are simulated CPU devices
@@ -42,10 +42,10 @@ import optax  # noqa: E402
 from configs import grpo  # noqa: E402
 from pipo_jax import parallel  # noqa: E402
 from pipo_jax.models import qwen3  # noqa: E402
-from pipo_jax.rl import sharded_steps  # noqa: E402
 from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
 from pipo_jax.rl.spec import TrainSpec  # noqa: E402
-from pipo_jax.rl.setup import train_spec
+from pipo_jax.run import sharded_steps  # noqa: E402
+from pipo_jax.run.setup import train_spec
 
 DEFAULT_MESHES = "1x1x1,1x2x1,1x2x2,2x2x2"
 # Dense bf16 peak TFLOP/s per device (vendor data sheets), keyed by a substring of device_kind.

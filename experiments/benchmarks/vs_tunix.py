@@ -48,10 +48,10 @@ from configs import grpo
 from experiments.benchmarks.sampler import (bench_config, engine_fn, interleaved_decode_rates, jax_generate_fn, log,
                                             median_ratio)
 from pipo_jax import provenance
-from pipo_jax.losses import pipo, policy
+from pipo_jax.losses import policy
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.models import hf, qwen3
-from pipo_jax.rl import learn, steps
+from pipo_jax.rl import controller, learn, steps
 from pipo_jax.rl.batch import TrainBatch, stored
 from pipo_jax.rl.spec import spec_from_config
 from pipo_jax.rl.state import init_train_state, make_optimizer
@@ -197,7 +197,7 @@ def learner_fns(spec, params, batch: TrainBatch, seed: int):
     kept = stored(batch)
     pipo_state = state.pipo
     for k in range(spec.pipo.window + 1):
-        pipo_state = pipo.push(pipo_state, jnp.float32(0.3 + 0.05 * (k % 3)), kept)
+        pipo_state = controller.push(pipo_state, jnp.float32(0.3 + 0.05 * (k % 3)), kept)
     rng = jax.random.key(seed)
     optimizer = make_optimizer(spec.train.lr, spec)
 

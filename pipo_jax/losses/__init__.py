@@ -1,4 +1,4 @@
-"""Loss math: advantages, policy losses, self-distillation, the PIPO controller (SPEC 1-3).
+"""Loss math: advantages, policy losses, self-distillation, the PI step's loss (docs/math.md §1-3).
 
 Modules (one concept each; all functions are pure and jit/vmap-able):
     aggregation   loss_agg_mode reductions with global token / sequence counts
@@ -7,7 +7,8 @@ Modules (one concept each; all functions are pure and jit/vmap-able):
     kl            k1 / k2 / k3 KL-to-reference estimators and the KL loss term
     value         clipped value loss (PPO critic)
     distill       SDPO generalised JSD / reverse-KL token loss, IS weight, attribution, EMA
-    pipo          PipoState, window statistics, xi, rectifier, attributions, PI rewards / loss
+    pipo          the PI step's attributions, PI rewards and surrogate loss (its controller:
+                  `pipo_jax/rl/controller.py`)
     theory        eta(p, G) of Theorem 6.2, its asymptote, the Monte-Carlo bandit check
     vpd           VPD's E-step math: implicit reward, BCO loss, margin, the GRPO + SDPO hybrids
 

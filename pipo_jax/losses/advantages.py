@@ -1,4 +1,4 @@
-"""Advantage estimators and reward shaping (SPEC 1): GAE, group-relative, DAPO extras.
+"""Advantage estimators and reward shaping (docs/math.md §1): GAE, group-relative, DAPO extras.
 
 Layouts: a batch is `P` prompts x `G` responses stored contiguously, row b = p*G + g.
 `*_b` arrays are per response [B = P*G]; `*_br` arrays are per response token [B, R] with

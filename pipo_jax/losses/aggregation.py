@@ -1,4 +1,4 @@
-"""Reduce a per-token loss matrix to a scalar (SPEC 1, `loss_agg_mode`), with global counts.
+"""Reduce a per-token loss matrix to a scalar (docs/math.md §1, `loss_agg_mode`), with global counts.
 
 Inputs: `loss_br` [B, R] float, `mask_br` [B, R] (1 = valid response token, 0 = padding).
 Let `|y_b| = sum_t mask[b, t]`. The four modes:

@@ -1,4 +1,4 @@
-"""Self-distillation (SDPO, arXiv 2601.20802; SPEC 1 "SDPO") losses and attribution.
+"""Self-distillation (SDPO, arXiv 2601.20802; docs/math.md §1 "SDPO") losses and attribution.
 
 The teacher is the same network run on the teacher context (prompt + demonstration /
 feedback + instruction, then the student's response) under `stop_gradient`, with EMA or live

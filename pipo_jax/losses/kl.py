@@ -1,4 +1,4 @@
-"""KL-to-reference estimators per token (SPEC 1) and the KL loss term.
+"""KL-to-reference estimators per token (docs/math.md §1) and the KL loss term.
 
 Each estimator maps `logp_br`, `logp_ref_br` [B, R] (log-probs of the sampled token under
 the current and the reference policy) to a per-token estimate [B, R]:

@@ -1,4 +1,4 @@
-"""Clipped policy-gradient surrogates (SPEC 1), minimised.
+"""Clipped policy-gradient surrogates (docs/math.md §1), minimised.
 
 Inputs: `logp_br`, `logp_old_br` [B, R] log-probs of the sampled tokens under the current and
 the behaviour policy, `adv_br` [B, R] advantages (or PI rewards), `mask_br` [B, R].
@@ -13,7 +13,7 @@ GSPO: log s_i = sum_t m (logp - logp_old) / max(|y_i|, 1); token form
 CISPO (MiniMax-M1, arXiv 2506.13585): L = -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp: the
     importance weight is clipped and detached instead of the update, so every token keeps
     the gradient -w A d logp (no token is dropped by the clip); no dual clip.
-`lower_clip_negative_adv=False` is the authors' PIPO loss (`pipo.PipoOptions.pi_no_lower_clip`):
+`lower_clip_negative_adv=False` is the authors' PIPO loss (`rl/controller.PipoOptions.pi_no_lower_clip`):
     L = -A min(r, clip(r, 1 - eps_low, 1 + eps_high)) on every token, so for A < 0 there is no
     lower clip and the gradient is zero once r > 1 + eps_high (for A >= 0 it is the token clip).
 

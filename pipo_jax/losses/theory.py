@@ -1,4 +1,4 @@
-"""Theory of SPEC 3: the GRPO gradient scale eta(p, G) (paper Theorem 6.2, Corollary 6.3).
+"""Theory of docs/math.md §3: the GRPO gradient scale eta(p, G) (paper Theorem 6.2, Corollary 6.3).
 
 For a query with success probability p and G i.i.d. binary-reward responses, conditioned on a
 non-degenerate group (1 <= S <= G-1 successes) and at ratio 1, the expected GRPO update

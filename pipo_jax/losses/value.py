@@ -1,4 +1,4 @@
-"""Clipped value loss of the PPO critic (SPEC 1).
+"""Clipped value loss of the PPO critic (docs/math.md §1).
 
     L_V = 0.5 * agg(max((V - R)^2, (clip(V, V_old - eps_v, V_old + eps_v) - R)^2)),  eps_v = 0.5
 

@@ -1,6 +1,6 @@
-"""VPD (variational policy distillation, arXiv 2605.15113; SPEC 4) loss math. Experimental.
+"""VPD (variational policy distillation, arXiv 2605.15113; docs/math.md §4) loss math. Experimental.
 
-Only summaries of the paper are public; this module is our reading of it (SPEC 4), with
+Only summaries of the paper are public; this module is our reading of it (docs/math.md §4), with
 the choices below exposed as switches. Shapes: `*_b` [B] per response, `*_br` [B, R] per
 response token, `*_brv` [B, R, V] log-distributions over the vocabulary. Log-probs are in
 nats. The teacher q is the same network run on the feedback context (prompt + sibling
@@ -85,7 +85,7 @@ def outcome_labels(rewards_b, success_threshold: float, valid_b=None):
 
 
 def bco_loss(rtilde_b, delta, positive_b, negative_b, *, num_pos=None, num_neg=None):
-    """BCO-style E-step loss (SPEC 4). Returns (loss scalar, metrics).
+    """BCO-style E-step loss (docs/math.md §4). Returns (loss scalar, metrics).
 
         L_E = - sum_{i in Y+} log sigmoid(rtilde_i - delta) / max(num_pos, 1)
               - sum_{i in Y-} log sigmoid(delta - rtilde_i) / max(num_neg, 1)

@@ -2,7 +2,7 @@
 a (data, fsdp, tensor) mesh, one logical-axis rules table, shardings for every piece of the
 train state, the active sharding context (activation constraints, `shard_map` for kernels),
 process-split data and `jax.distributed` start-up. The trainer's sharded steps are
-`pipo_jax.rl.sharded_steps`, the vocab-parallel log-prob `pipo_jax.kernels.logprobs_sharded`.
+`pipo_jax.run.sharded_steps`, the vocab-parallel log-prob `pipo_jax.kernels.logprobs_sharded`.
 See the README section "Running sharded / multi-host".
 """
 

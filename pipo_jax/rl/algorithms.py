@@ -320,7 +320,7 @@ def _vpd_joint(spec, params, teacher_params, mb: TrainBatch, counts: dict):
 
 @attribution("group")
 def _group_attribution(spec, batch: TrainBatch):
-    """G x abar_i / sum_j |abar_j| over each group (SPEC 1)."""
+    """G x abar_i / sum_j |abar_j| over each group (docs/math.md §1)."""
     return pipo.group_attribution(batch.adv_br, batch.mask_br, spec.rollout.group_size,
                                   spec.pipo.options.attribution_eps_add)
 
@@ -370,7 +370,7 @@ for _name in ("grpo", "gspo", "dapo"):
 # Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): GRPO without its two
 # length / difficulty biases; configs/dr_grpo.py sets them off: A_i = R_i - mean_g
 # (`advantage.norm_by_std=false`) and each response's token losses summed and divided by a constant
-# (`loss.agg_mode=seq-mean-token-sum-norm`, SPEC 1 "Aggregation"), not by the response's length.
+# (`loss.agg_mode=seq-mean-token-sum-norm`, docs/math.md §1 "Aggregation"), not by the response's length.
 register_algorithm(Algorithm("dr_grpo", GROUP_ESTIMATORS, CLIP_LOSSES, "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))

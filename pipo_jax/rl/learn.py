@@ -1,4 +1,4 @@
-"""One PIPO iteration's learning half (SPEC 2, steps 2-5) on a scored rollout, as a pure function.
+"""One PIPO iteration's learning half (docs/math.md §2, steps 2-5) on a scored rollout, as a pure function.
 
     2. with theta_t (before any update): behaviour / reference log-probs, values (PPO),
        advantages, attributions a_t, SDPO teacher contexts; mu_t
@@ -15,10 +15,10 @@ import jax.numpy as jnp
 from pipo_jax.losses import advantages, distill, pipo
 from pipo_jax.losses.kl import kl_estimate
 from pipo_jax.losses.masking import masked_mean
-from pipo_jax.rl import algorithms, steps, vpd_estep
+from pipo_jax.rl import algorithms, controller, steps, vpd_estep
 from pipo_jax.rl.batch import TrainBatch, check_batch, stored
+from pipo_jax.rl.experience import Rollout, choose_contexts, response_part, shaped_rewards, teacher_settings
 from pipo_jax.rl.response_logprobs import response_logprobs
-from pipo_jax.rl.rollout import Rollout, choose_contexts, response_part, shaped_rewards, teacher_settings
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, make_optimizer, nonfinite_counts, with_lr
 
@@ -27,7 +27,7 @@ def teacher_contexts(spec: TrainSpec, rollout: Rollout, rewards_b) -> tuple[jax.
     """SDPO / VPD teacher inputs `[B, Q + R]` (the teacher's prompt, then the student's
     response) and `sd_mask_b` (1 where the prompt carries a solution or feedback).
 
-    The learner chooses each row's context (`rollout.choose_contexts`); the task renders it: on
+    The learner chooses each row's context (`experience.choose_contexts`); the task renders it: on
     the host with the rewards (`rollout.teacher_context`, `TaskReward.score_rollout`) or in JAX
     here (`Task.teacher_prompts`, `device_reward` tasks).
     """
@@ -130,19 +130,19 @@ def pi_batch(prev: TrainBatch, rhat_br, signal_rows: bool = False) -> TrainBatch
     return prev.replace(attr_br=None, rhat_br=rhat_br, sd_mask_b=sd_mask)
 
 
-def ppo_gated(spec: TrainSpec, batch: TrainBatch, mu_t, pipo_state: pipo.PipoState) -> tuple[TrainBatch, dict]:
+def ppo_gated(spec: TrainSpec, batch: TrainBatch, mu_t, pipo_state: controller.PipoState) -> tuple[TrainBatch, dict]:
     """`pipo.authors.ppo_adv_gate` (PPO): the base advantages times clip(xi_gate, -2, 2), xi_gate
-    from the window before this iteration's push (`pipo.ppo_gate`); the attribution follows
+    from the window before this iteration's push (`controller.ppo_gate`); the attribution follows
     the gated advantages (their PI step reads the stored, gated ones); returns untouched."""
     options = spec.pipo.options
-    gate, xi_gate = pipo.ppo_gate(mu_t, pipo_state.mu_window_k, pipo_state.count, ddof=options.ddof,
+    gate, xi_gate = controller.ppo_gate(mu_t, pipo_state.mu_window_k, pipo_state.count, ddof=options.ddof,
                                   xi_clip=options.xi_clip)
     batch = batch.replace(adv_br=batch.adv_br * gate * batch.mask_br)
     batch = batch.replace(attr_br=algorithms.attribute(spec, batch))
     return batch, {"ppo_gate": gate, "ppo_gate_xi": xi_gate}
 
 
-def pi_step(spec: TrainSpec, params, opt_state, pipo_state: pipo.PipoState, mu_t, rng):
+def pi_step(spec: TrainSpec, params, opt_state, pipo_state: controller.PipoState, mu_t, rng):
     """Step 3: verification on B_{t-1}; returns (params, opt_state, metrics). A no-op unless it
     applies. `opt_state` is the shared optimizer state, or with `pipo.pi_optimizer=separate`
     the PI step's own (`TrainState.pi_opt_state`).
@@ -153,7 +153,7 @@ def pi_step(spec: TrainSpec, params, opt_state, pipo_state: pipo.PipoState, mu_t
     around the update would copy params and optimizer state on XLA:CPU at every iteration
     (and under `vmap` runs both branches anyway).
     """
-    rhat, signal = pipo.pi_verification(pipo_state, mu_t, lam=spec.pipo.lam, options=spec.pipo.options,
+    rhat, signal = controller.pi_verification(pipo_state, mu_t, lam=spec.pipo.lam, options=spec.pipo.options,
                                         ppo=spec.algorithm.authors_ppo)
     applied = signal["pi_step_applied"]
     optimizer = make_optimizer(spec.train.lr, spec, applies=applied)
@@ -194,7 +194,7 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
             batch, gate_metrics = ppo_gated(spec, batch, mu_t, pipo_state)
             metrics.update(gate_metrics)
         if spec.pipo.options.window_twice:  # authors' code: mu_t enters the window before xi, and again below
-            pipo_state = pipo.push_mean(pipo_state, mu_t)
+            pipo_state = controller.push_mean(pipo_state, mu_t)
         if spec.pipo.pi_optimizer == "separate":
             params, new_pi_opt, pi_metrics = pi_step(spec, params, pi_opt_state, pipo_state, mu_t, k_pi)
             pi_metrics.update({f"pi/{k}": v for k, v in nonfinite_counts(pi_opt_state, new_pi_opt).items()})
@@ -229,7 +229,7 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
 
     new_pipo = state.pipo
     if spec.pipo.enabled:
-        new_pipo = pipo.push(pipo_state, mu_t, stored(batch))
+        new_pipo = controller.push(pipo_state, mu_t, stored(batch))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, critic=critic,
                               teacher_params=teacher, pipo=new_pipo, teacher_opt_state=teacher_opt,
                               vpd_delta=vpd_delta, pi_opt_state=pi_opt_state)

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 
 from pipo_jax.rl import rollout as rollout_lib
+from pipo_jax.rl.experience import Rollout, with_rewards
 from pipo_jax.rl.learn import learn
-from pipo_jax.rl.rollout import Rollout
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState
 
@@ -91,7 +91,7 @@ def _scored(rollout: Rollout, reward_fn: HostReward) -> Rollout:
     rewards = np.asarray(reward_fn(rollout), np.float32)
     if rewards.shape != (rollout.size,):
         raise ValueError(f"reward function returned shape {rewards.shape}, expected ({rollout.size},)")
-    return rollout_lib.with_rewards(rollout, rewards)
+    return with_rewards(rollout, rewards)
 
 
 @dataclasses.dataclass(frozen=True)

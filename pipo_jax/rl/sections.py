@@ -19,10 +19,11 @@ from pipo_jax import platforms
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import AGG_MODES
 from pipo_jax.losses.kl import KL_ESTIMATORS
-from pipo_jax.losses.pipo import ATTRIBUTION_NORMS, AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
+from pipo_jax.losses.pipo import ATTRIBUTION_NORMS
 from pipo_jax.models import attention, qwen3
 from pipo_jax.parallel.distributed import MODES as DISTRIBUTED_MODES
 from pipo_jax.rl import algorithms
+from pipo_jax.rl.controller import AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
 from pipo_jax.rl.schema import RETIRED, ConfigError, Section, above, at_least, choice, key, need, within
 from pipo_jax.sampling.generator import ENGINES
 
@@ -320,7 +321,7 @@ def _pi_clip(value):
 
 @dataclasses.dataclass(frozen=True)
 class PipoConfig(Section):
-    """config.pipo: the controller (SPEC 1) and its PI step."""
+    """config.pipo: the controller (docs/math.md §2) and its PI step."""
 
     _section = "pipo"
     enabled: bool = key(False, "run PIPO's verification and PI step on top of the base algorithm")
@@ -332,14 +333,14 @@ class PipoConfig(Section):
     compat: bool = key(False, "every behaviour of `pipo.authors` (README \"PIPO: the paper and the authors' code\")")
     authors: AuthorsConfig = key(AuthorsConfig(), "the authors' behaviours one by one: true / false sets one; unset "
                                  "(None) follows pipo.compat")
-    mu_source: str = key("filtered", "DAPO: mu_t over the filtered batch (SPEC, authors) | raw: every sampled group",
+    mu_source: str = key("filtered", "DAPO: mu_t over the filtered batch (docs/math.md, authors) | raw: every sampled group",
                          choices=MU_SOURCES)
     sdpo_pi_denominator: str = key(
         "all_tokens", "SDPO's PI step averages over all response tokens of B_{t-1} (paper Eq. 11) | signal_tokens: "
         "over the tokens of rows with a teacher signal (README \"SDPO's PI denominator\")", choices=PI_DENOMINATORS)
     attribution_norm: str = key("none", "none | mean_abs: attribution / its mean |a| over rows with a signal",
                                 choices=ATTRIBUTION_NORMS)
-    pi_optimizer: str = key("shared", "shared: one AdamW state for both steps (SPEC 2) | separate: the PI step's own",
+    pi_optimizer: str = key("shared", "shared: one AdamW state for both steps (docs/math.md §2) | separate: the PI step's own",
                             choices=PI_OPTIMIZERS)
     pi_ratio: str = key("base", "base: the base loss's ratio (GSPO: its sequence ratio) | token: per-token ratio",
                         choices=PI_RATIOS)
@@ -359,7 +360,7 @@ VPD_HYBRIDS = ("none", "joint", "reshape")
 
 @dataclasses.dataclass(frozen=True)
 class VpdConfig(Section):
-    """config.vpd (algorithm = vpd; experimental, SPEC 4)."""
+    """config.vpd (algorithm = vpd; experimental, docs/math.md §4)."""
 
     _section = "vpd"
     beta: float = key(0.1, "implicit reward rtilde = beta * log(q / pi_ref)", above(0))
@@ -508,7 +509,7 @@ class RunConfig(Section):
     critic: CriticConfig = key(CriticConfig(), "PPO only")
     dapo: DapoConfig = key(DapoConfig(), "")
     sdpo: SdpoConfig = key(SdpoConfig(), "")
-    vpd: VpdConfig = key(VpdConfig(), "algorithm = vpd only (experimental, SPEC 4)")
+    vpd: VpdConfig = key(VpdConfig(), "algorithm = vpd only (experimental, docs/math.md §4)")
     pipo: PipoConfig = key(PipoConfig(), "")
     warmup: WarmupConfig = key(WarmupConfig(), "")
     eval: EvalConfig = key(EvalConfig(), "")

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from pipo_jax.losses import pipo
 from pipo_jax.losses import vpd as vpd_loss
+from pipo_jax.rl import controller
 from pipo_jax.rl.batch import TrainBatch, stored_template
 from pipo_jax.rl.sections import VpdConfig
 from pipo_jax.rl.spec import TrainSpec
@@ -30,7 +30,7 @@ class TrainState:
     ref_params: Any
     critic: Any  # None, or {"params": {"backbone", "value_head"}, "opt_state"} (PPO)
     teacher_params: Any  # None, or the SDPO / VPD teacher
-    pipo: pipo.PipoState
+    pipo: controller.PipoState
     rng: jax.Array
     teacher_opt_state: Any = None  # VPD: the E-step's AdamW state
     vpd_delta: Any = None  # VPD: running mean of implicit rewards (losses.vpd.DeltaState)
@@ -74,7 +74,7 @@ def make_optimizer(lr: float, spec: TrainSpec, applies=None) -> optax.GradientTr
     and inner state unchanged) and counted (`nonfinite_counts`); `applies=False` (traced)
     skips without counting.
 
-    The PI step and the base step share this optimizer state (SPEC 2) and differ only in
+    The PI step and the base step share this optimizer state (docs/math.md §2) and differ only in
     the learning rate written into it before each update (`pipo.pi_optimizer=separate`: the
     PI step has a state of its own, `TrainState.pi_opt_state`).
     """
@@ -148,7 +148,7 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
         ref_params=reference_copy(spec, params),
         critic=critic,
         teacher_params=teacher,
-        pipo=pipo.init_pipo_state(spec.pipo.window, stored_batch_template(spec)),
+        pipo=controller.init_pipo_state(spec.pipo.window, stored_batch_template(spec)),
         rng=jax.random.PRNGKey(seed),
         teacher_opt_state=teacher_opt_state,
         vpd_delta=vpd_delta,

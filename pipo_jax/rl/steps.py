@@ -1,6 +1,6 @@
 """Pure update steps: mini-batch x epoch optimisation shared by the base, PI and critic updates.
 
-`minibatch_updates` is the one machinery (SPEC 2: the PI step uses the *same* machinery
+`minibatch_updates` is the one machinery (docs/math.md §2: the PI step uses the *same* machinery
 as the base step): shuffle per epoch, split into mini-batches (one optimizer step each)
 and micro-batches (gradient accumulation). Loss counts (valid tokens, non-empty rows)
 are taken over the whole mini-batch, so micro-batching never changes the loss or the

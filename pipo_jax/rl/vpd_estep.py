@@ -1,4 +1,4 @@
-"""VPD E-step (SPEC 4, experimental): refine the feedback-conditioned teacher, as pure functions.
+"""VPD E-step (docs/math.md §4, experimental): refine the feedback-conditioned teacher, as pure functions.
 
 The teacher is the SDPO teacher (`TrainState.teacher_params`: the same network, its own
 param copy, fed the feedback context `batch.teacher_tokens_bq`). Every `every` student
@@ -36,7 +36,6 @@ from pipo_jax.rl.response_logprobs import response_log_softmax, response_logprob
 from pipo_jax.rl.sections import VpdConfig
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import make_teacher_optimizer, with_lr
-
 
 
 @struct.dataclass

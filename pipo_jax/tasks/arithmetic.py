@@ -52,7 +52,7 @@ class ArithmeticTask(Task):
     """Config of the arithmetic task (hashable: pass it as a static jit argument).
 
     The defaults (1-2 digit '+'/'-', reversed answers) are the tiny CPU task: the
-    `rl.warmup` recipe brings a ~0.3M-parameter Qwen3 to ~30% held-out accuracy in
+    `run.warmup` recipe brings a ~0.3M-parameter Qwen3 to ~30% held-out accuracy in
     ~450 steps, with a steep learning phase ahead for RL.
 
     Fields:

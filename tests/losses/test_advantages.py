@@ -9,7 +9,7 @@ from pipo_jax.losses import advantages as adv
 
 
 def gae_reference(rewards, values, mask, gamma, lam):
-    """SPEC 1 GAE as a plain Python loop over valid tokens (masked positions carry through)."""
+    """docs/math.md §1 GAE as a plain Python loop over valid tokens (masked positions carry through)."""
     b, t = rewards.shape
     out = np.zeros((b, t))
     for i in range(b):

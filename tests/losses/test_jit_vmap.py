@@ -15,6 +15,7 @@ import pytest
 from pipo_jax.kernels import softmax_stats
 from pipo_jax.losses import advantages as adv
 from pipo_jax.losses import aggregation, distill, kl, masking, pipo, policy, theory, value
+from pipo_jax.rl import controller
 from pipo_jax.rl.batch import TrainBatch
 
 B, T, V, L, K = 4, 3, 6, 5, 3
@@ -42,9 +43,9 @@ def stored(rng):
 
 
 def state(rng):
-    s = pipo.init_pipo_state(K, stored(rng))
+    s = controller.init_pipo_state(K, stored(rng))
     for _ in range(int(rng.integers(K - 1, K + 2))):
-        s = pipo.push(s, float(rng.normal()), stored(rng))
+        s = controller.push(s, float(rng.normal()), stored(rng))
     return s
 
 
@@ -112,13 +113,13 @@ CASES = {
     "distill.select_demonstrations": (functools.partial(distill.select_demonstrations, group_size=2),
                                       lambda r: (jnp.asarray(r.integers(0, 2, B), jnp.float32),)),
     "distill.ema_update": (distill.ema_update, lambda r: ({"w": f32(r, 2, 3)}, {"w": f32(r, 2, 3)})),
-    "pipo.window_statistics": (functools.partial(pipo.window_statistics, ddof=1),
+    "controller.window_statistics": (functools.partial(controller.window_statistics, ddof=1),
                                lambda r: (f32(r, K), jnp.int32(r.integers(0, K + 1)))),
-    "pipo.rectify": (functools.partial(pipo.rectify, lam=0.1), lambda r: (f32(r, 5),)),
-    "pipo.improvement_signal": (functools.partial(pipo.improvement_signal, lam=0.1, ddof=1),
+    "controller.rectify": (functools.partial(controller.rectify, lam=0.1), lambda r: (f32(r, 5),)),
+    "controller.improvement_signal": (functools.partial(controller.improvement_signal, lam=0.1, ddof=1),
                                 lambda r: (f32(r), f32(r, K), jnp.int32(r.integers(K - 1, K + 1)))),
-    "pipo.window_full": (pipo.window_full, lambda r: (state(r),)),
-    "pipo.pi_step_ready": (pipo.pi_step_ready, lambda r: (state(r), f32(r))),
+    "controller.window_full": (controller.window_full, lambda r: (state(r),)),
+    "controller.pi_step_ready": (controller.pi_step_ready, lambda r: (state(r), f32(r))),
     "pipo.group_attribution": (functools.partial(pipo.group_attribution, group_size=2),
                                lambda r: (f32(r, B, T), mask(r))),
     "pipo.gae_attribution": (pipo.gae_attribution, lambda r: (f32(r, B, T), mask(r))),
@@ -126,9 +127,9 @@ CASES = {
     "pipo.pi_surrogate_loss": (functools.partial(pipo.pi_surrogate_loss, agg=aggregation.Aggregation("token-mean"),
                                                  no_lower_clip=True),
                                lambda r: (logp(r), logp(r), f32(r, B, T), mask(r))),
-    "pipo.pi_verification": (pipo.pi_verification, lambda r: (state(r), f32(r))),
-    "pipo.push": (pipo.push, lambda r: (state(r), f32(r), stored(r))),
-    "pipo.init_pipo_state": (lambda template: pipo.init_pipo_state(K, template), lambda r: (stored(r),)),
+    "controller.pi_verification": (controller.pi_verification, lambda r: (state(r), f32(r))),
+    "controller.push": (controller.push, lambda r: (state(r), f32(r), stored(r))),
+    "controller.init_pipo_state": (lambda template: controller.init_pipo_state(K, template), lambda r: (stored(r),)),
     "theory.eta": (functools.partial(theory.eta, group_size=8), lambda r: (jnp.asarray(r.random(5) * 0.98 + 0.01),)),
     "theory.eta_asymptote": (functools.partial(theory.eta_asymptote, group_size=8),
                              lambda r: (jnp.asarray(r.random(5) * 0.98 + 0.01),)),

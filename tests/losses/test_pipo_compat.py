@@ -14,11 +14,12 @@ import pytest
 
 from pipo_jax.losses import pipo
 from pipo_jax.losses.aggregation import Aggregation
+from pipo_jax.rl import controller
 from pipo_jax.rl.batch import TrainBatch
 
 K = 8
 MUS = [0.1, 0.3, 0.2, 0.5, 0.4, 0.6, 0.2, 0.7, 0.3, 0.8]
-AUTHORS = pipo.pipo_options(compat=True)
+AUTHORS = controller.pipo_options(compat=True)
 
 
 def _batch(v=0.0):
@@ -30,14 +31,14 @@ def _batch(v=0.0):
 
 def _run(options, lam=0.1):
     """The trainer's order (learn.learn): [push_mean], PI signal, push. Returns per-iteration metrics."""
-    state = pipo.init_pipo_state(K, _batch())
+    state = controller.init_pipo_state(K, _batch())
     out = []
     for mu in MUS:
         if options.window_twice:
-            state = pipo.push_mean(state, mu)
-        _, m = pipo.pi_verification(state, mu, lam=lam, options=options)
+            state = controller.push_mean(state, mu)
+        _, m = controller.pi_verification(state, mu, lam=lam, options=options)
         out.append({k: float(v) for k, v in m.items()})
-        state = pipo.push(state, mu, _batch(mu))
+        state = controller.push(state, mu, _batch(mu))
     return out
 
 
@@ -47,7 +48,7 @@ def test_window_twice_first_pi_step_at_iteration_5_with_its_own_mean():
     # authors: len(deque) >= min_steps_before_layback = 8 after 2 pushes per iteration and the 9th
     # push at iteration 5 (1-based); the paper needs K = 8 previous means: iteration 9
     assert applied[:4] == [0.0] * 4 and applied[4] == 1.0
-    paper = [m["pi_step_applied"] for m in _run(pipo.PipoOptions())]
+    paper = [m["pi_step_applied"] for m in _run(controller.PipoOptions())]
     assert paper[:8] == [0.0] * 8 and paper[8] == 1.0
     # iteration 5: the deque (maxlen 8) holds mu1, mu2 x2, mu3 x2, mu4 x2 and mu5 itself
     window = [0.1, 0.3, 0.3, 0.2, 0.2, 0.5, 0.5, 0.4]
@@ -63,31 +64,31 @@ def test_window_twice_first_pi_step_at_iteration_5_with_its_own_mean():
 
 
 def test_window_twice_alone_changes_only_the_window():
-    one = _run(pipo.pipo_options(window_twice=True))
+    one = _run(controller.pipo_options(window_twice=True))
     window = np.array([0.1, 0.3, 0.3, 0.2, 0.2, 0.5, 0.5, 0.4])
     np.testing.assert_allclose(one[4]["xi"], (0.4 - window.mean()) / window.std(ddof=1), rtol=1e-5)
 
 
 def test_std_ddof0():
     window, mu = jnp.array([1.0, 2.0, 3.0, 4.0]), 5.0
-    xi0, *_ = pipo.improvement_signal(mu, window, 4, lam=0.1, ddof=pipo.pipo_options(std_ddof0=True).ddof)
-    xi1, *_ = pipo.improvement_signal(mu, window, 4, lam=0.1, ddof=pipo.PipoOptions().ddof)
+    xi0, *_ = controller.improvement_signal(mu, window, 4, lam=0.1, ddof=controller.pipo_options(std_ddof0=True).ddof)
+    xi1, *_ = controller.improvement_signal(mu, window, 4, lam=0.1, ddof=controller.PipoOptions().ddof)
     # (5 - 2.5) / sqrt(1.25) and (5 - 2.5) / sqrt(5 / 3)
     np.testing.assert_allclose([float(xi0), float(xi1)], [2.5 / np.sqrt(1.25), 2.5 / np.sqrt(5 / 3)], rtol=1e-6)
 
 
 def test_xi_clip_at_5_and_std_floor_1e_6():
     flat = jnp.zeros((4,))  # std 0 -> 1.0 in both
-    xi, c, _, sigma = pipo.improvement_signal(7.0, flat, 4, lam=0.1, xi_clip=True)
+    xi, c, _, sigma = controller.improvement_signal(7.0, flat, 4, lam=0.1, xi_clip=True)
     assert float(sigma) == 1.0 and float(xi) == 5.0 and float(c) == 5.0
-    xi, c, _, _ = pipo.improvement_signal(-7.0, flat, 4, lam=0.1, xi_clip=True)
+    xi, c, _, _ = controller.improvement_signal(-7.0, flat, 4, lam=0.1, xi_clip=True)
     np.testing.assert_allclose([float(xi), float(c)], [-5.0, -0.5], rtol=1e-6)
-    xi, *_ = pipo.improvement_signal(7.0, flat, 4, lam=0.1)
+    xi, *_ = controller.improvement_signal(7.0, flat, 4, lam=0.1)
     assert float(xi) == 7.0
     # std 5e-7 (ddof 0 of 0, 1e-6, 0, 1e-6): below the authors' floor 1e-6 -> 1.0; above the paper's 1e-8
     tiny = jnp.array([0.0, 1e-6, 0.0, 1e-6])
-    _, _, mu_his, sigma_a = pipo.improvement_signal(0.1, tiny, 4, lam=0.1, ddof=0, xi_clip=True)
-    _, _, _, sigma_p = pipo.improvement_signal(0.1, tiny, 4, lam=0.1, ddof=0)
+    _, _, mu_his, sigma_a = controller.improvement_signal(0.1, tiny, 4, lam=0.1, ddof=0, xi_clip=True)
+    _, _, _, sigma_p = controller.improvement_signal(0.1, tiny, 4, lam=0.1, ddof=0)
     assert float(sigma_a) == 1.0
     np.testing.assert_allclose(float(sigma_p), 5e-7, rtol=1e-4)  # float32 rounding of 1e-6 and its square
 
@@ -141,26 +142,26 @@ def test_rhat_clamp_before_the_rectifier():
 
 
 def _full_state(window):
-    state = pipo.init_pipo_state(len(window), _batch())
+    state = controller.init_pipo_state(len(window), _batch())
     for mu in window:
-        state = pipo.push(state, mu, _batch(mu))
+        state = controller.push(state, mu, _batch(mu))
     return state
 
 
 def test_lam_zero_skips_and_xi_zero_runs():
     state = _full_state([1.0, 2.0, 3.0, 4.0])  # mean 2.5
-    for options in (pipo.PipoOptions(), AUTHORS):
-        rhat, m = pipo.pi_verification(state, 2.0, lam=0.0, options=options)  # xi < 0, lam = 0: c = 0
+    for options in (controller.PipoOptions(), AUTHORS):
+        rhat, m = controller.pi_verification(state, 2.0, lam=0.0, options=options)  # xi < 0, lam = 0: c = 0
         assert float(m["c"]) == 0.0 and not bool(m["pi_step_applied"]) and not np.any(np.asarray(rhat))
     # xi == 0 exactly (mu_t = mean): the authors' gate returns (True, 1.0): a step with zero coefficients
-    _, m = pipo.pi_verification(state, 2.5, lam=0.1, options=AUTHORS)
+    _, m = controller.pi_verification(state, 2.5, lam=0.1, options=AUTHORS)
     assert float(m["xi"]) == 0.0 and bool(m["pi_step_applied"])
-    _, m = pipo.pi_verification(state, 2.5, lam=0.1, options=pipo.pipo_options(run_at_xi_zero=True))
+    _, m = controller.pi_verification(state, 2.5, lam=0.1, options=controller.pipo_options(run_at_xi_zero=True))
     assert bool(m["pi_step_applied"])
-    _, m = pipo.pi_verification(state, 2.5, lam=0.1)
+    _, m = controller.pi_verification(state, 2.5, lam=0.1)
     assert not bool(m["pi_step_applied"])
     # lam > 0 and xi < 0: both run, the authors' rewards clamped then scaled by lam
-    rhat, m = pipo.pi_verification(state, 1.0, lam=0.1, options=AUTHORS)
+    rhat, m = controller.pi_verification(state, 1.0, lam=0.1, options=AUTHORS)
     xi = (1.0 - 2.5) / np.sqrt(1.25)  # ddof 0
     np.testing.assert_allclose(float(m["xi"]), xi, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(rhat), np.array([[1.0] * 3, [-1.0] * 3]) * xi * 0.1, rtol=1e-5)
@@ -177,9 +178,9 @@ def test_attribution_eps_added():
 
 
 def test_options_one_by_one():
-    assert pipo.pipo_options() == pipo.PipoOptions() and not any(pipo.PipoOptions())
+    assert controller.pipo_options() == controller.PipoOptions() and not any(controller.PipoOptions())
     assert all(AUTHORS) and AUTHORS.ddof == 0
-    one = pipo.pipo_options(rhat_clamp=True)
+    one = controller.pipo_options(rhat_clamp=True)
     assert one.rhat_clamp and sum(one) == 1 and one.ddof == 1
     with pytest.raises(ValueError, match="unknown PIPO behaviour 'clamp'"):
-        pipo.pipo_options(clamp=True)
+        controller.pipo_options(clamp=True)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.losses import pipo
+from pipo_jax.rl import controller
 from pipo_jax.rl.batch import TrainBatch
 
 ATTR = jnp.array([[1.0, -2.0, 0.0], [4.0, -2.0, 3.0]])
@@ -41,22 +42,22 @@ def test_ppo_pi_no_lam_uses_xi_itself():
 
 
 def test_pi_verification_no_lam_only_on_the_ppo_path():
-    state = pipo.init_pipo_state(2, TrainBatch(
+    state = controller.init_pipo_state(2, TrainBatch(
         tokens_bl=jnp.zeros((2, 4), jnp.int32), mask_bl=jnp.ones((2, 4), jnp.int32), mask_br=MASK,
         logp_old_br=jnp.zeros((2, 3)), logp_ref_br=jnp.zeros((2, 3)), attr_br=ATTR))
     state = state.replace(mu_window_k=jnp.array([0.5, 0.7]), count=jnp.array(2, jnp.int32),
                           has_prev=jnp.array(True), prev=state.prev.replace(attr_br=ATTR, mask_br=MASK))
     # window [0.5, 0.7]: mean 0.6, std (ddof 1) = sqrt(0.02) = 0.141421; mu_t = 0.6 - 0.141421 * 2 -> xi = -2
     mu_t = 0.6 - 2 * np.sqrt(0.02)
-    options = pipo.PipoOptions(ppo_pi_no_lam=True)
-    rhat, m = pipo.pi_verification(state, mu_t, lam=0.1, options=options, ppo=True)
+    options = controller.PipoOptions(ppo_pi_no_lam=True)
+    rhat, m = controller.pi_verification(state, mu_t, lam=0.1, options=options, ppo=True)
     np.testing.assert_allclose(float(m["xi"]), -2.0, rtol=1e-5)
     np.testing.assert_allclose(float(m["c"]), -0.2, rtol=1e-5)  # c is still phi_lam(xi) (logged, go / no-go)
     chex.assert_trees_all_close(rhat, -2.0 * ATTR * MASK, rtol=1e-5)
-    rhat, _ = pipo.pi_verification(state, mu_t, lam=0.1, options=options, ppo=False)  # GRPO etc.: c
+    rhat, _ = controller.pi_verification(state, mu_t, lam=0.1, options=options, ppo=False)  # GRPO etc.: c
     chex.assert_trees_all_close(rhat, -0.2 * ATTR * MASK, rtol=1e-5)
     # lam = 0, xi < 0: c = 0, the step is skipped as in paper mode
-    rhat, m = pipo.pi_verification(state, mu_t, lam=0.0, options=options, ppo=True)
+    rhat, m = controller.pi_verification(state, mu_t, lam=0.0, options=options, ppo=True)
     assert not bool(m["pi_step_applied"]) and float(jnp.abs(rhat).sum()) == 0.0
 
 
@@ -79,7 +80,7 @@ def test_pi_verification_no_lam_only_on_the_ppo_path():
     (0.5, [0.4, 0.4, 0.4, 0.4], 4, {"ddof": 0, "xi_clip": True}, 0.1, 0.1),
 ])
 def test_ppo_gate_matches_their_arithmetic(mu_t, window, count, kw, gate, xi):
-    g, x = pipo.ppo_gate(mu_t, jnp.array(window), jnp.array(count, jnp.int32), **kw)
+    g, x = controller.ppo_gate(mu_t, jnp.array(window), jnp.array(count, jnp.int32), **kw)
     np.testing.assert_allclose([float(g), float(x)], [gate, xi], rtol=1e-5, atol=1e-6)
 
 
@@ -110,7 +111,7 @@ def test_normalise_attribution_mean_abs_over_rows_with_a_signal():
 
 def test_pipo_options_know_the_new_behaviours():
     for name in ("ppo_pi_no_lam", "ppo_sign_attribution", "ppo_adv_gate", "micro_token_mean"):
-        assert name in pipo.AUTHORS_BEHAVIOURS
-        assert getattr(pipo.pipo_options(True, **{name: False}), name) is False
-        assert getattr(pipo.pipo_options(False), name) is False
-        assert getattr(pipo.pipo_options(True), name) is True
+        assert name in controller.AUTHORS_BEHAVIOURS
+        assert getattr(controller.pipo_options(True, **{name: False}), name) is False
+        assert getattr(controller.pipo_options(False), name) is False
+        assert getattr(controller.pipo_options(True), name) is True

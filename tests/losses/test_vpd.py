@@ -1,4 +1,4 @@
-"""VPD loss math (SPEC 4): implicit reward, BCO E-step loss and gradient, the margin delta,
+"""VPD loss math (docs/math.md §4): implicit reward, BCO E-step loss and gradient, the margin delta,
 teacher-collapse diagnostics and the GRPO + SDPO hybrids, on hand-computed numbers and a
 plain numpy reference."""
 

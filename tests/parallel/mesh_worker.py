@@ -26,11 +26,11 @@ from pipo_jax import parallel
 from pipo_jax.kernels import logprobs as kernel
 from pipo_jax.kernels import logprobs_sharded
 from pipo_jax.models import qwen3
-from pipo_jax.rl import sharded_steps as steps
 from pipo_jax.rl import loop
 from pipo_jax.rl import rollout as rollout_lib
-from pipo_jax.rl.checkpoint import Checkpointer
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run import sharded_steps as steps
+from pipo_jax.run.checkpoint import Checkpointer
 from tests.parallel import scenario
 
 # (data, fsdp, tensor); with tensor > 1 the trainer's log-probs run vocab-parallel

@@ -24,12 +24,12 @@ from configs import grpo
 from experiments.benchmarks.prepare_memory import prepare_memory
 from pipo_jax import parallel
 from pipo_jax.models import qwen3
-from pipo_jax.rl import sharded_steps as sharded
 from pipo_jax.parallel.shardings import batch_shardings
 from pipo_jax.rl import learn, rollout, steps
 from pipo_jax.rl.batch import TrainBatch
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run import sharded_steps as sharded
+from pipo_jax.run.setup import train_spec
 
 SEED = 1
 

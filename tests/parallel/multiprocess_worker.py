@@ -29,8 +29,8 @@ def main(port: int, process_id: int, out: str) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from pipo_jax.rl import sharded_steps as steps
-    from pipo_jax.rl.checkpoint import Checkpointer
+    from pipo_jax.run import sharded_steps as steps
+    from pipo_jax.run.checkpoint import Checkpointer
     from tests.parallel import scenario
 
     assert settings is not None and settings.source == "config", settings

@@ -31,11 +31,11 @@ def initial_state():
     import jax
     import jax.numpy as jnp
 
-    from pipo_jax.losses import pipo
     from pipo_jax.models import qwen3
+    from pipo_jax.rl import controller
     from pipo_jax.rl.batch import TrainBatch
-    from pipo_jax.rl.setup import train_spec
     from pipo_jax.rl.state import init_train_state
+    from pipo_jax.run.setup import train_spec
 
     spec = train_spec(config())
     state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(SEED)), SEED)
@@ -50,7 +50,7 @@ def initial_state():
                         mask_br=jnp.asarray(mask_r), logp_old_br=jnp.asarray(-3.5 * mask_r),
                         logp_ref_br=jnp.asarray(-3.5 * mask_r), attr_br=jnp.asarray(attr, jnp.float32))
     window = jnp.zeros((spec.pipo.window,), jnp.float32).at[-2:].set(jnp.array([0.2, 0.4]))
-    ps = pipo.PipoState(mu_window_k=window, count=jnp.int32(2), has_prev=jnp.bool_(True), prev=stored)
+    ps = controller.PipoState(mu_window_k=window, count=jnp.int32(2), has_prev=jnp.bool_(True), prev=stored)
     return spec, state.replace(pipo=ps)
 
 

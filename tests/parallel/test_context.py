@@ -12,7 +12,7 @@ from pipo_jax import parallel
 from pipo_jax.kernels import logprobs as kernel
 from pipo_jax.kernels import logprobs_sharded
 from pipo_jax.models import qwen3
-from pipo_jax.rl import sharded_steps
+from pipo_jax.run import sharded_steps
 from pipo_jax.sampling import decode
 
 

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from pipo_jax.rl import sharded_steps as steps
-from pipo_jax.rl.checkpoint import Checkpointer
+from pipo_jax.run import sharded_steps as steps
+from pipo_jax.run.checkpoint import Checkpointer
 from tests.parallel import scenario
 from tests.parallel.equivalence import assert_run_matches
 

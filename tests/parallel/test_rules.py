@@ -9,12 +9,13 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
-from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from pipo_jax import parallel
-from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
 from pipo_jax.parallel.mesh import MeshSpec, mesh_spec_from_config, resolve_sizes
+from pipo_jax.rl import controller
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.sampling import decode
 
@@ -117,7 +118,7 @@ def test_critic_pipo_and_cache_shardings():
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
     stored = TrainBatch(tokens_bl=f32(8, 11), mask_bl=f32(8, 11), mask_br=f32(8, 4),
                         logp_old_br=f32(8, 4), logp_ref_br=f32(8, 4), attr_br=f32(8, 4))
-    ps = jax.eval_shape(lambda: pipo.init_pipo_state(4, stored))
+    ps = jax.eval_shape(lambda: controller.init_pipo_state(4, stored))
     p_specs = spec_tree(parallel.pipo_state_shardings(ps, MESH))
     assert p_specs.mu_window_k == P(None) and p_specs.count == P()
     assert p_specs.prev.tokens_bl == P(("data", "fsdp"), None)
@@ -132,8 +133,8 @@ def test_train_state_shardings_cover_every_algorithm(algo):
     """Every leaf of every algorithm's TrainState (critic, teacher, VPD state, ...) gets a sharding."""
     import importlib
 
-    from pipo_jax.rl import sharded_steps as steps
-    from pipo_jax.rl.setup import train_spec
+    from pipo_jax.run import sharded_steps as steps
+    from pipo_jax.run.setup import train_spec
 
     c = importlib.import_module(f"configs.{algo}").get_config("micro")
     c.pipo.enabled = True

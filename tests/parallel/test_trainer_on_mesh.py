@@ -20,8 +20,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from pipo_jax.models import hf
-from pipo_jax.rl.setup import train_spec
-from pipo_jax.rl.trainer import base_params, train
+from pipo_jax.run.setup import train_spec
+from pipo_jax.run.trainer import base_params, train
 from tests.parallel.equivalence import UPDATE_RTOL
 from tests.rl.test_trainer import micro
 from tests.xla_flags import sharded_subprocess_env

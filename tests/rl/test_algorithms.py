@@ -18,12 +18,12 @@ from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
 from pipo_jax.models import qwen3
-from pipo_jax.rl import algorithms, steps
+from pipo_jax.rl import algorithms, controller, steps
 from pipo_jax.rl.algorithms import AdvantageInputs
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.response_logprobs import response_logprobs
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
+from pipo_jax.run.setup import train_spec
 
 B, T = 4, 3
 MASK = jnp.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], jnp.float32)
@@ -59,13 +59,13 @@ def test_attributions_bind_the_pure_functions():
                        logp_old_br=2 * adv, logp_ref_br=jnp.zeros((B, T)), adv_br=adv, logp_teacher_br=adv,
                        sd_mask_b=jnp.array([1.0, 0.0, 1.0, 1.0]))
     for eps_add in (False, True):
-        spec = _spec_ns(rollout=dict(group_size=2), pipo=dict(options=pipo.PipoOptions(attribution_eps_add=eps_add)))
+        spec = _spec_ns(rollout=dict(group_size=2), pipo=dict(options=controller.PipoOptions(attribution_eps_add=eps_add)))
         chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["group"].fn(spec, batch),
                                     pipo.group_attribution(adv, MASK, 2, eps_add))
     gae = algorithms.ATTRIBUTIONS["gae"]
-    plain = SimpleNamespace(pipo=SimpleNamespace(options=pipo.PipoOptions()), algorithm=SimpleNamespace(authors_ppo=True))
+    plain = SimpleNamespace(pipo=SimpleNamespace(options=controller.PipoOptions()), algorithm=SimpleNamespace(authors_ppo=True))
     chex.assert_trees_all_close(gae.fn(plain, batch), adv * MASK)
-    signed = SimpleNamespace(pipo=SimpleNamespace(options=pipo.PipoOptions(ppo_sign_attribution=True)),
+    signed = SimpleNamespace(pipo=SimpleNamespace(options=controller.PipoOptions(ppo_sign_attribution=True)),
                              algorithm=SimpleNamespace(authors_ppo=True))
     # the authors' PPO attribution: each response's mean advantage over |mean| (+) 1e-6, on its tokens
     sign = jnp.array([1.0, -1.0, 1.0, 1.0])[:, None] * MASK

@@ -11,9 +11,9 @@ import numpy as np
 
 from configs import grpo, ppo
 from pipo_jax.models import qwen3
-from pipo_jax.rl.checkpoint import Checkpointer
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run.checkpoint import Checkpointer
+from pipo_jax.run.setup import train_spec
 
 
 def _state(cfg_module, seed):
@@ -57,8 +57,8 @@ def test_killed_save_leaves_the_previous_checkpoint(tmp_path):
         import os, jax
         from configs import grpo
         from pipo_jax.models import qwen3
-        from pipo_jax.rl.checkpoint import Checkpointer
-        from pipo_jax.rl.setup import train_spec
+        from pipo_jax.run.checkpoint import Checkpointer
+        from pipo_jax.run.setup import train_spec
         from pipo_jax.rl.state import init_train_state
         c = grpo.get_config("micro")
         spec = train_spec(c)
@@ -81,7 +81,7 @@ def test_a_checkpoint_saved_with_the_former_stored_batch_names_resumes(tmp_path)
     equal, read by its stored name (`checkpoint.LEGACY_NAMES`)."""
     import flax
 
-    from pipo_jax.rl.checkpoint import LEGACY_NAMES
+    from pipo_jax.run.checkpoint import LEGACY_NAMES
 
     @flax.struct.dataclass
     class StoredBatch:  # the former type, as it was saved

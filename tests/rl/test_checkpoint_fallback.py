@@ -14,12 +14,12 @@ import pytest
 
 from configs import grpo
 from pipo_jax.models import qwen3
-from pipo_jax.rl.checkpoint import Checkpointer, NoReadableCheckpoint
-from pipo_jax.rl.placement import Placement
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
-from pipo_jax.rl.trainer import train
+from pipo_jax.run.checkpoint import Checkpointer, NoReadableCheckpoint
+from pipo_jax.run.placement import Placement
+from pipo_jax.run.setup import train_spec
+from pipo_jax.run.trainer import train
 
 
 def _spec_and_states():
@@ -101,12 +101,12 @@ def test_damaged_newest_falls_back_to_the_previous(saved, tmp_path, caplog, dama
     DAMAGES[damage](str(root / "3"))
     before = _file_digests(root)
     ckpt = Checkpointer(str(root), keep=5)
-    with caplog.at_level(logging.WARNING, logger="pipo_jax.rl.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="pipo_jax.run.checkpoint"):
         restored = Placement().restore(ckpt, spec)
     ckpt.close()
     assert int(restored.step) == 2
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), jax.device_get(states[2].params))
-    lines = [r.getMessage() for r in caplog.records if r.name == "pipo_jax.rl.checkpoint"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipo_jax.run.checkpoint"]
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"checkpoint step 3 at {root / '3'} is unreadable (")
     assert lines[0].endswith("): skipped, left in place") and "\n" not in lines[0]
@@ -119,11 +119,11 @@ def test_two_damaged_each_named_and_the_oldest_restored(saved, tmp_path, caplog)
     _truncate(str(root / "3"))
     _garbage(str(root / "2"))
     ckpt = Checkpointer(str(root), keep=5)
-    with caplog.at_level(logging.WARNING, logger="pipo_jax.rl.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="pipo_jax.run.checkpoint"):
         restored = Placement().restore(ckpt, spec)
     ckpt.close()
     assert int(restored.step) == 1
-    lines = [r.getMessage() for r in caplog.records if r.name == "pipo_jax.rl.checkpoint"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipo_jax.run.checkpoint"]
     assert [line.split(" at ")[0] for line in lines] == ["checkpoint step 3", "checkpoint step 2"]
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
+from pipo_jax.run.setup import train_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "sdpo", "vpd")

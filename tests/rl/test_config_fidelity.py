@@ -3,11 +3,11 @@ PIPO behaviours and presets (README "paper setting vs authors' setting")."""
 
 import pytest
 
-from configs import base, dapo, gspo, grpo, ppo, sdpo
-from pipo_jax.losses import pipo
+from configs import base, dapo, grpo, gspo, ppo, sdpo
+from pipo_jax.rl import controller
 from pipo_jax.rl.sections import PipoConfig
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.spec import ConfigError
+from pipo_jax.run.setup import train_spec
 from tests.rl.test_config import check_config_values
 
 
@@ -44,12 +44,12 @@ def test_dapo_generation_batch_follows_a_batch_override():
 
 def test_authors_behaviours_one_by_one_and_all():
     c = grpo.get_config("micro")
-    assert train_spec(c).pipo.options == pipo.PipoOptions()
+    assert train_spec(c).pipo.options == controller.PipoOptions()
     c.pipo.authors.rhat_clamp = True
-    assert train_spec(c).pipo.options == pipo.PipoOptions(rhat_clamp=True)
+    assert train_spec(c).pipo.options == controller.PipoOptions(rhat_clamp=True)
     c.pipo.compat = True
     assert all(train_spec(c).pipo.options)
-    assert sorted(c.pipo.authors) == sorted(pipo.AUTHORS_BEHAVIOURS)
+    assert sorted(c.pipo.authors) == sorted(controller.AUTHORS_BEHAVIOURS)
 
 
 def test_authors_presets():
@@ -77,13 +77,13 @@ def test_authors_presets():
 @pytest.mark.parametrize("compat, named, expected_off", [
     (True, {"window_twice": False}, {"window_twice"}),  # a named false wins over compat
     (True, {}, set()),
-    (False, {"std_ddof0": True}, set(pipo.AUTHORS_BEHAVIOURS) - {"std_ddof0"}),
-    (False, {}, set(pipo.AUTHORS_BEHAVIOURS)),
-    # the authors' PPO and verl behaviours (issue 29.3), one by one
+    (False, {"std_ddof0": True}, set(controller.AUTHORS_BEHAVIOURS) - {"std_ddof0"}),
+    (False, {}, set(controller.AUTHORS_BEHAVIOURS)),
+    # the authors' PPO and verl behaviours, one by one
     (True, {"ppo_pi_no_lam": False}, {"ppo_pi_no_lam"}),
     (True, {"ppo_sign_attribution": False, "ppo_adv_gate": False}, {"ppo_sign_attribution", "ppo_adv_gate"}),
-    (False, {"micro_token_mean": True}, set(pipo.AUTHORS_BEHAVIOURS) - {"micro_token_mean"}),
-    (False, {"ppo_adv_gate": True}, set(pipo.AUTHORS_BEHAVIOURS) - {"ppo_adv_gate"}),
+    (False, {"micro_token_mean": True}, set(controller.AUTHORS_BEHAVIOURS) - {"micro_token_mean"}),
+    (False, {"ppo_adv_gate": True}, set(controller.AUTHORS_BEHAVIOURS) - {"ppo_adv_gate"}),
 ])
 def test_a_named_authors_behaviour_wins_over_compat(compat, named, expected_off):
     c = grpo.get_config("micro")

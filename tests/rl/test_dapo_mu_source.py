@@ -1,5 +1,5 @@
 """DAPO: `pipo.mu_source` picks the batch mu_t comes from: the filtered batch the step trains on
-(default, SPEC and the authors) or every group sampled for it (`raw`)."""
+(default, docs/math.md and the authors) or every group sampled for it (`raw`)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +10,8 @@ from configs import dapo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, loop, rollout
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run.setup import train_spec
 
 
 def _spec(mu_source):

@@ -15,10 +15,11 @@ from configs import grpo
 from pipo_jax.data import prompts as pr
 from pipo_jax.data import tokenizer as tk
 from pipo_jax.models import hf
-from pipo_jax.rl import evaluate, rollout
+from pipo_jax.rl import rollout
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
-from pipo_jax.rl.trainer import train
+from pipo_jax.run import evaluate
+from pipo_jax.run.setup import train_spec
+from pipo_jax.run.trainer import train
 from pipo_jax.tasks import dataset
 from tests.conftest import override
 from tests.data.tiny_tokenizer import save_tiny_model_dir

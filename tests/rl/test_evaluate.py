@@ -10,7 +10,7 @@ from pipo_jax.data.prompts import PromptConfig
 from pipo_jax.data.sources import SourceConfig, load_examples
 from pipo_jax.data.tokenizer import load_tokenizer
 from pipo_jax.models import hf
-from pipo_jax.rl import evaluate
+from pipo_jax.run import evaluate
 from pipo_jax.tasks import passk
 from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig
 from tests.conftest import make_hf_qwen3

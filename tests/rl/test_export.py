@@ -6,8 +6,8 @@ rendering and the sampler's responses, in process and with prompts piped in."""
 
 import json
 import os
-import re
 import pathlib
+import re
 import stat
 import subprocess
 import sys
@@ -22,8 +22,8 @@ from safetensors import safe_open
 from configs import grpo
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.models import hf
-from pipo_jax.rl import evaluate, export
-from pipo_jax.rl.trainer import train
+from pipo_jax.run import evaluate, export
+from pipo_jax.run.trainer import train
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from pipo_jax.data.tokenizer import load_tokenizer, stop_token_ids
-from pipo_jax.rl.trainer import train
+from pipo_jax.run.trainer import train
 from tests.rl.test_dataset_task import QUESTIONS, math_config, math_file, model_dir  # noqa: F401 (fixtures)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

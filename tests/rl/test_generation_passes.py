@@ -11,7 +11,7 @@ import pytest
 from pipo_jax.models import qwen3
 from pipo_jax.rl import rollout
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
+from pipo_jax.run.setup import train_spec
 
 
 def micro_spec(**overrides):

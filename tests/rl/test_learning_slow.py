@@ -10,8 +10,8 @@ import json
 import pytest
 
 from configs import grpo as grpo_configs
-from pipo_jax.rl import observe
-from pipo_jax.rl.trainer import train
+from pipo_jax.run import observe
+from pipo_jax.run.trainer import train
 
 
 @pytest.mark.slow

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from pipo_jax.models import qwen3
-from pipo_jax.rl import algorithms, learn, rollout, steps
+from pipo_jax.rl import algorithms, learn
 from pipo_jax.rl import response_logprobs as logprobs
+from pipo_jax.rl import rollout, steps
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run.setup import train_spec
 
 
 def test_split_micro_takes_rows_of_every_device_block_and_merge_inverts_it():

@@ -11,12 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
-from pipo_jax.rl import learn, rollout
+from pipo_jax.rl import controller, learn, rollout
 from pipo_jax.rl.batch import TrainBatch
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run.setup import train_spec
 from tests.conftest import override
 
 STEPS = 3
@@ -45,7 +44,7 @@ def primed_state(spec):
                         mask_br=jnp.asarray(mask_r), logp_old_br=jnp.asarray(-3.5 * mask_r),
                         logp_ref_br=jnp.asarray(-3.5 * mask_r), attr_br=jnp.asarray(attr, jnp.float32))
     window = jnp.zeros((spec.pipo.window,), jnp.float32).at[-2:].set(jnp.array([0.2, 0.4]))
-    return state.replace(pipo=pipo.PipoState(mu_window_k=window, count=jnp.int32(2), has_prev=jnp.bool_(True),
+    return state.replace(pipo=controller.PipoState(mu_window_k=window, count=jnp.int32(2), has_prev=jnp.bool_(True),
                                              prev=stored))
 
 

@@ -9,11 +9,11 @@ import pytest
 from configs import grpo
 from pipo_jax.models import qwen3
 from pipo_jax.rl.loop import NonFiniteUpdates
-from pipo_jax.rl.placement import Placement
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
-from pipo_jax.rl.trainer import host_task_reward
+from pipo_jax.run.placement import Placement
+from pipo_jax.run.setup import train_spec
+from pipo_jax.run.trainer import host_task_reward
 
 
 def _setup():

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 from tensorboardX.proto import event_pb2
 
-from pipo_jax.rl import observe
+from pipo_jax.run import observe
 
 KEYS = ("reward_mean", "heldout_accuracy", "mu_t", "mu_his", "xi", "c", "pi_step_applied", "response_length",
         "kl_ref", "tokens_per_s")

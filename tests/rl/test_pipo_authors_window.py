@@ -9,8 +9,8 @@ import pytest
 from configs import grpo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, rollout
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run.setup import train_spec
 
 # micro: 4 groups of G = 4, mixed groups so GRPO's advantages are nonzero; batch means 0.25, then 0.5
 REWARDS = [jnp.array([1, 0, 0, 0] * 4, jnp.float32), jnp.array([1, 1, 0, 0] * 4, jnp.float32)]

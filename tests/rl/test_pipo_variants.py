@@ -10,14 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import gspo, grpo, ppo, sdpo
-from pipo_jax.losses import pipo
+from configs import grpo, gspo, ppo, sdpo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, learn, rollout, steps
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run.setup import train_spec
 
 
 def _stored(spec, attr_br, logp_shift=0.0):

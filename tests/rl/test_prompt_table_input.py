@@ -7,7 +7,7 @@ import numpy as np
 
 from pipo_jax.models import hf
 from pipo_jax.rl import loop, rollout
-from pipo_jax.rl.setup import train_spec
+from pipo_jax.run.setup import train_spec
 from pipo_jax.tasks import dataset
 from tests.rl.test_dataset_task import math_config, math_file, model_dir  # noqa: F401 (fixtures)
 

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from configs import grpo
-from pipo_jax.rl import loop, warmup
-from pipo_jax.rl.placement import Placement
+from pipo_jax.rl import loop
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
+from pipo_jax.run import warmup
+from pipo_jax.run.placement import Placement
+from pipo_jax.run.setup import train_spec
 
 
 def micro(**rollout):

@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 from configs import grpo
-from pipo_jax.rl import observe, warmup
-from pipo_jax.rl.checkpoint import saved_steps
-from pipo_jax.rl.preemption import RunInterrupted, StopRequests
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.trainer import train
-from pipo_jax.rl.workdir import WorkdirError, WorkdirLock
+from pipo_jax.run import observe, warmup
+from pipo_jax.run.checkpoint import saved_steps
+from pipo_jax.run.preemption import RunInterrupted, StopRequests
+from pipo_jax.run.trainer import train
+from pipo_jax.run.workdir import WorkdirError, WorkdirLock
 from pipo_jax.tasks import arithmetic
+
 
 def micro(**overrides):
     c = grpo.get_config("micro")
@@ -202,7 +203,7 @@ def test_a_stop_request_saves_the_state_and_ends_the_run(tmp_path):
             self.requested = signal.SIGTERM
             return self
 
-    import pipo_jax.rl.trainer as trainer
+    import pipo_jax.run.trainer as trainer
 
     original = trainer.StopRequests
     trainer.StopRequests = StopAtOnce
@@ -226,7 +227,7 @@ def test_warmup_eval_every_sets_the_checks_and_the_stored_progress_it_resumes(tm
             self.requested = signal.SIGTERM
             return self
 
-    import pipo_jax.rl.trainer as trainer
+    import pipo_jax.run.trainer as trainer
 
     c = dict(iterations=1, **{"warmup.steps": 4, "warmup.eval_every": 2})
     original = trainer.StopRequests

@@ -11,8 +11,8 @@ import pytest
 from configs import base
 from pipo_jax.rl import algorithms, schema, sections
 from pipo_jax.rl.sections import ConfigError, RunConfig
-from pipo_jax.rl.setup import train_spec
-from pipo_jax.rl.workdir import flat_config
+from pipo_jax.run.setup import train_spec
+from pipo_jax.run.workdir import flat_config
 
 ALGOS = sections.algorithm_names()  # each registered algorithm has its configs/<name>.py
 

@@ -1,4 +1,4 @@
-"""SDPO / VPD: the teacher signal mask `sd_mask` (SPEC 1 "SDPO").
+"""SDPO / VPD: the teacher signal mask `sd_mask` (docs/math.md §1 "SDPO").
 
 Rows whose teacher saw neither a sibling's solution nor feedback (sd_mask = 0) have no
 attribution (paper Eq. 4: a = 0 there), in `learn.prepare` and in VPD's recompute after
@@ -13,8 +13,8 @@ import pytest
 from configs import sdpo, vpd
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, learn, rollout, steps
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run.setup import train_spec
 
 # micro: P = 4 prompts x G = 4. With feedback off, a row has a teacher signal only when another
 # row of its group succeeded: group 0 -> rows 1-3 (row 0 is the only success), group 1 -> none,

@@ -10,7 +10,7 @@ import pytest
 
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.models import qwen3
-from pipo_jax.rl import evaluate, teacher_forcing, warmup
+from pipo_jax.run import evaluate, teacher_forcing, warmup
 from pipo_jax.tasks import arithmetic as ar
 
 sample = jax.jit(ar.sample_problems, static_argnums=(0, 2, 3))

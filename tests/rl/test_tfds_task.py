@@ -6,7 +6,7 @@ download switch is a one-line config error naming the directory and the switch."
 import pytest
 
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
+from pipo_jax.run.setup import train_spec
 from tests.rl.test_dataset_task import math_config, model_dir  # noqa: F401 (fixture)
 
 

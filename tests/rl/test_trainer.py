@@ -8,15 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pipo_jax.losses import pipo
 from pipo_jax.models import qwen3
-from pipo_jax.rl import learn, loop
+from pipo_jax.rl import controller, learn, loop
 from pipo_jax.rl import response_logprobs as logprobs
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_train_state
-from pipo_jax.rl.trainer import train
+from pipo_jax.run.setup import train_spec
+from pipo_jax.run.trainer import train
 from tests.conftest import override
 from tests.parallel import scenario
 from tests.parallel.equivalence import assert_run_matches
@@ -117,7 +116,7 @@ def _pi_case(c_sign: float, count: int = 4, mu_t: float | None = None):
     stored = TrainBatch(tokens_bl=tokens, mask_bl=mask_l, mask_br=mask_r, logp_old_br=logp_old,
                         logp_ref_br=logp_old, attr_br=attr)
     window = jnp.array([0.2, 0.4, 0.2, 0.4])
-    ps = pipo.PipoState(mu_window_k=window, count=jnp.int32(count), has_prev=jnp.bool_(True), prev=stored)
+    ps = controller.PipoState(mu_window_k=window, count=jnp.int32(count), has_prev=jnp.bool_(True), prev=stored)
     mu = 0.3 + c_sign * 0.2 if mu_t is None else mu_t
     params, _, m = _pi_step(spec, state.params, state.opt_state, ps, jnp.float32(mu), jax.random.PRNGKey(0))
     logp_new, _ = _response_logprobs(spec.model, params, tokens, mask_l, spec.prompt_len)
@@ -228,7 +227,7 @@ def test_dapo_raises_when_no_informative_group_is_found():
 
 @pytest.mark.slow  # compiles the scan loop of its own DAPO variant
 def test_dapo_exhaustion_in_the_scan_loop_is_an_error():
-    from pipo_jax.rl.placement import Placement
+    from pipo_jax.run.placement import Placement
 
     c = micro("dapo", False, **{"task.reward_mode": "exact", "dapo.max_num_gen_batches": 2})
     spec, state = fresh_state(c)
@@ -238,7 +237,7 @@ def test_dapo_exhaustion_in_the_scan_loop_is_an_error():
 
 def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
     from pipo_jax.data import char_vocab as cv
-    from pipo_jax.rl.rollout import Rollout
+    from pipo_jax.rl.experience import Rollout
     from pipo_jax.tasks import arithmetic
 
     c = micro("sdpo", False, **{"rollout.group_size": 2, "rollout.prompts_per_batch": 1,

@@ -1,4 +1,4 @@
-"""VPD E-step (SPEC 4): config validation, the F schedule, the outcome count mask, the
+"""VPD E-step (docs/math.md §4): config validation, the F schedule, the outcome count mask, the
 reference choice, and `e_step` on a micro SDPO batch built by the trainer's own pieces
 (rollout.collect -> learn.prepare). The micro model compiles slowly on a shared CPU, so
 one jitted `maybe_e_step` is built per module and reused."""
@@ -22,8 +22,8 @@ from pipo_jax.rl import learn, rollout
 from pipo_jax.rl import vpd_estep as vpd
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.state import init_teacher_opt_state, init_train_state, skip_nonfinite
+from pipo_jax.run.setup import train_spec
 
 # ----------------------------------------------------------------------------- config and schedule
 

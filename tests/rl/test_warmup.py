@@ -9,7 +9,7 @@ import pytest
 
 from pipo_jax.data import char_vocab
 from pipo_jax.models import qwen3
-from pipo_jax.rl import teacher_forcing, warmup
+from pipo_jax.run import teacher_forcing, warmup
 from pipo_jax.tasks import arithmetic as ar
 
 TASK = ar.ArithmeticTask(max_digits=1, heldout_fraction=0.3)  # 1-digit '+'/'-', reversed answers

@@ -7,9 +7,10 @@ import pytest
 
 from configs import sdpo as sdpo_configs
 from pipo_jax.data import char_vocab as cv
-from pipo_jax.rl import learn, teacher_forcing, warmup
-from pipo_jax.rl.rollout import Rollout
-from pipo_jax.rl.setup import train_spec
+from pipo_jax.rl import learn
+from pipo_jax.rl.experience import Rollout
+from pipo_jax.run import teacher_forcing, warmup
+from pipo_jax.run.setup import train_spec
 from pipo_jax.tasks import arithmetic as ar
 
 TASK = ar.ArithmeticTask(min_digits=2, max_digits=2, answer_format="reversed", feedback_style="reveal")
@@ -81,8 +82,8 @@ def test_demonstrations_flaw_only_plain_rows(rate):
 
 @pytest.mark.slow  # the main job end to end (warm-up, trainer, evaluation)
 def test_trainer_logs_the_teacher_accuracy_with_a_context(tmp_path):
-    from pipo_jax.rl import observe
-    from pipo_jax.rl.trainer import EVAL_SEED, train, warmup_kwargs
+    from pipo_jax.run import observe
+    from pipo_jax.run.trainer import EVAL_SEED, train, warmup_kwargs
 
     c = sdpo_configs.get_config("micro")
     c.iterations, c.log.every = 1, 1
@@ -100,11 +101,11 @@ def test_trainer_logs_the_teacher_accuracy_with_a_context(tmp_path):
 
 @pytest.mark.parametrize("use_feedback, threshold", [(True, 1.0), (False, 1.0), (True, 0.5)])
 def test_the_learners_choice_renders_the_teacher_prompts_the_task_chose_before(use_feedback, threshold):
-    """The learner now picks each row's context (`rollout.choose_contexts`) and the task only renders
+    """The learner now picks each row's context (`experience.choose_contexts`) and the task only renders
     it; the prompts are bit-equal to the task's own choice as it was made before (the first other
     successful response of the group, else feedback), written out here."""
     from pipo_jax.losses.distill import select_demonstrations
-    from pipo_jax.rl.rollout import choose_contexts
+    from pipo_jax.rl.experience import choose_contexts
     from pipo_jax.tasks.protocol import TeacherSettings
 
     g, b = 4, 16

@@ -14,7 +14,7 @@ from configs import grpo, sdpo
 from pipo_jax.data import text_vocab
 from pipo_jax.rl import rollout
 from pipo_jax.rl.sections import ConfigError
-from pipo_jax.rl.setup import train_spec
+from pipo_jax.run.setup import train_spec
 from pipo_jax.tasks import countdown as cd
 from tests.conftest import override
 
@@ -108,7 +108,7 @@ def test_capabilities_it_lacks_are_config_errors_naming_the_key():
 
 
 def test_short_run_with_warmup(tmp_path):
-    from pipo_jax.rl.trainer import train
+    from pipo_jax.run.trainer import train
 
     out = train(config(), str(tmp_path / "run"))
     assert out["state"].step == 3 and 0.0 <= out["final_accuracy"] <= 1.0

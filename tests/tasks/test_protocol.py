@@ -12,8 +12,8 @@ import pytest
 from configs import grpo, sdpo
 from pipo_jax.rl import spec as spec_lib
 from pipo_jax.rl.sections import ConfigError
-from pipo_jax.rl.setup import make_model_config, train_spec
-from pipo_jax.rl.task_config import make_task
+from pipo_jax.run.setup import make_model_config, train_spec
+from pipo_jax.run.task_config import make_task
 from pipo_jax.tasks import registry
 from pipo_jax.tasks.protocol import Task, TaskCapabilities, missing_attributes, missing_members
 

@@ -14,10 +14,11 @@ from configs import grpo
 from pipo_jax.data import text_vocab
 from pipo_jax.data import tokenizer as tk
 from pipo_jax.models import qwen3
-from pipo_jax.rl import rollout, teacher_forcing
+from pipo_jax.rl import rollout
 from pipo_jax.rl.sections import ConfigError
-from pipo_jax.rl.setup import train_spec
-from pipo_jax.rl.task_config import make_task
+from pipo_jax.run import teacher_forcing
+from pipo_jax.run.setup import train_spec
+from pipo_jax.run.task_config import make_task
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import reasoning_gym as rgt
 from tests.conftest import override
@@ -178,7 +179,7 @@ def test_heldout_accuracy_is_the_verifiers_on_greedy_responses():
 
 
 def test_short_run_with_warmup_in_the_character_vocabulary(tmp_path):
-    from pipo_jax.rl.trainer import train
+    from pipo_jax.run.trainer import train
 
     out = train(rg_config(**{"warmup.mistake_rate": 0.0, "warmup.context_fraction": 0.0}), str(tmp_path / "run"))
     assert np.isfinite(out["final_accuracy"])
@@ -217,7 +218,7 @@ def test_tokenizer_form_renders_the_chat_template_and_scores_tagged_answers(mode
 
 
 def test_tokenizer_form_short_run(model_dir, tmp_path):
-    from pipo_jax.rl.trainer import train
+    from pipo_jax.run.trainer import train
 
     out = train(text_config(model_dir, iterations=2), str(tmp_path / "run"))
     assert out["state"].step == 2 and 0.0 <= out["final_accuracy"] <= 1.0
@@ -237,8 +238,8 @@ def test_chain_sum_learns_with_grpo():
     under GRPO by >= 0.10 in 40 iterations (one seed, run alone; the others' gains are listed
     at SEED)."""
     from experiments.compare import run_arm
-    from pipo_jax.rl import warmup
-    from pipo_jax.rl.trainer import warmup_kwargs
+    from pipo_jax.run import warmup
+    from pipo_jax.run.trainer import warmup_kwargs
 
     c = grpo.get_config("tiny")
     override(c, {"task.name": "reasoning_gym", "task.rg_dataset": "chain_sum",

@@ -192,7 +192,7 @@ def test_without_landlock_the_sandbox_refuses_unless_allowed(monkeypatch):
 def test_a_code_task_without_landlock_is_a_config_error(monkeypatch):
     from configs import grpo
     from pipo_jax.rl.spec import ConfigError
-    from pipo_jax.rl.task_config import make_task
+    from pipo_jax.run.task_config import make_task
 
     monkeypatch.setattr(cd, "landlock_abi", lambda: 0)
     c = grpo.get_config("micro")

@@ -365,7 +365,7 @@ def test_the_audit_mode_needs_allow_network():
 def test_a_code_task_without_network_namespaces_is_a_config_error(monkeypatch):
     from configs import grpo
     from pipo_jax.rl.spec import ConfigError
-    from pipo_jax.rl.task_config import make_task
+    from pipo_jax.run.task_config import make_task
 
     monkeypatch.setattr(cd, "namespaces_available", lambda: False)
     c = grpo.get_config("micro")

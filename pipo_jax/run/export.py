@@ -32,9 +32,9 @@ from pipo_jax.data import char_vocab as cv
 from pipo_jax.data import text_vocab
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
 from pipo_jax.models import hf, qwen3
-from pipo_jax.rl import evaluate, observe
-from pipo_jax.rl.checkpoint import saved_steps
 from pipo_jax.rl.spec import TrainSpec
+from pipo_jax.run import evaluate, observe
+from pipo_jax.run.checkpoint import saved_steps
 
 log = logging.getLogger(__name__)
 

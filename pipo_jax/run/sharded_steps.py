@@ -1,8 +1,7 @@
 """The trainer's jitted functions with explicit in / out shardings over a mesh.
 
     from pipo_jax import parallel
-    from pipo_jax.rl import sharded_steps
-
+    from pipo_jax.run import sharded_steps
     mesh = parallel.mesh_from_config(config.mesh)
     state = sharded_steps.init_sharded_train_state(spec, mesh, params, seed)   # or shard_train_state
     chunk = sharded_steps.sharded_scan_chunk(spec, mesh, length)               # cached per arguments
@@ -34,6 +33,7 @@ from pipo_jax.parallel.context import sharding_context
 from pipo_jax.parallel.host_data import process_local_reward
 from pipo_jax.parallel.rules import Rules, make_rules, replicated, rules_key
 from pipo_jax.parallel.shardings import batch_shardings, train_state_shardings, tree_shardings
+from pipo_jax.rl import experience
 from pipo_jax.rl import learn as learn_lib
 from pipo_jax.rl import loop
 from pipo_jax.rl import rollout as rollout_lib
@@ -208,7 +208,7 @@ def mesh_host_programs(spec: TrainSpec, mesh: Mesh, rules: Rules | None = None) 
     """The host loop's programs on `mesh`: sharded generate and learn; each process scores
     only its own rows of a rollout (`process_local_reward`)."""
     def score(rollout, reward_fn):
-        return rollout_lib.with_rewards(rollout, process_local_reward(reward_fn, rollout, mesh, rules))
+        return experience.with_rewards(rollout, process_local_reward(reward_fn, rollout, mesh, rules))
 
     table = mesh_prompt_table(spec, mesh)
     return loop.HostPrograms(

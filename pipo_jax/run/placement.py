@@ -4,7 +4,7 @@
 `-1` fills, `dcn_*`, `rules`). With one device (or `mesh.enabled=false`) the trainer
 runs the plain single-device programs (`loop.scan_chunk`, `loop.host_iteration`). With
 several devices, of one process or many, it builds the mesh over all of them and runs
-the same step functions jitted with explicit shardings (`pipo_jax.rl.sharded_steps`):
+the same step functions jitted with explicit shardings (`pipo_jax.run.sharded_steps`):
 the state is created, restored (orbax resharding) and advanced directly on the mesh,
 host rewards are computed by each process on its own rows, and everything the host
 reads (metrics, evaluation, the HF export) is gathered first.
@@ -22,11 +22,12 @@ from jax.sharding import Mesh
 
 from pipo_jax import parallel
 from pipo_jax.parallel.rules import Rules, make_rules
-from pipo_jax.rl import loop, rollout, sharded_steps, teacher_forcing
-from pipo_jax.rl.checkpoint import Checkpointer
+from pipo_jax.rl import loop, rollout
 from pipo_jax.rl.sections import MeshConfig
 from pipo_jax.rl.spec import ConfigError, TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
+from pipo_jax.run import sharded_steps, teacher_forcing
+from pipo_jax.run.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,12 @@ import ml_collections
 
 from pipo_jax import platforms
 from pipo_jax.models import hf, qwen3
-from pipo_jax.rl import warmup
 from pipo_jax.rl.schema import from_config
-from pipo_jax.rl.sections import ConfigError, ModelConfig, RunConfig, need as _need
+from pipo_jax.rl.sections import ConfigError, ModelConfig, RunConfig
+from pipo_jax.rl.sections import need as _need
 from pipo_jax.rl.spec import TrainSpec, check_run_config, eval_benchmarks, spec_from_config
-from pipo_jax.rl.task_config import make_task
+from pipo_jax.run import warmup
+from pipo_jax.run.task_config import make_task
 from pipo_jax.tasks.protocol import Task
 
 __all__ = ["ConfigError", "make_model_config", "train_spec"]

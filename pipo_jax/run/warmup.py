@@ -38,7 +38,7 @@ import optax
 
 from pipo_jax.data import char_vocab
 from pipo_jax.models import qwen3
-from pipo_jax.rl import teacher_forcing
+from pipo_jax.run import teacher_forcing
 from pipo_jax.tasks.protocol import Task
 
 

@@ -17,10 +17,10 @@ import numpy as np
 from pipo_jax import platforms
 from pipo_jax.data.prompts import build_prompts
 from pipo_jax.models import hf, qwen3
-from pipo_jax.rl.checkpoint import Checkpointer
-from pipo_jax.rl.placement import Placement
 from pipo_jax.rl.spec import TrainSpec
-from pipo_jax.rl.setup import train_spec
+from pipo_jax.run.checkpoint import Checkpointer
+from pipo_jax.run.placement import Placement
+from pipo_jax.run.setup import train_spec
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import passk

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from pipo_jax.rl.workdir import WorkdirError
+from pipo_jax.run.workdir import WorkdirError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 supervised warm-up), then RL iterations in jitted `lax.scan` chunks (or the host loop),
 with held-out evaluation, metrics, orbax checkpoints / exact resume and a final HF export.
 On several devices or processes the same job runs sharded over `config.mesh`
-(`pipo_jax.rl.placement`). The run-level sections are read typed (`rl/sections.py:RunConfig`).
+(`pipo_jax.run.placement`). The run-level sections are read typed (`rl/sections.py:RunConfig`).
 """
 
 from __future__ import annotations
@@ -24,16 +24,18 @@ from pipo_jax.data.sources import SourceConfig, load_examples
 from pipo_jax.models import hf, qwen3
 from pipo_jax.parallel import mesh_batch_shards
 from pipo_jax.parallel.distributed import initialize_distributed
-from pipo_jax.rl import evaluate, loop, observe, rollout, sharded_steps, steps, warmup
-from pipo_jax.rl import export as export_lib
-from pipo_jax.rl import workdir as workdir_lib
-from pipo_jax.rl.checkpoint import Checkpointer, saved_steps
-from pipo_jax.rl.placement import Placement, placement_from_config
-from pipo_jax.rl.preemption import RunInterrupted, StopRequests
+from pipo_jax.rl import loop, rollout, steps
 from pipo_jax.rl.sections import RunConfig
-from pipo_jax.rl.setup import train_spec
 from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config
 from pipo_jax.rl.state import TrainState
+from pipo_jax.run import evaluate
+from pipo_jax.run import export as export_lib
+from pipo_jax.run import observe, sharded_steps, warmup
+from pipo_jax.run import workdir as workdir_lib
+from pipo_jax.run.checkpoint import Checkpointer, saved_steps
+from pipo_jax.run.placement import Placement, placement_from_config
+from pipo_jax.run.preemption import RunInterrupted, StopRequests
+from pipo_jax.run.setup import train_spec
 
 log = logging.getLogger(__name__)
 
