@@ -3,6 +3,7 @@ progress records, end it at a deadline, remove its scratch directory."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -13,6 +14,8 @@ import time
 from pipo_jax.tasks.code import child, sandbox
 from pipo_jax.tasks.code.config import SandboxConfig
 from pipo_jax.tasks.code.protocol import _memfd_with, _read_all
+
+logger = logging.getLogger(__name__)
 
 
 _RECORD_SLACK_S = 2.0  # harness overhead allowed between a test's time limit and its record
@@ -115,13 +118,16 @@ def _run_harness(spec: dict, cmd: list[str], config: SandboxConfig, namespaced: 
     results_fd = os.memfd_create("results")
     stdout_fd = os.memfd_create("stdout")
     try:
-        with tempfile.TemporaryDirectory(prefix="pipo_code_") as workdir:
+        workdir = tempfile.mkdtemp(prefix="pipo_code_")
+        try:
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             proc = subprocess.Popen(cmd + [str(results_fd)], stdin=spec_fd, stdout=stdout_fd,
                                     stderr=subprocess.DEVNULL, cwd=workdir, env=env,
                                     start_new_session=True, pass_fds=(results_fd,))
             killed = _wait_or_kill(proc, config, results_fd, namespaced)
+        finally:
+            remove_tree(workdir)
         records = []
         for line in _read_all(results_fd, 1 << 24).decode("utf-8", errors="replace").splitlines():
             try:
@@ -133,3 +139,79 @@ def _run_harness(spec: dict, cmd: list[str], config: SandboxConfig, namespaced: 
         for fd in (spec_fd, results_fd, stdout_fd):
             os.close(fd)
     return records, stdout, proc.returncode, killed
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(path: str) -> None:
+    """Deletes the directory `path` and everything in it, however deep or locked down the program
+    left it (``shutil.rmtree`` recurses, so a few thousand nested directories end it with
+    RecursionError). Depth-first with one open directory at a time, names relative to it (no path
+    grows past PATH_MAX) and ".." to climb; symlinks are removed, never followed. Runs once every
+    process that could write there has ended. Never raises: what it cannot delete is logged."""
+    failures: list[str] = []
+    try:
+        _remove_below(os.path.dirname(path) or ".", os.path.basename(path), failures)
+    except OSError as e:
+        failures.append(str(e))
+    if failures:
+        logger.warning("could not remove all of the sandbox's scratch directory %s (%d failures, e.g. %s)", path,
+                       len(failures), failures[0])
+
+
+def _remove_below(parent: str, name: str, failures: list[str]) -> None:
+    """`remove_tree` of `parent`/`name`; what fails to go is appended to `failures`."""
+    fd = os.open(parent, _DIR)
+    pending = [[name]]  # per level: the subdirectories still to delete
+    entered: list[str] = []  # the directories descended into, below `parent`
+    try:
+        while pending:
+            if pending[-1]:
+                sub = pending[-1].pop()
+                try:
+                    child = _enter(fd, sub)
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    failures.append(f"{sub}: {e}")
+                    continue
+                os.close(fd)
+                fd = child
+                entered.append(sub)
+                pending.append(_clear_files(fd, failures))
+                continue
+            pending.pop()
+            if not entered:
+                return
+            up = os.open("..", _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            sub = entered.pop()
+            try:
+                os.rmdir(sub, dir_fd=fd)
+            except OSError as e:
+                failures.append(f"{sub}: {e}")
+    finally:
+        os.close(fd)
+
+
+def _enter(parent_fd: int, name: str) -> int:
+    """The directory `name` below `parent_fd`, opened after making it ours to empty (0700)."""
+    os.chmod(name, 0o700, dir_fd=parent_fd)
+    return os.open(name, _DIR, dir_fd=parent_fd)
+
+
+def _clear_files(fd: int, failures: list[str]) -> list[str]:
+    """Unlinks every entry of directory `fd` but its subdirectories, whose names it returns."""
+    subdirs = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    subdirs.append(entry.name)
+                else:
+                    os.unlink(entry.name, dir_fd=fd)
+            except OSError as e:
+                failures.append(f"{entry.name}: {e}")
+    return subdirs
