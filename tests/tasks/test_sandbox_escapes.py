@@ -59,3 +59,26 @@ def test_removing_a_tree_deeper_than_path_max_with_locked_directories(tmp_path):
     os.chmod(top / "dd", 0)  # a directory the program locked
     cd.launch.remove_tree(str(top))
     assert list(tmp_path.iterdir()) == []
+
+
+# (b) relayed by its builtin name, a StopIteration ended the test's map(): all() held, any() did not.
+PREDICATE_TESTS = [cd.AssertTest("assert is_even(2)"), cd.AssertTest("assert not is_even(3)"),
+                   cd.AssertTest("assert all(map(is_even, [1, 3]))"),
+                   cd.AssertTest("assert not any(map(is_even, [2, 4]))")]
+
+
+@pytest.mark.parametrize("exc", ["StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt",
+                                 "SystemExit"])
+def test_control_flow_exceptions_of_the_solution_fail_the_tests(exc):
+    result = cd.run_tests(f"def is_even(n):\n    raise {exc}\n", PREDICATE_TESTS, _cfg())
+    assert (result.reward, result.outcomes) == (0.0, ("error",) * 4), result.feedback
+    assert exc in result.feedback
+    honest = cd.run_tests("def is_even(n):\n    return n % 2 == 0\n", PREDICATE_TESTS, _cfg())
+    assert honest.outcomes == ("pass", "pass", "fail", "fail")
+
+
+def test_ordinary_exceptions_of_the_solution_keep_their_builtin_type():
+    test = cd.AssertTest("try:\n    f(-1)\nexcept ValueError as e:\n    assert 'negative' in str(e)\n"
+                         "else:\n    assert False, 'no error'")
+    assert cd.run_tests("def f(x):\n    raise ValueError('negative')\n", [test], _cfg()).outcomes == ("pass",)
+    assert cd.run_tests("def f(x):\n    raise StopIteration('negative')\n", [test], _cfg()).outcomes == ("error",)

@@ -201,18 +201,30 @@ class _Judge:
         return _Remote(self, v[1], v[2])
 
 
+class SolutionError(Exception):
+    """An exception of the solution's, relayed where the builtin of its name would steer the
+    test instead of failing it (`_CONTROL_FLOW`, and what is no Exception: SystemExit,
+    KeyboardInterrupt, GeneratorExit): to the test it is an ordinary error."""
+
+
+# Exceptions the interpreter takes for the end of an iteration: relayed as such, a StopIteration
+# ends the test's ``map`` or ``any`` early (``all(map(f, xs))`` holds, whatever `f` returns).
+_CONTROL_FLOW = (StopIteration, StopAsyncIteration)
+
+
 def _solution_error(type_name: str, msg: str) -> Exception:
-    """The exception the solution raised, as the builtin exception of that name where there
-    is one (so a test's ``except ValueError`` works); `sandbox_msg` is the feedback text."""
+    """The exception the solution raised, as the builtin exception of that name where that is
+    an ordinary error (so a test's ``except ValueError`` works), else a `SolutionError`;
+    `sandbox_msg` is the feedback text."""
     cls = getattr(builtins, type_name, None)
     e = None
-    if isinstance(cls, type) and issubclass(cls, Exception):
+    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, _CONTROL_FLOW):
         try:
             e = cls(msg)
         except Exception:
             e = None
     if e is None:
-        e = RuntimeError(msg)
+        e = SolutionError(msg)
     e.sandbox_msg = _clip_text(msg)
     return e
 
