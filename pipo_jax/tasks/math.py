@@ -51,6 +51,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -267,10 +268,15 @@ def gold_answer(gold: Any) -> str:
 # Group 1 keeps a LaTeX row break (two backslashes) intact: in "1 \\ 2" the second
 # backslash and the space are not a "\ " spacing command.
 _SPACING_RE = re.compile(r"(\\\\)|\\[,;:! ]|\\q?quad\b|~|\\displaystyle\b|\\textstyle\b")
-# \text{10 cm} -> 10\text{ cm}: math-verify strips units only after a number.
-_TEXT_NUMBER_UNIT_RE = re.compile(r"\\(text|mbox|textrm|mathrm)\{\s*(-?\d[\d.,]*)\s*([A-Za-z][A-Za-z ^{}0-9]*)\}")
+# \text{10 cm} -> 10\text{ cm}: math-verify strips units only after a number. The unit is
+# words only (an exponent ^2 allowed): "\text{3 cm or 4 cm}" is not a number and a unit.
+_TEXT_NUMBER_UNIT_RE = re.compile(
+    r"\\(text|mbox|textrm|mathrm)\{\s*(-?\d[\d.,]*)\s*([A-Za-z][A-Za-z .]*(?:\^\{?\d\}?)?)\s*\}")
+# \text{3} -> 3 (a text group holding just a number).
+_TEXT_NUMBER_RE = re.compile(r"\\(?:text|mbox|textrm|mathrm|textbf|mathbf)\{\s*(-?\d[\d.,]*)\s*\}")
 _REPEATING_RE = re.compile(r"(-?)(\d*)\.(\d*)\\overline\{(\d+)\}")
 _SCI_E_RE = re.compile(r"(?<![\w.])(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\w.])")
+_WHOLE_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 def _repeating_to_fraction(m: re.Match) -> str:
@@ -283,23 +289,199 @@ def _repeating_to_fraction(m: re.Match) -> str:
     return f"{sign}\\frac{{{num}}}{{{den}}}"
 
 
+def _clean_characters(s: str) -> str:
+    """NFC; invisible format and control characters (zero-width space/joiners, BOM, soft
+    hyphen, bidi marks, NUL) are dropped, so they cannot split or hide digits (``3<ZWSP>4`` is
+    34); Unicode spaces become ASCII spaces."""
+    s = unicodedata.normalize("NFC", s)
+    if s.isascii() and s.isprintable():
+        return s
+    return "".join(" " if ch.isspace() else "" if unicodedata.category(ch) in ("Cf", "Cc") else ch
+                   for ch in s)
+
+
+def _unwrap_whole_box(s: str) -> str:
+    """``\\boxed{X}`` -> X while the whole answer is one box (a box inside an answer is left)."""
+    while (m := _WHOLE_BOX_RE.match(s)) and _brace_matches(s).get(m.end() - 1) == len(s):
+        s = s[m.end():-1].strip()
+    return s
+
+
 def normalize_answer(answer: str) -> str:
     """LaTeX clean-up applied before math-verify (which does the rest).
 
-    Removes spacing commands (``\\,`` ``\\!`` ``\\quad`` ``~`` ``\\displaystyle``),
-    outer ``$...$``, moves a leading number out of ``\\text{10 cm}``, turns repeating
-    decimals ``0.\\overline{3}`` into fractions and ``1.5e3`` into ``1.5\\times10^{3}``.
+    Drops invisible characters (`_clean_characters`), outer ``$...$`` and a box around the
+    whole answer, spacing commands (``\\,`` ``\\!`` ``\\quad`` ``~`` ``\\displaystyle``); moves a
+    leading number out of ``\\text{10 cm}`` (``\\text{3}`` -> 3), writes ``°`` as
+    ``^{\\circ}``, turns repeating decimals ``0.\\overline{3}`` into fractions and ``1.5e3``
+    into ``1.5\\times10^{3}``.
     """
-    s = answer.strip()
+    s = _clean_characters(answer).strip()
     while len(s) >= 2 and s.startswith("$") and s.endswith("$"):
         s = s[1:-1].strip()
     if s.startswith("\\(") and s.endswith("\\)"):
         s = s[2:-2].strip()
+    s = _unwrap_whole_box(s)
     s = _SPACING_RE.sub(lambda m: m.group(1) or "", s)
     s = _TEXT_NUMBER_UNIT_RE.sub(lambda m: f"{m.group(2)}\\text{{ {m.group(3).strip()}}}", s)
+    s = _TEXT_NUMBER_RE.sub(r"\1", s)
+    s = s.replace("°", "^{\\circ}")
     s = _REPEATING_RE.sub(_repeating_to_fraction, s)
     s = _SCI_E_RE.sub(lambda m: f"{m.group(1)}\\times10^{{{m.group(2)}}}", s)
     return s.strip()
+
+
+# ----------------------------------------------------------------------------------
+# Strict pre-check: an answer is one value, read whole
+# ----------------------------------------------------------------------------------
+# math-verify is built to find an answer in free text, so it is lenient where a reward must
+# not be: `parse` falls back to a fragment (the rightmost number) when the whole string does
+# not parse ("3<ZWSP>4", "4 \to 3", "3 \lor 3"); its normalisation drops what follows a nested
+# \boxed and everything from the first \text{ to the end ("3 \text{ (or 4)}"); \text{3 or 4}
+# reads as 3; latex2sympy turns "a \approx b" into a; and the grader compares an equation's
+# right-hand side with a value gold ("17 = 3" == 3). The checks below reject such an answer
+# before it is compared; a gold that itself uses a relation allows it in the answer.
+
+_TEXT_CMD_RE = re.compile(
+    r"\\(?:text(?:normal|rm|bf|it|sf|tt|up|sc)?|mbox|hbox|emph|operatorname|math(?:rm|bf|it|sf|tt|normal))\s*\{")
+_SCRIPT_RE = re.compile(r"[_^]\s*\{")
+_EXPONENT_RE = re.compile(r"\^\s*\{?\s*\d+\s*\}?")
+_BOX_ANYWHERE_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_DIGITS_APART_RE = re.compile(r"\d\s+\d")
+# Relations and logical connectives, by class: an answer may use a class only where its gold does.
+_OP_TOKEN_RE = re.compile(r"\\[A-Za-z]+|:=|=:|==|<=|>=|!=|[=<>\u2190-\u21ff\u2200-\u22ff]")
+_OP_CLASS = {
+    "=": "=", "==": "=", ":=": ":=", "=:": ":=", "\\coloneqq": ":=", "\\eqqcolon": ":=", "\\triangleq": ":=",
+    "<": "<", ">": "<", "\\lt": "<", "\\gt": "<", "\\ll": "<", "\\gg": "<",
+    "<=": "<=", ">=": "<=", "\\le": "<=", "\\leq": "<=", "\\ge": "<=", "\\geq": "<=", "\\leqslant": "<=",
+    "\\geqslant": "<=", "\\leqq": "<=", "\\geqq": "<=",
+    "!=": "!=", "\\ne": "!=", "\\neq": "!=", "\\not": "not", "\\neg": "not", "\\lnot": "not",
+    "\\approx": "~", "\\sim": "~", "\\simeq": "~", "\\cong": "~", "\\doteq": "~", "\\approxeq": "~",
+    "\\thickapprox": "~", "\\thicksim": "~", "\\propto": "~", "\\equiv": "equiv",
+    "\\in": "in", "\\notin": "in", "\\ni": "in", "\\subset": "sub", "\\subseteq": "sub", "\\supset": "sub",
+    "\\supseteq": "sub", "\\subsetneq": "sub", "\\supsetneq": "sub",
+    "\\lor": "or", "\\vee": "or", "\\land": "and", "\\wedge": "and", "\\mid": "mid", "\\nmid": "mid",
+}
+_ARROWS = ("to", "gets", "mapsto", "longmapsto", "implies", "impliedby", "iff", "rightarrow", "leftarrow",
+           "Rightarrow", "Leftarrow", "leftrightarrow", "Leftrightarrow", "longrightarrow", "Longrightarrow",
+           "longleftarrow", "Longleftarrow", "longleftrightarrow", "Longleftrightarrow", "rightleftharpoons")
+_OP_CLASS.update({f"\\{a}": "->" for a in _ARROWS})
+_UNICODE_OP_CLASS = {"≤": "<=", "≥": "<=", "≦": "<=", "≧": "<=", "≠": "!=", "≈": "~", "∼": "~", "≃": "~",
+                     "≅": "~", "≡": "equiv", "∈": "in", "∉": "in", "∋": "in", "∨": "or", "∧": "and", "¬": "not",
+                     "∣": "mid", "⊂": "sub", "⊆": "sub", "⊃": "sub", "⊇": "sub"}
+# A name an equation may assign to: letters and commands (not \pi), a subscript, primes, an argument.
+_NAME_RE = re.compile(
+    r"\s*(?:(?!\\pi\b|\\infty\b)(?:[A-Za-z]|\\[A-Za-z]+(?:\s*\{[A-Za-z\s]*\})?)\s*)+"
+    r"(?:_\s*(?:\w|\{[^{}]*\}))?'*\s*(?:\([^()]*\))?\s*")
+
+
+def _masked(s: str, scripts: bool = True) -> tuple[str, list[str]]:
+    """``s`` with the contents of text groups (``\\text{..}`` and kin) and, if ``scripts``, of
+    braced sub/superscripts blanked out; and the text groups' contents."""
+    ends = _brace_matches(s)
+    keep, texts, i = [], [], 0
+    pattern = _TEXT_CMD_RE.pattern + ("|" + _SCRIPT_RE.pattern if scripts else "")
+    for m in re.finditer(pattern, s):
+        if m.start() < i or (m.end() - 1) not in ends:
+            continue
+        end = ends[m.end() - 1]
+        keep.append(s[i:m.end()])
+        keep.append(" " * (end - 1 - m.end()) + "}")
+        if _TEXT_CMD_RE.fullmatch(m.group(0)):
+            texts.append(s[m.end():end - 1])
+        i = end
+    keep.append(s[i:])
+    return "".join(keep), texts
+
+
+_LIST_WORD_RE = re.compile(r"(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])")
+_LIST_SEP_RE = re.compile(r"(?<!\d),|,(?!\d{3}(?!\d))|;")  # not a thousands separator
+
+
+def _op_classes(s: str, is_gold: bool = False) -> set[str]:
+    """Classes of the relations and connectives in ``s`` outside scripts; "list": the words
+    "and"/"or" (math-verify reads them as commas), or for a gold also a top-level comma."""
+    masked, texts = _masked(s)
+    out = set()
+    if any(_LIST_WORD_RE.search(t) for t in [masked, *texts]) or (
+            is_gold and len(_split_top_level(s.replace("{,}", ""), _LIST_SEP_RE)) > 1):
+        out.add("list")
+    for tok in _OP_TOKEN_RE.findall(masked):
+        cls = _OP_CLASS.get(tok) or _UNICODE_OP_CLASS.get(tok)
+        if cls is None and len(tok) == 1 and "\u2190" <= tok <= "\u21ff":
+            cls = "->"
+        if cls is not None:
+            out.add(cls)
+    return out
+
+
+def _split_top_level(s: str, sep_re: re.Pattern) -> list[str]:
+    """``s`` split at matches of ``sep_re`` outside any brace or bracket."""
+    parts, depth, start = [], 0, 0
+    for m in re.finditer(r"\\[{}]|\\[A-Za-z]+|[{(\[]|[})\]]|" + sep_re.pattern, s):
+        tok = m.group(0)
+        if tok in ("{", "(", "[", "\\{"):
+            depth += 1
+        elif tok in ("}", ")", "]", "\\}"):
+            depth = max(depth - 1, 0)
+        elif depth == 0 and sep_re.fullmatch(tok):
+            parts.append(s[start:m.start()])
+            start = m.end()
+    parts.append(s[start:])
+    return parts
+
+
+_ASSIGN_SEP_RE = re.compile(r"(?<![:<>!=])=(?![:=])|\\in(?![A-Za-z])")
+_EQUALS_RE = re.compile(r"(?<![:<>!=])=(?![:=])")
+_TEXT_LIST_WORD_RE = re.compile(r"\\(?:text|mbox|textrm|mathrm)\s*\{\s*(?:and|or)\s*\}")
+
+
+def _answer_defect(p: str) -> str | None:
+    """Why the normalised answer ``p`` is not a single value that math-verify reads whole (None: no defect)."""
+    for ch in p:
+        if not ch.isascii():
+            cat = unicodedata.category(ch)
+            if cat[0] == "N" or cat in ("Mn", "Mc", "Me", "Co", "Cs", "Cn"):
+                return f"character {ch!r} ({cat})"  # a look-alike digit or a combining mark
+    if _BOX_ANYWHERE_RE.search(p):
+        return "a box inside the answer"
+    masked, texts = _masked(p)
+    if any(re.search(r"\d", _EXPONENT_RE.sub("", t)) for t in texts):
+        return "a number inside text"
+    if _DIGITS_APART_RE.search(masked):
+        return "numbers separated by spaces"
+    return None
+
+
+def _assigned_values(p: str, g: str) -> list[str] | None:
+    """The values the answer ``p`` states, checked one by one against the gold ``g``: ``[p]``;
+    the right-hand sides of ``x = a (= b ...)`` / ``x \\in S`` where the gold has no ``=``
+    / ``\\in``; None when ``p`` uses a relation or connective that ``g`` does not."""
+    extra = _op_classes(p) - _op_classes(g, is_gold=True)
+    if not extra:
+        return [p]
+    if not extra <= {"=", "in"}:
+        return None
+    items = _split_top_level(_LIST_WORD_RE.sub(",", _TEXT_LIST_WORD_RE.sub(",", p)), _LIST_SEP_RE)
+    if len(items) > 1 and extra == {"="} and "list" in _op_classes(g, is_gold=True):
+        # A list gold ("1, 2") and "x = 1 \text{ or } x = 2": the list of right-hand sides.
+        values = []
+        for item in items:
+            sides = _split_top_level(item, _EQUALS_RE)
+            if len(sides) > 2 or (len(sides) == 2 and not _NAME_RE.fullmatch(sides[0])) or not sides[-1].strip():
+                return None
+            values.append(sides[-1].strip())
+        return [", ".join(values)]
+    parts = _split_top_level(p, _ASSIGN_SEP_RE)
+    if len(parts) < 2 or not _NAME_RE.fullmatch(parts[0]) or not all(x.strip() for x in parts[1:]):
+        return None
+    if "in" in extra and len(parts) != 2:
+        return None
+    return [x.strip() for x in parts[1:]]
+
+
+def _digit_counts(s: str) -> dict[str, int]:
+    return {d: s.count(d) for d in "0123456789" if d in s}
 
 
 # ----------------------------------------------------------------------------------
@@ -333,12 +515,53 @@ def _parse(math_verify, latex: str):
     )
 
 
+_TEXT_EXPONENT_RE = re.compile(r"\}\s*\^\s*\{?\s*\d+\s*\}?")
+
+
+def _read_whole(mv, p: str) -> bool:
+    """True when math-verify's LaTeX normalisation of ``p`` keeps every digit outside text
+    groups (it drops what follows a nested box, or the first ``\\text{`` on, as a unit) and
+    the result parses as one expression (else `parse` would fall back to a fragment)."""
+    from latex2sympy2_extended import latex2sympy
+    from latex2sympy2_extended.math_normalization import normalize_latex
+    from math_verify.grader import should_treat_as_complex
+
+    norm_config = mv.LatexExtractionConfig().normalization_config
+    # nits=False: its "0.5" -> \frac{1}{2} changes digits without dropping a value.
+    kept = _digit_counts(normalize_latex(p, config=dataclasses.replace(norm_config, nits=False)))
+    stated = _digit_counts(_TEXT_EXPONENT_RE.sub("}", _masked(p, scripts=False)[0]))
+    if any(kept.get(d, 0) < n for d, n in stated.items()):
+        return False
+    latex = normalize_latex(p, config=norm_config)
+    if _DIGITS_APART_RE.search(latex):  # "3 \text{ } 4" -> "3  4", which latex2sympy reads as 3 + 4
+        return False
+    try:
+        latex2sympy(latex, is_real=not should_treat_as_complex(latex), convert_degrees=False,
+                    normalization_config=None)
+    except Exception:
+        return False
+    return True
+
+
 def answers_equivalent_untimed(pred: str, gold: str, config: MathVerifyConfig) -> bool:
-    """True when the extracted answer ``pred`` equals the reference ``gold`` (no time limit)."""
+    """True when the extracted answer ``pred`` equals the reference ``gold`` (no time limit).
+
+    Beyond an identical string, ``pred`` must state one value that math-verify reads whole:
+    no defect (`_answer_defect`), no relation or connective the gold lacks (``x = 3`` is read
+    as 3, `_assigned_values`), nothing math-verify's normalisation drops (`_read_whole`)."""
     p, g = normalize_answer(pred), normalize_answer(gold)
     if p.replace(" ", "") == g.replace(" ", ""):
         return True
+    if _answer_defect(p) is not None:
+        return False
+    values = _assigned_values(p, g)
+    if values is None:
+        return False
+    if values != [p]:
+        return all(answers_equivalent_untimed(v, gold, config) for v in values)
     mv = _import_math_verify()
+    if not _read_whole(mv, p):
+        return False
     return bool(
         mv.verify(
             _parse(mv, g),
