@@ -8,7 +8,9 @@ import tempfile
 
 import pytest
 
+from pipo_jax.data.sources import DataError, Example
 from pipo_jax.tasks import code as cd
+from pipo_jax.tasks import dataset
 
 NO_LANDLOCK = cd.landlock_abi() == 0
 
@@ -82,3 +84,32 @@ def test_ordinary_exceptions_of_the_solution_keep_their_builtin_type():
                          "else:\n    assert False, 'no error'")
     assert cd.run_tests("def f(x):\n    raise ValueError('negative')\n", [test], _cfg()).outcomes == ("pass",)
     assert cd.run_tests("def f(x):\n    raise StopIteration('negative')\n", [test], _cfg()).outcomes == ("error",)
+
+
+# (c) a helper the test does not import was the solution's to define: ``isclose`` that is always True.
+AREA = "import math\ndef area(r):\n    return math.pi * r * r\n"
+ISCLOSE_HACK = "def area(r):\n    return 0\nisclose = lambda *a, **k: True\n"
+
+
+def test_a_helper_the_test_does_not_import_is_not_the_solutions_to_define():
+    unimported = [cd.AssertTest("assert isclose(area(2), 12.566, rel_tol=1e-3)")]
+    for program in (ISCLOSE_HACK, "from math import isclose\n" + AREA):
+        result = cd.run_tests(program, unimported, _cfg())
+        assert (result.reward, result.outcomes) == (0.0, ("error",)), result.feedback
+        assert "'isclose'" in result.feedback and "does not import it" in result.feedback
+    imported = [cd.AssertTest("from math import isclose\nassert isclose(area(2), 12.566, rel_tol=1e-3)"),
+                cd.AssertTest("r = area(1)\nassert isclose(r, 3.1416, rel_tol=1e-3)")]
+    assert cd.run_tests(ISCLOSE_HACK, imported, _cfg()).outcomes == ("fail", "fail")  # the judge's isclose
+    assert cd.run_tests(AREA, imported, _cfg()).reward == 1.0
+
+
+def test_a_row_whose_test_uses_an_unimported_helper_is_refused_at_load():
+    rows = [Example("area?", None, {"tests": ["assert area(1) > 3", "r = area(2)\nassert approx(r, 12.566)"]},
+                    "rows.jsonl:7")]
+    with pytest.raises(DataError) as e:
+        dataset.references_of("code", rows, "tests")
+    assert "\n" not in str(e.value) and str(e.value).startswith("rows.jsonl:7: ")
+    assert "test 2 applies 'approx' to the solution's results but does not import it" in str(e.value)
+    fine = [Example("area?", None, {"tests": ["assert area(1) > 3", "import math\nassert math.isclose(area(2), 12.566)",
+                                              "assert sorted(roots(1, -3, 2)) == [1, 2]"]}, "rows.jsonl:8")]
+    assert len(dataset.references_of("code", fine, "tests")[0]) == 3

@@ -19,7 +19,8 @@ import time
 from typing import Any
 
 from pipo_jax.tasks.code import child, sandbox
-from pipo_jax.tasks.code.feedback import _clip, _ended_badly, _clip_text, _error_message, _safe_repr
+from pipo_jax.tasks.code.feedback import _clip, _clip_text, _ended_badly, _error_message, _safe_repr
+from pipo_jax.tasks.code.names import unimported_helpers, unimported_message
 from pipo_jax.tasks.code.protocol import NotPlain, _Broken, _decode, _encode, _memfd_with, _Pipe
 from pipo_jax.tasks.code.timer import _on_alarm, _on_terminate, _Terminate, _TestTimeout, _timed
 
@@ -313,9 +314,13 @@ def _judge_tests(spec: dict, runner: _Runner, report) -> None:
     report(-1, "pass", "")
     tests = spec.get("tests", [])
     ns = _Namespace(judge, _modules_used(tests))
+    refused = dict(unimported_helpers([t.get("source", "") for t in tests]))
     for k, test in enumerate(tests):
         if runner.gone is not None:
             report(k, "not_run", "not run")
+            continue
+        if k in refused:
+            report(k, "error", _clip_text(unimported_message(k, refused[k])))
             continue
         judge.deadline = time.monotonic() + timeout_s
         try:

@@ -5,6 +5,8 @@ import dataclasses
 import json
 from typing import Any, Union
 
+from pipo_jax.tasks.code.names import unimported_helpers, unimported_message
+
 
 @dataclasses.dataclass(frozen=True)
 class AssertTest:
@@ -62,6 +64,8 @@ def tests_from_spec(spec: Any) -> list[Test]:
         return [IOTest(_joined(i), _joined(o)) for i, o in zip(ins, outs, strict=True)]
     if isinstance(spec, list) and spec:
         if all(isinstance(t, str) for t in spec):
+            for k, name in unimported_helpers(spec)[:1]:
+                raise ValueError(unimported_message(k, name))
             return [AssertTest(t) for t in spec]
         if all(isinstance(t, dict) and "input" in t and "output" in t for t in spec):
             return [IOTest(_joined(t["input"]), _joined(t["output"])) for t in spec]

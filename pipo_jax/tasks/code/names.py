@@ -1,0 +1,105 @@
+"""Whose each name of an assert test is: the judge's (builtins, standard-library modules used as
+modules, what the tests bind or import themselves) or the solution's (the rest). A name of the
+solution's that the test applies to a value of the solution's (``isclose(area(2), 12.566)``
+without ``from math import isclose``) would let the solution judge its own answer: such a
+"helper" must be imported by the test. Standard library only (the judge imports it)."""
+from __future__ import annotations
+
+import ast
+import builtins
+import sys
+
+
+def unimported_helpers(sources: list[str]) -> list[tuple[int, str]]:
+    """(test index, name) of each name of the solution's that a test of the row applies to the
+    solution's values (another name of the solution's, or a variable the tests computed from one)."""
+    trees = {k: tree for k, source in enumerate(sources) if (tree := _parse(source)) is not None}
+    bound = set().union(*(_bound(t) for t in trees.values()))
+    solution = set().union(*(_loaded(t) for t in trees.values())) - bound - set(dir(builtins))
+    solution -= set().union(*(_modules(t) for t in trees.values()))
+    tainted = _tainted(list(trees.values()), solution)
+    out = []
+    for k, tree in trees.items():
+        for name in sorted(_helpers(tree, solution, tainted)):
+            out.append((k, name))
+    return out
+
+
+def unimported_message(k: int, name: str) -> str:
+    return (f"test {k + 1} applies {name!r} to the solution's results but does not import it, so the solution's "
+            f"own {name!r} would judge its answer: import it in the test (e.g. 'from math import {name}')")
+
+
+def _parse(source: str) -> ast.AST | None:
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        return None
+
+
+def _bound(tree: ast.AST) -> set[str]:
+    """Names the test binds: assignments, loop and comprehension targets, imports, defs, arguments."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            out.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            out.add(node.name)
+    return out
+
+
+def _loaded(tree: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _modules(tree: ast.AST) -> set[str]:
+    """Standard-library module names used as modules (``math.isclose``): the judge's."""
+    return {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id in sys.stdlib_module_names}
+
+
+def _assignments(tree: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """(target, value) of each binding from a value: =, +=, annotated, for, comprehension, with, :=."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            out += [(t, node.value) for t in node.targets]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            out.append((node.target, node.value))
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            out.append((node.target, node.iter))
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            out.append((node.optional_vars, node.context_expr))
+    return out
+
+
+def _tainted(trees: list[ast.AST], solution: set[str]) -> set[str]:
+    """Variables of the tests that hold (something computed from) the solution's values."""
+    pairs = [pair for tree in trees for pair in _assignments(tree)]
+    tainted: set[str] = set()
+    while True:
+        more = {name for target, value in pairs if _loaded(value) & (solution | tainted)
+                for name in _loaded_or_stored(target)} - tainted
+        if not more:
+            return tainted
+        tainted |= more
+
+
+def _loaded_or_stored(target: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def _helpers(tree: ast.AST, solution: set[str], tainted: set[str]) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in solution:
+            inputs = set().union(*(_loaded(a) for a in node.args), *(_loaded(k.value) for k in node.keywords))
+            if inputs & ((solution - {node.func.id}) | tainted):
+                out.add(node.func.id)
+    return out
