@@ -113,3 +113,35 @@ def test_a_row_whose_test_uses_an_unimported_helper_is_refused_at_load():
     fine = [Example("area?", None, {"tests": ["assert area(1) > 3", "import math\nassert math.isclose(area(2), 12.566)",
                                               "assert sorted(roots(1, -3, 2)) == [1, 2]"]}, "rows.jsonl:8")]
     assert len(dataset.references_of("code", fine, "tests")[0]) == 3
+
+
+# (d) SysV shared memory: 5 x 300 MB, touched and detached, outlived the run without an IPC namespace.
+SHARED_MEMORY = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+made = 0
+for _ in range(5):
+    shmid = libc.shmget(0, 300 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+    addr = libc.shmat(shmid, None, 0) if shmid >= 0 else None
+    if addr in (None, ctypes.c_void_p(-1).value):
+        break
+    ctypes.memset(addr, 1, 300 << 20)
+    libc.shmdt(ctypes.c_void_p(addr))
+    made += 1
+"""
+
+
+def _shared_memory_segments() -> set[tuple[str, str]]:
+    """(shmid, size) of every SysV shared memory segment of the host's IPC namespace."""
+    with open("/proc/sysvipc/shm") as f:
+        return {tuple(line.split()[1:4:2]) for line in list(f)[1:]}
+
+
+@pytest.mark.skipif(not cd.namespaces_available(), reason="'unshare --user --net --pid --ipc' is not usable here")
+def test_shared_memory_of_the_program_is_released_after_the_run():
+    before = _shared_memory_segments()
+    result = cd.run_tests(SHARED_MEMORY, [cd.AssertTest("assert made == 5")], _cfg())
+    assert result.outcomes == ("pass",), result.feedback  # 1.5 GB were made and touched
+    assert _shared_memory_segments() - before == set()
+

@@ -196,7 +196,8 @@ def namespaces_available() -> bool:
     return r.returncode == 0
 
 
-_UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--")
+# IPC: SysV shared memory and message queues die with the namespace.
+_UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--pid", "--ipc", "--fork", "--kill-child", "--")
 
 
 def check_network_isolation(config: SandboxConfig) -> bool:
