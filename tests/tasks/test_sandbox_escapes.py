@@ -145,3 +145,27 @@ def test_shared_memory_of_the_program_is_released_after_the_run():
     assert result.outcomes == ("pass",), result.feedback  # 1.5 GB were made and touched
     assert _shared_memory_segments() - before == set()
 
+
+# (d) the runner shares the judge's uid: it could prlimit the judge (memory 1.5 GB -> 300 MB, files -> 64).
+PRLIMIT = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+class Limit(ctypes.Structure):
+    _fields_ = [("cur", ctypes.c_uint64), ("max", ctypes.c_uint64)]
+def prlimit(pid, resource, value):
+    ok = libc.prlimit(pid, resource, ctypes.byref(Limit(value, value)), None) == 0
+    return ok, 0 if ok else ctypes.get_errno()
+judge = os.getppid()
+judge_memory = prlimit(judge, 9, 300 << 20)  # RLIMIT_AS
+judge_files = prlimit(judge, 7, 64)  # RLIMIT_NOFILE
+own_files = prlimit(0, 7, 64)
+"""
+
+
+@pytest.mark.skipif(not cd.process_filter_available(), reason=f"no seccomp filter for {os.uname().machine}")
+def test_the_runner_cannot_change_the_judges_limits():
+    tests = [cd.AssertTest("assert judge_memory == (False, errno.EPERM)"),
+             cd.AssertTest("assert judge_files == (False, errno.EPERM)"),
+             cd.AssertTest("assert own_files == (True, 0)")]  # its own limits it may lower
+    result = cd.run_tests(PRLIMIT, tests, _cfg())
+    assert result.outcomes == ("pass",) * 3, result.feedback

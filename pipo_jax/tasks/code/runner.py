@@ -104,8 +104,8 @@ def _runner_main(request_fd: int, reply_fd: int) -> None:
         sandbox._set_limits(limits)
         if setup["confine"]:
             sandbox._landlock_confine(os.getcwd())
-        if setup["no_processes"]:
-            sandbox._forbid_new_processes()
+        if setup["no_processes"] or sandbox.process_filter_available():
+            sandbox._install_filter(setup["no_processes"])
     except OSError as e:  # never run the program unconfined by accident
         return pipe.send({"id": 0, "err": ["crash", f"sandbox set-up failed: {e}", ""]})
     signal.signal(signal.SIGALRM, _on_alarm)

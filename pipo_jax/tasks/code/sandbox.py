@@ -196,8 +196,9 @@ def namespaces_available() -> bool:
     return r.returncode == 0
 
 
-# IPC: SysV shared memory and message queues die with the namespace.
-_UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--pid", "--ipc", "--fork", "--kill-child", "--")
+# IPC: SysV shared memory and message queues die with the namespace; mount: the scratch tmpfs.
+_UNSHARE_FLAGS = ("--user", "--map-root-user", "--net", "--pid", "--ipc", "--mount", "--fork", "--kill-child",
+                  "--")
 
 
 def check_network_isolation(config: SandboxConfig) -> bool:
@@ -362,8 +363,8 @@ def _kill_tree() -> None:
 # seccomp (uapi <linux/seccomp.h>, <linux/filter.h>): the audit arch and process-creating
 # syscalls of each supported machine; 32-bit (and x32) syscalls are refused altogether.
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-_PROCESS_SYSCALLS = {"x86_64": {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435},
-                     "aarch64": {"clone": 220, "clone3": 435}}
+_SYSCALLS = {"x86_64": {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435, "prlimit64": 302},
+             "aarch64": {"clone": 220, "clone3": 435, "prlimit64": 261}}
 _CLONE_THREAD = 0x00010000
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x45, 0x06
@@ -379,39 +380,48 @@ class _SockFprog(ctypes.Structure):
 
 
 def process_filter_available() -> bool:
-    """Whether `_forbid_new_processes` knows this machine's syscall numbers."""
+    """Whether `_install_filter` knows this machine's syscall numbers."""
     return os.uname().machine in _AUDIT_ARCH
 
 
-def _no_process_program(machine: str) -> list[tuple[int, int, int, int]]:
-    """BPF: fork / vfork / clone without CLONE_THREAD fail with EAGAIN; clone3 (its flags are
-    behind a pointer) with ENOSYS, so libc falls back to clone; other ABIs' syscalls with ENOSYS."""
-    nrs = _PROCESS_SYSCALLS[machine]
+def _filter_program(machine: str, no_processes: bool) -> list[tuple[int, int, int, int]]:
+    """BPF: prlimit64 of another process fails with EPERM (a runner of the judge's uid could
+    otherwise lower the judge's limits); other ABIs' syscalls fail with ENOSYS. With
+    `no_processes`, fork / vfork / clone without CLONE_THREAD fail with EAGAIN; clone3 (its
+    flags are behind a pointer) with ENOSYS, so libc falls back to clone."""
+    nrs = _SYSCALLS[machine]
 
     def deny(err):
         return (_BPF_RET_K, 0, 0, _SECCOMP_RET_ERRNO | err)
 
+    allow = (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW)
     prog = [(_BPF_LD_W_ABS, 0, 0, 4), (_BPF_JEQ_K, 1, 0, _AUDIT_ARCH[machine]), deny(errno.ENOSYS),
             (_BPF_LD_W_ABS, 0, 0, 0)]
     if machine == "x86_64":
         prog += [(_BPF_JSET_K, 0, 1, 0x40000000), deny(errno.ENOSYS)]  # the x32 ABI
+    # prlimit64: allowed only on the caller itself, pid 0 (args[0], low word at offset 16)
+    prog += [(_BPF_JEQ_K, 0, 4, nrs["prlimit64"]), (_BPF_LD_W_ABS, 0, 0, 16), (_BPF_JEQ_K, 1, 0, 0),
+             deny(errno.EPERM), allow]
+    if not no_processes:
+        return prog + [allow]
     prog += [(_BPF_JEQ_K, 0, 1, nrs["clone3"]), deny(errno.ENOSYS)]
     for name in ("fork", "vfork"):
         if name in nrs:
             prog += [(_BPF_JEQ_K, 0, 1, nrs[name]), deny(errno.EAGAIN)]
     # clone: allowed only with CLONE_THREAD in its flags (args[0], low word at offset 16)
     prog += [(_BPF_JEQ_K, 0, 3, nrs["clone"]), (_BPF_LD_W_ABS, 0, 0, 16), (_BPF_JSET_K, 1, 0, _CLONE_THREAD),
-             deny(errno.EAGAIN), (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW)]
+             deny(errno.EAGAIN), allow]
     return prog
 
 
-def _forbid_new_processes() -> None:
-    """Kernel-enforced: this process and its threads can start no process (threads stay
-    allowed, bounded by the address-space limit). For users RLIMIT_NPROC does not bind (root)."""
+def _install_filter(no_processes: bool) -> None:
+    """Kernel-enforced, for this process and all it starts: no prlimit of another process; with
+    `no_processes` no new process either (threads stay allowed, bounded by the address-space
+    limit; for users RLIMIT_NPROC does not bind, root)."""
     libc = _libc()
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    prog = _no_process_program(os.uname().machine)
+    prog = _filter_program(os.uname().machine, no_processes)
     insns = (_SockFilter * len(prog))(*[_SockFilter(*i) for i in prog])
     fprog = _SockFprog(len(prog), insns)
     if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
