@@ -169,3 +169,30 @@ def test_the_runner_cannot_change_the_judges_limits():
              cd.AssertTest("assert own_files == (True, 0)")]  # its own limits it may lower
     result = cd.run_tests(PRLIMIT, tests, _cfg())
     assert result.outcomes == ("pass",) * 3, result.feedback
+
+
+# (d) 1000 files of 1 MB each put 1 GB in /tmp: only the size of one file was capped.
+FILL_SCRATCH = """
+import errno
+written, full = 0, None
+for i in range(1000):
+    try:
+        with open(f"f{i}", "wb") as f:
+            f.write(b"x" * 1_000_000)
+        written += 1_000_000
+    except OSError as e:
+        full = errno.errorcode[e.errno]
+        break
+"""
+
+
+@pytest.mark.skipif(not cd.namespaces_available(), reason="'unshare --user --mount' is not usable here")
+def test_the_scratch_directory_as_a_whole_is_capped(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    tests = [cd.AssertTest("assert full == 'ENOSPC'"), cd.AssertTest("assert 8_000_000 <= written <= 16 << 20")]
+    result = cd.run_tests(FILL_SCRATCH, tests, _cfg(scratch_mb=16))
+    assert result.outcomes == ("pass", "pass"), result.feedback
+    assert list(tmp_path.iterdir()) == []
+    many = "made = 0\nwhile made < 5000:\n    open(f'e{made}', 'w').close()\n    made += 1\n"
+    result = cd.run_tests(many, [cd.AssertTest("assert made == 5000")], _cfg(scratch_files=1000))
+    assert result.outcomes == ("error",) and "No space left on device" in result.feedback, result.feedback

@@ -30,6 +30,13 @@ class SandboxConfig:
     allow_network: run generated code without a network namespace (``network="audit"``, or
       where ``unshare`` is unusable): then only the audit hook, which ctypes gets past, keeps
       it off the network (trainer: ``task.sandbox_allow_network``).
+    scratch_mb / scratch_files: size and number of files and directories of the scratch
+      directory as a whole, a tmpfs of the sandbox's mount namespace (where there is none,
+      ``allow_network``, only ``max_output_bytes`` per file bounds it).
+    response_budget_s: wall-clock seconds for all of one response's tests; what is unchecked
+      when it runs out scores 0 (``CodeResult.unscored``).
+    batch_budget_s: wall-clock seconds for a whole `score_code_batch` call; responses and
+      tests unchecked when it runs out score 0 (``CodeResult.unscored``).
     """
 
     timeout_s: float = 5.0
@@ -43,6 +50,10 @@ class SandboxConfig:
     max_workers: int = 1
     allow_unconfined: bool = False
     allow_network: bool = False
+    scratch_mb: int = 64
+    scratch_files: int = 10_000
+    response_budget_s: float = 20.0
+    batch_budget_s: float = 120.0
 
     def __post_init__(self):
         if self.network not in ("auto", "namespace", "audit"):
@@ -52,3 +63,7 @@ class SandboxConfig:
         if self.memory_mb < 16 or self.max_output_bytes < 1 or self.max_processes < 0 or self.max_workers < 1:
             raise ValueError("SandboxConfig: memory_mb >= 16, max_output_bytes >= 1, max_processes >= 0, "
                              "max_workers >= 1 required")
+        if self.scratch_mb < 1 or self.scratch_files < 16:
+            raise ValueError("SandboxConfig: scratch_mb >= 1 and scratch_files >= 16 required")
+        if not (self.response_budget_s > 0 and self.batch_budget_s > 0):
+            raise ValueError("SandboxConfig.response_budget_s and batch_budget_s must be > 0")

@@ -342,6 +342,12 @@ def _judge_main(report_fd: int) -> None:
         os.write(report_fd, (json.dumps({"i": i, "outcome": outcome, "msg": msg}) + "\n").encode())
 
     namespaced = os.getpid() == 1  # PID 1 of a namespace: its end kills every process in it
+    if spec.get("scratch"):
+        try:
+            sandbox._mount_scratch(os.getcwd(), *spec["scratch"])
+        except OSError as e:  # never run the program with its scratch space unbounded by accident
+            report(-1, "crash", f"sandbox set-up failed: {e}")
+            os._exit(0)
     if not namespaced:
         sandbox._libc().prctl(sandbox._PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGTERM, _on_terminate)

@@ -103,7 +103,8 @@ def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, 
             bound = "seccomp"
     if cgroup is not None:  # the shell enters the cgroup, then becomes the sandbox: no task starts outside
         cmd = ["/bin/sh", "-c", sandbox._ENTER_CGROUP, cgroup, *cmd]
-    spec = dict(spec, confine=confine, no_processes=bound == "seccomp")
+    scratch = [config.scratch_mb << 20, config.scratch_files] if namespaced else None
+    spec = dict(spec, confine=confine, no_processes=bound == "seccomp", scratch=scratch)
     try:
         return _run_harness(spec, cmd, config, namespaced)
     finally:

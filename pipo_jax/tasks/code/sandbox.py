@@ -426,3 +426,15 @@ def _install_filter(no_processes: bool) -> None:
     fprog = _SockFprog(len(prog), insns)
     if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+_MS_NOSUID, _MS_NODEV = 2, 4
+
+
+def _mount_scratch(path: str, size_bytes: int, files: int) -> None:
+    """Mounts a tmpfs of `size_bytes` and `files` inodes over `path`, in this process's own mount
+    namespace (it ends with it), and moves into it: the scratch space as a whole is bounded."""
+    options = f"size={size_bytes},nr_inodes={files},mode=0700".encode()
+    if _libc().mount(b"tmpfs", path.encode(), b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), options) != 0:
+        raise OSError(ctypes.get_errno(), f"mount of the scratch tmpfs on {path} failed")
+    os.chdir(path)
