@@ -10,8 +10,6 @@ a simulated device count is the one thing a subprocess sets for itself.
 """
 
 import os
-import subprocess
-import sys
 
 # XLA:CPU's collective timeouts are wall-clock: a device thread that is not scheduled for a while
 # (the test process paused, or starved on 2 cores by the other test worker's fork / thread bombs)
@@ -32,17 +30,16 @@ DEVICE_COUNT = "--xla_force_host_platform_device_count"
 # tests/parallel/test_xla_cpu_cache.py shows the lost order. (The two-process gloo workers also
 # hung from a warm cache, idle in their first device-to-host copy; not traced further.)
 #
-# A program compiled in the process can deadlock the same way, rarely: the 8-device worker did once
-# (2026-11-26, the other test worker busy beside it; its devices waited at a collective permute, two
-# all-reduces and an all-gather of one program, and XLA aborted it after 600 s). The 8-device
-# workers run with a shorter abort and once more after one (`run_once_more_after_abort`;
-# tests/parallel/conftest.py: mesh_run).
+# Two sharded programs in flight together can deadlock too: XLA:CPU runs a program's devices as tasks
+# of one shared thread pool, each blocking its thread at a collective's rendezvous, so the 8-device
+# worker once stopped with one program's collective-permute waiting while another program's
+# all-reduces held the threads (2026-11-26, the other test worker busy beside it). The trainer's
+# sharded programs on CPU devices return only once finished (`run/sharded_steps.py:ShardedFunction`),
+# and the workers block on each sharded program they call themselves, so one is in flight at a time.
 NO_PERSISTENT_CACHE = {"JAX_ENABLE_COMPILATION_CACHE": "false"}
 
-# What XLA:CPU prints when it aborts a collective that some devices never reach, and how long the
-# 8-device workers' devices may wait at one: minutes, where a starved device thread makes them
-# wait seconds.
-XLA_CPU_RENDEZVOUS_ABORT = "Termination timeout for"
+# How long the 8-device workers' devices may wait at one collective before XLA:CPU aborts them (and
+# the test fails): minutes, where a starved device thread makes them wait seconds.
 SHARDED_WORKER_TERMINATE_S = 180
 
 
@@ -69,15 +66,3 @@ def sharded_subprocess_env(devices: int | None = None, terminate_timeout_s: int 
     timeout = () if terminate_timeout_s is None else (f"{TERMINATE_TIMEOUT}={terminate_timeout_s}",)
     flags = xla_flags(*count, *timeout)
     return dict(os.environ, XLA_FLAGS=flags, **NO_PERSISTENT_CACHE, **extra)
-
-
-def run_once_more_after_abort(args: list[str], **kwargs) -> subprocess.CompletedProcess:
-    """`subprocess.run(args, capture_output=True, text=True, **kwargs)` for a stateless worker, run
-    once more (said on stderr) when XLA:CPU aborted it in a collective deadlock of its devices; any
-    other outcome, or a second abort, is returned as it is."""
-    proc = subprocess.run(args, capture_output=True, text=True, **kwargs)
-    if proc.returncode != 0 and XLA_CPU_RENDEZVOUS_ABORT in proc.stdout + proc.stderr:
-        print(f"{args}: XLA:CPU collective deadlock, aborted; running it once more. Its stderr tail:\n"
-              f"{proc.stderr[-2000:]}", file=sys.stderr)
-        proc = subprocess.run(args, capture_output=True, text=True, **kwargs)
-    return proc

@@ -43,7 +43,14 @@ from pipo_jax.rl.state import TrainState, init_train_state
 
 @dataclasses.dataclass(frozen=True)
 class ShardedFunction:
-    """A jitted function that is traced and run inside `sharding_context(mesh, rules)`."""
+    """A jitted function that is traced and run inside `sharding_context(mesh, rules)`.
+
+    On a mesh of CPU devices a call returns once its program has finished: XLA:CPU runs a
+    multi-device program's devices as tasks of one shared thread pool, each blocking its thread at
+    a collective's rendezvous, so two sharded programs in flight together can hold each other's
+    threads (one program's collective-permute waiting while the pool runs another program's
+    all-reduce) and deadlock. Accelerator devices order programs on per-device streams and keep
+    asynchronous dispatch."""
 
     jitted: Any
     mesh: Mesh
@@ -51,12 +58,18 @@ class ShardedFunction:
 
     def __call__(self, *args):
         with sharding_context(self.mesh, self.rules):
-            return self.jitted(*args)
+            out = self.jitted(*args)
+        return jax.block_until_ready(out) if runs_on_cpu(self.mesh) else out
 
     def lower(self, *args):
         """`jax.jit(...).lower` inside the context (for `.compile().memory_analysis()` etc.)."""
         with sharding_context(self.mesh, self.rules):
             return self.jitted.lower(*args)
+
+
+def runs_on_cpu(mesh: Mesh) -> bool:
+    """Whether `mesh`'s devices are XLA:CPU devices (the devices that run the program, not a target)."""
+    return mesh.devices.flat[0].platform == "cpu"
 
 
 def abstract_train_state(spec: TrainSpec) -> TrainState:

@@ -85,7 +85,8 @@ def logprob_check(out: str) -> None:
         fn = functools.partial(logprobs_sharded.token_logprobs_tensor_parallel, cfg=config(impl=impl, **blocks),
                                mesh=mesh)
         program = compiled(fn)
-        (_, (lp, ent)), (dh, dw) = program(h, w)
+        # One sharded program in flight at a time (see run/sharded_steps.py:ShardedFunction).
+        (_, (lp, ent)), (dh, dw) = jax.block_until_ready(program(h, w))
         results.update({f"{name}_lp": lp, f"{name}_ent": ent, f"{name}_dh": dh, f"{name}_dw": dw})
         # No buffer of the full vocabulary may appear: neither [N_local, V] logits nor a gathered [D, V] head.
         hlo = program.as_text()

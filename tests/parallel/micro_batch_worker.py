@@ -90,9 +90,13 @@ def main(out_path: str) -> None:
         lowered_passes = jax.jit(passes_fn, in_shardings=(st_sh, tok_sh, tok_sh)).lower(
             state, batch.tokens_bl, batch.mask_bl)
     mesh_c, mesh_passes = lowered.compile(), lowered_passes.compile()
-    g8, m8 = mesh_c(sharded.place_tree(state.params, st_sh.params), sharded.place_tree(batch, b_sh))
+    # One sharded program in flight at a time (see run/sharded_steps.py:ShardedFunction): two in flight
+    # together can deadlock XLA:CPU's device threads in each other's collectives.
+    g8, m8 = jax.block_until_ready(mesh_c(sharded.place_tree(state.params, st_sh.params),
+                                          sharded.place_tree(batch, b_sh)))
     p8 = mesh_passes(sharded.place_tree(state, st_sh), *(sharded.place(x, tok_sh)
                                                           for x in (batch.tokens_bl, batch.mask_bl)))
+    p8 = jax.block_until_ready(p8)
 
     def max_diff(a, b):
         return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.xla_flags import SHARDED_WORKER_TERMINATE_S, run_once_more_after_abort, sharded_subprocess_env
+import subprocess
+
+from tests.xla_flags import SHARDED_WORKER_TERMINATE_S, sharded_subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,11 +20,11 @@ REPO = Path(__file__).resolve().parents[2]
 def worker(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("micro_batch") / "out.json"
     # the worker adds its device count; no persistent compilation cache (tests/xla_flags.py); a
-    # collective deadlock aborts it after minutes, and it runs once more
+    # collective deadlock aborts it after minutes and fails the test
     env = sharded_subprocess_env(terminate_timeout_s=SHARDED_WORKER_TERMINATE_S,
                                  PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = run_once_more_after_abort([sys.executable, "-m", "tests.parallel.micro_batch_worker", str(out)],
-                                     cwd=REPO, env=env, timeout=1800)
+    proc = subprocess.run([sys.executable, "-m", "tests.parallel.micro_batch_worker", str(out)],
+                          cwd=REPO, env=env, timeout=1800, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
