@@ -302,8 +302,9 @@ class DatasetReward:
     Decodes each response's valid tokens (special tokens skipped; the task's tokenizer) and scores it against
     its row's reference with the math verifier (answers) or the code sandbox (tests).
     A context manager: the math verifier's worker processes stop on `close()`.
-    `take_counts()`: for a math task, the responses since the last call that the batch budget left
-    unscored (``reward/unscored``) or whose own check timed out (``reward/check_timeouts``).
+    `take_counts()`: the responses since the last call that a time budget left unscored, wholly or
+    partly (``reward/unscored``; code: `SandboxConfig.response_budget_s` / `batch_budget_s`), and
+    for a math task those whose own check timed out (``reward/check_timeouts``).
     """
 
     def __init__(self, task: DatasetTask, math_config=None, sandbox_config=None):
@@ -311,7 +312,8 @@ class DatasetReward:
         self.tokenizer = task.tokenizer
         self.verifier = None
         self._sandbox = sandbox_config
-        self._counts = {"reward/unscored": 0, "reward/check_timeouts": 0} if task.kind == "math" else {}
+        self._counts = {"reward/unscored": 0, "reward/check_timeouts": 0} if task.kind == "math" else {
+            "reward/unscored": 0}
         if task.kind == "math":
             self.verifier = MathVerifier(math_config or MathVerifyConfig())
         elif self._sandbox is None:
@@ -330,6 +332,7 @@ class DatasetReward:
             self._counts["reward/check_timeouts"] += sum(r.status == "timeout" and not r.unscored for r in results)
         else:
             results = code.score_code_batch(list(texts), refs, self._sandbox)
+            self._counts["reward/unscored"] += sum(r.unscored for r in results)
         return np.asarray([r.reward for r in results], np.float32), [r.feedback for r in results]
 
     def __call__(self, tokens_br, mask_br, index_b) -> tuple[np.ndarray, list[str]]:
@@ -357,7 +360,7 @@ class DatasetReward:
         return self.tokenizer, self.task.prompt_config, self.verifier
 
     def take_counts(self) -> dict[str, int]:
-        """The counts since the last call (then reset); empty for a code task."""
+        """The counts since the last call (then reset)."""
         out = dict(self._counts)
         self._counts = dict.fromkeys(self._counts, 0)
         return out

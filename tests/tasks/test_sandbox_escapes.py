@@ -5,6 +5,7 @@ tests, helpers a test uses without importing them, SysV shared memory outliving 
 as their tests allow."""
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -17,7 +18,8 @@ NO_LANDLOCK = cd.landlock_abi() == 0
 
 def _cfg(**kw) -> cd.SandboxConfig:
     kw.setdefault("allow_network", not cd.namespaces_available())
-    return cd.SandboxConfig(timeout_s=10.0, startup_s=10.0, allow_unconfined=NO_LANDLOCK, **kw)
+    kw.setdefault("timeout_s", 10.0)
+    return cd.SandboxConfig(startup_s=10.0, allow_unconfined=NO_LANDLOCK, **kw)
 
 
 def _network_modes() -> list:
@@ -196,3 +198,31 @@ def test_the_scratch_directory_as_a_whole_is_capped(tmp_path, monkeypatch):
     many = "made = 0\nwhile made < 5000:\n    open(f'e{made}', 'w').close()\n    made += 1\n"
     result = cd.run_tests(many, [cd.AssertTest("assert made == 5000")], _cfg(scratch_files=1000))
     assert result.outcomes == ("error",) and "No space left on device" in result.feedback, result.feedback
+
+
+# (d) six tests of 4.8 s each under a 5 s limit took 29 s: no budget per response or per batch.
+SLOW = "import time\ndef f(x):\n    time.sleep(2.5)\n    return x\n"
+SLOW_TESTS = [cd.AssertTest(f"assert f({k}) == {k}") for k in range(6)]
+
+
+def test_a_response_gets_its_budget_and_what_is_unchecked_scores_0():
+    start = time.monotonic()
+    result = cd.run_tests(SLOW, SLOW_TESTS, _cfg(timeout_s=3.0, response_budget_s=4.0))
+    assert time.monotonic() - start < 4.0 + 3.0  # not 6 x 2.5 s
+    assert result.outcomes == ("pass",) + ("not_run",) * 5 and result.unscored, result.feedback
+    assert result.reward == 1 / 6 and "time budget ran out" in result.feedback
+    io = cd.run_tests("import time\ntime.sleep(2.5)\nprint(1)", [cd.IOTest("", "1")] * 3,
+                      _cfg(timeout_s=3.0, response_budget_s=4.0))
+    assert io.outcomes == ("pass", "not_run", "not_run") and io.unscored, io.feedback
+    assert not cd.run_tests(ADD_ONE, [cd.AssertTest("assert f(1) == 2")], _cfg()).unscored
+
+
+ADD_ONE = "def f(x):\n    return x + 1\n"
+
+
+def test_a_batch_gets_its_budget_and_what_is_unchecked_scores_0():
+    responses = ["```python\n" + SLOW + "```"] * 3
+    start = time.monotonic()
+    results = cd.score_code_batch(responses, [SLOW_TESTS[:1]] * 3, _cfg(timeout_s=3.0, batch_budget_s=4.0))
+    assert time.monotonic() - start < 4.0 + 3.0  # not 3 x 2.5 s
+    assert [(r.reward, r.unscored) for r in results] == [(1.0, False), (0.0, True), (0.0, True)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -49,24 +50,25 @@ def _end_program(proc: subprocess.Popen, namespaced: bool) -> None:
         pass
 
 
-def _wait_or_kill(proc: subprocess.Popen, config: SandboxConfig, progress_fd: int, namespaced: bool) -> bool:
+def _wait_or_kill(proc: subprocess.Popen, config: SandboxConfig, progress_fd: int, namespaced: bool,
+                  budget: float) -> str | None:
     """Wait for the judge while it makes progress; then kill its whole process group.
 
     The judge has ``startup_s + timeout_s`` to start and define the solution, and
     ``timeout_s + _RECORD_SLACK_S`` after each result record it writes to
     ``progress_fd`` for the next one. Waits with WNOWAIT so an exited leader keeps
-    its pid (and group id) reserved until the group is killed. Returns True when a
-    deadline killed the child.
+    its pid (and group id) reserved until the group is killed. `budget` (a monotonic time)
+    ends it in any case. Returns "timeout" or "budget" when a deadline killed the child, else None.
     """
     deadline = time.monotonic() + config.startup_s + config.timeout_s
-    delay, killed, seen = 0.001, False, 0
+    delay, killed, seen = 0.001, None, 0
     while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
         now = time.monotonic()
         size = os.fstat(progress_fd).st_size
         if size != seen:
             seen, deadline, delay = size, now + config.timeout_s + _RECORD_SLACK_S, 0.001
-        if now >= deadline:
-            killed = True
+        if now >= min(deadline, budget):
+            killed = "timeout" if now >= deadline else "budget"
             break
         time.sleep(delay)
         delay = min(delay * 2, 0.02)
@@ -80,13 +82,14 @@ def _wait_or_kill(proc: subprocess.Popen, config: SandboxConfig, progress_fd: in
     return killed
 
 
-def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, bool]:
+def _launch(spec: dict, config: SandboxConfig, budget: float = math.inf
+            ) -> tuple[list[dict], bytes, int, str | None]:
     """Run the harness once in a fresh working directory.
 
     The spec (code, tests, limits) arrives on an anonymous memfd as stdin, which the
     harness reads and then replaces; result records go to another memfd; nothing the
     program could read or overwrite is on disk. Returns (records, stdout, return
-    code, killed_by_deadline).
+    code, what killed it: "timeout", "budget" (the monotonic time `budget` passed) or None).
     """
     confine, bound = sandbox.check_confinement(config), sandbox.check_process_bound(config)
     cmd = [config.python, "-I", "-X", "utf8", child.SCRIPT, "--harness"]
@@ -96,7 +99,8 @@ def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, 
     cgroup = None
     if bound == "cgroup":
         try:
-            cgroup = sandbox._new_pids_cgroup(sandbox.pids_cgroup_parent(), config.max_processes + sandbox._PIDS_OVERHEAD + namespaced)
+            limit = config.max_processes + sandbox._PIDS_OVERHEAD + namespaced
+            cgroup = sandbox._new_pids_cgroup(sandbox.pids_cgroup_parent(), limit)
         except OSError as e:
             if not sandbox.process_filter_available():
                 raise sandbox.SandboxUnavailable(f"could not make the sandbox's pids cgroup: {e}") from e
@@ -106,14 +110,14 @@ def _launch(spec: dict, config: SandboxConfig) -> tuple[list[dict], bytes, int, 
     scratch = [config.scratch_mb << 20, config.scratch_files] if namespaced else None
     spec = dict(spec, confine=confine, no_processes=bound == "seccomp", scratch=scratch)
     try:
-        return _run_harness(spec, cmd, config, namespaced)
+        return _run_harness(spec, cmd, config, namespaced, budget)
     finally:
         if cgroup is not None:
             sandbox._remove_cgroup(cgroup)
 
 
-def _run_harness(spec: dict, cmd: list[str], config: SandboxConfig, namespaced: bool
-                 ) -> tuple[list[dict], bytes, int, bool]:
+def _run_harness(spec: dict, cmd: list[str], config: SandboxConfig, namespaced: bool, budget: float
+                 ) -> tuple[list[dict], bytes, int, str | None]:
     """Runs `cmd` (the judge) on `spec` in a fresh scratch directory; what `_launch` returns."""
     spec_fd = _memfd_with(json.dumps(spec).encode(), "spec")
     results_fd = os.memfd_create("results")
@@ -126,7 +130,7 @@ def _run_harness(spec: dict, cmd: list[str], config: SandboxConfig, namespaced: 
             proc = subprocess.Popen(cmd + [str(results_fd)], stdin=spec_fd, stdout=stdout_fd,
                                     stderr=subprocess.DEVNULL, cwd=workdir, env=env,
                                     start_new_session=True, pass_fds=(results_fd,))
-            killed = _wait_or_kill(proc, config, results_fd, namespaced)
+            killed = _wait_or_kill(proc, config, results_fd, namespaced, budget)
         finally:
             remove_tree(workdir)
         records = []
