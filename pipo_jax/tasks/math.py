@@ -5,7 +5,8 @@ Pipeline for one response: extract the final answer (the last outermost
 (spacing commands, ``\\text{10 cm}``, repeating decimals, ``1.5e3``) -> equivalence by
 `math-verify` (Hugging Face, Apache-2.0; LaTeX -> sympy via latex2sympy2_extended, MIT)
 which handles numbers, ``\\frac``/``\\dfrac``/``\\tfrac``/``a/b``, ``\\left``/``\\right``,
-units in ``\\text{}``, degrees, percentages, intervals, sets, tuples, matrices,
+units in ``\\text{}``, degrees, percentages (an answer's ``3\\%`` is 0.03 only, not 3;
+a gold ``50\\%`` accepts 50), intervals, sets, tuples, matrices,
 equations like ``x=3`` and symbolic equality -> a reward in {0, 1} plus a feedback
 string (for SDPO's teacher context).
 
@@ -275,6 +276,12 @@ _TEXT_NUMBER_UNIT_RE = re.compile(
 # \text{3} -> 3 (a text group holding just a number).
 _TEXT_NUMBER_RE = re.compile(r"\\(?:text|mbox|textrm|mathrm|textbf|mathbf)\{\s*(-?\d[\d.,]*)\s*\}")
 _REPEATING_RE = re.compile(r"(-?)(\d*)\.(\d*)\\overline\{(\d+)\}")
+# A text group that opens with the percent sign or word (\text{ percent}, \text{\%}, \mbox{ pct of all}):
+# math-verify's unit stripping drops it whole, so "3 \text{ percent}" would read as 3; written as \%
+# (the rest of the text kept after it) it is a percentage, the answer's value / 100.
+_TEXT_PERCENT_RE = re.compile(
+    r"\\(?:text(?:normal|rm|bf|it|sf|up)?|mbox|math(?:rm|bf|it))\s*\{\s*"
+    r"(?:\\?%|percent(?:age)?s?|pcts?|per\s*cents?)(?![A-Za-z])([^{}]*)\}", re.IGNORECASE)
 _SCI_E_RE = re.compile(r"(?<![\w.])(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\w.])")
 _WHOLE_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
@@ -312,7 +319,8 @@ def normalize_answer(answer: str) -> str:
 
     Drops invisible characters (`_clean_characters`), outer ``$...$`` and a box around the
     whole answer, spacing commands (``\\,`` ``\\!`` ``\\quad`` ``~`` ``\\displaystyle``); moves a
-    leading number out of ``\\text{10 cm}`` (``\\text{3}`` -> 3), writes ``°`` as
+    leading number out of ``\\text{10 cm}`` (``\\text{3}`` -> 3), writes a percent in text
+    (``\\text{ percent}``, ``\\text{\\%}``) as ``\\%``, writes ``°`` as
     ``^{\\circ}``, turns repeating decimals ``0.\\overline{3}`` into fractions and ``1.5e3``
     into ``1.5\\times10^{3}``.
     """
@@ -325,6 +333,7 @@ def normalize_answer(answer: str) -> str:
     s = _SPACING_RE.sub(lambda m: m.group(1) or "", s)
     s = _TEXT_NUMBER_UNIT_RE.sub(lambda m: f"{m.group(2)}\\text{{ {m.group(3).strip()}}}", s)
     s = _TEXT_NUMBER_RE.sub(r"\1", s)
+    s = _TEXT_PERCENT_RE.sub(lambda m: "\\%" + (f"\\text{{{m.group(1)}}}" if m.group(1).strip() else ""), s)
     s = s.replace("°", "^{\\circ}")
     s = _REPEATING_RE.sub(_repeating_to_fraction, s)
     s = _SCI_E_RE.sub(lambda m: f"{m.group(1)}\\times10^{{{m.group(2)}}}", s)
@@ -543,12 +552,37 @@ def _read_whole(mv, p: str) -> bool:
     return True
 
 
+def _percent_as_its_value(parsed: list) -> list:
+    """An answer's parse (`_parse`) with each percentage as the value it states, ``X\\%`` -> X/100.
+
+    latex2sympy and math-verify's parser keep ``X\\%`` (also ``X%``, ``X percent``) as
+    ``X * UnevaluatedExpr(1/100)``, and math-verify's grader compares such an integer with an
+    integer by X alone (``sympy_numeric_eq``: "9% == 9"), so ``3\\%`` matched gold 3 as well as
+    0.03. For the answer that hundredth is now evaluated: ``3\\%`` is 3/100 and nothing else
+    (``300\\%`` is 3). The gold's parse is left as it is: a gold ``50\\%`` still accepts 50,
+    the unit being the gold's. A sympy value that cannot be rebuilt is dropped (the answer then
+    only matches as the identical string)."""
+    from sympy import Basic, MatrixBase, Rational, UnevaluatedExpr
+
+    hundredth = UnevaluatedExpr(Rational(1, 100))
+    out = []
+    for expr in parsed:
+        if isinstance(expr, (Basic, MatrixBase)) and expr.has(hundredth):
+            try:
+                expr = expr.xreplace({hundredth: Rational(1, 100)})
+            except Exception:
+                continue
+        out.append(expr)
+    return out
+
+
 def answers_equivalent_untimed(pred: str, gold: str, config: MathVerifyConfig) -> bool:
     """True when the extracted answer ``pred`` equals the reference ``gold`` (no time limit).
 
     Beyond an identical string, ``pred`` must state one value that math-verify reads whole:
     no defect (`_answer_defect`), no relation or connective the gold lacks (``x = 3`` is read
-    as 3, `_assigned_values`), nothing math-verify's normalisation drops (`_read_whole`)."""
+    as 3, `_assigned_values`), nothing math-verify's normalisation drops (`_read_whole`). A
+    percentage in ``pred`` is its hundredth only (`_percent_as_its_value`: ``3\\%`` is 0.03, not 3)."""
     p, g = normalize_answer(pred), normalize_answer(gold)
     if p.replace(" ", "") == g.replace(" ", ""):
         return True
@@ -565,7 +599,7 @@ def answers_equivalent_untimed(pred: str, gold: str, config: MathVerifyConfig) -
     return bool(
         mv.verify(
             _parse(mv, g),
-            _parse(mv, p),
+            _percent_as_its_value(_parse(mv, p)),
             float_rounding=config.float_rounding,
             numeric_precision=config.numeric_precision,
             strict=config.strict,

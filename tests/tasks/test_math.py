@@ -50,9 +50,9 @@ EQUIVALENT = [
     ("30", r"30^\circ"),
     ("30", r"30^{\circ}"),
     ("30", "30°"),
-    (r"50\%", "50"),
-    ("50", r"50\%"),
+    (r"50\%", "50"),  # a gold written with % carries the unit: the bare number is accepted
     ("0.05", r"5\%"),
+    ("3", r"300\%"),
     ("(1,2)", r"\left(1, 2\right)"),
     ("[1,2)", r"\left[ 1, 2 \right)"),
     (r"(-\infty, 3]", r"(-\infty,3]"),
@@ -114,6 +114,8 @@ NOT_EQUIVALENT = [
     ("1/2", "2"),
     ("1.5", "15"),
     (r"\frac{1}{2}", r"\frac{1}{2}x"),
+    # An answer's percent sign means value / 100 only: 50\% states 0.5, not 50 (the gold 50 has no unit).
+    ("50", r"50\%"),
 ]
 TABLE = [(g, p, True) for g, p in EQUIVALENT] + [(g, p, False) for g, p in NOT_EQUIVALENT]
 

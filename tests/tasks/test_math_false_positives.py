@@ -123,13 +123,23 @@ def test_existing_not_equivalent_table_stays_zero(verifier):
     assert [r.reward for r in results] == [0.0] * len(NOT_EQUIVALENT)
 
 
-def test_percent_follows_the_existing_table(verifier):
-    """A percentage equals its number or its hundredth (the table: 50 == 50\\%, 0.05 == 5\\%),
-    nothing else, and not when it comes with a second value."""
-    cases = [(r"\boxed{3\%}", "3", 1.0), (r"\boxed{3\%}", "0.03", 1.0), (r"\boxed{3\%}", "4", 0.0),
+def test_a_percent_answer_is_its_hundredth(verifier):
+    """An answer with a percent sign states value / 100 and nothing else: 3\\% is 0.03, not 3
+    (math-verify also took the bare number), 300\\% is 3. A gold written with a percent sign
+    carries the unit, so a bare number matches it as before (the table: 50\\% accepts 50). A
+    percent written in text (\\text{ percent}, \\text{\\%}) is the same percent sign."""
+    cases = [(r"\boxed{3\%}", "3", 0.0), (r"\boxed{3\%}", "0.03", 1.0), (r"\boxed{3\%}", r"3\%", 1.0),
+             (r"\boxed{300\%}", "3", 1.0), (r"\boxed{50\%}", "50", 0.0), (r"\boxed{50}", r"50\%", 1.0),
+             (r"\boxed{0.5}", r"50\%", 1.0), (r"\boxed{3%}", "3", 0.0), (r"\boxed{3 \text{ percent}}", "3", 0.0),
+             (r"\boxed{3 \text{ percent}}", "0.03", 1.0), (r"\boxed{x = 3\%}", "3", 0.0),
+             (r"\boxed{\{3\%, 4\%\}}", r"\{3, 4\}", 0.0), (r"\boxed{3\%}", "4", 0.0),
+             # a percent in text was dropped as a unit (3 \text{ percent} read as 3): it is \% too
+             (r"\boxed{\text{3 percent}}", "3", 0.0), (r"\boxed{3\text{\%}}", "3", 0.0),
+             (r"\boxed{3 \mbox{ pct}}", "3", 0.0), (r"\boxed{3 \text{ percent of all}}", "3", 0.0),
+             (r"\boxed{3\text{\%}}", "0.03", 1.0), (r"\boxed{50}", r"50 \text{ percent}", 1.0),
              (r"\boxed{3\%}", "0.3", 0.0), (r"\boxed{3\% \text{ or } 4\%}", "3", 0.0)]
     results = verifier.score_batch([r for r, _, _ in cases], [g for _, g, _ in cases])
-    assert [r.reward for r in results] == [e for _, _, e in cases]
+    assert {(r, g): res.reward for (r, g, _), res in zip(cases, results)} == {(r, g): e for r, g, e in cases}
 
 
 @pytest.mark.parametrize("raw,expected", [
@@ -142,6 +152,11 @@ def test_percent_follows_the_existing_table(verifier):
     (r"\text{3}", "3"),
     (r"\text{3 or 4}", r"\text{3 or 4}"),  # not a number and a unit
     ("30°", r"30^{\circ}"),
+    (r"3 \text{ percent}", r"3 \%"),
+    (r"\text{3 percent}", r"3\%"),
+    (r"3\text{\%}", r"3\%"),
+    (r"3 \text{ percent of all}", r"3 \%\text{ of all}"),
+    (r"3\text{ percentile}", r"3\text{ percentile}"),
 ])
 def test_normalize_answer_characters_and_boxes(raw, expected):
     assert mt.normalize_answer(raw) == expected
