@@ -226,3 +226,22 @@ def test_a_batch_gets_its_budget_and_what_is_unchecked_scores_0():
     results = cd.score_code_batch(responses, [SLOW_TESTS[:1]] * 3, _cfg(timeout_s=3.0, batch_budget_s=4.0))
     assert time.monotonic() - start < 4.0 + 3.0  # not 3 x 2.5 s
     assert [(r.reward, r.unscored) for r in results] == [(1.0, False), (0.0, True), (0.0, True)]
+
+
+# The children run as `python -I child.py`: the package's modules come from its own directory only.
+WHAT_THE_RUNNER_IMPORTS = """
+import os, sys
+os.makedirs("pipo_jax/tasks/code", exist_ok=True)  # a package of its own in the scratch directory
+code = sys.modules["pipo_jax.tasks.code"]
+paths = list(code.__path__)
+reexports = hasattr(code, "run_tests")  # the package's __init__ never ran
+on_path = [p for p in sys.path if p in ("", ".", os.getcwd()) or os.path.isdir(os.path.join(p, "pipo_jax"))]
+"""
+
+
+def test_the_children_import_the_package_from_its_directory_only():
+    here = os.path.dirname(cd.__file__)
+    tests = [cd.AssertTest(f"assert paths == [{here!r}]"), cd.AssertTest("assert reexports is False"),
+             cd.AssertTest("assert on_path == []")]
+    result = cd.run_tests(WHAT_THE_RUNNER_IMPORTS, tests, _cfg())
+    assert result.outcomes == ("pass",) * 3, result.feedback

@@ -27,7 +27,13 @@ Who is trusted (the boundary against reward hacking):
   for the tests); its other names (the function under test, a class, a constant) are
   the solution's: a value the tests take from such a name is the solution's answer (a
   plain one is copied when a test first reads it). A test that compares instances of
-  the solution's own classes is an error: they are not plain data.
+  the solution's own classes is an error: they are not plain data. A name of the
+  solution's that a test applies to the solution's results (``isclose(area(2), x)``
+  without importing ``isclose``) would let it judge its own answer: `tests_from_spec`
+  refuses such a row and the judge reports such a test as an error (`names`).
+- An exception of the solution's reaches the test as the builtin of its name only where
+  that is an ordinary error; StopIteration, StopAsyncIteration and non-Exceptions
+  (SystemExit ...) arrive as `judge.SolutionError`, never as the end of the test's ``map``.
 - What the runner can still decide is its own answers: the values it sends back. It
   can exit, crash, hang or send garbage, each a failed test ("crash" / "timeout"),
   never a pass; exiting is no exception a test's ``except Exception`` can catch.
@@ -70,7 +76,11 @@ Isolation of the runner (what is guaranteed):
   seconds, size of any file written (``max_output_bytes``, stdout included), no core
   dumps, and ``max_processes``.
 - Network (kernel-enforced): it runs in new user + network + PID namespaces (``unshare``):
-  no network interfaces but a downed loopback. Where ``unshare`` is unusable, or with
+  no network interfaces but a downed loopback; and IPC + mount namespaces: SysV shared memory
+  dies with the run, and the scratch directory is a tmpfs of ``scratch_mb`` / ``scratch_files``
+  (outside namespaces only ``max_output_bytes`` per file bounds it). A seccomp filter
+  (x86_64, aarch64) denies the runner ``prlimit`` of any other process, the judge included.
+  Where ``unshare`` is unusable, or with
   ``network="audit"``, the sandbox refuses to run generated code (`SandboxUnavailable`)
   unless ``SandboxConfig.allow_network`` (trainer: ``task.sandbox_allow_network``).
 - Python-level (``audit_hook=True``): an audit hook raises PermissionError on
@@ -78,6 +88,10 @@ Isolation of the runner (what is guaranteed):
   os.system), os.kill and setrlimit. It stops honest mistakes and accidental fork
   bombs; code using ctypes can get past it, so it is not a security boundary.
 - The tests and expected outputs are never written where the program can read them.
+- Time: ``response_budget_s`` per response and ``batch_budget_s`` per `score_code_batch`
+  call bound the wall clock whatever the per-test limits allow; unchecked tests score 0
+  (``CodeResult.unscored``). The scratch directory is removed without recursion
+  (`launch.remove_tree`), however deep the program made it.
 - Rlimits are set inside the runner rather than in ``preexec_fn``, which is unsafe
   when the caller has threads (a JAX trainer does).
 
@@ -86,11 +100,11 @@ Linux only (memfd, namespaces, seccomp on x86_64 / aarch64). The judge and the r
 directory and the environment off ``sys.path``, and `child` makes this directory the only place
 of the package's modules, which import only the standard library.
 
-Modules: `kinds` (the test kinds, `tests_from_spec`), `config` (`SandboxConfig`), `extract`
-(the response's program), `scoring` (`run_tests`, `score_code`, `score_code_batch`), `launch`
-(the trainer's side of one run), `sandbox` (Landlock, namespaces, cgroups, seccomp, rlimits),
-`protocol` (the plain-data codec and pipes), `judge` and `runner` (the two children's mains),
-`child` (their entry script), `timer`, `feedback`.
+Modules: `kinds` (the test kinds, `tests_from_spec`), `names` (whose a test's names are),
+`config` (`SandboxConfig`), `extract` (the response's program), `scoring` (`run_tests`,
+`score_code`, `score_code_batch`), `launch` (the trainer's side of one run), `sandbox`
+(Landlock, namespaces, cgroups, seccomp, rlimits), `protocol` (the plain-data codec and
+pipes), `judge` and `runner` (the two children's mains), `child` (their entry script), `timer`, `feedback`.
 """
 from __future__ import annotations
 
