@@ -9,6 +9,10 @@ response mask `mask_br` (1 = valid). Outputs are zero at padded positions.
 - `gae(token_rewards_br, values_br, mask_br, gamma, lam)` -> (adv_br, returns_br), unwhitened.
 - `masked_whiten(x_br, mask_br)`: (x - mean) / sqrt(var + 1e-8), unbiased var over valid tokens.
 - `group_relative_advantages(rewards_b, group_size, std_ddof, norm_by_std)` -> adv_b.
+- `leave_one_out_advantages(rewards_b, group_size)`: RLOO, r_i - mean_{j != i} r_j -> adv_b.
+- `discounted_returns(token_rewards_br, mask_br, gamma)`: sum_{s >= t} gamma^(s-t) r_s, [B, R].
+- `reinforce_pp_advantages(token_rewards_br, mask_br, gamma)`: REINFORCE++, whitened returns.
+- `reinforce_pp_baseline_advantages(rewards_b, mask_br, group_size)`: REINFORCE++-baseline.
 - `dapo_group_filter(rewards_b, group_size)` -> (keep_p, keep_b, counts).
 - `group_outcome_counts(rewards_b, group_size)`: all-fail / mixed / all-success group counts.
 - `overlong_penalty(lengths_b, max_len, buffer, factor)`: DAPO soft overlong punishment.
@@ -113,6 +117,46 @@ def group_relative_advantages(
     # the float mean of equal rewards can differ from them by an ulp; such groups carry no signal
     constant_p1 = jnp.max(r_pg, axis=-1, keepdims=True) == jnp.min(r_pg, axis=-1, keepdims=True)
     return jnp.where(constant_p1, 0.0, centred_pg).reshape(-1)
+
+
+@functools.partial(jax.jit, static_argnames=("group_size",))
+def leave_one_out_advantages(rewards_b, group_size: int):
+    """RLOO (Ahmadian et al. 2024; Kool et al. 2019): A_i = r_i - mean_{j != i} r_j over the group,
+    computed as G / (G - 1) * (r_i - mean_g) (the same number: mean_{j != i} r_j = (G mean_g - r_i) / (G - 1)).
+
+    A group whose rewards are all equal gets exactly 0 (as `group_relative_advantages`). Needs
+    G >= 2 (the leave-one-out mean of a group of one is undefined). Returns adv_b [B].
+    """
+    if group_size < 2:
+        raise ValueError(f"group_size={group_size}: the leave-one-out baseline needs G >= 2")
+    centred_b = group_relative_advantages(rewards_b, group_size, norm_by_std=False)
+    return centred_b * (group_size / (group_size - 1.0))
+
+
+@functools.partial(jax.jit, static_argnames=("gamma",))
+def discounted_returns(token_rewards_br, mask_br, *, gamma: float = 1.0):
+    """G_t = sum_{s >= t, valid} gamma^(s - t) r_s, [B, R], zero at padding: `gae` with V = 0 and
+    lam = 1 (delta_t = r_t, A_t = r_t + gamma A_{t+1}), one scan for both."""
+    token_rewards_br = jnp.asarray(token_rewards_br, jnp.float32)
+    returns_br, _ = gae(token_rewards_br, jnp.zeros_like(token_rewards_br), mask_br, gamma=gamma, lam=1.0)
+    return returns_br
+
+
+@functools.partial(jax.jit, static_argnames=("gamma",))
+def reinforce_pp_advantages(token_rewards_br, mask_br, *, gamma: float = 1.0):
+    """REINFORCE++ (Hu 2025): the discounted return of the token rewards (outcome at the last
+    token, minus beta KL_t on every token when the KL is in the reward), whitened over every
+    valid token of the batch (`masked_whiten`: global, not per group). [B, R]."""
+    return masked_whiten(discounted_returns(token_rewards_br, mask_br, gamma=gamma), mask_br)
+
+
+@functools.partial(jax.jit, static_argnames=("group_size",))
+def reinforce_pp_baseline_advantages(rewards_b, mask_br, group_size: int):
+    """REINFORCE++-baseline: the sequence reward minus its group's mean (`group_relative_advantages`
+    without the std), on every token of the response, then whitened over every valid token of
+    the batch (`masked_whiten`). [B, R]."""
+    centred_b = group_relative_advantages(rewards_b, group_size, norm_by_std=False)
+    return masked_whiten(broadcast_over_tokens(centred_b, mask_br), mask_br)
 
 
 def broadcast_over_tokens(values_b, mask_br):

@@ -235,6 +235,26 @@ def _group_relative(spec, x: AdvantageInputs):
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
 
+@advantage_estimator("rloo", group=True)
+def _rloo(spec, x: AdvantageInputs):
+    """RLOO: r_i - mean_{j != i} r_j over the group, on every token of response i (docs/math.md §1)."""
+    adv_b = advantages.leave_one_out_advantages(x.seq_rewards_b, spec.rollout.group_size)
+    return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
+
+
+@advantage_estimator("reinforce_pp")
+def _reinforce_pp(spec, x: AdvantageInputs):
+    """REINFORCE++: the discounted return of the token rewards (`advantage.gamma`), whitened over
+    the batch's valid tokens (docs/math.md §1); no group, any G."""
+    return advantages.reinforce_pp_advantages(x.token_rewards_br, x.mask_br, gamma=spec.advantage.gamma), None
+
+
+@advantage_estimator("reinforce_pp_baseline", group=True)
+def _reinforce_pp_baseline(spec, x: AdvantageInputs):
+    """REINFORCE++-baseline: r_i - group mean on every token, whitened over the batch's valid tokens."""
+    return advantages.reinforce_pp_baseline_advantages(x.seq_rewards_b, x.mask_br, spec.rollout.group_size), None
+
+
 # ----------------------------------------------------------------------------- policy losses
 
 
@@ -327,7 +347,8 @@ def _group_attribution(spec, batch: TrainBatch):
 
 @attribution("gae")
 def _gae_attribution(spec, batch: TrainBatch):
-    """PPO: the GAE advantages themselves; `pipo.authors.ppo_sign_attribution`: the group
+    """The estimator's token advantages themselves (PPO's whitened GAE, REINFORCE++'s whitened
+    returns); PPO with `pipo.authors.ppo_sign_attribution`: the group
     attribution over groups of one response, abar_i / (|abar_i| (+) 1e-6) (their PPO PI step)."""
     if spec.pipo.options.ppo_sign_attribution and spec.algorithm.authors_ppo:
         return pipo.group_attribution(batch.adv_br, batch.mask_br, 1, spec.pipo.options.attribution_eps_add)
@@ -361,7 +382,7 @@ def _vpd_reshape(spec, batch: TrainBatch):
 # ----------------------------------------------------------------------------- algorithms
 
 CLIP_LOSSES = (("token_clip", "token_clip"), ("gspo", "gspo"), ("cispo", "cispo"))
-GROUP_ESTIMATORS = group_estimators()  # what the group-relative algorithms accept (declared `group=True`)
+GROUP_ESTIMATORS = ("grpo", "group_relative")  # GRPO's estimator under its two names: what its family accepts
 SDPO_LOSSES = (("sdpo_token", "sdpo_token"), ("sdpo_jsd", "sdpo_jsd"))
 
 register_algorithm(Algorithm("ppo", ("gae",), CLIP_LOSSES, "gae", authors_pi_token_loss=False, authors_ppo=True))
@@ -372,6 +393,12 @@ for _name in ("grpo", "gspo", "dapo"):
 # (`advantage.norm_by_std=false`) and each response's token losses summed and divided by a constant
 # (`loss.agg_mode=seq-mean-token-sum-norm`, docs/math.md §1 "Aggregation"), not by the response's length.
 register_algorithm(Algorithm("dr_grpo", GROUP_ESTIMATORS, CLIP_LOSSES, "group"))
+# RLOO (Ahmadian et al. 2024, "Back to Basics"): the leave-one-out baseline, the token clip as verl's
+# rloo; PIPO's attribution is the group one (docs/math.md §1 "RLOO").
+register_algorithm(Algorithm("rloo", ("rloo",), CLIP_LOSSES, "group"))
+# REINFORCE++ (Hu 2025, arXiv 2501.03262) and its baseline variant: globally whitened token advantages;
+# PIPO's attribution is the advantages themselves, as PPO's (docs/math.md §1 "REINFORCE++").
+register_algorithm(Algorithm("reinforce_pp", ("reinforce_pp", "reinforce_pp_baseline"), CLIP_LOSSES, "gae"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,

@@ -212,7 +212,7 @@ class AdvantageConfig(Section):
                          choices=estimator_names)
     std_ddof: int = key(0, "group std: 0 (population) or 1 (torch.std)", choices=(0, 1))
     norm_by_std: bool = key(True, "divide the group advantage by the group std (false: Dr. GRPO's r - mean)")
-    gamma: float = key(1.0, "GAE discount", within(0, 1))
+    gamma: float = key(1.0, "discount of GAE and of REINFORCE++'s return", within(0, 1))
     lam: float = key(1.0, "GAE lambda", within(0, 1))
 
 
@@ -235,7 +235,8 @@ class LossConfig(Section):
                            "each response's token-loss sum / this; 0 = rollout.max_new_tokens", at_least(0))
     kl_coef: float = key(0.001, "the reference KL term's weight", at_least(0))
     kl_estimator: str = key("k3", "the KL estimator", choices=tuple(KL_ESTIMATORS))
-    kl_in_reward: bool = key(False, "PPO: k1 penalty in the token rewards instead of a loss term")
+    kl_in_reward: bool = key(False, "-kl_coef x loss.kl_estimator in the token rewards instead of a loss term "
+                             "(PPO, RLOO, REINFORCE++)")
     entropy_coef: float = key(0.0, "entropy bonus weight", at_least(0))
 
     def check(self):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import dr_grpo, grpo, sdpo, vpd
+from configs import dr_grpo, grpo, reinforce_pp, rloo, sdpo, vpd
 from pipo_jax.losses import advantages, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
@@ -51,6 +51,110 @@ def test_advantage_estimators_bind_the_pure_functions():
     chex.assert_trees_all_close(adv, advantages.masked_whiten(raw, MASK))
     chex.assert_trees_all_close(returns, ret)  # returns are never whitened
     assert gae.critic
+
+
+def _estimator_cases():
+    """Each registered estimator's pure function (`pipo_jax.losses.advantages`) with the spec below."""
+    def grpo_case(spec, x):
+        return advantages.broadcast_over_tokens(advantages.group_relative_advantages(x.seq_rewards_b, 2, std_ddof=1),
+                                                x.mask_br)
+    return {
+        "grpo": grpo_case,
+        "group_relative": grpo_case,
+        "gae": lambda spec, x: advantages.masked_whiten(advantages.gae(x.token_rewards_br, x.values_br, x.mask_br,
+                                                                       gamma=0.9, lam=0.8)[0], x.mask_br),
+        "rloo": lambda spec, x: advantages.broadcast_over_tokens(
+            advantages.leave_one_out_advantages(x.seq_rewards_b, 2), x.mask_br),
+        "reinforce_pp": lambda spec, x: advantages.reinforce_pp_advantages(x.token_rewards_br, x.mask_br, gamma=0.9),
+        "reinforce_pp_baseline": lambda spec, x: advantages.reinforce_pp_baseline_advantages(x.seq_rewards_b,
+                                                                                            x.mask_br, 2),
+    }
+
+
+def test_every_registered_estimator_has_a_case():
+    assert sorted(_estimator_cases()) == sorted(algorithms.ADVANTAGE_ESTIMATORS)
+
+
+@pytest.mark.parametrize("name", sorted(_estimator_cases()))
+def test_registered_estimator_equals_its_advantage_math(name):
+    """`spec.estimator.fn` = its pure function with the spec's settings (G = 2, gamma .9, lam .8, ddof 1),
+    on token rewards with a KL part (so the return varies along a response) and an outcome."""
+    rewards = jnp.array([1.0, 0.0, 0.5, 0.5])
+    tok = advantages.outcome_token_rewards(rewards, MASK) - 0.1 * jnp.arange(T, dtype=jnp.float32) * MASK
+    x = AdvantageInputs(MASK, tok, advantages.sequence_rewards(tok, MASK), jnp.full((B, T), 0.25))
+    spec = _spec_ns(rollout=dict(group_size=2), advantage=dict(std_ddof=1, norm_by_std=True, gamma=0.9, lam=0.8))
+    got, returns = algorithms.ADVANTAGE_ESTIMATORS[name].fn(spec, x)
+    chex.assert_trees_all_close(got, _estimator_cases()[name](spec, x), atol=1e-6)
+    assert (returns is not None) == algorithms.ADVANTAGE_ESTIMATORS[name].critic
+    assert float(jnp.max(jnp.abs(got))) > 0.1 and bool(jnp.all(got * (1 - MASK) == 0))
+
+
+def test_rloo_and_reinforce_pp_estimators_by_hand():
+    """configs/rloo.py and configs/reinforce_pp.py (G = 2 groups of the micro preset's shapes here):
+    RLOO r_i - r_other on every token; REINFORCE++ the whitened return over the batch's tokens;
+    its baseline variant r_i - group mean, whitened. Declared group: RLOO and the baseline only."""
+    est = algorithms.ADVANTAGE_ESTIMATORS
+    assert est["rloo"].group and est["reinforce_pp_baseline"].group and not est["reinforce_pp"].group
+    assert not any(est[n].critic for n in ("rloo", "reinforce_pp", "reinforce_pp_baseline"))
+    spec = _spec_ns(rollout=dict(group_size=2), advantage=dict(gamma=1.0))
+    rewards = jnp.array([1.0, 0.0, 0.75, 0.25])
+    x = AdvantageInputs(MASK, advantages.outcome_token_rewards(rewards, MASK), rewards)
+    adv, _ = est["rloo"].fn(spec, x)  # G = 2: the other response is the baseline
+    chex.assert_trees_all_close(adv, jnp.array([1.0, -1.0, 0.5, -0.5])[:, None] * MASK)
+    # REINFORCE++ with the outcome only: 3 + 2 + 1 + 3 tokens of 1, 0, .75, .25; mean 4.5 / 9 = .5,
+    # unbiased var (3 * .25 + 2 * .25 + .0625 + 3 * .0625) / 8 = 1.5 / 8
+    adv, _ = est["reinforce_pp"].fn(spec, x)
+    sd = np.sqrt(1.5 / 8 + 1e-8)
+    chex.assert_trees_all_close(adv, jnp.array([0.5, -0.5, 0.25, -0.25])[:, None] / sd * MASK, rtol=1e-5)
+    # the baseline variant, rewards 1, 0 | 1, 1: r - group mean = .5, -.5, 0, 0 on 3, 2, 1, 3 tokens:
+    # mean .5 / 9, squared deviations 3 (.5 - m)^2 + 2 (.5 + m)^2 + 4 m^2 over 8 (the plain variant: mean 7 / 9)
+    rewards = jnp.array([1.0, 0.0, 1.0, 1.0])
+    x = AdvantageInputs(MASK, advantages.outcome_token_rewards(rewards, MASK), rewards)
+    adv, _ = est["reinforce_pp_baseline"].fn(spec, x)
+    m = 0.5 / 9
+    sd = np.sqrt((3 * (0.5 - m) ** 2 + 2 * (0.5 + m) ** 2 + 4 * m ** 2) / 8 + 1e-8)
+    chex.assert_trees_all_close(adv, (jnp.array([0.5, -0.5, 0.0, 0.0])[:, None] - m) / sd * MASK, rtol=1e-5)
+    plain, _ = est["reinforce_pp"].fn(spec, x)
+    assert float(jnp.max(jnp.abs(plain - adv))) > 0.1
+
+
+def test_rloo_and_reinforce_pp_configs_resolve_their_pieces():
+    """The algorithm files: RLOO takes only its estimator and the group attribution (G >= 2);
+    REINFORCE++ both of its estimators, the advantages as attribution, and G = 1."""
+    r = train_spec(rloo.get_config("micro"))
+    assert (r.algorithm.name, r.estimator.name, r.policy.name, r.attribution.name, r.loss.kl_in_reward,
+            r.loss.kl_estimator) == ("rloo", "rloo", "token_clip", "group", True, "k1")
+    p = train_spec(reinforce_pp.get_config("micro"))
+    assert (p.algorithm.name, p.estimator.name, p.policy.name, p.attribution.name, p.loss.kl_in_reward,
+            p.advantage.gamma) == ("reinforce_pp", "reinforce_pp", "token_clip", "gae", True, 1.0)
+    c = reinforce_pp.get_config("micro")
+    c.rollout.group_size = 1  # REINFORCE++ samples k >= 1 responses per prompt
+    assert train_spec(c).rollout.group_size == 1
+    c.advantage.estimator = "reinforce_pp_baseline"
+    with pytest.raises(ConfigError, match=r"config\.rollout\.group_size: G=1 with a group method "
+                                          r"\(advantage\.estimator='reinforce_pp_baseline'"):
+        train_spec(c)
+    c.rollout.group_size = 4
+    assert train_spec(c).estimator.name == "reinforce_pp_baseline"
+    c = rloo.get_config("micro")
+    c.advantage.estimator = "grpo"
+    with pytest.raises(ConfigError, match=r"config\.advantage\.estimator: 'grpo' does not fit algorithm='rloo' "
+                                          r"\(expected one of \('rloo',\)\)"):
+        train_spec(c)
+    c = rloo.get_config("micro")
+    c.rollout.group_size = 1
+    with pytest.raises(ConfigError, match=r"config\.rollout\.group_size: G=1 with a group method "
+                                          r"\(advantage\.estimator='rloo'"):
+        train_spec(c)
+    # REINFORCE++'s attribution is its advantages; the authors' PPO sign switch is PPO's only
+    batch = TrainBatch(tokens_bl=jnp.zeros((B, 5), jnp.int32), mask_bl=jnp.ones((B, 5), jnp.int32), mask_br=MASK,
+                       logp_old_br=jnp.zeros((B, T)), logp_ref_br=jnp.zeros((B, T)),
+                       adv_br=jnp.array([[0.5, 1.0, 2.0], [-1.0, -0.5, 3.0], [0.2, 9.0, 9.0], [1.0, 1.0, 1.0]]))
+    c = reinforce_pp.get_config("micro")
+    c.pipo.compat = True
+    compat = train_spec(c)
+    assert compat.pipo.options.ppo_sign_attribution
+    chex.assert_trees_all_close(algorithms.attribute(compat, batch), batch.adv_br * MASK)
 
 
 def test_attributions_bind_the_pure_functions():
@@ -174,7 +278,7 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     ("advantage.estimator", "gae", r"config\.advantage\.estimator: 'gae' does not fit algorithm='grpo'"),
     ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
     ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
-                               r"'dr_grpo', 'sdpo', 'vpd'\)"),
+                               r"'dr_grpo', 'rloo', 'reinforce_pp', 'sdpo', 'vpd'\)"),
 ])
 def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     c = grpo.get_config("micro")
@@ -239,7 +343,8 @@ def test_declared_capabilities_make_the_checks():
 
 
 def test_group_estimators_are_declared_and_need_two_samples():
-    assert algorithms.group_estimators() == algorithms.GROUP_ESTIMATORS == ("grpo", "group_relative")
+    assert algorithms.group_estimators() == ("grpo", "group_relative", "rloo", "reinforce_pp_baseline")
+    assert algorithms.GROUP_ESTIMATORS == ("grpo", "group_relative")  # what GRPO's family accepts
     assert not algorithms.ADVANTAGE_ESTIMATORS["gae"].group
     c = grpo.get_config("micro")
     c.rollout.group_size = 1
@@ -263,7 +368,7 @@ NAMES = set(algorithms.ALGORITHMS) | {k.split("+")[0] for k in algorithms.ALGORI
 
 
 @pytest.mark.parametrize("module", ["rl/learn.py", "rl/steps.py", "rl/loop.py", "rl/rollout.py", "rl/vpd_estep.py",
-                                    "rl/sharded_steps.py", "rl/trainer.py", "rl/placement.py"])
+                                    "run/sharded_steps.py", "run/trainer.py", "run/placement.py"])
 def test_the_learner_never_branches_on_a_registered_name(module):
     """No string literal naming an algorithm, policy loss, estimator or attribution in the learner's
     code (docstrings aside): it calls the registered objects and reads declared capabilities."""

@@ -92,6 +92,40 @@ def test_dr_grpo_runs_a_micro_iteration():
     assert max(changed) > 0
 
 
+@pytest.mark.parametrize("algo", ["rloo", "reinforce_pp"])
+def test_rloo_and_reinforce_pp_run_with_pipo(algo):
+    """configs/rloo.py and configs/reinforce_pp.py with `pipo.enabled=true` through three jitted trainer
+    iterations (K = 2): the base step trains every iteration, the window and the stored batch advance,
+    the PI step runs at the third; the stored attribution is the algorithm's: RLOO's group attribution
+    (one value per response, sum |a| = G over a group with signal), REINFORCE++'s whitened token
+    advantages (mean 0 over the batch's valid tokens, varying along a response)."""
+    c = micro(algo, True, seed=1)
+    spec, state = fresh_state(c)
+    assert spec.algorithm.name == algo and spec.pipo.enabled
+    before = jax.tree.map(np.asarray, state.params)
+    state, m = jax.device_get(loop.scan_chunk(spec, state, 3))
+    assert int(state.step) == 3 and np.all(m["reward_std"][:2] > 0)
+    assert all(np.all(np.isfinite(v)) for k, v in m.items() if k not in ("mu_his", "sigma_his"))
+    changed = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), before, state.params))
+    assert max(changed) > 0
+    assert list(m["pi_step_applied"]) == [0.0, 0.0, 1.0] and m["c"][2] != 0
+    assert np.isfinite(m["pi/loss"][2]) and m["pi/grad_norm"][2] > 0
+    assert int(state.pipo.count) == 2 and bool(state.pipo.has_prev)
+    np.testing.assert_allclose(np.asarray(state.pipo.mu_window_k), m["mu_t"][1:], rtol=1e-6)
+    attr, mask = np.asarray(state.pipo.prev.attr_br), np.asarray(state.pipo.prev.mask_br)
+    valid = mask > 0
+    assert np.all(attr[~valid] == 0) and np.any(attr[valid] != 0)
+    if algo == "rloo":
+        row = attr[:, 0]
+        assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
+        sums = np.abs(row).reshape(-1, spec.rollout.group_size).sum(axis=1)
+        np.testing.assert_allclose(sums[sums > 0], spec.rollout.group_size, rtol=1e-5)
+    else:  # whitened: std sqrt(v / (v + 1e-8)) of the returns' variance v (< 1 when only the KL varies)
+        assert abs(attr[valid].mean()) < 1e-4 and 0 < attr[valid].std(ddof=1) <= 1 + 1e-4
+        full = valid.all(axis=1)  # the KL to go makes the tokens of a response differ
+        assert np.any(np.ptp(attr[full], axis=1) > 1e-3)
+
+
 # Compiled once for every case below (same spec and shapes; count and mu_t are array inputs).
 _pi_step = jax.jit(learn.pi_step, static_argnums=0)
 _response_logprobs = jax.jit(logprobs.response_logprobs, static_argnums=(0, 4))
