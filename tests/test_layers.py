@@ -20,9 +20,12 @@ PACKAGES = ("pipo_jax", "configs", "experiments")
 LAYERS = ("models", "kernels", "losses", "sampling", "tasks", "rl", "run", "configs", "experiments")
 LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.data", "pipo_jax.parallel")
 
-# Imported inside the function that needs them, so the package runs without them installed.
+# Imported inside the function that needs them, so the package runs without them installed (or, for
+# math-verify and the sympy / latex2sympy2 it brings, so only the verifier's worker processes pay their
+# seconds-long import).
 OPTIONAL_THIRD_PARTY = frozenset({"tunix", "pyarrow", "tensorflow_datasets", "transformers", "torch", "tensorboardX",
-                                  "wandb", "matplotlib", "tqdm", "math_verify", "tokenizers", "reasoning_gym"})
+                                  "wandb", "matplotlib", "tqdm", "math_verify", "sympy", "latex2sympy2_extended",
+                                  "tokenizers", "reasoning_gym"})
 
 
 def _module_name(path: pathlib.Path) -> str:
