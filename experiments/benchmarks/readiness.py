@@ -57,6 +57,7 @@ if __name__ == "__main__":
         os.environ.setdefault(_key, _value)
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import importlib  # noqa: E402
@@ -181,17 +182,43 @@ class Program:
     args: tuple
     mesh: Mesh
     rules: Any = None
+    lengths: dict = dataclasses.field(default_factory=dict)  # sequence lengths its attention sees
 
     def lower(self):
         with sharding_context(self.mesh, self.rules):
             return self.fn.lower(*self.args)
 
     def export(self, platforms: tuple[str, ...]):
-        # Triton calls carry no serialization-compatibility guarantee; this export checks that the
-        # program lowers, it is not stored, so that check is off for them.
-        unstable = [jax.export.DisabledSafetyCheck.custom_call(t) for t in PALLAS_CALLS["cuda"]]
-        with sharding_context(self.mesh, self.rules):
+        # Triton and cuDNN calls carry no serialization-compatibility guarantee; this export checks
+        # that the program lowers, it is not stored, so that check is off for them.
+        unstable = [jax.export.DisabledSafetyCheck.custom_call(t) for t in PALLAS_CALLS["cuda"] + CUDNN_CALLS]
+        with sharding_context(self.mesh, self.rules), cudnn_probe_for_export():
             return jax.export.export(self.fn, platforms=platforms, disabled_checks=unstable)(*self.args)
+
+
+# jax's cuDNN attention lowering calls for the installed cuDNN library's version first (a host
+# probe: the exported program does not depend on it). A CPU host has no cuDNN, so the export
+# stands in the version of the cuDNN that jax's CUDA 12 wheels ship (9.8); a host with cuDNN
+# keeps its own answer.
+CUDNN_CALLS = ("__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward")
+CUDNN_STAND_IN_VERSION = 90800
+
+
+@contextlib.contextmanager
+def cudnn_probe_for_export():
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    probe = fa.check_cudnn_version
+    try:
+        probe()
+    except RuntimeError:  # "cuDNN is not detected."
+        fa.check_cudnn_version = lambda: CUDNN_STAND_IN_VERSION
+        try:
+            yield
+        finally:
+            fa.check_cudnn_version = probe
+    else:
+        yield
 
 
 def abstract(tree, shardings):
@@ -199,10 +226,13 @@ def abstract(tree, shardings):
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def small_spec(algorithm: str, pipo: bool) -> TrainSpec:
-    """The `micro` preset of `algorithm` (tiny model, built-in task)."""
+def small_spec(algorithm: str, pipo: bool, dtype: str = "") -> TrainSpec:
+    """The `micro` preset of `algorithm` (tiny model, built-in task); `dtype` sets
+    `model.dtype` (the compute dtype; "bfloat16" as the paper presets, over float32 masters)."""
     c = importlib.import_module(f"configs.{algorithm}").get_config("micro")
     c.pipo.enabled = pipo
+    if dtype:
+        c.model.dtype = dtype
     return train_spec(c)
 
 
@@ -351,16 +381,31 @@ def build_engine_insert(spec: TrainSpec, mesh: Mesh) -> Program:
     return Program(jax.jit(prefill_insert), (params, tokens, rng, state), mesh)
 
 
-def build_iteration(algorithm: str, pipo: bool):
+def build_iteration(algorithm: str, pipo: bool, dtype: str = ""):
     def build(_: TrainSpec, mesh: Mesh, target: str) -> Program:
-        spec = for_target(small_spec(algorithm, pipo), target)
+        spec = for_target(small_spec(algorithm, pipo, dtype), target)
         chunk = sharded_steps.sharded_scan_chunk(spec, mesh, 1)
         state = abstract(sharded_steps.abstract_train_state(spec),
                          sharded_steps.state_shardings(spec, mesh, chunk.rules))
-        return Program(chunk.jitted, (state,), mesh, chunk.rules)
+        return Program(chunk.jitted, (state,), mesh, chunk.rules, sequence_lengths(spec))
 
     build.takes_target = True
     return build
+
+
+def sequence_lengths(spec: TrainSpec) -> dict[str, int]:
+    """The lengths an iteration's attention runs at: the policy's prompt + response and, for
+    SDPO / VPD, the teacher's context + response."""
+    out = {"policy": spec.prompt_len + spec.rollout.max_new_tokens}
+    if spec.uses_teacher:
+        shapes = jax.eval_shape(lambda t: _sample_problems(spec, t, jax.random.PRNGKey(0)), spec.task.prompt_table())
+        b, p, r = spec.batch, spec.prompt_len, spec.rollout.max_new_tokens
+        rollout = jax.eval_shape(lambda problems: rollout_lib.Rollout(
+            problems=problems, tokens_bl=jnp.zeros((b, p + r), jnp.int32), mask_bl=jnp.zeros((b, p + r), jnp.int32),
+            sample_logp_br=jnp.zeros((b, r), jnp.float32), rewards_b=jnp.zeros((b,), jnp.float32)), shapes)
+        out["teacher"] = jax.eval_shape(lambda ro: learn_lib.teacher_contexts(spec, ro, ro.rewards_b)[0],
+                                        rollout).shape[1]
+    return out
 
 
 def entry_points(quick: bool) -> dict[str, Callable]:
@@ -379,7 +424,16 @@ def entry_points(quick: bool) -> dict[str, Callable]:
     for alg in ("grpo",) if quick else ALGORITHMS:
         for pipo in (False, True):
             table[f"iteration_{alg}{'_pipo' if pipo else ''}"] = build_iteration(alg, pipo)
+    # In the paper presets' compute dtype: bf16 -> cuDNN flash attention on cuda, splash on tpu,
+    # at the micro preset's odd lengths (T = 11; VPD's teacher context T = 23).
+    for alg in BF16_ITERATIONS[:1] if quick else BF16_ITERATIONS:
+        table[f"iteration_{alg}_pipo_bf16"] = build_iteration(alg, True, "bfloat16")
     return table
+
+
+BF16_ITERATIONS = ("grpo", "vpd")
+# The fused attention kernel a bf16 program must carry, per platform (the rows ending in "_bf16").
+BF16_ATTENTION_CALLS = {"tpu": "tpu_custom_call", "cuda": "__cudnn$fmhaSoftmaxBackward"}
 
 
 def build_program(builder, mesh: Mesh, target: str) -> Program:
@@ -408,15 +462,20 @@ def export_check(name: str, prog_for: Callable[[str], Program]) -> dict:
     for plat in PLATFORMS:
         t0 = time.perf_counter()
         try:
-            exp = prog_for(plat).export((plat,))
+            prog = prog_for(plat)
+            exp = prog.export((plat,))
             calls = custom_calls(exp.mlir_module())
             problems = [c for c in calls if any(h in c for h in HOST_ONLY_CALLS)]
             if name == "logprobs_pallas":
                 want = PALLAS_CALLS[plat]
                 if not any(w in c for c in calls for w in want):
                     problems.append(f"no {' / '.join(want)} call: the Pallas kernel was not lowered for {plat}")
+            if name.endswith("_bf16") and BF16_ATTENTION_CALLS[plat] not in calls:
+                problems.append(f"no {BF16_ATTENTION_CALLS[plat]} call: bf16 attention is not the fused kernel")
             out[plat] = {"ok": not problems, "custom_calls": calls, "problems": problems,
                          "seconds": time.perf_counter() - t0}
+            if prog.lengths:
+                out[plat]["lengths"] = prog.lengths
         except Exception as e:  # noqa: BLE001 (a FAIL row with the reason)
             out[plat] = {"ok": False, "error": _one_line(e), "seconds": time.perf_counter() - t0}
     return out

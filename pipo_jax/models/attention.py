@@ -13,8 +13,11 @@ Implementations (`IMPLS`; `resolve_impl` picks one for a target platform):
   attention. cuDNN expresses padding only as per-row lengths of right-padded rows, so
   each row's valid tokens are first moved to its front (a stable gather, order kept:
   causality among valid tokens is unchanged), attended with `is_causal=True` and the
-  row lengths, and moved back. cuDNN's kernel takes 16-bit inputs only, so fp32 compute
-  on a GPU resolves to `xla`.
+  row lengths, and moved back. Rows are padded at the end to a multiple of
+  `CUDNN_SEQ_MULTIPLE` first (keys past a row's length are masked by the lengths) and the
+  output sliced back, so every length the trainer produces builds (jax's training path
+  refuses odd lengths). cuDNN's kernel takes 16-bit inputs only, so fp32 compute on a GPU
+  resolves to `xla`.
 * `splash` (TPU): the Pallas splash attention shipped with JAX
   (`jax.experimental.pallas.ops.tpu.splash_attention`), causal mask plus segment ids
   (valid tokens 1, padding 0: a valid query sees exactly the valid keys before it).
@@ -22,8 +25,9 @@ Implementations (`IMPLS`; `resolve_impl` picks one for a target platform):
 
 The fused kernels never build a `[T, T]` tensor. Padding queries get zero outputs from
 them (the reference gives them a uniform average); nothing downstream reads those rows.
-Under a `sharding_context` the splash kernel runs inside `shard_map` (Mosaic kernels
-cannot be partitioned automatically), through `parallel.context.shard_kernel`.
+Under a `sharding_context` the splash and cuDNN kernels run inside `shard_map` (Mosaic
+kernels cannot be partitioned automatically; jax partitions its cuDNN call through a Python
+callback that `jax.export` cannot serialize), through `parallel.context.shard_kernel`.
 """
 
 from __future__ import annotations
@@ -48,6 +52,14 @@ _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # to 128 (fewer wasted padding rows).
 SPLASH_BLOCK = 512
 _LANES = 128
+
+# cuDNN sequence padding. jax's cuDNN training path refuses odd lengths
+# (`jax._src.cudnn.fused_attention_stablehlo.check_is_flash_attention`, jax 0.10.2: "seqlen
+# should be divisible by 2" for training, where a bias operand is always present; earlier jax
+# releases asked for multiples of 64, and FP8 for 128). Padding every row to a multiple of 64
+# satisfies each of these rules, and costs nothing the kernel would not compute anyway: its
+# flash tiles are 64 or 128 rows, so a partial tile is computed in full.
+CUDNN_SEQ_MULTIPLE = 64
 
 
 def resolve_impl(impl: str, platform: str, dtype) -> str:
@@ -112,23 +124,35 @@ def valid_first_order(valid_bt: jax.Array) -> jax.Array:
     return jnp.argsort(~valid_bt, axis=1, stable=True)
 
 
+def cudnn_length(t: int) -> int:
+    """The length rows of `t` tokens are padded to for cuDNN (see `CUDNN_SEQ_MULTIPLE`)."""
+    return -(-t // CUDNN_SEQ_MULTIPLE) * CUDNN_SEQ_MULTIPLE
+
+
 def cudnn(q_bthd, k_btkd, v_btkd, valid_bt, dtype, implementation: str = "cudnn"):
     """Causal padded attention through `jax.nn.dot_product_attention` -> `[B, T, H, Dh]`.
 
-    `implementation="xla"` runs the same call with XLA's own attention (what tests can
-    run without a GPU: it checks the gather and the lengths against the reference).
+    The valid tokens move to the front of each row, the rows are padded at the end to
+    `cudnn_length(T)` (the padded keys lie past every row's length, so the lengths mask
+    them), and the output is sliced back to T and moved back.
+
+    `implementation="xla"` runs the same call, padding included, with XLA's own attention
+    (what tests can run without a GPU: it checks the gather, the padding and the lengths
+    against the reference).
     """
-    dh = q_bthd.shape[-1]
+    t, dh = q_bthd.shape[1], q_bthd.shape[-1]
+    tp = cudnn_length(t)
     order_bt = valid_first_order(valid_bt)
     lengths_b = jnp.sum(valid_bt, axis=1, dtype=jnp.int32)
 
     def front(x):
-        return jnp.take_along_axis(x, order_bt[:, :, None, None], axis=1)
+        x = jnp.take_along_axis(x, order_bt[:, :, None, None], axis=1).astype(dtype)
+        return jnp.pad(x, [(0, 0), (0, tp - t), (0, 0), (0, 0)])
 
     out = jax.nn.dot_product_attention(
-        front(q_bthd).astype(dtype), front(k_btkd).astype(dtype), front(v_btkd).astype(dtype),
+        front(q_bthd), front(k_btkd), front(v_btkd),
         scale=dh**-0.5, is_causal=True, query_seq_lengths=lengths_b, key_value_seq_lengths=lengths_b,
-        implementation=implementation)
+        implementation=implementation)[:, :t]
     back_bt = jnp.argsort(order_bt, axis=1)
     out = jnp.take_along_axis(out, back_bt[:, :, None, None], axis=1)
     return jnp.where(valid_bt[:, :, None, None], out, jnp.zeros((), out.dtype)).astype(dtype)
@@ -187,20 +211,25 @@ def self_attention(q_bthd, k_btkd, v_btkd, valid_bt, dtype, *, impl: str, platfo
     impl = resolve_impl(impl, platform, dtype)
     if impl == "xla":
         return reference(q_bthd, k_btkd, v_btkd, causal_padded_mask(valid_bt), dtype)
-    if impl == "cudnn":
-        return cudnn(q_bthd, k_btkd, v_btkd, valid_bt, dtype)
     b, t, h, dh = q_bthd.shape
     kv = k_btkd.shape[2]
-    # The Pallas interpreter only on a CPU target (tests); a TPU target gets Mosaic.
-    run = functools.partial(_splash_grouped, dtype=dtype, interpret=platform == "cpu")
+    if impl == "cudnn":
+        # jax partitions its cuDNN call with `custom_partitioning`, a Python callback that an
+        # exported program cannot carry: under a mesh it runs per device like splash.
+        run = functools.partial(_grouped, cudnn, dtype=dtype)
+    else:
+        # The Pallas interpreter only on a CPU target (tests); a TPU target gets Mosaic.
+        run = functools.partial(_grouped, functools.partial(splash_attention, interpret=platform == "cpu"),
+                                dtype=dtype)
     args = (q_bthd.reshape(b, t, kv, h // kv, dh), k_btkd, v_btkd, valid_bt)
     # Under a `sharding_context` each device runs the kernel on its own rows / kv heads.
     out = shard_kernel(run, args, (_Q_AXES, _KV_AXES, _KV_AXES, ("batch", None)), _Q_AXES)
     return out.reshape(b, t, h, dh)
 
 
-def _splash_grouped(q_btkgd, k_btkd, v_btkd, valid_bt, *, dtype, interpret):
+def _grouped(kernel, q_btkgd, k_btkd, v_btkd, valid_bt, *, dtype):
+    """`kernel` (cudnn / splash_attention) on grouped queries: one device's block under a mesh."""
     b, t, kv, g, dh = q_btkgd.shape
-    out = splash_attention(q_btkgd.reshape(b, t, kv * g, dh), k_btkd, v_btkd, valid_bt, dtype, interpret)
+    out = kernel(q_btkgd.reshape(b, t, kv * g, dh), k_btkd, v_btkd, valid_bt, dtype)
     return out.reshape(b, t, kv, g, dh)
 

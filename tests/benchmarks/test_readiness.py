@@ -133,7 +133,8 @@ def _run_readiness(tmp_path: Path, only: str) -> dict:
 
 
 # Today's entry points that must export for both platforms on a tensor-parallel and a 3-axis mesh.
-FAST_ROWS = ["^qwen3_forward_grad@1x4x2", "^logprobs_chunked@2x2x2", "^decode_step@2x2x2", "^engine_generate@1x4x2"]
+FAST_ROWS = ["^qwen3_forward_grad@1x4x2", "^logprobs_chunked@2x2x2", "^decode_step@2x2x2", "^engine_generate@1x4x2",
+             "^iteration_grpo_pipo_bf16@1x4x2"]
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +160,17 @@ def test_report_records_provenance_and_libtpu(fast_report):
     assert [r["status"] for r in fast_report["lowering"]] == [expected] * len(FAST_ROWS)
 
 
+def test_bf16_iteration_at_an_odd_length_carries_the_fused_attention(fast_report):
+    """The micro preset's GRPO + PIPO iteration in the paper presets' compute dtype (bf16) builds
+    at its odd length (T = 11) with cuDNN flash attention, forward and backward, on cuda and
+    splash (Mosaic) on tpu."""
+    row = next(r for r in fast_report["lowering"] if r["entry_point"] == "iteration_grpo_pipo_bf16")
+    assert row["export"]["cuda"]["lengths"] == {"policy": 11}
+    assert {"__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"} <= set(row["export"]["cuda"]["custom_calls"])
+    assert "tpu_custom_call" in row["export"]["tpu"]["custom_calls"]
+    assert not row["export"]["cuda"]["problems"] and not row["export"]["tpu"]["problems"]
+
+
 @pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install -e '.[readiness]')")
 def test_tpu_programs_compile_for_v5p(fast_report):
     for row in fast_report["lowering"]:
@@ -168,8 +180,14 @@ def test_tpu_programs_compile_for_v5p(fast_report):
 
 @pytest.mark.slow
 def test_generate_and_trainer_iterations_export(tmp_path):
-    rows = ["^prefill@1x8x1", "^generate@2x2x2", "^iteration_grpo_pipo@2x2x2", "^iteration_ppo@1x4x2"]
+    rows = ["^prefill@1x8x1", "^generate@2x2x2", "^iteration_grpo_pipo@2x2x2", "^iteration_ppo@1x4x2",
+            "^iteration_vpd_pipo_bf16@2x2x2"]
     report = _run_readiness(tmp_path, ",".join(rows))
     assert sorted(f"{r['entry_point']}@{r['mesh']}" for r in report["lowering"]) == sorted(r.lstrip("^") for r in rows)
     for row in report["lowering"]:
         assert row["status"] == ("PASS" if HAVE_LIBTPU else "SKIP"), row
+    # VPD's teacher context has an odd length of its own; bf16 attention there is cuDNN's too.
+    vpd = next(r for r in report["lowering"] if r["entry_point"] == "iteration_vpd_pipo_bf16")
+    lengths = vpd["export"]["cuda"]["lengths"]
+    assert lengths["policy"] % 2 == 1 and lengths["teacher"] % 2 == 1, lengths
+    assert "__cudnn$fmhaSoftmaxBackward" in vpd["export"]["cuda"]["custom_calls"]

@@ -125,3 +125,57 @@ def test_cuda_program_uses_cudnn_flash_and_no_square_scores(monkeypatch):
 def test_cpu_program_keeps_the_reference():
     text = _model_grad_text(qwen3.preset("tiny"), "cpu")
     assert _square_tensors(text, 256)  # the XLA reference: [B, K, G, T, T] scores
+
+
+# Every length the trainer produces: odd (the micro preset's T = 11, VPD's teacher context
+# T = 23) and a multiple of the cuDNN padding.
+LENGTHS = (11, 23, 64)
+
+
+def _odd_case(t):
+    ks = jax.random.split(jax.random.PRNGKey(t), 4)
+    q, k, v = (jax.random.normal(ks[0], (B, t, H, DH)), jax.random.normal(ks[1], (B, t, K, DH)),
+               jax.random.normal(ks[2], (B, t, K, DH)))
+    # Left padding, none, right padding, as in VALID.
+    valid = np.array([[0] * 3 + [1] * (t - 3), [1] * t, [1] * (t - 4) + [0] * 4], bool)
+    g = jax.random.normal(ks[3], (B, t, H, DH)) * valid[:, :, None, None]
+    return (q, k, v), valid, g
+
+
+@pytest.mark.parametrize("t", LENGTHS)
+def test_cudnn_padding_to_its_length_equals_the_unpadded_reference(t):
+    """The cuDNN path pads rows to `cudnn_length(t)` and slices back; run by XLA's attention
+    (the same call, padding and lengths), it equals the reference on the unpadded rows:
+    values and gradients, so the padded keys are masked out and get no gradient."""
+    assert attention.cudnn_length(t) == 64
+    (q, k, v), valid, g = _odd_case(t)
+    fused = lambda q, k, v: attention.cudnn(q, k, v, jnp.asarray(valid), jnp.float32,  # noqa: E731
+                                            implementation="xla")
+    ref = lambda q, k, v: attention.reference(q, k, v, attention.causal_padded_mask(jnp.asarray(valid)),  # noqa: E731
+                                              jnp.float32)
+    got, want = np.asarray(fused(q, k, v)), np.asarray(ref(q, k, v))
+    np.testing.assert_allclose(got[valid], want[valid], atol=2e-6, rtol=1e-5)
+    assert np.all(got[~valid] == 0)
+    grads = [jax.grad(lambda q, k, v, fn=fn: jnp.sum(g * fn(q, k, v)), (0, 1, 2))(q, k, v) for fn in (fused, ref)]
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("t", LENGTHS)
+def test_cudnn_forward_and_backward_export_for_cuda_at_any_length(monkeypatch, t):
+    """jax's cuDNN training path refuses odd lengths ("Unsupported sequence length Q 11, KV 11"):
+    the padded call exports for `cuda` in bf16, forward and backward, with the kernel at the
+    padded length (`[B, 64, H, Dh]` operands)."""
+    monkeypatch.setattr(fused_attention_stablehlo, "check_cudnn_version", lambda: 90800)
+    q = jax.ShapeDtypeStruct((2, t, 4, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, t, 2, 128), jnp.bfloat16)
+    valid = jax.ShapeDtypeStruct((2, t), jnp.bool_)
+    fwd = lambda q, k, v, m: attention.cudnn(q, k, v, m, jnp.bfloat16)  # noqa: E731
+    bwd = jax.grad(lambda q, k, v, m: jnp.sum(fwd(q, k, v, m).astype(jnp.float32)), (0, 1, 2))
+    disabled = [export.DisabledSafetyCheck.custom_call(n) for n in ("__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward")]
+    for fn, calls in ((fwd, ("@__cudnn$fmhaSoftmax(",)),
+                      (bwd, ("@__cudnn$fmhaSoftmax(", "@__cudnn$fmhaSoftmaxBackward("))):
+        text = export.export(jax.jit(fn), platforms=("cuda",), disabled_checks=disabled)(q, kv, kv, valid).mlir_module()
+        for call in calls:
+            assert call in text
+        assert "tensor<2x64x4x128xbf16>" in text
