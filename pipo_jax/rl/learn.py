@@ -142,25 +142,48 @@ def ppo_gated(spec: TrainSpec, batch: TrainBatch, mu_t, pipo_state: controller.P
     return batch, {"ppo_gate": gate, "ppo_gate_xi": xi_gate}
 
 
-def pi_step(spec: TrainSpec, params, opt_state, pipo_state: controller.PipoState, mu_t, rng):
+def pi_step(spec: TrainSpec, params, opt_state, pipo_state: controller.PipoState, mu_t, rng,
+            platform: str | None = None):
     """Step 3: verification on B_{t-1}; returns (params, opt_state, metrics). A no-op unless it
     applies. `opt_state` is the shared optimizer state, or with `pipo.pi_optimizer=separate`
     the PI step's own (`TrainState.pi_opt_state`).
 
-    The update runs every iteration and its optimizer is gated by `pi_step_applied`
-    (`make_optimizer(applies=...)`): when the step does not apply (the first K iterations,
-    or c = 0) params and optimizer state come out unchanged, bit for bit. A `lax.cond`
-    around the update would copy params and optimizer state on XLA:CPU at every iteration
-    (and under `vmap` runs both branches anyway).
+    When the step does not apply (the first K iterations, or c = 0) params and optimizer
+    state come out unchanged, bit for bit. How, by the platform the program is built for
+    (`platform`, default `spec.model.platform`; never the host's), as the layer loop chooses:
+
+    * "cuda" / "tpu": the update sits in a `lax.cond` on `pi_step_applied`, so a skipped
+      iteration costs no second update (forward, backward and AdamW over the stored batch).
+    * "cpu": the update runs every iteration and its optimizer is gated by `pi_step_applied`
+      (`make_optimizer(applies=...)`): a `lax.cond` around the update copies params and
+      optimizer state on XLA:CPU at every iteration.
+
+    Both forms give the same params, optimizer state and metrics (tests/rl/test_pi_step_forms.py);
+    under `vmap` a `lax.cond` runs both branches anyway.
     """
+    from pipo_jax import platforms  # the target platform's name, checked
+
+    platform = platforms.check(spec.model.platform if platform is None else platform)
     rhat, signal = controller.pi_verification(pipo_state, mu_t, lam=spec.pipo.lam, options=spec.pipo.options,
                                         ppo=spec.algorithm.authors_ppo)
     applied = signal["pi_step_applied"]
-    optimizer = make_optimizer(spec.train.lr, spec, applies=applied)
     batch = pi_batch(pipo_state.prev, rhat, signal_rows=spec.pipo.sdpo_pi_denominator == "signal_tokens")
     check_batch(batch)
-    params, opt_state, m = steps.minibatch_updates(spec, steps.pi_loss_fn(spec), optimizer, params,
-                                                   with_lr(opt_state, spec.pipo.lr), batch, rng)
+    loss_fn = steps.pi_loss_fn(spec)
+
+    def update(params, opt_state, applies=None):
+        optimizer = make_optimizer(spec.train.lr, spec, applies=applies)
+        return steps.minibatch_updates(spec, loss_fn, optimizer, params, opt_state, batch, rng)
+
+    def skip(params, opt_state):
+        shapes = jax.eval_shape(update, params, opt_state)[2]
+        return params, opt_state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+    opt_state = with_lr(opt_state, spec.pipo.lr)
+    if platform == "cpu":
+        params, opt_state, m = update(params, opt_state, applied)
+    else:
+        params, opt_state, m = jax.lax.cond(applied, update, skip, params, opt_state)
     opt_state = with_lr(opt_state, spec.train.lr)
     m = jax.tree.map(lambda x: jnp.where(applied, x, jnp.zeros_like(x)), m)
     empty = pipo_state.count == 0  # no window statistics yet: log nothing rather than 0
