@@ -266,10 +266,20 @@ def _clip_loss(loss, spec, params, mb: TrainBatch, counts: dict, **kw):
     return value, metrics, logp, ent
 
 
+def base_clip_ratio_c(spec) -> float:
+    """The token clip's dual clip in the base step: `loss.clip_ratio_c`, but 0 for PPO under
+    `pipo.compat=true`: the authors' PPO actor loss (`ppo_layback`, also their PPO PI loss) is
+    max(-A r, -A clip(r)) with the +-20 log-ratio clamp and no dual clip (docs/pipo_vs_authors.md)."""
+    if spec.pipo.compat and spec.algorithm.authors_ppo:
+        return 0.0
+    return spec.loss.clip_ratio_c
+
+
 @policy_loss("token_clip", pi_ratio="token", dual_clip=True)
 def _token_clip(spec, params, teacher_params, mb: TrainBatch, counts: dict):
-    """PPO-style token clip with dual clip `clip_ratio_c` (`losses/policy.py:token_clip_loss`)."""
-    return _clip_loss(token_clip_loss, spec, params, mb, counts, clip_ratio_c=spec.loss.clip_ratio_c)
+    """PPO-style token clip with dual clip `clip_ratio_c` (`losses/policy.py:token_clip_loss`);
+    PPO under `pipo.compat`: without the dual clip (`base_clip_ratio_c`)."""
+    return _clip_loss(token_clip_loss, spec, params, mb, counts, clip_ratio_c=base_clip_ratio_c(spec))
 
 
 @policy_loss("gspo", pi_ratio="sequence")
@@ -348,10 +358,12 @@ def _group_attribution(spec, batch: TrainBatch):
 @attribution("gae")
 def _gae_attribution(spec, batch: TrainBatch):
     """The estimator's token advantages themselves (PPO's whitened GAE, REINFORCE++'s whitened
-    returns); PPO with `pipo.authors.ppo_sign_attribution`: the group
-    attribution over groups of one response, abar_i / (|abar_i| (+) 1e-6) (their PPO PI step)."""
+    returns); PPO with `pipo.authors.ppo_sign_attribution`: the group attribution of the stored
+    advantages over each prompt's G responses, G abar_i / (sum_j |abar_j| (+) 1e-6) (their PPO PI
+    step groups by prompt; with G = 1, PPO's default, abar_i / (|abar_i| (+) 1e-6), about the sign)."""
     if spec.pipo.options.ppo_sign_attribution and spec.algorithm.authors_ppo:
-        return pipo.group_attribution(batch.adv_br, batch.mask_br, 1, spec.pipo.options.attribution_eps_add)
+        return pipo.group_attribution(batch.adv_br, batch.mask_br, spec.rollout.group_size,
+                                      spec.pipo.options.attribution_eps_add)
     return pipo.gae_attribution(batch.adv_br, batch.mask_br)
 
 

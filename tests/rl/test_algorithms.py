@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import dr_grpo, grpo, reinforce_pp, rloo, sdpo, vpd
+from configs import dr_grpo, grpo, ppo, reinforce_pp, rloo, sdpo, vpd
 from pipo_jax.losses import advantages, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
@@ -170,10 +170,20 @@ def test_attributions_bind_the_pure_functions():
     plain = SimpleNamespace(pipo=SimpleNamespace(options=controller.PipoOptions()), algorithm=SimpleNamespace(authors_ppo=True))
     chex.assert_trees_all_close(gae.fn(plain, batch), adv * MASK)
     signed = SimpleNamespace(pipo=SimpleNamespace(options=controller.PipoOptions(ppo_sign_attribution=True)),
-                             algorithm=SimpleNamespace(authors_ppo=True))
-    # the authors' PPO attribution: each response's mean advantage over |mean| (+) 1e-6, on its tokens
+                             algorithm=SimpleNamespace(authors_ppo=True), rollout=SimpleNamespace(group_size=1))
+    # the authors' PPO attribution with G = 1: each response's mean advantage over |mean| (+) 1e-6, on its tokens
     sign = jnp.array([1.0, -1.0, 1.0, 1.0])[:, None] * MASK
     chex.assert_trees_all_close(gae.fn(signed, batch), sign, atol=1e-5)
+    # G = 2: grouped by prompt as theirs (`compute_layback_coefficients` over uid), not by row:
+    # abar = 1, -1 | 2 / 1, 2 -> 2 * abar / (1 + 1) = 1, -1 | 2 * 2 / 4, 2 * 2 / 4 = 1, 1; another batch
+    # abar = 1, -.1 | 2, .5 -> 2 / 1.1, -.2 / 1.1 | 4 / 2.5, 1 / 2.5 (by row: +-1, 1, 1)
+    signed.rollout.group_size = 2
+    chex.assert_trees_all_close(gae.fn(signed, batch), jnp.array([1.0, -1.0, 1.0, 1.0])[:, None] * MASK, atol=1e-5)
+    skew = batch.replace(adv_br=jnp.array([[1.0, 1.0, 1.0], [-0.1, -0.1, 7.0], [2.0, 5.0, 5.0], [0.5, 0.5, 0.5]]))
+    want = jnp.array([2 / 1.1, -0.2 / 1.1, 1.6, 0.4])[:, None] * MASK
+    chex.assert_trees_all_close(gae.fn(signed, skew), want, rtol=1e-5)
+    signed.rollout.group_size = 1
+    chex.assert_trees_all_close(gae.fn(signed, skew), jnp.array([1.0, -1.0, 1.0, 1.0])[:, None] * MASK, atol=1e-5)
     sd = algorithms.ATTRIBUTIONS["sdpo_token"]
     assert sd.teacher and not algorithms.ATTRIBUTIONS["group"].teacher
     chex.assert_trees_all_close(sd.fn(None, batch), distill.token_attribution(adv, 2 * adv, MASK, batch.sd_mask_b))
@@ -286,6 +296,34 @@ def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     (c[section] if section else c)[field] = value
     with pytest.raises(ConfigError, match=match):
         train_spec(c)
+
+
+@pytest.mark.parametrize("compat, want_loss", [(True, 4.0), (False, 3.0)])
+def test_ppo_base_loss_under_compat_is_the_authors_without_dual_clip(compat, want_loss):
+    """PPO's base token clip, A = -1 and ratio 4 on every token: the authors' PPO actor loss
+    (`ppo_layback`, `pipo.compat=true`) is max(-A r, -A clip(r)) = 4 with gradient -A r = 4 per
+    token; ours without compat caps it with the dual clip, min(4, -A * 3) = 3, gradient 0.
+    GRPO under compat keeps the dual clip (their GRPO actor is verl's)."""
+    c = ppo.get_config("micro")
+    c.pipo.compat = compat
+    spec = train_spec(c)
+    assert algorithms.base_clip_ratio_c(spec) == (0.0 if compat else 3.0)
+    params, teacher, mb = _micro_batch(spec)
+    logp, _ = response_logprobs(spec.model, params, mb.tokens_bl, mb.mask_bl, spec.prompt_len,
+                                temperature=spec.rollout.temperature)
+    mb = mb.replace(logp_old_br=jnp.where(mb.mask_br > 0, logp - jnp.log(4.0), 0.0), adv_br=-mb.mask_br)
+    counts = steps.response_counts(mb)
+
+    def loss(p):
+        return spec.policy.fn(spec, p, teacher, mb, counts)[0]
+
+    value, grads = jax.value_and_grad(loss)(params)
+    np.testing.assert_allclose(float(value), want_loss, rtol=1e-5)
+    grad_norm = float(jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads))))
+    assert (grad_norm > 1e-3) if compat else (grad_norm == 0.0)
+    g = grpo.get_config("micro")
+    g.pipo.compat = True
+    assert algorithms.base_clip_ratio_c(train_spec(g)) == 3.0
 
 
 def test_dr_grpo_is_grpo_without_its_normalisations():
