@@ -56,10 +56,10 @@ class PipoOptions(NamedTuple):
     ppo_pi_no_lam       PPO's PI rewards use xi, not phi_lam(xi): for xi < 0 no lam scale (their
                         `ppo_layback` loss ignores `layback_loss_scale`); with `rhat_clamp`,
                         rhat = clamp(a * xi, -10, 10). The go / no-go still skips lam = 0, xi < 0
-    ppo_sign_attribution PPO's PI attribution is the group attribution over groups of one response
-                        of the stored advantages: a_i = abar_i / (|abar_i| (+) 1e-6), about sign(abar_i)
-                        per response (with `ppo_adv_gate` the stored advantages are the gated ones,
-                        so after an xi < 0 iteration the sign is flipped)
+    ppo_sign_attribution PPO's PI attribution is the group attribution of the stored advantages over
+                        each prompt's `rollout.group_size` responses: a_i = G abar_i / (sum_j |abar_j|
+                        (+) 1e-6) (G = 1: about sign(abar_i)); with `ppo_adv_gate` the
+                        stored advantages are the gated ones, so after an xi < 0 iteration the sign flips
     ppo_adv_gate        PPO's base advantages times clip(xi_gate, -2, 2), xi_gate from mu_t and the
                         window before this iteration's push (any fill: empty -> 0, one mean ->
                         sigma 1); the critic's returns are not gated
