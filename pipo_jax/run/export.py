@@ -16,7 +16,6 @@ Every file is mode 0644 and the directory 0755 whatever the process umask or saf
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -33,7 +32,7 @@ from pipo_jax.data import text_vocab
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl.spec import TrainSpec
-from pipo_jax.run import evaluate, observe
+from pipo_jax.run import atomic, evaluate, observe
 from pipo_jax.run.checkpoint import saved_steps
 
 log = logging.getLogger(__name__)
@@ -117,9 +116,7 @@ def _write_tokenizer(out: str, tokenizer: Any, source_dir: str | None, max_new_t
 
 
 def _write_json(path: str, obj: Any) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
+    atomic.write_json_atomic(path, obj)
 
 
 def share_modes(path: str) -> None:
@@ -213,9 +210,8 @@ def write_export(out: str, model: qwen3.Qwen3Config, params: Any, *, spec: Train
         tokenizer = spec.task.tokenizer if spec is not None else load_tokenizer(tokenizer_dir)
         max_new = run_config.rollout.get("max_new_tokens") if run_config is not None else None
         _write_tokenizer(out, tokenizer, tokenizer_dir, max_new)
-    with open(os.path.join(out, "README.md"), "w", encoding="utf-8") as f:
-        f.write(model_card(model, dtype, source=source or out, step=step, run_config=run_config, metrics=metrics,
-                           tokenizer_note=note))
+    atomic.write_text_atomic(os.path.join(out, "README.md"), model_card(
+        model, dtype, source=source or out, step=step, run_config=run_config, metrics=metrics, tokenizer_note=note))
     share_modes(out)
     return out
 

@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from pipo_jax.run import atomic
 from pipo_jax.run.workdir import WorkdirError
 
 log = logging.getLogger(__name__)
@@ -27,10 +28,21 @@ def _scalar(v) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _check_row(row: Any) -> dict[str, Any]:
+    """`row` if it is a metrics row (a JSON object whose "step" is an integer), else ValueError."""
+    if not isinstance(row, dict):
+        raise ValueError("not a JSON object")
+    step = row.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise ValueError(f'"step" is {step!r}, not an integer')
+    return row
+
+
 def _parse_rows(path: str) -> tuple[list[dict[str, Any]], str | None]:
     """The rows of a metrics.jsonl and the text of a torn last line (None if the file ends
-    cleanly). A last line that does not parse is what a kill mid-write leaves; any other
-    line that does not parse is damage, an error naming the file and line."""
+    cleanly). A last line that is not a metrics row (`_check_row`: it does not parse, or its
+    "step" is no integer) is what a kill mid-write leaves, or a hand edit: kept aside like a
+    torn one; any other such line is damage, an error naming the file and line."""
     if not os.path.exists(path):
         return [], None
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -39,9 +51,7 @@ def _parse_rows(path: str) -> tuple[list[dict[str, Any]], str | None]:
     numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
     for n, (lineno, line) in enumerate(numbered):
         try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError("not a JSON object")
+            row = _check_row(json.loads(line))
         except ValueError as e:
             if n == len(numbered) - 1:
                 torn = line
@@ -77,7 +87,6 @@ class RunLogger:
         os.makedirs(workdir, exist_ok=True)
         self.jsonl_path = os.path.join(workdir, "metrics.jsonl")
         self._truncate_after(start_step)
-        self._jsonl = open(self.jsonl_path, "a")
         self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -105,32 +114,28 @@ class RunLogger:
 
     def _truncate_after(self, step: int | None) -> None:
         """Keeps the rows up to `step` (none for a fresh run, `step` None); the rows after it
-        and a torn last line (a kill mid-write) go to `metrics.superseded.jsonl`, with a warning."""
+        and a torn last line (a kill mid-write) go to `metrics.superseded.jsonl`, with a warning.
+        The kept rows replace the file atomically (a full disk leaves it as it was)."""
         rows, torn = _parse_rows(self.jsonl_path)
-        kept = [r for r in rows if step is not None and r.get("step", 0) <= step]
-        dropped = [r for r in rows if not (step is not None and r.get("step", 0) <= step)]
+        kept = [r for r in rows if step is not None and r["step"] <= step]
+        dropped = [r for r in rows if not (step is not None and r["step"] <= step)]
         if torn is not None:
             log.warning("%s: the last line is torn (a run killed mid-write): repaired, the text kept in "
                         "metrics.superseded.jsonl", self.jsonl_path)
             dropped.append({"torn_line": torn})
         if dropped:
             superseded = os.path.join(self.workdir, "metrics.superseded.jsonl")
-            with open(superseded, "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in dropped)
+            atomic.append_line(superseded, "\n".join(json.dumps(r) for r in dropped))
             log.warning("%s: %d rows an earlier attempt logged %s moved to %s", self.jsonl_path, len(dropped),
                         "(a fresh run)" if step is None else f"after iteration {step} (resuming there)", superseded)
-        tmp = self.jsonl_path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(tmp, self.jsonl_path)
+        atomic.write_text_atomic(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
         row = {"step": int(step)}
         row.update({k: s for k, v in metrics.items() if (s := _scalar(v)) is not None})
-        self._jsonl.write(json.dumps(row) + "\n")
-        self._jsonl.flush()
+        atomic.append_line(self.jsonl_path, json.dumps(row))  # a whole row or none: never a torn one
         if self._tb is not None:
             for k, v in row.items():
                 if k != "step":
@@ -157,7 +162,6 @@ class RunLogger:
             return []
         if self._bar is not None:
             self._bar.close()
-        self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

@@ -5,9 +5,11 @@ config compared with the one its checkpoints were trained under (`config_changes
 The lock is an advisory `flock` on the workdir; `<workdir>/.lock` holds the holder's pid,
 host, start time and command line. The kernel releases a `flock` when its process dies,
 SIGKILL included, so a `.lock` file whose directory nobody has locked is stale: it is taken
-over with a warning naming the dead holder. A held lock refuses the second run with one
-line naming its holder. (`flock` holds across processes of one host and on local and
-cluster file systems that implement it; on NFS it depends on the server.)
+over with a warning naming the dead holder. The holder's record is written as soon as the
+lock is taken, before any check of the run, so a second run started at the same moment
+names the holder's pid. A held lock refuses the second run with one line naming its holder.
+(`flock` holds across processes of one host and on local and cluster file systems that
+implement it; on NFS it depends on the server.)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Iterable
 import ml_collections
 
 from pipo_jax.rl.sections import ConfigError
+from pipo_jax.run import atomic
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +50,12 @@ def _describe(holder: dict[str, Any]) -> str:
 
 
 class WorkdirLock:
-    """`acquire()` / `record()` / `release()`: the one run allowed in `workdir`.
+    """`acquire()` / `release()`: the one run allowed in `workdir`.
 
-    `acquire` takes an exclusive `flock` on the directory itself, so a refused run (a
-    config error, a resume refused) writes nothing; `record` then writes the holder's
-    pid, host, start time and command to `.lock` for a second run's message. Raises
+    `acquire` takes an exclusive `flock` on the directory itself and at once writes the
+    holder's pid, host, start time and command to `.lock` (`record`) for a second run's
+    message; `release` removes it, so a refused run (a config error, a resume refused)
+    leaves the workdir as it was. Raises
     `WorkdirError` when another live process holds the directory. A `.lock` found while
     the flock is free is a dead run's: taken over with a warning. A workdir `acquire`
     created is removed again by `release` if nothing was written into it.
@@ -62,6 +66,7 @@ class WorkdirLock:
         self.path = os.path.join(self.workdir, LOCK_NAME)
         self._fd: int | None = None
         self._recorded = False
+        self._untouched: tuple[list[str], int, int] = ([], 0, 0)  # entries and times before the record
         self.created_dir = False
 
     def acquire(self) -> "WorkdirLock":
@@ -84,17 +89,31 @@ class WorkdirLock:
         if stale:
             log.warning("%s: taking over the stale lock of %s, which is no longer running", self.workdir,
                         _describe(stale))
+        st = os.stat(self.workdir)
+        self._untouched = (sorted(os.listdir(self.workdir)), st.st_atime_ns, st.st_mtime_ns)
+        try:
+            self.record()
+        except BaseException:
+            self.release()  # e.g. a read-only or full disk: the flock goes, the caller reports why
+            raise
         return self
 
     def record(self) -> None:
-        """Writes the holder's description into `.lock` (after the run is accepted)."""
+        """Writes the holder's description into `.lock` (atomically; `acquire` calls it)."""
         me = {"pid": os.getpid(), "host": socket.gethostname(),
               "started": datetime.datetime.now().isoformat(timespec="seconds"), "command": " ".join(sys.argv)}
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(json.dumps(me) + "\n")
-        os.replace(tmp, self.path)
+        atomic.write_json_atomic(self.path, me, indent=None)
         self._recorded = True
+
+    def _restore_mtime(self) -> None:
+        """A run that wrote nothing but its lock record (a refused one) leaves the workdir's times as
+        they were: its entries are those `acquire` found."""
+        names, atime, mtime = self._untouched
+        try:
+            if sorted(os.listdir(self.workdir)) == names:
+                os.utime(self.workdir, ns=(atime, mtime))
+        except OSError:
+            pass
 
     def _read_holder(self) -> dict[str, Any]:
         try:
@@ -116,9 +135,11 @@ class WorkdirLock:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+            self._restore_mtime()
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
+        self._recorded = False
         if self.created_dir and not os.listdir(self.workdir):
             os.rmdir(self.workdir)
 
@@ -179,16 +200,27 @@ def describe_changes(changes: dict[str, tuple[Any, Any]], keys: Iterable[str]) -
     return ", ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in keys)
 
 
-def keep_config(workdir: str, step: int) -> str:
-    """Moves the stored config aside as `config.<step>.json` (the config in force up to `step`;
-    `config.<step>.<n>.json` if that exists) and returns its path."""
+def keep_config(workdir: str, step: int | str) -> str:
+    """Copies the stored config aside as `config.<step>.json` (the config in force up to `step`;
+    `config.<step>.<n>.json` if that exists) and returns its path. A copy, not a move: until the
+    new config.json replaces it (`write_config`), config.json stays the stored one."""
+    with open(os.path.join(workdir, CONFIG_NAME), encoding="utf-8") as f:
+        text = f.read()
     path = os.path.join(workdir, f"config.{step}.json")
     n = 1
     while os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:  # kept already by an attempt that failed before replacing config.json
+                return path
         path = os.path.join(workdir, f"config.{step}.{n}.json")
         n += 1
-    os.replace(os.path.join(workdir, CONFIG_NAME), path)
+    atomic.write_text_atomic(path, text)
     return path
+
+
+def write_config(workdir: str, text: str) -> None:
+    """Replaces config.json by `text` atomically: a failed write (a full disk) keeps the old one."""
+    atomic.write_text_atomic(os.path.join(workdir, CONFIG_NAME), text)
 
 
 def refuse_shape_changes(shape_keys: list[str], changes: dict[str, tuple[Any, Any]], checkpoint_dir: str) -> None:
