@@ -72,6 +72,7 @@ from typing import Any, Callable  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax._src.cudnn import fused_attention_stablehlo  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
@@ -206,8 +207,7 @@ CUDNN_STAND_IN_VERSION = 90800
 
 @contextlib.contextmanager
 def cudnn_probe_for_export():
-    from jax._src.cudnn import fused_attention_stablehlo as fa
-
+    fa = fused_attention_stablehlo
     probe = fa.check_cudnn_version
     try:
         probe()

@@ -161,9 +161,8 @@ def pi_step(spec: TrainSpec, params, opt_state, pipo_state: controller.PipoState
     Both forms give the same params, optimizer state and metrics (tests/rl/test_pi_step_forms.py);
     under `vmap` a `lax.cond` runs both branches anyway.
     """
-    from pipo_jax import platforms  # the target platform's name, checked
-
-    platform = platforms.check(spec.model.platform if platform is None else platform)
+    # An explicit platform is checked as the model config checks its own.
+    platform = spec.model.platform if platform is None else spec.model.replace(platform=platform).platform
     rhat, signal = controller.pi_verification(pipo_state, mu_t, lam=spec.pipo.lam, options=spec.pipo.options,
                                         ppo=spec.algorithm.authors_ppo)
     applied = signal["pi_step_applied"]
