@@ -5,6 +5,10 @@ configurable and may be dotted paths into nested objects (``reward_model.ground_
 A prompt is either the question text or a list of chat messages
 ``[{"role": ..., "content": ...}]``. Any malformed row raises `DataError` naming the
 file and line (JSONL, 1-based) or row (parquet / tfds, 0-based).
+
+A file is read only when it is a regular file once its symlinks are resolved (a FIFO would
+block the read forever, a device such as /dev/zero never ends), a JSONL line only up to
+`MAX_LINE_BYTES`, and a source with no row at all is an error naming it.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +27,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 FORMATS = ("auto", "jsonl", "parquet", "tfds")
+MAX_LINE_BYTES = 64 * 2**20  # one JSONL row; longer is not a dataset row (a runaway file)
 
 
 class DataError(ValueError):
@@ -121,13 +127,40 @@ def example_from_row(row: Any, config: SourceConfig, where: str) -> Example:
     return Example(prompt, answer, extra, where)
 
 
+_FILE_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+               (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory"))
+
+
+def check_regular_file(path: str) -> None:
+    """Raises `FileNotFoundError` for a missing `path` and `DataError` naming it unless it is, its
+    symlinks resolved, a regular file (checked with `stat`, which never blocks on a FIFO)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"dataset file not found: {path}")
+    real = os.path.realpath(path)
+    mode = os.stat(real).st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), "special file")
+        target = f" (a link to {real})" if real != os.path.abspath(path) else ""
+        raise DataError(f"{path}{target}: a {kind}, not a regular file; give a dataset file")
+
+
+def _lines(f, path: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of a binary file, each line at most `MAX_LINE_BYTES` (else `DataError`)."""
+    for lineno in itertools.count(1):
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+            raise DataError(f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES} bytes, not a JSONL row")
+        yield lineno, raw
+
+
 def iter_jsonl(config: SourceConfig) -> Iterator[Example]:
     """Examples from a JSONL file (``.gz`` is decompressed); blank lines are skipped."""
     opener = gzip.open if config.path.endswith(".gz") else open
-    if not os.path.exists(config.path):
-        raise FileNotFoundError(f"dataset file not found: {config.path}")
+    check_regular_file(config.path)
     with opener(config.path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in _lines(f, config.path):
             where = f"{config.path}:{lineno}"
             try:
                 line = raw.decode("utf-8")
@@ -150,8 +183,7 @@ def iter_parquet(config: SourceConfig) -> Iterator[Example]:
         import pyarrow.parquet as pq
     except ImportError as e:
         raise ImportError("reading parquet needs pyarrow: pip install 'pipo_jax[data]' (or pyarrow)") from e
-    if not os.path.exists(config.path):
-        raise FileNotFoundError(f"dataset file not found: {config.path}")
+    check_regular_file(config.path)
     try:
         pf = pq.ParquetFile(config.path)
     except Exception as e:  # pyarrow raises ArrowInvalid and friends
@@ -205,9 +237,13 @@ def iter_tfds(config: SourceConfig) -> Iterator[Example]:
 
 
 def load_examples(config: SourceConfig) -> list[Example]:
-    """All examples of a source (the first ``config.limit`` when set)."""
+    """All examples of a source (the first ``config.limit`` when set); a source without a row
+    (an empty file) is a `DataError` naming it."""
     fmt = resolve_format(config)
     rows = {"jsonl": iter_jsonl, "parquet": iter_parquet, "tfds": iter_tfds}[fmt](config)
     out = list(itertools.islice(rows, config.limit))  # rows past the limit are never parsed
+    if not out and config.limit != 0:
+        where = f"tfds {config.path}/{config.split}" if fmt == "tfds" else config.path
+        raise DataError(f"{where}: no rows (an empty {fmt} source)")
     logger.info("loaded %d examples from %s (%s)", len(out), config.path, fmt)
     return out
