@@ -6,7 +6,9 @@ A user error is: a bad flag (unknown flag, a value of the wrong type such as
 such file, unknown preset: the line names the flag and the reason), a `--config.key=value`
 override that ml-collections rejects (unknown key: its "Did you mean" hint is kept), a
 `ConfigError` (validation), a `DataError` (a dataset row), a path that is missing, not a
-directory, a directory or not permitted (`--workdir` naming a file), checkpoints none of
+directory, a directory or not permitted (`--workdir` naming a file), a disk that refuses a write (full,
+read-only, no permission, quota: `StorageError`, or any `OSError` of those errnos, naming the
+path), checkpoints none of
 which reads, a run stopped by its guards (`train.max_bad_steps` non-finite updates in a row,
 DAPO's dynamic sampling exhausted: both name the iteration / key to change), and a
 `UsageError` (or absl's `app.UsageError`) a script raises for a bad flag value, an export
@@ -19,6 +21,7 @@ shell reports a process ended by that signal.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -29,6 +32,7 @@ from pipo_jax.data.sources import DataError
 from pipo_jax.models.hf import CheckpointError
 from pipo_jax.rl.loop import DynamicSamplingExhausted, NonFiniteUpdates
 from pipo_jax.rl.spec import ConfigError
+from pipo_jax.run.atomic import StorageError, storage_error
 from pipo_jax.run.checkpoint import NoReadableCheckpoint
 from pipo_jax.run.export import ExportError
 from pipo_jax.run.preemption import RunInterrupted
@@ -45,7 +49,7 @@ class MissingExtra(RuntimeError):
 
 PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
 USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, WorkdirError, UsageError,
-               NonFiniteUpdates, DynamicSamplingExhausted, ExportError, MissingExtra) + PATH_ERRORS
+               NonFiniteUpdates, DynamicSamplingExhausted, ExportError, MissingExtra, StorageError) + PATH_ERRORS
 EXIT_USER_ERROR = 2
 
 T = TypeVar("T")
@@ -122,6 +126,12 @@ def run(main) -> None:
         app.run(_user_errors_of(main), flags_parser=_parse_flags)
     except USER_ERRORS as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+    except OSError as e:  # a full / read-only disk, a quota, outside the run's own reporting
+        found = storage_error(e)
+        if found is None:
+            raise
+        print(f"error: {found[1] or e.filename or 'a file'}: {os.strerror(found[0])}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     except RunInterrupted as e:  # a clean stop on SIGTERM / SIGINT: the shell's status for that signal
         print(f"stopped: {one_line(e)}", file=sys.stderr)

@@ -201,3 +201,41 @@ def test_main_job_seeds_reports_a_refused_seed_and_an_empty_collection_in_one_li
     _one_line_error(res, "seed 0: the main job refused its flags: error: flag --config.pipo.window=abc")
     res = _run("experiments.main_job_seeds", "--seeds=0-2", "--collect_only", f"--out={tmp_path / 'none'}")
     _one_line_error(res, "--collect_only: no finished run", f"--out={tmp_path / 'none'}")
+
+
+# ----------------------------------------------------------------------------- a disk that refuses writes
+
+_TRAIN = ("experiments.train", "--config=configs/grpo.py:micro", "--config.warmup.enabled=false",
+          "--config.log.progress=false", "--config.checkpoint.export_hf=false")
+
+
+def test_a_read_only_workdir_is_one_line_naming_the_path(tmp_path):
+    from tests import disk
+
+    with disk.tmpfs(tmp_path / "fs") as fs:
+        (fs / "run").mkdir()
+        disk.read_only(fs)
+        res = _run(*_TRAIN, f"--workdir={fs / 'run'}")
+        _one_line_error(res, f"error: {fs / 'run' / '.lock'}: read-only file system (no checkpoint in ",
+                        "rerun the same command")
+        assert os.listdir(fs / "run") == []
+
+
+def test_a_full_disk_at_start_is_one_line_naming_the_file(tmp_path):
+    from tests import disk
+
+    with disk.tmpfs(tmp_path / "fs", "4k") as fs:  # the lock record fits, config.json does not
+        res = _run(*_TRAIN, f"--workdir={fs / 'run'}")
+        _one_line_error(res, f"error: {fs / 'run' / 'config.json'}: no space left on device (no checkpoint in ")
+        assert not [n for n in os.listdir(fs / "run") if n.endswith(".tmp") or n == "config.json"]
+
+
+@pytest.mark.slow  # one short training run (~1 min on a loaded 2-core CPU)
+def test_a_full_disk_at_the_first_save_is_one_line_and_leaves_no_partial_checkpoint(tmp_path):
+    from tests import disk
+
+    with disk.tmpfs(tmp_path / "fs", "64k") as fs:  # config and metrics fit, a checkpoint (2 MB) does not
+        res = _run(*_TRAIN, "--config.iterations=1", f"--workdir={fs / 'run'}")
+        _one_line_error(res, f"error: {fs / 'run' / 'checkpoints' / '1'}: no space left on device (no checkpoint in ")
+        assert os.listdir(fs / "run" / "checkpoints") == []  # no `1.orbax-checkpoint-tmp`
+        assert json.loads((fs / "run" / "config.json").read_text())["iterations"] == 1

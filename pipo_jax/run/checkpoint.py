@@ -8,6 +8,12 @@ skipped on restore: the newest one that reads is used, each skipped one is named
 log line and left on disk (moved aside into `<directory>.unreadable/` only when a new
 save needs its step number). A checkpoint written by older code under names since renamed
 (`LEGACY_NAMES`) is read by its stored names and laid out like the template.
+
+A save the disk refuses (full, read-only, quota) leaves no partial step behind: its
+`<step>.orbax-checkpoint-tmp` directory is removed (and any such leftover of a killed run is
+removed when the directory is opened; `saved_steps` never counts one), and the failure is raised
+once, without orbax's per-thread tracebacks in the log; the run reports it in one line
+(`atomic.StorageError`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,11 @@ import sys
 import jax
 import orbax.checkpoint as ocp
 
+from pipo_jax.run import atomic
+
 log = logging.getLogger(__name__)
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step still being written
 
 
 class NoReadableCheckpoint(RuntimeError):
@@ -65,6 +75,61 @@ def saved_steps(directory: str) -> list[int]:
     return sorted(ocp.step.checkpoint_steps(os.path.abspath(directory)))
 
 
+def kept_checkpoints(directory: str) -> str:
+    """What a failed run leaves to resume from, in words: the complete checkpoints of `directory`."""
+    steps = saved_steps(directory)
+    return f"checkpoints {steps} in {directory} kept" if steps else f"no checkpoint in {directory} yet"
+
+
+def remove_partial_saves(directory: str) -> list[str]:
+    """Removes the `<step>.orbax-checkpoint-tmp` directories (saves that never finished) of
+    `directory`; returns their paths."""
+    if not os.path.isdir(directory):
+        return []
+    partial = [os.path.join(directory, n) for n in sorted(os.listdir(directory)) if n.endswith(TMP_SUFFIX)]
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    return partial
+
+
+class _StorageFailuresReported(logging.Filter):
+    """Drops orbax's log records (one traceback per thread) of a save the disk refused: the
+    `Checkpointer` raises that failure itself, once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not ((exc is not None and atomic.storage_error(exc)) or atomic.storage_error(
+            RuntimeError(record.getMessage())))
+
+
+_QUIET_LOGGERS = ("absl", "asyncio")  # orbax logs through absl's logger; asyncio reports unretrieved futures
+_quieted = False
+
+
+def _drop_loop_closed(previous):
+    def hook(unraisable) -> None:
+        e = unraisable.exc_value
+        if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+            previous(unraisable)
+    return hook
+
+
+def _quiet_failed_saves() -> None:
+    """From the first `Checkpointer` on, for the rest of the process (idempotent): the log records
+    of a save the disk refused (one traceback per orbax thread, then asyncio's "Future exception
+    was never retrieved" as the save's futures are collected) are dropped
+    (`_StorageFailuresReported`), and so are the unraisable "Event loop is closed" errors its other
+    pending tensorstore writes raise once orbax has abandoned it. The `Checkpointer` raises the
+    failure itself, once."""
+    global _quieted
+    if _quieted:
+        return
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).addFilter(_StorageFailuresReported())
+    sys.unraisablehook = _drop_loop_closed(sys.unraisablehook)
+    _quieted = True
+
+
 @contextlib.contextmanager
 def _quiet_abandoned_reads():
     """When one array of a damaged checkpoint fails, orbax abandons its other pending read
@@ -91,9 +156,12 @@ class Checkpointer:
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
         self.directory = os.path.abspath(directory)
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                               create=True)
+                                               create=True, cleanup_tmp_directories=True)
+        _quiet_failed_saves()
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self.unreadable: dict[int, str] = {}  # step -> reason, filled by `restore`
+        self.failed: BaseException | None = None  # a save that did not finish
+        self._saving: int | None = None  # the step of the newest save
 
     def save(self, step: int, state) -> None:
         step = int(step)
@@ -104,7 +172,26 @@ class Checkpointer:
             self._manager.reload()
             log.warning("checkpoint step %d: the unreadable one moved to %s before saving a new one", step, aside)
             del self.unreadable[step]
-        self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        self._saving = step
+        with self._cleaning_up():
+            self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+
+    @contextlib.contextmanager
+    def _cleaning_up(self):
+        """A save that fails (now, or an earlier asynchronous one surfacing) leaves no partial step;
+        a storage refusal is raised as an `OSError` naming the step's directory."""
+        try:
+            yield
+        except BaseException as e:
+            self.failed = e
+            if jax.process_index() == 0:
+                for path in remove_partial_saves(self.directory):
+                    log.debug("checkpoint: the partial save %s removed", path)
+            found = atomic.storage_error(e)
+            if found is None:
+                raise
+            where = self.directory if self._saving is None else self.step_path(self._saving)
+            raise OSError(found[0], os.strerror(found[0]), where) from e
 
     def step_path(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
@@ -176,9 +263,19 @@ class Checkpointer:
         return jax.tree_util.tree_unflatten(treedef, leaves) if renamed else None
 
     def wait(self) -> None:
-        """Blocks until pending asynchronous saves are on disk."""
-        self._manager.wait_until_finished()
+        """Blocks until pending asynchronous saves are on disk; raises a save's failure (its
+        partial step removed)."""
+        with self._cleaning_up():
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Waits for the pending save and closes; after a failed save (already raised) it closes and
+        removes the partial step again (writes still in flight at the failure may have recreated it)."""
+        if self.failed is None:
+            self.wait()
+            self._manager.close()
+            return
+        with contextlib.suppress(Exception):  # the failure was raised once already
+            self._manager.close()
+        if jax.process_index() == 0:
+            remove_partial_saves(self.directory)  # what its last writes left after the failure
