@@ -7,7 +7,6 @@ On several devices or processes the same job runs sharded over `config.mesh`
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -28,11 +27,11 @@ from pipo_jax.rl import loop, rollout, steps
 from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config
 from pipo_jax.rl.state import TrainState
-from pipo_jax.run import evaluate
+from pipo_jax.run import atomic, evaluate
 from pipo_jax.run import export as export_lib
-from pipo_jax.run import observe, sharded_steps, warmup
+from pipo_jax.run import memory, observe, sharded_steps, warmup
 from pipo_jax.run import workdir as workdir_lib
-from pipo_jax.run.checkpoint import Checkpointer, saved_steps
+from pipo_jax.run.checkpoint import Checkpointer, kept_checkpoints, saved_steps
 from pipo_jax.run.placement import Placement, placement_from_config
 from pipo_jax.run.preemption import RunInterrupted, StopRequests
 from pipo_jax.run.setup import train_spec
@@ -267,14 +266,14 @@ def check_resume_config(config: ml_collections.ConfigDict, spec: TrainSpec, stor
 
 def _write_config(workdir: str, config: ml_collections.ConfigDict, stored: dict[str, Any] | None,
                   kept_as: str) -> None:
-    """Writes config.json; a stored one that differs is kept first as `config.<kept_as>.json`."""
+    """Writes config.json (atomically: a full disk keeps the old one); a stored one that differs
+    is copied first to `config.<kept_as>.json`."""
     if stored is not None:
         flat = workdir_lib.flat_config(config)
         if not workdir_lib.config_changes(stored, flat) and not any(workdir_lib.schema_drift(stored, flat)):
             return
         log.warning("the earlier config.json kept as %s", workdir_lib.keep_config(workdir, kept_as))
-    with open(os.path.join(workdir, workdir_lib.CONFIG_NAME), "w") as f:
-        f.write(config.to_json_best_effort(indent=2))
+    workdir_lib.write_config(workdir, config.to_json_best_effort(indent=2))
 
 
 def _any_process(flag: bool) -> bool:
@@ -313,15 +312,21 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if not spec.task.capabilities.device_reward and spec.uses_teacher and where.mesh is not None:
         raise ConfigError(f"config.mesh.enabled: SDPO / VPD on the {spec.task.name} task build teacher prompts on "
                           "one host; run them on one device (--config.mesh.enabled=false)")
+    memory.check_batch_memory(spec)  # before the workdir gets any file
     lock = workdir_lib.WorkdirLock(workdir) if where.is_main_process else None
-    if lock is not None:
-        lock.acquire()
     try:
-        with StopRequests() as stop:
-            return _train(config, run, workdir, spec, where, stop, lock)
-    finally:
         if lock is not None:
-            lock.release()  # a refused run leaves no directory it created
+            lock.acquire()  # writes the holder's record at once
+        try:
+            with StopRequests() as stop:
+                return _train(config, run, workdir, spec, where, stop, lock)
+        finally:
+            if lock is not None:
+                lock.release()  # a refused run leaves no directory it created
+    except Exception as e:  # a full / read-only disk: one line naming the path and what was kept
+        if atomic.storage_error(e) is None:
+            raise
+        raise atomic.storage_failure(e, workdir, kept_checkpoints(os.path.join(workdir, "checkpoints"))) from e
 
 
 def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec: TrainSpec, where: Placement,
@@ -343,8 +348,6 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
     elif existing or resuming_warmup:
         check_resume_config(config, spec, stored, os.path.abspath(ckpt_dir))
     evaluation = Evaluation(spec, run, where, None)
-    if lock is not None:
-        lock.record()
     ckpt = Checkpointer(ckpt_dir, keep=run.checkpoint.keep)
     warmup_ckpts = WarmupCheckpoints(workdir, spec, run, stop) if not spec.model_path else None
 
@@ -428,8 +431,8 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
         summary["plots"] = logger.close(plots=run.log.plots) if logger is not None else []
     summary["state"] = state
     if main:
-        with open(os.path.join(workdir, "summary.json"), "w") as f:
-            json.dump({k: v for k, v in summary.items() if k != "state"}, f, indent=2)
+        atomic.write_json_atomic(os.path.join(workdir, "summary.json"),
+                                 {k: v for k, v in summary.items() if k != "state"})
     return summary
 
 

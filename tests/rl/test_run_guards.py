@@ -242,3 +242,84 @@ def test_warmup_eval_every_sets_the_checks_and_the_stored_progress_it_resumes(tm
     assert "warm-up resumed at step 2" in caplog.text
     through = train(micro(**c), str(tmp_path / "through"))
     jax.tree.map(np.testing.assert_array_equal, through["state"].params, resumed["state"].params)
+
+
+# ----------------------------------------------------------------------------- faults: disk, inputs, races
+
+def test_a_full_disk_during_resume_keeps_config_json_and_the_resume_works_once_space_is_back(finished, tmp_path):
+    import shutil
+
+    from pipo_jax.run.atomic import StorageError
+    from tests import disk
+
+    root, _ = finished
+    with disk.tmpfs(tmp_path / "fs", "16m") as fs:
+        run = fs / "run"
+        shutil.copytree(root, run)
+        stored = (run / "config.json").read_text()
+        filler = disk.fill(fs, leave=4096)  # one page: the lock record fits, a copy of the config does not
+        changed = micro(iterations=2, **{"train.lr": 3e-3, "checkpoint.allow_config_change": True})
+        with pytest.raises(StorageError, match=rf"^{run}/config\.2\.json: no space left on device \(checkpoints "
+                                               rf"\[0, 2\] in {run}/checkpoints kept; "):
+            train(changed, str(run))
+        assert (run / "config.json").read_text() == stored  # whole, and still parses
+        json.loads(stored)
+        assert not [n for n in os.listdir(run) if n.endswith(".tmp")]
+        filler.unlink()
+        again = train(changed, str(run))
+        assert again["resumed_from"] == 2
+        assert (run / "config.2.json").read_text() == stored
+        assert json.loads((run / "config.json").read_text())["train"]["lr"] == 3e-3
+
+
+def test_a_batch_larger_than_the_memory_is_refused_before_the_workdir_gets_a_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"^config\.rollout\.prompts_per_batch=100000000: a batch of "
+                                          r"\d+ sequences x \d+ tokens needs at least [\d.]+ TiB .* more than the "):
+        train(micro(**{"rollout.prompts_per_batch": 100_000_000, "train.mini_batch_prompts": 1}),
+              str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_batch_memory_bound_counts_the_rollout_arrays_and_the_kv_cache():
+    from pipo_jax.run import memory
+    from pipo_jax.run.setup import train_spec
+
+    spec = train_spec(micro())
+    m, tokens = spec.model, spec.prompt_len + spec.rollout.max_new_tokens
+    kv = 2 * m.num_hidden_layers * spec.batch * tokens * m.num_key_value_heads * m.head_dim * 4  # float32
+    need = memory.batch_memory_bytes(spec)
+    assert need == spec.batch * tokens * 16 + kv
+    memory.check_batch_memory(spec, (need, "a test"))  # fits exactly
+    with pytest.raises(ConfigError, match=r"config\.rollout\.prompts_per_batch=\d+: .* more than the 0\.0 GiB of a "):
+        memory.check_batch_memory(spec, (need - 1, "a test"))
+
+
+def test_a_last_metrics_row_whose_step_is_no_integer_is_kept_aside_like_a_torn_one(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "x": 1}\n{"step": 1, "x": 2}\n{"step": "7"}\n')
+    with caplog.at_level(logging.WARNING):
+        observe.RunLogger(str(tmp_path), total=4, progress=False, tensorboard=False, start_step=1).close(plots=False)
+    assert [r["step"] for r in observe.read_metrics(str(path))] == [0, 1]
+    superseded = [json.loads(line) for line in (tmp_path / "metrics.superseded.jsonl").read_text().splitlines()]
+    assert superseded == [{"torn_line": '{"step": "7"}'}]
+    path.write_text('{"step": 0}\n{"step": "7"}\n{"step": 2}\n')  # inside the file: damage, named
+    with pytest.raises(WorkdirError, match=r"metrics\.jsonl:2: not a metrics row \(\"step\" is '7', not an integer\)"):
+        observe.RunLogger(str(tmp_path), total=4, progress=False, tensorboard=False, start_step=1)
+
+
+def test_a_run_started_while_another_holds_the_lock_names_its_pid(finished, tmp_path):
+    import subprocess
+    import sys
+
+    run, _ = _copy(finished, tmp_path)  # a workdir with checkpoints: the holder would be in its resume checks
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pipo_jax.run.workdir import WorkdirLock; "
+         "WorkdirLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)", str(run)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"  # it took the lock and did nothing else yet
+        with pytest.raises(WorkdirError, match=rf"{run} is in use by another run: pid {holder.pid} on host "):
+            train(micro(iterations=2), str(run))
+    finally:
+        holder.kill()
+        holder.wait()
