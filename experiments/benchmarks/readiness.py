@@ -649,6 +649,68 @@ def paper_programs(spec: TrainSpec, mesh: Mesh) -> dict[str, Callable[[], Progra
 
 
 PAPER_PROGRAMS = ("prepare", "pi_step", "base_step", "generate")
+# HBM per chip (data sheets), for the margin of a program with the training state resident.
+DEVICE_MEMORY_GB = {"TPU v5p": 95.74, "H100": 80.0, "H20": 96.0}
+
+
+def per_device_bytes(tree) -> int:
+    """Bytes one device holds of `tree`'s abstract sharded leaves (its shard of each)."""
+    return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
+               for x in jax.tree.leaves(tree))
+
+
+def trainer_programs(spec: TrainSpec, mesh: Mesh) -> dict[str, tuple[Callable[[], Program], int]]:
+    """The programs the host loop runs, as it runs them: {name: (() -> Program, resident bytes
+    per device outside the program's arguments)}. "learn" is the whole update
+    (`sharded_steps.sharded_learn`: prepare + PI step + base step in one program, the training
+    state its argument); "generate" takes the params while the rest of the training state
+    (optimizer state, reference weights, stored batch, ...) stays on the device beside it."""
+    rules = make_rules(None)
+    state = abstract(sharded_steps.abstract_train_state(spec), sharded_steps.state_shardings(spec, mesh, rules))
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated(mesh))
+
+    def learn():
+        fn = sharded_steps.sharded_learn(spec, mesh, rules)
+        shapes = sharded_steps.abstract_rollout(spec, spec.rollout.prompts_per_batch)
+        rollout = abstract(shapes, batch_shardings(shapes, mesh, fn.rules))
+        return Program(fn.jitted, (state, rollout, rng), mesh, fn.rules)
+
+    def generate():
+        gen = sharded_steps.sharded_generate(spec, mesh, spec.rollout.prompts_per_batch, rules)
+        table = prompt_table(spec, mesh)
+        return Program(gen.jitted, (state.params, table, rng), mesh, gen.rules)
+
+    rest = per_device_bytes(state) - per_device_bytes(state.params)
+    return {"learn": (learn, 0), "generate_resident": (generate, rest)}
+
+
+def trainer_program_row(spec: TrainSpec, mesh: Mesh, name: str, chip: str | None, count_cost: bool) -> dict:
+    """One trainer program compiled: its peak, the peak with the training state resident, the
+    margin to `chip`'s memory, and with `count_cost` FLOPs, bytes, arithmetic intensity and the
+    roofline bound per device kind."""
+    build, resident = trainer_programs(spec, mesh)[name]
+    row = compile_program(("trainer", id(spec), name, mesh_name(mesh.devices.shape), chip), build, count_cost)
+    row = dict(row, program=name, resident_bytes=resident)
+    if row["ok"]:
+        row["resident_peak_bytes"] = row["peak_bytes"] + resident
+        if chip is not None:
+            row["device_memory_gb"] = DEVICE_MEMORY_GB[chip]
+            row["margin_gb"] = DEVICE_MEMORY_GB[chip] - row["resident_peak_bytes"] / GB
+    if row["ok"] and count_cost:
+        row.update(roofline_detail(row["flops_per_device"], row["bytes_per_device"]))
+    return row
+
+
+def roofline_detail(flops: float, nbytes: float) -> dict:
+    """Arithmetic intensity (FLOPs / byte) and, per device kind, which roof binds (compute when
+    the intensity is above the ridge, peak / bandwidth) and the MFU at that bound."""
+    intensity = flops / nbytes if nbytes else float("inf")
+    out = {"arithmetic_intensity": intensity, "bound": {}, "mfu_at_roofline": {}}
+    for kind, (peak, bw) in ROOFLINE.items():
+        compute, memory = flops / peak, nbytes / bw
+        out["bound"][kind] = "compute" if compute >= memory else "memory"
+        out["mfu_at_roofline"][kind] = compute / max(compute, memory) if flops else 0.0
+    return out
 
 
 def memory_row(compiled) -> dict:
@@ -757,10 +819,46 @@ def run_paper_scale(models: list[str], targets: list[str], only: list[str], out:
                 out["memory"].append(row)
                 log(format_memory_row(row))
                 save()
+            # The programs as the trainer runs them, the training state resident (`trainer_programs`).
+            for name in TRAINER_PROGRAMS:
+                if not selected(f"{model}:{name}", only):
+                    continue
+                row = {"model": model, "target": target, **paper_trainer_row(model, target, name)}
+                row["limit_gb"] = MEMORY_LIMIT_GB[model]
+                row["status"] = status(row["ok"] and row["resident_peak_bytes"] <= row["limit_gb"] * GB)
+                out.setdefault("trainer", []).append(row)
+                log(format_trainer_row(row))
+                save()
         if selected(f"{model}:checks", only):
             out["checks"] += paper_checks(model, TPU_FSDP8 if TPU_FSDP8 in targets else HOST_FSDP8, log)
             save()
     return out
+
+
+TRAINER_PROGRAMS = ("learn", "generate_resident")
+
+
+def paper_trainer_row(model: str, target: str, name: str) -> dict:
+    mesh = {HOST_FSDP8: lambda: host_mesh((1, 8, 1)), "v5p-8 fsdp=4": lambda: tpu_mesh((1, 4, 1), "v5p-8"),
+            "v5p-16 fsdp=8": lambda: tpu_mesh((1, 8, 1), "v5p-16")}[target]()
+    spec = for_target(paper_spec(model), "tpu" if target in TPU_TARGETS else "cpu")
+    return trainer_program_row(spec, mesh, name, "TPU v5p" if target in TPU_TARGETS else None,
+                               count_cost=target == HOST_FSDP8)
+
+
+def format_trainer_row(row: dict) -> str:
+    head = f"{row['status']:4} {row['model']:9} {row['target']:14} {row['program']:18}"
+    if not row["ok"]:
+        return f"{head} <- {row['error']}"
+    s = (f"{head} peak {row['peak_bytes'] / GB:.2f} GB, state resident {row['resident_peak_bytes'] / GB:.2f} GB "
+         f"(limit {row['limit_gb']:.0f})")
+    if "margin_gb" in row:
+        s += f", margin {row['margin_gb']:.1f} of {row['device_memory_gb']:.0f} GB"
+    if "arithmetic_intensity" in row:
+        s += (f" | {row['arithmetic_intensity']:.0f} FLOP/B; " + " ".join(
+            f"{k} {row['bound'][k]}-bound {row['roofline_s'][k]:.1f}s MFU<={100 * row['mfu_at_roofline'][k]:.0f}%"
+            for k in ROOFLINE))
+    return s
 
 
 def _ratio_check(model: str, name: str, a: dict, b: dict, field: str, limit: float) -> dict:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments.benchmarks import hlo_cost
+from experiments.benchmarks import hlo_cost, readiness
 from experiments.benchmarks.readiness import (custom_calls, hbm_exceeded_bytes, model_train_flops, paper_spec,
                                               roofline)
 from pipo_jax.models import qwen3
@@ -191,3 +191,31 @@ def test_generate_and_trainer_iterations_export(tmp_path):
     lengths = vpd["export"]["cuda"]["lengths"]
     assert lengths["policy"] % 2 == 1 and lengths["teacher"] % 2 == 1, lengths
     assert "__cudnn$fmhaSoftmaxBackward" in vpd["export"]["cuda"]["custom_calls"]
+
+
+@pytest.mark.slow  # ~25 s on the 2-core machine: two compiles of the micro trainer's programs
+def test_trainer_programs_count_the_resident_state_and_the_roofline():
+    """The programs as the host loop runs them (micro GRPO + PIPO, one host device): the whole
+    update takes the training state as its argument; generate adds the state it does not take
+    (optimizer state, reference weights, stored batch) as resident bytes; FLOPs counted with
+    trip counts give the arithmetic intensity and the bound per device kind."""
+    r = readiness
+    spec = r.small_spec("grpo", True)
+    mesh = r.host_mesh((1, 1, 1))
+    state = jax.eval_shape(lambda: r.sharded_steps.abstract_train_state(spec))
+    state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+    param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params))
+    learn = r.trainer_program_row(spec, mesh, "learn", "H100", True)
+    gen = r.trainer_program_row(spec, mesh, "generate_resident", "H100", True)
+    assert learn["ok"] and gen["ok"]
+    assert learn["resident_bytes"] == 0 and learn["argument_bytes"] >= state_bytes
+    assert gen["resident_bytes"] == state_bytes - param_bytes > 0
+    assert gen["resident_peak_bytes"] == gen["peak_bytes"] + gen["resident_bytes"]
+    assert gen["margin_gb"] == pytest.approx(80.0 - gen["resident_peak_bytes"] / 1e9)
+    for row in (learn, gen):
+        assert row["arithmetic_intensity"] == pytest.approx(row["flops_per_device"] / row["bytes_per_device"])
+        for kind, (peak, bw) in r.ROOFLINE.items():
+            compute, memory = row["flops_per_device"] / peak, row["bytes_per_device"] / bw
+            assert row["bound"][kind] == ("compute" if compute >= memory else "memory")
+            assert row["roofline_s"][kind] == pytest.approx(max(compute, memory))
+            assert row["mfu_at_roofline"][kind] == pytest.approx(compute / max(compute, memory))
