@@ -30,7 +30,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses import advantages, distill, pipo
+from pipo_jax.losses import advantages, cov, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
@@ -294,6 +294,31 @@ def _cispo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     return _clip_loss(cispo_loss, spec, params, mb, counts)
 
 
+@policy_loss("kl_cov", pi_ratio="token")
+def _kl_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """KL-Cov (`losses/cov.py:kl_cov_loss`): -A r, + `loss.kl_cov_coef` |log ratio| on the
+    `loss.kl_cov_ratio` tokens of largest covariance in the micro-batch at hand; no clip."""
+    logp, ent = student_logprobs(spec, params, mb)
+    _check_loss_inputs(logp, mb)
+    loss, metrics = cov.kl_cov_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio=spec.loss.kl_cov_ratio,
+                                    coef=spec.loss.kl_cov_coef, agg=aggregation(spec, counts))
+    return loss, metrics, logp, ent
+
+
+@policy_loss("clip_cov", pi_ratio="token")
+def _clip_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """Clip-Cov (`losses/cov.py:clip_cov_loss`): the token clip without dual clip, `loss.clip_cov_ratio`
+    unclipped tokens of covariance in [`clip_cov_low`, `clip_cov_high`] drawn with `counts["rng"]`
+    (`steps.accumulate_grads`: one key per micro-batch) and left out."""
+    logp, ent = student_logprobs(spec, params, mb)
+    _check_loss_inputs(logp, mb)
+    loss, metrics = cov.clip_cov_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, key=counts["rng"],
+                                      eps_low=spec.loss.clip_low, eps_high=spec.loss.clip_high,
+                                      ratio=spec.loss.clip_cov_ratio, cov_low=spec.loss.clip_cov_low,
+                                      cov_high=spec.loss.clip_cov_high, agg=aggregation(spec, counts))
+    return loss, metrics, logp, ent
+
+
 def _distill_kwargs(spec, mb: TrainBatch, counts: dict) -> dict:
     return dict(is_clip=spec.sdpo.is_clip, sd_mask_b=mb.sd_mask_b, agg=aggregation(spec, counts["sd"]))
 
@@ -411,6 +436,11 @@ register_algorithm(Algorithm("rloo", ("rloo",), CLIP_LOSSES, "group"))
 # REINFORCE++ (Hu 2025, arXiv 2501.03262) and its baseline variant: globally whitened token advantages;
 # PIPO's attribution is the advantages themselves, as PPO's (docs/math.md §1 "REINFORCE++").
 register_algorithm(Algorithm("reinforce_pp", ("reinforce_pp", "reinforce_pp_baseline"), CLIP_LOSSES, "gae"))
+# KL-Cov and Clip-Cov (Cui et al. 2025, arXiv 2505.22617): GRPO's group advantages, the policy gradient
+# restricted on the tokens of high covariance of log-prob and advantage; PIPO's attribution is the
+# group one (docs/math.md §1 "KL-Cov and Clip-Cov").
+register_algorithm(Algorithm("kl_cov", GROUP_ESTIMATORS, (("kl_cov", "kl_cov"),), "group"))
+register_algorithm(Algorithm("clip_cov", GROUP_ESTIMATORS, (("clip_cov", "clip_cov"),), "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,

@@ -238,10 +238,21 @@ class LossConfig(Section):
     kl_in_reward: bool = key(False, "-kl_coef x loss.kl_estimator in the token rewards instead of a loss term "
                              "(PPO, RLOO, REINFORCE++)")
     entropy_coef: float = key(0.0, "entropy bonus weight", at_least(0))
+    kl_cov_ratio: float = key(2e-3, "KL-Cov (loss.policy=kl_cov): k, the share of the batch's tokens, those of "
+                              "largest covariance of log-prob and advantage, that get the |log ratio| penalty",
+                              within(0, 1, open_low=True))
+    kl_cov_coef: float = key(1.0, "KL-Cov: beta, the weight of |logp - logp_old| on the selected tokens", at_least(0))
+    clip_cov_ratio: float = key(2e-4, "Clip-Cov (loss.policy=clip_cov): r, the share of the batch's tokens drawn "
+                                "among those of covariance in [clip_cov_low, clip_cov_high] and left out of the loss",
+                                within(0, 1, open_low=True))
+    clip_cov_low: float = key(1.0, "Clip-Cov: omega_low, the covariance's lower bound")
+    clip_cov_high: float = key(5.0, "Clip-Cov: omega_high, the covariance's upper bound")
 
     def check(self):
         need(not self.norm_length or self.agg_mode == "seq-mean-token-sum-norm", "loss.norm_length",
              f"{self.norm_length} is seq-mean-token-sum-norm's divisor, not {self.agg_mode!r}'s: set it to 0")
+        need(self.clip_cov_low <= self.clip_cov_high, "loss.clip_cov_low",
+             f"{self.clip_cov_low} must be <= loss.clip_cov_high={self.clip_cov_high}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -108,8 +108,11 @@ def map_micro_batches(spec: TrainSpec, fn: Callable[[Batch], Any], batch: Batch)
 
 
 def accumulate_grads(spec: TrainSpec, loss_fn: LossFn, params, mini: Batch, counts: dict,
-                     counts_fn: Callable[[Batch], dict] | None = None) -> tuple[Any, dict]:
+                     counts_fn: Callable[[Batch], dict] | None = None, rng=None) -> tuple[Any, dict]:
     """Summed gradients and metrics of `loss_fn` over the micro-batches of one mini-batch.
+
+    `rng` (a key, or None): micro-batch i's `counts` carry "rng" = fold_in(rng, i), the key a
+    loss with randomness draws from (Clip-Cov's random token selection); None: no "rng" entry.
 
     `pipo.authors.micro_token_mean` (verl's dp_actor, needs `counts_fn`): each micro-batch's
     loss over its own counts (`counts_fn(micro)`) times 1 / n_micro, not over the mini-batch's
@@ -121,19 +124,23 @@ def accumulate_grads(spec: TrainSpec, loss_fn: LossFn, params, mini: Batch, coun
     micros = jax.tree.map(lambda x: split_micro(x, n_micro, shards), mini)
     per_micro = spec.pipo.options.micro_token_mean and counts_fn is not None
 
-    def micro_loss(p, micro):
+    def keyed(c, i):
+        return c if rng is None else dict(c, rng=jax.random.fold_in(rng, i))
+
+    def micro_loss(p, micro, i):
         if not per_micro:
-            return loss_fn(p, micro, counts)
-        loss, metrics = loss_fn(p, micro, counts_fn(micro))
+            return loss_fn(p, micro, keyed(counts, i))
+        loss, metrics = loss_fn(p, micro, keyed(counts_fn(micro), i))
         return loss / n_micro, jax.tree.map(lambda m: m / n_micro, metrics)
 
-    def micro_step(acc, micro):
-        (_, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, micro)
+    def micro_step(acc, xs):
+        micro, i = xs
+        (_, metrics), grads = jax.value_and_grad(micro_loss, has_aux=True)(params, micro, i)
         return jax.tree.map(jnp.add, acc, (grads, metrics)), None
 
-    zero_metrics = jax.eval_shape(lambda: micro_loss(params, jax.tree.map(lambda x: x[0], micros))[1])
+    zero_metrics = jax.eval_shape(lambda: micro_loss(params, jax.tree.map(lambda x: x[0], micros), 0)[1])
     zeros = (jax.tree.map(jnp.zeros_like, params), jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), zero_metrics))
-    (grads, metrics), _ = jax.lax.scan(micro_step, zeros, micros)
+    (grads, metrics), _ = jax.lax.scan(micro_step, zeros, (micros, jnp.arange(n_micro)))
     return grads, metrics
 
 
@@ -146,19 +153,24 @@ def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.Gradien
     of `batch.mask_br`), so losses and metrics of micro-batches add up to the
     mini-batch's. Each mini-batch is split into micro-batches of
     `spec.train.micro_batch_size_per_device` rows per device (`accumulate_grads`). Returns (params,
-    opt_state, metrics averaged over the optimizer steps, plus "grad_norm").
+    opt_state, metrics averaged over the optimizer steps, plus "grad_norm"). Each optimizer step's
+    micro-batches get keys from `fold_in(rng, 1)` in `counts["rng"]` (`accumulate_grads`); `rng`
+    itself orders the rows.
     """
     size = rows_of(batch)
+    order = minibatch_order(spec, rng, size)
+    step_keys = jax.random.split(jax.random.fold_in(rng, 1), order.shape[0])
 
-    def mini_step(carry, idx):
+    def mini_step(carry, xs):
         p, s = carry
+        idx, key = xs
         mini = jax.tree.map(lambda x: parallel.constrain(x[idx], ("batch",) + (None,) * (x.ndim - 1)), batch)
-        grads, metrics = accumulate_grads(spec, loss_fn, p, mini, counts_fn(mini), counts_fn)
+        grads, metrics = accumulate_grads(spec, loss_fn, p, mini, counts_fn(mini), counts_fn, rng=key)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
         updates, s = optimizer.update(grads, s, p)
         return (optax.apply_updates(p, updates), s), metrics
 
-    (params, opt_state), metrics = jax.lax.scan(mini_step, (params, opt_state), minibatch_order(spec, rng, size))
+    (params, opt_state), metrics = jax.lax.scan(mini_step, (params, opt_state), (order, step_keys))
     return params, opt_state, jax.tree.map(jnp.mean, metrics)
 
 

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import dr_grpo, grpo, ppo, reinforce_pp, rloo, sdpo, vpd
+from configs import clip_cov, dr_grpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
+from pipo_jax.losses import cov
 from pipo_jax.losses import advantages, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
@@ -225,6 +226,8 @@ def _configs():
         "sdpo_token": with_loss(sdpo, "sdpo_token"),
         "sdpo_jsd": with_loss(sdpo, "sdpo_jsd"),
         "vpd_joint": lambda: vpd.hybrid("micro", "joint"),
+        "kl_cov": with_loss(kl_cov, "kl_cov", kl_cov_ratio=0.1, kl_cov_coef=0.5),
+        "clip_cov": with_loss(clip_cov, "clip_cov", clip_cov_ratio=0.1, clip_cov_low=-1.0, clip_cov_high=1.0),
     }
 
 
@@ -239,7 +242,7 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     spec = train_spec(_configs()[name]())
     assert spec.policy.name == name
     params, teacher, mb = _micro_batch(spec)
-    counts = steps.response_counts(mb)
+    counts = dict(steps.response_counts(mb), rng=jax.random.PRNGKey(3))  # the key `steps.accumulate_grads` adds
     loss, metrics, logp, _ = jax.jit(lambda p, t: spec.policy.fn(spec, p, t, mb, counts))(params, teacher)
     p, t = spec.prompt_len, spec.rollout.temperature
     want_logp, _ = response_logprobs(spec.model, params, mb.tokens_bl, mb.mask_bl, p, temperature=t)
@@ -268,6 +271,13 @@ def test_registered_policy_loss_equals_its_loss_math(name):
                                              weight=spec.vpd.hybrid_weight, logp_teacher_br=teacher_logp,
                                              sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip, eps_low=lo.clip_low,
                                              eps_high=lo.clip_high, clip_ratio_c=lo.clip_ratio_c, **agg)
+    elif name == "kl_cov":
+        want, _ = cov.kl_cov_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio=0.1, coef=0.5, **agg)
+    elif name == "clip_cov":
+        want, m = cov.clip_cov_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, key=counts["rng"],
+                                    eps_low=lo.clip_low, eps_high=lo.clip_high, ratio=0.1, cov_low=-1.0,
+                                    cov_high=1.0, **agg)
+        assert float(m["cov_frac"]) > 0  # tokens were left out, so the key and the settings matter
     else:  # sdpo_jsd: the full distributions; its top-k support is tested in tests/losses/test_distill.py
         want = None
     if want is not None:
@@ -288,7 +298,7 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     ("advantage.estimator", "gae", r"config\.advantage\.estimator: 'gae' does not fit algorithm='grpo'"),
     ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
     ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
-                               r"'dr_grpo', 'rloo', 'reinforce_pp', 'sdpo', 'vpd'\)"),
+                               r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'sdpo', 'vpd'\)"),
 ])
 def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     c = grpo.get_config("micro")

@@ -92,14 +92,20 @@ def test_dr_grpo_runs_a_micro_iteration():
     assert max(changed) > 0
 
 
-@pytest.mark.parametrize("algo", ["rloo", "reinforce_pp"])
+COV = {"loss.kl_cov_ratio": 0.2, "loss.clip_cov_ratio": 0.2, "loss.clip_cov_low": -10.0}  # tokens are selected
+
+
+@pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov"])
 def test_rloo_and_reinforce_pp_run_with_pipo(algo):
-    """configs/rloo.py and configs/reinforce_pp.py with `pipo.enabled=true` through three jitted trainer
-    iterations (K = 2): the base step trains every iteration, the window and the stored batch advance,
-    the PI step runs at the third; the stored attribution is the algorithm's: RLOO's group attribution
-    (one value per response, sum |a| = G over a group with signal), REINFORCE++'s whitened token
-    advantages (mean 0 over the batch's valid tokens, varying along a response)."""
-    c = micro(algo, True, seed=1)
+    """configs/rloo.py, configs/reinforce_pp.py, configs/kl_cov.py and configs/clip_cov.py with
+    `pipo.enabled=true` through three jitted trainer iterations (K = 2): the base step trains every
+    iteration, the window and the stored batch advance, the PI step runs at the third; the stored
+    attribution is the algorithm's: the group attribution of RLOO, KL-Cov and Clip-Cov (one value per
+    response, sum |a| = G over a group with signal), REINFORCE++'s whitened token advantages (mean 0
+    over the batch's valid tokens, varying along a response). KL-Cov / Clip-Cov (larger ratios and,
+    for Clip-Cov, a wider covariance window than the paper's, so that the micro batch has selected
+    tokens): the base step's loss selects tokens every iteration."""
+    c = micro(algo, True, seed=1, **(COV if algo in ("kl_cov", "clip_cov") else {}))
     spec, state = fresh_state(c)
     assert spec.algorithm.name == algo and spec.pipo.enabled
     before = jax.tree.map(np.asarray, state.params)
@@ -115,7 +121,9 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     attr, mask = np.asarray(state.pipo.prev.attr_br), np.asarray(state.pipo.prev.mask_br)
     valid = mask > 0
     assert np.all(attr[~valid] == 0) and np.any(attr[valid] != 0)
-    if algo == "rloo":
+    if algo in ("kl_cov", "clip_cov"):
+        assert np.all(m["train/cov_frac"] > 0)
+    if algo in ("rloo", "kl_cov", "clip_cov"):
         row = attr[:, 0]
         assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
         sums = np.abs(row).reshape(-1, spec.rollout.group_size).sum(axis=1)
