@@ -30,7 +30,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses import advantages, cov, distill, pipo
+from pipo_jax.losses import advantages, cov, distill, drpo, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
@@ -319,6 +319,28 @@ def _clip_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     return loss, metrics, logp, ent
 
 
+@policy_loss("drpo", pi_ratio="token")
+def _drpo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """DRPO (`losses/drpo.py:drpo_loss`): the decoupled, length-weighted discriminative objective over
+    each group of the mini-batch, with the KL penalty. It reads whole groups, so the mini-batch must be
+    one micro-batch of unshuffled rows (`train.shuffle=false`, `train.micro_batch_size_per_device=0`)."""
+    from pipo_jax.rl.sections import ConfigError  # noqa: PLC0415 (the sections import this table)
+
+    if spec.train.shuffle:
+        raise ConfigError("config.train.shuffle: loss.policy='drpo' reads each prompt's G responses together; "
+                          "set it to false")
+    if mb.mask_br.shape[0] != spec.mini_batch:
+        raise ConfigError(f"config.train.micro_batch_size_per_device: loss.policy='drpo' needs the mini-batch of "
+                          f"{spec.mini_batch} rows in one micro-batch (its KL penalty is over the mini-batch); set 0")
+    logp, ent = student_logprobs(spec, params, mb)
+    _check_loss_inputs(logp, mb)
+    g = spec.rollout.group_size
+    loss, metrics = drpo.drpo_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g,
+                                   num_prompts=spec.mini_batch // g, tau=spec.loss.drpo_tau, lam=spec.loss.drpo_lambda,
+                                   beta=spec.loss.drpo_beta, delta=spec.loss.drpo_delta)
+    return loss, metrics, logp, ent
+
+
 def _distill_kwargs(spec, mb: TrainBatch, counts: dict) -> dict:
     return dict(is_clip=spec.sdpo.is_clip, sd_mask_b=mb.sd_mask_b, agg=aggregation(spec, counts["sd"]))
 
@@ -441,6 +463,10 @@ register_algorithm(Algorithm("reinforce_pp", ("reinforce_pp", "reinforce_pp_base
 # group one (docs/math.md §1 "KL-Cov and Clip-Cov").
 register_algorithm(Algorithm("kl_cov", GROUP_ESTIMATORS, (("kl_cov", "kl_cov"),), "group"))
 register_algorithm(Algorithm("clip_cov", GROUP_ESTIMATORS, (("clip_cov", "clip_cov"),), "group"))
+# DRPO (Li et al. 2025, arXiv 2510.04474): correct responses' length reward normalised among the correct
+# ones only, a discriminative objective against the incorrect ones; GRPO's advantages mark which is
+# which, so PIPO's attribution is the group one (docs/math.md §1 "DRPO").
+register_algorithm(Algorithm("drpo", ("grpo",), (("drpo", "drpo"),), "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,

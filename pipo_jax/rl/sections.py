@@ -247,6 +247,12 @@ class LossConfig(Section):
                                 within(0, 1, open_low=True))
     clip_cov_low: float = key(1.0, "Clip-Cov: omega_low, the covariance's lower bound")
     clip_cov_high: float = key(5.0, "Clip-Cov: omega_high, the covariance's upper bound")
+    drpo_tau: float = key(10.0, "DRPO (loss.policy=drpo): tau, the temperature of the incorrect responses' "
+                          "log-mean-exp", above(0))
+    drpo_lambda: float = key(0.1, "DRPO: lambda, the KL weight of the positive distribution: length weight "
+                             "exp((1 - |o| / R) / lambda)", above(0))
+    drpo_beta: float = key(1e3, "DRPO: beta, the penalty weight of the KL trust region", at_least(0))
+    drpo_delta: float = key(1e-4, "DRPO: delta, the KL trust region's radius", at_least(0))
 
     def check(self):
         need(not self.norm_length or self.agg_mode == "seq-mean-token-sum-norm", "loss.norm_length",

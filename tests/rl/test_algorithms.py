@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import clip_cov, dr_grpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
+from configs import clip_cov, dr_grpo, drpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
 from pipo_jax.losses import cov
+from pipo_jax.losses.drpo import drpo_loss
 from pipo_jax.losses import advantages, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
@@ -228,7 +229,15 @@ def _configs():
         "vpd_joint": lambda: vpd.hybrid("micro", "joint"),
         "kl_cov": with_loss(kl_cov, "kl_cov", kl_cov_ratio=0.1, kl_cov_coef=0.5),
         "clip_cov": with_loss(clip_cov, "clip_cov", clip_cov_ratio=0.1, clip_cov_low=-1.0, clip_cov_high=1.0),
+        "drpo": _drpo_whole_batch,
     }
+
+
+def _drpo_whole_batch():
+    """configs/drpo.py with the batch as one mini-batch (DRPO's loss takes whole mini-batches), tau = 1."""
+    c = drpo.get_config("micro")
+    c.train.mini_batch_prompts, c.loss.drpo_tau, c.loss.drpo_delta = c.rollout.prompts_per_batch, 1.0, 0.0
+    return c
 
 
 def test_every_registered_policy_loss_has_a_case():
@@ -278,11 +287,17 @@ def test_registered_policy_loss_equals_its_loss_math(name):
                                     eps_low=lo.clip_low, eps_high=lo.clip_high, ratio=0.1, cov_low=-1.0,
                                     cov_high=1.0, **agg)
         assert float(m["cov_frac"]) > 0  # tokens were left out, so the key and the settings matter
+    elif name == "drpo":
+        g = spec.rollout.group_size
+        want, _ = drpo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g, num_prompts=spec.batch // g,
+                            tau=1.0, lam=lo.drpo_lambda, beta=lo.drpo_beta, delta=0.0)
     else:  # sdpo_jsd: the full distributions; its top-k support is tested in tests/losses/test_distill.py
         want = None
     if want is not None:
         chex.assert_trees_all_close(loss, want, rtol=1e-4, atol=1e-6)  # the log-prob rounding above, summed
     assert bool(jnp.isfinite(loss)) and float(loss) != 0.0 and all(v.shape == () for v in metrics.values())
+    if name == "drpo":  # over the mini-batch's prompts (static), not the token counts
+        return
     key = "sd" if spec.policy.distills else None
     doubled = dict(counts, **({key: {k: 2 * v for k, v in counts[key].items()}} if key else
                               {"num_tokens": 2 * counts["num_tokens"], "num_seqs": 2 * counts["num_seqs"]}))
@@ -298,7 +313,7 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     ("advantage.estimator", "gae", r"config\.advantage\.estimator: 'gae' does not fit algorithm='grpo'"),
     ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
     ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
-                               r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'sdpo', 'vpd'\)"),
+                               r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'drpo', 'sdpo', 'vpd'\)"),
 ])
 def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     c = grpo.get_config("micro")

@@ -95,7 +95,7 @@ def test_dr_grpo_runs_a_micro_iteration():
 COV = {"loss.kl_cov_ratio": 0.2, "loss.clip_cov_ratio": 0.2, "loss.clip_cov_low": -10.0}  # tokens are selected
 
 
-@pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov"])
+@pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo"])
 def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     """configs/rloo.py, configs/reinforce_pp.py, configs/kl_cov.py and configs/clip_cov.py with
     `pipo.enabled=true` through three jitted trainer iterations (K = 2): the base step trains every
@@ -123,7 +123,7 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     assert np.all(attr[~valid] == 0) and np.any(attr[valid] != 0)
     if algo in ("kl_cov", "clip_cov"):
         assert np.all(m["train/cov_frac"] > 0)
-    if algo in ("rloo", "kl_cov", "clip_cov"):
+    if algo in ("rloo", "kl_cov", "clip_cov", "drpo"):
         row = attr[:, 0]
         assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
         sums = np.abs(row).reshape(-1, spec.rollout.group_size).sum(axis=1)
