@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from pipo_jax.rl import schema, sections
+from pipo_jax import schema
+from pipo_jax.rl import sections
 
 PRESETS = ("tiny", "micro", "qwen3_4b", "qwen3_8b")
 # The authors' runs (JacckMa/pipo_verl, verl/trainer/config/experiments/math/*_pipo.yaml) on top of
@@ -69,15 +70,15 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
         # for RL, and a gap that the verified reward closes. The warm-up also teaches reading
         # the SDPO / VPD teacher contexts (a sibling's solution; feedback revealing the answer).
         c.iterations = 100
-        c.task.min_digits = 2
-        c.task.feedback_style = "reveal"
+        c.task.arithmetic.min_digits = 2
+        c.task.arithmetic.feedback_style = "reveal"
+        c.task.arithmetic.warmup_mistake_rate = 0.65  # the arithmetic task's own warm-up demonstrations
+        c.task.arithmetic.warmup_context_fraction = 0.5
         c.warmup.steps = 1200
         c.warmup.target_accuracy = None
-        c.warmup.mistake_rate = 0.65
-        c.warmup.context_fraction = 0.5
     if preset == "micro":
         c.iterations = 3
-        c.task.reward_mode = "per_token"  # graded rewards: a random model still gets signal
+        c.task.arithmetic.reward_mode = "per_token"  # graded rewards: a random model still gets signal
         c.rollout.prompts_per_batch = 4
         c.rollout.group_size = 4
         c.train.mini_batch_prompts = 2
@@ -109,10 +110,10 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
         c.pipo.lr = 1e-6
         c.eval.every = 25
         # Paper Table 5: MATH prompts (<= 512 tokens) verified on the host; set
-        # --config.task.path=/data/math_train.jsonl (and eval.benchmarks for MATH500 etc.).
+        # --config.task.dataset.path=/data/math_train.jsonl (and eval.benchmarks for MATH500 etc.).
         c.task.name = "math"
-        c.task.path = ""
-        c.task.max_prompt_tokens = 512
+        c.task.dataset.path = ""
+        c.task.dataset.max_prompt_tokens = 512
         c.task.heldout_fraction = 0.02
         c.task.epochs = 3.0
         c.log.jit_loop = False

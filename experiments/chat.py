@@ -10,7 +10,7 @@ A prompt is rendered as the policy's task renders it:
     operands zero-padded when the task pads them); the line printed is the response, then a tab,
     the value it states in the task's answer format and whether it is right:
     `231<TAB>= 132 (correct)`;
-  - a run on a dataset task: the task's chat template and instruction (`task.prompt_style`, ...);
+  - a run on a dataset task: the task's chat template and instruction (`task.dataset.prompt_style`, ...);
   - a Hugging Face directory: its chat template (`--prompt_style=instruct`) or the line's text as it
     is (`--prompt_style=raw`, the default when the tokenizer has no chat template; an export of a
     built-in-task run reads `<bos>47+85=`).

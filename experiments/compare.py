@@ -6,8 +6,8 @@ JAX reward, e.g. a reasoning-gym dataset), with uncertainty.
     python -m experiments.compare --algorithms=sdpo --seeds=0-4 \
         --variant=sdpo:norm:pipo.attribution_norm=mean_abs --variant=sdpo:lam0:pipo.lam=0.0
     python -m experiments.compare --algorithms=grpo --seeds=0-4 --out=runs/compare_rg_gcd \
-        --set=task.name=reasoning_gym --set=task.rg_dataset=gcd --set='task.rg_config={"max_value":30}' \
-        --set=warmup.mistake_rate=0 --set=warmup.context_fraction=0
+        --set=task.name=reasoning_gym --set=task.reasoning_gym.dataset=gcd \
+        --set='task.reasoning_gym.config={"max_value":30}'
 
 `--set=KEY=VALUE` (repeatable) sets any config key of every arm, as `--config.KEY=VALUE` does
 for the trainer (the value read as the key's type).
@@ -61,7 +61,7 @@ _SEEDS = flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comm
 _ITERATIONS = flags.DEFINE_integer("iterations", 0, "RL iterations; 0 = the preset's")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 0, "iterations between evaluations; 0 = the preset's eval.every")
 _OUT = flags.DEFINE_string("out", "runs/compare", "output directory (base models are cached here)")
-_SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE: a config key of every arm (e.g. task.rg_dataset=gcd)")
+_SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE: a config key of every arm (e.g. task.reasoning_gym.dataset=gcd)")
 _BASE_DIR = flags.DEFINE_string("base_dir", "", "where the per-seed base models are cached; '' = --out "
                                 "(two runs may share one: a base model found there is not warmed up again)")
 _VARIANTS = flags.DEFINE_multi_string("variant", [], "ALGO:LABEL:key=value[;key=value]: an extra PIPO arm "

@@ -9,7 +9,7 @@ Math benchmarks (a Hugging Face model directory with its tokenizer, JSONL/parque
         --benchmark=MATH500=data/math500.jsonl --benchmark=AIME25=data/aime25.jsonl --out=runs/qwen3_4b_eval.json
 
 A run workdir trained on a math task takes its tokenizer from the run's config
-(`task.tokenizer_path` or `model.path`); `--tokenizer` overrides it. The trainer's
+(`task.dataset.tokenizer_path` or `model.path`); `--tokenizer` overrides it. The trainer's
 periodic evaluation (`config.eval.benchmarks`) scores benchmarks with the same
 `pipo_jax.run.evaluate.math_benchmarks`.
 
@@ -57,7 +57,7 @@ _FORMAT = flags.DEFINE_enum("format", "auto", ["auto", "jsonl", "parquet"], "ben
 _PROMPT_FIELD = flags.DEFINE_string("prompt_field", "problem", "dotted field of the question")
 _ANSWER_FIELD = flags.DEFINE_string("answer_field", "answer", "dotted field of the reference answer")
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "tokenizer directory (default: the HF policy directory, or "
-                                 "a run's task.tokenizer_path / model.path)")
+                                 "a run's task.dataset.tokenizer_path / model.path)")
 _STYLE = flags.DEFINE_enum("prompt_style", "instruct", ["instruct", "base"], "chat-template style")
 _INSTRUCTION = flags.DEFINE_string("instruction", DEFAULT_INSTRUCTION, "text added after the question")
 _THINKING = flags.DEFINE_enum("enable_thinking", "template", ["template", "true", "false"],

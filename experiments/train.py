@@ -14,7 +14,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli
-from pipo_jax.rl import schema
+from pipo_jax import schema
 from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import train

@@ -40,7 +40,7 @@ def test_dataset_task_lists_every_missing_setting_at_once(tmp_path):
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: config: task.name='math' needs --config.model.path=")
-    for key in ("model.path", "task.path", "log.jit_loop=false", "rollout.max_new_tokens", "warmup.enabled=false"):
+    for key in ("model.path", "task.dataset.path", "log.jit_loop=false", "rollout.max_new_tokens", "warmup.enabled=false"):
         assert f"--config.{key}" in lines[0], key
     assert not (tmp_path / "run").exists()  # nothing written for a refused run
 

@@ -24,9 +24,9 @@ def test_parse_seeds():
 
 def test_set_reads_the_value_as_the_keys_type():
     c = compare.algorithm_config("grpo", "micro", 0, (
-        "task.name=reasoning_gym", 'task.rg_config={"min_terms":2,"max_terms":3}', "warmup.steps=7",
+        "task.name=reasoning_gym", 'task.reasoning_gym.config={"min_terms":2,"max_terms":3}', "warmup.steps=7",
         "warmup.lr=0.5", "pipo.enabled=true", "warmup.target_accuracy=0.3"))
-    assert (c.task.name, c.task.rg_config, c.warmup.steps, c.warmup.lr, c.pipo.enabled, c.warmup.target_accuracy) == (
+    assert (c.task.name, c.task.reasoning_gym.config, c.warmup.steps, c.warmup.lr, c.pipo.enabled, c.warmup.target_accuracy) == (
         "reasoning_gym", '{"min_terms":2,"max_terms":3}', 7, 0.5, True, 0.3)
     for bad, message in (("warmup.steps=x", "warmup.steps is a int"), ("pipo.enabled=1", "expected true or false"),
                          ("task.no_key=1", "config has no key 'task.no_key'"), ("nosection.a=1", "no section"),

@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("pipo_jax", "configs", "experiments")
 
 LAYERS = ("models", "kernels", "losses", "sampling", "tasks", "rl", "run", "configs", "experiments")
-LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.data", "pipo_jax.parallel")
+LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.schema", "pipo_jax.data", "pipo_jax.parallel")
 
 # Imported inside the function that needs them, so the package runs without them installed (or, for
 # math-verify and the sympy / latex2sympy2 it brings, so only the verifier's worker processes pay their
@@ -116,9 +116,10 @@ def test_leaves_import_only_leaves_and_parallel_only_platforms():
 
 # The learner reaches a task through the Task protocol (ARCHITECTURE.md 3): besides the protocol and
 # pass@k it imports no task module; the config -> task factory reads the registry, which names the
-# task modules by path (imported only when chosen) and imports nothing but the protocol.
+# task modules by path (imported only when chosen) and imports nothing but the protocol; the config
+# schema reads it too, for each task's settings section (light modules of the schema alone).
 TASK_INTERFACE = ("pipo_jax.tasks.protocol", "pipo_jax.tasks.passk")
-READS_REGISTRY = ("pipo_jax.run.task_config",)
+READS_REGISTRY = ("pipo_jax.run.task_config", "pipo_jax.rl.sections")
 
 
 def test_the_learner_imports_no_task_but_the_protocol():
@@ -136,6 +137,9 @@ def test_the_task_registry_is_light_and_names_existing_modules():
 
     for entry in registry.TASKS.values():
         assert entry.module in MODULES, f"task {entry.name!r}: no module {entry.module}"
+        for path in entry.settings:  # a task's settings: a module of the schema alone, beside the task's
+            module = path.partition(":")[0]
+            assert module in MODULES and {t for m, t, _ in _package_edges() if m == module} <= {"pipo_jax.schema"}, path
         tree = ast.parse(MODULES[entry.module].read_text())
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         assert entry.constructor in defined and set(entry.task_classes) <= defined, entry
@@ -246,17 +250,24 @@ def test_cycle_finder_finds_a_cycle():
 
 
 # The config schema (ARCHITECTURE.md 3 "A config key"): a key's type, default, description and
-# constraint are declared once, with `schema.key(...)`, in `rl/sections.py`; `configs/base.py:base_config`
-# builds the ml-collections defaults from those declarations and sets none itself.
+# constraint are declared once, with `schema.key(...)`, in `rl/sections.py`, or for a task's own keys in
+# the settings module its registry entry names (beside its code); `configs/base.py:base_config` builds
+# the ml-collections defaults from those declarations and sets none itself.
 KEY_DECLARATIONS = "pipo_jax.rl.sections"
 
 
+def _task_settings_modules() -> set[str]:
+    from pipo_jax.tasks import registry
+
+    return {path.partition(":")[0] for entry in registry.TASKS.values() for path in entry.settings}
+
+
 def _declares_keys(module: str) -> list[int]:
-    """Lines of `module` that import or call `pipo_jax.rl.schema.key`."""
+    """Lines of `module` that import or call `pipo_jax.schema.key`."""
     tree = ast.parse(MODULES[module].read_text())
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "pipo_jax.rl.schema":
+        if isinstance(node, ast.ImportFrom) and node.module == "pipo_jax.schema":
             lines += [node.lineno for a in node.names if a.name == "key"]
         elif isinstance(node, ast.Attribute) and node.attr == "key" and isinstance(node.value, ast.Name) \
                 and node.value.id == "schema":
@@ -265,8 +276,9 @@ def _declares_keys(module: str) -> list[int]:
 
 
 def test_config_keys_are_declared_only_in_sections():
-    bad = [f"{m}:{line}" for m in MODULES if m != KEY_DECLARATIONS for line in _declares_keys(m)]
-    assert not bad, "config keys declared outside rl/sections.py:\n" + "\n".join(bad)
+    declaring = {KEY_DECLARATIONS} | _task_settings_modules()
+    bad = [f"{m}:{line}" for m in MODULES if m not in declaring for line in _declares_keys(m)]
+    assert not bad, "config keys declared outside rl/sections.py and the tasks' settings:\n" + "\n".join(bad)
     assert _declares_keys(KEY_DECLARATIONS)
     tree = ast.parse(MODULES["configs.base"].read_text())
     body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "base_config")

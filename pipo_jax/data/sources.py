@@ -230,7 +230,7 @@ def iter_tfds(config: SourceConfig) -> Iterator[Example]:
     except Exception as e:  # tfds raises several types for a missing / unprepared dataset
         where = f"data_dir={config.data_dir}" if config.data_dir else "tfds's default data_dir"
         raise DataError(f"tfds {config.path}/{config.split}: cannot load ({type(e).__name__}: {e}) from {where}; "
-                        "prepare it there first, or let tfds download it (config.task.tfds_download=true, "
+                        "prepare it there first, or let tfds download it (config.task.dataset.tfds_download=true, "
                         "SourceConfig(tfds_download=True))") from e
     for index, row in enumerate(tfds.as_numpy(ds)):
         yield example_from_row(_decoded(row), config, f"tfds {config.path}/{config.split} row {index}")

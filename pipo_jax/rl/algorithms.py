@@ -36,6 +36,7 @@ from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.response_logprobs import response_log_softmax, response_logprobs
+from pipo_jax.schema import ConfigError
 
 
 class AdvantageInputs(NamedTuple):
@@ -324,8 +325,6 @@ def _drpo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     """DRPO (`losses/drpo.py:drpo_loss`): the decoupled, length-weighted discriminative objective over
     each group of the mini-batch, with the KL penalty. It reads whole groups, so the mini-batch must be
     one micro-batch of unshuffled rows (`train.shuffle=false`, `train.micro_batch_size_per_device=0`)."""
-    from pipo_jax.rl.sections import ConfigError  # noqa: PLC0415 (the sections import this table)
-
     if spec.train.shuffle:
         raise ConfigError("config.train.shuffle: loss.policy='drpo' reads each prompt's G responses together; "
                           "set it to false")

@@ -1,7 +1,7 @@
 """The run config's schema: every key declared once, as a field of its section.
 
 Each section is a frozen, hashable (jit-static) dataclass whose fields are its config keys,
-declared with `key(default, description, check, choices=)` (`rl/schema.py`): the annotation is
+declared with `key(default, description, check, choices=)` (`schema.py`): the annotation is
 the key's type, the default its only default (`configs/base.py:base_config` is
 `schema.defaults(RunConfig)`), the description what `--check_config` prints, the constraint
 checked on construction with a one-line `ConfigError("config.<section>.<key>: ...")`. Choices
@@ -24,13 +24,29 @@ from pipo_jax.models import attention, qwen3
 from pipo_jax.parallel.distributed import MODES as DISTRIBUTED_MODES
 from pipo_jax.rl import algorithms
 from pipo_jax.rl.controller import AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
-from pipo_jax.rl.schema import RETIRED, ConfigError, Section, above, at_least, choice, key, need, within
 from pipo_jax.sampling.generator import ENGINES
+from pipo_jax.schema import RENAMED, RETIRED, ConfigError, Section, above, at_least, choice, key, need, within
+from pipo_jax.tasks import registry
 
 __all__ = ["ConfigError", "need", "choice", "RunConfig"]
 
 RETIRED["train.micro_batch_size"] = ("the global micro-batch is gone: set train.micro_batch_size_per_device "
                                      "(sequences per device)")
+# Each task's own keys moved from config.task into its section (config.task.<section>.<key>).
+RENAMED.update({f"task.{k}": f"task.arithmetic.{k}" for k in ("min_digits", "max_digits", "ops", "answer_format",
+                                                                "reward_mode", "feedback_style")})
+RENAMED.update({"warmup.mistake_rate": "task.arithmetic.warmup_mistake_rate",
+                "warmup.context_fraction": "task.arithmetic.warmup_context_fraction"})
+RENAMED.update({f"task.{k}": f"task.dataset.{k}" for k in (
+    "path", "format", "tfds_split", "data_dir", "tfds_download", "limit", "prompt_field", "tokenizer_path",
+    "prompt_style", "instruction", "enable_thinking", "max_prompt_tokens", "overlong", "verify_timeout_s",
+    "verify_batch_budget_s", "verify_workers")})
+RENAMED.update({"task.answer_field": "task.math.answer_field", "task.answer_pattern": "task.math.answer_pattern"})
+RENAMED.update({f"task.{k}": f"task.code.{k}" for k in ("tests_field", "sandbox_memory_mb", "sandbox_allow_unconfined",
+                                                          "sandbox_allow_network")})
+RENAMED.update({f"task.rg_{k}": f"task.reasoning_gym.{k}" for k in ("dataset", "config", "size", "prompt",
+                                                                      "max_prompt_chars", "max_answer_chars",
+                                                                      "overlong")})
 
 
 def algorithm_names() -> tuple[str, ...]:
@@ -86,62 +102,32 @@ class ModelConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskConfig(Section):
-    """config.task: the task (`rl/task_config.py:make_task` builds the registered task from it)."""
+class SharedTaskConfig(Section):
+    """The keys of config.task every task reads; `TaskConfig` adds each registered task's own section."""
 
     _section = "task"
     name: str = key("arithmetic", "the task, a name registered in tasks/registry.py:TASKS (e.g. arithmetic: the "
                     "built-in JAX-reward task; math / code: dataset tasks, host reward)")
-    min_digits: int = key(1, "arithmetic: fewest digits of an operand")
-    max_digits: int = key(2, "arithmetic: most digits of an operand")
-    ops: str = key("+-", "arithmetic: the operators drawn from")
-    answer_format: str = key("reversed", "arithmetic: reversed (least-significant digit first: carries are "
-                             "learnable) | plain")
-    reward_mode: str = key("exact", "arithmetic: exact (1 for the whole answer) | per_token (graded)")
-    feedback_style: str = key("position", "arithmetic: the SDPO / VPD feedback (position | reveal)")
-    heldout_fraction: float = key(0.1, "rows / problems never trained on, for the held-out accuracy")
-    epochs: float = key(0.0, "dataset tasks: > 0 sets `iterations` to round(epochs * train rows / "
-                        "prompts_per_batch) (prompts are drawn with replacement: an epoch is a budget of prompts)",
-                        at_least(0))
+    heldout_fraction: float = key(0.1, "rows / problems never trained on, for the held-out accuracy",
+                                  within(0, 1, open_high=True))
+    epochs: float = key(0.0, "> 0 sets `iterations` to round(epochs * train rows / prompts_per_batch) (prompts "
+                        "are drawn with replacement: an epoch is a budget of prompts)", at_least(0))
     split_seed: int = key(0, "seed of the train / held-out split")
-    path: str = key("", "dataset tasks: JSONL / JSONL.gz / parquet file, or a tensorflow-datasets name "
-                    "(format=tfds); prompts through the tokenizer's chat template, rewards verified on the host "
-                    "(needs model.path and log.jit_loop=false)")
-    format: str = key("auto", "auto | jsonl | parquet | tfds")
-    tfds_split: str = key("train", "tfds: the split")
-    data_dir: str = key("", "tfds: the directory of prepared datasets (\"\" = tfds's default, ~/tensorflow_datasets)")
-    tfds_download: bool = key(False, "tfds: download and prepare a dataset data_dir lacks (else: an error naming it)")
-    limit: int = key(0, "first rows only; 0 = all")
-    prompt_field: str = key("problem", "the prompt's (dotted) field name")
-    answer_field: str = key("answer", "math: the reference answer's field")
-    tests_field: str = key("tests", "code: assert list, [{input, output}] or APPS input_output")
-    tokenizer_path: str = key("", "\"\" = model.path")
-    prompt_style: str = key("instruct", "instruct | base (see pipo_jax.data.prompts)")
-    instruction: str = key("auto", "auto = the kind's default; \"\" = none")
-    enable_thinking: str = key("template", "template (its default) | true | false")
-    max_prompt_tokens: int = key(512, "longest prompt in tokens (longer ones follow task.overlong)")
-    overlong: str = key("drop", "drop (counted, logged) | truncate_left | truncate_right | error")
-    answer_pattern: str = key("", "math: regex for the final answer instead of \\boxed{}")
-    verify_timeout_s: float = key(5.0, "math: per answer (extraction + check); code: per test")
-    verify_batch_budget_s: float = key(60.0, "math: wall-clock budget of one batch's checks; answers not checked "
-                                       "by then score 0 and are counted (metric reward/unscored)")
-    verify_workers: int = key(0, "math verifier processes / concurrent code sandboxes; 0 = one per CPU core (max 16)")
-    sandbox_memory_mb: int = key(1024, "code: memory of one sandbox")
-    sandbox_allow_unconfined: bool = key(False, "code: run generated programs even where the kernel has no Landlock "
-                                         "(file system then open to them)")
-    sandbox_allow_network: bool = key(False, "code: run generated programs even where there is no network namespace; "
-                                      "then only a Python audit hook, which ctypes gets past, keeps them off the "
-                                      "network")
-    rg_dataset: str = key("", "reasoning_gym: one of the library's procedural datasets, e.g. chain_sum, gcd, "
-                          "spell_backward (`pip install 'pipo_jax[rg]'`)")
-    rg_config: str = key("", "reasoning_gym: JSON of the dataset's own config, e.g. '{\"min_terms\":2}'; \"\" = its "
-                         "defaults")
-    rg_size: int = key(4000, "reasoning_gym: entries generated (seed task.split_seed); repeated questions dropped")
-    rg_prompt: str = key("compact", "reasoning_gym, character model: compact (the text all questions share cut off) "
-                         "| question")
-    rg_max_prompt_chars: int = key(48, "reasoning_gym, character model: longer rows follow rg_overlong")
-    rg_max_answer_chars: int = key(8, "reasoning_gym, character model: longest answer")
-    rg_overlong: str = key("error", "reasoning_gym: error (names the row) | drop (counted, logged)")
+
+
+def _task_config() -> type:
+    """config.task: the shared keys, then one section per registered task's settings (declared beside the
+    task's code, named in its `tasks/registry.py` entry): `config.task.<section>.<key>`."""
+    fields = [(name, cls, key(cls(), (cls.__doc__ or "").split("\n")[0]))
+              for name, cls in registry.settings_sections().items()]
+    cls = dataclasses.make_dataclass("TaskConfig", fields, bases=(SharedTaskConfig,), frozen=True,
+                                     namespace={"__module__": __name__})
+    cls.__doc__ = ("config.task: the task (`run/task_config.py:make_task` builds the registered task from it): "
+                   "the shared keys and one section of its own keys per registered task.")
+    return cls
+
+
+TaskConfig = _task_config()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,10 +395,6 @@ class WarmupConfig(Section):
                                         "None = run all steps", within(0, 1))
     eval_every: int = key(50, "steps between held-out checks (the target's resolution: a stop overshoots by less)",
                           at_least(1))
-    mistake_rate: float = key(0.0, "share of carrying / borrowing demonstrations shown with the column mistake",
-                              within(0, 1))
-    context_fraction: float = key(0.0, "share of rows shown with an SDPO / VPD teacher context (solution / feedback)",
-                                  within(0, 1))
 
 
 def _ks(value):

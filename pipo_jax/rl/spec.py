@@ -22,7 +22,7 @@ from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms
 from pipo_jax.sampling import generator as generator_lib
 from pipo_jax.sampling.sampling_params import SamplingParams
-from pipo_jax.rl.schema import from_config
+from pipo_jax.schema import from_config
 from pipo_jax.rl.sections import (AdvantageConfig, ConfigError, CriticConfig, DapoConfig, EvalConfig, LossConfig,
                                   PipoConfig, RolloutConfig, RunConfig, SdpoConfig, TrainConfig, VpdConfig,
                                   need as _need)
@@ -242,8 +242,3 @@ def check_run_config(c: RunConfig, task: Task) -> None:
               "disable it when loading model.path")
         _need(task.capabilities.warmup, "warmup.enabled", f"the {task.name} task has no reference responses for "
               "the supervised warm-up: set it to false")
-        for key in ("mistake_rate", "context_fraction"):
-            value = getattr(c.warmup, key)
-            _need(task.capabilities.warmup_shaping or value == 0, f"warmup.{key}",
-                  f"{value}: the built-in task's; the {task.name} task warms up on its reference "
-                  "responses only (set it to 0)")

@@ -23,17 +23,18 @@ from pipo_jax.run.placement import Placement
 from pipo_jax.run.setup import train_spec
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
+from pipo_jax.schema import moved_keys
 from pipo_jax.tasks import passk
 from pipo_jax.tasks.protocol import HostScorer
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-    """The config a training run saved in `workdir/config.json`."""
+    """The config a training run saved in `workdir/config.json` (keys a release moved at their new place)."""
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{workdir}: no config.json (not a pipo_jax training run directory)")
     with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f))
+        return ml_collections.ConfigDict(moved_keys(json.load(f)))
 
 
 def restore_run(workdir: str, step: int | None = None) -> tuple[TrainSpec, Any]:

@@ -83,19 +83,10 @@ def _text_vocab_note() -> str:
             "question and `<answer>`; the answer follows, then `<eos>`.")
 
 
-def _builtin_note(run_config: Any) -> str:
-    """How a prompt of the built-in task is written, for the model card."""
-    example = "<bos>12+34="
-    tc = run_config.task if run_config is not None else None
-    if tc is not None and tc.get("pad_operands"):
-        d = int(tc.max_digits)
-        example = f"<bos>{'12'.zfill(d)}+{'34'.zfill(d)}="
-    note = ("Tokenizer: the built-in arithmetic task's character vocabulary (one token per character, `<word>` "
-            f"tokens whole). A prompt is `<bos>`, the problem and `=`, e.g. `{example}`")
-    if tc is not None:
-        note += (f" (operands zero-padded to {tc.max_digits} digits)" if tc.get("pad_operands") else "")
-        note += f"; answers are written {tc.answer_format}, then `<eos>`"
-    return note + "."
+def _builtin_note(task: Any) -> str:
+    """The built-in task's vocabulary and how its prompts are written (the task says), for the model card."""
+    return ("Tokenizer: the built-in arithmetic task's character vocabulary (one token per character, `<word>` "
+            "tokens whole). " + task.prompt_note()).strip()
 
 
 def _write_tokenizer(out: str, tokenizer: Any, source_dir: str | None, max_new_tokens: int | None) -> None:
@@ -205,7 +196,7 @@ def write_export(out: str, model: qwen3.Qwen3Config, params: Any, *, spec: Train
     if builtin:
         char_tokenizer.hf_tokenizer(vocab).save_pretrained(out)
         _write_json(os.path.join(out, GENERATION_CONFIG), _builtin_generation_config(spec))
-        note = _builtin_note(run_config) if vocab == cv.TOKENS else _text_vocab_note()
+        note = _builtin_note(spec.task) if vocab == cv.TOKENS else _text_vocab_note()
     else:
         tokenizer = spec.task.tokenizer if spec is not None else load_tokenizer(tokenizer_dir)
         max_new = run_config.rollout.get("max_new_tokens") if run_config is not None else None
@@ -217,8 +208,8 @@ def write_export(out: str, model: qwen3.Qwen3Config, params: Any, *, spec: Train
 
 
 def run_tokenizer_dir(run_config: Any) -> str | None:
-    """The directory of a dataset run's tokenizer (`task.tokenizer_path`, else `model.path`)."""
-    return run_config.task.get("tokenizer_path", "") or run_config.model.get("path", "") or None
+    """The directory of a dataset run's tokenizer (`task.dataset.tokenizer_path`, else `model.path`)."""
+    return run_config.task.dataset.get("tokenizer_path", "") or run_config.model.get("path", "") or None
 
 
 def export_policy(policy: str, out: str, step: int | None = None, dtype: str | None = None) -> str:

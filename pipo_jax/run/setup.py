@@ -16,12 +16,12 @@ import ml_collections
 
 from pipo_jax import platforms
 from pipo_jax.models import hf, qwen3
-from pipo_jax.rl.schema import from_config
 from pipo_jax.rl.sections import ConfigError, ModelConfig, RunConfig
 from pipo_jax.rl.sections import need as _need
 from pipo_jax.rl.spec import TrainSpec, check_run_config, eval_benchmarks, spec_from_config
 from pipo_jax.run import warmup
 from pipo_jax.run.task_config import make_task
+from pipo_jax.schema import from_config
 from pipo_jax.tasks.protocol import Task
 
 __all__ = ["ConfigError", "make_model_config", "train_spec"]
@@ -59,7 +59,7 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     task = make_task(c)
     if not run.model.path and run.model.preset == "task_tiny":
         model = make_model_config(run.model, task)  # the task model's vocabulary covers the task's tokens
-    _need(task.token_id_bound <= model.vocab_size, "task.tokenizer_path" if task.tokenizer is not None else "task",
+    _need(task.token_id_bound <= model.vocab_size, "task.dataset.tokenizer_path" if task.tokenizer is not None else "task",
           f"token ids up to {task.token_id_bound - 1} do not fit the model's vocab_size {model.vocab_size}")
     check_run_config(run, task)
     if run.eval.benchmarks:

@@ -51,8 +51,8 @@ class Evaluation:
         if config.eval.benchmarks:
             paths, self.ks = eval_benchmarks(config.eval)
             tc = config.task
-            self.benchmarks = {name: load_examples(SourceConfig(path, prompt_field=tc.prompt_field,
-                                                                answer_field=tc.answer_field))
+            self.benchmarks = {name: load_examples(SourceConfig(path, prompt_field=tc.dataset.prompt_field,
+                                                                answer_field=tc.math.answer_field))
                                for name, path in paths.items()}
 
     def __call__(self, params, step: int) -> dict[str, float]:
@@ -94,7 +94,7 @@ def warmup_kwargs(config: RunConfig | ml_collections.ConfigDict, seed: int) -> d
     ml-collections form: the same keys)."""
     w = config.warmup
     return dict(steps=w.steps, batch=w.batch, lr=w.lr, seed=seed, target_accuracy=w.target_accuracy,
-                eval_every=w.eval_every, eval_n=config.eval.n, mistake_rate=w.mistake_rate, context_fraction=w.context_fraction)
+                eval_every=w.eval_every, eval_n=config.eval.n)
 
 
 class WarmupCheckpoints:

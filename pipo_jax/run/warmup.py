@@ -8,21 +8,21 @@ AdamW through optax, `eval_every` steps per jitted `lax.scan` chunk, greedy held
 accuracy (`teacher_forcing.heldout_accuracy`, on a fixed held-out set) between chunks.
 Deterministic given the seed: the same seed gives bit-identical params on one machine.
 
-With `mistake_rate > 0` the demonstrations are flawed: on a plain row whose column sum
-carries (or difference borrows) the target is, with that probability, the answer with
+The demonstrations are the task's (`Task.warmup_problems`). The built-in task shapes them by its
+own settings (`config.task.arithmetic.warmup_*`). With `warmup_mistake_rate > 0` they are flawed:
+on a plain row whose column sum carries (or difference borrows) the target is, with that probability, the answer with
 the classic column mistake (`arithmetic.carryless_answer`). Trained to convergence on
 such data, the model knows both ways; with a rate above 1/2 greedy decoding prefers the
 mistake, so the base model solves about the carry-free share of problems, and sampling
 solves the others at about 1 - rate: a partial solver whose gap RL can close (the
 reward verifies the true answer).
 
-With `context_fraction > 0` a share of each batch is shown in the form SDPO / VPD give
+With `warmup_context_fraction > 0` a share of each batch is shown in the form SDPO / VPD give
 their teacher (`ArithmeticTask.teacher_prompts`, `arithmetic.context_prompts`): `<solution>` + a correct response, or
 `<feedback>` + the environment's feedback on a response, then `<solve>` and the prompt.
 The model thus learns to read a context (with `feedback_style='reveal'` the feedback
 holds the answer; with 'position' only the solution context carries it), and the
-teacher's greedy accuracy with each context is measured beside the student's. Both options
-are the built-in task's (capability `warmup_shaping`: `ArithmeticTask.warmup_problems`).
+teacher's greedy accuracy with each context is measured beside the student's.
 """
 
 from __future__ import annotations
@@ -89,18 +89,16 @@ def make_warmup_optimizer(lr: float, weight_decay: float = 0.01, warmup_steps: i
     return optax.chain(optax.clip_by_global_norm(clip_norm), optax.adamw(schedule, weight_decay=weight_decay))
 
 
-def demonstrations(task: Task, rng, batch: int, context_fraction: float = 0.0, mistake_rate: float = 0.0):
+def demonstrations(task: Task, rng, batch: int):
     """A warm-up batch: `task.warmup_problems` (train problems whose `reference_responses` are the
-    targets; `context_fraction` / `mistake_rate` for a task with `warmup_shaping`, e.g. the built-in
-    task's teacher contexts and flawed demonstrations)."""
-    return task.warmup_problems(rng, batch, context_fraction, mistake_rate)
+    targets, shaped by the task's own settings: e.g. the built-in task's teacher contexts and flawed
+    demonstrations)."""
+    return task.warmup_problems(rng, batch)
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "task", "optimizer", "batch", "num_steps",
-                                             "context_fraction", "mistake_rate"),
+@functools.partial(jax.jit, static_argnames=("model_config", "task", "optimizer", "batch", "num_steps"),
                    donate_argnames=("params", "opt_state"))
-def train_chunk(model_config, task, optimizer, params, opt_state, rng, *, batch: int, num_steps: int,
-                context_fraction: float = 0.0, mistake_rate: float = 0.0):
+def train_chunk(model_config, task, optimizer, params, opt_state, rng, *, batch: int, num_steps: int):
     """`num_steps` AdamW steps on fresh `demonstrations`, one `lax.scan`.
 
     Returns (params, opt_state, losses `[num_steps]` measured before each update).
@@ -108,7 +106,7 @@ def train_chunk(model_config, task, optimizer, params, opt_state, rng, *, batch:
 
     def step(carry, key):
         p, s = carry
-        problems = demonstrations(task, key, batch, context_fraction, mistake_rate)
+        problems = demonstrations(task, key, batch)
         loss, grads = jax.value_and_grad(answer_loss, argnums=1)(model_config, p, problems,
                                                                  task.reference_responses(problems))
         updates, s = optimizer.update(grads, s, p)
@@ -165,8 +163,6 @@ def warmup(
     weight_decay: float = 0.01,
     lr_warmup_steps: int = 20,
     params: Any = None,
-    context_fraction: float = 0.0,
-    mistake_rate: float = 0.0,
     resume: WarmupProgress | None = None,
     after_chunk: Callable[[WarmupProgress], None] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
@@ -175,9 +171,8 @@ def warmup(
     Held-out accuracy is measured on the same `eval_n` held-out problems at step 0 and
     after every `eval_every` steps (and at the last step). With `target_accuracy` set,
     training stops at the first evaluation (step 0 included) with accuracy >=
-    target_accuracy. `mistake_rate`: flawed demonstrations (module docstring). `context_fraction` of each batch's rows carry a teacher context
-    (`Task.warmup_problems`: `arithmetic.draw_contexts`); the teacher's accuracy with a solution / a feedback context is
-    measured at every evaluation beside the student's. The seed drives the initial params, the train batches and the
+    target_accuracy. The demonstrations are `task.warmup_problems` (module docstring); the teacher's
+    accuracy with a solution / a feedback context is measured at every evaluation beside the student's. The seed drives the initial params, the train batches and the
     held-out set; the result is a deterministic function of the arguments.
 
     `after_chunk(progress)` is called after each chunk's evaluation (the trainer checkpoints
@@ -199,17 +194,10 @@ def warmup(
     if model_config.max_position_embeddings < task.prompt_len + task.answer_len:
         raise ValueError(f"warmup: model_config.max_position_embeddings={model_config.max_position_embeddings} "
                          f"< the task's prompt + answer length {task.prompt_len + task.answer_len}")
-    if not task.capabilities.warmup_shaping and (mistake_rate > 0 or context_fraction > 0):
-        raise ValueError(f"warmup: mistake_rate / context_fraction are the built-in task's; the {task.name} task "
-                         "warms up on its reference responses only (set both to 0)")
     if not task.capabilities.warmup:
         raise ValueError(f"warmup: the {task.name} task has no reference responses to learn from")
     if target_accuracy is not None and not 0.0 <= target_accuracy <= 1.0:
         raise ValueError(f"warmup: target_accuracy={target_accuracy} must be in [0, 1]")
-    if not 0.0 <= context_fraction <= 1.0:
-        raise ValueError(f"warmup: context_fraction={context_fraction} must be in [0, 1]")
-    if not 0.0 <= mistake_rate <= 1.0:
-        raise ValueError(f"warmup: mistake_rate={mistake_rate} must be in [0, 1]")
 
     start = time.perf_counter()
     _, k_train, k_eval = _seed_keys(seed)
@@ -258,8 +246,7 @@ def warmup(
     while done < steps and not reached():
         n = min(eval_every, steps - done)
         params, opt_state, chunk_losses = train_chunk(
-            model_config, task, optimizer, params, opt_state, jax.random.fold_in(k_train, done), batch=batch, num_steps=n,
-            context_fraction=float(context_fraction), mistake_rate=float(mistake_rate))
+            model_config, task, optimizer, params, opt_state, jax.random.fold_in(k_train, done), batch=batch, num_steps=n)
         losses.append(np.asarray(chunk_losses))
         done += n
         eval_steps.append(done)

@@ -28,6 +28,7 @@ import ml_collections
 
 from pipo_jax.rl.sections import ConfigError
 from pipo_jax.run import atomic
+from pipo_jax.schema import moved_keys
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ def read_stored_config(workdir: str) -> dict[str, Any] | None:
         return None
     try:
         with open(path) as f:
-            return flat_config(json.load(f))
+            return flat_config(moved_keys(json.load(f)))  # keys a release moved, at their new place
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise WorkdirError(f"{path}: not a config JSON ({e}); move it aside to resume") from None
 

@@ -1,6 +1,6 @@
 """The built-in verifiable task: procedurally generated multi-digit arithmetic, all in JAX.
 
-A problem is `lhs op rhs` with `op` in `task.ops` ('+', '-', '*') and operands of
+A problem is `lhs op rhs` with `op` in `task.arithmetic.ops` ('+', '-', '*') and operands of
 `min_digits..max_digits` digits (the digit count is drawn uniformly, then the value
 uniformly among numbers with that many digits, so short and long problems are equally
 common). Everything -- sampling, tokenising, reward, feedback -- is jnp on fixed shapes,
@@ -35,11 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from pipo_jax.data import char_vocab as cv
+from pipo_jax.tasks.arithmetic_settings import ANSWER_FORMATS, FEEDBACK_STYLES, REWARD_MODES, ArithmeticSettings
 from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities
 
-ANSWER_FORMATS = ("plain", "reversed", "worked")
-REWARD_MODES = ("exact", "per_token")
-FEEDBACK_STYLES = ("position", "reveal")
 SPLITS = ("train", "heldout")
 # Candidates drawn per row and round of the split rejection sampler.
 _CANDIDATES_PER_ROUND = 16
@@ -74,6 +72,9 @@ class ArithmeticTask(Task):
       feedback_style: 'position' -> `<wrong><at>k` (1-based first wrong target
         position; position target_len is the EOS) or `<correct>`; 'reveal' ->
         `<wrong><answer>ANSWER` or `<correct><answer>ANSWER`.
+      warmup_mistake_rate / warmup_context_fraction: the warm-up's demonstrations
+        (`warmup_problems`): a share of the carrying / borrowing ones flawed, a share of the
+        rows shown with a teacher context.
     """
 
     min_digits: int = 1
@@ -88,6 +89,8 @@ class ArithmeticTask(Task):
     split_seed: int = 0
     reward_mode: str = "exact"
     feedback_style: str = "position"
+    warmup_mistake_rate: float = 0.0
+    warmup_context_fraction: float = 0.0
 
     def __post_init__(self):
         ops = tuple(self.ops)
@@ -154,7 +157,7 @@ class ArithmeticTask(Task):
 
     name: ClassVar[str] = "arithmetic"
     capabilities: ClassVar[TaskCapabilities] = TaskCapabilities(
-        device_reward=True, exact_answers=True, teacher_contexts=True, warmup=True, warmup_shaping=True)
+        device_reward=True, exact_answers=True, teacher_contexts=True, warmup=True)
     tokenizer: ClassVar[Any] = None
     train_size: ClassVar[int] = 0  # problems are generated: no epochs
     stop_token_ids: ClassVar[tuple[int, ...]] = (cv.EOS_ID,)
@@ -197,22 +200,32 @@ class ArithmeticTask(Task):
         return {kind: with_contexts(self, problems, jnp.full((n,), CONTEXT_KINDS.index(kind), jnp.int32),
                                     jnp.zeros((n,), bool)) for kind in CONTEXT_KINDS[1:]}
 
-    def warmup_problems(self, rng: jax.Array, n: int, context_fraction: float = 0.0,
-                        mistake_rate: float = 0.0) -> Problems:
-        """`warmup_demonstrations`: train problems, some shown with a teacher context, some flawed."""
-        return warmup_demonstrations(self, rng, n, context_fraction, mistake_rate)
+    def warmup_problems(self, rng: jax.Array, n: int) -> Problems:
+        """`warmup_demonstrations`: train problems, a `warmup_context_fraction` share shown with a
+        teacher context, a `warmup_mistake_rate` share of the carrying / borrowing ones flawed."""
+        return warmup_demonstrations(self, rng, n, self.warmup_context_fraction, self.warmup_mistake_rate)
 
     def scorer(self) -> ArithmeticScorer:
         return ArithmeticScorer(self)
 
+    def prompt_note(self) -> str:
+        d = self.max_digits
+        example = f"<bos>{'12'.zfill(d)}+{'34'.zfill(d)}=" if self.pad_operands else "<bos>12+34="
+        padded = f" (operands zero-padded to {d} digits)" if self.pad_operands else ""
+        return (f"A prompt is `<bos>`, the problem and `=`, e.g. `{example}`{padded}: {self.min_digits}- to "
+                f"{d}-digit operands, operators {''.join(self.ops)}; answers are written {self.answer_format}, "
+                "then `<eos>`.")
+
 
 def from_config(c) -> ArithmeticTask:
-    """The task of run config `c` (`config.task`: digits, ops, answer format, reward, feedback, split)."""
-    tc = c.task
+    """The task of run config `c`: its own section `config.task.arithmetic` (digits, ops, answer format,
+    reward, feedback, warm-up demonstrations) and the shared split keys."""
+    s = ArithmeticSettings.from_config(c.task.arithmetic)
     return ArithmeticTask(
-        min_digits=tc.min_digits, max_digits=tc.max_digits, ops=tuple(tc.ops), answer_format=tc.answer_format,
-        reward_mode=tc.reward_mode, feedback_style=tc.feedback_style, heldout_fraction=tc.heldout_fraction,
-        split_seed=tc.split_seed)
+        min_digits=s.min_digits, max_digits=s.max_digits, ops=tuple(s.ops), answer_format=s.answer_format,
+        reward_mode=s.reward_mode, feedback_style=s.feedback_style, heldout_fraction=c.task.heldout_fraction,
+        split_seed=c.task.split_seed, warmup_mistake_rate=s.warmup_mistake_rate,
+        warmup_context_fraction=s.warmup_context_fraction)
 
 
 class Problems(NamedTuple):

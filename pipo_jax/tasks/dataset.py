@@ -27,6 +27,7 @@ from pipo_jax.data import tokenizer as tok_lib
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig, build_prompts, render_prompt
 from pipo_jax.data.sources import DataError, Example, SourceConfig, load_examples
 from pipo_jax.tasks import code
+from pipo_jax.tasks.dataset_settings import CodeSettings, DatasetSettings, MathSettings
 from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig, resolve_workers
 from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities, TaskConfigError
 
@@ -379,28 +380,26 @@ class DatasetReward:
 # ----------------------------------------------------------------------------- construction from a run config
 
 
-def prompt_config(tc, auto_instruction: str) -> PromptConfig:
-    """A text task's `PromptConfig` from `config.task` (`instruction=auto`: `auto_instruction`)."""
-    if tc.enable_thinking not in ("template", "true", "false"):
-        raise TaskConfigError(f"config.task.enable_thinking: {tc.enable_thinking!r} is not one of "
-                              "('template', 'true', 'false')")
-    instruction = auto_instruction if tc.instruction == "auto" else tc.instruction
-    thinking = None if tc.enable_thinking == "template" else tc.enable_thinking == "true"
+def prompt_config(ds, auto_instruction: str) -> PromptConfig:
+    """A text task's `PromptConfig` from its `config.task.dataset` section (`instruction=auto`:
+    `auto_instruction`)."""
+    instruction = auto_instruction if ds.instruction == "auto" else ds.instruction
+    thinking = None if ds.enable_thinking == "template" else ds.enable_thinking == "true"
     try:
-        return PromptConfig(style=tc.prompt_style, instruction=instruction, enable_thinking=thinking,
-                            max_prompt_tokens=tc.max_prompt_tokens, overlong=tc.overlong)
+        return PromptConfig(style=ds.prompt_style, instruction=instruction, enable_thinking=thinking,
+                            max_prompt_tokens=ds.max_prompt_tokens, overlong=ds.overlong)
     except ValueError as e:
-        raise TaskConfigError(f"config.task: {e}") from e
+        raise TaskConfigError(f"config.task.dataset: {e}") from e
 
 
 def settings_missing(c) -> list[str]:
     """What a text task (math / code / reasoning-gym with a tokenizer) needs and run config `c`
     lacks, one `--config...` hint each."""
-    tc, out = c.task, []
+    out = []
     if not c.model.path:
         out.append("--config.model.path=/path/to/hf_model (a Hugging Face model and its tokenizer)")
-    if not tc.path:
-        out.append("--config.task.path=FILE (a JSONL / parquet file or tfds name)")
+    if not c.task.dataset.path:
+        out.append("--config.task.dataset.path=FILE (a JSONL / parquet file or tfds name)")
     if c.log.jit_loop:
         out.append("--config.log.jit_loop=false (the reward is computed on the host)")
     if c.rollout.max_new_tokens < 1:
@@ -424,67 +423,58 @@ def code_from_config(c) -> DatasetTask:
 
 
 def dataset_from_config(c) -> DatasetTask:
-    """Loads `config.task.path` with the tokenizer of `task.tokenizer_path` (default `model.path`)."""
+    """Loads `config.task.dataset.path` with the tokenizer of `task.dataset.tokenizer_path` (default
+    `model.path`); math reads `config.task.math`, code `config.task.code`."""
     tc = c.task
+    ds = DatasetSettings.from_config(tc.dataset)
     missing = settings_missing(c)
     if missing:  # every one at once, not one per start
         raise TaskConfigError(f"config: task.name={tc.name!r} needs " + "; ".join(missing))
-    tok_path = tc.tokenizer_path or c.model.path
-    prompts = prompt_config(tc, DEFAULT_INSTRUCTION if tc.name == "math" else CODE_INSTRUCTION)
+    tok_path = ds.tokenizer_path or c.model.path
+    is_math = tc.name == "math"
+    tests_field = CodeSettings.from_config(tc.code).tests_field
+    prompts = prompt_config(ds, DEFAULT_INSTRUCTION if is_math else CODE_INSTRUCTION)
     try:
         tokenizer = tok_lib.load_tokenizer(tok_path)
-        source = SourceConfig(tc.path, format=tc.format, prompt_field=tc.prompt_field,
-                              answer_field=tc.answer_field if tc.name == "math" else None,
-                              extra_fields=(tc.tests_field,) if tc.name == "code" else (),
-                              split=tc.tfds_split, limit=tc.limit or None,
-                              # .get: runs saved before these keys existed load as before
-                              data_dir=tc.get("data_dir", "") or None, tfds_download=bool(tc.get("tfds_download")))
+        source = SourceConfig(ds.path, format=ds.format, prompt_field=ds.prompt_field,
+                              answer_field=MathSettings.from_config(tc.math).answer_field if is_math else None,
+                              extra_fields=() if is_math else (tests_field,),
+                              split=ds.tfds_split, limit=ds.limit or None,
+                              data_dir=ds.data_dir or None, tfds_download=ds.tfds_download)
         examples = load_examples(source)
         task = load_dataset_task(
             tc.name, examples, tokenizer, prompts, stop_token_ids=tok_lib.stop_token_ids(tokenizer, tok_path),
             pad_id=tok_lib.pad_token_id(tokenizer), heldout_fraction=tc.heldout_fraction,
-            split_seed=tc.split_seed, tests_field=tc.tests_field)
+            split_seed=tc.split_seed, tests_field=tests_field)
     except (DataError, FileNotFoundError, ValueError, ImportError) as e:  # ImportError: format=tfds without tfds
-        raise TaskConfigError(f"config.task (path={tc.path!r}, tokenizer={tok_path!r}): {e}") from e
+        raise TaskConfigError(f"config.task.dataset (path={ds.path!r}, tokenizer={tok_path!r}): {e}") from e
     return dataclasses.replace(task, math_config=math_verify_config(tc), sandbox_config=sandbox_config(tc))
 
 
-def check_verify_keys(tc) -> None:
-    """`task.verify_timeout_s`, `verify_batch_budget_s` > 0 and `verify_workers` >= 0, or an error naming the key."""
-    for key in ("verify_timeout_s", "verify_batch_budget_s"):
-        if not tc[key] > 0:
-            raise TaskConfigError(f"config.task.{key}: {tc[key]} must be > 0 (seconds)")
-    if tc.verify_workers < 0:
-        raise TaskConfigError(f"config.task.verify_workers: {tc.verify_workers} must be >= 0 (0 = one per CPU core)")
-
-
 def math_verify_config(tc) -> MathVerifyConfig:
-    """The math verifier's settings from `config.task`."""
-    check_verify_keys(tc)
-    try:
-        return MathVerifyConfig(answer_pattern=tc.answer_pattern or None, timeout_s=tc.verify_timeout_s,
-                                batch_budget_s=tc.verify_batch_budget_s, num_workers=tc.verify_workers)
-    except ValueError as e:
-        raise TaskConfigError(f"config.task: {e}") from e
+    """The math verifier's settings from `config.task` (its `dataset` and `math` sections)."""
+    ds, ms = DatasetSettings.from_config(tc.dataset), MathSettings.from_config(tc.math)
+    return MathVerifyConfig(answer_pattern=ms.answer_pattern or None, timeout_s=ds.verify_timeout_s,
+                            batch_budget_s=ds.verify_batch_budget_s, num_workers=ds.verify_workers)
 
 
 def sandbox_config(tc) -> code.SandboxConfig:
-    """The code sandbox's settings from `config.task`."""
-    check_verify_keys(tc)
-    for key in ("sandbox_allow_unconfined", "sandbox_allow_network"):
-        if not isinstance(tc[key], bool):
-            raise TaskConfigError(f"config.task.{key}: {tc[key]!r} must be True or False")
+    """The code sandbox's settings from `config.task` (its `dataset` and `code` sections)."""
+    ds, cs = DatasetSettings.from_config(tc.dataset), CodeSettings.from_config(tc.code)
     try:
-        return code.SandboxConfig(timeout_s=tc.verify_timeout_s, memory_mb=tc.sandbox_memory_mb,
-                                  allow_unconfined=tc.sandbox_allow_unconfined,
-                                  allow_network=tc.sandbox_allow_network,
-                                  max_workers=resolve_workers(tc.verify_workers))
+        return code.SandboxConfig(timeout_s=ds.verify_timeout_s, memory_mb=cs.sandbox_memory_mb,
+                                  allow_unconfined=cs.sandbox_allow_unconfined,
+                                  allow_network=cs.sandbox_allow_network,
+                                  max_workers=resolve_workers(ds.verify_workers), scratch_mb=cs.sandbox_scratch_mb,
+                                  scratch_files=cs.sandbox_scratch_files,
+                                  response_budget_s=cs.sandbox_response_budget_s,
+                                  batch_budget_s=ds.verify_batch_budget_s)
     except ValueError as e:
-        raise TaskConfigError(f"config.task: {e}") from e
+        raise TaskConfigError(f"config.task.code: {e}") from e
 
 
 def check_sandbox(tc) -> None:
-    """The code sandbox can run generated programs here under `config.task`'s settings; else an
+    """The code sandbox can run generated programs here under `config.task.code`'s settings; else an
     error naming the key that would allow it (before any file is read)."""
     config = sandbox_config(tc)
     for key, check in (("sandbox_allow_unconfined", code.check_confinement),
@@ -492,8 +482,8 @@ def check_sandbox(tc) -> None:
         try:
             check(config)
         except code.SandboxUnavailable as e:
-            raise TaskConfigError(f"config.task.{key}: {e}") from e
+            raise TaskConfigError(f"config.task.code.{key}: {e}") from e
     try:
         code.check_process_bound(config)
     except code.SandboxUnavailable as e:
-        raise TaskConfigError(f"config.task: {e}") from e
+        raise TaskConfigError(f"config.task.code: {e}") from e

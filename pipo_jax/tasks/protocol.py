@@ -42,8 +42,9 @@ class TaskCapabilities:
       decodes greedily and scores.
     teacher_contexts: SDPO / VPD teacher prompts (`algorithm=sdpo|vpd`): `teacher_prompts` in JAX
       (with `device_reward`), else the host scorer's `teacher_prompts`.
-    warmup: the supervised warm-up (`warmup.enabled`) learns `reference_responses` of train problems.
-    warmup_shaping: the warm-up's `warmup.mistake_rate` / `warmup.context_fraction` (`warmup_problems`).
+    warmup: the supervised warm-up (`warmup.enabled`) learns `reference_responses` of train problems
+      (`warmup_problems`; a task may shape them by its own settings, as the built-in task's flawed and
+      context-shown demonstrations).
     answer_benchmarks: `eval.benchmarks` (math files: the scorer's `benchmark_inputs`).
     """
 
@@ -51,7 +52,6 @@ class TaskCapabilities:
     exact_answers: bool = False
     teacher_contexts: bool = False
     warmup: bool = False
-    warmup_shaping: bool = False
     answer_benchmarks: bool = False
 
 
@@ -188,18 +188,21 @@ class Task(abc.ABC):
         float32 `[b]`."""
         raise self._lacks("teacher_contexts", "SDPO / VPD teacher contexts in JAX")
 
+    def prompt_note(self) -> str:
+        """How a prompt of this task is written and its answer read, for a model card and a chat
+        (e.g. the built-in task's `<bos>12+34=`); "" for a task whose prompts are its tokenizer's
+        chat template."""
+        return ""
+
     def teacher_eval_problems(self, table: Any, n: int, rng: jax.Array) -> dict[str, Any]:
         """`heldout_problems(table, n, rng)` shown with each kind of teacher context
         ({"solution": ..., "feedback": ...}; {} when the task has none): the trainer logs
         the policy's greedy accuracy on them as `teacher_accuracy_<kind>`."""
         return {}
 
-    def warmup_problems(self, rng: jax.Array, n: int, context_fraction: float = 0.0,
-                        mistake_rate: float = 0.0) -> Any:
+    def warmup_problems(self, rng: jax.Array, n: int) -> Any:
         """A supervised warm-up batch: `n` train problems whose `reference_responses` are the
-        targets; `context_fraction` / `mistake_rate` need `warmup_shaping`."""
-        if context_fraction or mistake_rate:
-            raise self._lacks("warmup_shaping", "warm-up mistake_rate / context_fraction")
+        targets (a task may shape them by its own settings)."""
         return self.sample_problems(self.prompt_table(), rng, n, "train")
 
 
@@ -214,7 +217,7 @@ def missing_members(cls: type) -> tuple[str, ...]:
 # The optional members each capability promises (a device-reward task's teacher prompts are its own;
 # a host-reward task's are its scorer's, checked when used).
 PROMISED_MEMBERS = {"device_reward": ("reward",), "exact_answers": ("reference_responses",),
-                    "warmup": ("reference_responses",), "warmup_shaping": ("warmup_problems",)}
+                    "warmup": ("reference_responses",)}
 
 
 def missing_attributes(task: Task) -> tuple[str, ...]:

@@ -40,15 +40,15 @@ from pipo_jax.data.prompts import PromptConfig, build_prompts
 from pipo_jax.data.sources import DataError, Example
 from pipo_jax.tasks import dataset as dataset_lib
 from pipo_jax.tasks.dataset import DatasetTask, split_rows
+from pipo_jax.tasks.dataset_settings import DatasetSettings
 from pipo_jax.tasks.math import resolve_workers
 from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities, TaskConfigError
+from pipo_jax.tasks.reasoning_gym_settings import OVERLONG, PROMPT_FORMS, ReasoningGymSettings
 from pipo_jax.tasks.row_split import RowSampling, RowScorer
 
 log = logging.getLogger(__name__)
 
 EXTRA = "rg"
-PROMPT_FORMS = ("compact", "question")
-OVERLONG = ("error", "drop")
 MISSING = ("task.name=reasoning_gym needs the reasoning-gym package (the optional extra): "
            f"pip install 'pipo_jax[{EXTRA}]'")
 
@@ -69,9 +69,9 @@ def parse_config(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"rg_config={text!r} is not JSON: {e}") from e
+        raise ValueError(f"config={text!r} is not JSON: {e}") from e
     if not isinstance(value, dict):
-        raise ValueError(f"rg_config={text!r} must be a JSON object of the dataset's config fields")
+        raise ValueError(f"config={text!r} must be a JSON object of the dataset's config fields")
     return value
 
 
@@ -91,11 +91,11 @@ def generate_entries(name: str, config: dict[str, Any], size: int, seed: int, he
     split train / held-out by a permutation of `seed` (disjoint questions)."""
     rg = import_reasoning_gym()
     if size < 2:
-        raise ValueError(f"rg_size={size} must be >= 2 (train and held-out rows)")
+        raise ValueError(f"size={size} must be >= 2 (train and held-out rows)")
     try:
         dataset = rg.create_dataset(name, seed=seed, size=size, **config)
     except (ValueError, TypeError, KeyError, AssertionError) as e:
-        raise ValueError(f"rg_dataset={name!r} with rg_config={json.dumps(config)}: {type(e).__name__}: {e}") from e
+        raise ValueError(f"dataset={name!r} with config={json.dumps(config)}: {type(e).__name__}: {e}") from e
     seen, unique = set(), []
     for i in range(size):
         entry = dataset[i]
@@ -103,7 +103,7 @@ def generate_entries(name: str, config: dict[str, Any], size: int, seed: int, he
             seen.add(entry["question"])
             unique.append(entry)
     if len(unique) < 2:
-        raise ValueError(f"rg_dataset={name!r}: {size} entries hold {len(unique)} distinct question(s)")
+        raise ValueError(f"dataset={name!r}: {size} entries hold {len(unique)} distinct question(s)")
     train, heldout = split_rows(len(unique), heldout_fraction, seed)
     out = Entries(dataset, tuple(unique), train, heldout, size, size - len(unique))
     log.info("reasoning-gym %s: %d entries, %d repeated questions dropped, %d train / %d held out", name, size,
@@ -280,37 +280,46 @@ def keep_rows(source: Entries, kept: np.ndarray, dropped: str) -> Entries:
 def char_task(name: str, source: Entries, *, prompt_form: str = "compact", max_prompt_chars: int = 48,
               max_answer_chars: int = 8, overlong: str = "error", workers: int = 1) -> ReasoningGymTask:
     """The character-vocabulary task of `source`. A row whose prompt or answer is longer than the
-    limits raises naming it (`overlong='error'`) or is dropped, counted and logged ('drop'); a
-    character outside the vocabulary always raises naming the row."""
+    limits, or holds a character outside the vocabulary, raises naming it (`overlong='error'`) or is
+    dropped, counted and logged by reason ('drop')."""
     if prompt_form not in PROMPT_FORMS:
-        raise ValueError(f"rg_prompt={prompt_form!r}; expected one of {PROMPT_FORMS}")
+        raise ValueError(f"prompt={prompt_form!r}; expected one of {PROMPT_FORMS}")
     if overlong not in OVERLONG:
-        raise ValueError(f"rg_overlong={overlong!r}; expected one of {OVERLONG}")
+        raise ValueError(f"overlong={overlong!r}; expected one of {OVERLONG}")
     questions = [e["question"] for e in source.entries]
     texts = compact_questions(questions) if prompt_form == "compact" else questions
     keep, prompts, answers = [], [], []
+    dropped = {"too long": 0, "outside the vocabulary": 0}
     for i, (text, entry) in enumerate(zip(texts, source.entries)):
         answer = str(entry["answer"])
-        for what, s in (("question", text), ("answer", answer)):
-            bad = text_vocab.unknown_char(s)
-            if bad is not None:
-                raise ValueError(f"rg_dataset={name!r} row {i}: {what} {s!r} has character {bad[1]!r} (position "
-                                 f"{bad[0]}) outside the text vocabulary (printable ASCII and newline)")
+        unknown = next(((what, s, bad) for what, s in (("question", text), ("answer", answer))
+                        if (bad := text_vocab.unknown_char(s)) is not None), None)
+        if unknown is not None:
+            what, s, bad = unknown
+            if overlong == "error":
+                raise ValueError(f"dataset {name!r} row {i}: {what} {s!r} has character {bad[1]!r} (position "
+                                 f"{bad[0]}) outside the text vocabulary (printable ASCII and newline; or set "
+                                 "task.reasoning_gym.overlong=drop)")
+            dropped["outside the vocabulary"] += 1
+            continue
         if len(text) > max_prompt_chars or len(answer) > max_answer_chars or not text:
             if overlong == "error":
-                raise ValueError(f"rg_dataset={name!r} row {i}: prompt {text!r} ({len(text)} chars) / answer "
-                                 f"{answer!r} ({len(answer)}) over rg_max_prompt_chars={max_prompt_chars} / "
-                                 f"rg_max_answer_chars={max_answer_chars} (or set rg_overlong=drop)")
+                raise ValueError(f"dataset {name!r} row {i}: prompt {text!r} ({len(text)} chars) / answer "
+                                 f"{answer!r} ({len(answer)}) over task.reasoning_gym.max_prompt_chars="
+                                 f"{max_prompt_chars} / max_answer_chars={max_answer_chars} (or set "
+                                 "task.reasoning_gym.overlong=drop)")
+            dropped["too long"] += 1
             continue
         keep.append(i)
         prompts.append(text)
         answers.append(answer)
     num_dropped = len(texts) - len(keep)
+    reasons = ", ".join(f"{n} {why}" for why, n in dropped.items() if n)
     source = keep_rows(source, np.asarray(keep, np.int32),
-                       f"rg_dataset={name!r}: {num_dropped} of {len(texts)} rows over the length limits")
+                       f"dataset {name!r}: {num_dropped} of {len(texts)} rows dropped ({reasons})")
     if num_dropped:
-        log.warning("reasoning-gym %s: %d of %d rows dropped (prompt > %d or answer > %d characters)", name,
-                    num_dropped, len(texts), max_prompt_chars, max_answer_chars)
+        log.warning("reasoning-gym %s: %d of %d rows dropped (%s; prompt > %d or answer > %d characters is too "
+                    "long)", name, num_dropped, len(texts), reasons, max_prompt_chars, max_answer_chars)
     prompt_ids = [[text_vocab.BOS_ID, *text_vocab.encode(t), text_vocab.ANSWER_ID] for t in prompts]
     target_ids = [[*text_vocab.encode(a), text_vocab.EOS_ID] for a in answers]
     p = -(-max(len(r) for r in prompt_ids) // 8) * 8
@@ -384,7 +393,7 @@ def text_task(name: str, source: Entries, tokenizer: Any, prompt_config: PromptC
                 for i, e in enumerate(source.entries)]
     prompts = build_prompts(examples, tokenizer, prompt_config)
     kept = np.asarray([ex.extra["row"] for ex in prompts.examples], np.int32)
-    source = keep_rows(source, kept, f"rg_dataset={name!r}: {prompts.num_dropped} of {len(examples)} prompts over "
+    source = keep_rows(source, kept, f"dataset {name!r}: {prompts.num_dropped} of {len(examples)} prompts over "
                                      f"max_prompt_tokens={prompt_config.max_prompt_tokens}")
     train, heldout = source.train_rows, source.heldout_rows
     table, lengths = dataset_lib.prompt_table(prompts.token_ids, pad_id)
@@ -404,38 +413,41 @@ def text_task(name: str, source: Entries, tokenizer: Any, prompt_config: PromptC
 
 
 def from_config(c) -> ReasoningGymTask | ReasoningGymTextTask:
-    """A reasoning-gym dataset (`task.rg_*`): in the character vocabulary for the task model, or
-    rendered with `model.path`'s tokenizer and chat template (`task.tokenizer_path` overrides)."""
+    """A reasoning-gym dataset (`config.task.reasoning_gym`): in the character vocabulary for the task
+    model, or rendered with `model.path`'s tokenizer and chat template (`task.dataset.*`'s prompt keys;
+    `task.dataset.tokenizer_path` overrides the tokenizer)."""
     tc = c.task
-    if not tc.rg_dataset:
-        raise TaskConfigError("config.task.rg_dataset: name a reasoning-gym dataset (e.g. chain_sum, gcd, "
+    rg = ReasoningGymSettings.from_config(tc.reasoning_gym)
+    ds = DatasetSettings.from_config(tc.dataset)
+    if not rg.dataset:
+        raise TaskConfigError("config.task.reasoning_gym.dataset: name a reasoning-gym dataset (e.g. chain_sum, gcd, "
                               "spell_backward)")
     try:
         import_reasoning_gym()
     except ImportError as e:
         raise TaskConfigError(f"config.task.name: {e}") from e
     try:
-        source = generate_entries(tc.rg_dataset, parse_config(tc.rg_config), tc.rg_size, tc.split_seed,
-                                  tc.heldout_fraction)
+        source = generate_entries(rg.dataset, parse_config(rg.config), rg.size, tc.split_seed, tc.heldout_fraction)
     except ValueError as e:
-        raise TaskConfigError(f"config.task: {e}") from e
+        raise TaskConfigError(f"config.task.reasoning_gym: {e}") from e
+    workers = resolve_workers(ds.verify_workers)
     if not c.model.path:
         try:
-            return char_task(tc.rg_dataset, source, prompt_form=tc.rg_prompt, max_prompt_chars=tc.rg_max_prompt_chars,
-                             max_answer_chars=tc.rg_max_answer_chars, overlong=tc.rg_overlong,
-                             workers=resolve_workers(tc.verify_workers))
+            return char_task(rg.dataset, source, prompt_form=rg.prompt, max_prompt_chars=rg.max_prompt_chars,
+                             max_answer_chars=rg.max_answer_chars, overlong=rg.overlong, workers=workers)
         except ValueError as e:
-            raise TaskConfigError(f"config.task: {e}") from e
-    missing = [hint for hint in dataset_lib.settings_missing(c) if "task.path" not in hint]
+            raise TaskConfigError(f"config.task.reasoning_gym: {e}") from e
+    missing = [hint for hint in dataset_lib.settings_missing(c) if "task.dataset.path" not in hint]
     if missing:
         raise TaskConfigError("config: task.name='reasoning_gym' with model.path needs " + "; ".join(missing))
-    tok_path = tc.tokenizer_path or c.model.path
+    tok_path = ds.tokenizer_path or c.model.path
     try:
         tokenizer = tok_lib.load_tokenizer(tok_path)
-        return text_task(tc.rg_dataset, source, tokenizer, dataset_lib.prompt_config(tc, TEXT_INSTRUCTION),
+        return text_task(rg.dataset, source, tokenizer, dataset_lib.prompt_config(ds, TEXT_INSTRUCTION),
                          stop_token_ids=tok_lib.stop_token_ids(tokenizer, tok_path),
-                         pad_id=tok_lib.pad_token_id(tokenizer), workers=resolve_workers(tc.verify_workers))
+                         pad_id=tok_lib.pad_token_id(tokenizer), workers=workers)
     except (DataError, FileNotFoundError, ValueError) as e:
         if isinstance(e, TaskConfigError):
             raise
-        raise TaskConfigError(f"config.task (rg_dataset={tc.rg_dataset!r}, tokenizer={tok_path!r}): {e}") from e
+        raise TaskConfigError(f"config.task (reasoning_gym.dataset={rg.dataset!r}, tokenizer={tok_path!r}): "
+                              f"{e}") from e

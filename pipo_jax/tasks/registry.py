@@ -2,10 +2,12 @@
 
 Each entry names a module of `pipo_jax/tasks/` and its constructor `from_config(config) -> Task`
 (the whole run config; it raises `protocol.TaskConfigError` naming the key, or ValueError, which
-`rl/task_config.py:make_task` reports as `config.task: ...`). Naming the module instead of
+`run/task_config.py:make_task` reports as `config.task: ...`). Naming the module instead of
 importing it keeps this table light: choosing the arithmetic task never loads the math verifier,
 the code sandbox or reasoning-gym. A task whose module needs an optional dependency names its
-extra (a missing package is one line naming it).
+extra (a missing package is one line naming it). Each entry also names the config sections of the
+task's own keys (`settings_sections`: `config.task` is the shared keys plus one section per name),
+declared in light modules beside the task's code.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ from pipo_jax.tasks.protocol import Task, TaskConfigError, missing_members
 class TaskEntry:
     """name: `config.task.name`; module: where `constructor(config) -> Task` lives; task_classes:
     the classes it returns (their abstract members are checked when the task is chosen);
-    extra: the `pip install 'pipo_jax[extra]'` its dependencies come with ("": none)."""
+    extra: the `pip install 'pipo_jax[extra]'` its dependencies come with ("": none); settings:
+    the config sections of the task's own keys, "module:Class" (a `schema.Section` whose `_section`
+    is `task.<field>`, in a module beside the task's that imports only the schema), read as
+    `config.task.<field>.<key>`."""
 
     name: str
     module: str
     task_classes: tuple[str, ...]
     constructor: str = "from_config"
     extra: str = ""
+    settings: tuple[str, ...] = ()
 
 
 TASKS: dict[str, TaskEntry] = {}
@@ -43,15 +49,41 @@ def register_task(entry: TaskEntry) -> TaskEntry:
     return entry
 
 
+_DATASET = "pipo_jax.tasks.dataset_settings:DatasetSettings"
 for _entry in (
-    TaskEntry("arithmetic", "pipo_jax.tasks.arithmetic", ("ArithmeticTask",)),
+    TaskEntry("arithmetic", "pipo_jax.tasks.arithmetic", ("ArithmeticTask",),
+              settings=("pipo_jax.tasks.arithmetic_settings:ArithmeticSettings",)),
     TaskEntry("countdown", "pipo_jax.tasks.countdown", ("CountdownTask",)),
-    TaskEntry("math", "pipo_jax.tasks.dataset", ("DatasetTask",), "math_from_config"),
-    TaskEntry("code", "pipo_jax.tasks.dataset", ("DatasetTask",), "code_from_config"),
+    TaskEntry("math", "pipo_jax.tasks.dataset", ("DatasetTask",), "math_from_config",
+              settings=(_DATASET, "pipo_jax.tasks.dataset_settings:MathSettings")),
+    TaskEntry("code", "pipo_jax.tasks.dataset", ("DatasetTask",), "code_from_config",
+              settings=(_DATASET, "pipo_jax.tasks.dataset_settings:CodeSettings")),
     TaskEntry("reasoning_gym", "pipo_jax.tasks.reasoning_gym", ("ReasoningGymTask", "ReasoningGymTextTask"),
-              extra="rg"),
+              extra="rg", settings=("pipo_jax.tasks.reasoning_gym_settings:ReasoningGymSettings", _DATASET)),
 ):
     register_task(_entry)
+
+
+def settings_class(path: str) -> type:
+    """The settings section "module:Class" names (its module imported now: it imports only the schema)."""
+    module, _, name = path.partition(":")
+    if not module.startswith("pipo_jax.tasks."):
+        raise ValueError(f"settings {path!r} are not under pipo_jax.tasks")
+    return getattr(importlib.import_module(module), name)
+
+
+def settings_sections() -> dict[str, type]:
+    """{field of config.task: settings class} of every registered task, each section once."""
+    out: dict[str, type] = {}
+    for entry in TASKS.values():
+        for path in entry.settings:
+            cls = settings_class(path)
+            section = getattr(cls, "_section", "")
+            if not section.startswith("task.") or "." in section[len("task."):]:
+                raise ValueError(f"task {entry.name!r}: settings {path} declare _section={section!r}, not task.<name>")
+            if out.setdefault(section[len("task."):], cls) is not cls:
+                raise ValueError(f"config.{section} is declared by two settings classes")
+    return out
 
 
 def check_task_class(cls: type, what: str) -> None:

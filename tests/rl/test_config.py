@@ -74,7 +74,7 @@ def test_qwen3_presets_are_table5(algo, preset):
            c.task.epochs,
            c.loss.clip_low, c.loss.clip_high, c.rollout.group_size, c.dapo.dynamic_sampling, c.loss.kl_in_reward)
     assert got == TABLE5[algo]
-    assert (c.loss.kl_coef, c.train.lr, c.rollout.temperature, c.task.max_prompt_tokens, c.rollout.max_new_tokens,
+    assert (c.loss.kl_coef, c.train.lr, c.rollout.temperature, c.task.dataset.max_prompt_tokens, c.rollout.max_new_tokens,
             c.pipo.window, c.pipo.lr, c.pipo.lam) == (0.001, 1e-6, 1.0, 512, 4096, 8, 1e-6, 0.1)
     assert c.task.name == "math" and c.model.preset == preset
     assert (c.model.param_dtype, c.model.dtype) == ("float32", "bfloat16")  # fp32 masters, bf16 compute
@@ -96,7 +96,7 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
                                                  + "\n" for i in range(200)))
     c = config(algo, "qwen3_4b")
     c.model.path = str(tmp_path)
-    c.task.path = str(tmp_path / "math.jsonl")
+    c.task.dataset.path = str(tmp_path / "math.jsonl")
     spec = train_spec(c)
     assert spec.model.hidden_size == 32 and spec.rollout.max_new_tokens == 4096
     assert spec.task.name == "math" and spec.task.train_size == len(spec.task.train_rows_np) == 196  # 2% of 200 held out
@@ -121,7 +121,12 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
         (lambda c: setattr(c.loss, "agg_mode", "mean"), r"config\.loss\.agg_mode: 'mean' is not one of"),
         (lambda c: setattr(c.loss, "policy", "sdpo_jsd"), r"config\.loss\.policy: 'sdpo_jsd' does not fit"),
         (lambda c: setattr(c.rollout, "top_p", 0.0), r"config\.rollout\.top_p"),
-        (lambda c: setattr(c.task, "max_digits", 12), r"config\.task: .*max_digits=12"),
+        (lambda c: setattr(c.task.arithmetic, "max_digits", 12),
+         r"config\.task\.arithmetic\.max_digits: 12 must be in \[1, 8\]"),
+        (lambda c: setattr(c.task.arithmetic, "min_digits", 3),
+         r"config\.task\.arithmetic\.min_digits: 3 > task\.arithmetic\.max_digits=2"),
+        (lambda c: setattr(c.task, "max_digits", 12),  # a key a release moved: its new place named
+         r"^config\.task\.max_digits: moved: set config\.task\.arithmetic\.max_digits$"),
         (lambda c: setattr(c.model, "logprob_impl", "cuda"), r"config\.model\.logprob_impl"),
         (lambda c: setattr(c.loss, "norm_length", -1), r"config\.loss\.norm_length: -1 must be >= 0"),
         (lambda c: setattr(c.loss, "norm_length", 8),
@@ -159,7 +164,7 @@ def test_command_line_overrides():
     # every key with its description, from its one declaration (rl/sections.py)
     lines = dict(line.split(" = ", 1) for line in out.stdout.splitlines())
     assert lines["pipo.lam"] == "0.2  # lambda: the PI step's scale when the improvement signal is negative"
-    assert lines["loss.policy"].endswith("[token_clip | gspo | cispo | sdpo_token | sdpo_jsd]")
+    assert lines["loss.policy"].endswith("[token_clip | gspo | cispo | kl_cov | clip_cov | drpo | sdpo_token | sdpo_jsd]")
     assert len(lines) == len(check_config_values(out.stdout)) > 150
     bad = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/grpo.py:tiny",
                           "--config.pipo.window=1", "--check_config"], cwd=ROOT, capture_output=True, text=True)

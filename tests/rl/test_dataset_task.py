@@ -45,9 +45,9 @@ def math_config(model_dir, math_file, **overrides):
     c.model.path = model_dir
     c.warmup.enabled = False
     c.task.name = "math"
-    c.task.path = math_file
+    c.task.dataset.path = math_file
     c.task.heldout_fraction = 0.25
-    c.task.max_prompt_tokens = 128
+    c.task.dataset.max_prompt_tokens = 128
     c.rollout.max_new_tokens = 24
     c.log.jit_loop = False
     c.eval.n = 3
@@ -120,7 +120,7 @@ def test_host_reward_verifies_each_response_against_its_row(model_dir, math_file
 
 def test_answers_past_the_batch_budget_score_0_and_are_counted(model_dir, math_file):
     spec = train_spec(math_config(model_dir, math_file, **{
-        "task.verify_timeout_s": 1.0, "task.verify_batch_budget_s": 2.0, "task.verify_workers": 1,
+        "task.dataset.verify_timeout_s": 1.0, "task.dataset.verify_batch_budget_s": 2.0, "task.dataset.verify_workers": 1,
         "rollout.max_new_tokens": 64}))
     assert spec.task.math_config.batch_budget_s == 2.0 and spec.task.math_config.num_workers == 1
     tok = tk.load_tokenizer(model_dir)
@@ -161,11 +161,11 @@ def test_code_task_scores_with_the_sandbox(model_dir, tmp_path):
 def test_dataset_task_config_errors_name_the_key(model_dir, math_file, tmp_path):
     cases = [
         ({"log.jit_loop": True}, "config.log.jit_loop"),
-        ({"task.path": ""}, "config.task.path"),
+        ({"task.dataset.path": ""}, "config.task.dataset.path"),
         ({"model.path": ""}, "config.model.path"),
         ({"rollout.max_new_tokens": 0}, "config.rollout.max_new_tokens"),
-        ({"task.path": str(tmp_path / "nope.jsonl")}, "config.task.*nope.jsonl"),
-        ({"task.enable_thinking": "maybe"}, "config.task.enable_thinking"),
+        ({"task.dataset.path": str(tmp_path / "nope.jsonl")}, "config.task.*nope.jsonl"),
+        ({"task.dataset.enable_thinking": "maybe"}, "config.task.dataset.enable_thinking"),
         ({"eval.benchmarks": "B"}, "config.eval.benchmarks.*NAME=PATH"),
         ({"eval.benchmarks": f"B={math_file}", "eval.ks": "1,9"}, "config.eval.ks"),
     ]

@@ -128,7 +128,7 @@ def test_a_config_stored_by_older_code_resumes_with_its_new_keys_logged(finished
         summary = train(micro(iterations=3), str(run))
     assert summary["resumed_from"] == 2
     drift = [r.getMessage() for r in caplog.records if "predates this code" in r.getMessage()]
-    assert drift and "task.verify_batch_budget_s" in drift[0] and "task.retired_key" in drift[0]
+    assert drift and "task.dataset.verify_batch_budget_s" in drift[0] and "task.retired_key" in drift[0]
     assert "retired_key" in json.loads((run / "config.2.json").read_text())["task"]
     assert "verify_batch_budget_s" in json.loads((run / "config.json").read_text())["task"]
 

@@ -1,4 +1,4 @@
-"""The config schema (`rl/schema.py`, `rl/sections.py`): every key declared once with its type,
+"""The config schema (`schema.py`, `rl/sections.py`): every key declared once with its type,
 default, description and constraint; `base_config` built from the declarations; the generic
 `from_config` round-trips; choices read from the registries."""
 
@@ -9,7 +9,8 @@ import ml_collections
 import pytest
 
 from configs import base
-from pipo_jax.rl import algorithms, schema, sections
+from pipo_jax import schema
+from pipo_jax.rl import algorithms, sections
 from pipo_jax.rl.sections import ConfigError, RunConfig
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.workdir import flat_config
@@ -86,7 +87,7 @@ def test_reading_a_section():
     ("checkpoint.keep", 0, r"config\.checkpoint\.keep: 0 must be >= 1$"),
     ("eval.ks", "1,x", r"config\.eval\.ks: '1,x' is not a comma-separated list of integers$"),
     ("eval.ks", "1,8", r"config\.eval\.ks: \(1, 8\): each k must be in \[1, eval\.samples=4\]$"),
-    ("warmup.mistake_rate", 1.5, r"config\.warmup\.mistake_rate: 1\.5 must be in \[0, 1\]$"),
+    ("task.arithmetic.warmup_mistake_rate", 1.5, r"config\.task\.arithmetic\.warmup_mistake_rate: 1\.5 must be in \[0, 1\]$"),
     ("distributed.mode", "maybe", r"config\.distributed\.mode: 'maybe' is not one of \('auto', 'on', 'off'\)$"),
     ("model.remat", "some", r"config\.model\.remat: 'some' is not one of \('none', 'full', 'dots_saveable'\)$"),
     ("task.epochs", -1.0, r"config\.task\.epochs: -1\.0 must be >= 0$"),

@@ -1,6 +1,6 @@
-"""`task.format=tfds`: a dataset task from a real tensorflow-datasets catalogue entry (GSM8K), offline
+"""`task.dataset.format=tfds`: a dataset task from a real tensorflow-datasets catalogue entry (GSM8K), offline
 through `tfds.testing.mock_data` (the catalogue's own builder and features, generated rows);
-`task.data_dir` and `task.tfds_download` reach `tfds.load`; an unprepared dataset without the
+`task.dataset.data_dir` and `task.dataset.tfds_download` reach `tfds.load`; an unprepared dataset without the
 download switch is a one-line config error naming the directory and the switch."""
 
 import pytest
@@ -11,8 +11,8 @@ from tests.rl.test_dataset_task import math_config, model_dir  # noqa: F401 (fix
 
 
 def _gsm8k_config(model_dir, data_dir, **overrides):  # noqa: F811
-    return math_config(model_dir, "gsm8k", **{"task.format": "tfds", "task.prompt_field": "question",
-                                              "task.answer_field": "answer", "task.data_dir": str(data_dir),
+    return math_config(model_dir, "gsm8k", **{"task.dataset.format": "tfds", "task.dataset.prompt_field": "question",
+                                              "task.math.answer_field": "answer", "task.dataset.data_dir": str(data_dir),
                                               **overrides})
 
 
@@ -28,7 +28,7 @@ def test_a_catalogue_dataset_becomes_the_task(model_dir, tmp_path, monkeypatch):
 
     with tfds.testing.mock_data(num_examples=12):
         monkeypatch.setattr(tfds, "load", spy)
-        spec = train_spec(_gsm8k_config(model_dir, tmp_path, **{"task.tfds_download": True}))
+        spec = train_spec(_gsm8k_config(model_dir, tmp_path, **{"task.dataset.tfds_download": True}))
     assert calls == [("gsm8k", "train", str(tmp_path), True)]
     task = spec.task
     assert len(task.train_rows_np) + len(task.heldout_rows_np) == 12 and len(task.heldout_rows_np) >= 1
@@ -41,7 +41,7 @@ def test_a_catalogue_dataset_becomes_the_task(model_dir, tmp_path, monkeypatch):
 @pytest.mark.slow  # imports TensorFlow
 def test_an_unprepared_dataset_without_download_names_the_directory(model_dir, tmp_path):  # noqa: F811
     pytest.importorskip("tensorflow_datasets", reason="the [data] extra is not installed")
-    with pytest.raises(ConfigError, match=rf"cannot load .* from data_dir={tmp_path}; .*task.tfds_download=true"):
+    with pytest.raises(ConfigError, match=rf"cannot load .* from data_dir={tmp_path}; .*task.dataset.tfds_download=true"):
         train_spec(_gsm8k_config(model_dir, tmp_path))
 
 

@@ -261,7 +261,7 @@ def test_the_host_loop_logs_the_rewards_counts_of_its_iteration():
 
 def test_dapo_raises_when_no_informative_group_is_found():
     # Exact rewards on a random model: every group is all-fail, so nothing is ever kept.
-    c = micro("dapo", False, **{"task.reward_mode": "exact", "dapo.max_num_gen_batches": 2})
+    c = micro("dapo", False, **{"task.arithmetic.reward_mode": "exact", "dapo.max_num_gen_batches": 2})
     spec, state = fresh_state(c)
     with pytest.raises(loop.DynamicSamplingExhausted, match=r"kept only 0 of 4 .*max_num_gen_batches=2"):
         loop.host_iteration(spec, state, lambda r: np.zeros(r.size, np.float32))
@@ -271,7 +271,7 @@ def test_dapo_raises_when_no_informative_group_is_found():
 def test_dapo_exhaustion_in_the_scan_loop_is_an_error():
     from pipo_jax.run.placement import Placement
 
-    c = micro("dapo", False, **{"task.reward_mode": "exact", "dapo.max_num_gen_batches": 2})
+    c = micro("dapo", False, **{"task.arithmetic.reward_mode": "exact", "dapo.max_num_gen_batches": 2})
     spec, state = fresh_state(c)
     with pytest.raises(loop.DynamicSamplingExhausted, match=r"kept only 0 of 4 .*max_num_gen_batches=2"):
         Placement().run(spec, state, 1, True, None)
@@ -283,7 +283,7 @@ def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
     from pipo_jax.tasks import arithmetic
 
     c = micro("sdpo", False, **{"rollout.group_size": 2, "rollout.prompts_per_batch": 1,
-                                "train.mini_batch_prompts": 1, "task.answer_format": "plain"})
+                                "train.mini_batch_prompts": 1, "task.arithmetic.answer_format": "plain"})
     spec = train_spec(c)
     problems = arithmetic.make_problems(spec.task, jnp.array([12, 12]), jnp.array([0, 0]), jnp.array([30, 30]))
     responses = ["42<eos>", "41<eos>"]

@@ -41,7 +41,7 @@ def test_context_prompts_by_hand():
 
 def test_context_prompts_match_the_sdpo_teacher_contexts():
     c = sdpo_configs.get_config("micro")
-    c.task.min_digits, c.task.max_digits, c.task.feedback_style, c.task.reward_mode = 2, 2, "reveal", "exact"
+    c.task.arithmetic.min_digits, c.task.arithmetic.max_digits, c.task.arithmetic.feedback_style, c.task.arithmetic.reward_mode = 2, 2, "reveal", "exact"
     c.rollout.group_size, c.rollout.prompts_per_batch, c.train.mini_batch_prompts = 2, 2, 1
     spec = train_spec(c)
     lhs, op, rhs = np.array([47, 47, 52, 52]), np.array([0, 0, 1, 1]), np.array([85, 85, 38, 38])

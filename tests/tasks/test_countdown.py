@@ -25,7 +25,7 @@ def config(base=grpo, **overrides):
     c = base.get_config("micro")
     c.task.name = "countdown"
     c.warmup.steps = 2
-    c.warmup.mistake_rate, c.warmup.context_fraction = 0.0, 0.0
+    c.task.arithmetic.warmup_mistake_rate, c.task.arithmetic.warmup_context_fraction = 0.0, 0.0
     return override(c, overrides)
 
 
@@ -99,8 +99,7 @@ def test_capabilities_it_lacks_are_config_errors_naming_the_key():
     assert cd.CountdownTask.capabilities.device_reward and not cd.CountdownTask.capabilities.teacher_contexts
     with pytest.raises(ConfigError, match=r"^config\.algorithm: sdpo needs teacher contexts .* the countdown task"):
         train_spec(config(sdpo))
-    with pytest.raises(ConfigError, match=r"^config\.warmup\.mistake_rate: 0\.5: the built-in task's"):
-        train_spec(config(**{"warmup.mistake_rate": 0.5}))
+    assert train_spec(config(**{"task.arithmetic.warmup_mistake_rate": 0.5})).task.name == "countdown"  # not its key
     with pytest.raises(ConfigError, match=r"^config\.task: CountdownTask\.heldout_fraction=0\.0 must be in \(0, 1\)"):
         train_spec(config(**{"task.heldout_fraction": 0.0}))
     with pytest.raises(ValueError, match=r"count=5 must be in \[2, 4\]"):

@@ -76,8 +76,6 @@ def test_optional_members_name_the_capability_they_need():
         task.reward(None, None, None)
     with pytest.raises(ValueError, match=r"capabilities\.teacher_contexts is False"):
         task.teacher_prompts(None, None, None, None)
-    with pytest.raises(ValueError, match=r"capabilities\.warmup_shaping is False"):
-        task.warmup_problems(None, 2, context_fraction=0.5)
     assert task.teacher_eval_problems(None, 2, None) == {}
 
 
@@ -118,4 +116,4 @@ def test_a_config_needing_a_capability_the_task_lacks_names_the_key():
 def test_the_built_in_tasks_declare_their_capabilities():
     arithmetic = train_spec(grpo.get_config("micro")).task
     assert arithmetic.capabilities == TaskCapabilities(device_reward=True, exact_answers=True, teacher_contexts=True,
-                                                       warmup=True, warmup_shaping=True)
+                                                       warmup=True)

@@ -33,9 +33,9 @@ GCD = '{"min_numbers":2,"max_numbers":2,"min_value":1,"max_value":50}'
 def rg_config(dataset="spell_backward", config=SPELL, **overrides):
     c = grpo.get_config("micro")
     c.task.name = "reasoning_gym"
-    c.task.rg_dataset = dataset
-    c.task.rg_config = config
-    c.task.rg_size = 400
+    c.task.reasoning_gym.dataset = dataset
+    c.task.reasoning_gym.config = config
+    c.task.reasoning_gym.size = 400
     c.warmup.steps = 2
     return override(c, overrides)
 
@@ -121,32 +121,38 @@ def test_compact_prompts_cut_the_shared_text_only():
 
 
 def test_length_and_vocabulary_errors_name_the_row():
-    with pytest.raises(ConfigError, match=r"config\.task: rg_dataset='spell_backward' row \d+: prompt .* over "
-                                          r"rg_max_prompt_chars=3"):
-        make_task(rg_config(**{"task.rg_max_prompt_chars": 3}))
-    c = rg_config(**{"task.rg_max_prompt_chars": 4, "task.rg_overlong": "drop"})
+    with pytest.raises(ConfigError, match=r"config\.task\.reasoning_gym: dataset 'spell_backward' row \d+: prompt .* "
+                                          r"over task\.reasoning_gym\.max_prompt_chars=3"):
+        make_task(rg_config(**{"task.reasoning_gym.max_prompt_chars": 3}))
+    c = rg_config(**{"task.reasoning_gym.max_prompt_chars": 4, "task.reasoning_gym.overlong": "drop"})
     task = make_task(c)
     every = rgt.generate_entries("spell_backward", json.loads(SPELL), 400, 0, 0.1)
     assert task.num_dropped == sum(len(e["question"].split()[-1]) > 4 for e in every.entries) > 0
     assert len(task.source.entries) == len(every.entries) - task.num_dropped
+    odd = every._replace(entries=({"question": "a", "answer": "b"}, {"question": "caf\xe9", "answer": "c"},
+                                  *every.entries[2:]))
     with pytest.raises(ValueError, match="row 1: question 'caf\xe9' has character '\xe9' \\(position 3\\)"):
-        rgt.char_task("x", every._replace(entries=({"question": "a", "answer": "b"},
-                                                   {"question": "caf\xe9", "answer": "c"})), prompt_form="question")
+        rgt.char_task("x", odd, prompt_form="question")
+    # with overlong=drop a row outside the vocabulary is dropped and counted like a long one
+    kept = rgt.char_task("x", odd, prompt_form="question", overlong="drop", max_prompt_chars=64)
+    assert kept.num_dropped == 1 and "caf\xe9" not in kept.prompts and "a" in kept.prompts
 
 
 def test_config_errors_name_the_key():
-    with pytest.raises(ConfigError, match=r"config\.task\.rg_dataset: name a reasoning-gym dataset"):
+    with pytest.raises(ConfigError, match=r"config\.task\.reasoning_gym\.dataset: name a reasoning-gym dataset"):
         make_task(rg_config(dataset=""))
-    with pytest.raises(ConfigError, match=r"rg_config='\{' is not JSON"):
-        make_task(rg_config(config="{"))
-    with pytest.raises(ConfigError, match=r"rg_dataset='no_such_dataset'"):
+    with pytest.raises(ConfigError, match=r"config\.task\.reasoning_gym\.config: '\{' is not JSON"):
+        train_spec(rg_config(config="{"))
+    with pytest.raises(ConfigError, match=r"dataset='no_such_dataset'"):
         make_task(rg_config(dataset="no_such_dataset", config=""))
     # the character form declares no teacher contexts: refused at start-up naming the key
     assert not make_task(rg_config()).capabilities.teacher_contexts
     with pytest.raises(ConfigError, match=r"config\.algorithm: sdpo needs teacher contexts"):
         train_spec(rg_config(algorithm="sdpo"))
-    with pytest.raises(ConfigError, match=r"config\.warmup\.mistake_rate: 0\.5: the built-in task's"):
-        train_spec(rg_config(**{"warmup.mistake_rate": 0.5}))
+    # the built-in task's warm-up demonstrations are its own: set there, they leave this task's warm-up alone
+    shaped = train_spec(rg_config(**{"task.arithmetic.warmup_mistake_rate": 0.5,
+                                     "task.arithmetic.warmup_context_fraction": 0.5}))
+    assert not hasattr(shaped.task, "warmup_mistake_rate")
 
 
 def test_missing_package_names_the_extra(monkeypatch):
@@ -181,7 +187,7 @@ def test_heldout_accuracy_is_the_verifiers_on_greedy_responses():
 def test_short_run_with_warmup_in_the_character_vocabulary(tmp_path):
     from pipo_jax.run.trainer import train
 
-    out = train(rg_config(**{"warmup.mistake_rate": 0.0, "warmup.context_fraction": 0.0}), str(tmp_path / "run"))
+    out = train(rg_config(**{"task.arithmetic.warmup_mistake_rate": 0.0, "task.arithmetic.warmup_context_fraction": 0.0}), str(tmp_path / "run"))
     assert np.isfinite(out["final_accuracy"])
     assert out["state"].step == 3
 
@@ -193,7 +199,7 @@ def model_dir(tmp_path_factory):
 
 def text_config(model_dir, **overrides):
     return rg_config(**{"model.path": model_dir, "warmup.enabled": False, "log.jit_loop": False,
-                        "rollout.max_new_tokens": 16, "task.max_prompt_tokens": 256, "eval.n": 4, **overrides})
+                        "rollout.max_new_tokens": 16, "task.dataset.max_prompt_tokens": 256, "eval.n": 4, **overrides})
 
 
 def test_tokenizer_form_renders_the_chat_template_and_scores_tagged_answers(model_dir):
@@ -242,9 +248,9 @@ def test_chain_sum_learns_with_grpo():
     from pipo_jax.run.trainer import warmup_kwargs
 
     c = grpo.get_config("tiny")
-    override(c, {"task.name": "reasoning_gym", "task.rg_dataset": "chain_sum",
-                 "task.rg_config": '{"min_terms":3,"max_terms":3,"min_digits":1,"max_digits":1}',
-                 "warmup.mistake_rate": 0.0, "warmup.context_fraction": 0.0, "warmup.steps": 600,
+    override(c, {"task.name": "reasoning_gym", "task.reasoning_gym.dataset": "chain_sum",
+                 "task.reasoning_gym.config": '{"min_terms":3,"max_terms":3,"min_digits":1,"max_digits":1}',
+                 "task.arithmetic.warmup_mistake_rate": 0.0, "task.arithmetic.warmup_context_fraction": 0.0, "warmup.steps": 600,
                  "warmup.target_accuracy": 0.3, "iterations": ITERATIONS})
     spec = train_spec(c)
     base, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(c, SEED))

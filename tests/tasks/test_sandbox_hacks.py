@@ -369,12 +369,12 @@ def test_a_code_task_without_network_namespaces_is_a_config_error(monkeypatch):
 
     monkeypatch.setattr(cd, "namespaces_available", lambda: False)
     c = grpo.get_config("micro")
-    c.task.name, c.model.path, c.task.path = "code", "/nonexistent", "x.jsonl"
+    c.task.name, c.model.path, c.task.dataset.path = "code", "/nonexistent", "x.jsonl"
     c.log.jit_loop, c.warmup.enabled, c.rollout.max_new_tokens = False, False, 16
-    c.task.sandbox_allow_unconfined = NO_LANDLOCK
+    c.task.code.sandbox_allow_unconfined = NO_LANDLOCK
     with pytest.raises(ConfigError, match=r"config\.task\.sandbox_allow_network: the code sandbox cannot keep"):
         make_task(c)  # before any file is read
-    c.task.sandbox_allow_network = True
+    c.task.code.sandbox_allow_network = True
     with pytest.raises(ConfigError) as e:
         make_task(c)  # past the sandbox checks, to the missing tokenizer
     assert "sandbox" not in str(e.value)

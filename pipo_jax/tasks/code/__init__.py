@@ -54,7 +54,7 @@ Isolation of the runner (what is guaranteed):
   with libc (seccomp filters syscalls, not paths). It is three syscalls, called here
   through ctypes. Where the kernel has no Landlock (before Linux 5.13, or disabled)
   the sandbox refuses to run generated code (`SandboxUnavailable`) unless
-  ``SandboxConfig.allow_unconfined`` (trainer: ``task.sandbox_allow_unconfined``).
+  ``SandboxConfig.allow_unconfined`` (trainer: ``task.code.sandbox_allow_unconfined``).
 - Processes (kernel-enforced): the judge is the runner's parent and its child subreaper
   (``PR_SET_CHILD_SUBREAPER``), so every descendant, however it detaches (``setsid``,
   double fork), stays below it and is SIGKILLed, until none is left, when the program
@@ -82,7 +82,7 @@ Isolation of the runner (what is guaranteed):
   (x86_64, aarch64) denies the runner ``prlimit`` of any other process, the judge included.
   Where ``unshare`` is unusable, or with
   ``network="audit"``, the sandbox refuses to run generated code (`SandboxUnavailable`)
-  unless ``SandboxConfig.allow_network`` (trainer: ``task.sandbox_allow_network``).
+  unless ``SandboxConfig.allow_network`` (trainer: ``task.code.sandbox_allow_network``).
 - Python-level (``audit_hook=True``): an audit hook raises PermissionError on
   socket creation/connection, process creation (fork, exec, spawn, subprocess,
   os.system), os.kill and setrlimit. It stops honest mistakes and accidental fork

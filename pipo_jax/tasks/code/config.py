@@ -29,7 +29,7 @@ class SandboxConfig:
       (then the file system is open to it; a warning is logged once).
     allow_network: run generated code without a network namespace (``network="audit"``, or
       where ``unshare`` is unusable): then only the audit hook, which ctypes gets past, keeps
-      it off the network (trainer: ``task.sandbox_allow_network``).
+      it off the network (trainer: ``task.code.sandbox_allow_network``).
     scratch_mb / scratch_files: size and number of files and directories of the scratch
       directory as a whole, a tmpfs of the sandbox's mount namespace (where there is none,
       ``allow_network``, only ``max_output_bytes`` per file bounds it).

@@ -69,7 +69,7 @@ def check_confinement(config: SandboxConfig) -> bool:
         raise SandboxUnavailable(
             "this kernel offers no Landlock, so the code sandbox cannot keep generated programs out of the file "
             "system; refusing to run them. Set SandboxConfig(allow_unconfined=True) (trainer: "
-            "--config.task.sandbox_allow_unconfined=true) to run them with your permissions anyway")
+            "--config.task.code.sandbox_allow_unconfined=true) to run them with your permissions anyway")
     _warn_unconfined()
     return False
 
@@ -216,7 +216,7 @@ def check_network_isolation(config: SandboxConfig) -> bool:
         raise SandboxUnavailable(
             f"the code sandbox cannot keep generated programs off the network: {why} (the audit hook alone "
             "is no boundary); refusing to run them. Set SandboxConfig(allow_network=True) (trainer: "
-            "--config.task.sandbox_allow_network=true) to run them anyway")
+            "--config.task.code.sandbox_allow_network=true) to run them anyway")
     _warn_no_namespaces()
     return False
 

@@ -159,6 +159,35 @@ def _subsection(f: dataclasses.Field):
 
 # Keys a release removed, with what replaces them: a config that still sets one gets this message.
 RETIRED: dict[str, str] = {}
+# Keys a release moved, old dotted key -> new one: a stored config (a run's config.json) is read with
+# them moved (`moved_keys`); a config that sets an old key is told the new one.
+RENAMED: dict[str, str] = {}
+
+
+def moved_keys(tree: dict) -> dict:
+    """A copy of the nested config `tree` with every `RENAMED` key at its new place."""
+    out = json_copy(tree)
+    for old, new in RENAMED.items():
+        *parents, leaf = old.split(".")
+        node = out
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+            if node is None:
+                break
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        value = node.pop(leaf)
+        *new_parents, new_leaf = new.split(".")
+        target = out
+        for p in new_parents:
+            target = target.setdefault(p, {})
+        target.setdefault(new_leaf, value)
+    return out
+
+
+def json_copy(tree):
+    """A deep copy of nested dicts (leaves shared)."""
+    return {k: json_copy(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
 
 
 def _items(mapping) -> dict:
@@ -175,7 +204,8 @@ def from_config(cls, mapping: Mapping, **resolved):
     for name in items:
         if name not in fields:
             full = cls.key_name(name)
-            need(False, full, RETIRED.get(full, f"unknown key; expected one of {tuple(fields)}"))
+            moved = f"moved: set config.{RENAMED[full]}" if full in RENAMED else None
+            need(False, full, RETIRED.get(full, moved or f"unknown key; expected one of {tuple(fields)}"))
     values = {}
     for name, f in fields.items():
         if name in resolved:

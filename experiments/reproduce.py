@@ -1,0 +1,221 @@
+"""Every results table of the README and docs from one command, rendered from the JSON it writes.
+
+    python -m experiments.reproduce main_job             # run it (5 seeds of the main job) and render
+    python -m experiments.reproduce algorithms           # the three algorithm comparisons, then render
+    python -m experiments.reproduce main_job --render    # run nothing: render the table from its JSON
+    python -m experiments.reproduce --list               # the tables, their commands and JSONs
+
+Each table is declared once in `TABLES`: the commands that measure it, the JSONs they write under
+`experiments/results/` (commit, versions, CPU, seeds and times inside), and the marked blocks
+(`<!-- table:NAME -->` ... `<!-- /table:NAME -->`) of the README / docs it is rendered into. The
+blocks are never typed: `tests/test_reproduce.py` checks each one equals the render of its JSON, and
+`tests/test_main_job_reproduces.py` (slow) reruns the main job's seed 0 and compares it with the row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+from typing import Callable
+
+from absl import app, flags
+
+from experiments import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+
+_RENDER = flags.DEFINE_bool("render", False, "run nothing: render the tables from their JSONs")
+_LIST = flags.DEFINE_bool("list", False, "list the tables, their commands and JSONs")
+_OUT = flags.DEFINE_string("out", "runs/reproduce", "where the runs' workdirs go (one folder per table)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One command of a table: `argv` (after `python -m`) writes `produced` (relative to its --out),
+    which is copied to `experiments/results/<json>`."""
+
+    argv: tuple[str, ...]
+    produced: str
+    json: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    name: str
+    runs: tuple[Run, ...]
+    render: Callable[[list[dict]], str]  # the JSON records, in `runs` order -> the block's markdown
+    docs: tuple[str, ...]  # files (relative to the repo) holding the marked block
+
+
+# ------------------------------------------------------------------------------------------ renderers
+
+
+def _signed(x: float, digits: int = 3) -> str:
+    return f"{x:+.{digits}f}"
+
+
+def _machine(record: dict) -> str:
+    commit = record["commit"][:12] + ("+dirty" if record["commit"].endswith("+dirty") else "")
+    return (f"{record['cpu_model']}, {record['cpu_count']} cores, jax {record['versions']['jax']}, "
+            f"commit `{commit}`")
+
+
+def render_main_job(records: list[dict]) -> str:
+    """The main job's per-seed table and its summary line."""
+    (rec,) = records
+    runs = rec["runs"]
+    lines = [f"Measured with {_machine(rec)}, {rec['workers']} runs at a time "
+             f"(JSON: `experiments/results/main_job_seeds.json`).", "",
+             "| seed | base acc (held out, greedy) | after 20 it. | after 100 it. | gain | teacher acc with a "
+             "solution / feedback context (end of warm-up) | wall / CPU time |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        at20 = dict(zip(r["acc_steps"], r["accuracy"])).get(20)
+        teacher = (f"{r['warmup_teacher_solution_accuracy']:.2f} / {r['warmup_teacher_feedback_accuracy']:.2f}"
+                   if r.get("warmup_teacher_solution_accuracy") is not None else "-")
+        times = (f"{r['wall_time_s']:.0f} s / {r['cpu_time_s']:.0f} s" if r.get("wall_time_s") is not None
+                 else "-")
+        lines.append(f"| {r['seed']} | {r['initial_accuracy']:.3f} | "
+                     f"{'-' if at20 is None else f'{at20:.3f}'} | {r['final_accuracy']:.3f} | "
+                     f"{_signed(r['gain'])} | {teacher} | {times} |")
+    base = [r["initial_accuracy"] for r in runs]
+    improved = sum(r["gain"] > 0 for r in runs)
+    lines += ["", f"{improved} of {len(runs)} seeds gain held-out greedy accuracy (mean {_signed(rec['gain_mean'])}, "
+              f"least {_signed(rec['gain_min'])}) from bases solving {min(base):.0%}-{max(base):.0%}."]
+    return "\n".join(lines)
+
+
+def _ci(stat: dict, digits: int = 3) -> str:
+    lo, hi = stat["ci95"]
+    return f"{_signed(stat['mean'], digits)} [{_signed(lo, digits)}, {_signed(hi, digits)}]"
+
+
+def render_algorithms(records: list[dict]) -> str:
+    """Per arm: base, final accuracy, gain over the base with its CI, reward AUC; per algorithm: PIPO
+    minus no PIPO. An algorithm in several runs is shown from the first run that has it."""
+    arm_rows, diff_rows, shown = [], [], set()
+    for rec in records:
+        name = f"`{rec['json_name']}`"
+        summary = rec["summary"]
+        for algo in rec["algorithms"]:
+            if algo in shown:
+                continue
+            shown.add(algo)
+            for arm in (algo, f"{algo}+PIPO"):
+                a = summary["arms"][arm]
+                arm_rows.append(f"| {arm} | {a['n']} | {a['initial_accuracy_mean']:.3f} | "
+                                f"{a['final_accuracy_mean']:.3f} | {_ci(a['gain_over_base'])} | "
+                                f"{a['seeds_improved']}/{a['n']} | {a['reward_auc_mean']:.3f} | {name} |")
+            d = summary["pipo_minus_base"][algo]
+            acc, auc = d["final_accuracy"], d["reward_auc"]
+            higher = sum(x > 0 for x in acc["diffs"])
+            diff_rows.append(f"| {algo} | {acc['n']} | {_ci(acc)} | {acc['wilcoxon_p']:.3g} | {higher}/{acc['n']} | "
+                             f"{_ci(auc, 4)} | {auc['wilcoxon_p']:.3g} |")
+    machines = sorted({_machine(r) for r in records})
+    return "\n".join([
+        f"Measured with {'; '.join(machines)} (JSONs in `experiments/results/`).", "",
+        "| arm | seeds | base acc | final acc | gain over base (95% CI) | seeds improved | reward AUC | JSON |",
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |", *arm_rows, "",
+        "| algorithm | seeds | PIPO - no PIPO, final acc (95% CI) | Wilcoxon p | seeds where PIPO is higher | "
+        "reward AUC difference (95% CI) | Wilcoxon p |",
+        "| --- | ---: | --- | ---: | ---: | --- | ---: |", *diff_rows])
+
+
+# ------------------------------------------------------------------------------------------ the tables
+
+TABLES = {t.name: t for t in (
+    Table("main_job",
+          (Run(("experiments.main_job_seeds", "--seeds=0-4", "--workers=2"), "main_job_seeds.json",
+               "main_job_seeds.json"),),
+          render_main_job, ("README.md", "docs/results.md")),
+    Table("algorithms",
+          (Run(("experiments.compare", "--algorithms=grpo,sdpo", "--seeds=0-9"), "compare.json",
+               "compare_grpo_sdpo_10seeds.json"),
+           Run(("experiments.compare", "--algorithms=ppo,gspo,dapo", "--seeds=0-4"), "compare.json",
+               "compare_ppo_gspo_dapo_5seeds.json"),
+           Run(("experiments.compare", "--algorithms=grpo,sdpo,vpd", "--seeds=0-4"), "compare.json",
+               "compare_grpo_sdpo_vpd_5seeds.json")),
+          render_algorithms, ("docs/results.md",)),
+)}
+
+
+def load_records(table: Table) -> list[dict]:
+    """The table's JSON records, each with `json_name` (its file's name) added."""
+    records = []
+    for run in table.runs:
+        path = RESULTS / run.json
+        if not path.exists():
+            raise cli.UsageError(f"{table.name}: {path} is missing; run "
+                                 f"`python -m experiments.reproduce {table.name}` first")
+        records.append(json.loads(path.read_text()) | {"json_name": run.json})
+    return records
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- table:{name} -->", f"<!-- /table:{name} -->"
+
+
+def block(text: str, name: str, where: str) -> tuple[int, int]:
+    """(start, end) of the text between the table's markers in `text`; one line naming the file if absent."""
+    begin, end = markers(name)
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i:
+        raise cli.UsageError(f"{where}: no {begin} ... {end} block")
+    return i + len(begin), j
+
+
+def rendered_block(table: Table) -> str:
+    return "\n" + table.render(load_records(table)) + "\n"
+
+
+def render_into_docs(table: Table) -> list[str]:
+    """Rewrites the table's marked blocks; returns the files changed."""
+    body, changed = rendered_block(table), []
+    for doc in table.docs:
+        path = ROOT / doc
+        text = path.read_text()
+        i, j = block(text, table.name, doc)
+        if text[i:j] != body:
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(text[:i] + body + text[j:])
+            os.replace(tmp, path)
+            changed.append(doc)
+    return changed
+
+
+def run_table(table: Table, out: str) -> None:
+    """Runs the table's commands, each into its own folder of `out`, and copies their JSONs to results/."""
+    for k, run in enumerate(table.runs):
+        run_out = os.path.join(out, table.name, str(k))
+        argv = [sys.executable, "-m", *run.argv, f"--out={run_out}"]
+        print("running:", " ".join(argv[1:]), flush=True)
+        proc = subprocess.run(argv, cwd=ROOT)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{table.name}: `{' '.join(argv[1:])}` exited with {proc.returncode}")
+        shutil.copyfile(os.path.join(run_out, run.produced), RESULTS / run.json)
+
+
+def main(argv: list[str]) -> None:
+    names = argv[1:]
+    if _LIST.value:
+        for t in TABLES.values():
+            print(f"{t.name}: " + "; ".join("python -m " + " ".join(r.argv) + f" -> experiments/results/{r.json}"
+                                            for r in t.runs) + f"; rendered into {', '.join(t.docs)}")
+        return
+    unknown = [n for n in names if n not in TABLES]
+    if not names or unknown:
+        raise cli.UsageError(f"name tables among {sorted(TABLES)}" + (f", not {unknown[0]!r}" if unknown else ""))
+    for name in names:
+        if not _RENDER.value:
+            run_table(TABLES[name], _OUT.value)
+        print(f"{name}: rendered into {', '.join(render_into_docs(TABLES[name])) or 'no file (unchanged)'}")
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,44 @@
+"""The results tables of the README and docs are renders of their JSONs (experiments/reproduce.py),
+never typed: each marked block equals what `python -m experiments.reproduce NAME --render` writes."""
+
+import pytest
+
+from experiments import reproduce
+
+
+@pytest.mark.parametrize("name", sorted(reproduce.TABLES))
+def test_every_marked_block_is_the_render_of_its_json(name):
+    table = reproduce.TABLES[name]
+    expected = reproduce.rendered_block(table)
+    for doc in table.docs:
+        text = (reproduce.ROOT / doc).read_text()
+        i, j = reproduce.block(text, name, doc)
+        assert text[i:j] == expected, f"{doc}: the {name} table differs from its JSON; run " \
+                                      f"`python -m experiments.reproduce {name} --render`"
+
+
+def test_the_main_job_render_states_each_seed_and_the_machine():
+    record = {"commit": "0123456789abcdef+dirty", "cpu_model": "CPU X", "cpu_count": 2, "workers": 2,
+              "versions": {"jax": "0.10.2"}, "gain_mean": 0.25, "gain_min": 0.2,
+              "runs": [{"seed": 0, "initial_accuracy": 0.5, "final_accuracy": 0.75, "gain": 0.25,
+                        "acc_steps": [0, 20, 100], "accuracy": [0.5, 0.625, 0.75],
+                        "warmup_teacher_solution_accuracy": 1.0, "warmup_teacher_feedback_accuracy": 0.5,
+                        "wall_time_s": 100.4, "cpu_time_s": 90.6},
+                       {"seed": 1, "initial_accuracy": 0.4, "final_accuracy": 0.6, "gain": 0.2,
+                        "acc_steps": [0, 100], "accuracy": [0.4, 0.6], "warmup_teacher_solution_accuracy": None,
+                        "warmup_teacher_feedback_accuracy": None, "wall_time_s": None, "cpu_time_s": None}]}
+    text = reproduce.render_main_job([record])
+    assert "CPU X, 2 cores, jax 0.10.2, commit `0123456789ab+dirty`" in text
+    assert "| 0 | 0.500 | 0.625 | 0.750 | +0.250 | 1.00 / 0.50 | 100 s / 91 s |" in text
+    assert "| 1 | 0.400 | - | 0.600 | +0.200 | - | - |" in text
+    assert "2 of 2 seeds gain held-out greedy accuracy (mean +0.250, least +0.200) from bases solving 40%-50%." in text
+
+
+def test_a_missing_block_or_json_is_one_line(tmp_path, monkeypatch):
+    from experiments import cli
+
+    with pytest.raises(cli.UsageError, match="README.md: no <!-- table:x --> ... <!-- /table:x --> block"):
+        reproduce.block("no markers here", "x", "README.md")
+    monkeypatch.setattr(reproduce, "RESULTS", tmp_path)
+    with pytest.raises(cli.UsageError, match="main_job_seeds.json is missing; run `python -m experiments.reproduce"):
+        reproduce.load_records(reproduce.TABLES["main_job"])
