@@ -618,7 +618,7 @@ def draw_contexts(rng, batch: int, context_fraction: float) -> tuple[jax.Array, 
 
 def warmup_demonstrations(task: ArithmeticTask, rng, batch: int, context_fraction: float = 0.0,
                           mistake_rate: float = 0.0) -> Problems:
-    """A supervised warm-up batch of train problems (`rl/warmup.py`): a `context_fraction` share
+    """A supervised warm-up batch of train problems (`run/warmup.py`): a `context_fraction` share
     shown with a teacher context (`draw_contexts`, true targets), and on the plain rows the target
     replaced by `carryless_answer` with probability `mistake_rate`."""
     problems = sample_problems(task, rng, batch, split="train")

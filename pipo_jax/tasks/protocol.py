@@ -27,7 +27,7 @@ import numpy as np
 
 class TaskConfigError(ValueError):
     """A task constructor's error about `config.task` (or another key); the message starts
-    with `config.<key>:` (`rl/task_config.py:make_task` raises it as a `ConfigError`)."""
+    with `config.<key>:` (`run/task_config.py:make_task` raises it as a `ConfigError`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +38,7 @@ class TaskCapabilities:
       may call the host, as reasoning-gym's verifier through `jax.pure_callback`); False: the
       reward runs on the host only (`scorer`, the host loop, `log.jit_loop=false`).
     exact_answers: each problem has one correct response (`reference_responses`), so greedy
-      accuracy is one teacher-forced forward (`rl/teacher_forcing.py`); False: the trainer
+      accuracy is one teacher-forced forward (`run/teacher_forcing.py`); False: the trainer
       decodes greedily and scores.
     teacher_contexts: SDPO / VPD teacher prompts (`algorithm=sdpo|vpd`): `teacher_prompts` in JAX
       (with `device_reward`), else the host scorer's `teacher_prompts`.

@@ -1,4 +1,4 @@
-"""Greedy accuracy by teacher forcing (`rl/teacher_forcing.py`) against greedy decoding, and
+"""Greedy accuracy by teacher forcing (`run/teacher_forcing.py`) against greedy decoding, and
 the trainer's two evaluation paths (teacher-forced / decoded and scored) held equal."""
 
 import types

@@ -1,4 +1,4 @@
-"""The task seam (`tasks/protocol.py`, `tasks/registry.py`, `rl/task_config.py`): a task that
+"""The task seam (`tasks/protocol.py`, `tasks/registry.py`, `run/task_config.py`): a task that
 forgets a required member cannot be built, an optional member it lacks names its capability, the
 registry's errors are one line naming the key, and a config that needs a capability the task
 lacks is refused at start-up naming the key."""
