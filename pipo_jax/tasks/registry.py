@@ -60,6 +60,8 @@ for _entry in (
               settings=(_DATASET, "pipo_jax.tasks.dataset_settings:CodeSettings")),
     TaskEntry("reasoning_gym", "pipo_jax.tasks.reasoning_gym", ("ReasoningGymTask", "ReasoningGymTextTask"),
               extra="rg", settings=("pipo_jax.tasks.reasoning_gym_settings:ReasoningGymSettings", _DATASET)),
+    TaskEntry("digit_sum", "pipo_jax.tasks.digit_sum", ("DigitSumTask",),
+              settings=("pipo_jax.tasks.digit_sum_settings:DigitSumSettings",)),
 ):
     register_task(_entry)
 
