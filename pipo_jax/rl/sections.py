@@ -395,6 +395,24 @@ class WarmupConfig(Section):
                                         "None = run all steps", within(0, 1))
     eval_every: int = key(50, "steps between held-out checks (the target's resolution: a stop overshoots by less)",
                           at_least(1))
+    target_pass_rate: float | None = key(
+        None, "stop at a check where the SAMPLED held-out pass@1 (share of responses with reward >= 1, drawn as the "
+        "rollout draws them: rollout.temperature / top_k / top_p / max_new_tokens, warmup.check_prompts prompts x "
+        "rollout.group_size) reaches this: what RL will see, unlike the greedy target_accuracy; with other targets "
+        "set, all must hold; None = off; device_reward tasks", within(0, 1))
+    target_mixed_groups: float | None = key(
+        None, "stop only once this share of the sampled check's groups is mixed (some response with reward >= 1, some "
+        "not: the groups that give GRPO a signal); with other targets set, all must hold; None = off; needs "
+        "rollout.group_size >= 2", within(0, 1))
+    check_prompts: int = key(64, "held-out prompts of the sampled check made at every warm-up check (its own fixed, "
+                             "seed-dependent set; each sampled rollout.group_size times): pass@1 and the mixed-group "
+                             "share are logged and reached by the targets above; 0 = no sampled check",
+                             at_least(0, " (0 = no sampled check)"))
+
+    def check(self):
+        for name in ("target_pass_rate", "target_mixed_groups"):
+            need(getattr(self, name) is None or self.check_prompts > 0, f"warmup.{name}",
+                 f"{getattr(self, name)} is measured on the sampled check: set warmup.check_prompts >= 1 (it is 0)")
 
 
 def _ks(value):
@@ -411,7 +429,12 @@ class EvalConfig(Section):
 
     _section = "eval"
     every: int = key(20, "iterations between evaluations; 0 = only at start and end", at_least(0))
-    n: int = key(512, "held-out problems of the task (greedy accuracy)", at_least(1))
+    n: int = key(512, "held-out problems of the task (greedy accuracy), fixed across evaluations and seeds",
+                 at_least(1))
+    heldout_samples: int = key(4, "responses per held-out problem (the same eval.n problems) sampled as the rollout "
+                               "samples (rollout.temperature / top_k / top_p / max_new_tokens) for `heldout_pass@1`, "
+                               "the mean success (reward >= 1); its own fixed key, never the training stream's; "
+                               "0 = not measured", at_least(0, " (0 = not measured)"))
     benchmarks: str = key("", "math benchmarks scored at every evaluation (pass@1 = mean over `samples`, unbiased "
                           "pass@k), as experiments/eval.py: \"NAME=PATH,NAME=PATH\" (JSONL / parquet with "
                           "task.prompt_field / answer_field); needs a math task")

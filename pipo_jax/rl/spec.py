@@ -2,7 +2,7 @@
 
 Pure: no file is read here and no task module is imported (`tests/test_layers.py` checks that
 importing this module loads neither the math verifier, the code sandbox nor the warm-up).
-`rl/setup.py:train_spec(config)` loads what the config points at (the model's `config.json`,
+`run/setup.py:train_spec(config)` loads what the config points at (the model's `config.json`,
 the task) and then validates: `spec_from_config(config, model, task)` builds the
 self-validating sections of `rl/sections.py` and the `TrainSpec` that ties them together
 and resolves the algorithm's registered pieces (`rl/algorithms.py`).
@@ -242,3 +242,10 @@ def check_run_config(c: RunConfig, task: Task) -> None:
               "disable it when loading model.path")
         _need(task.capabilities.warmup, "warmup.enabled", f"the {task.name} task has no reference responses for "
               "the supervised warm-up: set it to false")
+        for name in ("target_pass_rate", "target_mixed_groups"):
+            _need(getattr(c.warmup, name) is None or task.capabilities.device_reward, f"warmup.{name}",
+                  f"the warm-up's sampled check scores with the task's JAX reward; the {task.name} task is scored on "
+                  "the host: leave it None (warmup.target_accuracy stops on greedy accuracy)")
+        _need(c.warmup.target_mixed_groups is None or c.warmup.target_mixed_groups == 0 or c.rollout.group_size >= 2,
+              "warmup.target_mixed_groups", f"{c.warmup.target_mixed_groups}: a group of rollout.group_size="
+              f"{c.rollout.group_size} response is never mixed; set rollout.group_size >= 2 or leave it None")

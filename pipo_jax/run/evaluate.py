@@ -122,6 +122,24 @@ def decoded_heldout_accuracy(spec: TrainSpec, params, scorer: HostScorer, n: int
     return float(np.mean(scorer.score(problems, tokens[:, 0], mask[:, 0]).rewards_b))
 
 
+def sampled_heldout_rewards(spec: TrainSpec, params, scorer: HostScorer, n: int, samples: int, rng,
+                            batch_size: int = 64) -> np.ndarray:
+    """Rewards `[n, samples]`: `samples` responses to each of the task's `n` held-out problems (those
+    `decoded_heldout_accuracy` scores greedily), sampled as the rollout samples (`spec.rollout`'s
+    temperature, top_k, top_p, max_new_tokens) with `rng`, scored by the host `scorer` (`Task.scorer()`).
+    The trainer's `heldout_pass@1` for a task without a JAX reward: `samples` times the greedy decode."""
+    task, r = spec.task, spec.rollout
+    problems = jax.device_get(task.heldout_problems(task.prompt_table(), n, jax.random.PRNGKey(0)))
+    rows = len(problems.prompt_tokens_bp)
+    tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, samples, rng,
+                            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                            stop_token_ids=task.stop_token_ids, pad_id=task.pad_id,
+                            batch_size=min(batch_size, rows * samples))
+    repeated = jax.tree.map(lambda x: np.repeat(np.asarray(x), samples, axis=0), problems)
+    scores = scorer.score(repeated, tokens.reshape(rows * samples, -1), mask.reshape(rows * samples, -1))
+    return np.asarray(scores.rewards_b, np.float32).reshape(rows, samples)
+
+
 def math_benchmarks(model: qwen3.Qwen3Config, params, tokenizer, benchmarks: dict[str, Sequence], prompt_config,
                     verifier, n: int, ks: Sequence[int], rng, **sampling) -> tuple[list, dict]:
     """pass@1 / pass@k rows (`passk.summarize`) of `n` samples per problem of every benchmark

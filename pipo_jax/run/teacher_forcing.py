@@ -13,14 +13,17 @@ one forward over prompt ++ target gives greedy exact-match accuracy without a de
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pipo_jax.models import qwen3
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
+from pipo_jax.tasks import passk
 from pipo_jax.tasks.protocol import Task
 
 
@@ -72,3 +75,31 @@ def heldout_accuracy(model: qwen3.Qwen3Config, params, task: Task, table, n: int
     if not task.capabilities.exact_answers and task.capabilities.device_reward:
         return decoded_accuracy(model, params, task, problems)
     return problems_accuracy(model, params, task, problems)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "task", "n", "samples", "sampling"))
+def sampled_rewards(model: qwen3.Qwen3Config, params, task: Task, table, n: int, samples: int, problems_rng: jax.Array,
+                    samples_rng: jax.Array, sampling: SamplingParams) -> jax.Array:
+    """float32 `[n, samples]`: the task's JAX reward (`device_reward`) of `samples` responses to each
+    of its `n` held-out problems for `problems_rng` (`heldout_problems`), drawn with `sampling`
+    (its stop tokens / pad id are the task's) and `samples_rng` (response j of problem i is row
+    `i * samples + j` of one `sampler.generate`, which folds the row into the key). One program:
+    the sampled side of the held-out figures (pass@1 = mean success, the share of mixed groups)."""
+    problems = task.heldout_problems(table, n, problems_rng)
+    repeated = jax.tree.map(lambda x: jnp.repeat(x, samples, axis=0), problems)
+    sp = dataclasses.replace(sampling, stop_token_ids=tuple(task.stop_token_ids), pad_id=task.pad_id)
+    out = sampler.generate(model, params, repeated.prompt_tokens_bp, repeated.prompt_mask_bp, samples_rng, sp)
+    return task.reward(repeated, out.tokens_br, out.mask_br).reshape(n, samples)
+
+
+SOLVED = 1.0  # a response whose reward reaches this solves its problem (as in the greedy accuracy)
+
+
+def pass_and_mixed(rewards_pg) -> tuple[float, float]:
+    """(pass@1, mixed share) of rewards `[problems, samples]`: pass@1 is the unbiased estimator
+    (`tasks/passk.py`, c / n per problem) averaged over problems; a group is mixed when some but not
+    all of its responses reach `SOLVED` (the groups whose GRPO advantages are not all zero)."""
+    rewards = np.asarray(rewards_pg, np.float64)
+    n, c = passk.correct_counts(rewards, SOLVED)
+    pass1 = float(np.mean([passk.pass_at_k(int(ni), int(ci), 1) for ni, ci in zip(n, c)]))
+    return pass1, float(np.mean((c > 0) & (c < n)))

@@ -29,21 +29,24 @@ from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterat
 from pipo_jax.rl.state import TrainState
 from pipo_jax.run import atomic, evaluate
 from pipo_jax.run import export as export_lib
-from pipo_jax.run import memory, observe, sharded_steps, warmup
+from pipo_jax.run import memory, observe, sharded_steps, teacher_forcing, warmup
 from pipo_jax.run import workdir as workdir_lib
 from pipo_jax.run.checkpoint import Checkpointer, kept_checkpoints, saved_steps
 from pipo_jax.run.placement import Placement, placement_from_config
 from pipo_jax.run.preemption import RunInterrupted, StopRequests
 from pipo_jax.run.setup import train_spec
+from pipo_jax.sampling.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
 EVAL_SEED = 1234  # the held-out problems are the same at every evaluation
+PASS_SEED = 4321  # the responses sampled for heldout_pass@1: a key of their own, not the training stream
 
 
 class Evaluation:
-    """The trainer's evaluation: held-out greedy accuracy, plus `config.eval.benchmarks`
-    (math tasks: pass@1 / pass@k through `evaluate.math_benchmarks`, as experiments/eval.py)."""
+    """The trainer's evaluation: held-out greedy accuracy and sampled pass@1 on `eval.n` fixed
+    problems, plus `config.eval.benchmarks` (math tasks: pass@1 / pass@k through
+    `evaluate.math_benchmarks`, as experiments/eval.py)."""
 
     def __init__(self, spec: TrainSpec, config: RunConfig, where: Placement, reward: rollout.TaskReward | None):
         self.spec, self.config, self.where, self.reward = spec, config, where, reward
@@ -57,11 +60,13 @@ class Evaluation:
 
     def __call__(self, params, step: int) -> dict[str, float]:
         """Greedy accuracy on `eval.n` fixed held-out problems: teacher-forced for a task with
-        exact answers (`rl/teacher_forcing.py`), decoded and scored by the JAX reward in one
+        exact answers (`run/teacher_forcing.py`), decoded and scored by the JAX reward in one
         program for another `device_reward` task, else decoded and scored on host-gathered params.
         SDPO / VPD: also the accuracy on the same problems shown each of the task's teacher
         contexts (`teacher_accuracy_<kind>`, e.g. a correct sibling's solution or the feedback on
-        a wrong response). Then the benchmarks' pass@k."""
+        a wrong response). With `eval.heldout_samples > 0`, `heldout_pass@1`: that many responses per
+        problem sampled as the rollout samples (`pass_at_1`). Then the benchmarks' pass@k. Nothing
+        here reads or advances the training state's key."""
         spec, ec = self.spec, self.config.eval
         key = jax.random.PRNGKey(EVAL_SEED)
         if spec.task.capabilities.exact_answers or spec.task.capabilities.device_reward:
@@ -70,9 +75,13 @@ class Evaluation:
                 kinds = jax.eval_shape(lambda: spec.task.teacher_eval_problems(spec.task.prompt_table(), ec.n, key))
                 for kind in kinds:
                     out[f"teacher_accuracy_{kind}"] = self.where.reference_accuracy(spec, params, ec.n, key, kind)
+            if ec.heldout_samples and spec.task.capabilities.device_reward:
+                out["heldout_pass@1"] = self.pass_at_1(params)
             return out
         params = self.where.to_host(params)  # gathered once for every evaluation below
         out = {"heldout_accuracy": evaluate.decoded_heldout_accuracy(spec, params, self.reward.scorer, ec.n)}
+        if ec.heldout_samples:
+            out["heldout_pass@1"] = self.pass_at_1(params)
         if self.benchmarks:
             tokenizer, prompt_config, verifier = self.reward.scorer.benchmark_inputs()
             rows, info = evaluate.math_benchmarks(
@@ -85,6 +94,29 @@ class Evaluation:
             out.update({f"{name}_unscored": i["unscored"] for name, i in info.items()})  # past the verify budget
         return out
 
+    def sampled_rewards(self, params) -> np.ndarray:
+        """Rewards `[eval.n, eval.heldout_samples]` of responses sampled as the rollout samples
+        (`rollout.temperature` / `top_k` / `top_p` / `max_new_tokens`, key `PASS_SEED`) to the same
+        held-out problems as the greedy accuracy: in one program by the JAX reward for a
+        `device_reward` task, else decoded in batches of `eval.batch_size` rows and scored by the
+        host scorer (on the problems `decoded_heldout_accuracy` draws)."""
+        spec, ec, r = self.spec, self.config.eval, self.spec.rollout
+        sampling = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                                  max_new_tokens=r.max_new_tokens)
+        samples_key = jax.random.PRNGKey(PASS_SEED)
+        if spec.task.capabilities.device_reward:
+            host = self.where.mesh is not None  # one device: the program is small (eval.n x samples rows)
+            return np.asarray(teacher_forcing.sampled_rewards(
+                spec.model, self.where.to_host(params) if host else params, spec.task,
+                rollout.prompt_table(spec), ec.n, ec.heldout_samples, jax.random.PRNGKey(EVAL_SEED), samples_key,
+                sampling))
+        return evaluate.sampled_heldout_rewards(spec, params, self.reward.scorer, ec.n, ec.heldout_samples,
+                                                samples_key, batch_size=ec.batch_size)
+
+    def pass_at_1(self, params) -> float:
+        """`heldout_pass@1`: the unbiased pass@1 (mean success, reward >= 1) of `sampled_rewards`."""
+        return teacher_forcing.pass_and_mixed(self.sampled_rewards(params))[0]
+
 
 WARMUP_CHECKPOINTS = "warmup_checkpoints"
 
@@ -92,9 +124,11 @@ WARMUP_CHECKPOINTS = "warmup_checkpoints"
 def warmup_kwargs(config: RunConfig | ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
     """`warmup.warmup` keyword arguments of `config.warmup` for `seed` (the typed config or its
     ml-collections form: the same keys)."""
-    w = config.warmup
+    w, r = config.warmup, config.rollout
     return dict(steps=w.steps, batch=w.batch, lr=w.lr, seed=seed, target_accuracy=w.target_accuracy,
-                eval_every=w.eval_every, eval_n=config.eval.n)
+                eval_every=w.eval_every, eval_n=config.eval.n, target_pass_rate=w.target_pass_rate,
+                target_mixed_groups=w.target_mixed_groups, check_prompts=w.check_prompts, group_size=r.group_size,
+                temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
 
 
 class WarmupCheckpoints:
@@ -107,6 +141,7 @@ class WarmupCheckpoints:
         self.every, self.stop, self.config = config.checkpoint.warmup_every, stop, config
         self.template = warmup.abstract_progress(spec.model, steps=config.warmup.steps, lr=config.warmup.lr,
                                                  eval_every=config.warmup.eval_every)
+        self.template_model = spec.model
         self._ckpt: Checkpointer | None = None
         self._last = 0
 
@@ -117,11 +152,26 @@ class WarmupCheckpoints:
         try:
             progress = self._checkpointer().restore(self.template)
         except Exception as e:  # noqa: BLE001 - any read failure: the warm-up starts over, said in one line
-            log.warning("warm-up checkpoints in %s unreadable (%s): the warm-up starts over", self.directory,
-                        str(e).splitlines()[0][:200])
-            return None
+            progress = self._restore_legacy()
+            if progress is None:
+                log.warning("warm-up checkpoints in %s unreadable (%s): the warm-up starts over", self.directory,
+                            str(e).splitlines()[0][:200])
+                return None
         self._last = int(progress.done)
         log.info("warm-up resumed at step %d from %s", self._last, self.directory)
+        return progress
+
+    def _restore_legacy(self) -> warmup.WarmupProgress | None:
+        """A progress saved before the sampled check (`evals_4e`), in the current layout; None if none reads."""
+        w = self.config.warmup
+        legacy = warmup.abstract_progress(self.template_model, steps=w.steps, lr=w.lr, eval_every=w.eval_every,
+                                          legacy=True)
+        try:
+            progress = warmup.from_legacy(self._checkpointer().restore(legacy))
+        except Exception:  # noqa: BLE001 - unreadable in either layout: the caller says why
+            return None
+        log.warning("warm-up checkpoint in %s predates the sampled check: its earlier checks have no pass@1 "
+                    "(NaN), the next check measures it", self.directory)
         return progress
 
     def _checkpointer(self) -> Checkpointer:
@@ -160,13 +210,20 @@ def base_params(spec: TrainSpec, config: RunConfig | ml_collections.ConfigDict, 
         params, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(config, config.seed),
                                   resume=None if wc is None else wc.restore(),
                                   after_chunk=None if wc is None else wc.after_chunk)
-        logger_rows.append({"warmup_steps": m["steps_run"], "warmup_accuracy": m["final_accuracy"],
-                            "warmup_teacher_solution_accuracy": m["final_teacher_solution_accuracy"],
-                            "warmup_teacher_feedback_accuracy": m["final_teacher_feedback_accuracy"],
-                            "warmup_time_s": m["wall_time_s"]})
-        log.info("warm-up: %d steps, held-out accuracy %.3f (teacher with a solution %.3f, with feedback %.3f), "
-                 "%.1fs", m["steps_run"], m["final_accuracy"], m["final_teacher_solution_accuracy"],
-                 m["final_teacher_feedback_accuracy"], m["wall_time_s"])
+        row = {"warmup_steps": m["steps_run"], "warmup_accuracy": m["final_accuracy"],
+               "warmup_teacher_solution_accuracy": m["final_teacher_solution_accuracy"],
+               "warmup_teacher_feedback_accuracy": m["final_teacher_feedback_accuracy"],
+               "warmup_time_s": m["wall_time_s"]}
+        sampled = ""
+        if m["check_prompts"]:
+            row.update({"warmup_pass@1": m["final_pass@1"], "warmup_mixed_groups": m["final_mixed_groups"]})
+            sampled = (f", sampled pass@1 {m['final_pass@1']:.3f} and mixed groups {m['final_mixed_groups']:.3f} "
+                       f"({m['check_prompts']} of its held-out prompts x {m['check_samples']})")
+        logger_rows.append(row)
+        log.info("warm-up: %d steps, greedy held-out accuracy %.3f on the warm-up's own %d seed-drawn problems "
+                 "(not the trainer's eval set)%s (teacher with a solution %.3f, with feedback %.3f), %.1fs",
+                 m["steps_run"], m["final_accuracy"], m["check_problems"], sampled,
+                 m["final_teacher_solution_accuracy"], m["final_teacher_feedback_accuracy"], m["wall_time_s"])
         return params
     return qwen3.init_params(spec.model, jax.random.PRNGKey(config.seed))
 
@@ -381,15 +438,16 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
         if resume_step is None:
             scores = evaluation(state.params, 0)
             logger.log(0, dict(pre_rows[0] if pre_rows else {}, **scores))
-            summary["initial_accuracy"] = scores["heldout_accuracy"]
+            summary.update(_initial_figures(dict(pre_rows[0] if pre_rows else {}, **scores)))
+            log.info("iteration 0 evaluation on the trainer's eval.n=%d fixed held-out problems (EVAL_SEED): %s",
+                     run.eval.n, _describe_scores(scores, run))
             if run.warmup.enabled and not spec.model_path:  # the warm-up is not redone after a kill
                 ckpt.save(0, state)
                 ckpt.wait()
                 warmup_ckpts.remove()
         elif resume_step == 0 and main:
             row0 = next((r for r in observe.read_metrics(logger.jsonl_path) if r.get("step") == 0), {})
-            if "heldout_accuracy" in row0:
-                summary["initial_accuracy"] = row0["heldout_accuracy"]
+            summary.update(_initial_figures(row0))
         while step < run.iterations:
             if _any_process(stop.requested is not None):
                 _save_and_stop(ckpt, step, state, stop)
@@ -413,11 +471,15 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
         ckpt.wait()
         final = evaluation(state.params, step)
         summary["final_accuracy"] = final["heldout_accuracy"]
+        if "heldout_pass@1" in final:
+            summary["final_pass@1"] = final["heldout_pass@1"]
         summary["final_eval"] = final
+        log.info("final evaluation (iteration %d) on the trainer's eval.n=%d fixed held-out problems: %s", step,
+                 run.eval.n, _describe_scores(final, run))
         if run.checkpoint.export_hf:
             export = os.path.join(workdir, "hf_export")
             params = where.to_host(state.params)  # every process takes part in the gather
-            if main:  # weights, tokenizer, generation config, model card (`rl/export.py`)
+            if main:  # weights, tokenizer, generation config, model card (`run/export.py`)
                 export_lib.write_export(export, spec.model, params, spec=spec, run_config=config, step=step,
                                         metrics=export_lib.metrics_at(workdir, step),
                                         source=os.path.abspath(workdir),
@@ -434,6 +496,32 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
         atomic.write_json_atomic(os.path.join(workdir, "summary.json"),
                                  {k: v for k, v in summary.items() if k != "state"})
     return summary
+
+
+WARMUP_SUMMARY = {"warmup_steps": "steps", "warmup_accuracy": "greedy_accuracy_on_its_check_set",
+                  "warmup_pass@1": "pass@1_on_its_check_set", "warmup_mixed_groups": "mixed_groups_on_its_check_set"}
+
+
+def _initial_figures(row0: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's figures of iteration 0 (docs/results.md "summary.json"): the trainer's evaluation of
+    the base model and, after a warm-up, the warm-up's last check on its own check set."""
+    out = {}
+    if "heldout_accuracy" in row0:
+        out["initial_accuracy"] = row0["heldout_accuracy"]
+    if "heldout_pass@1" in row0:
+        out["initial_pass@1"] = row0["heldout_pass@1"]
+    warm = {name: row0[k] for k, name in WARMUP_SUMMARY.items() if k in row0}
+    if warm:
+        out["warmup"] = warm
+    return out
+
+
+def _describe_scores(scores: dict[str, float], run: RunConfig) -> str:
+    text = f"greedy heldout_accuracy {scores['heldout_accuracy']:.3f}"
+    if "heldout_pass@1" in scores:
+        text += (f", sampled heldout_pass@1 {scores['heldout_pass@1']:.3f} ({run.eval.heldout_samples} per problem at "
+                 f"rollout.temperature={run.rollout.temperature:g})")
+    return text
 
 
 def _save_and_stop(ckpt: Checkpointer, step: int, state: TrainState, stop: StopRequests) -> None:

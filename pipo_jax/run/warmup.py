@@ -4,9 +4,17 @@ e.g. a reasoning-gym dataset in the character vocabulary: the library's own answ
 base model, so reinforcement learning has room to improve.
 
 Cross-entropy on the target tokens only (answer and EOS; prompt tokens carry no loss),
-AdamW through optax, `eval_every` steps per jitted `lax.scan` chunk, greedy held-out
-accuracy (`teacher_forcing.heldout_accuracy`, on a fixed held-out set) between chunks.
-Deterministic given the seed: the same seed gives bit-identical params on one machine.
+AdamW through optax, `eval_every` steps per jitted `lax.scan` chunk, and a check between chunks:
+greedy held-out accuracy (`teacher_forcing.heldout_accuracy`, on a fixed held-out set of `eval_n`
+problems drawn with the seed's eval key: the warm-up's own set, not the trainer's `EVAL_SEED` one)
+and, with `check_prompts > 0` on a `device_reward` task, the sampled check: `group_size` responses
+to each of `check_prompts` other held-out problems, drawn as the rollout will draw them
+(`temperature`, `top_k`, `top_p`, `max_new_tokens`), giving pass@1 and the share of mixed groups (`teacher_forcing.pass_and_mixed`), which
+is what RL starts from (a base solving 40% greedily can score 3% when sampled). The warm-up stops at
+the first check where every target set holds (`target_accuracy` greedy, `target_pass_rate`,
+`target_mixed_groups` sampled). One INFO line per check (`log`). Deterministic given the seed: the
+same seed gives bit-identical params on one machine; the checks use keys of their own, so they
+never change the training batches.
 
 The demonstrations are the task's (`Task.warmup_problems`). The built-in task shapes them by its
 own settings (`config.task.arithmetic.warmup_*`). With `warmup_mistake_rate > 0` they are flawed:
@@ -28,6 +36,7 @@ teacher's greedy accuracy with each context is measured beside the student's.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -39,7 +48,10 @@ import optax
 from pipo_jax.data import char_vocab
 from pipo_jax.models import qwen3
 from pipo_jax.run import teacher_forcing
+from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks.protocol import Task
+
+log = logging.getLogger(__name__)
 
 
 def task_model_config(vocab_ids: int = char_vocab.VOCAB_SIZE, **overrides) -> qwen3.Qwen3Config:
@@ -71,6 +83,14 @@ def answer_loss(model_config: qwen3.Qwen3Config, params, problems, targets=None)
 def _seed_keys(seed: int):
     """(init, train, eval) keys of a warm-up seed."""
     return jax.random.split(jax.random.PRNGKey(seed), 3)
+
+
+def check_keys(seed: int) -> tuple[jax.Array, jax.Array]:
+    """(problems, samples) keys of the warm-up's sampled check for `seed`: derived from its eval
+    key, apart from the init and train keys, so the check never changes what is trained. The same
+    at every check (the same problems; common random numbers across checks)."""
+    k_problems, k_samples = jax.random.split(jax.random.fold_in(_seed_keys(seed)[2], 1))
+    return k_problems, k_samples
 
 
 def initial_params(model_config: qwen3.Qwen3Config, seed: int):
@@ -119,16 +139,39 @@ def train_chunk(model_config, task, optimizer, params, opt_state, rng, *, batch:
 class WarmupProgress(NamedTuple):
     """Where a warm-up stands after a chunk, enough to continue it exactly (a checkpointable pytree).
 
-    `done`: steps run; `losses_s` `[steps]` (zeros past `done`); `evals_4e` `[4, E]`, rows: eval
-    step, student accuracy, teacher accuracy with a solution / with feedback, the first
-    `n_evals` columns filled (E = `max_evals(steps, eval_every)`).
+    `done`: steps run; `losses_s` `[steps]` (zeros past `done`); `evals_6e` `[6, E]`, rows
+    (`EVAL_ROWS`): eval step, student greedy accuracy, teacher accuracy with a solution / with
+    feedback, sampled pass@1, share of mixed groups (NaN: not measured), the first `n_evals` columns
+    filled (E = `max_evals(steps, eval_every)`). A checkpoint of the former layout (`evals_4e`,
+    no sampled rows) is read by `LegacyWarmupProgress` / `from_legacy`.
     """
     params: Any
     opt_state: Any
     done: Any  # int32 []
     losses_s: Any  # float32 [steps]
-    evals_4e: Any  # float32 [4, E]
+    evals_6e: Any  # float32 [6, E]
     n_evals: Any  # int32 []
+
+
+EVAL_ROWS = ("step", "accuracy", "teacher_solution", "teacher_feedback", "pass@1", "mixed_groups")
+
+
+class LegacyWarmupProgress(NamedTuple):
+    """`WarmupProgress` as saved before the sampled check (`evals_4e` `[4, E]`: its first four rows)."""
+    params: Any
+    opt_state: Any
+    done: Any
+    losses_s: Any
+    evals_4e: Any
+    n_evals: Any
+
+
+def from_legacy(old: LegacyWarmupProgress) -> WarmupProgress:
+    """The former layout in the current one: the sampled rows of its earlier checks NaN (not measured)."""
+    evals = np.asarray(old.evals_4e)
+    nan = np.full((len(EVAL_ROWS) - evals.shape[0], evals.shape[1]), np.nan, np.float32)
+    return WarmupProgress(old.params, old.opt_state, old.done, old.losses_s, np.concatenate([evals, nan]),
+                          old.n_evals)
 
 
 def max_evals(steps: int, eval_every: int) -> int:
@@ -137,14 +180,16 @@ def max_evals(steps: int, eval_every: int) -> int:
 
 
 def abstract_progress(model_config: qwen3.Qwen3Config, *, steps: int, lr: float, eval_every: int = 50,
-                      weight_decay: float = 0.01, lr_warmup_steps: int = 20) -> WarmupProgress:
+                      weight_decay: float = 0.01, lr_warmup_steps: int = 20,
+                      legacy: bool = False) -> WarmupProgress | LegacyWarmupProgress:
     """The `WarmupProgress` of a `warmup(...)` with these arguments as `jax.ShapeDtypeStruct`s
-    (the template a checkpoint of it is restored into)."""
+    (the template a checkpoint of it is restored into); `legacy`: the former layout's."""
     def build():
         params = qwen3.init_params(model_config, jax.random.PRNGKey(0))
         opt_state = make_warmup_optimizer(lr, weight_decay, lr_warmup_steps).init(params)
-        return WarmupProgress(params, opt_state, jnp.int32(0), jnp.zeros((steps,), jnp.float32),
-                              jnp.zeros((4, max_evals(steps, eval_every)), jnp.float32), jnp.int32(0))
+        kind, rows = (LegacyWarmupProgress, 4) if legacy else (WarmupProgress, len(EVAL_ROWS))
+        return kind(params, opt_state, jnp.int32(0), jnp.zeros((steps,), jnp.float32),
+                    jnp.zeros((rows, max_evals(steps, eval_every)), jnp.float32), jnp.int32(0))
 
     return jax.eval_shape(build)
 
@@ -160,6 +205,14 @@ def warmup(
     target_accuracy: float | None = None,
     eval_every: int = 50,
     eval_n: int = 512,
+    target_pass_rate: float | None = None,
+    target_mixed_groups: float | None = None,
+    check_prompts: int = 0,
+    group_size: int = 8,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 0,
     weight_decay: float = 0.01,
     lr_warmup_steps: int = 20,
     params: Any = None,
@@ -168,26 +221,38 @@ def warmup(
 ) -> tuple[Any, dict[str, Any]]:
     """Trains `params` (default: `initial_params(model_config, seed)`) for up to `steps` steps.
 
-    Held-out accuracy is measured on the same `eval_n` held-out problems at step 0 and
-    after every `eval_every` steps (and at the last step). With `target_accuracy` set,
-    training stops at the first evaluation (step 0 included) with accuracy >=
-    target_accuracy. The demonstrations are `task.warmup_problems` (module docstring); the teacher's
-    accuracy with a solution / a feedback context is measured at every evaluation beside the student's. The seed drives the initial params, the train batches and the
-    held-out set; the result is a deterministic function of the arguments.
+    A check at step 0 and after every `eval_every` steps (and at the last step): greedy held-out
+    accuracy on the same `eval_n` held-out problems, and with `check_prompts > 0` on a
+    `device_reward` task the sampled check: `group_size` responses to each of `check_prompts`
+    held-out problems (`check_keys(seed)`: the same ones each time), drawn as the rollout draws them
+    (`temperature`, `top_k`, `top_p`, `max_new_tokens`, 0: the task's answer length; its stop
+    tokens and pad id are the task's), scored by the task's JAX reward: pass@1 and the share of
+    mixed groups (`teacher_forcing.pass_and_mixed`). Training stops at the first check (step 0
+    included) where every target set holds: greedy accuracy >= `target_accuracy`, pass@1 >=
+    `target_pass_rate`, mixed share >= `target_mixed_groups`. The demonstrations are
+    `task.warmup_problems` (module docstring); the teacher's accuracy with a solution / a feedback
+    context is measured at every check beside the student's. The seed drives the initial params, the
+    train batches and the held-out sets; the result is a deterministic function of the arguments.
 
-    `after_chunk(progress)` is called after each chunk's evaluation (the trainer checkpoints
-    it there, and may raise to stop); `resume=progress` continues from it, and the result
-    is the same as had the warm-up run through.
+    `after_chunk(progress)` is called after each chunk's check (the trainer checkpoints it there,
+    and may raise to stop); `resume=progress` continues from it, and the result is the same as had
+    the warm-up run through. One INFO line per check (`log`).
 
     Returns (params, metrics) with metrics:
       loss: float array `[steps_run]` (train loss of each step's batch, before its update),
-      eval_steps / heldout_accuracy: lists (the accuracy curve),
+      eval_steps / heldout_accuracy: lists (the greedy accuracy curve on the warm-up's check set),
+      heldout_pass@1 / mixed_groups: lists, the sampled check (NaN where not measured),
       teacher_solution_accuracy / teacher_feedback_accuracy: lists, the same problems with a context,
-      initial_accuracy, final_accuracy, final_teacher_solution_accuracy, final_teacher_feedback_accuracy, steps_run, stopped_early, wall_time_s.
+      initial_accuracy, final_accuracy, final_pass@1, final_mixed_groups, final_teacher_solution_accuracy,
+      final_teacher_feedback_accuracy, check_problems (eval_n), check_prompts, check_samples (group_size),
+      steps_run, stopped_early, wall_time_s.
     """
-    for name, value in (("steps", steps), ("batch", batch), ("eval_every", eval_every), ("eval_n", eval_n)):
+    for name, value in (("steps", steps), ("batch", batch), ("eval_every", eval_every), ("eval_n", eval_n),
+                        ("group_size", group_size)):
         if value < 1:
             raise ValueError(f"warmup: {name}={value} must be >= 1")
+    if check_prompts < 0:
+        raise ValueError(f"warmup: check_prompts={check_prompts} must be >= 0")
     if model_config.vocab_size < task.token_id_bound:
         raise ValueError(f"warmup: model_config.vocab_size={model_config.vocab_size} < the task vocabulary "
                          f"({task.token_id_bound} tokens)")
@@ -196,18 +261,35 @@ def warmup(
                          f"< the task's prompt + answer length {task.prompt_len + task.answer_len}")
     if not task.capabilities.warmup:
         raise ValueError(f"warmup: the {task.name} task has no reference responses to learn from")
-    if target_accuracy is not None and not 0.0 <= target_accuracy <= 1.0:
-        raise ValueError(f"warmup: target_accuracy={target_accuracy} must be in [0, 1]")
+    for name, value in (("target_accuracy", target_accuracy), ("target_pass_rate", target_pass_rate),
+                        ("target_mixed_groups", target_mixed_groups)):
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ValueError(f"warmup: {name}={value} must be in [0, 1]")
+    sampled_targets = [n for n, v in (("target_pass_rate", target_pass_rate),
+                                      ("target_mixed_groups", target_mixed_groups)) if v is not None]
+    if sampled_targets and check_prompts < 1:
+        raise ValueError(f"warmup: {sampled_targets[0]} needs the sampled check: check_prompts={check_prompts} "
+                         "must be >= 1")
+    if sampled_targets and not task.capabilities.device_reward:
+        raise ValueError(f"warmup: {sampled_targets[0]} needs the task's JAX reward; the {task.name} task is "
+                         "scored on the host")
+    sampled = check_prompts > 0 and task.capabilities.device_reward
+    if sampled and temperature <= 0:
+        raise ValueError(f"warmup: temperature={temperature} must be > 0 (the sampled check)")
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                              max_new_tokens=max_new_tokens or task.answer_len) if sampled else None
 
     start = time.perf_counter()
     _, k_train, k_eval = _seed_keys(seed)
+    k_check_problems, k_check_samples = check_keys(seed)
     if resume is not None:
+        if isinstance(resume, LegacyWarmupProgress):
+            resume = from_legacy(resume)
         params, opt_state = jax.tree.map(jnp.array, (resume.params, resume.opt_state))
         done, n_evals = int(resume.done), int(resume.n_evals)
-        evals = np.asarray(resume.evals_4e)[:, :n_evals]
+        evals = np.asarray(resume.evals_6e)[:, :n_evals]
         eval_steps = [int(x) for x in evals[0]]
-        accuracy = [float(x) for x in evals[1]]
-        teacher = {"solution": [float(x) for x in evals[2]], "feedback": [float(x) for x in evals[3]]}
+        curves = {name: [float(x) for x in row] for name, row in zip(EVAL_ROWS[1:], evals[1:])}
         losses = [np.asarray(resume.losses_s)[:done]]
     else:
         if params is None:
@@ -223,22 +305,47 @@ def warmup(
 
     contexts = jax.eval_shape(lambda: task.teacher_eval_problems(None, 1, k_eval))  # {} for a task without any
 
-    def evaluate_teacher():  # NaN: the task has no such context
-        for kind, curve in teacher.items():
-            curve.append(evaluate(kind) if kind in contexts else float("nan"))
+    def check() -> None:
+        """The check of the current params, appended to the curves (NaN: not measured / no such context)."""
+        curves["accuracy"].append(evaluate())
+        for kind in ("solution", "feedback"):
+            curves[f"teacher_{kind}"].append(evaluate(kind) if kind in contexts else float("nan"))
+        pass1 = mixed = float("nan")
+        if sampled:
+            rewards = teacher_forcing.sampled_rewards(model_config, params, task, None, check_prompts, group_size,
+                                                      k_check_problems, k_check_samples, sampling)
+            pass1, mixed = teacher_forcing.pass_and_mixed(jax.device_get(rewards))
+        curves["pass@1"].append(pass1)
+        curves["mixed_groups"].append(mixed)
+
+    def report() -> None:
+        step, chunk = eval_steps[-1], losses[-1]
+        parts = [f"loss {float(np.mean(chunk)):.4f}"] if len(chunk) and step else []
+        parts.append(f"greedy held-out accuracy {curves['accuracy'][-1]:.3f} (the warm-up's own {eval_n} "
+                     "seed-drawn problems)")
+        if sampled:
+            parts.append(f"sampled pass@1 {curves['pass@1'][-1]:.3f}, mixed groups {curves['mixed_groups'][-1]:.3f} "
+                         f"({check_prompts} prompts x {group_size} at T={sampling.temperature:g})")
+        if contexts:
+            parts.append(f"teacher with a solution {curves['teacher_solution'][-1]:.3f}, "
+                         f"with feedback {curves['teacher_feedback'][-1]:.3f}")
+        log.info("warm-up step %d/%d: %s, %.1fs", step, steps, ", ".join(parts), time.perf_counter() - start)
 
     if resume is None:
-        teacher = {"solution": [], "feedback": []}
-        eval_steps, accuracy, losses = [0], [evaluate()], [np.zeros((0,), np.float32)]
-        evaluate_teacher()
+        curves = {name: [] for name in EVAL_ROWS[1:]}
+        eval_steps, losses = [0], [np.zeros((0,), np.float32)]
+        check()
+        report()
         done = 0
 
     def reached() -> bool:
-        return target_accuracy is not None and accuracy[-1] >= target_accuracy
+        targets = ((target_accuracy, "accuracy"), (target_pass_rate, "pass@1"), (target_mixed_groups, "mixed_groups"))
+        set_ = [(t, curves[name][-1]) for t, name in targets if t is not None]
+        return bool(set_) and all(value >= t for t, value in set_)  # NaN (not measured) never reaches
 
     def progress() -> WarmupProgress:
-        evals = np.zeros((4, max_evals(steps, eval_every)), np.float32)
-        evals[:, :len(eval_steps)] = [eval_steps, accuracy, teacher["solution"], teacher["feedback"]]
+        evals = np.zeros((len(EVAL_ROWS), max_evals(steps, eval_every)), np.float32)
+        evals[:, :len(eval_steps)] = [eval_steps] + [curves[name] for name in EVAL_ROWS[1:]]
         run = np.concatenate(losses)
         return WarmupProgress(params, opt_state, np.int32(done), np.pad(run, (0, steps - len(run))), evals,
                               np.int32(len(eval_steps)))
@@ -250,20 +357,27 @@ def warmup(
         losses.append(np.asarray(chunk_losses))
         done += n
         eval_steps.append(done)
-        accuracy.append(evaluate())
-        evaluate_teacher()
+        check()
+        report()
         if after_chunk is not None:
             after_chunk(progress())
     metrics = {
         "loss": np.concatenate(losses),
         "eval_steps": eval_steps,
-        "heldout_accuracy": accuracy,
-        "initial_accuracy": accuracy[0],
-        "final_accuracy": accuracy[-1],
-        "teacher_solution_accuracy": teacher["solution"],
-        "teacher_feedback_accuracy": teacher["feedback"],
-        "final_teacher_solution_accuracy": teacher["solution"][-1],
-        "final_teacher_feedback_accuracy": teacher["feedback"][-1],
+        "heldout_accuracy": curves["accuracy"],
+        "heldout_pass@1": curves["pass@1"],
+        "mixed_groups": curves["mixed_groups"],
+        "initial_accuracy": curves["accuracy"][0],
+        "final_accuracy": curves["accuracy"][-1],
+        "final_pass@1": curves["pass@1"][-1],
+        "final_mixed_groups": curves["mixed_groups"][-1],
+        "teacher_solution_accuracy": curves["teacher_solution"],
+        "teacher_feedback_accuracy": curves["teacher_feedback"],
+        "final_teacher_solution_accuracy": curves["teacher_solution"][-1],
+        "final_teacher_feedback_accuracy": curves["teacher_feedback"][-1],
+        "check_problems": eval_n,
+        "check_prompts": check_prompts if sampled else 0,
+        "check_samples": group_size,
         "steps_run": done,
         "stopped_early": done < steps,
         "wall_time_s": time.perf_counter() - start,

@@ -115,3 +115,114 @@ def test_bad_arguments_name_the_field(kwargs, match):
     args = dict(model_config=MODEL, task=TASK, steps=10, batch=8, lr=1e-3, seed=0) | kwargs
     with pytest.raises(ValueError, match=match):
         warmup.warmup(args.pop("model_config"), args.pop("task"), **args)
+
+
+# The sampled check: what RL will see (pass@1 and mixed groups at the rollout's sampling).
+CHECK = dict(check_prompts=16, group_size=4, temperature=1.0)
+
+
+def direct_pass_and_mixed(params, seed: int = 0):
+    """pass@1 and the mixed share of the warm-up's sampled check, computed here from the sampler and
+    the task's reward (not through `teacher_forcing.sampled_rewards`)."""
+    from pipo_jax.sampling import sampler
+    from pipo_jax.sampling.sampling_params import SamplingParams
+
+    k_problems, k_samples = jax.random.split(jax.random.fold_in(jax.random.split(jax.random.PRNGKey(seed), 3)[2], 1))
+    problems = TASK.heldout_problems(None, 16, k_problems)
+    repeated = jax.tree.map(lambda x: jnp.repeat(x, 4, axis=0), problems)
+    out = sampler.generate(MODEL, params, repeated.prompt_tokens_bp, repeated.prompt_mask_bp, k_samples,
+                           SamplingParams(temperature=1.0, max_new_tokens=TASK.answer_len,
+                                          stop_token_ids=tuple(TASK.stop_token_ids), pad_id=TASK.pad_id))
+    solved = np.asarray(TASK.reward(repeated, out.tokens_br, out.mask_br)).reshape(16, 4) >= 1.0
+    return float(solved.mean()), float(np.mean(solved.any(axis=1) & ~solved.all(axis=1)))
+
+
+def test_pass_and_mixed_by_hand():
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0],   # 2 of 4: mixed
+                        [0.0, 0.0, 0.0, 0.0],   # none
+                        [1.0, 1.0, 1.0, 1.0],   # all
+                        [0.5, 1.0, 0.99, 0.0],  # 1 of 4 (partial credit is not success): mixed
+                        [0.9, 0.9, 0.9, 0.9]])  # graded but none solved: not mixed
+    pass1, mixed = teacher_forcing.pass_and_mixed(rewards)
+    assert pass1 == pytest.approx((2 / 4 + 0 + 1 + 1 / 4 + 0) / 5)  # 0.35
+    assert mixed == pytest.approx(2 / 5)
+    assert teacher_forcing.pass_and_mixed(np.ones((3, 1))) == (1.0, 0.0)  # one sample: never mixed
+
+
+@pytest.mark.parametrize("targets", [dict(target_pass_rate=0.1), dict(target_pass_rate=0.1, target_mixed_groups=0.3)])
+def test_stops_at_the_first_check_where_the_sampled_targets_hold(targets):
+    params, m = warmup.warmup(MODEL, TASK, steps=400, seed=0, **CHECK, **targets, **RUN)
+    pass1, mixed = m["heldout_pass@1"], m["mixed_groups"]
+    print(f"steps {m['eval_steps']}: greedy {m['heldout_accuracy']}, pass@1 {pass1}, mixed {mixed}")
+    holds = [p >= targets["target_pass_rate"] and mx >= targets.get("target_mixed_groups", 0.0)
+             for p, mx in zip(pass1, mixed)]
+    assert holds[-1] and not any(holds[:-1])
+    assert m["stopped_early"] and m["steps_run"] == m["eval_steps"][-1] < 400
+    assert m["final_pass@1"] == pass1[-1] and m["final_mixed_groups"] == mixed[-1]
+    assert len(pass1) == len(mixed) == len(m["heldout_accuracy"]) == len(m["eval_steps"])
+    # the figures at the stop are those of a direct computation on the same params and keys
+    assert direct_pass_and_mixed(params) == pytest.approx((pass1[-1], mixed[-1]), abs=1e-6)
+    # the check never touches the training stream: the same run without it gives the same params and losses
+    plain, pm = warmup.warmup(MODEL, TASK, steps=m["steps_run"], seed=0, **RUN)
+    assert tree_equal(params, plain)
+    np.testing.assert_array_equal(m["loss"], pm["loss"])
+    assert pm["heldout_accuracy"] == m["heldout_accuracy"] and all(math.isnan(p) for p in pm["heldout_pass@1"])
+
+
+def test_greedy_and_sampled_targets_must_all_hold():
+    targets = dict(target_accuracy=0.05, target_pass_rate=0.1)
+    _, m = warmup.warmup(MODEL, TASK, steps=400, seed=0, **CHECK, **targets, **RUN)
+    holds = [a >= 0.05 and p >= 0.1 for a, p in zip(m["heldout_accuracy"], m["heldout_pass@1"])]
+    print(f"steps {m['eval_steps']}: greedy {m['heldout_accuracy']}, pass@1 {m['heldout_pass@1']}")
+    assert holds[-1] and not any(holds[:-1]) and m["stopped_early"]
+
+
+def test_resume_with_the_sampled_targets_equals_the_uninterrupted_run():
+    from pipo_jax.run.preemption import RunInterrupted
+    import signal
+
+    kw = dict(steps=60, seed=0, target_pass_rate=0.1, target_mixed_groups=0.3, **CHECK, **RUN)
+    full_params, full = warmup.warmup(MODEL, TASK, **kw)
+    saved = []
+
+    def stop_after_first(progress):
+        saved.append(jax.device_get(progress))
+        raise RunInterrupted(signal.SIGTERM, "warm-up step 20", "nowhere")
+
+    with pytest.raises(RunInterrupted):
+        warmup.warmup(MODEL, TASK, **kw, after_chunk=stop_after_first)
+    progress = saved[0]
+    assert int(progress.done) == 20 and progress.evals_6e.shape == (6, warmup.max_evals(60, 20))
+    np.testing.assert_array_equal(progress.evals_6e[4:, :2], [full["heldout_pass@1"][:2], full["mixed_groups"][:2]])
+    template = warmup.abstract_progress(MODEL, steps=60, lr=RUN["lr"], eval_every=20)
+    assert jax.tree.structure(template) == jax.tree.structure(progress)
+    params, resumed = warmup.warmup(MODEL, TASK, **kw, resume=progress)
+    assert tree_equal(full_params, params)
+    for key in ("loss", "eval_steps", "heldout_accuracy", "heldout_pass@1", "mixed_groups", "steps_run",
+                "stopped_early"):
+        np.testing.assert_array_equal(full[key], resumed[key])
+
+    # a progress saved before the sampled check (evals_4e) resumes too: its earlier checks have no pass@1
+    legacy = warmup.LegacyWarmupProgress(progress.params, progress.opt_state, progress.done, progress.losses_s,
+                                         progress.evals_6e[:4], progress.n_evals)
+    plain = dict(kw, target_pass_rate=None, target_mixed_groups=None)
+    plain_params, plain_full = warmup.warmup(MODEL, TASK, **plain)
+    params, resumed = warmup.warmup(MODEL, TASK, **plain, resume=legacy)
+    assert tree_equal(plain_params, params)
+    assert all(math.isnan(p) for p in resumed["heldout_pass@1"][:2])
+    assert resumed["heldout_pass@1"][2:] == plain_full["heldout_pass@1"][2:]
+    assert resumed["heldout_accuracy"] == plain_full["heldout_accuracy"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(target_pass_rate=1.5, check_prompts=4), "target_pass_rate=1.5"),
+    (dict(target_mixed_groups=-0.1, check_prompts=4), "target_mixed_groups=-0.1"),
+    (dict(target_pass_rate=0.5), "target_pass_rate needs the sampled check: check_prompts=0"),
+    (dict(check_prompts=-1), "check_prompts=-1"),
+    (dict(group_size=0), "group_size=0"),
+    (dict(check_prompts=4, temperature=0.0), "temperature=0.0"),
+])
+def test_bad_sampled_check_arguments_name_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match) as e:
+        warmup.warmup(MODEL, TASK, steps=10, batch=8, lr=1e-3, seed=0, **kwargs)
+    assert "\n" not in str(e.value)
