@@ -1,4 +1,4 @@
-"""The code sandbox's reward hacks (issue #26, part 2), each as the program a policy could
+"""The code sandbox's known reward hacks, each as the program a policy could
 write, each scoring 0 now. Before the judge / runner split each of the three scored 1.0 on
 these very tests, including ``add(2, 2) == 5``, which no correct program passes: (a) forged
 "pass" records on the report fd, then ``os._exit(0)``; (b) an object whose ``__eq__`` is
