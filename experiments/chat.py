@@ -16,18 +16,21 @@ A prompt is rendered as the policy's task renders it:
     built-in-task run reads `<bos>47+85=`).
 Each response is followed by an empty line. Decoding is greedy unless `--temperature` > 0; sampled
 responses are reproducible from `--seed` (prompt i uses `fold_in(seed, i)`). A line the task cannot
-render (a word for the arithmetic task, a too-long prompt) is reported on stderr and skipped.
+render (a word for the arithmetic task, a prompt over the policy's max prompt length) is reported on
+stderr (`error: ...`) and skipped. A problem outside what the built-in task trained on (operands of a
+digit count outside [min_digits, max_digits], e.g. `3+4` for the tiny preset's 2-digit operands, or
+an operator it was not trained on) is still answered, after a one-line `note: ...` on stderr saying
+what is outside; on a terminal the task's prompt note (`task.prompt_note()`) is shown at the start.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from absl import app, flags
 
 from experiments import cli
-from experiments.conversation import make_chat
+from experiments import conversation
 
 _POLICY = flags.DEFINE_string("policy", None, "training-run workdir or HF model directory", required=True)
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step of a run workdir (default: the newest that reads)")
@@ -43,16 +46,18 @@ _MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", 2048, "longer prompts ar
 
 def main(argv):
     del argv
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's restore logs
+    conversation.quiet_startup_logs()  # no `Unable to initialize backend 'tpu'` line at every start
     if _TEMPERATURE.value < 0:
         raise app.UsageError(f"--temperature={_TEMPERATURE.value} must be >= 0")
-    chat = make_chat(_POLICY.value, _STEP.value, max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
+    chat = conversation.make_chat(_POLICY.value, _STEP.value, max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
                      top_p=_TOP_P.value, seed=_SEED.value, prompt_style=_STYLE.value,
                      max_prompt_tokens=_MAX_PROMPT.value)
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"policy {_POLICY.value}: one prompt a line, Ctrl-D to end", file=sys.stderr)
+        task = getattr(chat.prompts, "task", None)
+        if task is not None:  # the built-in task says what it trained on
+            print(task.prompt_note(), file=sys.stderr)
     while True:
         try:
             line = input("> " if interactive else "")
@@ -61,6 +66,9 @@ def main(argv):
         if not line.strip():
             continue
         try:
+            notice = chat.notice(line)
+            if notice is not None:  # outside what the task trained on: said, then answered
+                print(notice, file=sys.stderr, flush=True)
             reply = chat.reply(line)
         except ValueError as e:  # a line the task cannot render: say so, keep talking
             print(f"error: {cli.one_line(e)}", file=sys.stderr)

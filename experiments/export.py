@@ -1,7 +1,7 @@
 """Export a policy as a Hugging Face directory (weights, tokenizer, generation_config.json, model card)
 that `transformers` and other tools load:
 
-    python -m experiments.export --policy=runs/tiny --out=runs/tiny/export_step40 --step=40 --dtype=bfloat16
+    python -m experiments.export --policy=runs/tiny --out=runs/tiny/export_step90 --step=90 --dtype=bfloat16
 
 `--policy`: a training run's workdir (checkpoint `--step`, default the newest that reads) or a
 Hugging Face model directory with its tokenizer. `--dtype`: the stored weights' dtype (default:

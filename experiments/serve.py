@@ -8,17 +8,57 @@ with this project's slot engine behind a JetStream `Engine` adapter (`experiment
 Hugging Face directory; a text request is rendered as `experiments.chat` renders a line (the built-in
 task: `47+85`; a text policy: its chat template, or the text as it is with `--prompt_style=raw`).
 Decoding is greedy unless `--temperature` > 0. The server listens on `--host` (localhost unless told
-otherwise) and runs until interrupted; the README has a client.
+otherwise) and runs until interrupted; docs/serving.md has a client. A prompt over the policy's max
+prompt length (`--max_prefill_length`) is refused with INVALID_ARGUMENT naming both numbers.
+
+Start-up is quiet: the process sets, before TensorFlow is imported and only where the user did not
+set them, TF_CPP_MIN_LOG_LEVEL=3 and (when jax runs without CUDA) CUDA_VISIBLE_DEVICES="", so
+TensorFlow's `failed call to cuInit` is not printed; jax's backend probe (`Unable to initialize
+backend 'tpu'`) is an INFO line of `jax._src`, kept below WARNING as the trainer does.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 
-from absl import app, flags
+_JAX_CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
 
-from experiments import conversation
-from experiments import cli, serving
+
+def _jax_may_use_cuda(environ) -> bool:
+    """Whether this process's jax may run on an NVIDIA GPU (a CUDA plugin is installed and
+    JAX_PLATFORMS, when set, allows cuda / gpu)."""
+    platforms = environ.get("JAX_PLATFORMS", "").lower()
+    if platforms and not any(p in platforms for p in ("cuda", "gpu")):
+        return False
+    for name in _JAX_CUDA_PLUGINS:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except ImportError:  # jax_plugins itself absent
+            continue
+    return False
+
+
+def tensorflow_environment(environ, jax_may_use_cuda: bool) -> dict[str, str]:
+    """The variables to set before TensorFlow is imported (JetStream pulls it in through seqio, for
+    tokenizers this server does not use), each only where the user did not set it:
+    TF_CPP_MIN_LOG_LEVEL=3 (no C++ banners and no `failed call to cuInit` error line on a machine
+    without a GPU driver), and, when jax runs without CUDA, CUDA_VISIBLE_DEVICES="" (TensorFlow
+    then leaves any GPU alone instead of initialising it)."""
+    wanted = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+    if not jax_may_use_cuda:
+        wanted["CUDA_VISIBLE_DEVICES"] = ""
+    return {k: v for k, v in wanted.items() if k not in environ}
+
+
+# Before anything imports TensorFlow (experiments.serving imports JetStream, which imports it).
+os.environ.update(tensorflow_environment(os.environ, _jax_may_use_cuda(os.environ)))
+
+from absl import app, flags  # noqa: E402
+
+from experiments import cli, conversation, serving  # noqa: E402
 
 _POLICY = flags.DEFINE_string("policy", None, "training-run workdir or HF model directory", required=True)
 _STEP = flags.DEFINE_integer("step", None, "checkpoint step of a run workdir (default: the newest that reads)")
@@ -40,7 +80,7 @@ def main(argv):
     logging.basicConfig(level=logging.WARNING)
     # absl's handler is on the root logger at INFO; JetStream's orchestrator logs every step there.
     logging.getLogger().setLevel(logging.WARNING)
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    conversation.quiet_startup_logs()
     serving.require_jetstream()  # before anything is loaded
     m = _MAX_PREFILL.value
     if m < 16 or m > 32768 or m & (m - 1):

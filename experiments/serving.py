@@ -16,8 +16,11 @@ The adapter:
 `PolicyTokenizer` renders a text request as `experiments.chat` renders a line (`experiments.conversation`) (the built-in task: `47+85` ->
 its prompt; a text policy: its chat template or the raw text); a token request is taken as it
 is, after the policy's bos id that JetStream puts in front (`-1`, dropped by `prefill`, for a
-policy without one). A request that cannot be rendered, or that does not fit, is refused with
-INVALID_ARGUMENT before it reaches the orchestrator's threads (which end the process on an error).
+policy without one). A request that cannot be rendered, or that does not fit (a prompt over
+`max_prefill_length` tokens: `the prompt has N tokens, over the policy's max prompt length of M tokens`),
+is refused with INVALID_ARGUMENT before it reaches the orchestrator's threads (which end the process on
+an error); the refusal's text is cut to `MAX_ERROR_CHARS`, since gRPC sends it as trailing metadata
+(8 KiB by default; a longer one reaches the client as RESOURCE_EXHAUSTED instead).
 
 JetStream 0.2.2 beside jax >= 0.6: its orchestrator deletes a prefix with `jax.tree_map`, removed
 from jax; the adapter replaces that one function of JetStream's orchestrator module
@@ -39,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.conversation import Chat
+from experiments.conversation import Chat, too_long
 from experiments.cli import MissingExtra
 from pipo_jax.sampling.engine import DecodeState, Engine
 from pipo_jax.sampling.sampling_params import SamplingParams
@@ -47,6 +50,7 @@ from pipo_jax.sampling.sampling_params import SamplingParams
 EXTRA_HINT = "pip install 'pipo_jax[serve]' (google-jetstream)"
 NO_BOS = -1  # the bos id given to JetStream for a policy without one (dropped again in prefill)
 
+MAX_ERROR_CHARS = 1000  # a refusal's details travel as gRPC trailing metadata (8 KiB by default)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # JetStream pulls in TensorFlow (via seqio): no C++ banners
 _root = logging.getLogger()
 _level, _handlers = _root.level, list(_root.handlers)
@@ -118,10 +122,10 @@ class PolicyTokenizer(_TokBase):
 
     def prompt_ids(self, text: str) -> list[int]:
         """The rendered prompt's ids; ValueError for a prompt the policy's task cannot render or too long."""
-        tokens, mask, _ = self.chat.prompts.render(text)
+        tokens, mask, _ = self.chat.prompts.render(text, max_tokens=self.max_prefill_length)
         ids = [int(t) for t in np.asarray(tokens)[np.asarray(mask) == 1]]
         if len(ids) > self.max_prefill_length:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the server takes at most {self.max_prefill_length}")
+            raise ValueError(f"{too_long(len(ids), self.max_prefill_length)} (the server's --max_prefill_length)")
         return ids
 
     def encode(self, s: str, **kwargs) -> tuple[np.ndarray, int]:
@@ -238,6 +242,7 @@ def _checking_orchestrator(tokenizer: PolicyTokenizer, max_new_tokens: int):
         async def Decode(self, request, context=None):  # noqa: N802 (gRPC method name)
             problem = _request_problem(request, tokenizer, max_new_tokens)
             if problem is not None:
+                problem = bounded(problem)
                 if context is None:
                     raise ValueError(problem)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
@@ -246,6 +251,12 @@ def _checking_orchestrator(tokenizer: PolicyTokenizer, max_new_tokens: int):
                 yield response
 
     return CheckingOrchestrator
+
+
+def bounded(message: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """`message` cut to `limit` characters: a refusal's details are sent as gRPC trailing metadata,
+    and a longer one reaches the client as RESOURCE_EXHAUSTED (metadata size) instead of the refusal."""
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def _request_problem(request, tokenizer: PolicyTokenizer, max_new_tokens: int) -> str | None:
@@ -268,7 +279,7 @@ def _request_problem(request, tokenizer: PolicyTokenizer, max_new_tokens: int) -
         if not ids:
             return "token_content is empty"
         if n > tokenizer.max_prefill_length:
-            return f"the prompt has {n} tokens (with bos); the server takes at most {tokenizer.max_prefill_length}"
+            return f"{too_long(n, tokenizer.max_prefill_length)} (with bos; the server's --max_prefill_length)"
         bound = tokenizer.chat.model.vocab_size
         bad = [i for i in ids if not 0 <= i < bound]
         if bad:

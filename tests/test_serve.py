@@ -98,6 +98,13 @@ def test_concurrent_requests_stream_the_samplers_tokens(policy):
             serving.client_decode(address, text="hello", max_tokens=4)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "not a problem of the arithmetic task" in refused.value.details()
+        # A 100k-character prompt: refused naming the limit (not gRPC's RESOURCE_EXHAUSTED on the
+        # refusal's metadata size).
+        with pytest.raises(grpc.RpcError) as refused:
+            serving.client_decode(address, text="1" * 100_000 + "+1", max_tokens=4)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == ("the prompt has 100004 tokens, over the policy's max prompt length of "
+                                           "16 tokens")
         with pytest.raises(grpc.RpcError, match="more than the server's --max_new_tokens=8"):
             serving.client_decode(address, text="3+4", max_tokens=9)
         assert serving.client_decode(address, text=TEXTS[0], max_tokens=MAX_NEW)[0] == expected[0]

@@ -177,24 +177,31 @@ def _series(rows: Iterable[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(x), np.asarray(y)
 
 
+# (file, title, y-axis label: the quantity and its unit, ((metrics key, legend label), ...)); x: the RL iteration.
 PLOTS = (
-    ("reward.png", "reward", (("reward_mean", "batch reward"), ("heldout_accuracy", "held-out accuracy"))),
-    ("mu_vs_mu_his.png", "PIPO window", (("mu_t", "mu_t"), ("mu_his", "mu_his"))),
-    ("xi_c.png", "improvement signal", (("xi", "xi"), ("c", "c"), ("pi_step_applied", "PI step applied"))),
-    ("response_length.png", "response length (tokens)", (("response_length", "mean length"),)),
-    ("kl.png", "KL to reference", (("kl_ref", "k3 KL(pi || ref)"),)),
+    ("reward.png", "reward", "reward per response / accuracy (fraction, 0-1)",
+     (("reward_mean", "batch reward"), ("heldout_accuracy", "held-out accuracy"))),
+    ("mu_vs_mu_his.png", "PIPO window", "batch mean reward (reward per response)",
+     (("mu_t", "mu_t"), ("mu_his", "mu_his"))),
+    ("xi_c.png", "improvement signal", "xi (window std. devs), c (scale), PI step (0/1)",
+     (("xi", "xi"), ("c", "c"), ("pi_step_applied", "PI step applied"))),
+    ("response_length.png", "response length", "mean response length (tokens)",
+     (("response_length", "mean length"),)),
+    ("kl.png", "KL to reference", "KL(pi || ref), k3 (nats per token)", (("kl_ref", "k3 KL(pi || ref)"),)),
 )
+X_LABEL = "RL iteration (step)"
 
 
 def plot_run(rows: list[dict], workdir: str) -> list[str]:
-    """Draws the standard run plots (PNG) from metrics rows; returns the written paths."""
+    """Draws the standard run plots (PNG) from metrics rows; returns the written paths. Each plot's
+    axes are labelled with the quantity and its unit (`PLOTS`, `X_LABEL`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    for fname, title, keys in PLOTS:
+    for fname, title, ylabel, keys in PLOTS:
         series = [(label, *_series(rows, key)) for key, label in keys]
         series = [s for s in series if len(s[1])]
         if not series:
@@ -202,7 +209,8 @@ def plot_run(rows: list[dict], workdir: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for label, x, y in series:
             ax.plot(x, y, label=label, marker="o" if len(x) < 30 else None, markersize=3)
-        ax.set_xlabel("iteration")
+        ax.set_xlabel(X_LABEL)
+        ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend()

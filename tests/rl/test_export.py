@@ -211,8 +211,11 @@ def test_chat_renders_the_task_prompt_and_answers_as_the_sampler(run):
         assert chat.reply(text).split("\t")[0] == cv.decode([t for t in ids if t != cv.EOS_ID])
     with pytest.raises(ValueError, match="not a problem of the arithmetic task"):
         chat.reply("hello")
-    with pytest.raises(ValueError, match="at most 2 digits"):
-        chat.reply("123+4")
+    # Outside what the task trained on (a 3-digit operand): a notice naming it, and still an answer.
+    assert chat.notice("12+5") is None
+    notice = chat.notice("123+4")
+    assert "123 (3 digits)" in notice and "trained on 1- to 2-digit operands" in notice
+    assert "127" in chat.reply("123+4").split("\t")[1]
 
 
 def test_chat_states_the_answer_and_whether_it_is_right():

@@ -83,3 +83,34 @@ def test_resume_truncates_jsonl_and_purges_tensorboard(tmp_path):
     log.log(0, {"xi": 7.0})
     log.close(plots=False)
     assert [(r["step"], r["xi"]) for r in observe.read_metrics(str(tmp_path / "metrics.jsonl"))] == [(0, 7.0)]
+
+
+def test_every_plot_has_labelled_axes_with_units(tmp_path, monkeypatch):
+    """Each PNG the run writes is drawn from a figure whose axes name the quantity and its unit:
+    savefig is wrapped to read the figure it writes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    seen = {}
+    save = Figure.savefig
+
+    def recording_savefig(fig, path, *args, **kwargs):
+        seen[str(path).rsplit("/", 1)[-1]] = [(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes]
+        return save(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording_savefig)
+    rows = [dict(row(s), step=s) for s in (1, 2, 3)]
+    written = observe.plot_run(rows, str(tmp_path))
+    names = sorted(p.rsplit("/", 1)[-1] for p in written)
+    assert names == ["kl.png", "mu_vs_mu_his.png", "response_length.png", "reward.png", "xi_c.png"]
+    assert sorted(seen) == names
+    units = {"reward.png": "fraction", "mu_vs_mu_his.png": "reward", "xi_c.png": "std. devs",
+             "response_length.png": "tokens", "kl.png": "nats"}
+    for name, axes in seen.items():
+        assert len(axes) == 1, name
+        (xlabel, ylabel), = axes
+        assert "iteration" in xlabel, (name, xlabel)
+        assert ylabel.strip() and "(" in ylabel and units[name] in ylabel, (name, ylabel)
+        assert open(tmp_path / name, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
