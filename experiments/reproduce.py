@@ -23,7 +23,7 @@ import subprocess
 import sys
 from typing import Callable
 
-from absl import app, flags
+from absl import flags
 
 from experiments import cli
 

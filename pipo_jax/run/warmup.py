@@ -300,10 +300,12 @@ def warmup(
     if resume is None:
         opt_state = optimizer.init(params)
 
-    def evaluate(kind: str = "none") -> float:
-        return float(teacher_forcing.heldout_accuracy(model_config, params, task, None, eval_n, k_eval, kind))
+    table = task.prompt_table()  # None for a task that generates its problems
 
-    contexts = jax.eval_shape(lambda: task.teacher_eval_problems(None, 1, k_eval))  # {} for a task without any
+    def evaluate(kind: str = "none") -> float:
+        return float(teacher_forcing.heldout_accuracy(model_config, params, task, table, eval_n, k_eval, kind))
+
+    contexts = jax.eval_shape(lambda: task.teacher_eval_problems(table, 1, k_eval))  # {} for a task without any
 
     def check() -> None:
         """The check of the current params, appended to the curves (NaN: not measured / no such context)."""
@@ -312,7 +314,7 @@ def warmup(
             curves[f"teacher_{kind}"].append(evaluate(kind) if kind in contexts else float("nan"))
         pass1 = mixed = float("nan")
         if sampled:
-            rewards = teacher_forcing.sampled_rewards(model_config, params, task, None, check_prompts, group_size,
+            rewards = teacher_forcing.sampled_rewards(model_config, params, task, table, check_prompts, group_size,
                                                       k_check_problems, k_check_samples, sampling)
             pass1, mixed = teacher_forcing.pass_and_mixed(jax.device_get(rewards))
         curves["pass@1"].append(pass1)

@@ -139,8 +139,8 @@ def test_answers_past_the_batch_budget_score_0_and_are_counted(model_dir, math_f
         assert counts["reward/unscored"] == 7 - counts["reward/check_timeouts"]
         assert task_reward.take_counts() == {"reward/unscored": 0, "reward/check_timeouts": 0}  # reset
     for key, value in (("verify_batch_budget_s", 0.0), ("verify_timeout_s", -1.0), ("verify_workers", -2)):
-        with pytest.raises(ConfigError, match=rf"config.task.{key}: {value} must be"):
-            train_spec(math_config(model_dir, math_file, **{f"task.{key}": value}))
+        with pytest.raises(ConfigError, match=rf"config.task.dataset.{key}: {value} must be"):
+            train_spec(math_config(model_dir, math_file, **{f"task.dataset.{key}": value}))
 
 
 def test_code_task_scores_with_the_sandbox(model_dir, tmp_path):

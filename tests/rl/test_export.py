@@ -1,4 +1,4 @@
-"""Talking to and loading a trained policy. `experiments/export.py` / `rl/export.py`: a run's
+"""Talking to and loading a trained policy. `experiments/export.py` / `run/export.py`: a run's
 checkpoint N as a Hugging Face directory that `transformers` loads (model and tokenizer) and that
 generates, greedily, the tokens of the project's sampler; bf16 weights; the model card; file modes;
 the trainer's end-of-run export; one-line errors. `experiments/chat.py`: the task's prompt

@@ -121,7 +121,7 @@ def test_a_config_stored_by_older_code_resumes_with_its_new_keys_logged(finished
     run resumes without `allow_config_change`, logs them, and keeps the stored config aside."""
     run, _ = _copy(finished, tmp_path)
     stored = json.loads((run / "config.json").read_text())
-    del stored["task"]["verify_batch_budget_s"]  # as written before the key existed
+    del stored["task"]["dataset"]["verify_batch_budget_s"]  # as written before the key existed
     stored["task"]["retired_key"] = 1
     (run / "config.json").write_text(json.dumps(stored))
     with caplog.at_level(logging.WARNING):
@@ -130,7 +130,7 @@ def test_a_config_stored_by_older_code_resumes_with_its_new_keys_logged(finished
     drift = [r.getMessage() for r in caplog.records if "predates this code" in r.getMessage()]
     assert drift and "task.dataset.verify_batch_budget_s" in drift[0] and "task.retired_key" in drift[0]
     assert "retired_key" in json.loads((run / "config.2.json").read_text())["task"]
-    assert "verify_batch_budget_s" in json.loads((run / "config.json").read_text())["task"]
+    assert "verify_batch_budget_s" in json.loads((run / "config.json").read_text())["task"]["dataset"]
 
 
 def test_a_damaged_final_checkpoint_is_saved_again(finished, tmp_path):

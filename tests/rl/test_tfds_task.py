@@ -49,6 +49,6 @@ def test_without_tensorflow_datasets_the_config_error_names_the_extra(model_dir,
     import sys
 
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
-    with pytest.raises(ConfigError, match=r"config.task \(path='gsm8k'.*needs tensorflow-datasets and tensorflow: "
+    with pytest.raises(ConfigError, match=r"config.task.dataset \(path='gsm8k'.*needs tensorflow-datasets and tensorflow: "
                                           r"pip install 'pipo_jax\[data\]'"):
         train_spec(_gsm8k_config(model_dir, tmp_path))

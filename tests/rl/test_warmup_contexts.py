@@ -1,5 +1,7 @@
 """Warm-up demonstrations: flawed (carry-less) answers and SDPO / VPD teacher contexts."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -69,7 +71,8 @@ def test_context_prompts_match_the_sdpo_teacher_contexts():
 @pytest.mark.parametrize("rate", [0.0, 1.0])
 def test_demonstrations_flaw_only_plain_rows(rate):
     batch = 64
-    demo = jax.jit(warmup.demonstrations, static_argnums=(0, 2, 3, 4))(TASK, jax.random.PRNGKey(3), batch, 0.5, rate)
+    task = dataclasses.replace(TASK, warmup_context_fraction=0.5, warmup_mistake_rate=rate)  # the task's own shaping
+    demo = jax.jit(warmup.demonstrations, static_argnums=(0, 2))(task, jax.random.PRNGKey(3), batch)
     true = ar.make_problems(TASK, demo.lhs_b, demo.op_b, demo.rhs_b)
     flawed = ar.carryless_answer(demo.lhs_b, demo.op_b, demo.rhs_b, 2)
     plain = np.asarray(demo.prompt_tokens_bp[:, -TASK.prompt_len - 1]) != cv.SOLVE_ID

@@ -198,5 +198,5 @@ def test_a_code_task_without_landlock_is_a_config_error(monkeypatch):
     c = grpo.get_config("micro")
     c.task.name, c.model.path, c.task.dataset.path = "code", "/nonexistent", "x.jsonl"
     c.log.jit_loop, c.warmup.enabled, c.rollout.max_new_tokens = False, False, 16
-    with pytest.raises(ConfigError, match=r"config\.task\.sandbox_allow_unconfined: this kernel offers no Landlock"):
+    with pytest.raises(ConfigError, match=r"config\.task\.code\.sandbox_allow_unconfined: this kernel offers no Landlock"):
         make_task(c)  # before any file is read

@@ -372,7 +372,7 @@ def test_a_code_task_without_network_namespaces_is_a_config_error(monkeypatch):
     c.task.name, c.model.path, c.task.dataset.path = "code", "/nonexistent", "x.jsonl"
     c.log.jit_loop, c.warmup.enabled, c.rollout.max_new_tokens = False, False, 16
     c.task.code.sandbox_allow_unconfined = NO_LANDLOCK
-    with pytest.raises(ConfigError, match=r"config\.task\.sandbox_allow_network: the code sandbox cannot keep"):
+    with pytest.raises(ConfigError, match=r"config\.task\.code\.sandbox_allow_network: the code sandbox cannot keep"):
         make_task(c)  # before any file is read
     c.task.code.sandbox_allow_network = True
     with pytest.raises(ConfigError) as e:
