@@ -115,8 +115,8 @@ def vmapped_chunk(spec: TrainSpec, states: TrainState, length: int) -> tuple[Tra
 def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none") -> jax.Array:
     """Greedy accuracy `[S]` of stacked params on the trainer's `n` fixed held-out problems
     (kind: 'none' = the student; 'solution' / 'feedback' = shown a teacher context)."""
-    key = jax.random.PRNGKey(EVAL_SEED)
-    return jax.vmap(lambda p: teacher_forcing.heldout_accuracy(spec.model, p, spec.task, None, n, key, kind))(params)
+    key, table = jax.random.PRNGKey(EVAL_SEED), spec.task.prompt_table()
+    return jax.vmap(lambda p: teacher_forcing.heldout_accuracy(spec.model, p, spec.task, table, n, key, kind))(params)
 
 
 def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: list, eval_every: int

@@ -30,9 +30,14 @@ from experiments import cli
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
 
-_RENDER = flags.DEFINE_bool("render", False, "run nothing: render the tables from their JSONs")
-_LIST = flags.DEFINE_bool("list", False, "list the tables, their commands and JSONs")
-_OUT = flags.DEFINE_string("out", "runs/reproduce", "where the runs' workdirs go (one folder per table)")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command's flags, defined when it runs (its module is imported beside other commands' by tests)."""
+    flags.DEFINE_bool("render", False, "run nothing: render the tables from their JSONs")
+    flags.DEFINE_bool("list", False, "list the tables, their commands and JSONs")
+    flags.DEFINE_string("out", "runs/reproduce", "where the runs' workdirs go (one folder per table)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +208,7 @@ def run_table(table: Table, out: str) -> None:
 
 def main(argv: list[str]) -> None:
     names = argv[1:]
-    if _LIST.value:
+    if FLAGS.list:
         for t in TABLES.values():
             print(f"{t.name}: " + "; ".join("python -m " + " ".join(r.argv) + f" -> experiments/results/{r.json}"
                                             for r in t.runs) + f"; rendered into {', '.join(t.docs)}")
@@ -212,10 +217,11 @@ def main(argv: list[str]) -> None:
     if not names or unknown:
         raise cli.UsageError(f"name tables among {sorted(TABLES)}" + (f", not {unknown[0]!r}" if unknown else ""))
     for name in names:
-        if not _RENDER.value:
-            run_table(TABLES[name], _OUT.value)
+        if not FLAGS.render:
+            run_table(TABLES[name], FLAGS.out)
         print(f"{name}: rendered into {', '.join(render_into_docs(TABLES[name])) or 'no file (unchanged)'}")
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run(main)

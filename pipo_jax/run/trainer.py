@@ -439,8 +439,9 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
             scores = evaluation(state.params, 0)
             logger.log(0, dict(pre_rows[0] if pre_rows else {}, **scores))
             summary.update(_initial_figures(dict(pre_rows[0] if pre_rows else {}, **scores)))
-            log.info("iteration 0 evaluation on the trainer's eval.n=%d fixed held-out problems (EVAL_SEED): %s",
-                     run.eval.n, _describe_scores(scores, run))
+            if run.log.progress:  # beside the progress bar; the figures are in metrics.jsonl either way
+                log.info("iteration 0 evaluation on the trainer's eval.n=%d fixed held-out problems (EVAL_SEED): %s",
+                         run.eval.n, _describe_scores(scores, run))
             if run.warmup.enabled and not spec.model_path:  # the warm-up is not redone after a kill
                 ckpt.save(0, state)
                 ckpt.wait()
@@ -474,8 +475,9 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
         if "heldout_pass@1" in final:
             summary["final_pass@1"] = final["heldout_pass@1"]
         summary["final_eval"] = final
-        log.info("final evaluation (iteration %d) on the trainer's eval.n=%d fixed held-out problems: %s", step,
-                 run.eval.n, _describe_scores(final, run))
+        if run.log.progress:
+            log.info("final evaluation (iteration %d) on the trainer's eval.n=%d fixed held-out problems: %s", step,
+                     run.eval.n, _describe_scores(final, run))
         if run.checkpoint.export_hf:
             export = os.path.join(workdir, "hf_export")
             params = where.to_host(state.params)  # every process takes part in the gather

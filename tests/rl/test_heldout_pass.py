@@ -30,8 +30,10 @@ from tests.conftest import override
 
 
 def micro(**overrides):
+    """The micro preset with the sampled warm-up check on (the preset turns it off to keep the suite short)."""
     c = grpo.get_config("micro")
     c.checkpoint.export_hf = False
+    c.warmup.check_prompts = 64
     return override(c, overrides)
 
 
@@ -124,10 +126,11 @@ def rows(workdir):
 
 
 def test_the_extra_evaluation_leaves_the_training_unchanged(tmp_path):
-    """The default micro run (heldout_pass@1 at every evaluation, the warm-up's sampled check) and the
-    same run with both off train identically: every training metric and the final params."""
+    """A micro run with heldout_pass@1 at every evaluation and the warm-up's sampled check (the main
+    job's defaults; the micro preset turns both off) and the same run with both off train identically:
+    every training metric and the final params."""
     kw = {"iterations": 2, "eval.every": 1, "log.every": 1}
-    on = train(micro(**kw), str(tmp_path / "on"))
+    on = train(micro(**kw, **{"eval.heldout_samples": 4, "warmup.check_prompts": 64}), str(tmp_path / "on"))
     off = train(micro(**kw, **{"eval.heldout_samples": 0, "warmup.check_prompts": 0}), str(tmp_path / "off"))
     a, b = rows(tmp_path / "on"), rows(tmp_path / "off")
     timing = ("time", "tokens_per_s")
