@@ -143,7 +143,7 @@ def right_padded_batch():
 # 2-core machine, two workers, the extras installed (2026-11-26).
 FILE_SECONDS_KEY = "pipo_jax/file_seconds"
 LONG_FILES = {
-    "tests/rl/test_trainer.py": 299, "tests/rl/test_learning_slow.py": 148, "tests/test_cli_errors.py": 100,
+    "tests/test_main_job_reproduces.py": 320, "tests/rl/test_trainer.py": 299, "tests/test_cli_errors.py": 100,
     "tests/tasks/test_reasoning_gym.py": 99, "tests/rl/test_run_guards.py": 71,
     "tests/parallel/test_trainer_on_mesh.py": 68, "tests/rl/test_export.py": 63,
     "tests/kernels/test_logprobs.py": 62, "tests/test_experiments.py": 56,
