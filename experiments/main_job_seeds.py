@@ -26,12 +26,18 @@ from experiments import cli, provenance
 from experiments.runs import parse_seeds
 from pipo_jax.run import observe
 
-_SEEDS = flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comma list")
-_WORKERS = flags.DEFINE_integer("workers", 1, "runs at a time (each is a whole training process)")
-_OUT = flags.DEFINE_string("out", "runs/main_job_seeds", "output directory (one workdir per seed)")
-_EXTRA = flags.DEFINE_list("extra", [], "further --config.* overrides, e.g. config.iterations=100")
-_COLLECT = flags.DEFINE_bool("collect_only", False, "run nothing: summarise the seeds whose workdirs in --out "
-                             "hold a finished run (wall / CPU time as printed in <out>/seed<s>.time, if any)")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command's flags, defined when it runs (tests import this module beside other commands')."""
+    flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comma list")
+    flags.DEFINE_integer("workers", 1, "runs at a time (each is a whole training process)")
+    flags.DEFINE_string("out", "runs/main_job_seeds", "output directory (one workdir per seed)")
+    flags.DEFINE_list("extra", [], "further --config.* overrides, e.g. config.iterations=100")
+    flags.DEFINE_bool("collect_only", False, "run nothing: summarise the seeds whose workdirs in --out "
+                      "hold a finished run (wall / CPU time as printed in <out>/seed<s>.time, if any)")
+
 
 COMMAND = ["-m", "experiments.train", "--config=configs/grpo.py:tiny", "--config.pipo.enabled=true"]
 
@@ -130,21 +136,22 @@ def aggregate(per_seed: list[dict], seeds: list[int], workers: int, extra: list[
 
 def main(argv):
     del argv
-    seeds = parse_seeds(_SEEDS.value)
-    if _WORKERS.value < 1:
-        raise cli.UsageError(f"--workers={_WORKERS.value}: must be >= 1")
-    bad = [e for e in _EXTRA.value if not e.startswith("config.") or "=" not in e]
+    seeds = parse_seeds(FLAGS.seeds)
+    if FLAGS.workers < 1:
+        raise cli.UsageError(f"--workers={FLAGS.workers}: must be >= 1")
+    bad = [e for e in FLAGS.extra if not e.startswith("config.") or "=" not in e]
     if bad:
-        raise cli.UsageError(f"--extra={','.join(_EXTRA.value)}: each entry must read config.<key>=<value>, not {bad[0]!r}")
-    if _COLLECT.value:
-        record = collect(seeds, _OUT.value, _EXTRA.value)
+        raise cli.UsageError(f"--extra={','.join(FLAGS.extra)}: each entry must read config.<key>=<value>, not {bad[0]!r}")
+    if FLAGS.collect_only:
+        record = collect(seeds, FLAGS.out, FLAGS.extra)
     else:
-        record = run_seeds(seeds, _OUT.value, _WORKERS.value, _EXTRA.value)
-    path = os.path.join(_OUT.value, "main_job_seeds.json")
+        record = run_seeds(seeds, FLAGS.out, FLAGS.workers, FLAGS.extra)
+    path = os.path.join(FLAGS.out, "main_job_seeds.json")
     with open(path, "w") as f:
         json.dump(record, f, indent=1)
     print(f"gain mean {record['gain_mean']:+.3f}, min {record['gain_min']:+.3f}; wrote {path}")
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run(main)
