@@ -30,7 +30,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses import advantages, cov, distill, drpo, pipo
+from pipo_jax.losses import advantages, bapo, cov, distill, drpo, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
@@ -340,6 +340,23 @@ def _drpo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     return loss, metrics, logp, ent
 
 
+@policy_loss("bapo", pi_ratio="token")
+def _bapo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """BAPO (`losses/bapo.py:bapo_loss`): the token clip without dual clip at the ratio bounds Algorithm 1
+    chooses on the micro-batch at hand (`loss.bapo_*`: the positive tokens' share of Eq. 8 brought to
+    `bapo_rho` by raising c_high, then c_low, within their ranges); `loss.clip_low` / `clip_high` are
+    the PI step's clip only."""
+    logp, ent = student_logprobs(spec, params, mb)
+    _check_loss_inputs(logp, mb)
+    lo = spec.loss
+    loss, metrics = bapo.bapo_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, agg=aggregation(spec, counts),
+                                   rho=lo.bapo_rho, lower_start=lo.bapo_lower_start, lower_max=lo.bapo_lower_max,
+                                   lower_step=lo.bapo_lower_step, upper_start=lo.bapo_upper_start,
+                                   upper_max=lo.bapo_upper_max, upper_step=lo.bapo_upper_step,
+                                   prob_weight=lo.bapo_prob_weight)
+    return loss, metrics, logp, ent
+
+
 def _distill_kwargs(spec, mb: TrainBatch, counts: dict) -> dict:
     return dict(is_clip=spec.sdpo.is_clip, sd_mask_b=mb.sd_mask_b, agg=aggregation(spec, counts["sd"]))
 
@@ -466,6 +483,10 @@ register_algorithm(Algorithm("clip_cov", GROUP_ESTIMATORS, (("clip_cov", "clip_c
 # ones only, a discriminative objective against the incorrect ones; GRPO's advantages mark which is
 # which, so PIPO's attribution is the group one (docs/math.md §1 "DRPO").
 register_algorithm(Algorithm("drpo", ("grpo",), (("drpo", "drpo"),), "group"))
+# BAPO (Xi et al. 2025, arXiv 2510.18927): GRPO's group advantages, the clip bounds adapted on each update
+# until the positive tokens' share of the loss reaches rho_0; PIPO's attribution is the group one
+# (docs/math.md §1 "BAPO").
+register_algorithm(Algorithm("bapo", GROUP_ESTIMATORS, (("bapo", "bapo"),), "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,

@@ -239,12 +239,33 @@ class LossConfig(Section):
                              "exp((1 - |o| / R) / lambda)", above(0))
     drpo_beta: float = key(1e3, "DRPO: beta, the penalty weight of the KL trust region", at_least(0))
     drpo_delta: float = key(1e-4, "DRPO: delta, the KL trust region's radius", at_least(0))
+    bapo_rho: float = key(0.4, "BAPO (loss.policy=bapo): rho_0, the share of the loss's contribution the "
+                          "positive-advantage tokens must reach (Eq. 8) before the clip bounds stop moving",
+                          within(0, 1))
+    bapo_lower_start: float = key(0.6, "BAPO: a-, the lower ratio bound c_low at the start of each update",
+                                  within(0, 1, open_low=True))
+    bapo_lower_max: float = key(0.9, "BAPO: b-, the most c_low may rise to", within(0, 1, open_low=True))
+    bapo_lower_step: float = key(0.02, "BAPO: delta_2, c_low's step", above(0))
+    bapo_upper_start: float = key(1.2, "BAPO: a+, the upper ratio bound c_high at the start of each update",
+                                  at_least(1))
+    bapo_upper_max: float = key(3.0, "BAPO: b+, the most c_high may rise to", at_least(1))
+    bapo_upper_step: float = key(0.05, "BAPO: delta_1, c_high's step", above(0))
+    bapo_prob_weight: bool = key(True, "BAPO: each token's contribution in Eq. 8 weighted by its behaviour "
+                                 "probability pi_old(y_t), as the paper writes it (false: unweighted, the "
+                                 "authors' released verl code)")
 
     def check(self):
         need(not self.norm_length or self.agg_mode == "seq-mean-token-sum-norm", "loss.norm_length",
              f"{self.norm_length} is seq-mean-token-sum-norm's divisor, not {self.agg_mode!r}'s: set it to 0")
         need(self.clip_cov_low <= self.clip_cov_high, "loss.clip_cov_low",
              f"{self.clip_cov_low} must be <= loss.clip_cov_high={self.clip_cov_high}")
+        # BAPO's Algorithm 1 moves the bounds only while c_low + delta_2 <= b-: a range without one lower
+        # step would never adapt (the tolerance of `losses/bapo.py:bound_path`: exact in reals, not in floats)
+        need((self.bapo_lower_max - self.bapo_lower_start) / self.bapo_lower_step + 1e-9 >= 1, "loss.bapo_lower_max",
+             f"{self.bapo_lower_max} leaves no step of loss.bapo_lower_step={self.bapo_lower_step} above "
+             f"loss.bapo_lower_start={self.bapo_lower_start} (Algorithm 1 would never move the bounds)")
+        need(self.bapo_upper_start <= self.bapo_upper_max, "loss.bapo_upper_max",
+             f"{self.bapo_upper_max} must be >= loss.bapo_upper_start={self.bapo_upper_start}")
 
 
 @dataclasses.dataclass(frozen=True)

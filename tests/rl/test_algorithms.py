@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import clip_cov, dr_grpo, drpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
-from pipo_jax.losses import cov
-from pipo_jax.losses.drpo import drpo_loss
-from pipo_jax.losses import advantages, distill, pipo
+from configs import bapo, clip_cov, dr_grpo, drpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
+from pipo_jax.losses import advantages, cov, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
+from pipo_jax.losses.bapo import bapo_loss
+from pipo_jax.losses.drpo import drpo_loss
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, controller, steps
@@ -230,6 +230,7 @@ def _configs():
         "kl_cov": with_loss(kl_cov, "kl_cov", kl_cov_ratio=0.1, kl_cov_coef=0.5),
         "clip_cov": with_loss(clip_cov, "clip_cov", clip_cov_ratio=0.1, clip_cov_low=-1.0, clip_cov_high=1.0),
         "drpo": _drpo_whole_batch,
+        "bapo": with_loss(bapo, "bapo", bapo_rho=0.5, bapo_upper_step=0.1, bapo_prob_weight=False),
     }
 
 
@@ -291,6 +292,14 @@ def test_registered_policy_loss_equals_its_loss_math(name):
         g = spec.rollout.group_size
         want, _ = drpo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g, num_prompts=spec.batch // g,
                             tau=1.0, lam=lo.drpo_lambda, beta=lo.drpo_beta, delta=0.0)
+    elif name == "bapo":
+        want, m = bapo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, rho=0.5, lower_start=lo.bapo_lower_start,
+                            lower_max=lo.bapo_lower_max, lower_step=lo.bapo_lower_step,
+                            upper_start=lo.bapo_upper_start, upper_max=lo.bapo_upper_max, upper_step=0.1,
+                            prob_weight=False, **agg)
+        chex.assert_trees_all_close((metrics["bapo_clip_low"], metrics["bapo_clip_high"]),
+                                    (m["bapo_clip_low"], m["bapo_clip_high"]), rtol=1e-6)
+        assert float(m["bapo_clip_high"]) > lo.bapo_upper_start  # the bounds moved: the settings are read
     else:  # sdpo_jsd: the full distributions; its top-k support is tested in tests/losses/test_distill.py
         want = None
     if want is not None:
@@ -313,7 +322,7 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     ("advantage.estimator", "gae", r"config\.advantage\.estimator: 'gae' does not fit algorithm='grpo'"),
     ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
     ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
-                               r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'drpo', 'sdpo', 'vpd'\)"),
+                               r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'drpo', 'bapo', 'sdpo', 'vpd'\)"),
 ])
 def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     c = grpo.get_config("micro")
