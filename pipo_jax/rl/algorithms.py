@@ -30,7 +30,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses import advantages, bapo, cov, distill, drpo, pipo
+from pipo_jax.losses import advantages, bapo, cov, disco, distill, drpo, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
@@ -320,17 +320,23 @@ def _clip_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     return loss, metrics, logp, ent
 
 
+def _check_whole_groups(spec, mb: TrainBatch, policy: str) -> None:
+    """A loss over each prompt's G responses together and a KL penalty over the mini-batch (DRPO, DisCO)
+    needs unshuffled rows and the mini-batch in one micro-batch."""
+    if spec.train.shuffle:
+        raise ConfigError(f"config.train.shuffle: loss.policy={policy!r} reads each prompt's G responses together; "
+                          "set it to false")
+    if mb.mask_br.shape[0] != spec.mini_batch:
+        raise ConfigError(f"config.train.micro_batch_size_per_device: loss.policy={policy!r} needs the mini-batch of "
+                          f"{spec.mini_batch} rows in one micro-batch (its KL penalty is over the mini-batch); set 0")
+
+
 @policy_loss("drpo", pi_ratio="token")
 def _drpo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     """DRPO (`losses/drpo.py:drpo_loss`): the decoupled, length-weighted discriminative objective over
     each group of the mini-batch, with the KL penalty. It reads whole groups, so the mini-batch must be
     one micro-batch of unshuffled rows (`train.shuffle=false`, `train.micro_batch_size_per_device=0`)."""
-    if spec.train.shuffle:
-        raise ConfigError("config.train.shuffle: loss.policy='drpo' reads each prompt's G responses together; "
-                          "set it to false")
-    if mb.mask_br.shape[0] != spec.mini_batch:
-        raise ConfigError(f"config.train.micro_batch_size_per_device: loss.policy='drpo' needs the mini-batch of "
-                          f"{spec.mini_batch} rows in one micro-batch (its KL penalty is over the mini-batch); set 0")
+    _check_whole_groups(spec, mb, "drpo")
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     g = spec.rollout.group_size
@@ -354,6 +360,22 @@ def _bapo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
                                    lower_step=lo.bapo_lower_step, upper_start=lo.bapo_upper_start,
                                    upper_max=lo.bapo_upper_max, upper_step=lo.bapo_upper_step,
                                    prob_weight=lo.bapo_prob_weight)
+    return loss, metrics, logp, ent
+
+
+@policy_loss("disco", pi_ratio="token")
+def _disco(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """DisCO (`losses/disco.py:disco_loss`): each group's positive responses' mean score against its
+    negative ones' (`loss.disco_score`, `disco_negatives`, `disco_tau`) with the squared-hinge KL penalty
+    (`disco_beta`, `disco_delta`); whole groups, one micro-batch per mini-batch, as DRPO."""
+    _check_whole_groups(spec, mb, "disco")
+    logp, ent = student_logprobs(spec, params, mb)
+    _check_loss_inputs(logp, mb)
+    g, lo = spec.rollout.group_size, spec.loss
+    loss, metrics = disco.disco_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g,
+                                     num_prompts=spec.mini_batch // g, score=lo.disco_score,
+                                     negatives=lo.disco_negatives, tau=lo.disco_tau, beta=lo.disco_beta,
+                                     delta=lo.disco_delta)
     return loss, metrics, logp, ent
 
 
@@ -487,6 +509,10 @@ register_algorithm(Algorithm("drpo", ("grpo",), (("drpo", "drpo"),), "group"))
 # until the positive tokens' share of the loss reaches rho_0; PIPO's attribution is the group one
 # (docs/math.md §1 "BAPO").
 register_algorithm(Algorithm("bapo", GROUP_ESTIMATORS, (("bapo", "bapo"),), "group"))
+# DisCO (Li et al. 2025, arXiv 2505.12366): a discriminative objective of positive against negative responses
+# with a non-clipping score and a squared-hinge KL penalty; GRPO's advantages mark which is which, so
+# PIPO's attribution is the group one (docs/math.md §1 "DisCO").
+register_algorithm(Algorithm("disco", GROUP_ESTIMATORS, (("disco", "disco"),), "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,

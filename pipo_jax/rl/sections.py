@@ -18,6 +18,8 @@ import dataclasses
 from pipo_jax import platforms
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import AGG_MODES
+from pipo_jax.losses.disco import NEGATIVES as DISCO_NEGATIVES
+from pipo_jax.losses.disco import SCORES as DISCO_SCORES
 from pipo_jax.losses.kl import KL_ESTIMATORS
 from pipo_jax.losses.pipo import ATTRIBUTION_NORMS
 from pipo_jax.models import attention, qwen3
@@ -253,6 +255,15 @@ class LossConfig(Section):
     bapo_prob_weight: bool = key(True, "BAPO: each token's contribution in Eq. 8 weighted by its behaviour "
                                  "probability pi_old(y_t), as the paper writes it (false: unweighted, the "
                                  "authors' released verl code)")
+    disco_score: str = key("log_likelihood", "DisCO (loss.policy=disco): the non-clipping score of a response, the "
+                           "token mean of logp or of the ratio to the behaviour policy", choices=DISCO_SCORES)
+    disco_negatives: str = key("log_sum_exp", "DisCO: log_sum_exp: tau x the log-mean-exp of the negative responses' "
+                               "scores / tau (DisCO) | mean: their mean (DisCO-b)", choices=DISCO_NEGATIVES)
+    disco_tau: float = key(10.0, "DisCO: tau of log_sum_exp (the authors: 10 with log_likelihood, 1 with "
+                           "likelihood_ratio)", above(0))
+    disco_beta: float = key(1e3, "DisCO: beta, the squared-hinge penalty's weight on KL(pi_old || pi) above delta",
+                            at_least(0))
+    disco_delta: float = key(1e-4, "DisCO: delta, the KL trust region's radius", at_least(0))
 
     def check(self):
         need(not self.norm_length or self.agg_mode == "seq-mean-token-sum-norm", "loss.norm_length",

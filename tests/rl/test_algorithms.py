@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import bapo, clip_cov, dr_grpo, drpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
+from configs import bapo, clip_cov, disco, dr_grpo, drpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
 from pipo_jax.losses import advantages, cov, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.bapo import bapo_loss
+from pipo_jax.losses.disco import disco_loss
 from pipo_jax.losses.drpo import drpo_loss
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
 from pipo_jax.models import qwen3
@@ -231,6 +232,7 @@ def _configs():
         "clip_cov": with_loss(clip_cov, "clip_cov", clip_cov_ratio=0.1, clip_cov_low=-1.0, clip_cov_high=1.0),
         "drpo": _drpo_whole_batch,
         "bapo": with_loss(bapo, "bapo", bapo_rho=0.5, bapo_upper_step=0.1, bapo_prob_weight=False),
+        "disco": _disco_whole_batch,
     }
 
 
@@ -239,6 +241,34 @@ def _drpo_whole_batch():
     c = drpo.get_config("micro")
     c.train.mini_batch_prompts, c.loss.drpo_tau, c.loss.drpo_delta = c.rollout.prompts_per_batch, 1.0, 0.0
     return c
+
+
+def _disco_whole_batch():
+    """configs/disco.py with the batch as one mini-batch (whole mini-batches, as DRPO), the likelihood-ratio
+    score, DisCO-b's mean over the negatives, delta = 0 (the penalty is on)."""
+    c = disco.get_config("micro")
+    c.train.mini_batch_prompts = c.rollout.prompts_per_batch
+    c.loss.disco_score, c.loss.disco_negatives, c.loss.disco_delta = "likelihood_ratio", "mean", 0.0
+    return c
+
+
+@pytest.mark.parametrize("name", ["drpo", "disco"])
+def test_whole_group_losses_refuse_shuffled_rows_and_split_mini_batches(name):
+    """DRPO and DisCO read each prompt's G responses together and a KL penalty over the mini-batch: with
+    `train.shuffle=true`, or handed a micro-batch smaller than the mini-batch, the loss names the key."""
+    c = _configs()[name]()
+    spec = train_spec(c)
+    params, teacher, mb = _micro_batch(spec)
+    counts = steps.response_counts(mb)
+    half = jax.tree.map(lambda x: x[: spec.batch // 2], mb)
+    with pytest.raises(ConfigError, match=rf"config\.train\.micro_batch_size_per_device: loss\.policy='{name}' "
+                                          rf"needs the mini-batch of {spec.mini_batch} rows in one micro-batch"):
+        spec.policy.fn(spec, params, teacher, half, counts)
+    c.train.shuffle = True
+    spec = train_spec(c)
+    with pytest.raises(ConfigError, match=rf"config\.train\.shuffle: loss\.policy='{name}' reads each prompt's G "
+                                          "responses together; set it to false"):
+        spec.policy.fn(spec, params, teacher, mb, counts)
 
 
 def test_every_registered_policy_loss_has_a_case():
@@ -300,12 +330,17 @@ def test_registered_policy_loss_equals_its_loss_math(name):
         chex.assert_trees_all_close((metrics["bapo_clip_low"], metrics["bapo_clip_high"]),
                                     (m["bapo_clip_low"], m["bapo_clip_high"]), rtol=1e-6)
         assert float(m["bapo_clip_high"]) > lo.bapo_upper_start  # the bounds moved: the settings are read
+    elif name == "disco":
+        g = spec.rollout.group_size
+        want, _ = disco_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g,
+                             num_prompts=spec.batch // g, score="likelihood_ratio", negatives="mean",
+                             tau=lo.disco_tau, beta=lo.disco_beta, delta=0.0)
     else:  # sdpo_jsd: the full distributions; its top-k support is tested in tests/losses/test_distill.py
         want = None
     if want is not None:
         chex.assert_trees_all_close(loss, want, rtol=1e-4, atol=1e-6)  # the log-prob rounding above, summed
     assert bool(jnp.isfinite(loss)) and float(loss) != 0.0 and all(v.shape == () for v in metrics.values())
-    if name == "drpo":  # over the mini-batch's prompts (static), not the token counts
+    if name in ("drpo", "disco"):  # over the mini-batch's prompts (static), not the token counts
         return
     key = "sd" if spec.policy.distills else None
     doubled = dict(counts, **({key: {k: 2 * v for k, v in counts[key].items()}} if key else
@@ -322,7 +357,8 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     ("advantage.estimator", "gae", r"config\.advantage\.estimator: 'gae' does not fit algorithm='grpo'"),
     ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
     ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
-                               r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'drpo', 'bapo', 'sdpo', 'vpd'\)"),
+                               r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'drpo', 'bapo', 'disco', 'sdpo', "
+                               r"'vpd'\)"),
 ])
 def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     c = grpo.get_config("micro")

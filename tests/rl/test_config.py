@@ -12,8 +12,8 @@ from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run.setup import train_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "sdpo",
-         "vpd")
+ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco",
+         "sdpo", "vpd")
 
 
 def check_config_values(stdout: str) -> dict:
@@ -131,6 +131,9 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
         (lambda c: setattr(c.model, "logprob_impl", "cuda"), r"config\.model\.logprob_impl"),
         (lambda c: setattr(c.loss, "norm_length", -1), r"config\.loss\.norm_length: -1 must be >= 0"),
         (lambda c: setattr(c.loss, "bapo_rho", 1.5), r"config\.loss\.bapo_rho: 1\.5 must be in \[0, 1\]"),
+        (lambda c: setattr(c.loss, "disco_score", "logL"),
+         r"config\.loss\.disco_score: 'logL' is not one of \('log_likelihood', 'likelihood_ratio'\)"),
+        (lambda c: setattr(c.loss, "disco_tau", 0.0), r"config\.loss\.disco_tau: 0\.0 must be > 0"),
         (lambda c: setattr(c.loss, "bapo_lower_max", 0.61),
          r"config\.loss\.bapo_lower_max: 0\.61 leaves no step of loss\.bapo_lower_step=0\.02 above "
          r"loss\.bapo_lower_start=0\.6 \(Algorithm 1 would never move the bounds\)"),
@@ -171,8 +174,8 @@ def test_command_line_overrides():
     # every key with its description, from its one declaration (rl/sections.py)
     lines = dict(line.split(" = ", 1) for line in out.stdout.splitlines())
     assert lines["pipo.lam"] == "0.2  # lambda: the PI step's scale when the improvement signal is negative"
-    assert lines["loss.policy"].endswith("[token_clip | gspo | cispo | kl_cov | clip_cov | drpo | bapo | sdpo_token | "
-                                         "sdpo_jsd]")
+    assert lines["loss.policy"].endswith("[token_clip | gspo | cispo | kl_cov | clip_cov | drpo | bapo | disco | "
+                                         "sdpo_token | sdpo_jsd]")
     assert len(lines) == len(check_config_values(out.stdout)) > 150
     bad = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/grpo.py:tiny",
                           "--config.pipo.window=1", "--check_config"], cwd=ROOT, capture_output=True, text=True)

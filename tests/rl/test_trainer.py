@@ -95,7 +95,7 @@ def test_dr_grpo_runs_a_micro_iteration():
 COV = {"loss.kl_cov_ratio": 0.2, "loss.clip_cov_ratio": 0.2, "loss.clip_cov_low": -10.0}  # tokens are selected
 
 
-@pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo"])
+@pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco"])
 def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     """configs/rloo.py, configs/reinforce_pp.py, configs/kl_cov.py and configs/clip_cov.py with
     `pipo.enabled=true` through three jitted trainer iterations (K = 2): the base step trains every
@@ -104,7 +104,8 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     response, sum |a| = G over a group with signal), REINFORCE++'s whitened token advantages (mean 0
     over the batch's valid tokens, varying along a response). KL-Cov / Clip-Cov (larger ratios and,
     for Clip-Cov, a wider covariance window than the paper's, so that the micro batch has selected
-    tokens): the base step's loss selects tokens every iteration. DRPO and BAPO: the group attribution."""
+    tokens): the base step's loss selects tokens every iteration. DRPO, BAPO and DisCO: the group
+    attribution."""
     c = micro(algo, True, seed=1, **(COV if algo in ("kl_cov", "clip_cov") else {}))
     spec, state = fresh_state(c)
     assert spec.algorithm.name == algo and spec.pipo.enabled
@@ -127,7 +128,7 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
         low, high = m["train/bapo_clip_low"], m["train/bapo_clip_high"]
         assert np.all((low > 0.6 - 1e-5) & (low < 0.9 + 1e-5) & (high > 1.2 - 1e-5) & (high < 3.0 + 1e-5))
         assert np.all((m["train/bapo_pos_share"] >= 0) & (m["train/bapo_pos_share"] <= 1 + 1e-6))
-    if algo in ("rloo", "kl_cov", "clip_cov", "drpo", "bapo"):
+    if algo in ("rloo", "kl_cov", "clip_cov", "drpo", "bapo", "disco"):
         row = attr[:, 0]
         assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
         sums = np.abs(row).reshape(-1, spec.rollout.group_size).sum(axis=1)
