@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli
-from pipo_jax import schema
+from pipo_jax import platforms, schema
 from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import train
@@ -34,6 +35,9 @@ def check_config_listing(config) -> str:
 
 def main(argv):
     del argv
+    devices = platforms.requested_cpu_devices(os.environ)
+    if devices > 1:  # simulated CPU devices (docs/scaling.md): the thread pool their collectives need
+        platforms.simulate_cpu_devices(devices)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("absl", "orbax", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -11,13 +11,15 @@ a simulated device count is the one thing a subprocess sets for itself.
 
 import os
 
+from pipo_jax import platforms
+
 # XLA:CPU's collective timeouts are wall-clock: a device thread that is not scheduled for a while
 # (the test process paused, or starved on 2 cores by the other test worker's fork / thread bombs)
 # makes the others wait at the rendezvous, and after 40 s (XLA's default) the process is aborted
 # although nothing is wrong. 600 s keeps a real hang (a participant that never comes) failing.
 TERMINATE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds"
 TEST_FLAGS = ("--xla_backend_optimization_level=0", f"{TERMINATE_TIMEOUT}=600")
-DEVICE_COUNT = "--xla_force_host_platform_device_count"
+DEVICE_COUNT = platforms.CPU_DEVICE_COUNT_FLAG
 
 # A subprocess running sharded programs compiles them itself, never loading them from the
 # persistent compilation cache (tests/conftest.py): XLA:CPU (jaxlib 0.10.2) orders a program's
@@ -31,11 +33,12 @@ DEVICE_COUNT = "--xla_force_host_platform_device_count"
 # hung from a warm cache, idle in their first device-to-host copy; not traced further.)
 #
 # Two sharded programs in flight together can deadlock too: XLA:CPU runs a program's devices as tasks
-# of one shared thread pool, each blocking its thread at a collective's rendezvous, so the 8-device
-# worker once stopped with one program's collective-permute waiting while another program's
-# all-reduces held the threads (2026-11-26, the other test worker busy beside it). The trainer's
-# sharded programs on CPU devices return only once finished (`run/sharded_steps.py:ShardedFunction`),
-# and the workers block on each sharded program they call themselves, so one is in flight at a time.
+# of one shared thread pool, each blocking its thread at a collective's rendezvous, and the pool holds
+# about one thread per device, so the 8-device worker once stopped with one program's
+# collective-permute waiting while another program's all-reduces held the threads. Every process
+# with simulated devices sizes the pool for several programs (`platforms.simulate_cpu_devices`;
+# tests/parallel/test_pipelined_programs.py), and the trainer's sharded programs on CPU devices
+# return only once finished (`run/sharded_steps.py:ShardedFunction`).
 NO_PERSISTENT_CACHE = {"JAX_ENABLE_COMPILATION_CACHE": "false"}
 
 # How long the 8-device workers' devices may wait at one collective before XLA:CPU aborts them (and
@@ -51,18 +54,15 @@ def xla_flags(*extra: str) -> str:
     return " ".join(flags.values())
 
 
-def device_count_flags(n: int) -> str:
-    """`xla_flags` for a subprocess with `n` simulated CPU devices."""
-    return xla_flags(f"{DEVICE_COUNT}={n}")
-
-
 def sharded_subprocess_env(devices: int | None = None, terminate_timeout_s: int | None = None,
                            **extra: str) -> dict[str, str]:
     """`os.environ` for a JAX subprocess that runs sharded programs on simulated CPU devices:
-    XLA_FLAGS (`device_count_flags(devices)`, or `xla_flags()` for a subprocess that sets its device
-    count itself; `terminate_timeout_s` for XLA's collective abort instead of 600 s), no persistent
-    compilation cache (`NO_PERSISTENT_CACHE`), then `extra`."""
-    count = () if devices is None else (f"{DEVICE_COUNT}={devices}",)
+    XLA_FLAGS (`xla_flags()`; `terminate_timeout_s` for XLA's collective abort instead of 600 s),
+    `devices` simulated devices with the thread pool they need (`platforms.simulated_cpu_devices_env`;
+    None: the subprocess sets them itself), no persistent compilation cache (`NO_PERSISTENT_CACHE`),
+    then `extra`."""
     timeout = () if terminate_timeout_s is None else (f"{TERMINATE_TIMEOUT}={terminate_timeout_s}",)
-    flags = xla_flags(*count, *timeout)
-    return dict(os.environ, XLA_FLAGS=flags, **NO_PERSISTENT_CACHE, **extra)
+    env = dict(os.environ, XLA_FLAGS=xla_flags(*timeout), **NO_PERSISTENT_CACHE, **extra)
+    if devices is not None:  # the device count, and the thread pool their collectives need
+        env.update(platforms.simulated_cpu_devices_env(devices, env))
+    return env

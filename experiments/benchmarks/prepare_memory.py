@@ -15,8 +15,10 @@ import os
 import sys
 
 # 8 simulated devices when run as the benchmark; never on import (a caller keeps its own devices).
-if __name__ == "__main__" and "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+from pipo_jax import platforms  # noqa: E402  (imports no jax)
+
+if __name__ == "__main__":
+    platforms.simulate_cpu_devices(platforms.requested_cpu_devices(os.environ, default=8))
 
 import argparse  # noqa: E402
 import json  # noqa: E402

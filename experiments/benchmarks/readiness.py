@@ -43,9 +43,10 @@ import sys
 
 # The host set-up below applies when this file runs as the report (`python -m ...`), never on
 # import: a process that imports its helpers (the test session) keeps its own devices.
+from pipo_jax import platforms  # noqa: E402  (imports no jax)
+
 if __name__ == "__main__":
-    if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    platforms.simulate_cpu_devices(platforms.requested_cpu_devices(os.environ, default=8))
     # With libtpu installed JAX would try to start a TPU client on a host without one; the TPU
     # programs here are compiled for a topology description instead (deviceless).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -25,8 +25,9 @@ from __future__ import annotations
 import os
 import sys
 
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+from pipo_jax import platforms  # noqa: E402  (imports no jax)
+
+platforms.simulate_cpu_devices(platforms.requested_cpu_devices(os.environ, default=8))
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402

@@ -47,10 +47,9 @@ class ShardedFunction:
 
     On a mesh of CPU devices a call returns once its program has finished: XLA:CPU runs a
     multi-device program's devices as tasks of one shared thread pool, each blocking its thread at
-    a collective's rendezvous, so two sharded programs in flight together can hold each other's
-    threads (one program's collective-permute waiting while the pool runs another program's
-    all-reduce) and deadlock. Accelerator devices order programs on per-device streams and keep
-    asynchronous dispatch."""
+    a collective's rendezvous, so sharded programs in flight together can hold each other's
+    threads and deadlock (`platforms.CPU_POOL_THREADS_PER_DEVICE` sizes the pool for a few).
+    Accelerator devices order programs on per-device streams and keep asynchronous dispatch."""
 
     jitted: Any
     mesh: Mesh

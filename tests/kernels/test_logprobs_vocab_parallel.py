@@ -3,20 +3,19 @@
 The device count has to be set before jax initialises, so the check runs in a fresh
 interpreter (tests/kernels/vocab_parallel_case.py) instead of changing this process.
 """
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from tests.xla_flags import device_count_flags
+from tests.xla_flags import sharded_subprocess_env
 
 pytestmark = pytest.mark.slow  # a fresh JAX process with 4 host devices
 
 
 def test_vocab_parallel_equals_reference_on_4_devices():
     root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, XLA_FLAGS=device_count_flags(4), JAX_PLATFORMS="cpu")
+    env = sharded_subprocess_env(4, JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-m", "tests.kernels.vocab_parallel_case"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,6 +1,5 @@
 """Backend choices follow the target platform, not the host: programs built here for a TPU
 carry the TPU kernels (Mosaic, not the Pallas interpreter) and the TPU block sizes."""
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from pipo_jax.kernels import logprobs as lp
-from tests.xla_flags import device_count_flags
+from tests.xla_flags import sharded_subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +56,7 @@ def test_unknown_platform_is_rejected():
 def test_kernels_that_cannot_be_partitioned_run_under_shard_map_on_4_devices():
     """Pallas log-prob (tensor = 1 and 2), splash attention and the KV cache sharding on a mesh
     (tests/kernels/mesh_kernels_case.py, in a fresh interpreter with 4 host devices)."""
-    env = dict(os.environ, XLA_FLAGS=device_count_flags(4), JAX_PLATFORMS="cpu")
+    env = sharded_subprocess_env(4, JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-m", "tests.kernels.mesh_kernels_case"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

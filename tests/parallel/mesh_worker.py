@@ -16,7 +16,9 @@ import os
 import sys
 import time
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+from pipo_jax import platforms  # imports no jax: the devices are set before JAX starts
+
+platforms.simulate_cpu_devices(8)
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +44,7 @@ MESHES = {"8x1x1": (8, 1, 1), "2x2x2": (2, 2, 2)}
 def train_runs(out: str) -> dict:
     states = {}
     for name, (d, f, t) in MESHES.items():
+        stage(f"train {name}")
         spec, state = scenario.initial_state()
         mesh = parallel.make_mesh(d, f, t)
         sharded = steps.shard_train_state(state, spec, mesh)
@@ -155,16 +158,26 @@ def checkpoint_check(out: str, states: dict) -> None:
     np.savez(os.path.join(out, "checkpoint.npz"), **res)
 
 
+def stage(name: str) -> None:
+    """A line on stderr as each part starts, so that a worker XLA aborts says where it was."""
+    print(f"== {name}", file=sys.stderr, flush=True)
+
+
 def main(out: str) -> None:
     assert jax.device_count() == 8, jax.devices()
     t0 = time.perf_counter()
+    stage("logprobs")
     logprob_check(out)
     t1 = time.perf_counter()
+    stage("host loop")
     host_loop_run(out)
+    stage("init")
     init_check(out)
     t2 = time.perf_counter()
+    stage("train")
     states = train_runs(out)
     t3 = time.perf_counter()
+    stage("checkpoint")
     checkpoint_check(out, states)
     t4 = time.perf_counter()
     print(f"logprobs {t1 - t0:.1f}s host loop + init {t2 - t1:.1f}s train {t3 - t2:.1f}s checkpoint {t4 - t3:.1f}s",

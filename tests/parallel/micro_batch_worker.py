@@ -11,11 +11,12 @@ activation shapes in its HLO and `prepare`'s temporary memory at two rollout siz
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+from pipo_jax import platforms  # imports no jax: the devices are set before JAX starts
+
+platforms.simulate_cpu_devices(8)
 
 import jax
 import numpy as np

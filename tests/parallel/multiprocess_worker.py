@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+from pipo_jax import platforms  # imports no jax: the devices are set before JAX starts
+
+platforms.simulate_cpu_devices(2)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 from pipo_jax import parallel  # noqa: E402  (imports jax but starts no backend)
