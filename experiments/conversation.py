@@ -2,14 +2,15 @@
 `experiments/serve.py` (through `experiments/serving.py`) talk to.
 
 `make_chat(policy, step)` loads a run workdir's checkpoint or a Hugging Face directory and picks the
-renderer: `ArithmeticPrompts` (the built-in task: `47+85` -> its prompt; a response -> the value it
-states) or `TextPrompts` (a text policy: the run's / a chat template, or the text as it is).
-`Chat.reply(line)` renders, generates with `sampler.generate` (one row) and shows the response;
-`Chat.notice(line)` is one line when the line's problem lies outside what the task trained on (the
-built-in task: operand digit counts outside [min_digits, max_digits], an operator not trained on),
-else None. A prompt over the policy's max prompt length (`max_prompt_tokens`, within the model's
-`max_position_embeddings` less the response budget) is refused naming both numbers; an error
-quotes at most 40 characters of the line.
+renderer (`pipo_jax/tasks/chat_prompts.py:ChatPrompts`): the task's own for a task without a
+tokenizer (its registry entry names it, e.g. the built-in task's `47+85` -> its prompt, a response
+-> the value it states), or `TextPrompts` (a text policy: the run's / a chat template, or the text
+as it is). `Chat.reply(line)` renders, generates with `sampler.generate` (one row) and shows the
+response; `Chat.notice(line)` is one line when the line's problem lies outside what the task
+trained on (the built-in task: operand digit counts outside [min_digits, max_digits], an operator
+not trained on), else None. A prompt over the policy's max prompt length (`max_prompt_tokens`,
+within the model's `max_position_embeddings` less the response budget) is refused naming both
+numbers; an error quotes at most 40 characters of the line.
 """
 
 from __future__ import annotations
@@ -17,37 +18,21 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipo_jax.data import char_vocab as cv
 from pipo_jax.data.prompts import PromptConfig, render_prompt
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
 from pipo_jax.run import evaluate
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
-from pipo_jax.tasks import arithmetic
+from pipo_jax.tasks import registry
+from pipo_jax.tasks.chat_prompts import prompt_limit, too_long
 
 PROMPT_BUCKET = 32  # text prompts are left-padded to a multiple of this: few compiles
-_PROBLEM = re.compile(r"^\s*(\d+)\s*([-+*])\s*(\d+)\s*=?\s*$")
-_QUOTE_CHARS = 40  # an error quotes at most this much of a line (a 100k-character line stays one short line)
-
-
-def quote(line: str, limit: int = _QUOTE_CHARS) -> str:
-    """`line` stripped and quoted, cut to `limit` characters (`'1111...' (100003 characters)`)."""
-    text = line.strip()
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text)} characters)"
-
-
-def too_long(n_tokens: int, limit: int) -> str:
-    """The refusal of a prompt over the policy's max prompt length (chat and the server say the same)."""
-    return f"the prompt has {n_tokens} tokens, over the policy's max prompt length of {limit} tokens"
 
 
 def quiet_startup_logs() -> None:
@@ -56,100 +41,6 @@ def quiet_startup_logs() -> None:
     logging.basicConfig(level=logging.WARNING)
     for noisy in ("absl", "orbax", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def _prompt_limit(*limits: int | None) -> int | None:
-    given = [int(x) for x in limits if x is not None]
-    return min(given) if given else None
-
-
-class ArithmeticPrompts:
-    """The built-in task's rendering: `lhs op rhs[=]` -> its prompt; a response -> its stated answer.
-
-    A problem outside what the task trained on (operands of a digit count outside
-    [task.min_digits, task.max_digits], an operator not in task.ops, a negative difference of a
-    task without negative answers) is still rendered, in the task's prompt form, and answered;
-    `notice(line)` says what is outside. A prompt over `max_prompt_tokens` tokens is refused.
-    """
-
-    def __init__(self, task: arithmetic.ArithmeticTask, max_prompt_tokens: int | None = None):
-        self.task, self.max_prompt_tokens = task, max_prompt_tokens
-
-    def _parse(self, line: str, max_tokens: int | None = None) -> tuple[int, str, int]:
-        limit = _prompt_limit(self.max_prompt_tokens, max_tokens)
-        text = "".join(line.split())
-        n_tokens = len(text) + 1 + (not text.endswith("="))  # characters are tokens; <bos> and `=`
-        if limit is not None and n_tokens > limit:
-            raise ValueError(too_long(n_tokens, limit))
-        m = _PROBLEM.match(line)
-        if not m:
-            raise ValueError(f"{quote(line)} is not a problem of the arithmetic task "
-                             f"(write e.g. 47+85, operators {''.join(self.task.ops)})")
-        return int(m.group(1)), m.group(2), int(m.group(3))
-
-    def outside(self, lhs: int, op: str, rhs: int) -> list[str]:
-        """What of `lhs op rhs` lies outside the task's training distribution (empty: nothing)."""
-        t, reasons = self.task, []
-        lo, hi = t.min_digits, t.max_digits
-        trained = f"{lo}-digit" if lo == hi else f"{lo}- to {hi}-digit"
-        odd = [x for x in (lhs, rhs) if not lo <= len(str(x)) <= hi]
-        if odd:
-            shown = ", ".join(f"{x} ({len(str(x))} digit{'s' if len(str(x)) > 1 else ''})" for x in odd)
-            reasons.append(f"operand{'s' if len(odd) > 1 else ''} {shown}, trained on {trained} operands")
-        if op not in t.ops:
-            reasons.append(f"operator {op!r}, trained on {''.join(t.ops)}")
-        if op == "-" and lhs < rhs and not t.allow_negative:
-            reasons.append("a negative difference, trained on non-negative ones")
-        return reasons
-
-    def notice(self, line: str) -> str | None:
-        """One line saying that `line`'s problem is outside what the task trained on, else None."""
-        lhs, op, rhs = self._parse(line)
-        reasons = self.outside(lhs, op, rhs)
-        if not reasons:
-            return None
-        return (f"note: {lhs}{op}{rhs} is outside what this policy was trained on ({'; '.join(reasons)}): "
-                "its answer may be wrong")
-
-    def render(self, line: str, max_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray, Any]:
-        lhs, op, rhs = self._parse(line, max_tokens)
-        t = self.task
-        if (op in t.ops and max(lhs, rhs) < 10**t.max_digits and (t.allow_negative or op != "-" or lhs >= rhs)):
-            problems = arithmetic.make_problems(t, np.array([lhs]), np.array([cv.OPERATORS.index(op)]),
-                                                np.array([rhs]))
-            return np.asarray(problems.prompt_tokens_bp[0]), np.asarray(problems.prompt_mask_bp[0]), \
-                int(problems.answer_b[0])
-        # Outside what `make_problems` takes: the same prompt form (<bos> lhs op rhs =, operands
-        # zero-padded to max_digits when the task pads them, left-padded to at least prompt_len).
-        width = t.max_digits if t.pad_operands else 1
-        text = f"{str(lhs).zfill(width)}{op}{str(rhs).zfill(width)}="
-        ids = [cv.BOS_ID] + [cv.TOKEN_TO_ID[ch] for ch in text]
-        limit = _prompt_limit(self.max_prompt_tokens, max_tokens)
-        if limit is not None and len(ids) > limit:
-            raise ValueError(too_long(len(ids), limit))
-        n = max(t.prompt_len, len(ids))
-        tokens = np.full(n, cv.PAD_ID, np.int32)
-        tokens[n - len(ids):] = ids
-        mask = (np.arange(n) >= n - len(ids)).astype(np.int32)
-        answer = lhs + rhs if op == "+" else lhs - rhs if op == "-" else lhs * rhs
-        return tokens, mask, answer
-
-    bos_id = cv.BOS_ID
-
-    @staticmethod
-    def text(ids) -> str:
-        """The tokens' text; an id past the character vocabulary (a model's padded vocab rows) reads `<id:N>`."""
-        return "".join(cv.TOKENS[i] if 0 <= i < cv.VOCAB_SIZE else f"<id:{i}>" for i in map(int, ids))
-
-    def show(self, response_ids: list[int], answer: int) -> str:
-        text = self.text([i for i in response_ids if i != cv.EOS_ID])
-        stated = arithmetic.read_answer(self.task, text)
-        if stated is None:
-            verdict = f"(no answer; expected {answer})"
-        else:
-            verdict = f"= {stated} " + ("(correct)" if stated == answer else f"(expected {answer})")
-        ended = "" if cv.EOS_ID in response_ids else " [no <eos>]"
-        return f"{text}\t{verdict}{ended}"
 
 
 class TextPrompts:
@@ -169,7 +60,7 @@ class TextPrompts:
         ids = self.tokenizer.encode(text, add_special_tokens=self.config is None)
         if not ids:
             raise ValueError("empty prompt")
-        limit = _prompt_limit(self.max_prompt_tokens, max_tokens)
+        limit = prompt_limit(self.max_prompt_tokens, max_tokens)
         if len(ids) > limit:
             raise ValueError(too_long(len(ids), limit))
         width = -(-len(ids) // PROMPT_BUCKET) * PROMPT_BUCKET
@@ -237,10 +128,10 @@ def make_chat(policy: str, step: int | None = None, *, max_new_tokens: int | Non
     def limit(budget: int) -> int:  # the policy's max prompt length: the flag, within the model's positions
         return max(1, min(max_prompt_tokens, model.max_position_embeddings - budget))
 
-    if spec is not None and spec.task.tokenizer is None:  # the built-in task
+    if spec is not None and spec.task.tokenizer is None:  # a task that renders its own prompts
         task = spec.task
         budget = max_new_tokens or task.answer_len
-        return Chat(model, params, ArithmeticPrompts(task, limit(budget)), stop_ids=task.stop_token_ids,
+        return Chat(model, params, registry.chat_prompts(task, limit(budget)), stop_ids=task.stop_token_ids,
                     pad_id=task.pad_id, max_new_tokens=budget, **kw)
     if spec is not None:
         run = evaluate.load_run_config(policy)

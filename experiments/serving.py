@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.conversation import Chat, too_long
+from experiments.conversation import Chat
+from pipo_jax.tasks.chat_prompts import too_long
 from experiments.cli import MissingExtra
 from pipo_jax.sampling.engine import DecodeState, Engine
 from pipo_jax.sampling.sampling_params import SamplingParams

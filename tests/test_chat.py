@@ -44,7 +44,8 @@ def tiny_task() -> arithmetic.ArithmeticTask:
 
 @pytest.fixture(scope="module")
 def chat():
-    from experiments.conversation import ArithmeticPrompts, Chat
+    from experiments.conversation import Chat
+    from pipo_jax.tasks.arithmetic_chat import ArithmeticPrompts
 
     model = train_spec(grpo.get_config("micro")).model
     params = qwen3.init_params(model, jax.random.PRNGKey(3), std=0.3)
@@ -150,12 +151,13 @@ _CHAT_SCRIPT = textwrap.dedent("""
     from pipo_jax.models import qwen3
     from pipo_jax.run.setup import train_spec
     from pipo_jax.tasks import arithmetic
+    from pipo_jax.tasks.arithmetic_chat import ArithmeticPrompts
 
     def make_chat(policy, step=None, **kw):  # a random tiny policy on the main job's task
         model = train_spec(grpo.get_config("micro")).model
         task = arithmetic.from_config(grpo.get_config("tiny"))
         params = qwen3.init_params(model, jax.random.PRNGKey(3), std=0.3)
-        return conversation.Chat(model, params, conversation.ArithmeticPrompts(task, kw["max_prompt_tokens"]),
+        return conversation.Chat(model, params, ArithmeticPrompts(task, kw["max_prompt_tokens"]),
                                  stop_ids=task.stop_token_ids, pad_id=task.pad_id, max_new_tokens=task.answer_len)
 
     conversation.make_chat = make_chat
@@ -214,3 +216,19 @@ def test_serve_sets_tensorflows_variables_before_it_is_imported_unless_the_user_
                          env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(res.stdout.strip().splitlines()[-1]) == expected
+
+
+def test_each_task_without_a_tokenizer_chats_through_its_registered_renderer_or_says_it_has_none():
+    from pipo_jax.tasks import arithmetic, digit_sum, registry
+    from pipo_jax.tasks.arithmetic_chat import ArithmeticPrompts
+    from pipo_jax.tasks.protocol import TaskConfigError
+
+    prompts = registry.chat_prompts(arithmetic.from_config(grpo.get_config("tiny")), 12)
+    assert isinstance(prompts, ArithmeticPrompts) and prompts.max_prompt_tokens == 12
+    tokens, mask, answer = prompts.render("47+85")
+    assert answer == 132 and cv.TOKENS[int(tokens[mask == 1][0])] == "<bos>"
+    c = grpo.get_config("micro")
+    c.task.name = "digit_sum"
+    with pytest.raises(TaskConfigError, match=r"^the digit_sum task has no chat rendering \(tasks with one: "
+                                              r"arithmetic; a text policy's chat uses its tokenizer\)$"):
+        registry.chat_prompts(digit_sum.from_config(c))

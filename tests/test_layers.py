@@ -143,6 +143,10 @@ def test_the_task_registry_is_light_and_names_existing_modules():
         tree = ast.parse(MODULES[entry.module].read_text())
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         assert entry.constructor in defined and set(entry.task_classes) <= defined, entry
+        if entry.chat:  # its chat renderer: a class of a module of pipo_jax/tasks
+            module, _, name = entry.chat.partition(":")
+            assert module in MODULES and name in {n.name for n in ast.parse(MODULES[module].read_text()).body
+                                                  if isinstance(n, ast.ClassDef)}, entry.chat
 
 
 # The learner's packages: `pipo_jax/rl/` (the learner) knows nothing of `pipo_jax/run/` (the job around

@@ -66,7 +66,8 @@ def test_concurrent_requests_stream_the_samplers_tokens(policy):
     from jetstream.core import orchestrator, server_lib
 
     from experiments import serving  # first: it undoes the logging changes of JetStream's import
-    from experiments.conversation import ArithmeticPrompts, Chat
+    from experiments.conversation import Chat
+    from pipo_jax.tasks.arithmetic_chat import ArithmeticPrompts
 
     spec, params = policy
     chat = Chat(spec.model, params, ArithmeticPrompts(spec.task), stop_ids=STOPS, pad_id=spec.task.pad_id,

@@ -26,7 +26,9 @@ class TaskEntry:
     extra: the `pip install 'pipo_jax[extra]'` its dependencies come with ("": none); settings:
     the config sections of the task's own keys, "module:Class" (a `schema.Section` whose `_section`
     is `task.<field>`, in a module beside the task's that imports only the schema), read as
-    `config.task.<field>.<key>`."""
+    `config.task.<field>.<key>`; chat: the "module:Class" of its chat renderer
+    (`chat_prompts.ChatPrompts`, built as `Class(task, max_prompt_tokens)`) for a task without a
+    tokenizer ("": it has none)."""
 
     name: str
     module: str
@@ -34,6 +36,7 @@ class TaskEntry:
     constructor: str = "from_config"
     extra: str = ""
     settings: tuple[str, ...] = ()
+    chat: str = ""
 
 
 TASKS: dict[str, TaskEntry] = {}
@@ -52,7 +55,8 @@ def register_task(entry: TaskEntry) -> TaskEntry:
 _DATASET = "pipo_jax.tasks.dataset_settings:DatasetSettings"
 for _entry in (
     TaskEntry("arithmetic", "pipo_jax.tasks.arithmetic", ("ArithmeticTask",),
-              settings=("pipo_jax.tasks.arithmetic_settings:ArithmeticSettings",)),
+              settings=("pipo_jax.tasks.arithmetic_settings:ArithmeticSettings",),
+              chat="pipo_jax.tasks.arithmetic_chat:ArithmeticPrompts"),
     TaskEntry("countdown", "pipo_jax.tasks.countdown", ("CountdownTask",)),
     TaskEntry("math", "pipo_jax.tasks.dataset", ("DatasetTask",), "math_from_config",
               settings=(_DATASET, "pipo_jax.tasks.dataset_settings:MathSettings")),
@@ -66,12 +70,28 @@ for _entry in (
     register_task(_entry)
 
 
-def settings_class(path: str) -> type:
-    """The settings section "module:Class" names (its module imported now: it imports only the schema)."""
+def _named_class(path: str, what: str) -> type:
+    """The class "module:Class" names, its module (under pipo_jax.tasks) imported now."""
     module, _, name = path.partition(":")
     if not module.startswith("pipo_jax.tasks."):
-        raise ValueError(f"settings {path!r} are not under pipo_jax.tasks")
+        raise ValueError(f"{what} {path!r} are not under pipo_jax.tasks")
     return getattr(importlib.import_module(module), name)
+
+
+def settings_class(path: str) -> type:
+    """The settings section "module:Class" names (its module imported now: it imports only the schema)."""
+    return _named_class(path, "settings")
+
+
+def chat_prompts(task: Task, max_prompt_tokens: int | None = None):
+    """The chat renderer (`chat_prompts.ChatPrompts`) the entry of `task.name` names, for `task`;
+    `TaskConfigError` (one line) for a task with none."""
+    entry = TASKS.get(task.name)
+    if entry is None or not entry.chat:
+        with_chat = [e.name for e in TASKS.values() if e.chat]
+        raise TaskConfigError(f"the {task.name} task has no chat rendering (tasks with one: {', '.join(with_chat)}; "
+                              "a text policy's chat uses its tokenizer)")
+    return _named_class(entry.chat, "chat renderer")(task, max_prompt_tokens)
 
 
 def settings_sections() -> dict[str, type]:

@@ -219,7 +219,7 @@ def test_chat_renders_the_task_prompt_and_answers_as_the_sampler(run):
 
 
 def test_chat_states_the_answer_and_whether_it_is_right():
-    from experiments.conversation import ArithmeticPrompts
+    from pipo_jax.tasks.arithmetic_chat import ArithmeticPrompts
     from pipo_jax.tasks import arithmetic
 
     prompts = ArithmeticPrompts(arithmetic.ArithmeticTask(max_digits=2, answer_format="reversed"))
