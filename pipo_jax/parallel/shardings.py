@@ -1,5 +1,5 @@
 """NamedShardings of everything the trainer carries: params, optimizer state, the PPO
-critic, reference / teacher params, the PIPO state and batches.
+critic, reference / teacher params, the PIPO state, the advantage estimator's state and batches.
 
 All functions take the tree itself (arrays or `jax.ShapeDtypeStruct`s, e.g. from
 `jax.eval_shape`) and return a tree of the same structure with a `NamedSharding` per
@@ -96,7 +96,8 @@ def train_state_shardings(param_axes: Any, state: Any, mesh: Mesh, rules: Rules 
 
     params, ref_params, teacher_params: `param_axes`; opt_state mirrors params; the critic
     `{"params", "opt_state"}` likewise with `critic_axes`; PIPO state per
-    `pipo_state_shardings`; step and rng replicated. Any other field (e.g. VPD's
+    `pipo_state_shardings`; step, rng and the advantage estimator's carried state
+    (`estimator_state`, a few scalars: BNPO's pool of success rates) replicated. Any other field (e.g. VPD's
     `teacher_opt_state`, `vpd_delta`) is sharded like the params where it mirrors them
     and replicated elsewhere.
     """
@@ -119,6 +120,7 @@ def train_state_shardings(param_axes: Any, state: Any, mesh: Mesh, rules: Rules 
         teacher_params=maybe_params(state.teacher_params),
         pipo=pipo_state_shardings(state.pipo, mesh, rules),
         rng=replicated(mesh),
+        estimator_state=jax.tree.map(lambda _: replicated(mesh), state.estimator_state),
     )
     for field in dataclasses.fields(state):
         if field.name not in known:

@@ -2,6 +2,7 @@
 the algorithms that combine them, each declared once and looked up by name.
 
     ADVANTAGE_ESTIMATORS[name]: AdvantageEstimator   fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)
+                                                     (+ `carried`: a state across iterations, `estimate`)
     POLICY_LOSSES[name]:        PolicyLoss           fn(spec, params, teacher_params, mb, counts)
                                                          -> (loss, metrics, logp_br, entropy_br | None)
     ATTRIBUTIONS[name]:         Attribution          fn(spec, TrainBatch) -> attr_br
@@ -30,7 +31,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses import advantages, bapo, cov, disco, distill, drpo, pipo
+from pipo_jax.losses import advantages, bapo, bnpo, cov, disco, distill, drpo, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
@@ -46,6 +47,17 @@ class AdvantageInputs(NamedTuple):
     token_rewards_br: jax.Array  # outcome (+ KL penalty) reward on each response token
     seq_rewards_b: jax.Array  # [B]: the sum of the token rewards
     values_br: Any = None  # the critic's values (estimators with `critic=True`)
+    state: Any = None  # an estimator with `carried`: its state with this batch folded in (`estimate`)
+
+
+class CarriedState(NamedTuple):
+    """What an estimator carries across iterations, in `TrainState.estimator_state` (replicated):
+    `init(spec)` its fresh pytree, every leaf zero (a checkpoint saved before the field existed restores
+    it so, `run/checkpoint.py:ADDED_FIELDS`); `update(spec, state, AdvantageInputs) -> (state, metrics)`
+    this batch folded in, before `fn` reads the result as `AdvantageInputs.state` (`estimate`)."""
+
+    init: Callable
+    update: Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +66,7 @@ class AdvantageEstimator:
     fn: Callable
     critic: bool = False  # reads `values_br` and trains PPO's value model
     group: bool = False  # normalises within each prompt's group of G responses (needs G >= 2)
+    carried: CarriedState | None = None  # a state across iterations (BNPO's pool of success rates)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,11 +138,12 @@ def _register(table: dict, name: str, entry):
     return entry
 
 
-def advantage_estimator(*names: str, critic: bool = False, group: bool = False):
+def advantage_estimator(*names: str, critic: bool = False, group: bool = False, carried: CarriedState | None = None):
     """Registers `fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)` under each of `names`;
-    `critic`: reads the critic's values; `group`: group-relative (G >= 2 checked by `TrainSpec`)."""
+    `critic`: reads the critic's values; `group`: group-relative (G >= 2 checked by `TrainSpec`);
+    `carried`: the state it keeps across iterations (`CarriedState`)."""
     def register(fn):
-        entry = AdvantageEstimator(names[0], fn, critic, group)
+        entry = AdvantageEstimator(names[0], fn, critic, group, carried)
         for name in names:
             _register(ADVANTAGE_ESTIMATORS, name, entry)
         return fn
@@ -254,6 +268,40 @@ def _reinforce_pp(spec, x: AdvantageInputs):
 def _reinforce_pp_baseline(spec, x: AdvantageInputs):
     """REINFORCE++-baseline: r_i - group mean on every token, whitened over the batch's valid tokens."""
     return advantages.reinforce_pp_baseline_advantages(x.seq_rewards_b, x.mask_br, spec.rollout.group_size), None
+
+
+def _bnpo_rewards(spec) -> dict:
+    return dict(reward_min=spec.advantage.bnpo_reward_min, reward_max=spec.advantage.bnpo_reward_max)
+
+
+def _bnpo_update(spec, state: bnpo.BnpoState, x: AdvantageInputs):
+    """This batch's success rates into BNPO's pool (`advantage.bnpo_decay`); the pool's Beta parameters as
+    metrics."""
+    rates = bnpo.success_rates(x.seq_rewards_b, spec.rollout.group_size, **_bnpo_rewards(spec))
+    state = bnpo.update_bnpo_state(state, rates, decay=spec.advantage.bnpo_decay)
+    return state, {f"bnpo_{k}": v for k, v in bnpo.beta_parameters(state).items()}
+
+
+@advantage_estimator("bnpo", group=True, carried=CarriedState(lambda spec: bnpo.init_bnpo_state(), _bnpo_update))
+def _bnpo(spec, x: AdvantageInputs):
+    """BNPO: (r~ - p_q) / f_N(p_q; alpha, beta) on every token, alpha and beta from the pool of recent success
+    rates `x.state` (this batch's included), `losses/bnpo.py` (docs/math.md §1 "BNPO")."""
+    params = bnpo.beta_parameters(x.state)
+    adv_b = bnpo.bnpo_advantages(x.seq_rewards_b, spec.rollout.group_size, params["alpha"], params["beta"],
+                                 **_bnpo_rewards(spec))
+    return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
+
+
+def estimate(spec, x: AdvantageInputs, state: Any = None):
+    """`spec.estimator` on `x`: (adv_br, returns_br | None, the estimator's state after this batch, metrics).
+    An estimator with `carried` folds the batch into `state` (`TrainState.estimator_state`) first and
+    reads the result; the others pass `state` through unchanged, with no metrics."""
+    est, metrics = spec.estimator, {}
+    if est.carried is not None:
+        state, metrics = est.carried.update(spec, state, x)
+        x = x._replace(state=state)
+    adv, returns = est.fn(spec, x)
+    return adv, returns, state, metrics
 
 
 # ----------------------------------------------------------------------------- policy losses
@@ -513,6 +561,10 @@ register_algorithm(Algorithm("bapo", GROUP_ESTIMATORS, (("bapo", "bapo"),), "gro
 # with a non-clipping score and a squared-hinge KL penalty; GRPO's advantages mark which is which, so
 # PIPO's attribution is the group one (docs/math.md §1 "DisCO").
 register_algorithm(Algorithm("disco", GROUP_ESTIMATORS, (("disco", "disco"),), "group"))
+# BNPO (Xiao et al. 2025, arXiv 2506.02864): the reward minus the prompt's success rate over a Beta density
+# whose parameters follow a pool of recent success rates (the estimator's carried state); per prompt a
+# positive multiple of r - mean, so PIPO's attribution is the group one (docs/math.md §1 "BNPO").
+register_algorithm(Algorithm("bnpo", ("bnpo",), CLIP_LOSSES, "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -73,7 +75,14 @@ def rollout_passes(spec: TrainSpec, state: TrainState, tokens_bl, mask_bl, teach
 
 
 def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[TrainBatch, jax.Array, dict]:
-    """Step 2: the training batch of B_t under theta_t, mu_t, and batch metrics."""
+    """Step 2: the training batch of B_t under theta_t, mu_t, and batch metrics (`prepare_batch` without
+    the estimator's carried state)."""
+    return prepare_batch(spec, state, rollout)[:3]
+
+
+def prepare_batch(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[TrainBatch, jax.Array, dict, Any]:
+    """Step 2: the training batch of B_t under theta_t, mu_t, batch metrics, and the advantage estimator's
+    carried state with B_t folded in (`algorithms.estimate`; `state.estimator_state` for one without)."""
     p = spec.prompt_len
     tokens, mask = rollout.tokens_bl, rollout.mask_bl
     mask_br = mask[:, p:].astype(jnp.float32)
@@ -98,9 +107,11 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[Train
 
     batch = TrainBatch(tokens_bl=tokens, mask_bl=mask, mask_br=mask_br, logp_old_br=logp_old, logp_ref_br=logp_ref,
                        values_br=passes.get("values_br"), logp_teacher_br=passes.get("logp_teacher_br"), **teacher)
+    estimator_state, estimator_metrics = state.estimator_state, {}
     if spec.estimator is not None:
-        adv, returns = spec.estimator.fn(spec, algorithms.AdvantageInputs(
-            mask_br=mask_br, token_rewards_br=token_rewards, seq_rewards_b=seq_rewards, values_br=batch.values_br))
+        adv, returns, estimator_state, estimator_metrics = algorithms.estimate(spec, algorithms.AdvantageInputs(
+            mask_br=mask_br, token_rewards_br=token_rewards, seq_rewards_b=seq_rewards, values_br=batch.values_br),
+            state.estimator_state)
         batch = batch.replace(adv_br=adv, returns_br=returns)
     if spec.advantage_shaping is not None:
         batch = batch.replace(adv_br=spec.advantage_shaping(spec, batch))
@@ -118,7 +129,8 @@ def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[Train
     }
     if spec.uses_teacher:  # share of responses the teacher sees a solution or feedback for
         metrics["teacher_context_frac"] = jnp.mean(batch.sd_mask_b)
-    return batch, mu_t, metrics
+    metrics.update({f"advantage/{k}": v for k, v in estimator_metrics.items()})
+    return batch, mu_t, metrics, estimator_state
 
 
 def pi_batch(prev: TrainBatch, rhat_br, signal_rows: bool = False) -> TrainBatch:
@@ -196,7 +208,7 @@ def pi_step(spec: TrainSpec, params, opt_state, pipo_state: controller.PipoState
 def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[TrainState, dict]:
     """Steps 2-5 of one iteration; returns the new state and the iteration's metrics."""
     k_pi, k_base, k_critic = jax.random.split(rng, 3)
-    batch, mu_t, metrics = prepare(spec, state, rollout)
+    batch, mu_t, metrics, estimator_state = prepare_batch(spec, state, rollout)
     params, opt_state = state.params, state.opt_state
     teacher, teacher_opt, vpd_delta = state.teacher_params, state.teacher_opt_state, state.vpd_delta
     if spec.vpd is not None:
@@ -254,5 +266,5 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         new_pipo = controller.push(pipo_state, mu_t, stored(batch))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, critic=critic,
                               teacher_params=teacher, pipo=new_pipo, teacher_opt_state=teacher_opt,
-                              vpd_delta=vpd_delta, pi_opt_state=pi_opt_state)
+                              vpd_delta=vpd_delta, pi_opt_state=pi_opt_state, estimator_state=estimator_state)
     return new_state, metrics

@@ -202,6 +202,16 @@ class AdvantageConfig(Section):
     norm_by_std: bool = key(True, "divide the group advantage by the group std (false: Dr. GRPO's r - mean)")
     gamma: float = key(1.0, "discount of GAE and of REINFORCE++'s return", within(0, 1))
     lam: float = key(1.0, "GAE lambda", within(0, 1))
+    bnpo_decay: float = key(0.9, "BNPO (advantage.estimator=bnpo): each earlier batch's weight in the pool of "
+                            "success rates whose moments set the Beta normaliser is multiplied by this every "
+                            "iteration (0: the current batch only, the authors' code)", within(0, 1, open_high=True))
+    bnpo_reward_min: float = key(0.0, "BNPO: the reward mapped to 0 (rewards are put on [0, 1] before the success "
+                                 "rates; the authors' min_value)")
+    bnpo_reward_max: float = key(1.0, "BNPO: the reward mapped to 1 (the authors' max_value)")
+
+    def check(self):
+        need(self.bnpo_reward_max > self.bnpo_reward_min, "advantage.bnpo_reward_max",
+             f"{self.bnpo_reward_max} must be > advantage.bnpo_reward_min={self.bnpo_reward_min}")
 
 
 def _dual_clip(value):

@@ -1,9 +1,9 @@
 """`TrainState`: everything a run carries between iterations, as one pytree.
 
 Policy params and AdamW state, the frozen reference params, the PPO critic (params +
-its optimizer state), the SDPO EMA teacher, the PIPO controller state, the RNG key and
-the iteration counter. Checkpoints save exactly this tree, so a resumed run continues
-bit-exactly.
+its optimizer state), the SDPO EMA teacher, the PIPO controller state, the advantage
+estimator's carried state (BNPO), the RNG key and the iteration counter. Checkpoints save
+exactly this tree, so a resumed run continues bit-exactly.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ class TrainState:
     teacher_opt_state: Any = None  # VPD: the E-step's AdamW state
     vpd_delta: Any = None  # VPD: running mean of implicit rewards (losses.vpd.DeltaState)
     pi_opt_state: Any = None  # `pipo.pi_optimizer=separate`: the PI step's own AdamW state
+    # The advantage estimator's state across iterations (`algorithms.CarriedState`; BNPO's pool of success
+    # rates, `losses/bnpo.py:BnpoState`), replicated; None for an estimator without one.
+    estimator_state: Any = None
 
 
 def skip_nonfinite(inner: optax.GradientTransformation, applies=None) -> optax.GradientTransformation:
@@ -128,6 +131,12 @@ def reference_copy(spec: TrainSpec, params):
     return jax.tree.map(lambda x: jnp.copy(x).astype(spec.model.jnp_dtype), params)
 
 
+def init_estimator_state(spec: TrainSpec) -> Any:
+    """The fresh state the advantage estimator carries (`AdvantageEstimator.carried`), or None."""
+    est = spec.estimator
+    return None if est is None or est.carried is None else est.carried.init(spec)
+
+
 def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
     """A fresh state around `params` (the reference, critic backbone and teacher start as copies;
     the reference in the compute dtype, see `reference_copy`)."""
@@ -154,4 +163,5 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
         vpd_delta=vpd_delta,
         pi_opt_state=(make_optimizer(spec.pipo.lr, spec).init(params)
                       if spec.pipo.enabled and spec.pipo.pi_optimizer == "separate" else None),
+        estimator_state=init_estimator_state(spec),
     )

@@ -7,7 +7,9 @@ A checkpoint damaged after the fact (a truncated or deleted file, garbage bytes)
 skipped on restore: the newest one that reads is used, each skipped one is named in one
 log line and left on disk (moved aside into `<directory>.unreadable/` only when a new
 save needs its step number). A checkpoint written by older code under names since renamed
-(`LEGACY_NAMES`) is read by its stored names and laid out like the template.
+(`LEGACY_NAMES`) is read by its stored names and laid out like the template; one written before a
+field of `ADDED_FIELDS` existed restores with that field fresh (zeros, its initial value), said in
+one log line.
 
 A save the disk refuses (full, read-only, quota) leaves no partial step behind: its
 `<step>.orbax-checkpoint-tmp` directory is removed (and any such leftover of a killed run is
@@ -26,6 +28,7 @@ import shutil
 import sys
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from pipo_jax.run import atomic
@@ -44,6 +47,11 @@ class NoReadableCheckpoint(RuntimeError):
 # `_bt`-named fields until it became the `TrainBatch` cut to `batch.STORED_FIELDS`.
 LEGACY_NAMES = {"mask_bl": "attention_mask_bl", "mask_br": "mask_bt", "logp_old_br": "logp_old_bt",
                 "logp_ref_br": "logp_ref_bt", "attr_br": "attr_bt"}
+
+# Fields of the saved state added since checkpoints were first written (name -> what it holds), each
+# with an initial value of zeros (None where unused): a checkpoint saved before one existed restores
+# with it so, and a log line says so (a fresh start of that state, the rest exactly as saved).
+ADDED_FIELDS = {"estimator_state": "the advantage estimator's carried state (BNPO's pool of success rates)"}
 
 
 def _key_name(k) -> str:
@@ -240,27 +248,41 @@ class Checkpointer:
                 restored = None
             if restored is None:
                 raise e
-            log.info("checkpoint step %d at %s holds fields under their former names: read and renamed",
-                     step, self.step_path(step))
+            restored, renamed, added = restored
+            if renamed:
+                log.info("checkpoint step %d at %s holds fields under their former names: read and renamed",
+                         step, self.step_path(step))
+            for name in added:  # a field this run does not use (None) starts as None: nothing to say
+                if jax.tree.leaves(getattr(abstract, name)):
+                    log.info("checkpoint step %d at %s was saved before TrainState.%s (%s) existed: it starts "
+                             "fresh", step, self.step_path(step), name, ADDED_FIELDS[name])
             return restored
 
     def _restore_legacy(self, step: int, abstract):
-        """The state of a checkpoint that stored some fields under their `LEGACY_NAMES`, laid out
-        like `abstract` (each leaf by its path, renamed where the new path is absent); None when
-        it has no such field or a leaf of `abstract` is missing or of another shape / dtype."""
-        stored = _flat_by_path(self._manager.restore(step, args=ocp.args.StandardRestore()))
+        """(state, renamed, added fields) of a checkpoint that stored some fields under their
+        `LEGACY_NAMES` or lacks some `ADDED_FIELDS` of `abstract`, laid out like `abstract` (each
+        leaf by its path, renamed where the new path is absent; a missing added field's leaves zeros);
+        None when it has neither or another leaf of `abstract` is missing or of another shape / dtype."""
+        raw = self._manager.restore(step, args=ocp.args.StandardRestore())
+        stored = _flat_by_path(raw)
+        added = tuple(f for f in ADDED_FIELDS if hasattr(abstract, f) and isinstance(raw, dict) and f not in raw)
         paths, treedef = jax.tree_util.tree_flatten_with_path(abstract)
         leaves, renamed = [], False
         for path, want in paths:
             key = tuple(_key_name(k) for k in path)
-            if key not in stored and key[-1] in LEGACY_NAMES:
-                key, renamed = key[:-1] + (LEGACY_NAMES[key[-1]],), True
-            have = stored.get(key)
-            if have is None or have.shape != want.shape or have.dtype != want.dtype:
-                return None
             sharding = getattr(want, "sharding", None)
+            if key[0] in added:
+                have = np.zeros(want.shape, want.dtype)
+            else:
+                if key not in stored and key[-1] in LEGACY_NAMES:
+                    key, renamed = key[:-1] + (LEGACY_NAMES[key[-1]],), True
+                have = stored.get(key)
+                if have is None or have.shape != want.shape or have.dtype != want.dtype:
+                    return None
             leaves.append(jax.device_put(have, sharding) if sharding is not None else jax.numpy.asarray(have))
-        return jax.tree_util.tree_unflatten(treedef, leaves) if renamed else None
+        if not (renamed or added):
+            return None
+        return jax.tree_util.tree_unflatten(treedef, leaves), renamed, added
 
     def wait(self) -> None:
         """Blocks until pending asynchronous saves are on disk; raises a save's failure (its

@@ -128,9 +128,10 @@ def test_critic_pipo_and_cache_shardings():
     assert k_spec == P(None, ("data", "fsdp"), "tensor", None, None)  # [L, B, K, S, Dh]
 
 
-@pytest.mark.parametrize("algo", ["ppo", "grpo", "gspo", "dapo", "sdpo", "vpd"])
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "gspo", "dapo", "sdpo", "vpd", "bnpo"])
 def test_train_state_shardings_cover_every_algorithm(algo):
-    """Every leaf of every algorithm's TrainState (critic, teacher, VPD state, ...) gets a sharding."""
+    """Every leaf of every algorithm's TrainState (critic, teacher, VPD state, BNPO's pool, ...) gets a
+    sharding; the advantage estimator's carried state is replicated."""
     import importlib
 
     from pipo_jax.run import sharded_steps as steps
@@ -150,3 +151,6 @@ def test_train_state_shardings_cover_every_algorithm(algo):
         assert spec_tree(sh.critic["params"]["backbone"])["embed"] == embed
     if abstract.teacher_params is not None:
         assert spec_tree(sh.teacher_params)["embed"] == embed
+    assert (abstract.estimator_state is None) == (algo != "bnpo")
+    assert all(s == P() for s in jax.tree.leaves(spec_tree(sh.estimator_state)))
+    assert len(jax.tree.leaves(sh.estimator_state)) == (4 if algo == "bnpo" else 0)

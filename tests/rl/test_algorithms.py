@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import bapo, clip_cov, disco, dr_grpo, drpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
-from pipo_jax.losses import advantages, cov, distill, pipo
+from pipo_jax.losses import advantages, bnpo, cov, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.bapo import bapo_loss
@@ -71,7 +71,22 @@ def _estimator_cases():
         "reinforce_pp": lambda spec, x: advantages.reinforce_pp_advantages(x.token_rewards_br, x.mask_br, gamma=0.9),
         "reinforce_pp_baseline": lambda spec, x: advantages.reinforce_pp_baseline_advantages(x.seq_rewards_b,
                                                                                             x.mask_br, 2),
+        "bnpo": _bnpo_case,
     }
+
+
+def _bnpo_case(spec, x):
+    """BNPO at decay .5 after a first batch of rates 1, 0 (`_BNPO_BEFORE`): alpha, beta of that pool with this
+    batch's rates folded in."""
+    state = bnpo.init_bnpo_state()
+    for rewards in (_BNPO_BEFORE, x.seq_rewards_b):
+        state = bnpo.update_bnpo_state(state, bnpo.success_rates(rewards, 2), decay=0.5)
+    params = bnpo.beta_parameters(state)
+    return advantages.broadcast_over_tokens(bnpo.bnpo_advantages(x.seq_rewards_b, 2, params["alpha"], params["beta"]),
+                                            x.mask_br)
+
+
+_BNPO_BEFORE = jnp.array([1.0, 1.0, 0.0, 0.0])
 
 
 def test_every_registered_estimator_has_a_case():
@@ -85,8 +100,14 @@ def test_registered_estimator_equals_its_advantage_math(name):
     rewards = jnp.array([1.0, 0.0, 0.5, 0.5])
     tok = advantages.outcome_token_rewards(rewards, MASK) - 0.1 * jnp.arange(T, dtype=jnp.float32) * MASK
     x = AdvantageInputs(MASK, tok, advantages.sequence_rewards(tok, MASK), jnp.full((B, T), 0.25))
-    spec = _spec_ns(rollout=dict(group_size=2), advantage=dict(std_ddof=1, norm_by_std=True, gamma=0.9, lam=0.8))
-    got, returns = algorithms.ADVANTAGE_ESTIMATORS[name].fn(spec, x)
+    spec = _spec_ns(rollout=dict(group_size=2), advantage=dict(std_ddof=1, norm_by_std=True, gamma=0.9, lam=0.8,
+                                                               bnpo_decay=0.5, bnpo_reward_min=0.0,
+                                                               bnpo_reward_max=1.0))
+    est = algorithms.ADVANTAGE_ESTIMATORS[name]
+    if est.carried is not None:  # the state after an earlier batch, then this one folded in (`algorithms.estimate`)
+        before = est.carried.update(spec, est.carried.init(spec), x._replace(seq_rewards_b=_BNPO_BEFORE))[0]
+        x = x._replace(state=est.carried.update(spec, before, x)[0])
+    got, returns = est.fn(spec, x)
     chex.assert_trees_all_close(got, _estimator_cases()[name](spec, x), atol=1e-6)
     assert (returns is not None) == algorithms.ADVANTAGE_ESTIMATORS[name].critic
     assert float(jnp.max(jnp.abs(got))) > 0.1 and bool(jnp.all(got * (1 - MASK) == 0))
@@ -357,8 +378,8 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     ("advantage.estimator", "gae", r"config\.advantage\.estimator: 'gae' does not fit algorithm='grpo'"),
     ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
     ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
-                               r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'drpo', 'bapo', 'disco', 'sdpo', "
-                               r"'vpd'\)"),
+                               r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'drpo', 'bapo', 'disco', "
+                               r"'bnpo', 'sdpo', 'vpd'\)"),
 ])
 def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     c = grpo.get_config("micro")
@@ -451,7 +472,7 @@ def test_declared_capabilities_make_the_checks():
 
 
 def test_group_estimators_are_declared_and_need_two_samples():
-    assert algorithms.group_estimators() == ("grpo", "group_relative", "rloo", "reinforce_pp_baseline")
+    assert algorithms.group_estimators() == ("grpo", "group_relative", "rloo", "reinforce_pp_baseline", "bnpo")
     assert algorithms.GROUP_ESTIMATORS == ("grpo", "group_relative")  # what GRPO's family accepts
     assert not algorithms.ADVANTAGE_ESTIMATORS["gae"].group
     c = grpo.get_config("micro")

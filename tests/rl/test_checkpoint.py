@@ -1,6 +1,7 @@
-"""Orbax checkpoints: the whole TrainState round-trips; a save killed mid-write never
-replaces the last good checkpoint."""
+"""Orbax checkpoints: the whole TrainState round-trips (BNPO's carried state too); a save killed mid-write
+never replaces the last good checkpoint; older layouts (renamed fields, a field added since) still resume."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -8,11 +9,15 @@ import textwrap
 
 import jax
 import numpy as np
+import pytest
 
+from configs import bnpo as bnpo_config
 from configs import grpo, ppo
+from pipo_jax.losses import bnpo
 from pipo_jax.models import qwen3
-from pipo_jax.rl.state import init_train_state
-from pipo_jax.run.checkpoint import Checkpointer
+from pipo_jax.rl.state import TrainState, init_train_state
+from pipo_jax.run.checkpoint import ADDED_FIELDS, Checkpointer
+from pipo_jax.run.placement import Placement
 from pipo_jax.run.setup import train_spec
 
 
@@ -105,3 +110,73 @@ def test_a_checkpoint_saved_with_the_former_stored_batch_names_resumes(tmp_path)
     want = state.replace(pipo=state.pipo.replace(prev=shifted))
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(want))
     assert type(restored.pipo.prev) is type(prev)
+
+
+def _bnpo_state(seed):
+    """configs/bnpo.py's micro state with a pool of success rates that is not the fresh one."""
+    state = _state(bnpo_config, seed)
+    pool = bnpo.update_bnpo_state(bnpo.init_bnpo_state(), jax.numpy.array([0.25, 0.5, 1.0]), decay=0.9)
+    return state.replace(estimator_state=bnpo.update_bnpo_state(pool, jax.numpy.array([0.0, 0.75]), decay=0.9))
+
+
+def test_bnpo_pool_roundtrips(tmp_path):
+    """BNPO's carried state (`TrainState.estimator_state`) is saved and restored with the rest, exactly."""
+    state = _bnpo_state(3)
+    assert float(state.estimator_state.weight) == pytest.approx(0.9 * 3 + 2)
+    ckpt = Checkpointer(str(tmp_path), keep=2)
+    ckpt.save(5, state)
+    ckpt.wait()
+    restored = ckpt.restore(_state(bnpo_config, 0))
+    ckpt.close()
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(state))
+    assert type(restored.estimator_state) is bnpo.BnpoState
+
+
+@pytest.mark.parametrize("module", [bnpo_config, grpo])
+def test_a_checkpoint_saved_before_the_estimator_state_resumes_with_it_fresh(module, tmp_path, caplog):
+    """A checkpoint written before `TrainState.estimator_state` existed (the state without that field)
+    restores through the trainer's path (`Placement.restore`, an abstract template) with every saved array
+    as saved and the field fresh: BNPO's pool empty, said in one log line naming the field; GRPO's None,
+    nothing said (`checkpoint.ADDED_FIELDS`)."""
+    import dataclasses
+    from typing import Any
+
+    import flax
+
+    @flax.struct.dataclass
+    class FormerTrainState:  # TrainState's fields as they were saved before estimator_state
+        step: Any
+        params: Any
+        opt_state: Any
+        ref_params: Any
+        critic: Any
+        teacher_params: Any
+        pipo: Any
+        rng: Any
+        teacher_opt_state: Any = None
+        vpd_delta: Any = None
+        pi_opt_state: Any = None
+
+    assert [f.name for f in dataclasses.fields(TrainState)] == [
+        f.name for f in dataclasses.fields(FormerTrainState)] + list(ADDED_FIELDS)
+    state = _bnpo_state(3) if module is bnpo_config else _state(grpo, 3)
+    state = state.replace(step=state.step + 6, pipo=state.pipo.replace(count=state.pipo.count + 1))
+    ckpt = Checkpointer(str(tmp_path), keep=2)
+    ckpt.save(6, FormerTrainState(**{f.name: getattr(state, f.name) for f in dataclasses.fields(FormerTrainState)}))
+    ckpt.wait()
+    c = module.get_config("micro")
+    c.pipo.enabled = True
+    with caplog.at_level(logging.INFO, logger="pipo_jax.run.checkpoint"):
+        restored = Placement().restore(ckpt, train_spec(c))
+    ckpt.close()
+    fresh = None if module is grpo else bnpo.init_bnpo_state()
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored),
+                 jax.device_get(state.replace(estimator_state=fresh)))
+    notes = [r.getMessage() for r in caplog.records if "estimator_state" in r.getMessage()]
+    if module is grpo:
+        assert restored.estimator_state is None and notes == []
+    else:
+        assert type(restored.estimator_state) is bnpo.BnpoState and len(notes) == 1
+        assert notes[0] == (f"checkpoint step 6 at {tmp_path / '6'} was saved before TrainState.estimator_state "
+                            f"({ADDED_FIELDS['estimator_state']}) existed: it starts fresh")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # not skipped as unreadable

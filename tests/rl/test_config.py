@@ -13,7 +13,7 @@ from pipo_jax.run.setup import train_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco",
-         "sdpo", "vpd")
+         "bnpo", "sdpo", "vpd")
 
 
 def check_config_values(stdout: str) -> dict:
@@ -134,6 +134,10 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
         (lambda c: setattr(c.loss, "disco_score", "logL"),
          r"config\.loss\.disco_score: 'logL' is not one of \('log_likelihood', 'likelihood_ratio'\)"),
         (lambda c: setattr(c.loss, "disco_tau", 0.0), r"config\.loss\.disco_tau: 0\.0 must be > 0"),
+        (lambda c: setattr(c.advantage, "bnpo_decay", 1.0),
+         r"config\.advantage\.bnpo_decay: 1\.0 must be in \[0, 1\)"),
+        (lambda c: setattr(c.advantage, "bnpo_reward_max", -1.0),
+         r"config\.advantage\.bnpo_reward_max: -1\.0 must be > advantage\.bnpo_reward_min=0\.0"),
         (lambda c: setattr(c.loss, "bapo_lower_max", 0.61),
          r"config\.loss\.bapo_lower_max: 0\.61 leaves no step of loss\.bapo_lower_step=0\.02 above "
          r"loss\.bapo_lower_start=0\.6 \(Algorithm 1 would never move the bounds\)"),

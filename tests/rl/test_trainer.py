@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pipo_jax.losses import bnpo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import controller, learn, loop
 from pipo_jax.rl import response_logprobs as logprobs
@@ -95,7 +96,7 @@ def test_dr_grpo_runs_a_micro_iteration():
 COV = {"loss.kl_cov_ratio": 0.2, "loss.clip_cov_ratio": 0.2, "loss.clip_cov_low": -10.0}  # tokens are selected
 
 
-@pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco"])
+@pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo"])
 def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     """configs/rloo.py, configs/reinforce_pp.py, configs/kl_cov.py and configs/clip_cov.py with
     `pipo.enabled=true` through three jitted trainer iterations (K = 2): the base step trains every
@@ -104,8 +105,10 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     response, sum |a| = G over a group with signal), REINFORCE++'s whitened token advantages (mean 0
     over the batch's valid tokens, varying along a response). KL-Cov / Clip-Cov (larger ratios and,
     for Clip-Cov, a wider covariance window than the paper's, so that the micro batch has selected
-    tokens): the base step's loss selects tokens every iteration. DRPO, BAPO and DisCO: the group
-    attribution."""
+    tokens): the base step's loss selects tokens every iteration. DRPO, BAPO, DisCO and BNPO: the group
+    attribution. BNPO: its pool of success rates (`TrainState.estimator_state`) holds the three batches'
+    rates at weights .81, .9, 1 (their sum is P mu_t, the rewards being on [0, 1]), and the logged Beta
+    parameters are the pool's."""
     c = micro(algo, True, seed=1, **(COV if algo in ("kl_cov", "clip_cov") else {}))
     spec, state = fresh_state(c)
     assert spec.algorithm.name == algo and spec.pipo.enabled
@@ -128,7 +131,17 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
         low, high = m["train/bapo_clip_low"], m["train/bapo_clip_high"]
         assert np.all((low > 0.6 - 1e-5) & (low < 0.9 + 1e-5) & (high > 1.2 - 1e-5) & (high < 3.0 + 1e-5))
         assert np.all((m["train/bapo_pos_share"] >= 0) & (m["train/bapo_pos_share"] <= 1 + 1e-6))
-    if algo in ("rloo", "kl_cov", "clip_cov", "drpo", "bapo", "disco"):
+    if algo == "bnpo":
+        pool, p = state.estimator_state, c.rollout.prompts_per_batch
+        np.testing.assert_allclose([pool.weight, pool.weight_sq], [p * (1 + 0.9 + 0.81), p * (1 + 0.81 + 0.9 ** 4)],
+                                   rtol=1e-6)
+        np.testing.assert_allclose(pool.rate_sum, p * (m["mu_t"][2] + 0.9 * m["mu_t"][1] + 0.81 * m["mu_t"][0]),
+                                   rtol=1e-5)
+        params = jax.device_get(bnpo.beta_parameters(pool))
+        np.testing.assert_allclose([m["advantage/bnpo_alpha"][2], m["advantage/bnpo_beta"][2]],
+                                   [params["alpha"], params["beta"]], rtol=1e-6)
+        assert np.all(m["advantage/bnpo_alpha"] >= 1) and np.all(m["advantage/bnpo_beta"] > 1)
+    if algo in ("rloo", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo"):
         row = attr[:, 0]
         assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
         sums = np.abs(row).reshape(-1, spec.rollout.group_size).sum(axis=1)
@@ -216,11 +229,12 @@ def test_jitted_scan_loop_equals_host_loop(algo):
 
 
 @pytest.mark.slow  # four training runs of the main job
-def test_resume_is_exact(tmp_path):
-    c = micro("grpo", True, iterations=4, **{"log.every": 2, "checkpoint.every": 2, "checkpoint.export_hf": False})
+@pytest.mark.parametrize("algo", ["grpo", "bnpo"])  # BNPO: its pool of success rates is resumed too
+def test_resume_is_exact(tmp_path, algo):
+    c = micro(algo, True, iterations=4, **{"log.every": 2, "checkpoint.every": 2, "checkpoint.export_hf": False})
     full = train(c, str(tmp_path / "full"))
-    c_stop = micro("grpo", True, iterations=2, **{"log.every": 2, "checkpoint.every": 2,
-                                                   "checkpoint.export_hf": False})
+    c_stop = micro(algo, True, iterations=2, **{"log.every": 2, "checkpoint.every": 2,
+                                                 "checkpoint.export_hf": False})
     train(c_stop, str(tmp_path / "resumed"))
     resumed = train(c, str(tmp_path / "resumed"))
     assert resumed["resumed_from"] == 2
