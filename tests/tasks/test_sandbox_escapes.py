@@ -98,7 +98,7 @@ def test_a_helper_the_test_does_not_import_is_not_the_solutions_to_define():
     for program in (ISCLOSE_HACK, "from math import isclose\n" + AREA):
         result = cd.run_tests(program, unimported, _cfg())
         assert (result.reward, result.outcomes) == (0.0, ("error",)), result.feedback
-        assert "'isclose'" in result.feedback and "does not import it" in result.feedback
+        assert "'isclose'" in result.feedback and "neither imports nor defines" in result.feedback
     imported = [cd.AssertTest("from math import isclose\nassert isclose(area(2), 12.566, rel_tol=1e-3)"),
                 cd.AssertTest("r = area(1)\nassert isclose(r, 3.1416, rel_tol=1e-3)")]
     assert cd.run_tests(ISCLOSE_HACK, imported, _cfg()).outcomes == ("fail", "fail")  # the judge's isclose
@@ -111,10 +111,36 @@ def test_a_row_whose_test_uses_an_unimported_helper_is_refused_at_load():
     with pytest.raises(DataError) as e:
         dataset.references_of("code", rows, "tests")
     assert "\n" not in str(e.value) and str(e.value).startswith("rows.jsonl:7: ")
-    assert "test 2 applies 'approx' to the solution's results but does not import it" in str(e.value)
+    assert "test 2 judges the solution's results with 'approx', which it neither imports nor defines" in str(e.value)
     fine = [Example("area?", None, {"tests": ["assert area(1) > 3", "import math\nassert math.isclose(area(2), 12.566)",
                                               "assert sorted(roots(1, -3, 2)) == [1, 2]"]}, "rows.jsonl:8")]
     assert len(dataset.references_of("code", fine, "tests")[0]) == 3
+
+
+# (c') a constant the test does not define was the solution's too: ``EPS = 1e9`` passes any tolerance.
+EPS_HACK = "def area(r):\n    return 0\nEPS = 1e9\nMAX_SIZE = 10\n"
+
+
+@pytest.mark.parametrize("test", [
+    "assert abs(area(2) - 12.566) < EPS",
+    "assert area(2) - EPS < 12.566",
+    "tol = EPS\nassert abs(area(2) - 12.566) < tol",
+    "import math\nassert math.isclose(area(2), 12.566, abs_tol=EPS)",
+])
+def test_a_constant_the_test_does_not_define_is_not_the_solutions_to_set(test):
+    result = cd.run_tests(EPS_HACK, [cd.AssertTest(test)], _cfg())
+    assert (result.reward, result.outcomes) == (0.0, ("error",)), result.feedback
+    assert "with 'EPS'" in result.feedback or "with 'tol'" in result.feedback, result.feedback
+    assert "neither imports nor defines" in result.feedback
+    rows = [Example("area?", None, {"tests": ["assert area(1) > 3", test]}, "rows.jsonl:3")]
+    with pytest.raises(DataError, match=r"^rows\.jsonl:3: field 'tests': test 2 judges the solution's results with '(EPS|tol)'"):
+        dataset.references_of("code", rows, "tests")
+
+
+def test_a_constant_checked_against_the_tests_own_value_is_the_solutions_answer():
+    honest = [cd.AssertTest("assert MAX_SIZE == 10"), cd.AssertTest("EPS = 1e-3\nassert abs(area(2) - 12.566) < EPS")]
+    assert cd.run_tests(EPS_HACK, honest, _cfg()).outcomes == ("pass", "fail")
+    assert cd.run_tests(AREA + "MAX_SIZE = 10\n", honest, _cfg()).reward == 1.0
 
 
 # (d) SysV shared memory: 5 x 300 MB, touched and detached, outlived the run without an IPC namespace.

@@ -2,7 +2,10 @@
 modules, what the tests bind or import themselves) or the solution's (the rest). A name of the
 solution's that the test applies to a value of the solution's (``isclose(area(2), 12.566)``
 without ``from math import isclose``) would let the solution judge its own answer: such a
-"helper" must be imported by the test. Standard library only (the judge imports it)."""
+"helper" must be imported by the test. So would a constant of the solution's (a name no test
+calls) that a comparison or a judge's function weighs the solution's values with (``abs(area(2) -
+12.566) < EPS``: the solution sets ``EPS = 1e9``); the test must write the value itself. Standard
+library only (the judge imports it)."""
 from __future__ import annotations
 
 import ast
@@ -11,23 +14,29 @@ import sys
 
 
 def unimported_helpers(sources: list[str]) -> list[tuple[int, str]]:
-    """(test index, name) of each name of the solution's that a test of the row applies to the
-    solution's values (another name of the solution's, or a variable the tests computed from one)."""
+    """(test index, name) of each name of the solution's that a test of the row judges the
+    solution's values with: a function it applies to them (another name of the solution's, or a
+    variable the tests computed from one), or a constant (a name no test calls, or a variable
+    computed from one) in a comparison or a judge's call beside them."""
     trees = {k: tree for k, source in enumerate(sources) if (tree := _parse(source)) is not None}
     bound = set().union(*(_bound(t) for t in trees.values()))
     solution = set().union(*(_loaded(t) for t in trees.values())) - bound - set(dir(builtins))
     solution -= set().union(*(_modules(t) for t in trees.values()))
     tainted = _tainted(list(trees.values()), solution)
+    constants = solution - set().union(*(_called(t) for t in trees.values()))
+    weights = constants | _tainted(list(trees.values()), constants)
+    values = (solution - constants) | _tainted(list(trees.values()), solution - constants)
     out = []
     for k, tree in trees.items():
-        for name in sorted(_helpers(tree, solution, tainted)):
-            out.append((k, name))
+        names = _helpers(tree, solution, tainted) | _judging_constants(tree, solution, weights, values)
+        out += [(k, name) for name in sorted(names)]
     return out
 
 
 def unimported_message(k: int, name: str) -> str:
-    return (f"test {k + 1} applies {name!r} to the solution's results but does not import it, so the solution's "
-            f"own {name!r} would judge its answer: import it in the test (e.g. 'from math import {name}')")
+    return (f"test {k + 1} judges the solution's results with {name!r}, which it neither imports nor defines, so "
+            f"the solution's own {name!r} would judge its answer: import it in the test (e.g. 'from math import "
+            f"{name}') or write its value in the test")
 
 
 def _parse(source: str) -> ast.AST | None:
@@ -93,6 +102,24 @@ def _tainted(trees: list[ast.AST], solution: set[str]) -> set[str]:
 
 def _loaded_or_stored(target: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+
+
+def _called(tree: ast.AST) -> set[str]:
+    """Names the test calls (``f(...)``)."""
+    return {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+
+
+def _judging_constants(tree: ast.AST, solution: set[str], weights: set[str], values: set[str]) -> set[str]:
+    """Names of `weights` (the solution's constants, and variables computed from them) that a
+    comparison, or a call of a function not the solution's, takes beside `values` (the solution's
+    functions' results)."""
+    out = set()
+    for node in ast.walk(tree):
+        judged = isinstance(node, ast.Compare) or (
+            isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in solution))
+        if judged and (names := _loaded(node)) & values:
+            out |= names & weights
+    return out
 
 
 def _helpers(tree: ast.AST, solution: set[str], tainted: set[str]) -> set[str]:
