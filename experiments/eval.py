@@ -38,6 +38,7 @@ from pipo_jax.data.sources import SourceConfig, load_examples
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
 from pipo_jax.run import evaluate
 from pipo_jax.run.checkpoint import saved_steps
+from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import passk
 from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig
 
@@ -193,8 +194,10 @@ def main(argv):
         with MathVerifier(verify) as verifier:
             bench_rows, info = evaluate.math_benchmarks(
                 model, params, tokenizer, benchmarks, prompt_config, verifier, _N.value, ks,
-                jax.random.fold_in(rng, 1), max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
-                stop_token_ids=stop_token_ids(tokenizer, tok_dir), pad_id=pad_token_id(tokenizer),
+                jax.random.fold_in(rng, 1),
+                SamplingParams(max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
+                               stop_token_ids=tuple(stop_token_ids(tokenizer, tok_dir)),
+                               pad_id=pad_token_id(tokenizer)),
                 batch_size=_BATCH.value)
         rows = rows + bench_rows
     print(passk.format_table(rows))

@@ -17,7 +17,7 @@ from experiments.cli import UsageError
 from pipo_jax.models import hf
 from pipo_jax.run import observe, warmup
 from pipo_jax.run.setup import train_spec
-from pipo_jax.run.trainer import train, warmup_kwargs
+from pipo_jax.run.trainer import train
 from pipo_jax.run.workdir import flat_config
 
 
@@ -69,7 +69,8 @@ def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> 
                              "remove it or pass another --base_dir")
         return path
     spec = train_spec(config)
-    params, _ = warmup.warmup(spec.model, spec.task, **warmup_kwargs(config, seed))
+    settings = warmup.WarmupSettings.from_config(config, spec.task)
+    params, _ = warmup.warmup(spec.model, spec.task, settings, seed=seed)
     partial = path + ".partial"  # a kill while saving leaves no base that looks whole
     shutil.rmtree(partial, ignore_errors=True)
     hf.save(partial, spec.model, jax.device_get(params))

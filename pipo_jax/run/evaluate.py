@@ -68,10 +68,17 @@ def load_policy_at(path: str, step: int | None = None) -> tuple[qwen3.Qwen3Confi
     raise FileNotFoundError(f"{path}: neither a Hugging Face directory (config.json) nor a run workdir (checkpoints/)")
 
 
-def sample_n(model: qwen3.Qwen3Config, params, prompt_tokens_bp, prompt_mask_bp, n: int, rng, *,
-             max_new_tokens: int, temperature: float, stop_token_ids: Sequence[int], pad_id: int,
-             batch_size: int = 64, top_k: int = 0, top_p: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """`n` samples per prompt: (tokens `[P, n, R]`, mask `[P, n, R]`), batched by `batch_size` rows."""
+def task_sampling(spec: TrainSpec, **fields) -> SamplingParams:
+    """`SamplingParams` with the spec's response budget (`rollout.max_new_tokens`, R tokens) and the
+    task's stop tokens and pad id; `fields` the others (default: temperature 1, no truncation)."""
+    return SamplingParams(max_new_tokens=spec.rollout.max_new_tokens, stop_token_ids=tuple(spec.task.stop_token_ids),
+                          pad_id=spec.task.pad_id, **fields)
+
+
+def sample_n(model: qwen3.Qwen3Config, params, prompt_tokens_bp, prompt_mask_bp, n: int, rng,
+             sampling: SamplingParams, *, batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """`n` samples per prompt drawn with `sampling` (R = `sampling.max_new_tokens`): (tokens `[P, n, R]`,
+    mask `[P, n, R]`), batched by `batch_size` rows (the batch from row s with key `fold_in(rng, s)`)."""
     prompts = np.repeat(np.asarray(prompt_tokens_bp), n, axis=0)
     masks = np.repeat(np.asarray(prompt_mask_bp), n, axis=0)
     outs_t, outs_m = [], []
@@ -80,9 +87,7 @@ def sample_n(model: qwen3.Qwen3Config, params, prompt_tokens_bp, prompt_mask_bp,
         pad = batch_size - len(prompts[rows])  # one compile: pad the last batch with copies
         take = lambda x: np.concatenate([x[rows], np.repeat(x[:1], pad, 0)]) if pad else x[rows]  # noqa: E731
         out = sampler.generate(model, params, jnp.asarray(take(prompts)), jnp.asarray(take(masks)),
-                               jax.random.fold_in(rng, start),
-                               SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                              top_p=top_p, stop_token_ids=tuple(stop_token_ids), pad_id=pad_id))
+                               jax.random.fold_in(rng, start), sampling)
         keep = batch_size - pad
         outs_t.append(np.asarray(out.tokens_br)[:keep])
         outs_m.append(np.asarray(out.mask_br)[:keep])
@@ -100,8 +105,7 @@ def heldout_rewards(spec: TrainSpec, params, n_problems: int, n: int, rng, tempe
     k_prob, k_gen = jax.random.split(rng)
     problems = task.heldout_problems(task.prompt_table(), n_problems, k_prob)
     tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, n, k_gen,
-                            max_new_tokens=spec.rollout.max_new_tokens, temperature=temperature,
-                            stop_token_ids=task.stop_token_ids, pad_id=task.pad_id, batch_size=batch_size)
+                            task_sampling(spec, temperature=temperature), batch_size=batch_size)
     repeated = jax.tree.map(lambda x: jnp.repeat(x, n, axis=0), problems)
     r = task.reward(repeated, jnp.asarray(tokens.reshape(n_problems * n, -1)),
                     jnp.asarray(mask.reshape(n_problems * n, -1)))
@@ -116,8 +120,7 @@ def decoded_heldout_accuracy(spec: TrainSpec, params, scorer: HostScorer, n: int
     problems = jax.device_get(task.heldout_problems(task.prompt_table(), n, jax.random.PRNGKey(0)))
     rows = len(problems.prompt_tokens_bp)
     tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, 1,
-                            jax.random.PRNGKey(0), max_new_tokens=spec.rollout.max_new_tokens, temperature=0.0,
-                            stop_token_ids=task.stop_token_ids, pad_id=task.pad_id,
+                            jax.random.PRNGKey(0), task_sampling(spec, temperature=0.0),
                             batch_size=min(batch_size, rows))
     return float(np.mean(scorer.score(problems, tokens[:, 0], mask[:, 0]).rewards_b))
 
@@ -132,8 +135,7 @@ def sampled_heldout_rewards(spec: TrainSpec, params, scorer: HostScorer, n: int,
     problems = jax.device_get(task.heldout_problems(task.prompt_table(), n, jax.random.PRNGKey(0)))
     rows = len(problems.prompt_tokens_bp)
     tokens, mask = sample_n(spec.model, params, problems.prompt_tokens_bp, problems.prompt_mask_bp, samples, rng,
-                            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                            stop_token_ids=task.stop_token_ids, pad_id=task.pad_id,
+                            task_sampling(spec, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p),
                             batch_size=min(batch_size, rows * samples))
     repeated = jax.tree.map(lambda x: np.repeat(np.asarray(x), samples, axis=0), problems)
     scores = scorer.score(repeated, tokens.reshape(rows * samples, -1), mask.reshape(rows * samples, -1))
@@ -141,25 +143,26 @@ def sampled_heldout_rewards(spec: TrainSpec, params, scorer: HostScorer, n: int,
 
 
 def math_benchmarks(model: qwen3.Qwen3Config, params, tokenizer, benchmarks: dict[str, Sequence], prompt_config,
-                    verifier, n: int, ks: Sequence[int], rng, **sampling) -> tuple[list, dict]:
+                    verifier, n: int, ks: Sequence[int], rng, sampling: SamplingParams, *,
+                    batch_size: int = 64) -> tuple[list, dict]:
     """pass@1 / pass@k rows (`passk.summarize`) of `n` samples per problem of every benchmark
     `{name: examples}`, and per-benchmark info (problems, prompts dropped / truncated).
 
-    `sampling`: the keyword arguments of `math_rewards` (max_new_tokens, temperature,
-    stop_token_ids, pad_id, batch_size). The trainer's periodic evaluation and
-    experiments/eval.py both score benchmarks through here.
+    `sampling`, `batch_size`: as `math_rewards` takes them (benchmark `i` with key `fold_in(rng, i)`).
+    The trainer's periodic evaluation and experiments/eval.py both score benchmarks through here.
     """
     rewards, info = {}, {}
     for i, (name, examples) in enumerate(benchmarks.items()):
         rewards[name], info[name] = math_rewards(model, params, tokenizer, examples, prompt_config, verifier, n,
-                                                 jax.random.fold_in(rng, i), **sampling)
+                                                 jax.random.fold_in(rng, i), sampling, batch_size=batch_size)
     return passk.summarize(rewards, ks), info
 
 
-def math_rewards(model: qwen3.Qwen3Config, params, tokenizer, examples, prompt_config, verifier, n: int, rng, *,
-                 max_new_tokens: int, temperature: float, stop_token_ids: Sequence[int], pad_id: int,
-                 batch_size: int = 64) -> tuple[np.ndarray, dict]:
-    """Rewards `[problems, n]` of `n` samples per math problem, verified against the reference answers.
+def math_rewards(model: qwen3.Qwen3Config, params, tokenizer, examples, prompt_config, verifier, n: int, rng,
+                 sampling: SamplingParams, *, batch_size: int = 64) -> tuple[np.ndarray, dict]:
+    """Rewards `[problems, n]` of `n` samples per math problem drawn with `sampling` (its stop tokens
+    and pad id the tokenizer's; the prompts are left-padded with that pad id), `batch_size` rows per
+    sampling batch, verified against the reference answers.
 
     Prompts longer than `prompt_config.max_prompt_tokens` follow `prompt_config.overlong`
     (dropped ones are counted in the returned info, as are the responses the verifier's batch
@@ -167,14 +170,12 @@ def math_rewards(model: qwen3.Qwen3Config, params, tokenizer, examples, prompt_c
     """
     prompt_set = build_prompts(examples, tokenizer, prompt_config)
     width = max(len(ids) for ids in prompt_set.token_ids)
-    tokens = np.full((len(prompt_set.token_ids), width), pad_id, np.int32)
+    tokens = np.full((len(prompt_set.token_ids), width), sampling.pad_id, np.int32)
     mask = np.zeros_like(tokens)
     for i, ids in enumerate(prompt_set.token_ids):  # left-padded
         tokens[i, width - len(ids):] = ids
         mask[i, width - len(ids):] = 1
-    out, out_mask = sample_n(model, params, tokens, mask, n, rng, max_new_tokens=max_new_tokens,
-                             temperature=temperature, stop_token_ids=stop_token_ids, pad_id=pad_id,
-                             batch_size=batch_size)
+    out, out_mask = sample_n(model, params, tokens, mask, n, rng, sampling, batch_size=batch_size)
     texts = [tokenizer.decode(row[m == 1], skip_special_tokens=True)
              for rows, ms in zip(out, out_mask) for row, m in zip(rows, ms)]
     golds = [ex.answer for ex in prompt_set.examples for _ in range(n)]

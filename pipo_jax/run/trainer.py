@@ -86,9 +86,8 @@ class Evaluation:
             tokenizer, prompt_config, verifier = self.reward.scorer.benchmark_inputs()
             rows, info = evaluate.math_benchmarks(
                 spec.model, params, tokenizer, self.benchmarks, prompt_config, verifier, ec.samples, self.ks,
-                jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step), max_new_tokens=spec.rollout.max_new_tokens,
-                temperature=ec.temperature, stop_token_ids=spec.task.stop_token_ids, pad_id=spec.task.pad_id,
-                batch_size=ec.batch_size)
+                jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step),
+                evaluate.task_sampling(spec, temperature=ec.temperature), batch_size=ec.batch_size)
             for row in rows:
                 out.update({f"{row.name}_pass@{k}": v for k, v in row.pass_at.items()})
             out.update({f"{name}_unscored": i["unscored"] for name, i in info.items()})  # past the verify budget
@@ -121,16 +120,6 @@ class Evaluation:
 WARMUP_CHECKPOINTS = "warmup_checkpoints"
 
 
-def warmup_kwargs(config: RunConfig | ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
-    """`warmup.warmup` keyword arguments of `config.warmup` for `seed` (the typed config or its
-    ml-collections form: the same keys)."""
-    w, r = config.warmup, config.rollout
-    return dict(steps=w.steps, batch=w.batch, lr=w.lr, seed=seed, target_accuracy=w.target_accuracy,
-                eval_every=w.eval_every, eval_n=config.eval.n, target_pass_rate=w.target_pass_rate,
-                target_mixed_groups=w.target_mixed_groups, check_prompts=w.check_prompts, group_size=r.group_size,
-                temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
-
-
 class WarmupCheckpoints:
     """The warm-up's own checkpoints (`<workdir>/warmup_checkpoints`): its progress every
     `checkpoint.warmup_every` steps and on a stop request, so a run killed in the warm-up
@@ -138,9 +127,9 @@ class WarmupCheckpoints:
 
     def __init__(self, workdir: str, spec: TrainSpec, config: RunConfig, stop: StopRequests):
         self.directory = os.path.join(workdir, WARMUP_CHECKPOINTS)
-        self.every, self.stop, self.config = config.checkpoint.warmup_every, stop, config
-        self.template = warmup.abstract_progress(spec.model, steps=config.warmup.steps, lr=config.warmup.lr,
-                                                 eval_every=config.warmup.eval_every)
+        self.every, self.stop = config.checkpoint.warmup_every, stop
+        self.settings = warmup.WarmupSettings.from_config(config, spec.task)
+        self.template = warmup.abstract_progress(spec.model, self.settings)
         self.template_model = spec.model
         self._ckpt: Checkpointer | None = None
         self._last = 0
@@ -163,9 +152,7 @@ class WarmupCheckpoints:
 
     def _restore_legacy(self) -> warmup.WarmupProgress | None:
         """A progress saved before the sampled check (`evals_4e`), in the current layout; None if none reads."""
-        w = self.config.warmup
-        legacy = warmup.abstract_progress(self.template_model, steps=w.steps, lr=w.lr, eval_every=w.eval_every,
-                                          legacy=True)
+        legacy = warmup.abstract_progress(self.template_model, self.settings, legacy=True)
         try:
             progress = warmup.from_legacy(self._checkpointer().restore(legacy))
         except Exception:  # noqa: BLE001 - unreadable in either layout: the caller says why
@@ -207,7 +194,8 @@ def base_params(spec: TrainSpec, config: RunConfig | ml_collections.ConfigDict, 
         return params
     if config.warmup.enabled:
         wc = warmup_checkpoints
-        params, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(config, config.seed),
+        settings = warmup.WarmupSettings.from_config(config, spec.task) if wc is None else wc.settings
+        params, m = warmup.warmup(spec.model, spec.task, settings, seed=config.seed,
                                   resume=None if wc is None else wc.restore(),
                                   after_chunk=None if wc is None else wc.after_chunk)
         row = {"warmup_steps": m["steps_run"], "warmup_accuracy": m["final_accuracy"],

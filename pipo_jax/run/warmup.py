@@ -4,17 +4,18 @@ e.g. a reasoning-gym dataset in the character vocabulary: the library's own answ
 base model, so reinforcement learning has room to improve.
 
 Cross-entropy on the target tokens only (answer and EOS; prompt tokens carry no loss),
-AdamW through optax, `eval_every` steps per jitted `lax.scan` chunk, and a check between chunks:
+AdamW through optax, `eval_every` steps per jitted `lax.scan` chunk, and a check between chunks
+(the settings are one `WarmupSettings`, `WarmupSettings.from_config` a run config's):
 greedy held-out accuracy (`teacher_forcing.heldout_accuracy`, on a fixed held-out set of `eval_n`
 problems drawn with the seed's eval key: the warm-up's own set, not the trainer's `EVAL_SEED` one)
 and, with `check_prompts > 0` on a `device_reward` task, the sampled check: `group_size` responses
 to each of `check_prompts` other held-out problems, drawn as the rollout will draw them
-(`temperature`, `top_k`, `top_p`, `max_new_tokens`), giving pass@1 and the share of mixed groups (`teacher_forcing.pass_and_mixed`), which
-is what RL starts from (a base solving 40% greedily can score 3% when sampled). The warm-up stops at
-the first check where every target set holds (`target_accuracy` greedy, `target_pass_rate`,
-`target_mixed_groups` sampled). One INFO line per check (`log`). Deterministic given the seed: the
-same seed gives bit-identical params on one machine; the checks use keys of their own, so they
-never change the training batches.
+(`sampling`: the rollout's temperature, top_k, top_p, max_new_tokens), giving pass@1 and the share
+of mixed groups (`teacher_forcing.pass_and_mixed`), which is what RL starts from (a base solving
+40% greedily can score 3% when sampled). The warm-up stops at the first check where every target
+set holds (`target_accuracy` greedy, `target_pass_rate`, `target_mixed_groups` sampled). One INFO
+line per check (`log`). Deterministic given the seed: the same seed gives bit-identical params on
+one machine; the checks use keys of their own, so they never change the training batches.
 
 The demonstrations are the task's (`Task.warmup_problems`). The built-in task shapes them by its
 own settings (`config.task.arithmetic.warmup_*`). With `warmup_mistake_rate > 0` they are flawed:
@@ -35,6 +36,7 @@ teacher's greedy accuracy with each context is measured beside the student's.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -179,17 +181,81 @@ def max_evals(steps: int, eval_every: int) -> int:
     return 1 + -(-steps // eval_every)
 
 
-def abstract_progress(model_config: qwen3.Qwen3Config, *, steps: int, lr: float, eval_every: int = 50,
-                      weight_decay: float = 0.01, lr_warmup_steps: int = 20,
+@dataclasses.dataclass(frozen=True)
+class WarmupSettings:
+    """What a warm-up does, apart from the model, the task, the seed and where it starts (`warmup`'s
+    `settings`; `from_config` reads them from a run config). Checked on construction (`ValueError`
+    naming the field); what needs the task is checked by `warmup`.
+
+    steps: optimizer steps at most; batch: demonstrations per step; lr: AdamW's learning rate after
+    `lr_warmup_steps` of linear warm-up, with `weight_decay`; eval_every: steps per chunk (between
+    checks); eval_n: held-out problems of the greedy check; target_accuracy / target_pass_rate /
+    target_mixed_groups: the stop targets in [0, 1] (None: not set); check_prompts: held-out prompts
+    of the sampled check (0: none), each answered `group_size` times, drawn with `sampling` (the
+    rollout's temperature / top_k / top_p / max_new_tokens; its stop tokens and pad id are the
+    task's; None: temperature 1, no truncation, the task's answer length).
+    """
+
+    steps: int
+    batch: int
+    lr: float
+    eval_every: int = 50
+    eval_n: int = 512
+    target_accuracy: float | None = None
+    target_pass_rate: float | None = None
+    target_mixed_groups: float | None = None
+    check_prompts: int = 0
+    group_size: int = 8
+    sampling: SamplingParams | None = None
+    weight_decay: float = 0.01
+    lr_warmup_steps: int = 20
+
+    def __post_init__(self):
+        for name in ("steps", "batch", "eval_every", "eval_n", "group_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"warmup: {name}={getattr(self, name)} must be >= 1")
+        if self.check_prompts < 0:
+            raise ValueError(f"warmup: check_prompts={self.check_prompts} must be >= 0")
+        for name in ("target_accuracy", "target_pass_rate", "target_mixed_groups"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"warmup: {name}={value} must be in [0, 1]")
+        if self.sampled_targets and self.check_prompts < 1:
+            raise ValueError(f"warmup: {self.sampled_targets[0]} needs the sampled check: "
+                             f"check_prompts={self.check_prompts} must be >= 1")
+
+    @property
+    def sampled_targets(self) -> tuple[str, ...]:
+        """The names of the targets set that the sampled check measures."""
+        return tuple(n for n in ("target_pass_rate", "target_mixed_groups") if getattr(self, n) is not None)
+
+    @classmethod
+    def from_config(cls, config, task: Task) -> WarmupSettings:
+        """The settings of `config.warmup` (the typed `RunConfig` or its ml-collections form: the same
+        keys), with `config.eval.n` held-out problems and the sampled check drawn as the rollout draws
+        (`config.rollout`: group_size, temperature, top_k, top_p, max_new_tokens, 0: `task.answer_len`)."""
+        w, r = config.warmup, config.rollout
+        return cls(steps=w.steps, batch=w.batch, lr=w.lr, eval_every=w.eval_every, eval_n=config.eval.n,
+                   target_accuracy=w.target_accuracy, target_pass_rate=w.target_pass_rate,
+                   target_mixed_groups=w.target_mixed_groups, check_prompts=w.check_prompts,
+                   group_size=r.group_size,
+                   sampling=SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                                           max_new_tokens=r.max_new_tokens or task.answer_len))
+
+
+def abstract_progress(model_config: qwen3.Qwen3Config, settings: WarmupSettings, *,
                       legacy: bool = False) -> WarmupProgress | LegacyWarmupProgress:
-    """The `WarmupProgress` of a `warmup(...)` with these arguments as `jax.ShapeDtypeStruct`s
-    (the template a checkpoint of it is restored into); `legacy`: the former layout's."""
+    """The `WarmupProgress` of a `warmup(model_config, task, settings, ...)` as `jax.ShapeDtypeStruct`s
+    (the template a checkpoint of it is restored into; it reads `steps`, `lr`, `eval_every`,
+    `weight_decay`, `lr_warmup_steps`); `legacy`: the former layout's."""
+    s = settings
+
     def build():
         params = qwen3.init_params(model_config, jax.random.PRNGKey(0))
-        opt_state = make_warmup_optimizer(lr, weight_decay, lr_warmup_steps).init(params)
+        opt_state = make_warmup_optimizer(s.lr, s.weight_decay, s.lr_warmup_steps).init(params)
         kind, rows = (LegacyWarmupProgress, 4) if legacy else (WarmupProgress, len(EVAL_ROWS))
-        return kind(params, opt_state, jnp.int32(0), jnp.zeros((steps,), jnp.float32),
-                    jnp.zeros((rows, max_evals(steps, eval_every)), jnp.float32), jnp.int32(0))
+        return kind(params, opt_state, jnp.int32(0), jnp.zeros((s.steps,), jnp.float32),
+                    jnp.zeros((rows, max_evals(s.steps, s.eval_every)), jnp.float32), jnp.int32(0))
 
     return jax.eval_shape(build)
 
@@ -197,39 +263,23 @@ def abstract_progress(model_config: qwen3.Qwen3Config, *, steps: int, lr: float,
 def warmup(
     model_config: qwen3.Qwen3Config,
     task,
+    settings: WarmupSettings,
     *,
-    steps: int,
-    batch: int,
-    lr: float,
     seed: int,
-    target_accuracy: float | None = None,
-    eval_every: int = 50,
-    eval_n: int = 512,
-    target_pass_rate: float | None = None,
-    target_mixed_groups: float | None = None,
-    check_prompts: int = 0,
-    group_size: int = 8,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 0,
-    weight_decay: float = 0.01,
-    lr_warmup_steps: int = 20,
     params: Any = None,
     resume: WarmupProgress | None = None,
     after_chunk: Callable[[WarmupProgress], None] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Trains `params` (default: `initial_params(model_config, seed)`) for up to `steps` steps.
+    """Trains `params` (default: `initial_params(model_config, seed)`) for up to `settings.steps` steps.
 
     A check at step 0 and after every `eval_every` steps (and at the last step): greedy held-out
     accuracy on the same `eval_n` held-out problems, and with `check_prompts > 0` on a
     `device_reward` task the sampled check: `group_size` responses to each of `check_prompts`
     held-out problems (`check_keys(seed)`: the same ones each time), drawn as the rollout draws them
-    (`temperature`, `top_k`, `top_p`, `max_new_tokens`, 0: the task's answer length; its stop
-    tokens and pad id are the task's), scored by the task's JAX reward: pass@1 and the share of
-    mixed groups (`teacher_forcing.pass_and_mixed`). Training stops at the first check (step 0
-    included) where every target set holds: greedy accuracy >= `target_accuracy`, pass@1 >=
-    `target_pass_rate`, mixed share >= `target_mixed_groups`. The demonstrations are
+    (`settings.sampling`; its stop tokens and pad id are the task's), scored by the task's JAX reward:
+    pass@1 and the share of mixed groups (`teacher_forcing.pass_and_mixed`). Training stops at the
+    first check (step 0 included) where every target set holds: greedy accuracy >= `target_accuracy`,
+    pass@1 >= `target_pass_rate`, mixed share >= `target_mixed_groups`. The demonstrations are
     `task.warmup_problems` (module docstring); the teacher's accuracy with a solution / a feedback
     context is measured at every check beside the student's. The seed drives the initial params, the
     train batches and the held-out sets; the result is a deterministic function of the arguments.
@@ -247,12 +297,9 @@ def warmup(
       final_teacher_feedback_accuracy, check_problems (eval_n), check_prompts, check_samples (group_size),
       steps_run, stopped_early, wall_time_s.
     """
-    for name, value in (("steps", steps), ("batch", batch), ("eval_every", eval_every), ("eval_n", eval_n),
-                        ("group_size", group_size)):
-        if value < 1:
-            raise ValueError(f"warmup: {name}={value} must be >= 1")
-    if check_prompts < 0:
-        raise ValueError(f"warmup: check_prompts={check_prompts} must be >= 0")
+    s = settings
+    steps, eval_every, eval_n, check_prompts, group_size = (s.steps, s.eval_every, s.eval_n, s.check_prompts,
+                                                            s.group_size)
     if model_config.vocab_size < task.token_id_bound:
         raise ValueError(f"warmup: model_config.vocab_size={model_config.vocab_size} < the task vocabulary "
                          f"({task.token_id_bound} tokens)")
@@ -261,23 +308,15 @@ def warmup(
                          f"< the task's prompt + answer length {task.prompt_len + task.answer_len}")
     if not task.capabilities.warmup:
         raise ValueError(f"warmup: the {task.name} task has no reference responses to learn from")
-    for name, value in (("target_accuracy", target_accuracy), ("target_pass_rate", target_pass_rate),
-                        ("target_mixed_groups", target_mixed_groups)):
-        if value is not None and not 0.0 <= value <= 1.0:
-            raise ValueError(f"warmup: {name}={value} must be in [0, 1]")
-    sampled_targets = [n for n, v in (("target_pass_rate", target_pass_rate),
-                                      ("target_mixed_groups", target_mixed_groups)) if v is not None]
-    if sampled_targets and check_prompts < 1:
-        raise ValueError(f"warmup: {sampled_targets[0]} needs the sampled check: check_prompts={check_prompts} "
-                         "must be >= 1")
-    if sampled_targets and not task.capabilities.device_reward:
-        raise ValueError(f"warmup: {sampled_targets[0]} needs the task's JAX reward; the {task.name} task is "
+    if s.sampled_targets and not task.capabilities.device_reward:
+        raise ValueError(f"warmup: {s.sampled_targets[0]} needs the task's JAX reward; the {task.name} task is "
                          "scored on the host")
     sampled = check_prompts > 0 and task.capabilities.device_reward
-    if sampled and temperature <= 0:
-        raise ValueError(f"warmup: temperature={temperature} must be > 0 (the sampled check)")
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
-                              max_new_tokens=max_new_tokens or task.answer_len) if sampled else None
+    sampling = None
+    if sampled:
+        sampling = s.sampling if s.sampling is not None else SamplingParams(max_new_tokens=task.answer_len)
+        if sampling.temperature <= 0:
+            raise ValueError(f"warmup: temperature={sampling.temperature} must be > 0 (the sampled check)")
 
     start = time.perf_counter()
     _, k_train, k_eval = _seed_keys(seed)
@@ -296,7 +335,7 @@ def warmup(
             params = initial_params(model_config, seed)
         else:  # a copy: train_chunk donates its input buffers
             params = jax.tree.map(jnp.array, params)
-    optimizer = make_warmup_optimizer(lr, weight_decay, lr_warmup_steps)
+    optimizer = make_warmup_optimizer(s.lr, s.weight_decay, s.lr_warmup_steps)
     if resume is None:
         opt_state = optimizer.init(params)
 
@@ -341,7 +380,8 @@ def warmup(
         done = 0
 
     def reached() -> bool:
-        targets = ((target_accuracy, "accuracy"), (target_pass_rate, "pass@1"), (target_mixed_groups, "mixed_groups"))
+        targets = ((s.target_accuracy, "accuracy"), (s.target_pass_rate, "pass@1"),
+                   (s.target_mixed_groups, "mixed_groups"))
         set_ = [(t, curves[name][-1]) for t, name in targets if t is not None]
         return bool(set_) and all(value >= t for t, value in set_)  # NaN (not measured) never reaches
 
@@ -355,7 +395,8 @@ def warmup(
     while done < steps and not reached():
         n = min(eval_every, steps - done)
         params, opt_state, chunk_losses = train_chunk(
-            model_config, task, optimizer, params, opt_state, jax.random.fold_in(k_train, done), batch=batch, num_steps=n)
+            model_config, task, optimizer, params, opt_state, jax.random.fold_in(k_train, done), batch=s.batch,
+            num_steps=n)
         losses.append(np.asarray(chunk_losses))
         done += n
         eval_steps.append(done)

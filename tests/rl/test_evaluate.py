@@ -11,6 +11,7 @@ from pipo_jax.data.sources import SourceConfig, load_examples
 from pipo_jax.data.tokenizer import load_tokenizer
 from pipo_jax.models import hf
 from pipo_jax.run import evaluate
+from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import passk
 from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig
 from tests.conftest import make_hf_qwen3
@@ -38,9 +39,9 @@ def test_sample_n_shapes_and_reproducibility(model_dir):
     config, params, _ = evaluate.load_policy(str(model_dir))
     prompts = np.array([[0, 5, 6], [7, 8, 9]], np.int32)
     mask = np.array([[0, 1, 1], [1, 1, 1]], np.int32)
-    kw = dict(max_new_tokens=4, temperature=1.0, stop_token_ids=(2,), pad_id=0, batch_size=4)
-    t1, m1 = evaluate.sample_n(config, params, prompts, mask, 3, jax.random.PRNGKey(0), **kw)
-    t2, _ = evaluate.sample_n(config, params, prompts, mask, 3, jax.random.PRNGKey(0), **kw)
+    sampling = SamplingParams(max_new_tokens=4, temperature=1.0, stop_token_ids=(2,), pad_id=0)
+    t1, m1 = evaluate.sample_n(config, params, prompts, mask, 3, jax.random.PRNGKey(0), sampling, batch_size=4)
+    t2, _ = evaluate.sample_n(config, params, prompts, mask, 3, jax.random.PRNGKey(0), sampling, batch_size=4)
     assert t1.shape == m1.shape == (2, 3, 4)
     np.testing.assert_array_equal(t1, t2)
     assert m1[:, :, 0].all()  # every sample has at least its first token
@@ -54,7 +55,7 @@ def test_math_rewards_verify_decoded_samples(model_dir, tmp_path, monkeypatch):
     tokenizer = load_tokenizer(str(model_dir))
     config, params, _ = evaluate.load_policy(str(model_dir))
 
-    def scripted(model, params, tokens, mask, n, rng, **kw):
+    def scripted(model, params, tokens, mask, n, rng, sampling, batch_size):
         # Sample j of problem p answers correctly iff j is even; one is right but unboxed.
         answers = [[f"so \\boxed{{{g + (j % 2)}}}" for j in range(n)] for g in (3, 7)]
         answers[1][2] = "the answer is 7"
@@ -70,8 +71,8 @@ def test_math_rewards_verify_decoded_samples(model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(evaluate, "sample_n", scripted)
     with MathVerifier(MathVerifyConfig(isolation="inline")) as verifier:
         rewards, info = evaluate.math_rewards(config, params, tokenizer, examples, PromptConfig(max_prompt_tokens=256),
-                                              verifier, 4, jax.random.PRNGKey(0), max_new_tokens=8,
-                                              temperature=1.0, stop_token_ids=(2,), pad_id=0)
+                                              verifier, 4, jax.random.PRNGKey(0),
+                                              SamplingParams(max_new_tokens=8, stop_token_ids=(2,), pad_id=0))
     np.testing.assert_array_equal(rewards, [[1, 0, 1, 0], [1, 0, 0, 0]])
     assert info == {"dropped": 0, "truncated": 0, "problems": 2, "unscored": 0}
     rows = passk.summarize({"bench": rewards}, ks=(1, 2))

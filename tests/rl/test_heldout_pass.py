@@ -25,6 +25,7 @@ from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import EVAL_SEED, PASS_SEED, Evaluation, WarmupCheckpoints, train
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
+from pipo_jax.tasks.arithmetic import ArithmeticTask
 from pipo_jax.tasks.protocol import TaskCapabilities
 from tests.conftest import override
 
@@ -111,7 +112,7 @@ def test_a_warmup_checkpoint_of_the_former_layout_is_read_by_the_trainer(tmp_pat
     ckpt.save(2, legacy)
     ckpt.close()
     with StopRequests() as stop:
-        wc = WarmupCheckpoints(str(tmp_path), types.SimpleNamespace(model=model), config, stop)
+        wc = WarmupCheckpoints(str(tmp_path), types.SimpleNamespace(model=model, task=ArithmeticTask()), config, stop)
         progress = wc.restore()
         wc.close()
     assert isinstance(progress, warmup.WarmupProgress) and int(progress.done) == 2

@@ -178,8 +178,8 @@ TASK = arithmetic.ArithmeticTask(max_digits=1, heldout_fraction=0.3)
 
 
 def test_the_warmup_continues_exactly_from_its_progress():
-    kw = dict(steps=6, batch=8, lr=1e-2, seed=0, eval_every=2, eval_n=16)
-    full_params, full = warmup.warmup(MODEL, TASK, **kw)
+    settings = warmup.WarmupSettings(steps=6, batch=8, lr=1e-2, eval_every=2, eval_n=16)
+    full_params, full = warmup.warmup(MODEL, TASK, settings, seed=0)
     saved = []
 
     def stop_after_first(progress):
@@ -187,11 +187,11 @@ def test_the_warmup_continues_exactly_from_its_progress():
         raise RunInterrupted(signal.SIGTERM, "warm-up step 2", "nowhere")
 
     with pytest.raises(RunInterrupted):
-        warmup.warmup(MODEL, TASK, **kw, after_chunk=stop_after_first)
+        warmup.warmup(MODEL, TASK, settings, seed=0, after_chunk=stop_after_first)
     assert int(saved[0].done) == 2
-    template = warmup.abstract_progress(MODEL, steps=6, lr=1e-2, eval_every=2)
+    template = warmup.abstract_progress(MODEL, settings)
     assert jax.tree.structure(template) == jax.tree.structure(saved[0])
-    params, resumed = warmup.warmup(MODEL, TASK, **kw, resume=saved[0])
+    params, resumed = warmup.warmup(MODEL, TASK, settings, seed=0, resume=saved[0])
     jax.tree.map(np.testing.assert_array_equal, full_params, params)
     for key in ("loss", "eval_steps", "heldout_accuracy", "teacher_solution_accuracy", "steps_run"):
         np.testing.assert_array_equal(full[key], resumed[key])

@@ -64,7 +64,8 @@ TINY_MODEL = warmup.task_model_config(hidden_size=64, head_dim=16, intermediate_
 @pytest.fixture(scope="module")
 def partly_trained():
     """A model that gets some, not all, 1-digit problems right (60 warm-up steps)."""
-    params, _ = warmup.warmup(TINY_MODEL, TINY_TASK, steps=60, batch=32, lr=1e-2, seed=0, eval_every=60, eval_n=64)
+    params, _ = warmup.warmup(TINY_MODEL, TINY_TASK,
+                              warmup.WarmupSettings(steps=60, batch=32, lr=1e-2, eval_every=60, eval_n=64), seed=0)
     return params
 
 

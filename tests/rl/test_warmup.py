@@ -1,5 +1,6 @@
 """Supervised warm-up of the tiny task model: loss, learning, determinism, early stop."""
 
+import dataclasses
 import math
 
 import jax
@@ -10,6 +11,7 @@ import pytest
 from pipo_jax.data import char_vocab
 from pipo_jax.models import qwen3
 from pipo_jax.run import teacher_forcing, warmup
+from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic as ar
 
 TASK = ar.ArithmeticTask(max_digits=1, heldout_fraction=0.3)  # 1-digit '+'/'-', reversed answers
@@ -18,6 +20,11 @@ RUN = dict(batch=32, lr=1e-2, eval_every=20, eval_n=64)
 # Jitted helpers: eager dispatch of the model's many small ops is slow on CPU.
 answer_loss = jax.jit(warmup.answer_loss, static_argnums=0)
 full_logits = jax.jit(qwen3.logits, static_argnums=0)
+
+
+def settings(**fields) -> warmup.WarmupSettings:
+    """`RUN` with `fields` (`steps` among them)."""
+    return warmup.WarmupSettings(**(RUN | fields))
 
 
 def tree_equal(a, b) -> bool:
@@ -50,7 +57,7 @@ def test_answer_loss_matches_reference():
 
 @pytest.fixture(scope="module")
 def short_run():
-    return warmup.warmup(MODEL, TASK, steps=40, seed=0, **RUN)
+    return warmup.warmup(MODEL, TASK, settings(steps=40), seed=0)
 
 
 def test_short_warmup_reduces_the_loss(short_run):
@@ -72,33 +79,33 @@ def test_short_warmup_reduces_the_loss(short_run):
 
 def test_warmup_is_deterministic(short_run):
     params, m = short_run
-    again, m2 = warmup.warmup(MODEL, TASK, steps=40, seed=0, **RUN)
+    again, m2 = warmup.warmup(MODEL, TASK, settings(steps=40), seed=0)
     assert tree_equal(params, again)
     np.testing.assert_array_equal(m["loss"], m2["loss"])
     assert m["heldout_accuracy"] == m2["heldout_accuracy"]
-    other, _ = warmup.warmup(MODEL, TASK, steps=40, seed=1, **RUN)
+    other, _ = warmup.warmup(MODEL, TASK, settings(steps=40), seed=1)
     assert not tree_equal(params, other)
 
 
 def test_stops_at_the_first_evaluation_reaching_the_target():
     target = 0.1
-    params, m = warmup.warmup(MODEL, TASK, steps=400, seed=0, target_accuracy=target, **RUN)
+    params, m = warmup.warmup(MODEL, TASK, settings(steps=400, target_accuracy=target), seed=0)
     acc = m["heldout_accuracy"]
     print(f"accuracy curve {acc} at steps {m['eval_steps']}")
     assert acc[-1] >= target and all(a < target for a in acc[:-1])
     assert m["stopped_early"] and m["steps_run"] < 400 and m["steps_run"] == m["eval_steps"][-1]
     assert m["steps_run"] % RUN["eval_every"] == 0 and m["loss"].shape == (m["steps_run"],)
     # stopping early is the same run cut short
-    plain, _ = warmup.warmup(MODEL, TASK, steps=m["steps_run"], seed=0, **RUN)
+    plain, _ = warmup.warmup(MODEL, TASK, settings(steps=m["steps_run"]), seed=0)
     assert tree_equal(params, plain)
 
 
 def test_target_met_at_start_and_given_params():
     start = qwen3.init_params(MODEL, jax.random.PRNGKey(7))
-    params, m = warmup.warmup(MODEL, TASK, steps=40, seed=0, target_accuracy=0.0, params=start, **RUN)
+    params, m = warmup.warmup(MODEL, TASK, settings(steps=40, target_accuracy=0.0), seed=0, params=start)
     assert m["steps_run"] == 0 and m["stopped_early"] and m["loss"].shape == (0,) and m["eval_steps"] == [0]
     assert tree_equal(params, start)
-    trained, _ = warmup.warmup(MODEL, TASK, steps=20, seed=0, params=start, **RUN)
+    trained, _ = warmup.warmup(MODEL, TASK, settings(steps=20), seed=0, params=start)
     assert not tree_equal(trained, start)
     assert tree_equal(start, qwen3.init_params(MODEL, jax.random.PRNGKey(7)))  # the caller's params are not donated
 
@@ -112,20 +119,20 @@ def test_target_met_at_start_and_given_params():
     (dict(model_config=MODEL.replace(max_position_embeddings=4)), "max_position_embeddings=4"),
 ])
 def test_bad_arguments_name_the_field(kwargs, match):
-    args = dict(model_config=MODEL, task=TASK, steps=10, batch=8, lr=1e-3, seed=0) | kwargs
+    args = dict(model_config=MODEL, steps=10, batch=8, lr=1e-3) | kwargs
+    model_config = args.pop("model_config")
     with pytest.raises(ValueError, match=match):
-        warmup.warmup(args.pop("model_config"), args.pop("task"), **args)
+        warmup.warmup(model_config, TASK, warmup.WarmupSettings(**args), seed=0)
 
 
 # The sampled check: what RL will see (pass@1 and mixed groups at the rollout's sampling).
-CHECK = dict(check_prompts=16, group_size=4, temperature=1.0)
+CHECK = dict(check_prompts=16, group_size=4, sampling=SamplingParams(temperature=1.0, max_new_tokens=TASK.answer_len))
 
 
 def direct_pass_and_mixed(params, seed: int = 0):
     """pass@1 and the mixed share of the warm-up's sampled check, computed here from the sampler and
     the task's reward (not through `teacher_forcing.sampled_rewards`)."""
     from pipo_jax.sampling import sampler
-    from pipo_jax.sampling.sampling_params import SamplingParams
 
     k_problems, k_samples = jax.random.split(jax.random.fold_in(jax.random.split(jax.random.PRNGKey(seed), 3)[2], 1))
     problems = TASK.heldout_problems(None, 16, k_problems)
@@ -151,7 +158,7 @@ def test_pass_and_mixed_by_hand():
 
 @pytest.mark.parametrize("targets", [dict(target_pass_rate=0.1), dict(target_pass_rate=0.1, target_mixed_groups=0.3)])
 def test_stops_at_the_first_check_where_the_sampled_targets_hold(targets):
-    params, m = warmup.warmup(MODEL, TASK, steps=400, seed=0, **CHECK, **targets, **RUN)
+    params, m = warmup.warmup(MODEL, TASK, settings(steps=400, **CHECK, **targets), seed=0)
     pass1, mixed = m["heldout_pass@1"], m["mixed_groups"]
     print(f"steps {m['eval_steps']}: greedy {m['heldout_accuracy']}, pass@1 {pass1}, mixed {mixed}")
     holds = [p >= targets["target_pass_rate"] and mx >= targets.get("target_mixed_groups", 0.0)
@@ -163,7 +170,7 @@ def test_stops_at_the_first_check_where_the_sampled_targets_hold(targets):
     # the figures at the stop are those of a direct computation on the same params and keys
     assert direct_pass_and_mixed(params) == pytest.approx((pass1[-1], mixed[-1]), abs=1e-6)
     # the check never touches the training stream: the same run without it gives the same params and losses
-    plain, pm = warmup.warmup(MODEL, TASK, steps=m["steps_run"], seed=0, **RUN)
+    plain, pm = warmup.warmup(MODEL, TASK, settings(steps=m["steps_run"]), seed=0)
     assert tree_equal(params, plain)
     np.testing.assert_array_equal(m["loss"], pm["loss"])
     assert pm["heldout_accuracy"] == m["heldout_accuracy"] and all(math.isnan(p) for p in pm["heldout_pass@1"])
@@ -171,18 +178,19 @@ def test_stops_at_the_first_check_where_the_sampled_targets_hold(targets):
 
 def test_greedy_and_sampled_targets_must_all_hold():
     targets = dict(target_accuracy=0.05, target_pass_rate=0.1)
-    _, m = warmup.warmup(MODEL, TASK, steps=400, seed=0, **CHECK, **targets, **RUN)
+    _, m = warmup.warmup(MODEL, TASK, settings(steps=400, **CHECK, **targets), seed=0)
     holds = [a >= 0.05 and p >= 0.1 for a, p in zip(m["heldout_accuracy"], m["heldout_pass@1"])]
     print(f"steps {m['eval_steps']}: greedy {m['heldout_accuracy']}, pass@1 {m['heldout_pass@1']}")
     assert holds[-1] and not any(holds[:-1]) and m["stopped_early"]
 
 
 def test_resume_with_the_sampled_targets_equals_the_uninterrupted_run():
-    from pipo_jax.run.preemption import RunInterrupted
     import signal
 
-    kw = dict(steps=60, seed=0, target_pass_rate=0.1, target_mixed_groups=0.3, **CHECK, **RUN)
-    full_params, full = warmup.warmup(MODEL, TASK, **kw)
+    from pipo_jax.run.preemption import RunInterrupted
+
+    run = settings(steps=60, target_pass_rate=0.1, target_mixed_groups=0.3, **CHECK)
+    full_params, full = warmup.warmup(MODEL, TASK, run, seed=0)
     saved = []
 
     def stop_after_first(progress):
@@ -190,13 +198,13 @@ def test_resume_with_the_sampled_targets_equals_the_uninterrupted_run():
         raise RunInterrupted(signal.SIGTERM, "warm-up step 20", "nowhere")
 
     with pytest.raises(RunInterrupted):
-        warmup.warmup(MODEL, TASK, **kw, after_chunk=stop_after_first)
+        warmup.warmup(MODEL, TASK, run, seed=0, after_chunk=stop_after_first)
     progress = saved[0]
     assert int(progress.done) == 20 and progress.evals_6e.shape == (6, warmup.max_evals(60, 20))
     np.testing.assert_array_equal(progress.evals_6e[4:, :2], [full["heldout_pass@1"][:2], full["mixed_groups"][:2]])
-    template = warmup.abstract_progress(MODEL, steps=60, lr=RUN["lr"], eval_every=20)
+    template = warmup.abstract_progress(MODEL, run)
     assert jax.tree.structure(template) == jax.tree.structure(progress)
-    params, resumed = warmup.warmup(MODEL, TASK, **kw, resume=progress)
+    params, resumed = warmup.warmup(MODEL, TASK, run, seed=0, resume=progress)
     assert tree_equal(full_params, params)
     for key in ("loss", "eval_steps", "heldout_accuracy", "heldout_pass@1", "mixed_groups", "steps_run",
                 "stopped_early"):
@@ -205,9 +213,9 @@ def test_resume_with_the_sampled_targets_equals_the_uninterrupted_run():
     # a progress saved before the sampled check (evals_4e) resumes too: its earlier checks have no pass@1
     legacy = warmup.LegacyWarmupProgress(progress.params, progress.opt_state, progress.done, progress.losses_s,
                                          progress.evals_6e[:4], progress.n_evals)
-    plain = dict(kw, target_pass_rate=None, target_mixed_groups=None)
-    plain_params, plain_full = warmup.warmup(MODEL, TASK, **plain)
-    params, resumed = warmup.warmup(MODEL, TASK, **plain, resume=legacy)
+    plain = dataclasses.replace(run, target_pass_rate=None, target_mixed_groups=None)
+    plain_params, plain_full = warmup.warmup(MODEL, TASK, plain, seed=0)
+    params, resumed = warmup.warmup(MODEL, TASK, plain, seed=0, resume=legacy)
     assert tree_equal(plain_params, params)
     assert all(math.isnan(p) for p in resumed["heldout_pass@1"][:2])
     assert resumed["heldout_pass@1"][2:] == plain_full["heldout_pass@1"][2:]
@@ -220,9 +228,27 @@ def test_resume_with_the_sampled_targets_equals_the_uninterrupted_run():
     (dict(target_pass_rate=0.5), "target_pass_rate needs the sampled check: check_prompts=0"),
     (dict(check_prompts=-1), "check_prompts=-1"),
     (dict(group_size=0), "group_size=0"),
-    (dict(check_prompts=4, temperature=0.0), "temperature=0.0"),
+    (dict(check_prompts=4, sampling=SamplingParams(temperature=0.0)), "temperature=0.0"),
 ])
 def test_bad_sampled_check_arguments_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match) as e:
-        warmup.warmup(MODEL, TASK, steps=10, batch=8, lr=1e-3, seed=0, **kwargs)
+        warmup.warmup(MODEL, TASK, warmup.WarmupSettings(steps=10, batch=8, lr=1e-3, **kwargs), seed=0)
     assert "\n" not in str(e.value)
+
+
+def test_settings_from_a_run_config_typed_or_not():
+    from configs import grpo
+    from pipo_jax.rl.sections import RunConfig
+
+    c = grpo.get_config("micro")
+    c.rollout.max_new_tokens, c.rollout.top_k, c.warmup.target_pass_rate, c.warmup.check_prompts = 0, 3, 0.2, 4
+    want = warmup.WarmupSettings(
+        steps=c.warmup.steps, batch=c.warmup.batch, lr=c.warmup.lr, eval_every=c.warmup.eval_every, eval_n=c.eval.n,
+        target_accuracy=c.warmup.target_accuracy, target_pass_rate=0.2, target_mixed_groups=None,
+        check_prompts=4, group_size=c.rollout.group_size,
+        sampling=SamplingParams(temperature=c.rollout.temperature, top_k=3, top_p=c.rollout.top_p,
+                                max_new_tokens=TASK.answer_len))  # 0: the task's answer length
+    assert warmup.WarmupSettings.from_config(c, TASK) == want
+    assert warmup.WarmupSettings.from_config(RunConfig.from_config(c), TASK) == want
+    c.rollout.max_new_tokens = 5
+    assert warmup.WarmupSettings.from_config(c, TASK).sampling.max_new_tokens == 5

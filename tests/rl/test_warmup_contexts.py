@@ -86,7 +86,7 @@ def test_demonstrations_flaw_only_plain_rows(rate):
 @pytest.mark.slow  # the main job end to end (warm-up, trainer, evaluation)
 def test_trainer_logs_the_teacher_accuracy_with_a_context(tmp_path):
     from pipo_jax.run import observe
-    from pipo_jax.run.trainer import EVAL_SEED, train, warmup_kwargs
+    from pipo_jax.run.trainer import EVAL_SEED, train
 
     c = sdpo_configs.get_config("micro")
     c.iterations, c.log.every = 1, 1
@@ -94,7 +94,8 @@ def test_trainer_logs_the_teacher_accuracy_with_a_context(tmp_path):
     train(c, str(tmp_path))
     row = observe.read_metrics(str(tmp_path / "metrics.jsonl"))[0]
     spec = train_spec(c)
-    base, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(c, c.seed))  # deterministic: the run's base
+    base, m = warmup.warmup(spec.model, spec.task, warmup.WarmupSettings.from_config(c, spec.task),
+                            seed=c.seed)  # deterministic: the run's base
     assert row["warmup_teacher_solution_accuracy"] == m["final_teacher_solution_accuracy"]
     for kind in ("solution", "feedback"):
         expected = float(teacher_forcing.heldout_accuracy(spec.model, base, spec.task, None, c.eval.n,

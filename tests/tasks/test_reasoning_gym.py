@@ -245,7 +245,6 @@ def test_chain_sum_learns_with_grpo():
     at SEED)."""
     from experiments.compare import run_arm
     from pipo_jax.run import warmup
-    from pipo_jax.run.trainer import warmup_kwargs
 
     c = grpo.get_config("tiny")
     override(c, {"task.name": "reasoning_gym", "task.reasoning_gym.dataset": "chain_sum",
@@ -253,7 +252,7 @@ def test_chain_sum_learns_with_grpo():
                  "task.arithmetic.warmup_mistake_rate": 0.0, "task.arithmetic.warmup_context_fraction": 0.0, "warmup.steps": 600,
                  "warmup.target_accuracy": 0.3, "iterations": ITERATIONS})
     spec = train_spec(c)
-    base, m = warmup.warmup(spec.model, spec.task, **warmup_kwargs(c, SEED))
+    base, m = warmup.warmup(spec.model, spec.task, warmup.WarmupSettings.from_config(c, spec.task), seed=SEED)
     assert 0.2 <= m["final_accuracy"] <= 0.6, m["heldout_accuracy"]
     row = run_arm(c, [SEED], [base], 10)[0]
     assert row["initial_accuracy"] == pytest.approx(m["final_accuracy"], abs=0.01)  # vmapped: same problems
