@@ -3,6 +3,7 @@ the algorithms that combine them, each declared once and looked up by name.
 
     ADVANTAGE_ESTIMATORS[name]: AdvantageEstimator   fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)
                                                      (+ `carried`: a state across iterations, `estimate`)
+                                                     (or + {TrainBatch field: array}: what its loss reads, COPO's)
     POLICY_LOSSES[name]:        PolicyLoss           fn(spec, params, teacher_params, mb, counts)
                                                          -> (loss, metrics, logp_br, entropy_br | None)
     ATTRIBUTIONS[name]:         Attribution          fn(spec, TrainBatch) -> attr_br
@@ -31,7 +32,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses import advantages, bapo, bnpo, cov, disco, distill, drpo, pipo
+from pipo_jax.losses import advantages, bapo, bnpo, copo, cov, disco, distill, drpo, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
@@ -48,6 +49,7 @@ class AdvantageInputs(NamedTuple):
     seq_rewards_b: jax.Array  # [B]: the sum of the token rewards
     values_br: Any = None  # the critic's values (estimators with `critic=True`)
     state: Any = None  # an estimator with `carried`: its state with this batch folded in (`estimate`)
+    tokens_br: Any = None  # int32 [B, R]: the response tokens (COPO's outcomes)
 
 
 class CarriedState(NamedTuple):
@@ -292,16 +294,33 @@ def _bnpo(spec, x: AdvantageInputs):
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
 
+@advantage_estimator("copo", group=True)
+def _copo(spec, x: AdvantageInputs):
+    """COPO (`losses/copo.py`, docs/math.md §1 "COPO"): GRPO's group advantage as the local one, and for the
+    `copo` loss each row's global advantage (its prompt's mean reward standardised over the batch's prompts)
+    and the weight of its local loss (from its group's outcome entropy, `advantage.copo_*`), as the batch
+    fields `global_adv_b` and `local_weight_b`."""
+    a, g = spec.advantage, spec.rollout.group_size
+    local_b = advantages.group_relative_advantages(x.seq_rewards_b, g, std_ddof=a.std_ddof, norm_by_std=a.norm_by_std)
+    global_b, weight_b, _ = copo.copo_advantages(
+        x.seq_rewards_b, local_b, x.tokens_br, x.mask_br, group_size=g, outcome=a.copo_outcome, gamma=a.copo_gamma,
+        rho=a.copo_rho, blend=a.copo_blend, consistency_reward=a.copo_consistency_reward, std_ddof=a.std_ddof,
+        norm_by_std=a.norm_by_std)
+    return (advantages.broadcast_over_tokens(local_b, x.mask_br), None,
+            {"global_adv_b": global_b, "local_weight_b": weight_b})
+
+
 def estimate(spec, x: AdvantageInputs, state: Any = None):
-    """`spec.estimator` on `x`: (adv_br, returns_br | None, the estimator's state after this batch, metrics).
-    An estimator with `carried` folds the batch into `state` (`TrainState.estimator_state`) first and
-    reads the result; the others pass `state` through unchanged, with no metrics."""
+    """`spec.estimator` on `x`: (adv_br, returns_br | None, the estimator's state after this batch, metrics,
+    the further `TrainBatch` fields it fills: {} but for COPO's). An estimator with `carried` folds the batch
+    into `state` (`TrainState.estimator_state`) first and reads the result; the others pass `state` through
+    unchanged, with no metrics."""
     est, metrics = spec.estimator, {}
     if est.carried is not None:
         state, metrics = est.carried.update(spec, state, x)
         x = x._replace(state=state)
-    adv, returns = est.fn(spec, x)
-    return adv, returns, state, metrics
+    adv, returns, *fields = est.fn(spec, x)
+    return adv, returns, state, metrics, (fields[0] if fields else {})
 
 
 # ----------------------------------------------------------------------------- policy losses
@@ -427,6 +446,19 @@ def _disco(spec, params, teacher_params, mb: TrainBatch, counts: dict):
     return loss, metrics, logp, ent
 
 
+@policy_loss("copo", pi_ratio="token", dual_clip=True)
+def _copo_loss(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+    """COPO (`losses/copo.py:copo_loss`): per token, the token clip (dual clip `loss.clip_ratio_c`) on the local
+    advantage weighted by `mb.local_weight_b` plus the same clip on the global advantage `mb.global_adv_b`
+    weighted by the rest (the `copo` estimator's batch fields)."""
+    logp, ent = student_logprobs(spec, params, mb)
+    _check_loss_inputs(logp, mb)
+    loss, metrics = copo.copo_loss(logp, mb.logp_old_br, mb.adv_br, mb.global_adv_b, mb.local_weight_b, mb.mask_br,
+                                   agg=aggregation(spec, counts), eps_low=spec.loss.clip_low,
+                                   eps_high=spec.loss.clip_high, clip_ratio_c=base_clip_ratio_c(spec))
+    return loss, metrics, logp, ent
+
+
 def _distill_kwargs(spec, mb: TrainBatch, counts: dict) -> dict:
     return dict(is_clip=spec.sdpo.is_clip, sd_mask_b=mb.sd_mask_b, agg=aggregation(spec, counts["sd"]))
 
@@ -500,6 +532,13 @@ def _gae_attribution(spec, batch: TrainBatch):
     return pipo.gae_attribution(batch.adv_br, batch.mask_br)
 
 
+@attribution("copo")
+def _copo_attribution(spec, batch: TrainBatch):
+    """COPO: each response's blended advantage w A_local + (1 - w) A_global on its tokens, the advantage COPO's
+    two clipped losses amount to at ratio 1 (`losses/copo.py:blended_advantages`, docs/math.md §1 "COPO")."""
+    return copo.blended_advantages(batch.adv_br, batch.global_adv_b, batch.local_weight_b, batch.mask_br)
+
+
 @attribution("sdpo_token", teacher=True)
 def _sdpo_attribution(spec, batch: TrainBatch):
     """SDPO: log p_T - log p_S on tokens of rows with teacher signal."""
@@ -565,6 +604,10 @@ register_algorithm(Algorithm("disco", GROUP_ESTIMATORS, (("disco", "disco"),), "
 # whose parameters follow a pool of recent success rates (the estimator's carried state); per prompt a
 # positive multiple of r - mean, so PIPO's attribution is the group one (docs/math.md §1 "BNPO").
 register_algorithm(Algorithm("bnpo", ("bnpo",), CLIP_LOSSES, "group"))
+# COPO (Han et al. 2025, arXiv 2508.04138): GRPO's group advantage blended, per response and by its group's
+# outcome entropy, with a global one over the batch's prompts, so groups of equal rewards keep a signal; PIPO's
+# attribution is the blended advantage (docs/math.md §1 "COPO").
+register_algorithm(Algorithm("copo", ("copo",), (("copo", "copo"),), "copo"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,

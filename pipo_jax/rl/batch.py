@@ -36,6 +36,8 @@ class TrainBatch:
     logp_teacher_br: Any = None  # float32 [B, R]: the teacher's log-probs of the response
     sd_mask_b: Any = None  # float32 [B]: 1 where the teacher saw a solution or feedback
     rewards_b: Any = None  # float32 [B]: task rewards (VPD's E-step labels)
+    global_adv_b: Any = None  # float32 [B]: COPO's global advantage (the row's prompt's, over the batch)
+    local_weight_b: Any = None  # float32 [B]: COPO's weight of the local (group) advantage's loss
 
     @property
     def rows(self) -> int:
@@ -74,7 +76,8 @@ def check_batch(batch: TrainBatch) -> None:
     if batch.teacher_tokens_bq is not None:
         chex.assert_shape([batch.teacher_tokens_bq, batch.teacher_mask_bq], (b, None))
         chex.assert_equal_shape([batch.teacher_tokens_bq, batch.teacher_mask_bq])
-    per_row = [x for x in (batch.sd_mask_b, batch.rewards_b) if x is not None]
+    per_row = [x for x in (batch.sd_mask_b, batch.rewards_b, batch.global_adv_b, batch.local_weight_b)
+               if x is not None]
     chex.assert_shape(per_row, (b,))
 
 

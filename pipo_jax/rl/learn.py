@@ -109,10 +109,10 @@ def prepare_batch(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple
                        values_br=passes.get("values_br"), logp_teacher_br=passes.get("logp_teacher_br"), **teacher)
     estimator_state, estimator_metrics = state.estimator_state, {}
     if spec.estimator is not None:
-        adv, returns, estimator_state, estimator_metrics = algorithms.estimate(spec, algorithms.AdvantageInputs(
-            mask_br=mask_br, token_rewards_br=token_rewards, seq_rewards_b=seq_rewards, values_br=batch.values_br),
-            state.estimator_state)
-        batch = batch.replace(adv_br=adv, returns_br=returns)
+        adv, returns, estimator_state, estimator_metrics, fields = algorithms.estimate(spec, algorithms.AdvantageInputs(
+            mask_br=mask_br, token_rewards_br=token_rewards, seq_rewards_b=seq_rewards, values_br=batch.values_br,
+            tokens_br=tokens[:, p:]), state.estimator_state)
+        batch = batch.replace(adv_br=adv, returns_br=returns, **fields)
     if spec.advantage_shaping is not None:
         batch = batch.replace(adv_br=spec.advantage_shaping(spec, batch))
     batch = batch.replace(attr_br=algorithms.attribute(spec, batch))

@@ -18,6 +18,8 @@ import dataclasses
 from pipo_jax import platforms
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import AGG_MODES
+from pipo_jax.losses.copo import BLENDS as COPO_BLENDS
+from pipo_jax.losses.copo import OUTCOMES as COPO_OUTCOMES
 from pipo_jax.losses.disco import NEGATIVES as DISCO_NEGATIVES
 from pipo_jax.losses.disco import SCORES as DISCO_SCORES
 from pipo_jax.losses.kl import KL_ESTIMATORS
@@ -198,8 +200,10 @@ class AdvantageConfig(Section):
     _section = "advantage"
     estimator: str = key("grpo", "the advantage estimator (none: no advantages, SDPO's distillation)",
                          choices=estimator_names)
-    std_ddof: int = key(0, "group std: 0 (population) or 1 (torch.std)", choices=(0, 1))
-    norm_by_std: bool = key(True, "divide the group advantage by the group std (false: Dr. GRPO's r - mean)")
+    std_ddof: int = key(0, "group std: 0 (population) or 1 (torch.std); also COPO's std over the batch's prompts",
+                        choices=(0, 1))
+    norm_by_std: bool = key(True, "divide the group advantage by the group std (false: Dr. GRPO's r - mean); also "
+                            "COPO's global advantage by its std")
     gamma: float = key(1.0, "discount of GAE and of REINFORCE++'s return", within(0, 1))
     lam: float = key(1.0, "GAE lambda", within(0, 1))
     bnpo_decay: float = key(0.9, "BNPO (advantage.estimator=bnpo): each earlier batch's weight in the pool of "
@@ -208,6 +212,19 @@ class AdvantageConfig(Section):
     bnpo_reward_min: float = key(0.0, "BNPO: the reward mapped to 0 (rewards are put on [0, 1] before the success "
                                  "rates; the authors' min_value)")
     bnpo_reward_max: float = key(1.0, "BNPO: the reward mapped to 1 (the authors' max_value)")
+    copo_gamma: float = key(5.0, "COPO (advantage.estimator=copo): gamma, the slope of the local loss's weight "
+                            "sigmoid(gamma (H - rho)) in the entropy H (bits) of a group's outcomes", at_least(0))
+    copo_rho: float = key(1.0, "COPO: rho, the outcome entropy (bits) at which the local and global losses weigh the "
+                          "same", at_least(0))
+    copo_blend: str = key("soft_with_zero", "COPO: where the local weight applies: soft_with_zero (responses of "
+                          "nonzero reward; the others take the global loss only: the authors' COPO) | "
+                          "soft_with_forced (responses of a nonzero group advantage) | soft (every response)",
+                          choices=COPO_BLENDS)
+    copo_outcome: str = key("response", "COPO: what one outcome of the entropy is: response (the same valid tokens; "
+                            "the answer for tasks whose response is the answer) | reward (the same reward)",
+                            choices=COPO_OUTCOMES)
+    copo_consistency_reward: bool = key(False, "COPO: the global reward is the group's mean reward times "
+                                        "1 - (1 - 1/G) H / log2 G (false: the mean reward, the authors' script)")
 
     def check(self):
         need(self.bnpo_reward_max > self.bnpo_reward_min, "advantage.bnpo_reward_max",

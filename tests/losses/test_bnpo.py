@@ -248,7 +248,7 @@ def test_registered_estimator_folds_each_batch_into_the_pool():
         r = jnp.asarray(rewards)
         x = AdvantageInputs(mask, advantages.outcome_token_rewards(r, mask), r)
         before = state
-        adv, returns, state, metrics = algorithms.estimate(spec, x, state)
+        adv, returns, state, metrics, fields = algorithms.estimate(spec, x, state)
         rates = bnpo.success_rates(r, 2, reward_min=-1.0, reward_max=1.0)
         want_state = bnpo.update_bnpo_state(before, rates, decay=0.5)
         chex.assert_trees_all_close(state, want_state)
@@ -256,6 +256,7 @@ def test_registered_estimator_folds_each_batch_into_the_pool():
         want = bnpo.bnpo_advantages(r, 2, params["alpha"], params["beta"], reward_min=-1.0, reward_max=1.0)
         chex.assert_trees_all_close(adv, want[:, None] * mask)
         assert returns is None and metrics["bnpo_alpha"] == params["alpha"] and "bnpo_rate_var" in metrics
+        assert fields == {}  # no further batch fields (COPO's estimator has some)
     assert float(state.weight) == 2 * 0.5 + 2  # two batches of two prompts
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import bapo, clip_cov, disco, dr_grpo, drpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
-from pipo_jax.losses import advantages, bnpo, cov, distill, pipo
+from pipo_jax.losses import advantages, bnpo, copo, cov, distill, pipo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.bapo import bapo_loss
@@ -72,6 +72,7 @@ def _estimator_cases():
         "reinforce_pp_baseline": lambda spec, x: advantages.reinforce_pp_baseline_advantages(x.seq_rewards_b,
                                                                                             x.mask_br, 2),
         "bnpo": _bnpo_case,
+        "copo": grpo_case,  # the local advantage; its batch fields are checked against `copo_advantages` below
     }
 
 
@@ -99,16 +100,26 @@ def test_registered_estimator_equals_its_advantage_math(name):
     on token rewards with a KL part (so the return varies along a response) and an outcome."""
     rewards = jnp.array([1.0, 0.0, 0.5, 0.5])
     tok = advantages.outcome_token_rewards(rewards, MASK) - 0.1 * jnp.arange(T, dtype=jnp.float32) * MASK
-    x = AdvantageInputs(MASK, tok, advantages.sequence_rewards(tok, MASK), jnp.full((B, T), 0.25))
+    x = AdvantageInputs(MASK, tok, advantages.sequence_rewards(tok, MASK), jnp.full((B, T), 0.25),
+                        tokens_br=jnp.array([[3, 4, 5], [3, 4, 0], [3, 0, 0], [3, 7, 7]]))
     spec = _spec_ns(rollout=dict(group_size=2), advantage=dict(std_ddof=1, norm_by_std=True, gamma=0.9, lam=0.8,
                                                                bnpo_decay=0.5, bnpo_reward_min=0.0,
-                                                               bnpo_reward_max=1.0))
+                                                               bnpo_reward_max=1.0, copo_outcome="response",
+                                                               copo_gamma=2.0, copo_rho=0.5, copo_blend="soft",
+                                                               copo_consistency_reward=True))
     est = algorithms.ADVANTAGE_ESTIMATORS[name]
     if est.carried is not None:  # the state after an earlier batch, then this one folded in (`algorithms.estimate`)
         before = est.carried.update(spec, est.carried.init(spec), x._replace(seq_rewards_b=_BNPO_BEFORE))[0]
         x = x._replace(state=est.carried.update(spec, before, x)[0])
-    got, returns = est.fn(spec, x)
+    got, returns, *fields = est.fn(spec, x)
     chex.assert_trees_all_close(got, _estimator_cases()[name](spec, x), atol=1e-6)
+    if name == "copo":  # every response its own outcome: H = 1 bit in both groups
+        glob, w, _ = copo.copo_advantages(x.seq_rewards_b, got[:, 0], x.tokens_br, MASK, group_size=2, gamma=2.0,
+                                          rho=0.5, blend="soft", consistency_reward=True)
+        chex.assert_trees_all_close(fields[0], {"global_adv_b": glob, "local_weight_b": w})
+        chex.assert_trees_all_close(w, jnp.full(B, 1 / (1 + np.exp(-1.0))), rtol=1e-6)
+    else:
+        assert not fields
     assert (returns is not None) == algorithms.ADVANTAGE_ESTIMATORS[name].critic
     assert float(jnp.max(jnp.abs(got))) > 0.1 and bool(jnp.all(got * (1 - MASK) == 0))
 
@@ -208,6 +219,11 @@ def test_attributions_bind_the_pure_functions():
     chex.assert_trees_all_close(gae.fn(signed, skew), want, rtol=1e-5)
     signed.rollout.group_size = 1
     chex.assert_trees_all_close(gae.fn(signed, skew), jnp.array([1.0, -1.0, 1.0, 1.0])[:, None] * MASK, atol=1e-5)
+    # COPO: w A_local + (1 - w) A_global on each valid token
+    weighted = batch.replace(global_adv_b=jnp.array([0.5, -1.0, 2.0, 0.0]),
+                             local_weight_b=jnp.array([1.0, 0.0, 0.5, 0.25]))
+    want = jnp.array([[1.0] * 3, [-1.0] * 3, [2.0, 0.0, 0.0], [0.5] * 3]) * MASK
+    chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["copo"].fn(None, weighted), want)
     sd = algorithms.ATTRIBUTIONS["sdpo_token"]
     assert sd.teacher and not algorithms.ATTRIBUTIONS["group"].teacher
     chex.assert_trees_all_close(sd.fn(None, batch), distill.token_attribution(adv, 2 * adv, MASK, batch.sd_mask_b))
@@ -215,7 +231,7 @@ def test_attributions_bind_the_pure_functions():
 
 def _micro_batch(spec, seed=0):
     """A random batch of the spec's shapes with teacher contexts (the prompt, left-padded wider)."""
-    k = jax.random.split(jax.random.PRNGKey(seed), 6)
+    k = jax.random.split(jax.random.PRNGKey(seed), 8)
     b, p, r, v = spec.batch, spec.prompt_len, spec.rollout.max_new_tokens, spec.model.vocab_size
     tokens = jax.random.randint(k[0], (b, p + r), 1, v)
     mask = jnp.ones((b, p + r), jnp.int32).at[:, p + r - 2:].set(jnp.arange(b)[:, None] % 2)  # ragged responses
@@ -227,7 +243,8 @@ def _micro_batch(spec, seed=0):
     teacher_mask = jnp.concatenate([jnp.zeros((b, 3), jnp.int32), mask], axis=1)
     batch = TrainBatch(tokens_bl=tokens, mask_bl=mask, mask_br=mask_br, logp_old_br=old, logp_ref_br=old,
                        adv_br=jax.random.normal(k[3], (b, r)) * mask_br, teacher_tokens_bq=teacher_tokens,
-                       teacher_mask_bq=teacher_mask, sd_mask_b=(jnp.arange(b) % 3 > 0).astype(jnp.float32))
+                       teacher_mask_bq=teacher_mask, sd_mask_b=(jnp.arange(b) % 3 > 0).astype(jnp.float32),
+                       global_adv_b=jax.random.normal(k[6], (b,)), local_weight_b=jax.random.uniform(k[7], (b,)))
     teacher = qwen3.init_params(spec.model, k[4])
     return params, teacher, batch
 
@@ -254,6 +271,7 @@ def _configs():
         "drpo": _drpo_whole_batch,
         "bapo": with_loss(bapo, "bapo", bapo_rho=0.5, bapo_upper_step=0.1, bapo_prob_weight=False),
         "disco": _disco_whole_batch,
+        "copo": with_loss(importlib.import_module("configs.copo"), "copo", clip_high=0.28, clip_ratio_c=2.0),
     }
 
 
@@ -356,6 +374,10 @@ def test_registered_policy_loss_equals_its_loss_math(name):
         want, _ = disco_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g,
                              num_prompts=spec.batch // g, score="likelihood_ratio", negatives="mean",
                              tau=lo.disco_tau, beta=lo.disco_beta, delta=0.0)
+    elif name == "copo":
+        want, m = copo.copo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.global_adv_b, mb.local_weight_b, mb.mask_br,
+                                 eps_low=0.2, eps_high=0.28, clip_ratio_c=2.0, **agg)
+        chex.assert_trees_all_close(metrics["copo_local_weight"], m["copo_local_weight"], rtol=1e-6)
     else:  # sdpo_jsd: the full distributions; its top-k support is tested in tests/losses/test_distill.py
         want = None
     if want is not None:
@@ -379,7 +401,7 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
     ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
                                r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'drpo', 'bapo', 'disco', "
-                               r"'bnpo', 'sdpo', 'vpd'\)"),
+                               r"'bnpo', 'copo', 'sdpo', 'vpd'\)"),
 ])
 def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     c = grpo.get_config("micro")
@@ -472,7 +494,7 @@ def test_declared_capabilities_make_the_checks():
 
 
 def test_group_estimators_are_declared_and_need_two_samples():
-    assert algorithms.group_estimators() == ("grpo", "group_relative", "rloo", "reinforce_pp_baseline", "bnpo")
+    assert algorithms.group_estimators() == ("grpo", "group_relative", "rloo", "reinforce_pp_baseline", "bnpo", "copo")
     assert algorithms.GROUP_ESTIMATORS == ("grpo", "group_relative")  # what GRPO's family accepts
     assert not algorithms.ADVANTAGE_ESTIMATORS["gae"].group
     c = grpo.get_config("micro")

@@ -13,7 +13,7 @@ from pipo_jax.run.setup import train_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco",
-         "bnpo", "sdpo", "vpd")
+         "bnpo", "copo", "sdpo", "vpd")
 
 
 def check_config_values(stdout: str) -> dict:
@@ -134,6 +134,11 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
         (lambda c: setattr(c.loss, "disco_score", "logL"),
          r"config\.loss\.disco_score: 'logL' is not one of \('log_likelihood', 'likelihood_ratio'\)"),
         (lambda c: setattr(c.loss, "disco_tau", 0.0), r"config\.loss\.disco_tau: 0\.0 must be > 0"),
+        (lambda c: setattr(c.advantage, "copo_blend", "hard"),
+         r"config\.advantage\.copo_blend: 'hard' is not one of \('soft_with_zero', 'soft_with_forced', 'soft'\)"),
+        (lambda c: setattr(c.advantage, "copo_gamma", -1.0), r"config\.advantage\.copo_gamma: -1\.0 must be >= 0"),
+        (lambda c: setattr(c.advantage, "copo_outcome", "answer"),
+         r"config\.advantage\.copo_outcome: 'answer' is not one of \('response', 'reward'\)"),
         (lambda c: setattr(c.advantage, "bnpo_decay", 1.0),
          r"config\.advantage\.bnpo_decay: 1\.0 must be in \[0, 1\)"),
         (lambda c: setattr(c.advantage, "bnpo_reward_max", -1.0),
@@ -179,7 +184,7 @@ def test_command_line_overrides():
     lines = dict(line.split(" = ", 1) for line in out.stdout.splitlines())
     assert lines["pipo.lam"] == "0.2  # lambda: the PI step's scale when the improvement signal is negative"
     assert lines["loss.policy"].endswith("[token_clip | gspo | cispo | kl_cov | clip_cov | drpo | bapo | disco | "
-                                         "sdpo_token | sdpo_jsd]")
+                                         "copo | sdpo_token | sdpo_jsd]")
     assert len(lines) == len(check_config_values(out.stdout)) > 150
     bad = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/grpo.py:tiny",
                           "--config.pipo.window=1", "--check_config"], cwd=ROOT, capture_output=True, text=True)

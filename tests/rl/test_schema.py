@@ -108,8 +108,8 @@ def test_choices_come_from_the_registries():
     assert docs["algorithm"].endswith(f"[{' | '.join(sections.algorithm_names())}]")
     assert "dr_grpo" in sections.algorithm_names() and "vpd+joint" not in sections.algorithm_names()
     assert {"rloo", "reinforce_pp", "kl_cov", "clip_cov", "bnpo"} <= set(sections.algorithm_names())
-    assert {"kl_cov", "clip_cov", "drpo", "bapo", "disco"} <= set(sections.policy_names())
+    assert {"kl_cov", "clip_cov", "drpo", "bapo", "disco", "copo"} <= set(sections.policy_names())
     assert "cispo" in docs["loss.policy"] and set(sections.policy_names()) >= {"token_clip", "gspo", "cispo"}
     assert docs["advantage.estimator"].endswith(f"[{' | '.join(list(algorithms.ADVANTAGE_ESTIMATORS) + ['none'])}]")
-    assert docs["pipo.attribution"].endswith("[group | gae | sdpo_token]")
+    assert docs["pipo.attribution"].endswith("[group | gae | copo | sdpo_token]")
     assert docs["pipo.authors.window_twice"].startswith("mu_t enters the window before xi is computed")

@@ -94,9 +94,12 @@ def test_dr_grpo_runs_a_micro_iteration():
 
 
 COV = {"loss.kl_cov_ratio": 0.2, "loss.clip_cov_ratio": 0.2, "loss.clip_cov_low": -10.0}  # tokens are selected
+# seed 3: rewards vary in all three iterations (at seed 1 the third batch earns none)
+OVERRIDES = {"kl_cov": COV, "clip_cov": COV, "copo": {"seed": 3}}
 
 
-@pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo"])
+@pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo",
+                                  "copo"])
 def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     """configs/rloo.py, configs/reinforce_pp.py, configs/kl_cov.py and configs/clip_cov.py with
     `pipo.enabled=true` through three jitted trainer iterations (K = 2): the base step trains every
@@ -108,8 +111,9 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     tokens): the base step's loss selects tokens every iteration. DRPO, BAPO, DisCO and BNPO: the group
     attribution. BNPO: its pool of success rates (`TrainState.estimator_state`) holds the three batches'
     rates at weights .81, .9, 1 (their sum is P mu_t, the rewards being on [0, 1]), and the logged Beta
-    parameters are the pool's."""
-    c = micro(algo, True, seed=1, **(COV if algo in ("kl_cov", "clip_cov") else {}))
+    parameters are the pool's. COPO: its blended advantage, one value per response, the global advantage alone
+    on the zero-reward responses (a group earning nothing still has a signal)."""
+    c = micro(algo, True, **{"seed": 1, **OVERRIDES.get(algo, {})})
     spec, state = fresh_state(c)
     assert spec.algorithm.name == algo and spec.pipo.enabled
     before = jax.tree.map(np.asarray, state.params)
@@ -141,7 +145,13 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
         np.testing.assert_allclose([m["advantage/bnpo_alpha"][2], m["advantage/bnpo_beta"][2]],
                                    [params["alpha"], params["beta"]], rtol=1e-6)
         assert np.all(m["advantage/bnpo_alpha"] >= 1) and np.all(m["advantage/bnpo_beta"] > 1)
-    if algo in ("rloo", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo"):
+    if algo == "copo":  # one value per response; a group of equal nonzero values: a prompt whose group earned 0
+        assert np.all((m["train/copo_local_weight"] >= 0) & (m["train/copo_local_weight"] <= 1))
+        row = attr[:, 0]
+        assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
+        groups = row.reshape(-1, spec.rollout.group_size)
+        assert np.any((np.ptp(groups, axis=1) == 0) & (groups[:, 0] != 0))
+    elif algo in ("rloo", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo"):
         row = attr[:, 0]
         assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
         sums = np.abs(row).reshape(-1, spec.rollout.group_size).sum(axis=1)
