@@ -32,7 +32,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses import advantages, bapo, bnpo, copo, cov, disco, distill, drpo, pipo
+from pipo_jax.losses import advantages, bapo, bnpo, copo, cov, disco, distill, drpo, pipo, riskpo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
@@ -308,6 +308,18 @@ def _copo(spec, x: AdvantageInputs):
         norm_by_std=a.norm_by_std)
     return (advantages.broadcast_over_tokens(local_b, x.mask_br), None,
             {"global_adv_b": global_b, "local_weight_b": weight_b})
+
+
+@advantage_estimator("riskpo", group=True)
+def _riskpo(spec, x: AdvantageInputs):
+    """RiskPO (`losses/riskpo.py`, docs/math.md §1 "RiskPO"): the Mixed Value-at-Risk advantages of bundles of
+    `advantage.riskpo_bundle_size` consecutive prompts, on every token of each response."""
+    a = spec.advantage
+    adv_b = riskpo.riskpo_advantages(x.seq_rewards_b, spec.rollout.group_size, bundle_size=a.riskpo_bundle_size,
+                                     alpha=a.riskpo_alpha, beta=a.riskpo_beta, omega=a.riskpo_omega,
+                                     natural_baseline=a.riskpo_natural_baseline, credit=a.riskpo_credit,
+                                     norm_by_std=a.norm_by_std, std_ddof=a.std_ddof)
+    return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
 
 def estimate(spec, x: AdvantageInputs, state: Any = None):
@@ -608,6 +620,9 @@ register_algorithm(Algorithm("bnpo", ("bnpo",), CLIP_LOSSES, "group"))
 # outcome entropy, with a global one over the batch's prompts, so groups of equal rewards keep a signal; PIPO's
 # attribution is the blended advantage (docs/math.md §1 "COPO").
 register_algorithm(Algorithm("copo", ("copo",), (("copo", "copo"),), "copo"))
+# RiskPO (Ren et al. 2025, arXiv 2510.00911): the Mixed Value-at-Risk advantages of bundles of questions, through
+# the token clip; PIPO's attribution is the advantages themselves, as REINFORCE++'s (docs/math.md §1 "RiskPO").
+register_algorithm(Algorithm("riskpo", ("riskpo",), CLIP_LOSSES, "gae"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,

@@ -24,6 +24,7 @@ from pipo_jax.losses.disco import NEGATIVES as DISCO_NEGATIVES
 from pipo_jax.losses.disco import SCORES as DISCO_SCORES
 from pipo_jax.losses.kl import KL_ESTIMATORS
 from pipo_jax.losses.pipo import ATTRIBUTION_NORMS
+from pipo_jax.losses.riskpo import CREDITS as RISKPO_CREDITS
 from pipo_jax.models import attention, qwen3
 from pipo_jax.parallel.distributed import MODES as DISTRIBUTED_MODES
 from pipo_jax.rl import algorithms
@@ -200,10 +201,10 @@ class AdvantageConfig(Section):
     _section = "advantage"
     estimator: str = key("grpo", "the advantage estimator (none: no advantages, SDPO's distillation)",
                          choices=estimator_names)
-    std_ddof: int = key(0, "group std: 0 (population) or 1 (torch.std); also COPO's std over the batch's prompts",
-                        choices=(0, 1))
+    std_ddof: int = key(0, "group std: 0 (population) or 1 (torch.std); also COPO's std over the batch's prompts "
+                        "and RiskPO's over a bundle's scores", choices=(0, 1))
     norm_by_std: bool = key(True, "divide the group advantage by the group std (false: Dr. GRPO's r - mean); also "
-                            "COPO's global advantage by its std")
+                            "COPO's global advantage by its std and RiskPO's by the bundle scores' std")
     gamma: float = key(1.0, "discount of GAE and of REINFORCE++'s return", within(0, 1))
     lam: float = key(1.0, "GAE lambda", within(0, 1))
     bnpo_decay: float = key(0.9, "BNPO (advantage.estimator=bnpo): each earlier batch's weight in the pool of "
@@ -225,10 +226,25 @@ class AdvantageConfig(Section):
                             choices=COPO_OUTCOMES)
     copo_consistency_reward: bool = key(False, "COPO: the global reward is the group's mean reward times "
                                         "1 - (1 - 1/G) H / log2 G (false: the mean reward, the authors' script)")
+    riskpo_bundle_size: int = key(5, "RiskPO (advantage.estimator=riskpo): K, consecutive prompts per bundle; a "
+                                  "bundle's g-th paper sums the rewards of each prompt's g-th response", at_least(1))
+    riskpo_alpha: float = key(0.2, "RiskPO: alpha, the lower quantile level (CVaR_alpha and RVaR's lower end)",
+                              within(0, 1, open_low=True, open_high=True))
+    riskpo_beta: float = key(0.8, "RiskPO: beta, RVaR_{alpha,beta}'s upper quantile level",
+                             within(0, 1, open_low=True))
+    riskpo_omega: float = key(1.5, "RiskPO: omega, CVaR's weight in the mixed objective (omega CVaR + RVaR) / "
+                              "(omega + 1); 0: RVaR alone", at_least(0))
+    riskpo_credit: str = key("uniform", "RiskPO: how a paper's advantage reaches its responses: uniform (each the "
+                             "paper's: the bundle objective's gradient) | std (over the question's reward std) | "
+                             "sum_mean (shared in proportion to r - the question's mean)", choices=RISKPO_CREDITS)
+    riskpo_natural_baseline: bool = key(True, "RiskPO: RVaR's term clip(S, q_alpha, q_beta) - q_beta (false: "
+                                        "- q_alpha)")
 
     def check(self):
         need(self.bnpo_reward_max > self.bnpo_reward_min, "advantage.bnpo_reward_max",
              f"{self.bnpo_reward_max} must be > advantage.bnpo_reward_min={self.bnpo_reward_min}")
+        need(self.riskpo_alpha < self.riskpo_beta, "advantage.riskpo_beta",
+             f"{self.riskpo_beta} must be > advantage.riskpo_alpha={self.riskpo_alpha}")
 
 
 def _dual_clip(value):

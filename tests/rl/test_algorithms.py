@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import bapo, clip_cov, disco, dr_grpo, drpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
-from pipo_jax.losses import advantages, bnpo, copo, cov, distill, pipo
+from pipo_jax.losses import advantages, bnpo, copo, cov, distill, pipo, riskpo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.bapo import bapo_loss
@@ -73,6 +73,9 @@ def _estimator_cases():
                                                                                             x.mask_br, 2),
         "bnpo": _bnpo_case,
         "copo": grpo_case,  # the local advantage; its batch fields are checked against `copo_advantages` below
+        "riskpo": lambda spec, x: advantages.broadcast_over_tokens(
+            riskpo.riskpo_advantages(x.seq_rewards_b, 2, bundle_size=2, alpha=0.25, beta=0.75, omega=2.0,
+                                     natural_baseline=False, credit="std"), x.mask_br),
     }
 
 
@@ -106,7 +109,9 @@ def test_registered_estimator_equals_its_advantage_math(name):
                                                                bnpo_decay=0.5, bnpo_reward_min=0.0,
                                                                bnpo_reward_max=1.0, copo_outcome="response",
                                                                copo_gamma=2.0, copo_rho=0.5, copo_blend="soft",
-                                                               copo_consistency_reward=True))
+                                                               copo_consistency_reward=True, riskpo_bundle_size=2,
+                                                               riskpo_alpha=0.25, riskpo_beta=0.75, riskpo_omega=2.0,
+                                                               riskpo_natural_baseline=False, riskpo_credit="std"))
     est = algorithms.ADVANTAGE_ESTIMATORS[name]
     if est.carried is not None:  # the state after an earlier batch, then this one folded in (`algorithms.estimate`)
         before = est.carried.update(spec, est.carried.init(spec), x._replace(seq_rewards_b=_BNPO_BEFORE))[0]
@@ -401,7 +406,7 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
     ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
                                r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'drpo', 'bapo', 'disco', "
-                               r"'bnpo', 'copo', 'sdpo', 'vpd'\)"),
+                               r"'bnpo', 'copo', 'riskpo', 'sdpo', 'vpd'\)"),
 ])
 def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     c = grpo.get_config("micro")
@@ -494,7 +499,8 @@ def test_declared_capabilities_make_the_checks():
 
 
 def test_group_estimators_are_declared_and_need_two_samples():
-    assert algorithms.group_estimators() == ("grpo", "group_relative", "rloo", "reinforce_pp_baseline", "bnpo", "copo")
+    assert algorithms.group_estimators() == ("grpo", "group_relative", "rloo", "reinforce_pp_baseline", "bnpo", "copo",
+                                             "riskpo")
     assert algorithms.GROUP_ESTIMATORS == ("grpo", "group_relative")  # what GRPO's family accepts
     assert not algorithms.ADVANTAGE_ESTIMATORS["gae"].group
     c = grpo.get_config("micro")

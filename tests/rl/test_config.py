@@ -13,7 +13,7 @@ from pipo_jax.run.setup import train_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco",
-         "bnpo", "copo", "sdpo", "vpd")
+         "bnpo", "copo", "riskpo", "sdpo", "vpd")
 
 
 def check_config_values(stdout: str) -> dict:
@@ -139,6 +139,14 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
         (lambda c: setattr(c.advantage, "copo_gamma", -1.0), r"config\.advantage\.copo_gamma: -1\.0 must be >= 0"),
         (lambda c: setattr(c.advantage, "copo_outcome", "answer"),
          r"config\.advantage\.copo_outcome: 'answer' is not one of \('response', 'reward'\)"),
+        (lambda c: setattr(c.advantage, "riskpo_alpha", 0.0),
+         r"config\.advantage\.riskpo_alpha: 0\.0 must be in \(0, 1\)"),
+        (lambda c: setattr(c.advantage, "riskpo_beta", 0.1),
+         r"config\.advantage\.riskpo_beta: 0\.1 must be > advantage\.riskpo_alpha=0\.2"),
+        (lambda c: setattr(c.advantage, "riskpo_bundle_size", 0),
+         r"config\.advantage\.riskpo_bundle_size: 0 must be >= 1"),
+        (lambda c: setattr(c.advantage, "riskpo_credit", "score"),
+         r"config\.advantage\.riskpo_credit: 'score' is not one of \('uniform', 'std', 'sum_mean'\)"),
         (lambda c: setattr(c.advantage, "bnpo_decay", 1.0),
          r"config\.advantage\.bnpo_decay: 1\.0 must be in \[0, 1\)"),
         (lambda c: setattr(c.advantage, "bnpo_reward_max", -1.0),

@@ -94,12 +94,13 @@ def test_dr_grpo_runs_a_micro_iteration():
 
 
 COV = {"loss.kl_cov_ratio": 0.2, "loss.clip_cov_ratio": 0.2, "loss.clip_cov_low": -10.0}  # tokens are selected
-# seed 3: rewards vary in all three iterations (at seed 1 the third batch earns none)
-OVERRIDES = {"kl_cov": COV, "clip_cov": COV, "copo": {"seed": 3}}
+# seed 3: rewards vary in all three iterations (at seed 1 the third batch earns none); RiskPO in bundles of 2
+OVERRIDES = {"kl_cov": COV, "clip_cov": COV, "copo": {"seed": 3},
+             "riskpo": {"seed": 3, "advantage.riskpo_bundle_size": 2}}
 
 
 @pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo",
-                                  "copo"])
+                                  "copo", "riskpo"])
 def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     """configs/rloo.py, configs/reinforce_pp.py, configs/kl_cov.py and configs/clip_cov.py with
     `pipo.enabled=true` through three jitted trainer iterations (K = 2): the base step trains every
@@ -112,7 +113,9 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     attribution. BNPO: its pool of success rates (`TrainState.estimator_state`) holds the three batches'
     rates at weights .81, .9, 1 (their sum is P mu_t, the rewards being on [0, 1]), and the logged Beta
     parameters are the pool's. COPO: its blended advantage, one value per response, the global advantage alone
-    on the zero-reward responses (a group earning nothing still has a signal)."""
+    on the zero-reward responses (a group earning nothing still has a signal). RiskPO: its advantages, one value
+    per response, shared by the same response index of a bundle's prompts, never positive (the natural
+    baseline)."""
     c = micro(algo, True, **{"seed": 1, **OVERRIDES.get(algo, {})})
     spec, state = fresh_state(c)
     assert spec.algorithm.name == algo and spec.pipo.enabled
@@ -151,6 +154,12 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
         assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
         groups = row.reshape(-1, spec.rollout.group_size)
         assert np.any((np.ptp(groups, axis=1) == 0) & (groups[:, 0] != 0))
+    elif algo == "riskpo":  # uniform credit: papers g of the bundles {0, 1} and {2, 3}; the natural baseline: A <= 0
+        row = attr[:, 0]
+        assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
+        bundles = row.reshape(-1, 2, spec.rollout.group_size)
+        np.testing.assert_array_equal(bundles[:, 0], bundles[:, 1])
+        assert np.all(row <= 0) and np.any(row < 0)
     elif algo in ("rloo", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo"):
         row = attr[:, 0]
         assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
