@@ -80,7 +80,7 @@ def riskpo_advantages(rewards_b, group_size: int, *, bundle_size: int = 5, alpha
     if not 0.0 < alpha < beta <= 1.0:
         raise ValueError(f"RiskPO quantile levels must satisfy 0 < alpha < beta <= 1 (got {alpha}, {beta})")
     r_nkg, real_nk = _bundled(rewards_b, group_size, bundle_size)
-    scores = jnp.sum(r_nkg, axis=1)
+    scores = bundle_scores(rewards_b, group_size, bundle_size)
     q_a, q_b = bundle_quantiles(scores, alpha, beta)
     paper_ng = mvar_advantages(scores, q_a, q_b, alpha=alpha, beta=beta, omega=omega, natural_baseline=natural_baseline)
     if norm_by_std:
