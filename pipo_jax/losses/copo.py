@@ -25,9 +25,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses.aggregation import Aggregation, aggregate, token_mean
+from pipo_jax.losses.aggregation import Aggregation, token_mean
 from pipo_jax.losses.masking import as_mask
-from pipo_jax.losses.policy import clipped_surrogate, token_log_ratio
+from pipo_jax.losses.policy import clipped_surrogate, finish_clipped, token_log_ratio
 
 OUTCOMES = ("response", "reward")
 BLENDS = ("soft_with_zero", "soft_with_forced", "soft")
@@ -124,14 +124,8 @@ def copo_loss(logp_br, logp_old_br, adv_br, global_adv_b, weight_b, mask_br, *, 
     global_br = jnp.broadcast_to(global_adv_b[:, None], adv_br.shape)
     glob_br, glob_clipped_br, _ = clipped_surrogate(log_ratio, global_br, **clip)
     w = jnp.broadcast_to(weight_b[:, None], adv_br.shape)
-    loss = aggregate(w * local_br + (1.0 - w) * glob_br, m, agg)
-    n = agg.num_tokens
-    metrics = {
-        "pg_loss": loss,
-        "pg_clipfrac": token_mean(clipped_br.astype(jnp.float32), m, n),
-        "pg_clipfrac_lower": token_mean(dual_br.astype(jnp.float32), m, n),
-        "ppo_kl": token_mean(jax.lax.stop_gradient(logp_old_br - logp_br), m, n),
-        "copo_global_clipfrac": token_mean(glob_clipped_br.astype(jnp.float32), m, n),
-        "copo_local_weight": token_mean(w, m, n),
-    }
+    loss, metrics = finish_clipped(w * local_br + (1.0 - w) * glob_br, clipped_br, dual_br, logp_br, logp_old_br, m,
+                                   agg)
+    metrics["copo_global_clipfrac"] = token_mean(glob_clipped_br.astype(jnp.float32), m, agg.num_tokens)
+    metrics["copo_local_weight"] = token_mean(w, m, agg.num_tokens)
     return loss, metrics

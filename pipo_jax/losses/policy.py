@@ -95,7 +95,9 @@ def clipped_surrogate(
     return loss_br, clipped_br, dual_clipped_br
 
 
-def _finish(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg: Aggregation):
+def finish_clipped(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg: Aggregation):
+    """(loss, metrics) of a clipped per-token loss [B, R]: aggregated with `agg`; "pg_loss", the clip
+    fractions ("pg_clipfrac", "pg_clipfrac_lower": dual clip) and "ppo_kl" as token means over `agg.num_tokens`."""
     loss = aggregate(loss_br, mask_br, agg)
     num_tokens = agg.num_tokens
     metrics = {
@@ -132,7 +134,7 @@ def token_clip_loss(
         clip_ratio_c=clip_ratio_c,
         lower_clip_negative_adv=lower_clip_negative_adv,
     )
-    return _finish(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg)
+    return finish_clipped(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg)
 
 
 @functools.partial(jax.jit, static_argnames=tuple(n for n in _CLIP_STATIC if n != "clip_ratio_c"))
@@ -156,7 +158,7 @@ def gspo_loss(
         clip_ratio_c=0.0,
         lower_clip_negative_adv=lower_clip_negative_adv,
     )
-    return _finish(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg)
+    return finish_clipped(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg)
 
 
 @functools.partial(jax.jit, static_argnames=("eps_low", "eps_high"))
@@ -176,4 +178,4 @@ def cispo_loss(
     weight_br = jax.lax.stop_gradient(jnp.clip(ratio_br, 1.0 - eps_low, 1.0 + eps_high))
     loss_br = -weight_br * adv_br * logp_br
     clipped_br = (ratio_br < 1.0 - eps_low) | (ratio_br > 1.0 + eps_high)
-    return _finish(loss_br, clipped_br, jnp.zeros_like(clipped_br), logp_br, logp_old_br, mask_br, agg)
+    return finish_clipped(loss_br, clipped_br, jnp.zeros_like(clipped_br), logp_br, logp_old_br, mask_br, agg)
