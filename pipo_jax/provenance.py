@@ -10,14 +10,21 @@ import subprocess
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_collections")
 
 
+# Recorded results, not code: `experiments.reproduce` copies each run's JSON there before the next
+# run of the same table starts, which must not make that run's commit read '+dirty'.
+RESULTS_DIR = "experiments/results"
+
+
 def git_commit(repo: str | None = None) -> str:
-    """HEAD's hash (with '+dirty' when tracked files differ), or 'unknown' outside git."""
+    """HEAD's hash (with '+dirty' when tracked files other than `RESULTS_DIR`'s differ), or 'unknown'
+    outside git."""
     repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout holding pipo_jax/
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                f":(exclude){RESULTS_DIR}"], cwd=repo, capture_output=True, text=True,
+                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")

@@ -1,9 +1,12 @@
 """The results tables of the README and docs are renders of their JSONs (experiments/reproduce.py),
 never typed: each marked block equals what `python -m experiments.reproduce NAME --render` writes."""
 
+import subprocess
+
 import pytest
 
 from experiments import reproduce
+from pipo_jax import provenance
 
 
 @pytest.mark.parametrize("name", sorted(reproduce.TABLES))
@@ -42,3 +45,24 @@ def test_a_missing_block_or_json_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, "RESULTS", tmp_path)
     with pytest.raises(cli.UsageError, match="main_job_seeds.json is missing; run `python -m experiments.reproduce"):
         reproduce.load_records(reproduce.TABLES["main_job"])
+
+
+def test_a_results_json_copied_into_the_checkout_leaves_the_commit_clean(tmp_path):
+    """`experiments.reproduce` copies each run's JSON into experiments/results/ before the table's next run:
+    that run's commit stays clean; a changed file elsewhere is '+dirty'."""
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "experiments" / "results").mkdir(parents=True)
+    (tmp_path / "experiments" / "results" / "a.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "init", "--allow-empty")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "files")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "experiments" / "results" / "a.json").write_text('{"run": 1}')
+    assert provenance.git_commit(str(tmp_path)) == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert provenance.git_commit(str(tmp_path)) == head + "+dirty"
