@@ -5,8 +5,6 @@ equations over several steps (the pool written out rate by rate, not recursively
 released code at decay 0; the registered estimator; `--check_config` listing its keys."""
 
 import math
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import chex
@@ -20,7 +18,7 @@ from pipo_jax.losses import advantages, bnpo
 from pipo_jax.rl import algorithms
 from pipo_jax.rl.algorithms import AdvantageInputs
 from pipo_jax.run.setup import train_spec
-from tests.rl.test_config import ROOT, check_config_values
+from tests.rl.test_config import check_config_run
 
 
 def _pool(*batches, decay):
@@ -268,14 +266,9 @@ def test_config_file_and_its_keys():
         "bnpo", "bnpo", "token_clip", "group")
     assert (spec.advantage.bnpo_decay, spec.loss.clip_low, spec.loss.clip_high, spec.loss.clip_ratio_c,
             spec.loss.agg_mode, spec.loss.kl_coef) == (0.9, 0.2, 0.28, 10.0, "seq-mean-token-sum", 0.0)
-    out = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/bnpo.py:micro",
-                          "--config.advantage.bnpo_decay=0.5", "--check_config"], cwd=ROOT, capture_output=True,
-                         text=True)
-    assert out.returncode == 0, out.stderr
-    values = check_config_values(out.stdout)
+    values, lines = check_config_run("--config=configs/bnpo.py:micro", "--config.advantage.bnpo_decay=0.5")
     assert {k: values[k] for k in ("algorithm", "advantage.estimator", "advantage.bnpo_decay",
                                    "advantage.bnpo_reward_min", "advantage.bnpo_reward_max", "pipo.attribution")} == {
         "algorithm": "bnpo", "advantage.estimator": "bnpo", "advantage.bnpo_decay": 0.5,
         "advantage.bnpo_reward_min": 0.0, "advantage.bnpo_reward_max": 1.0, "pipo.attribution": "group"}
-    lines = dict(line.split(" = ", 1) for line in out.stdout.splitlines())
     assert "(0: the current batch only, the authors' code)" in lines["advantage.bnpo_decay"]

@@ -6,8 +6,6 @@ times the optional consistency coefficient, the batch standardisation, sigmoid(k
 dual-clipped token losses mixed per token) on random batches."""
 
 import collections
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +14,7 @@ import pytest
 
 from pipo_jax.losses import copo
 from pipo_jax.losses.aggregation import Aggregation
-from tests.rl.test_config import ROOT, check_config_values
+from tests.rl.test_config import check_config_run
 
 G = 4
 # two prompts, R = 3: prompt 0's answers 56, 56, 57, 9 (rewards 1, 1, 0, 0); prompt 1's four 1 1 1 (reward 0)
@@ -158,15 +156,11 @@ def test_copo_matches_a_transcription_of_the_authors_code(gate, coef):
 
 def test_check_config_prints_the_copo_keys():
     """`--check_config` of configs/copo.py: the keys COPO reads, each with its value and description."""
-    out = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/copo.py:micro",
-                          "--check_config"], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    values = check_config_values(out.stdout)
+    values, lines = check_config_run("--config=configs/copo.py:micro")
     assert {k: values[k] for k in ("algorithm", "advantage.estimator", "loss.policy", "pipo.attribution",
                                    "advantage.copo_gamma", "advantage.copo_rho", "advantage.copo_blend",
                                    "advantage.copo_outcome", "advantage.copo_consistency_reward")} == {
         "algorithm": "copo", "advantage.estimator": "copo", "loss.policy": "copo", "pipo.attribution": "copo",
         "advantage.copo_gamma": 5.0, "advantage.copo_rho": 1.0, "advantage.copo_blend": "soft_with_zero",
         "advantage.copo_outcome": "response", "advantage.copo_consistency_reward": False}
-    lines = dict(line.split(" = ", 1) for line in out.stdout.splitlines())
     assert lines["advantage.copo_blend"].endswith("[soft_with_zero | soft_with_forced | soft]")

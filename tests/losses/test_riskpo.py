@@ -3,8 +3,6 @@ by hand (the scores, the interpolated quantiles, the RVaR and CVaR terms, the st
 partial last bundle), and a numpy transcription of the authors' released estimator (their loops over
 bundles and papers, torch.quantile / torch.std as numpy's linear quantile and ddof-1 std) on random batches."""
 
-import subprocess
-import sys
 from collections import defaultdict
 
 import jax.numpy as jnp
@@ -12,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.losses import riskpo
-from tests.rl.test_config import ROOT, check_config_values
+from tests.rl.test_config import check_config_run
 
 G = 4
 # prompts 0, 1 (bundle 0) and 2 (bundle 1, alone), four responses each
@@ -118,10 +116,7 @@ def test_riskpo_matches_a_transcription_of_the_authors_code(credit, k, alpha, be
 
 def test_check_config_prints_the_riskpo_keys():
     """`--check_config` of configs/riskpo.py: the keys RiskPO reads, each with its value."""
-    out = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/riskpo.py:micro",
-                          "--check_config"], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    values = check_config_values(out.stdout)
+    values, lines = check_config_run("--config=configs/riskpo.py:micro")
     assert {k: values[k] for k in ("algorithm", "advantage.estimator", "pipo.attribution", "advantage.std_ddof",
                                    "advantage.riskpo_bundle_size", "advantage.riskpo_alpha", "advantage.riskpo_beta",
                                    "advantage.riskpo_omega", "advantage.riskpo_credit",
@@ -129,5 +124,4 @@ def test_check_config_prints_the_riskpo_keys():
         "algorithm": "riskpo", "advantage.estimator": "riskpo", "pipo.attribution": "gae", "advantage.std_ddof": 1,
         "advantage.riskpo_bundle_size": 5, "advantage.riskpo_alpha": 0.2, "advantage.riskpo_beta": 0.8,
         "advantage.riskpo_omega": 1.5, "advantage.riskpo_credit": "uniform", "advantage.riskpo_natural_baseline": True}
-    lines = dict(line.split(" = ", 1) for line in out.stdout.splitlines())
     assert lines["advantage.riskpo_credit"].endswith("[uniform | std | sum_mean]")

@@ -25,6 +25,15 @@ def check_config_values(stdout: str) -> dict:
     return out
 
 
+def check_config_run(*flags: str) -> tuple[dict, dict]:
+    """`python -m experiments.train FLAGS --check_config`, which must succeed: ({key: value},
+    {key: "<JSON value>  # description"}) of its listing."""
+    out = subprocess.run([sys.executable, "-m", "experiments.train", *flags, "--check_config"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return check_config_values(out.stdout), dict(line.split(" = ", 1) for line in out.stdout.splitlines())
+
+
 def config(algo="grpo", preset="micro"):
     return importlib.import_module(f"configs.{algo}").get_config(preset)
 
@@ -182,18 +191,14 @@ def test_unknown_preset():
 
 
 def test_command_line_overrides():
-    argv = ["--config=configs/dapo.py:tiny", "--config.pipo.enabled=true", "--config.pipo.lam=0.2",
-            "--config.rollout.group_size=4", "--check_config"]
-    out = subprocess.run([sys.executable, "-m", "experiments.train", *argv], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    c = check_config_values(out.stdout)
+    c, lines = check_config_run("--config=configs/dapo.py:tiny", "--config.pipo.enabled=true", "--config.pipo.lam=0.2",
+                                "--config.rollout.group_size=4")
     assert (c["algorithm"], c["pipo.enabled"], c["pipo.lam"], c["rollout.group_size"]) == ("dapo", True, 0.2, 4)
     # every key with its description, from its one declaration (rl/sections.py)
-    lines = dict(line.split(" = ", 1) for line in out.stdout.splitlines())
     assert lines["pipo.lam"] == "0.2  # lambda: the PI step's scale when the improvement signal is negative"
     assert lines["loss.policy"].endswith("[token_clip | gspo | cispo | kl_cov | clip_cov | drpo | bapo | disco | "
                                          "copo | sdpo_token | sdpo_jsd]")
-    assert len(lines) == len(check_config_values(out.stdout)) > 150
+    assert len(lines) == len(c) > 150
     bad = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/grpo.py:tiny",
                           "--config.pipo.window=1", "--check_config"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "config.pipo.window: K=1 must be >= 2" in bad.stderr
