@@ -4,6 +4,7 @@ the algorithms that combine them, each declared once and looked up by name.
     ADVANTAGE_ESTIMATORS[name]: AdvantageEstimator   fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)
                                                      (+ `carried`: a state across iterations, `estimate`)
                                                      (or + {TrainBatch field: array}: what its loss reads, COPO's)
+                                                     (+ `reward_components`: reads the task's, GDPO's)
     POLICY_LOSSES[name]:        PolicyLoss           fn(spec, params, teacher_params, mb, counts)
                                                          -> (loss, metrics, logp_br, entropy_br | None)
     ATTRIBUTIONS[name]:         Attribution          fn(spec, TrainBatch) -> attr_br
@@ -32,7 +33,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses import advantages, bapo, bnpo, copo, cov, disco, distill, drpo, pipo, riskpo
+from pipo_jax.losses import advantages, bapo, bnpo, copo, cov, disco, distill, drpo, gdpo, pipo, riskpo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
@@ -50,6 +51,7 @@ class AdvantageInputs(NamedTuple):
     values_br: Any = None  # the critic's values (estimators with `critic=True`)
     state: Any = None  # an estimator with `carried`: its state with this batch folded in (`estimate`)
     tokens_br: Any = None  # int32 [B, R]: the response tokens (COPO's outcomes)
+    reward_components_bc: Any = None  # [B, C]: the task's reward components (estimators with `reward_components`)
 
 
 class CarriedState(NamedTuple):
@@ -69,6 +71,7 @@ class AdvantageEstimator:
     critic: bool = False  # reads `values_br` and trains PPO's value model
     group: bool = False  # normalises within each prompt's group of G responses (needs G >= 2)
     carried: CarriedState | None = None  # a state across iterations (BNPO's pool of success rates)
+    reward_components: bool = False  # reads the task's reward components (`TaskCapabilities.reward_components`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,12 +143,14 @@ def _register(table: dict, name: str, entry):
     return entry
 
 
-def advantage_estimator(*names: str, critic: bool = False, group: bool = False, carried: CarriedState | None = None):
+def advantage_estimator(*names: str, critic: bool = False, group: bool = False, carried: CarriedState | None = None,
+                        reward_components: bool = False):
     """Registers `fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)` under each of `names`;
     `critic`: reads the critic's values; `group`: group-relative (G >= 2 checked by `TrainSpec`);
-    `carried`: the state it keeps across iterations (`CarriedState`)."""
+    `carried`: the state it keeps across iterations (`CarriedState`); `reward_components`: reads the task's
+    reward components (`AdvantageInputs.reward_components_bc`; `TrainSpec` checks the task has them)."""
     def register(fn):
-        entry = AdvantageEstimator(names[0], fn, critic, group, carried)
+        entry = AdvantageEstimator(names[0], fn, critic, group, carried, reward_components)
         for name in names:
             _register(ADVANTAGE_ESTIMATORS, name, entry)
         return fn
@@ -319,6 +324,28 @@ def _riskpo(spec, x: AdvantageInputs):
                                      alpha=a.riskpo_alpha, beta=a.riskpo_beta, omega=a.riskpo_omega,
                                      natural_baseline=a.riskpo_natural_baseline, credit=a.riskpo_credit,
                                      norm_by_std=a.norm_by_std, std_ddof=a.std_ddof)
+    return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
+
+
+def _gdpo_components(spec, x: AdvantageInputs) -> tuple[jax.Array, tuple[float, ...]]:
+    """GDPO's reward components [B, C] and their weights: the task's (`Task.reward_weights`), and when the
+    learner shapes the reward (`loss.kl_in_reward`, `dapo.overlong_buffer`) one more, weight 1, the sequence
+    reward minus the task's weighted sum, so that the components sum to the reward the other estimators read."""
+    comps_bc = jnp.asarray(x.reward_components_bc, jnp.float32)
+    weights = tuple(float(c.weight) for c in spec.task.reward_weights())
+    if not (spec.loss.kl_in_reward or spec.dapo.overlong_buffer):
+        return comps_bc, weights
+    shaping_b = x.seq_rewards_b - comps_bc @ jnp.asarray(weights, jnp.float32)
+    return jnp.concatenate([comps_bc, shaping_b[:, None]], axis=1), weights + (1.0,)
+
+
+@advantage_estimator("gdpo", group=True, reward_components=True)
+def _gdpo(spec, x: AdvantageInputs):
+    """GDPO (`losses/gdpo.py`, docs/math.md §1 "GDPO"): each reward component normalised within its group, the
+    weighted sum normalised over the batch, on every token of each response."""
+    comps_bc, weights = _gdpo_components(spec, x)
+    adv_b = gdpo.gdpo_advantages(comps_bc, weights, spec.rollout.group_size, std_ddof=spec.advantage.std_ddof,
+                                 norm_by_std=spec.advantage.norm_by_std)
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
 
@@ -623,6 +650,10 @@ register_algorithm(Algorithm("copo", ("copo",), (("copo", "copo"),), "copo"))
 # RiskPO (Ren et al. 2025, arXiv 2510.00911): the Mixed Value-at-Risk advantages of bundles of questions, through
 # the token clip; PIPO's attribution is the advantages themselves, as REINFORCE++'s (docs/math.md §1 "RiskPO").
 register_algorithm(Algorithm("riskpo", ("riskpo",), CLIP_LOSSES, "gae"))
+# GDPO (Liu et al. 2026, arXiv 2601.05242): each reward component normalised within its group, the sum over the
+# batch, through the token clip; per prompt a different combination of the components than GRPO's, normalised
+# within the group, so PIPO's attribution is the group one (docs/math.md §1 "GDPO").
+register_algorithm(Algorithm("gdpo", ("gdpo",), CLIP_LOSSES, "group"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,

@@ -74,6 +74,13 @@ def rollout_passes(spec: TrainSpec, state: TrainState, tokens_bl, mask_bl, teach
     return steps.map_micro_batches(spec, one, inputs)
 
 
+def reward_components(spec: TrainSpec, rollout: Rollout) -> jax.Array | None:
+    """The task's reward components `[B, C]` (`Task.reward_components`) when the estimator reads them, else None."""
+    if spec.estimator is None or not spec.estimator.reward_components:
+        return None
+    return spec.task.reward_components(rollout.problems, *response_part(spec, rollout))
+
+
 def prepare(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple[TrainBatch, jax.Array, dict]:
     """Step 2: the training batch of B_t under theta_t, mu_t, and batch metrics (`prepare_batch` without
     the estimator's carried state)."""
@@ -105,13 +112,15 @@ def prepare_batch(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple
     if spec.pipo.mu_source == "raw" and rollout.mu_raw is not None:  # DAPO: every sampled group
         mu_t = rollout.mu_raw
 
+    components = reward_components(spec, rollout)
     batch = TrainBatch(tokens_bl=tokens, mask_bl=mask, mask_br=mask_br, logp_old_br=logp_old, logp_ref_br=logp_ref,
-                       values_br=passes.get("values_br"), logp_teacher_br=passes.get("logp_teacher_br"), **teacher)
+                       values_br=passes.get("values_br"), logp_teacher_br=passes.get("logp_teacher_br"),
+                       reward_components_bc=components, **teacher)
     estimator_state, estimator_metrics = state.estimator_state, {}
     if spec.estimator is not None:
         adv, returns, estimator_state, estimator_metrics, fields = algorithms.estimate(spec, algorithms.AdvantageInputs(
             mask_br=mask_br, token_rewards_br=token_rewards, seq_rewards_b=seq_rewards, values_br=batch.values_br,
-            tokens_br=tokens[:, p:]), state.estimator_state)
+            tokens_br=tokens[:, p:], reward_components_bc=components), state.estimator_state)
         batch = batch.replace(adv_br=adv, returns_br=returns, **fields)
     if spec.advantage_shaping is not None:
         batch = batch.replace(adv_br=spec.advantage_shaping(spec, batch))
@@ -129,6 +138,9 @@ def prepare_batch(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple
     }
     if spec.uses_teacher:  # share of responses the teacher sees a solution or feedback for
         metrics["teacher_context_frac"] = jnp.mean(batch.sd_mask_b)
+    if components is not None:
+        metrics.update({f"reward_component/{part.name}": jnp.mean(components[:, k])
+                        for k, part in enumerate(spec.task.reward_weights())})
     metrics.update({f"advantage/{k}": v for k, v in estimator_metrics.items()})
     return batch, mu_t, metrics, estimator_state
 

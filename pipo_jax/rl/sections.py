@@ -201,10 +201,11 @@ class AdvantageConfig(Section):
     _section = "advantage"
     estimator: str = key("grpo", "the advantage estimator (none: no advantages, SDPO's distillation)",
                          choices=estimator_names)
-    std_ddof: int = key(0, "group std: 0 (population) or 1 (torch.std); also COPO's std over the batch's prompts "
-                        "and RiskPO's over a bundle's scores", choices=(0, 1))
+    std_ddof: int = key(0, "group std: 0 (population) or 1 (torch.std); also COPO's std over the batch's prompts, "
+                        "RiskPO's over a bundle's scores and GDPO's over the batch", choices=(0, 1))
     norm_by_std: bool = key(True, "divide the group advantage by the group std (false: Dr. GRPO's r - mean); also "
-                            "COPO's global advantage by its std and RiskPO's by the bundle scores' std")
+                            "COPO's global advantage by its std, RiskPO's by the bundle scores' std and GDPO's "
+                            "per-component group advantages")
     gamma: float = key(1.0, "discount of GAE and of REINFORCE++'s return", within(0, 1))
     lam: float = key(1.0, "GAE lambda", within(0, 1))
     bnpo_decay: float = key(0.9, "BNPO (advantage.estimator=bnpo): each earlier batch's weight in the pool of "

@@ -20,12 +20,12 @@ import ml_collections
 
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms
+from pipo_jax.rl.sections import (AdvantageConfig, ConfigError, CriticConfig, DapoConfig, EvalConfig, LossConfig,
+                                  PipoConfig, RolloutConfig, RunConfig, SdpoConfig, TrainConfig, VpdConfig)
+from pipo_jax.rl.sections import need as _need
 from pipo_jax.sampling import generator as generator_lib
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.schema import from_config
-from pipo_jax.rl.sections import (AdvantageConfig, ConfigError, CriticConfig, DapoConfig, EvalConfig, LossConfig,
-                                  PipoConfig, RolloutConfig, RunConfig, SdpoConfig, TrainConfig, VpdConfig,
-                                  need as _need)
 from pipo_jax.tasks.protocol import Task
 
 __all__ = ["ConfigError", "TrainSpec", "VpdConfig", "spec_from_config"]
@@ -75,6 +75,10 @@ class TrainSpec:
         _need(not algo.teacher or self.task.capabilities.teacher_contexts, "algorithm",
               f"{algo.config_name} needs teacher contexts (SDPO / VPD teacher prompts), which the {self.task.name} "
               f"task does not have; use one of {no_teacher}")
+        _need(self.estimator is None or not self.estimator.reward_components
+              or self.task.capabilities.reward_components, "advantage.estimator",
+              f"{self.advantage.estimator!r} normalises each component of the reward, which the {self.task.name} "
+              "task does not expose (TaskCapabilities.reward_components)")
         _need(self.advantage.estimator in algo.estimators, "advantage.estimator",
               f"{self.advantage.estimator!r} does not fit algorithm={algo.config_name!r}{hybrid} "
               f"(expected one of {algo.estimators})")

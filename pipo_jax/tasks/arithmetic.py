@@ -36,7 +36,7 @@ import numpy as np
 
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.tasks.arithmetic_settings import ANSWER_FORMATS, FEEDBACK_STYLES, REWARD_MODES, ArithmeticSettings
-from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities
+from pipo_jax.tasks.protocol import ContextChoice, RewardComponent, Scored, Task, TaskCapabilities
 
 SPLITS = ("train", "heldout")
 # Candidates drawn per row and round of the split rejection sampler.
@@ -157,7 +157,7 @@ class ArithmeticTask(Task):
 
     name: ClassVar[str] = "arithmetic"
     capabilities: ClassVar[TaskCapabilities] = TaskCapabilities(
-        device_reward=True, exact_answers=True, teacher_contexts=True, warmup=True)
+        device_reward=True, exact_answers=True, teacher_contexts=True, warmup=True, reward_components=True)
     tokenizer: ClassVar[Any] = None
     train_size: ClassVar[int] = 0  # problems are generated: no epochs
     stop_token_ids: ClassVar[tuple[int, ...]] = (cv.EOS_ID,)
@@ -181,6 +181,13 @@ class ArithmeticTask(Task):
 
     def reward(self, problems: Problems, tokens_br, mask_br) -> jax.Array:
         return reward(self, problems, tokens_br, mask_br)
+
+    def reward_weights(self) -> tuple[RewardComponent, ...]:
+        """`answer` and `stop`, weight 1 each (`reward_components`)."""
+        return REWARD_COMPONENTS
+
+    def reward_components(self, problems: Problems, tokens_br, mask_br) -> jax.Array:
+        return reward_components(self, problems, tokens_br, mask_br)
 
     def teacher_prompts(self, problems: Problems, tokens_br, mask_br,
                         choice: ContextChoice) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -527,6 +534,29 @@ def reward(task: ArithmeticTask, problems: Problems, response_tokens_bt, respons
     if task.reward_mode == "exact":
         return (n_match == problems.target_len_b).astype(jnp.float32)
     return n_match.astype(jnp.float32) / problems.target_len_b.astype(jnp.float32)
+
+
+# The reward's parts (`reward_components`): the answer before the `<eos>`, and stopping right after it.
+REWARD_COMPONENTS = (RewardComponent("answer", 1.0), RewardComponent("stop", 1.0))
+
+
+def reward_components(task: ArithmeticTask, problems: Problems, response_tokens_bt, response_mask_bt) -> jax.Array:
+    """float32 `[b, 2]`: the `answer` and `stop` components of `reward` (`REWARD_COMPONENTS`), whose sum it is.
+
+    The target is the answer's `n = target_len - 1` tokens, then `<eos>`.
+    exact: answer = 1 iff the n answer tokens match; stop = -1 iff they match but the `<eos>` does not
+      follow them (0 otherwise), so answer + stop = 1 iff all target_len tokens match: the reward.
+    per_token: answer = (matching answer tokens) / target_len, stop = [`<eos>` in place] / target_len.
+    """
+    match = target_matches(task, problems, response_tokens_bt, response_mask_bt)
+    n_b = problems.target_len_b - 1
+    eos_ok_b = jnp.take_along_axis(match, n_b[:, None], axis=1)[:, 0]
+    body_b = jnp.sum(match & (jnp.arange(task.answer_len)[None, :] < n_b[:, None]), axis=1)
+    if task.reward_mode == "exact":
+        answer_b = body_b == n_b
+        return jnp.stack([answer_b.astype(jnp.float32), jnp.where(answer_b & ~eos_ok_b, -1.0, 0.0)], axis=1)
+    length_b = problems.target_len_b.astype(jnp.float32)
+    return jnp.stack([body_b / length_b, eos_ok_b / length_b], axis=1).astype(jnp.float32)
 
 
 def first_error_position(task: ArithmeticTask, problems: Problems, response_tokens_bt, response_mask_bt):

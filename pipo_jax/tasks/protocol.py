@@ -46,6 +46,9 @@ class TaskCapabilities:
       (`warmup_problems`; a task may shape them by its own settings, as the built-in task's flawed and
       context-shown demonstrations).
     answer_benchmarks: `eval.benchmarks` (math files: the scorer's `benchmark_inputs`).
+    reward_components: the reward is a weighted sum of named components (`reward_weights`), each computed in
+      JAX (`reward_components`, as `reward` with `device_reward`): what GDPO normalises one by one
+      (`advantage.estimator=gdpo`).
     """
 
     device_reward: bool = False
@@ -53,6 +56,14 @@ class TaskCapabilities:
     teacher_contexts: bool = False
     warmup: bool = False
     answer_benchmarks: bool = False
+    reward_components: bool = False
+
+
+class RewardComponent(NamedTuple):
+    """One named part of a task's reward (`Task.reward_weights`): reward = sum_k weight_k x component_k."""
+
+    name: str  # e.g. "answer", "format", "length"
+    weight: float
 
 
 class TeacherSettings(NamedTuple):
@@ -116,7 +127,8 @@ class Task(abc.ABC):
     (one past the largest token id the task produces, <= the model's vocab), train_size (rows of
     a finite training split; 0: problems are generated, no epochs), `prompt_table`,
     `sample_problems`, `heldout_problems`, `scorer`. Optional, behind a capability: `reward`,
-    `reference_responses`, `teacher_prompts`, `teacher_eval_problems`, `warmup_problems`.
+    `reference_responses`, `teacher_prompts`, `teacher_eval_problems`, `warmup_problems`, `reward_weights`,
+    `reward_components`.
     tokenizer: the Hugging Face tokenizer of a text task (exported with the policy), or None.
     """
 
@@ -174,6 +186,16 @@ class Task(abc.ABC):
         """float32 `[b]` reward in JAX (`device_reward`)."""
         raise self._lacks("device_reward", "JAX reward; it is scored on the host (task.scorer())")
 
+    def reward_weights(self) -> tuple[RewardComponent, ...]:
+        """The reward's components, in the column order of `reward_components`, with their weights
+        (`reward_components`)."""
+        raise self._lacks("reward_components", "reward components")
+
+    def reward_components(self, problems: Any, tokens_br: jax.Array, mask_br: jax.Array) -> jax.Array:
+        """float32 `[b, C]` in JAX (`reward_components`): column k is component k of `reward_weights`;
+        sum_k weight_k x column k is `reward` (up to float rounding)."""
+        raise self._lacks("reward_components", "reward components")
+
     def reference_responses(self, problems: Any) -> tuple[jax.Array, jax.Array]:
         """A correct response `(tokens_ba, mask_ba)` (stop token included) of each problem: the
         only one with `exact_answers` (greedy accuracy by teacher forcing), else a demonstration
@@ -217,7 +239,7 @@ def missing_members(cls: type) -> tuple[str, ...]:
 # The optional members each capability promises (a device-reward task's teacher prompts are its own;
 # a host-reward task's are its scorer's, checked when used).
 PROMISED_MEMBERS = {"device_reward": ("reward",), "exact_answers": ("reference_responses",),
-                    "warmup": ("reference_responses",)}
+                    "warmup": ("reference_responses",), "reward_components": ("reward_weights", "reward_components")}
 
 
 def missing_attributes(task: Task) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import bapo, clip_cov, disco, dr_grpo, drpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
-from pipo_jax.losses import advantages, bnpo, copo, cov, distill, pipo, riskpo
+from pipo_jax.losses import advantages, bnpo, copo, cov, distill, gdpo, pipo, riskpo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.bapo import bapo_loss
@@ -27,6 +27,7 @@ from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.response_logprobs import response_logprobs
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run.setup import train_spec
+from pipo_jax.tasks.protocol import RewardComponent
 
 B, T = 4, 3
 MASK = jnp.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], jnp.float32)
@@ -76,6 +77,8 @@ def _estimator_cases():
         "riskpo": lambda spec, x: advantages.broadcast_over_tokens(
             riskpo.riskpo_advantages(x.seq_rewards_b, 2, bundle_size=2, alpha=0.25, beta=0.75, omega=2.0,
                                      natural_baseline=False, credit="std"), x.mask_br),
+        "gdpo": lambda spec, x: advantages.broadcast_over_tokens(
+            gdpo.gdpo_advantages(x.reward_components_bc, (1.0, 0.5), 2, std_ddof=1), x.mask_br),
     }
 
 
@@ -104,14 +107,15 @@ def test_registered_estimator_equals_its_advantage_math(name):
     rewards = jnp.array([1.0, 0.0, 0.5, 0.5])
     tok = advantages.outcome_token_rewards(rewards, MASK) - 0.1 * jnp.arange(T, dtype=jnp.float32) * MASK
     x = AdvantageInputs(MASK, tok, advantages.sequence_rewards(tok, MASK), jnp.full((B, T), 0.25),
-                        tokens_br=jnp.array([[3, 4, 5], [3, 4, 0], [3, 0, 0], [3, 7, 7]]))
-    spec = _spec_ns(rollout=dict(group_size=2), advantage=dict(std_ddof=1, norm_by_std=True, gamma=0.9, lam=0.8,
-                                                               bnpo_decay=0.5, bnpo_reward_min=0.0,
-                                                               bnpo_reward_max=1.0, copo_outcome="response",
-                                                               copo_gamma=2.0, copo_rho=0.5, copo_blend="soft",
-                                                               copo_consistency_reward=True, riskpo_bundle_size=2,
-                                                               riskpo_alpha=0.25, riskpo_beta=0.75, riskpo_omega=2.0,
-                                                               riskpo_natural_baseline=False, riskpo_credit="std"))
+                        tokens_br=jnp.array([[3, 4, 5], [3, 4, 0], [3, 0, 0], [3, 7, 7]]),
+                        reward_components_bc=jnp.array([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0], [1.0, -1.0]]))
+    parts = (RewardComponent("answer", 1.0), RewardComponent("stop", 0.5))  # the task's, GDPO's weights
+    advantage = dict(std_ddof=1, norm_by_std=True, gamma=0.9, lam=0.8, bnpo_decay=0.5, bnpo_reward_min=0.0,
+                     bnpo_reward_max=1.0, copo_outcome="response", copo_gamma=2.0, copo_rho=0.5, copo_blend="soft",
+                     copo_consistency_reward=True, riskpo_bundle_size=2, riskpo_alpha=0.25, riskpo_beta=0.75,
+                     riskpo_omega=2.0, riskpo_natural_baseline=False, riskpo_credit="std")
+    spec = _spec_ns(task=dict(reward_weights=lambda: parts), loss=dict(kl_in_reward=False),
+                    dapo=dict(overlong_buffer=0), rollout=dict(group_size=2), advantage=advantage)
     est = algorithms.ADVANTAGE_ESTIMATORS[name]
     if est.carried is not None:  # the state after an earlier batch, then this one folded in (`algorithms.estimate`)
         before = est.carried.update(spec, est.carried.init(spec), x._replace(seq_rewards_b=_BNPO_BEFORE))[0]
@@ -406,7 +410,7 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
     ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
                                r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'drpo', 'bapo', 'disco', "
-                               r"'bnpo', 'copo', 'riskpo', 'sdpo', 'vpd'\)"),
+                               r"'bnpo', 'copo', 'riskpo', 'gdpo', 'sdpo', 'vpd'\)"),
 ])
 def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     c = grpo.get_config("micro")
@@ -500,7 +504,7 @@ def test_declared_capabilities_make_the_checks():
 
 def test_group_estimators_are_declared_and_need_two_samples():
     assert algorithms.group_estimators() == ("grpo", "group_relative", "rloo", "reinforce_pp_baseline", "bnpo", "copo",
-                                             "riskpo")
+                                             "riskpo", "gdpo")
     assert algorithms.GROUP_ESTIMATORS == ("grpo", "group_relative")  # what GRPO's family accepts
     assert not algorithms.ADVANTAGE_ESTIMATORS["gae"].group
     c = grpo.get_config("micro")

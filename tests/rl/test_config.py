@@ -13,7 +13,7 @@ from pipo_jax.run.setup import train_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco",
-         "bnpo", "copo", "riskpo", "sdpo", "vpd")
+         "bnpo", "copo", "riskpo", "gdpo", "sdpo", "vpd")
 
 
 def check_config_values(stdout: str) -> dict:
@@ -93,7 +93,8 @@ def test_qwen3_presets_are_table5(algo, preset):
 @pytest.mark.parametrize("algo", ALGOS)
 def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
     """With a (tiny stand-in) HF model directory and a MATH-style file, every algorithm's
-    qwen3_4b preset is a valid run; `task.epochs` sets the iteration count."""
+    qwen3_4b preset is a valid run (GDPO's refused: the math task has no reward components);
+    `task.epochs` sets the iteration count."""
     from pipo_jax.models import hf, qwen3
     from pipo_jax.rl.spec import run_iterations_of
     from tests.data.tiny_tokenizer import save_tiny_tokenizer
@@ -107,6 +108,11 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
     c = config(algo, "qwen3_4b")
     c.model.path = str(tmp_path)
     c.task.dataset.path = str(tmp_path / "math.jsonl")
+    if algo == "gdpo":  # the math task's reward is one verdict per answer: no components to normalise
+        with pytest.raises(ConfigError, match=r"^config\.advantage\.estimator: 'gdpo' normalises each component "
+                                              r"of the reward, which the math task does not expose"):
+            train_spec(c)
+        return
     spec = train_spec(c)
     assert spec.model.hidden_size == 32 and spec.rollout.max_new_tokens == 4096
     assert spec.task.name == "math" and spec.task.train_size == len(spec.task.train_rows_np) == 196  # 2% of 200 held out

@@ -100,7 +100,7 @@ OVERRIDES = {"kl_cov": COV, "clip_cov": COV, "copo": {"seed": 3},
 
 
 @pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo",
-                                  "copo", "riskpo"])
+                                  "copo", "riskpo", "gdpo"])
 def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     """configs/rloo.py, configs/reinforce_pp.py, configs/kl_cov.py and configs/clip_cov.py with
     `pipo.enabled=true` through three jitted trainer iterations (K = 2): the base step trains every
@@ -115,7 +115,7 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     parameters are the pool's. COPO: its blended advantage, one value per response, the global advantage alone
     on the zero-reward responses (a group earning nothing still has a signal). RiskPO: its advantages, one value
     per response, shared by the same response index of a bundle's prompts, never positive (the natural
-    baseline)."""
+    baseline). GDPO: the group attribution; the task's reward components, logged, sum to its reward."""
     c = micro(algo, True, **{"seed": 1, **OVERRIDES.get(algo, {})})
     spec, state = fresh_state(c)
     assert spec.algorithm.name == algo and spec.pipo.enabled
@@ -148,6 +148,9 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
         np.testing.assert_allclose([m["advantage/bnpo_alpha"][2], m["advantage/bnpo_beta"][2]],
                                    [params["alpha"], params["beta"]], rtol=1e-6)
         assert np.all(m["advantage/bnpo_alpha"] >= 1) and np.all(m["advantage/bnpo_beta"] > 1)
+    if algo == "gdpo":
+        np.testing.assert_allclose(m["reward_component/answer"] + m["reward_component/stop"], m["reward_mean"],
+                                   rtol=1e-5)
     if algo == "copo":  # one value per response; a group of equal nonzero values: a prompt whose group earned 0
         assert np.all((m["train/copo_local_weight"] >= 0) & (m["train/copo_local_weight"] <= 1))
         row = attr[:, 0]
@@ -160,7 +163,7 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
         bundles = row.reshape(-1, 2, spec.rollout.group_size)
         np.testing.assert_array_equal(bundles[:, 0], bundles[:, 1])
         assert np.all(row <= 0) and np.any(row < 0)
-    elif algo in ("rloo", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo"):
+    elif algo in ("rloo", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo", "gdpo"):
         row = attr[:, 0]
         assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
         sums = np.abs(row).reshape(-1, spec.rollout.group_size).sum(axis=1)

@@ -309,6 +309,34 @@ def test_per_token_reward():
     np.testing.assert_allclose(ar.reward(task, first6, tokens, mask), [1.0, 0.75, 0.75, 0.75, 0.0, 0.75])
 
 
+def test_reward_components_sum_to_the_reward():
+    """`answer` and `stop` (weights 1, 1; GDPO's components), target 132<eos>. exact: the answer's three
+    tokens right (1), and -1 when they are not followed by the <eos> ("132", "1320", "1322<eos>": the sum is
+    the reward 0, as for a wrong answer, but the parts differ); per_token: the matching answer tokens / 4 and
+    the <eos> in place / 4. On sampled problems and corrupted answers of every format the sum is the reward."""
+    task, p = _hand_problems()
+    assert task.capabilities.reward_components and [(c.name, c.weight) for c in task.reward_weights()] == [
+        ("answer", 1.0), ("stop", 1.0)]
+    texts = ["132<eos>", "142<eos>", "132", "1320", "1322<eos>", "13<eos>", "<eos>", ""]
+    tokens, mask = responses(task, texts)
+    np.testing.assert_array_equal(task.reward_components(p, tokens, mask),
+                                  [[1, 0], [0, 0], [1, -1], [1, -1], [1, -1], [0, 0], [0, 0], [0, 0]])
+    per_token = task.replace(reward_mode="per_token")
+    np.testing.assert_allclose(per_token.reward_components(p, tokens, mask),
+                               [[0.75, 0.25], [0.5, 0.25], [0.75, 0.0], [0.75, 0.0], [0.75, 0.0], [0.5, 0.0],
+                                [0.0, 0.0], [0.0, 0.0]])
+    for fmt in ("plain", "reversed", "worked"):
+        for mode in ("exact", "per_token"):
+            t = ar.ArithmeticTask(max_digits=3, ops="+-*", answer_format=fmt, reward_mode=mode)
+            q = sample(t, jax.random.PRNGKey(0), 64, "train")
+            flip = jax.random.bernoulli(jax.random.PRNGKey(1), 0.2, q.target_tokens_ba.shape)
+            noise = jax.random.randint(jax.random.PRNGKey(2), q.target_tokens_ba.shape, 0, cv.VOCAB_SIZE)
+            toks = jnp.where(flip, noise, q.target_tokens_ba)
+            comps = jax.jit(t.reward_components)(q, toks, jnp.ones_like(toks))
+            np.testing.assert_allclose(comps.sum(axis=1), ar.reward(t, q, toks, jnp.ones_like(toks)), atol=1e-6)
+            assert len(np.unique(np.asarray(comps), axis=0)) > 2  # every part occurs
+
+
 def test_feedback_position_style():
     task, p = _hand_problems()
     tokens, mask = responses(task, ["132<eos>", "142<eos>", "132", "932<eos>", "", "1322<eos>", "13<eos>", "132<eos>"])

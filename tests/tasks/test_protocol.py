@@ -10,7 +10,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 import pytest
 
-from configs import grpo, sdpo
+from configs import gdpo, grpo, sdpo
 from pipo_jax.rl import spec as spec_lib
 from pipo_jax.rl.sections import ConfigError
 from pipo_jax.run.setup import make_model_config, train_spec
@@ -70,6 +70,13 @@ def test_every_registered_task_class_is_complete_and_keeps_its_capabilities_prom
     assert missing_attributes(Promises()) == ("device_reward -> reward", "warmup -> reference_responses",
                                               "teacher_contexts -> teacher_prompts")
 
+    @dataclasses.dataclass(frozen=True)
+    class Parts(Bare):
+        capabilities: ClassVar[TaskCapabilities] = TaskCapabilities(reward_components=True)
+
+    assert missing_attributes(Parts()) == ("reward_components -> reward_weights",
+                                           "reward_components -> reward_components")
+
 
 def test_optional_members_name_the_capability_they_need():
     task = Bare()
@@ -114,9 +121,16 @@ def test_a_config_needing_a_capability_the_task_lacks_names_the_key():
                                           r"\('ppo', 'grpo', "):
         spec_lib.spec_from_config(s, make_model_config(s.model, task), task)
     spec_lib.spec_from_config(c, make_model_config(c.model, task), task)  # grpo needs none
+    g = gdpo.get_config("micro")
+    with pytest.raises(ConfigError, match=r"^config\.advantage\.estimator: 'gdpo' normalises each component of the "
+                                          r"reward, which the bare task does not expose "
+                                          r"\(TaskCapabilities\.reward_components\)$"):
+        spec_lib.spec_from_config(g, make_model_config(g.model, task), task)
+    with pytest.raises(ValueError, match=r"the bare task has no reward components \(capabilities\.reward_components"):
+        task.reward_weights()
 
 
 def test_the_built_in_tasks_declare_their_capabilities():
     arithmetic = train_spec(grpo.get_config("micro")).task
     assert arithmetic.capabilities == TaskCapabilities(device_reward=True, exact_answers=True, teacher_contexts=True,
-                                                       warmup=True)
+                                                       warmup=True, reward_components=True)
