@@ -3,7 +3,8 @@ the algorithms that combine them, each declared once and looked up by name.
 
     ADVANTAGE_ESTIMATORS[name]: AdvantageEstimator   fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)
                                                      (+ `carried`: a state across iterations, `estimate`)
-                                                     (or + {TrainBatch field: array}: what its loss reads, COPO's)
+                                                     (or + {TrainBatch field: array}: what its loss or attribution
+                                                      reads, COPO's, ADORA's)
                                                      (+ `reward_components`: reads the task's, GDPO's)
     POLICY_LOSSES[name]:        PolicyLoss           fn(spec, params, teacher_params, mb, counts)
                                                          -> (loss, metrics, logp_br, entropy_br | None)
@@ -33,7 +34,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from pipo_jax.losses import advantages, bapo, bnpo, copo, cov, disco, distill, drpo, gdpo, pipo, riskpo
+from pipo_jax.losses import adora, advantages, bapo, bnpo, copo, cov, disco, distill, drpo, gdpo, pipo, riskpo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
@@ -349,10 +350,24 @@ def _gdpo(spec, x: AdvantageInputs):
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
 
+@advantage_estimator("adora", group=True)
+def _adora(spec, x: AdvantageInputs):
+    """ADORA (`losses/adora.py`, docs/math.md §1 "ADORA"): GRPO's group advantage, times 1 on the prompts whose
+    longest correct response is longer than their incorrect ones' mean length this iteration and
+    `advantage.adora_tds_weight` on the others; the weights as the batch field `adora_weight_b` (the
+    attribution's)."""
+    a = spec.advantage
+    adv_b, weight_b = adora.adora_advantages(
+        x.seq_rewards_b, jnp.sum(x.mask_br, axis=1), spec.rollout.group_size,
+        success_threshold=a.adora_success_threshold, max_length=a.adora_max_length or spec.rollout.max_new_tokens,
+        tds_weight=a.adora_tds_weight, std_ddof=a.std_ddof, norm_by_std=a.norm_by_std)
+    return advantages.broadcast_over_tokens(adv_b, x.mask_br), None, {"adora_weight_b": weight_b}
+
+
 def estimate(spec, x: AdvantageInputs, state: Any = None):
     """`spec.estimator` on `x`: (adv_br, returns_br | None, the estimator's state after this batch, metrics,
-    the further `TrainBatch` fields it fills: {} but for COPO's). An estimator with `carried` folds the batch
-    into `state` (`TrainState.estimator_state`) first and reads the result; the others pass `state` through
+    the further `TrainBatch` fields it fills: {} but for COPO's and ADORA's). An estimator with `carried` folds the
+    batch into `state` (`TrainState.estimator_state`) first and reads the result; the others pass `state` through
     unchanged, with no metrics."""
     est, metrics = spec.estimator, {}
     if est.carried is not None:
@@ -578,6 +593,15 @@ def _copo_attribution(spec, batch: TrainBatch):
     return copo.blended_advantages(batch.adv_br, batch.global_adv_b, batch.local_weight_b, batch.mask_br)
 
 
+@attribution("adora")
+def _adora_attribution(spec, batch: TrainBatch):
+    """ADORA: the group attribution times the prompt's ADORA weight `batch.adora_weight_b`, so the PI step keeps
+    ADORA's split into advantageous and disadvantageous prompts (`losses/adora.py:adora_attribution`,
+    docs/math.md §1 "ADORA")."""
+    return adora.adora_attribution(batch.adv_br, batch.adora_weight_b, batch.mask_br, spec.rollout.group_size,
+                                   spec.pipo.options.attribution_eps_add)
+
+
 @attribution("sdpo_token", teacher=True)
 def _sdpo_attribution(spec, batch: TrainBatch):
     """SDPO: log p_T - log p_S on tokens of rows with teacher signal."""
@@ -654,6 +678,10 @@ register_algorithm(Algorithm("riskpo", ("riskpo",), CLIP_LOSSES, "gae"))
 # batch, through the token clip; per prompt a different combination of the components than GRPO's, normalised
 # within the group, so PIPO's attribution is the group one (docs/math.md §1 "GDPO").
 register_algorithm(Algorithm("gdpo", ("gdpo",), CLIP_LOSSES, "group"))
+# ADORA (Ren et al. 2026, arXiv 2602.10019; the authors' released rule): GRPO's group advantages scaled down on the
+# prompts that are temporarily disadvantageous this iteration, through the token clip; PIPO's attribution is the
+# group one times that weight (docs/math.md §1 "ADORA").
+register_algorithm(Algorithm("adora", ("adora",), CLIP_LOSSES, "adora"))
 register_algorithm(Algorithm("sdpo", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True))
 register_algorithm(Algorithm("vpd", ("none",), SDPO_LOSSES, "sdpo_token", teacher=True, vpd_settings=True))
 register_algorithm(Algorithm("vpd+joint", GROUP_ESTIMATORS, (("token_clip", "vpd_joint"),), "group", teacher=True,

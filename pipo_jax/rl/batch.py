@@ -39,6 +39,7 @@ class TrainBatch:
     global_adv_b: Any = None  # float32 [B]: COPO's global advantage (the row's prompt's, over the batch)
     local_weight_b: Any = None  # float32 [B]: COPO's weight of the local (group) advantage's loss
     reward_components_bc: Any = None  # float32 [B, C]: the task's reward components (GDPO; `Task.reward_weights`)
+    adora_weight_b: Any = None  # float32 [B]: ADORA's weight of the row's prompt (1 or advantage.adora_tds_weight)
 
     @property
     def rows(self) -> int:
@@ -77,8 +78,8 @@ def check_batch(batch: TrainBatch) -> None:
     if batch.teacher_tokens_bq is not None:
         chex.assert_shape([batch.teacher_tokens_bq, batch.teacher_mask_bq], (b, None))
         chex.assert_equal_shape([batch.teacher_tokens_bq, batch.teacher_mask_bq])
-    per_row = [x for x in (batch.sd_mask_b, batch.rewards_b, batch.global_adv_b, batch.local_weight_b)
-               if x is not None]
+    per_row = [x for x in (batch.sd_mask_b, batch.rewards_b, batch.global_adv_b, batch.local_weight_b,
+                           batch.adora_weight_b) if x is not None]
     chex.assert_shape(per_row, (b,))
     if batch.reward_components_bc is not None:
         chex.assert_shape(batch.reward_components_bc, (b, None))

@@ -240,6 +240,12 @@ class AdvantageConfig(Section):
                              "sum_mean (shared in proportion to r - the question's mean)", choices=RISKPO_CREDITS)
     riskpo_natural_baseline: bool = key(True, "RiskPO: RVaR's term clip(S, q_alpha, q_beta) - q_beta (false: "
                                         "- q_alpha)")
+    adora_tds_weight: float = key(0.1, "ADORA (advantage.estimator=adora): lambda, the weight of the advantages of "
+                                  "a temporarily disadvantageous prompt (no correct response longer than its "
+                                  "incorrect ones' mean length); 1: GRPO", within(0, 1))
+    adora_success_threshold: float = key(0.5, "ADORA: a response is correct when its reward exceeds this")
+    adora_max_length: int = key(0, "ADORA: an incorrect response this many tokens long or longer (cut off) is left "
+                                "out of the incorrect ones' mean length; 0 = rollout.max_new_tokens", at_least(0))
 
     def check(self):
         need(self.bnpo_reward_max > self.bnpo_reward_min, "advantage.bnpo_reward_max",

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import bapo, clip_cov, disco, dr_grpo, drpo, grpo, kl_cov, ppo, reinforce_pp, rloo, sdpo, vpd
-from pipo_jax.losses import advantages, bnpo, copo, cov, distill, gdpo, pipo, riskpo
+from pipo_jax.losses import adora, advantages, bnpo, copo, cov, distill, gdpo, pipo, riskpo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.bapo import bapo_loss
@@ -79,7 +79,14 @@ def _estimator_cases():
                                      natural_baseline=False, credit="std"), x.mask_br),
         "gdpo": lambda spec, x: advantages.broadcast_over_tokens(
             gdpo.gdpo_advantages(x.reward_components_bc, (1.0, 0.5), 2, std_ddof=1), x.mask_br),
+        "adora": lambda spec, x: advantages.broadcast_over_tokens(_adora_case(x)[0], x.mask_br),
     }
+
+
+def _adora_case(x):
+    """ADORA at lambda .25, correct above .5, cut at 3 tokens (max_new_tokens): (A_b, w_b)."""
+    return adora.adora_advantages(x.seq_rewards_b, jnp.sum(x.mask_br, axis=1), 2, success_threshold=0.5,
+                                  max_length=3, tds_weight=0.25, std_ddof=1)
 
 
 def _bnpo_case(spec, x):
@@ -113,9 +120,10 @@ def test_registered_estimator_equals_its_advantage_math(name):
     advantage = dict(std_ddof=1, norm_by_std=True, gamma=0.9, lam=0.8, bnpo_decay=0.5, bnpo_reward_min=0.0,
                      bnpo_reward_max=1.0, copo_outcome="response", copo_gamma=2.0, copo_rho=0.5, copo_blend="soft",
                      copo_consistency_reward=True, riskpo_bundle_size=2, riskpo_alpha=0.25, riskpo_beta=0.75,
-                     riskpo_omega=2.0, riskpo_natural_baseline=False, riskpo_credit="std")
+                     riskpo_omega=2.0, riskpo_natural_baseline=False, riskpo_credit="std", adora_tds_weight=0.25,
+                     adora_success_threshold=0.5, adora_max_length=0)
     spec = _spec_ns(task=dict(reward_weights=lambda: parts), loss=dict(kl_in_reward=False),
-                    dapo=dict(overlong_buffer=0), rollout=dict(group_size=2), advantage=advantage)
+                    dapo=dict(overlong_buffer=0), rollout=dict(group_size=2, max_new_tokens=T), advantage=advantage)
     est = algorithms.ADVANTAGE_ESTIMATORS[name]
     if est.carried is not None:  # the state after an earlier batch, then this one folded in (`algorithms.estimate`)
         before = est.carried.update(spec, est.carried.init(spec), x._replace(seq_rewards_b=_BNPO_BEFORE))[0]
@@ -127,6 +135,9 @@ def test_registered_estimator_equals_its_advantage_math(name):
                                           rho=0.5, blend="soft", consistency_reward=True)
         chex.assert_trees_all_close(fields[0], {"global_adv_b": glob, "local_weight_b": w})
         chex.assert_trees_all_close(w, jnp.full(B, 1 / (1 + np.exp(-1.0))), rtol=1e-6)
+    elif name == "adora":  # seq rewards .7, -.1 | .5, .2: prompt 0's correct 3 tokens > 2, prompt 1 has none correct
+        chex.assert_trees_all_close(fields[0], {"adora_weight_b": _adora_case(x)[1]})
+        np.testing.assert_allclose(fields[0]["adora_weight_b"], [1.0, 1.0, 0.25, 0.25])
     else:
         assert not fields
     assert (returns is not None) == algorithms.ADVANTAGE_ESTIMATORS[name].critic
@@ -233,6 +244,11 @@ def test_attributions_bind_the_pure_functions():
                              local_weight_b=jnp.array([1.0, 0.0, 0.5, 0.25]))
     want = jnp.array([[1.0] * 3, [-1.0] * 3, [2.0, 0.0, 0.0], [0.5] * 3]) * MASK
     chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["copo"].fn(None, weighted), want)
+    # ADORA: the group attribution times the prompt's weight
+    spec = _spec_ns(rollout=dict(group_size=2), pipo=dict(options=controller.PipoOptions()))
+    weighted = batch.replace(adora_weight_b=jnp.array([1.0, 1.0, 0.1, 0.1]))
+    chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["adora"].fn(spec, weighted),
+                                jnp.array([1.0, 1.0, 0.1, 0.1])[:, None] * pipo.group_attribution(adv, MASK, 2))
     sd = algorithms.ATTRIBUTIONS["sdpo_token"]
     assert sd.teacher and not algorithms.ATTRIBUTIONS["group"].teacher
     chex.assert_trees_all_close(sd.fn(None, batch), distill.token_attribution(adv, 2 * adv, MASK, batch.sd_mask_b))
@@ -410,7 +426,7 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     ("pipo.attribution", "gae", r"config\.pipo\.attribution: 'gae' does not fit algorithm='grpo' \(expected 'group'\)"),
     ("algorithm", "reinforce", r"config\.algorithm: 'reinforce' is not one of \('ppo', 'grpo', 'gspo', 'dapo', "
                                r"'dr_grpo', 'rloo', 'reinforce_pp', 'kl_cov', 'clip_cov', 'drpo', 'bapo', 'disco', "
-                               r"'bnpo', 'copo', 'riskpo', 'gdpo', 'sdpo', 'vpd'\)"),
+                               r"'bnpo', 'copo', 'riskpo', 'gdpo', 'adora', 'sdpo', 'vpd'\)"),
 ])
 def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     c = grpo.get_config("micro")
@@ -504,7 +520,7 @@ def test_declared_capabilities_make_the_checks():
 
 def test_group_estimators_are_declared_and_need_two_samples():
     assert algorithms.group_estimators() == ("grpo", "group_relative", "rloo", "reinforce_pp_baseline", "bnpo", "copo",
-                                             "riskpo", "gdpo")
+                                             "riskpo", "gdpo", "adora")
     assert algorithms.GROUP_ESTIMATORS == ("grpo", "group_relative")  # what GRPO's family accepts
     assert not algorithms.ADVANTAGE_ESTIMATORS["gae"].group
     c = grpo.get_config("micro")

@@ -13,7 +13,7 @@ from pipo_jax.run.setup import train_spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco",
-         "bnpo", "copo", "riskpo", "gdpo", "sdpo", "vpd")
+         "bnpo", "copo", "riskpo", "gdpo", "adora", "sdpo", "vpd")
 
 
 def check_config_values(stdout: str) -> dict:

@@ -107,9 +107,10 @@ def test_choices_come_from_the_registries():
     docs = {name: doc for name, _, doc in schema.describe(RunConfig, base.base_config())}
     assert docs["algorithm"].endswith(f"[{' | '.join(sections.algorithm_names())}]")
     assert "dr_grpo" in sections.algorithm_names() and "vpd+joint" not in sections.algorithm_names()
-    assert {"rloo", "reinforce_pp", "kl_cov", "clip_cov", "bnpo", "copo", "riskpo", "gdpo"} <= set(sections.algorithm_names())
+    assert {"rloo", "reinforce_pp", "kl_cov", "clip_cov", "bnpo", "copo", "riskpo", "gdpo",
+            "adora"} <= set(sections.algorithm_names())
     assert {"kl_cov", "clip_cov", "drpo", "bapo", "disco", "copo"} <= set(sections.policy_names())
     assert "cispo" in docs["loss.policy"] and set(sections.policy_names()) >= {"token_clip", "gspo", "cispo"}
     assert docs["advantage.estimator"].endswith(f"[{' | '.join(list(algorithms.ADVANTAGE_ESTIMATORS) + ['none'])}]")
-    assert docs["pipo.attribution"].endswith("[group | gae | copo | sdpo_token]")
+    assert docs["pipo.attribution"].endswith("[group | gae | copo | adora | sdpo_token]")
     assert docs["pipo.authors.window_twice"].startswith("mu_t enters the window before xi is computed")

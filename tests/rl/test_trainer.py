@@ -100,7 +100,7 @@ OVERRIDES = {"kl_cov": COV, "clip_cov": COV, "copo": {"seed": 3},
 
 
 @pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo",
-                                  "copo", "riskpo", "gdpo"])
+                                  "copo", "riskpo", "gdpo", "adora"])
 def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     """configs/rloo.py, configs/reinforce_pp.py, configs/kl_cov.py and configs/clip_cov.py with
     `pipo.enabled=true` through three jitted trainer iterations (K = 2): the base step trains every
@@ -115,7 +115,10 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     parameters are the pool's. COPO: its blended advantage, one value per response, the global advantage alone
     on the zero-reward responses (a group earning nothing still has a signal). RiskPO: its advantages, one value
     per response, shared by the same response index of a bundle's prompts, never positive (the natural
-    baseline). GDPO: the group attribution; the task's reward components, logged, sum to its reward."""
+    baseline). GDPO: the group attribution; the task's reward components, logged, sum to its reward. ADORA: the
+    group attribution times its prompt's weight, sum |a| = G over an advantageous prompt's group, G lambda over
+    a disadvantageous one's (the micro policy's rewards stay below the threshold .5: no prompt has a correct
+    response, so every group with a signal is disadvantageous)."""
     c = micro(algo, True, **{"seed": 1, **OVERRIDES.get(algo, {})})
     spec, state = fresh_state(c)
     assert spec.algorithm.name == algo and spec.pipo.enabled
@@ -163,6 +166,12 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
         bundles = row.reshape(-1, 2, spec.rollout.group_size)
         np.testing.assert_array_equal(bundles[:, 0], bundles[:, 1])
         assert np.all(row <= 0) and np.any(row < 0)
+    elif algo == "adora":
+        row = attr[:, 0]
+        assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
+        sums = np.abs(row).reshape(-1, spec.rollout.group_size).sum(axis=1)
+        g, lam = spec.rollout.group_size, spec.advantage.adora_tds_weight
+        assert np.all(np.isclose(sums, 0) | np.isclose(sums, g * lam, rtol=1e-5)) and np.any(sums > 0)
     elif algo in ("rloo", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo", "gdpo"):
         row = attr[:, 0]
         assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
