@@ -12,6 +12,7 @@ import pytest
 
 from pipo_jax.data.sources import DataError, SourceConfig, load_examples
 from tests import compilation_cache
+from tests.scripts import run_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # No "Unable to initialize backend 'tpu'" log line. The subprocesses use a compilation cache of
@@ -23,12 +24,15 @@ _ENV = dict(os.environ, JAX_PLATFORMS="cpu",
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env=_ENV)
+    """`python -m *args` (run by `tests/scripts.py`'s server, with the dependencies imported once)."""
+    return run_script("-m", *args, env=_ENV)
 
 
 def test_unknown_override_is_one_line_with_the_hint():
-    res = _run("experiments.train", "--config=configs/grpo.py:micro", "--config.pipo.windw=3", "--check_config")
+    # A fresh interpreter here, as a user's shell starts it; the other tests use the script server.
+    res = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/grpo.py:micro",
+                          "--config.pipo.windw=3", "--check_config"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300, env=_ENV)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         "error: command-line override: 'windw' Did you mean \"window\" instead of \"windw\"?"]
@@ -166,8 +170,7 @@ def test_figure3a_bad_arguments_are_one_line(tmp_path):
     for args, fragment in (([f"--out={tmp_path / 'f.txt'}"], "must end in .png"),
                            ([f"--out={tmp_path / 'f.png'}", "--mc-groups=abc"], "invalid int value: 'abc'"),
                            ([f"--out={tmp_path / 'f.png'}", "--mc-groups=-1"], "--mc-groups=-1 must be >= 0")):
-        res = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                             env=_ENV)
+        res = run_script(script, *args, env=_ENV)
         _one_line_error(res, fragment)
 
 

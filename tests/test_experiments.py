@@ -3,10 +3,10 @@ PNG + JSON table) and sweep (a lam x K grid with a baseline)."""
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from tests.scripts import run_script
 
 pytestmark = pytest.mark.slow  # each script runs the micro trainer end to end in a fresh JAX process
 
@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def run_module(*args):
-    res = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT)
+    res = run_script("-m", *args)
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout
 

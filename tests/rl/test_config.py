@@ -3,13 +3,12 @@
 import importlib
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run.setup import train_spec
+from tests.scripts import run_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco",
@@ -28,8 +27,7 @@ def check_config_values(stdout: str) -> dict:
 def check_config_run(*flags: str) -> tuple[dict, dict]:
     """`python -m experiments.train FLAGS --check_config`, which must succeed: ({key: value},
     {key: "<JSON value>  # description"}) of its listing."""
-    out = subprocess.run([sys.executable, "-m", "experiments.train", *flags, "--check_config"], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = run_script("-m", "experiments.train", *flags, "--check_config")
     assert out.returncode == 0, out.stderr
     return check_config_values(out.stdout), dict(line.split(" = ", 1) for line in out.stdout.splitlines())
 
@@ -205,6 +203,6 @@ def test_command_line_overrides():
     assert lines["loss.policy"].endswith("[token_clip | gspo | cispo | kl_cov | clip_cov | drpo | bapo | disco | "
                                          "copo | sdpo_token | sdpo_jsd]")
     assert len(lines) == len(c) > 150
-    bad = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/grpo.py:tiny",
-                          "--config.pipo.window=1", "--check_config"], cwd=ROOT, capture_output=True, text=True)
+    bad = run_script("-m", "experiments.train", "--config=configs/grpo.py:tiny", "--config.pipo.window=1",
+                     "--check_config")
     assert bad.returncode != 0 and "config.pipo.window: K=1 must be >= 2" in bad.stderr

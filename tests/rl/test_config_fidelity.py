@@ -9,6 +9,7 @@ from pipo_jax.rl.sections import PipoConfig
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run.setup import train_spec
 from tests.rl.test_config import check_config_values
+from tests.scripts import run_script
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -95,11 +96,9 @@ def test_a_named_authors_behaviour_wins_over_compat(compat, named, expected_off)
 
 
 def test_an_unset_authors_behaviour_is_set_from_the_command_line():
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-m", "experiments.train", "--check_config", "--config=configs/grpo.py:micro",
-                          "--config.pipo.compat=true", "--config.pipo.authors.window_twice=false"],
-                         capture_output=True, text=True, check=True).stdout
+    res = run_script("-m", "experiments.train", "--check_config", "--config=configs/grpo.py:micro",
+                     "--config.pipo.compat=true", "--config.pipo.authors.window_twice=false")
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout
     values = check_config_values(out)
     assert values["pipo.authors.window_twice"] is False and values["pipo.authors.std_ddof0"] is None

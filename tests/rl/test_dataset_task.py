@@ -2,9 +2,6 @@
 with the held-out accuracy and benchmark pass@k of the shared evaluation harness."""
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +20,7 @@ from pipo_jax.run.trainer import train
 from pipo_jax.tasks import dataset
 from tests.conftest import override
 from tests.data.tiny_tokenizer import save_tiny_model_dir
+from tests.scripts import run_script
 
 QUESTIONS = [(f"What is {a} + {b}?", str(a + b)) for a, b in
              [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 9), (4, 5), (6, 3), (8, 1), (2, 7), (3, 3), (5, 5)]]
@@ -207,10 +205,8 @@ def test_trainer_on_a_math_file_with_benchmarks_then_eval_cli(model_dir, math_fi
         assert evaluate.decoded_heldout_accuracy(spec, params, reward, c.eval.n) == out["final_accuracy"]
 
     # experiments/eval.py on the run workdir: the tokenizer comes from the run's config.
-    res = subprocess.run([sys.executable, "-m", "experiments.eval", f"--policy={tmp_path / 'run'}",
-                          f"--benchmark=mini={math_file}", "--n=2", "--ks=1,2", "--max_new_tokens=24",
-                          f"--out={tmp_path / 'eval.json'}"], capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    res = run_script("-m", "experiments.eval", f"--policy={tmp_path / 'run'}", f"--benchmark=mini={math_file}",
+                     "--n=2", "--ks=1,2", "--max_new_tokens=24", f"--out={tmp_path / 'eval.json'}")
     assert res.returncode == 0, res.stderr[-2000:]
     table = json.loads((tmp_path / "eval.json").read_text())
     assert "mini" in json.dumps(table) and "mini" in res.stdout

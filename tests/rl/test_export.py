@@ -9,8 +9,6 @@ import os
 import pathlib
 import re
 import stat
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +24,7 @@ from pipo_jax.run import evaluate, export
 from pipo_jax.run.trainer import train
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
+from tests.scripts import run_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -157,8 +156,7 @@ def test_the_trainers_hf_export_is_the_same_export(run):
 
 def _cli(*args, cwd=ROOT):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "experiments.export", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return run_script("-m", "experiments.export", *args, cwd=cwd, env=env)
 
 
 @pytest.mark.slow  # four interpreter start-ups (~15 s each on a loaded 2-core CPU)
@@ -219,8 +217,8 @@ def test_chat_renders_the_task_prompt_and_answers_as_the_sampler(run):
 
 
 def test_chat_states_the_answer_and_whether_it_is_right():
-    from pipo_jax.tasks.arithmetic_chat import ArithmeticPrompts
     from pipo_jax.tasks import arithmetic
+    from pipo_jax.tasks.arithmetic_chat import ArithmeticPrompts
 
     prompts = ArithmeticPrompts(arithmetic.ArithmeticTask(max_digits=2, answer_format="reversed"))
     assert prompts.show(cv.encode("231<eos>"), 132) == "231\t= 132 (correct)"
@@ -234,8 +232,7 @@ def test_chat_states_the_answer_and_whether_it_is_right():
 def test_chat_command_answers_piped_prompts(run):
     root, _ = run
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-m", "experiments.chat", f"--policy={root}", "--step=1"],
-                         input="3+4\nhello\n\n12+5=\n", capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    res = run_script("-m", "experiments.chat", f"--policy={root}", "--step=1", input="3+4\nhello\n\n12+5=\n", env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     expected, _ = _expected_replies(root, 1, ["3+4", "12+5"])
     replies = res.stdout.split("\n\n")

@@ -5,14 +5,13 @@ the current directory."""
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
 from pipo_jax.data.tokenizer import load_tokenizer, stop_token_ids
 from pipo_jax.run.trainer import train
 from tests.rl.test_dataset_task import QUESTIONS, math_config, math_file, model_dir  # noqa: F401 (fixtures)
+from tests.scripts import run_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -30,9 +29,8 @@ def test_hf_export_carries_the_tokenizer_and_eval_writes_beside_it(model_dir, ma
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-m", "experiments.eval", f"--policy={export}",
-                          f"--benchmark=mini={math_file}", "--n=1", "--ks=1", "--max_new_tokens=8"],
-                         capture_output=True, text=True, cwd=elsewhere, env=env, timeout=600)
+    res = run_script("-m", "experiments.eval", f"--policy={export}", f"--benchmark=mini={math_file}", "--n=1",
+                     "--ks=1", "--max_new_tokens=8", cwd=elsewhere, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert os.listdir(elsewhere) == []
     table = json.loads((pathlib.Path(export) / "eval.json").read_text())

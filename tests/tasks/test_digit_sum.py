@@ -3,8 +3,6 @@ answers by hand, the split against the enumeration, the reward through the train
 keys (`config.task.digit_sum.*`: errors naming them, `--check_config` listing them), and a short run."""
 
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +16,7 @@ from pipo_jax.rl.sections import ConfigError
 from pipo_jax.run.setup import train_spec
 from pipo_jax.tasks import digit_sum as ds
 from tests.conftest import override
+from tests.scripts import run_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TASK = ds.DigitSumTask()  # 0..999, 100 held out
@@ -122,9 +121,10 @@ def test_its_two_keys_are_read_and_their_errors_name_them():
 
 
 def test_check_config_lists_its_two_keys():
-    out = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/grpo.py:micro",
-                          "--config.task.name=digit_sum", "--config.task.digit_sum.max_digits=4", "--check_config"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.splitlines()
+    res = run_script("-m", "experiments.train", "--config=configs/grpo.py:micro", "--config.task.name=digit_sum",
+                     "--config.task.digit_sum.max_digits=4", "--check_config")
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout.splitlines()
     own = [line for line in out if line.startswith("task.digit_sum.")]
     assert own == ["task.digit_sum.min_digits = 1  # fewest digits of N (1: N may be 0..9)",
                    "task.digit_sum.max_digits = 4  # most digits of N (<= 5: every number is a problem, 10**max_digits "
