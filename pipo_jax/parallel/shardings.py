@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from pipo_jax.parallel.rules import Rules, named_sharding, replicated
 
@@ -131,4 +131,17 @@ def train_state_shardings(param_axes: Any, state: Any, mesh: Mesh, rules: Rules 
 def with_shardings(tree: Any, shardings: Any) -> Any:
     """`jax.ShapeDtypeStruct`s of `tree` carrying `shardings` (an orbax restore template)."""
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(_shape(x), x.dtype, sharding=s), tree, shardings)
+
+
+def default_device_sharding() -> jax.sharding.SingleDeviceSharding:
+    """This process's first local device, where a run without a mesh keeps its state."""
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+
+def on_default_device(tree: Any) -> Any:
+    """`tree` committed to `default_device_sharding()`. A run without a mesh commits its state
+    before its first program: jax keys its compiled programs by their inputs' shardings too, and
+    a program's outputs are committed, so a step fed a fresh (uncommitted) state first and its own
+    outputs next would compile the same program twice."""
+    return jax.device_put(tree, default_device_sharding())
 

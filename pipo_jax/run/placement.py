@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from pipo_jax import parallel
+from pipo_jax.parallel import shardings
 from pipo_jax.parallel.rules import Rules, make_rules
 from pipo_jax.rl import loop, rollout
 from pipo_jax.rl.sections import MeshConfig
@@ -52,7 +53,7 @@ class Placement:
     def init_state(self, spec: TrainSpec, params: Any, seed: int) -> TrainState:
         """`init_train_state` on this placement (params: host or device arrays, the same on every process)."""
         if self.mesh is None:
-            return init_train_state(spec, params, seed)
+            return shardings.on_default_device(init_train_state(spec, params, seed))
         return sharded_steps.init_sharded_train_state(spec, self.mesh, params, seed, self.rules)
 
     def restore(self, ckpt: Checkpointer, spec: TrainSpec, step: int | None = None) -> TrainState:
@@ -63,11 +64,11 @@ class Placement:
         """
         abstract = sharded_steps.abstract_train_state(spec)
         if self.mesh is None:
-            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-            shardings = jax.tree.map(lambda _: device, abstract)
+            device = shardings.default_device_sharding()
+            layout = jax.tree.map(lambda _: device, abstract)
         else:
-            shardings = sharded_steps.state_shardings(spec, self.mesh, self.rules)
-        return ckpt.restore(parallel.with_shardings(abstract, shardings), step)
+            layout = sharded_steps.state_shardings(spec, self.mesh, self.rules)
+        return ckpt.restore(parallel.with_shardings(abstract, layout), step)
 
     def run(self, spec: TrainSpec, state: TrainState, n: int, jit_loop: bool,
             reward_fn: loop.HostReward) -> tuple[TrainState, dict[str, np.ndarray]]:

@@ -49,6 +49,7 @@ import optax
 
 from pipo_jax.data import char_vocab
 from pipo_jax.models import qwen3
+from pipo_jax.parallel import shardings
 from pipo_jax.run import teacher_forcing
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks.protocol import Task
@@ -338,6 +339,7 @@ def warmup(
     optimizer = make_warmup_optimizer(s.lr, s.weight_decay, s.lr_warmup_steps)
     if resume is None:
         opt_state = optimizer.init(params)
+    params, opt_state = shardings.on_default_device((params, opt_state))  # each program compiles once
 
     table = task.prompt_table()  # None for a task that generates its problems
 
