@@ -1,6 +1,7 @@
 """The PI step's two forms, chosen by the target platform: a `lax.cond` on cuda / tpu (a
 skipped iteration costs no update), the optimizer gate on cpu (no copies of the state on
-XLA:CPU). Both give the same params, optimizer state and metrics, applied or skipped."""
+XLA:CPU). Both give the same params, optimizer state and metrics: exactly when the step is skipped,
+to float32 rounding when it is applied."""
 
 import dataclasses
 import importlib
@@ -18,6 +19,7 @@ from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.experience import Rollout
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.run.setup import train_spec
+from tests.parallel.equivalence import UPDATE_RTOL
 
 # Compiled once per form (spec and platform static; count and mu_t are array inputs).
 _pi_step = jax.jit(learn.pi_step, static_argnums=(0, 6))
@@ -52,6 +54,32 @@ def _both_forms(spec, state, pipo_state, mu_t):
     return out["cpu"], out["tpu"]
 
 
+def _assert_same_step(cond, gated, before, lr, exact):
+    """(params, opt_state, metrics) of the two forms: equal with `exact` (a skipped step: nothing is
+    computed that could round), else as a sharded run is held equal to one device
+    (tests/parallel/equivalence.py): the two forms are two programs, which XLA may fuse differently, so
+    float32 sums may round differently and AdamW turns a rounding-level gradient element into a step of
+    up to +-lr; a real difference (a step skipped, scaled or taken twice) changes the update by O(1)."""
+    (p_cond, o_cond, m_cond), (p_gated, o_gated, m_gated) = cond, gated
+    assert sorted(m_cond) == sorted(m_gated)
+    if exact:
+        jax.tree.map(np.testing.assert_array_equal, (p_cond, o_cond, m_cond), (p_gated, o_gated, m_gated))
+        return
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=lr), p_cond, p_gated)
+    for a, b in zip(jax.tree.leaves(o_cond), jax.tree.leaves(o_gated)):
+        a, b = np.asarray(a), np.asarray(b)
+        if np.issubdtype(b.dtype, np.floating):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4 * float(np.max(np.abs(b), initial=0)))
+        else:
+            np.testing.assert_array_equal(a, b)
+    for k in m_gated:
+        np.testing.assert_allclose(m_cond[k], m_gated[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    diff = [np.asarray(a) - np.asarray(b) for a, b in zip(jax.tree.leaves(p_cond), jax.tree.leaves(p_gated))]
+    update = [np.asarray(b) - np.asarray(p0) for b, p0 in zip(jax.tree.leaves(p_gated), jax.tree.leaves(before))]
+    rel = np.sqrt(sum(float(np.sum(d ** 2)) for d in diff) / sum(float(np.sum(u ** 2)) for u in update))
+    assert rel < UPDATE_RTOL, f"relative L2 difference of the two updates {rel:.3g}"
+
+
 @pytest.mark.parametrize("iteration", ["applied", "warmup", "c_zero"])
 def test_cond_form_equals_gated_form(case, iteration):
     spec, state, pipo_state = case
@@ -59,15 +87,11 @@ def test_cond_form_equals_gated_form(case, iteration):
     if iteration == "warmup":  # the window not yet full: the first K iterations
         pipo_state = pipo_state.replace(count=jnp.int32(3))
     gated, cond = _both_forms(spec, state, pipo_state, mu_t)
-    (p_gated, o_gated, m_gated), (p_cond, o_cond, m_cond) = gated, cond
+    m_gated, (p_cond, o_cond, m_cond) = gated[2], cond
     applied = iteration == "applied"
     assert m_gated["pi_step_applied"] == m_cond["pi_step_applied"] == float(applied)
-    jax.tree.map(np.testing.assert_array_equal, p_cond, p_gated)
-    jax.tree.map(np.testing.assert_array_equal, o_cond, o_gated)
-    assert sorted(m_cond) == sorted(m_gated)
-    for k in m_gated:
-        np.testing.assert_array_equal(m_cond[k], m_gated[k], err_msg=k)
     before = jax.device_get(state.params)
+    _assert_same_step(cond, gated, before, spec.pipo.lr, exact=not applied)
     moved = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(p_cond), jax.tree.leaves(before)))
     if applied:
         assert moved > 0 and m_cond["c"] > 0 and np.isfinite(m_cond["pi/loss"]) and m_cond["pi/loss"] != 0
