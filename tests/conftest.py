@@ -139,19 +139,24 @@ def right_padded_batch():
 # The order files are handed to the xdist workers: longest first, so that no long file starts while
 # the other worker has nothing left to do. Seconds per file as the previous run on this checkout
 # measured them (kept in the pytest cache, `FILE_SECONDS_KEY`); for a file it has not timed (a fresh
-# clone, as CI), `LONG_FILES`: the files over 25 s of a run with a cold compilation cache on the
-# 2-core machine, two workers, the extras installed (2026-11-26).
+# clone, as CI), `LONG_FILES`: the files over 20 s of a run with a cold compilation cache on the
+# 2-core machine, two workers (2026-11-27; reasoning-gym's, which needs the `rg` extra, from a run with it).
 FILE_SECONDS_KEY = "pipo_jax/file_seconds"
 LONG_FILES = {
-    "tests/test_main_job_reproduces.py": 320, "tests/rl/test_trainer.py": 299, "tests/test_cli_errors.py": 100,
-    "tests/tasks/test_reasoning_gym.py": 99, "tests/rl/test_run_guards.py": 71,
-    "tests/parallel/test_trainer_on_mesh.py": 68, "tests/rl/test_export.py": 63,
-    "tests/kernels/test_logprobs.py": 62, "tests/test_experiments.py": 56,
-    "tests/parallel/test_sharded_training.py": 55, "tests/sampling/test_engine.py": 49,
-    "tests/models/test_layer_loop.py": 44, "tests/models/test_qwen3.py": 41, "tests/test_preemption.py": 35,
-    "tests/rl/test_dataset_task.py": 35, "tests/sampling/test_sampler.py": 34, "tests/rl/test_pipo_variants.py": 34,
-    "tests/parallel/test_multiprocess.py": 33, "tests/rl/test_warmup_contexts.py": 33,
-    "tests/rl/test_algorithms.py": 27, "tests/test_serve.py": 25,
+    "tests/rl/test_trainer.py": 464, "tests/test_main_job_reproduces.py": 248,
+    "tests/tasks/test_reasoning_gym.py": 100, "tests/benchmarks/test_readiness.py": 73,
+    "tests/rl/test_run_guards.py": 73, "tests/parallel/test_sharded_training.py": 62,
+    "tests/test_experiments.py": 61, "tests/test_cli_errors.py": 60, "tests/models/test_layer_loop.py": 57,
+    "tests/rl/test_algorithms.py": 55, "tests/test_preemption.py": 45, "tests/rl/test_warmup.py": 44,
+    "tests/kernels/test_logprobs.py": 44, "tests/rl/test_pipo_variants.py": 43,
+    "tests/parallel/test_trainer_on_mesh.py": 40, "tests/rl/test_dataset_task.py": 39, "tests/rl/test_export.py": 35,
+    "tests/tasks/test_arithmetic.py": 35, "tests/sampling/test_sampler.py": 34, "tests/models/test_qwen3.py": 33,
+    "tests/parallel/test_multiprocess.py": 33, "tests/sampling/test_engine.py": 33,
+    "tests/models/test_attention.py": 31, "tests/rl/test_teacher_forcing.py": 29,
+    "tests/rl/test_warmup_contexts.py": 29, "tests/rl/test_heldout_pass.py": 26,
+    "tests/rl/test_mixed_precision.py": 25, "tests/rl/test_sdpo_mask.py": 24,
+    "tests/benchmarks/test_device_check.py": 24, "tests/rl/test_checkpoint_fallback.py": 24,
+    "tests/sampling/test_decode.py": 22, "tests/test_rg_study.py": 22, "tests/tasks/test_sandbox_escapes.py": 21,
 }
 
 
