@@ -2,6 +2,7 @@
 
     python -m experiments.reproduce main_job             # run it (5 seeds of the main job) and render
     python -m experiments.reproduce algorithms           # the three algorithm comparisons, then render
+    python -m experiments.reproduce methods              # the field's other methods, then render
     python -m experiments.reproduce main_job --render    # run nothing: render the table from its JSON
     python -m experiments.reproduce --list               # the tables, their commands and JSONs
 
@@ -146,6 +147,10 @@ TABLES = {t.name: t for t in (
                "compare_ppo_gspo_dapo_5seeds.json"),
            Run(("experiments.compare", "--algorithms=grpo,sdpo,vpd", "--seeds=0-4"), "compare.json",
                "compare_grpo_sdpo_vpd_5seeds.json")),
+          render_algorithms, ("docs/results.md",)),
+    Table("methods",
+          (Run(("experiments.compare", "--algorithms=rloo,reinforce_pp,bnpo,disco,bapo,gdpo,adora", "--seeds=0-4"),
+               "compare.json", "compare_methods_a_5seeds.json"),),
           render_algorithms, ("docs/results.md",)),
 )}
 
