@@ -150,7 +150,9 @@ TABLES = {t.name: t for t in (
           render_algorithms, ("docs/results.md",)),
     Table("methods",
           (Run(("experiments.compare", "--algorithms=rloo,reinforce_pp,bnpo,disco,bapo,gdpo,adora", "--seeds=0-4"),
-               "compare.json", "compare_methods_a_5seeds.json"),),
+               "compare.json", "compare_methods_a_5seeds.json"),
+           Run(("experiments.compare", "--algorithms=dr_grpo,kl_cov,clip_cov,drpo,copo,riskpo", "--seeds=0-4"),
+               "compare.json", "compare_methods_b_5seeds.json")),
           render_algorithms, ("docs/results.md",)),
 )}
 
