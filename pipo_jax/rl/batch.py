@@ -38,7 +38,6 @@ class TrainBatch:
     rewards_b: Any = None  # float32 [B]: task rewards (VPD's E-step labels)
     global_adv_b: Any = None  # float32 [B]: COPO's global advantage (the row's prompt's, over the batch)
     local_weight_b: Any = None  # float32 [B]: COPO's weight of the local (group) advantage's loss
-    reward_components_bc: Any = None  # float32 [B, C]: the task's reward components (GDPO; `Task.reward_weights`)
     adora_weight_b: Any = None  # float32 [B]: ADORA's weight of the row's prompt (1 or advantage.adora_tds_weight)
 
     @property
@@ -81,8 +80,6 @@ def check_batch(batch: TrainBatch) -> None:
     per_row = [x for x in (batch.sd_mask_b, batch.rewards_b, batch.global_adv_b, batch.local_weight_b,
                            batch.adora_weight_b) if x is not None]
     chex.assert_shape(per_row, (b,))
-    if batch.reward_components_bc is not None:
-        chex.assert_shape(batch.reward_components_bc, (b, None))
 
 
 def rows_of(batch: Any) -> int:

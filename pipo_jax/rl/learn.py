@@ -114,8 +114,7 @@ def prepare_batch(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple
 
     components = reward_components(spec, rollout)
     batch = TrainBatch(tokens_bl=tokens, mask_bl=mask, mask_br=mask_br, logp_old_br=logp_old, logp_ref_br=logp_ref,
-                       values_br=passes.get("values_br"), logp_teacher_br=passes.get("logp_teacher_br"),
-                       reward_components_bc=components, **teacher)
+                       values_br=passes.get("values_br"), logp_teacher_br=passes.get("logp_teacher_br"), **teacher)
     estimator_state, estimator_metrics = state.estimator_state, {}
     if spec.estimator is not None:
         adv, returns, estimator_state, estimator_metrics, fields = algorithms.estimate(spec, algorithms.AdvantageInputs(
