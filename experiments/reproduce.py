@@ -3,6 +3,7 @@
     python -m experiments.reproduce main_job             # run it (5 seeds of the main job) and render
     python -m experiments.reproduce algorithms           # the three algorithm comparisons, then render
     python -m experiments.reproduce methods              # the field's other methods, then render
+    python -m experiments.reproduce ablations            # the SDPO / GSPO ablations of PIPO, then render
     python -m experiments.reproduce main_job --render    # run nothing: render the table from its JSON
     python -m experiments.reproduce --list               # the tables, their commands and JSONs
 
@@ -133,6 +134,45 @@ def render_algorithms(records: list[dict]) -> str:
         "| --- | ---: | --- | ---: | ---: | --- | ---: |", *diff_rows])
 
 
+def _diff_cells(d: dict) -> str:
+    """'final acc CI, p, higher | reward AUC CI' of one paired difference (variant minus reference)."""
+    acc, auc = d["final_accuracy"], d["reward_auc"]
+    higher = sum(x > 0 for x in acc["diffs"])
+    return f"{_ci(acc)}, p = {acc['wilcoxon_p']:.3g}, {higher}/{acc['n']} | {_ci(auc, 4)}, p = {auc['wilcoxon_p']:.3g}"
+
+
+def render_ablations(records: list[dict]) -> str:
+    """Per arm (no PIPO, the paper's PIPO, each variant): base, final accuracy, reward AUC, PI steps,
+    and the paired differences from no PIPO and from the paper's PIPO."""
+    rows = []
+    for rec in records:
+        summary = rec["summary"]
+        for algo in rec["algorithms"]:
+            arms = [algo, f"{algo}+PIPO", *(v for v in summary["variants"] if v.startswith(f"{algo}+PIPO["))]
+            for arm in arms:
+                a = summary["arms"][arm]
+                if arm == algo:
+                    vs_base, vs_paper = "- | -", "-"
+                elif arm == f"{algo}+PIPO":
+                    vs_base, vs_paper = _diff_cells(summary["pipo_minus_base"][algo]), "-"
+                else:
+                    v = summary["variants"][arm]
+                    vs_base, vs_paper = _diff_cells(v["minus_base"]), _diff_cells(v["minus_paper_pipo"]).split(" | ")[0]
+                overrides = "; ".join(f"`{k}={val}`" for k, val in rec["variants"].get(arm, {}).items()) or "-"
+                rows.append(f"| {arm} | {overrides} | {a['n']} | {a['initial_accuracy_mean']:.3f} | "
+                            f"{a['final_accuracy_mean']:.3f} | {a['reward_auc_mean']:.3f} | {a.get('pi_steps_mean', 0):.0f} | "
+                            f"{vs_base} | {vs_paper} |")
+    machines = sorted({_machine(r) for r in records})
+    names = ", ".join(f"`experiments/results/{r['json_name']}`" for r in records)
+    return "\n".join([
+        f"Measured with {'; '.join(machines)}, {records[0]['iterations']} iterations, seeds "
+        f"{', '.join(map(str, records[0]['seeds']))} (JSON: {names}). Differences are paired by seed: "
+        "mean [95% bootstrap CI], Wilcoxon p, seeds where the arm is higher.", "",
+        "| arm | overrides | seeds | base acc | final acc | reward AUC | PI steps | minus no PIPO: final acc | "
+        "reward AUC | minus the paper's PIPO: final acc |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |", *rows])
+
+
 # ------------------------------------------------------------------------------------------ the tables
 
 TABLES = {t.name: t for t in (
@@ -154,6 +194,13 @@ TABLES = {t.name: t for t in (
            Run(("experiments.compare", "--algorithms=dr_grpo,kl_cov,clip_cov,drpo,copo,riskpo", "--seeds=0-4"),
                "compare.json", "compare_methods_b_5seeds.json")),
           render_algorithms, ("docs/results.md",)),
+    Table("ablations",
+          (Run(("experiments.compare", "--algorithms=sdpo,gspo", "--seeds=0-4",
+                "--variant=sdpo:norm:pipo.attribution_norm=mean_abs", "--variant=sdpo:separate:pipo.pi_optimizer=separate",
+                "--variant=sdpo:lam0:pipo.lam=0.0", "--variant=gspo:clip0.2:pipo.pi_clip_low=0.2;pipo.pi_clip_high=0.2",
+                "--variant=gspo:lam0:pipo.lam=0.0"),
+               "compare.json", "ablations_sdpo_gspo_5seeds.json"),),
+          render_ablations, ("docs/results.md",)),
 )}
 
 
