@@ -15,6 +15,7 @@ import numpy as np
 
 from experiments.cli import UsageError
 from pipo_jax.models import hf
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run import observe, warmup
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import train
@@ -68,8 +69,9 @@ def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> 
             raise UsageError(f"{path} was warmed up with other settings ({', '.join(diff[:8])}); "
                              "remove it or pass another --base_dir")
         return path
-    spec = train_spec(config)
-    settings = warmup.WarmupSettings.from_config(config, spec.task)
+    run_config = RunConfig.from_config(config)
+    spec = train_spec(config, run_config)
+    settings = warmup.WarmupSettings.from_config(run_config, spec.task)
     params, _ = warmup.warmup(spec.model, spec.task, settings, seed=seed)
     partial = path + ".partial"  # a kill while saving leaves no base that looks whole
     shutil.rmtree(partial, ignore_errors=True)

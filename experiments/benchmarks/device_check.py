@@ -53,6 +53,7 @@ from pipo_jax.models import attention, qwen3
 from pipo_jax.rl import learn as learn_lib
 from pipo_jax.rl import loop
 from pipo_jax.rl import rollout as rollout_lib
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import spec_from_config
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.run.setup import train_spec
@@ -217,7 +218,7 @@ def train_spec_for(sizes: Sizes, platform: str):
     if sizes.model == "task_tiny":
         return c, base
     model = base.model.replace(**{k: getattr(qwen3.preset(sizes.model), k) for k in SHAPE_FIELDS})
-    return c, spec_from_config(c, model, base.task)
+    return c, spec_from_config(RunConfig.from_config(c), model, base.task)
 
 
 class TimedProgram:

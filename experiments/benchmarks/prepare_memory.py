@@ -33,6 +33,7 @@ from pipo_jax import parallel  # noqa: E402
 from pipo_jax.models import qwen3  # noqa: E402
 from pipo_jax.parallel.shardings import batch_shardings  # noqa: E402
 from pipo_jax.rl import learn  # noqa: E402
+from pipo_jax.rl.sections import RunConfig  # noqa: E402
 from pipo_jax.rl.spec import spec_from_config  # noqa: E402
 from pipo_jax.run import sharded_steps  # noqa: E402
 from pipo_jax.tasks.dataset import DatasetTask  # noqa: E402
@@ -49,7 +50,7 @@ def table5_spec(preset: str, rows: int, prompt_len: int, response_len: int, micr
                        train_rows_np=np.arange(n, dtype=np.int32), heldout_rows_np=np.zeros((0,), np.int32),
                        stop_token_ids=(2,), pad_id=0)
     model = qwen3.preset(preset, param_dtype="float32", dtype="bfloat16", remat="full")
-    return spec_from_config(c, model, task)
+    return spec_from_config(RunConfig.from_config(c), model, task)
 
 
 def prepare_memory(spec, mesh) -> dict:

@@ -89,6 +89,7 @@ from pipo_jax.rl import learn as learn_lib  # noqa: E402
 from pipo_jax.rl import rollout as rollout_lib  # noqa: E402
 from pipo_jax.rl import steps as rl_steps  # noqa: E402
 from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
+from pipo_jax.rl.sections import RunConfig  # noqa: E402
 from pipo_jax.rl.spec import TrainSpec, spec_from_config  # noqa: E402
 from pipo_jax.rl.state import make_optimizer  # noqa: E402
 from pipo_jax.run import sharded_steps  # noqa: E402
@@ -580,7 +581,7 @@ def paper_spec(model: str, prompts: int = 128, prompt_len: int = 512, response_l
     task = DatasetTask(kind="math", prompt_tokens_np=table, prompt_lengths_np=np.full((n,), 16, np.int32),
                        references=("0",) * n, train_rows_np=np.arange(n - 8), heldout_rows_np=np.arange(n - 8, n),
                        stop_token_ids=(151645,), pad_id=151643)
-    return spec_from_config(c, model_cfg, task)
+    return spec_from_config(RunConfig.from_config(c), model_cfg, task)
 
 
 def prompt_table(spec: TrainSpec, mesh: Mesh):

@@ -53,6 +53,7 @@ from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl import controller, learn, steps
 from pipo_jax.rl.batch import TrainBatch, stored
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import spec_from_config
 from pipo_jax.rl.state import init_train_state, make_optimizer
 from pipo_jax.sampling.engine import Engine
@@ -173,7 +174,7 @@ def learner_spec(config: qwen3.Qwen3Config, rows: int, prompt_len: int, response
                        prompt_lengths_np=np.full((n,), prompt_len, np.int32), references=("0",) * n,
                        train_rows_np=np.arange(n, dtype=np.int32), heldout_rows_np=np.zeros((0,), np.int32),
                        stop_token_ids=(2,), pad_id=0)
-    return spec_from_config(c, config, task)
+    return spec_from_config(RunConfig.from_config(c), config, task)
 
 
 def learner_batch(config: qwen3.Qwen3Config, rows: int, prompt_len: int, response_len: int, seed: int) -> TrainBatch:

@@ -3,8 +3,8 @@
 Pure: no file is read here and no task module is imported (`tests/test_layers.py` checks that
 importing this module loads neither the math verifier, the code sandbox nor the warm-up).
 `run/setup.py:train_spec(config)` loads what the config points at (the model's `config.json`,
-the task) and then validates: `spec_from_config(config, model, task)` builds the
-self-validating sections of `rl/sections.py` and the `TrainSpec` that ties them together
+the task) and then validates: `spec_from_config(run, model, task)` takes the typed run config
+(`rl/sections.py:RunConfig`, parsed once at the entry point) and builds the `TrainSpec` that ties its sections together
 and resolves the algorithm's registered pieces (`rl/algorithms.py`).
 Every error is a `ConfigError` naming the key (unknown algorithm, K < 2, lam outside
 [0, 1], G = 1 with a group method, a mini-batch that does not divide the batch, a
@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import ml_collections
-
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms
 from pipo_jax.rl.sections import (AdvantageConfig, ConfigError, CriticConfig, DapoConfig, EvalConfig, LossConfig,
@@ -25,7 +23,6 @@ from pipo_jax.rl.sections import (AdvantageConfig, ConfigError, CriticConfig, Da
 from pipo_jax.rl.sections import need as _need
 from pipo_jax.sampling import generator as generator_lib
 from pipo_jax.sampling.sampling_params import SamplingParams
-from pipo_jax.schema import from_config
 from pipo_jax.tasks.protocol import Task
 
 __all__ = ["ConfigError", "TrainSpec", "VpdConfig", "spec_from_config"]
@@ -205,17 +202,16 @@ def eval_benchmarks(ec: EvalConfig) -> tuple[dict[str, str], tuple[int, ...]]:
     return out, ec.pass_ks
 
 
-def run_iterations_of(spec: TrainSpec, c: ml_collections.ConfigDict) -> int:
-    """`config.iterations`, or with `task.epochs` > 0 round(epochs * train rows / prompts_per_batch) (>= 1)."""
-    if not c.task.epochs:
-        return int(c.iterations)
-    return max(1, round(c.task.epochs * spec.task.train_size / spec.rollout.prompts_per_batch))
+def run_iterations_of(spec: TrainSpec, run: RunConfig) -> int:
+    """`run.iterations`, or with `task.epochs` > 0 round(epochs * train rows / prompts_per_batch) (>= 1)."""
+    if not run.task.epochs:
+        return run.iterations
+    return max(1, round(run.task.epochs * spec.task.train_size / spec.rollout.prompts_per_batch))
 
 
-def spec_from_config(c: ml_collections.ConfigDict, model: qwen3.Qwen3Config, task: Task) -> TrainSpec:
-    """The `TrainSpec` of `c` for a loaded `model` config and `task`; no I/O. Raises `ConfigError`.
-    The spec's rollout and DAPO sections hold their "0 = default" keys resolved."""
-    run = from_config(RunConfig, c)
+def spec_from_config(run: RunConfig, model: qwen3.Qwen3Config, task: Task) -> TrainSpec:
+    """The `TrainSpec` of the typed run config `run` for a loaded `model` config and `task`; no I/O.
+    Raises `ConfigError`. The spec's rollout and DAPO sections hold their "0 = default" keys resolved."""
     _need(run.rollout.max_new_tokens != 0 or task.answer_len >= 1, "rollout.max_new_tokens",
           "the task has no default response length: set it (>= 1)")
     rollout = dataclasses.replace(run.rollout, max_new_tokens=run.rollout.max_new_tokens or task.answer_len)

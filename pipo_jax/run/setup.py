@@ -21,7 +21,6 @@ from pipo_jax.rl.sections import need as _need
 from pipo_jax.rl.spec import TrainSpec, check_run_config, eval_benchmarks, spec_from_config
 from pipo_jax.run import warmup
 from pipo_jax.run.task_config import make_task
-from pipo_jax.schema import from_config
 from pipo_jax.tasks.protocol import Task
 
 __all__ = ["ConfigError", "make_model_config", "train_spec"]
@@ -51,10 +50,11 @@ def make_model_config(mc: ModelConfig, task: Task | None = None) -> qwen3.Qwen3C
         raise ConfigError(f"config.model: {e}") from e
 
 
-def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
+def train_spec(c: ml_collections.ConfigDict, run: RunConfig | None = None) -> TrainSpec:
     """Loads the model config and the task `c` points at, validates `c` and returns its `TrainSpec`;
-    raises `ConfigError` naming the key."""
-    run = from_config(RunConfig, c)  # every key's own constraint
+    raises `ConfigError` naming the key. `run`: `c` already parsed (`RunConfig.from_config(c)`, the
+    entry point's); the task reads its own section from `c` (`config.task.<name>`)."""
+    run = run or RunConfig.from_config(c)  # every key's own constraint
     model = make_model_config(run.model)  # its errors first: a paper preset without model.path says so
     task = make_task(c)
     if not run.model.path and run.model.preset == "task_tiny":
@@ -64,4 +64,4 @@ def train_spec(c: ml_collections.ConfigDict) -> TrainSpec:
     check_run_config(run, task)
     if run.eval.benchmarks:
         eval_benchmarks(run.eval)  # raises naming the key
-    return spec_from_config(c, model, task)
+    return spec_from_config(run, model, task)

@@ -7,6 +7,7 @@ On several devices or processes the same job runs sharded over `config.mesh`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -186,7 +187,7 @@ class WarmupCheckpoints:
             self._ckpt = None
 
 
-def base_params(spec: TrainSpec, config: RunConfig | ml_collections.ConfigDict, logger_rows: list,
+def base_params(spec: TrainSpec, config: RunConfig, logger_rows: list,
                 warmup_checkpoints: WarmupCheckpoints | None = None) -> Any:
     """The RL starting point: HF weights, the supervised warm-up, or a random init."""
     if spec.model_path:
@@ -252,7 +253,7 @@ def _abstract_state(config: ml_collections.ConfigDict, spec: TrainSpec, keys: An
         if any(k.startswith(("model.", "task.")) for k in keys):
             other = train_spec(config)
         else:
-            other = spec_from_config(config, spec.model, spec.task)
+            other = spec_from_config(RunConfig.from_config(config), spec.model, spec.task)
         tree = sharded_steps.abstract_train_state(other)
     except Exception:  # noqa: BLE001 - an invalid combination tells nothing about shapes
         return None
@@ -274,9 +275,9 @@ def _with_values(config: ml_collections.ConfigDict, values: dict[str, Any]) -> m
     return out
 
 
-def check_resume_config(config: ml_collections.ConfigDict, spec: TrainSpec, stored: dict[str, Any],
+def check_resume_config(config: ml_collections.ConfigDict, run: RunConfig, spec: TrainSpec, stored: dict[str, Any],
                         checkpoint_dir: str) -> dict[str, tuple[Any, Any]]:
-    """Compares `config` with the `stored` one of the run it resumes; returns the changes.
+    """Compares `config` (typed: `run`) with the `stored` one of the run it resumes; returns the changes.
 
     A change of the saved state's shapes is refused naming the keys that cause it; any other
     change of a key outside `workdir.FREE_PREFIXES` needs `checkpoint.allow_config_change`.
@@ -301,7 +302,7 @@ def check_resume_config(config: ml_collections.ConfigDict, spec: TrainSpec, stor
         workdir_lib.refuse_shape_changes(shape_keys or [k for k in changes if not workdir_lib.is_free(k)],
                                          changes, checkpoint_dir)
     bound = [k for k in changes if not workdir_lib.is_free(k)]
-    if bound and not RunConfig.from_config(config).checkpoint.allow_config_change:
+    if bound and not run.checkpoint.allow_config_change:
         raise ConfigError(f"config.checkpoint.allow_config_change: resuming with changed settings "
                           f"({workdir_lib.describe_changes(changes, bound)}); set them back, or continue with them "
                           "by --config.checkpoint.allow_config_change=true (the old config is kept)")
@@ -340,14 +341,15 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     (a no-op for a single process); every process runs this function on the same
     (shared) `workdir`, and only process 0 writes logs, plots, the summary and the export.
     """
-    initialize_distributed(RunConfig.from_config(config).distributed)
-    spec = train_spec(config)
-    if config.task.epochs:
+    run = RunConfig.from_config(config)  # the one parse: everything below reads `run`; `config` is what is stored
+    initialize_distributed(run.distributed)
+    spec = train_spec(config, run)
+    if run.task.epochs:
+        run = dataclasses.replace(run, iterations=run_iterations_of(spec, run))
         config = config.copy_and_resolve_references()
-        config.iterations = run_iterations_of(spec, config)
-        log.info("task.epochs=%g over %d training rows: %d iterations", config.task.epochs,
-                 spec.task.train_size, config.iterations)
-    run = RunConfig.from_config(config)
+        config.iterations = run.iterations
+        log.info("task.epochs=%g over %d training rows: %d iterations", run.task.epochs,
+                 spec.task.train_size, run.iterations)
     where = placement_from_config(run.mesh)
     if where.mesh is not None:  # every device computes whole micro-batches of its own rows
         steps.check_micro_batching(spec, mesh_batch_shards(where.mesh, where.rules))
@@ -391,7 +393,7 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
         log.warning("%s holds no config.json: the resumed run's config cannot be compared with the earlier one",
                     workdir)
     elif existing or resuming_warmup:
-        check_resume_config(config, spec, stored, os.path.abspath(ckpt_dir))
+        check_resume_config(config, run, spec, stored, os.path.abspath(ckpt_dir))
     evaluation = Evaluation(spec, run, where, None)
     ckpt = Checkpointer(ckpt_dir, keep=run.checkpoint.keep)
     warmup_ckpts = WarmupCheckpoints(workdir, spec, run, stop) if not spec.model_path else None

@@ -50,6 +50,7 @@ import optax
 from pipo_jax.data import char_vocab
 from pipo_jax.models import qwen3
 from pipo_jax.parallel import shardings
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run import teacher_forcing
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks.protocol import Task
@@ -231,10 +232,10 @@ class WarmupSettings:
         return tuple(n for n in ("target_pass_rate", "target_mixed_groups") if getattr(self, n) is not None)
 
     @classmethod
-    def from_config(cls, config, task: Task) -> WarmupSettings:
-        """The settings of `config.warmup` (the typed `RunConfig` or its ml-collections form: the same
-        keys), with `config.eval.n` held-out problems and the sampled check drawn as the rollout draws
-        (`config.rollout`: group_size, temperature, top_k, top_p, max_new_tokens, 0: `task.answer_len`)."""
+    def from_config(cls, config: RunConfig, task: Task) -> WarmupSettings:
+        """The settings of `config.warmup`, with `config.eval.n` held-out problems and the sampled check
+        drawn as the rollout draws (`config.rollout`: group_size, temperature, top_k, top_p,
+        max_new_tokens, 0: `task.answer_len`)."""
         w, r = config.warmup, config.rollout
         return cls(steps=w.steps, batch=w.batch, lr=w.lr, eval_every=w.eval_every, eval_n=config.eval.n,
                    target_accuracy=w.target_accuracy, target_pass_rate=w.target_pass_rate,

@@ -20,6 +20,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from pipo_jax.models import hf
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import base_params, train
 from tests.parallel.equivalence import UPDATE_RTOL
@@ -74,7 +75,7 @@ def test_job_on_two_meshes_with_resume_equals_one_device(tmp_path):
     assert sorted(a) == sorted(b)
     # The RL starting point (the warm-up's weights), to measure the update against.
     spec = train_spec(c)
-    hf.save(str(tmp_path / "base"), spec.model, base_params(spec, c, []))
+    hf.save(str(tmp_path / "base"), spec.model, base_params(spec, RunConfig.from_config(c), []))
     base = load_file(str(tmp_path / "base" / "model.safetensors"))
     # Sharding reorders float32 sums, and AdamW turns an element's rounding-level gradient into a
     # step of about +-lr of either sign (tests/parallel/equivalence.py): element-wise within one such

@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run.setup import train_spec
 from tests.scripts import run_script
@@ -116,7 +117,7 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
     assert spec.task.name == "math" and spec.task.train_size == len(spec.task.train_rows_np) == 196  # 2% of 200 held out
     row = TABLE5.get(algo, TABLE5["grpo"])  # SDPO / VPD keep the base (GRPO) run size
     epochs, batch = row[3], row[0]
-    assert run_iterations_of(spec, c) == max(1, round(epochs * 196 / batch))
+    assert run_iterations_of(spec, RunConfig.from_config(c)) == max(1, round(epochs * 196 / batch))
 
 
 @pytest.mark.parametrize(

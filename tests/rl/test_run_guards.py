@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from configs import grpo
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run import observe, warmup
 from pipo_jax.run.checkpoint import saved_steps
@@ -104,6 +105,16 @@ def test_resume_with_another_lr_needs_the_key_and_keeps_the_old_config(finished,
     assert summary["resumed_from"] == 2
     assert (run / "config.2.json").read_text() == before  # the config in force up to iteration 2
     assert json.loads((run / "config.json").read_text())["train"]["lr"] == 3e-4
+
+
+def test_a_start_parses_the_run_config_once(tmp_path, monkeypatch):
+    """`train` reads its config typed from one parse (`RunConfig.from_config`), passed down to the
+    spec, the warm-up, the evaluation and the checkpoints; a second parse would be a second source of truth."""
+    parses = []
+    parse = RunConfig.from_config.__func__
+    monkeypatch.setattr(RunConfig, "from_config", classmethod(lambda cls, c, **kw: parses.append(cls) or parse(cls, c, **kw)))
+    summary = train(micro(iterations=1), str(tmp_path))
+    assert int(summary["state"].step) == 1 and parses == [RunConfig]
 
 
 def test_resume_extending_iterations_is_free_and_logged(finished, tmp_path, caplog):

@@ -248,7 +248,6 @@ def test_settings_from_a_run_config_typed_or_not():
         check_prompts=4, group_size=c.rollout.group_size,
         sampling=SamplingParams(temperature=c.rollout.temperature, top_k=3, top_p=c.rollout.top_p,
                                 max_new_tokens=TASK.answer_len))  # 0: the task's answer length
-    assert warmup.WarmupSettings.from_config(c, TASK) == want
     assert warmup.WarmupSettings.from_config(RunConfig.from_config(c), TASK) == want
     c.rollout.max_new_tokens = 5
-    assert warmup.WarmupSettings.from_config(c, TASK).sampling.max_new_tokens == 5
+    assert warmup.WarmupSettings.from_config(RunConfig.from_config(c), TASK).sampling.max_new_tokens == 5

@@ -11,6 +11,7 @@ from configs import sdpo as sdpo_configs
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.rl import learn
 from pipo_jax.rl.experience import Rollout
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run import teacher_forcing, warmup
 from pipo_jax.run.setup import train_spec
 from pipo_jax.tasks import arithmetic as ar
@@ -94,7 +95,7 @@ def test_trainer_logs_the_teacher_accuracy_with_a_context(tmp_path):
     train(c, str(tmp_path))
     row = observe.read_metrics(str(tmp_path / "metrics.jsonl"))[0]
     spec = train_spec(c)
-    base, m = warmup.warmup(spec.model, spec.task, warmup.WarmupSettings.from_config(c, spec.task),
+    base, m = warmup.warmup(spec.model, spec.task, warmup.WarmupSettings.from_config(RunConfig.from_config(c), spec.task),
                             seed=c.seed)  # deterministic: the run's base
     assert row["warmup_teacher_solution_accuracy"] == m["final_teacher_solution_accuracy"]
     for kind in ("solution", "feedback"):

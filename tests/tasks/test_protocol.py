@@ -12,7 +12,7 @@ import pytest
 
 from configs import gdpo, grpo, sdpo
 from pipo_jax.rl import spec as spec_lib
-from pipo_jax.rl.sections import ConfigError
+from pipo_jax.rl.sections import ConfigError, RunConfig
 from pipo_jax.run.setup import make_model_config, train_spec
 from pipo_jax.run.task_config import make_task
 from pipo_jax.tasks import registry
@@ -109,23 +109,23 @@ def test_a_config_needing_a_capability_the_task_lacks_names_the_key():
     c = grpo.get_config("micro")
     task = Bare()
     with pytest.raises(ConfigError, match=r"^config\.warmup\.enabled: the bare task has no reference responses"):
-        spec_lib.check_run_config(c, task)
+        spec_lib.check_run_config(RunConfig.from_config(c), task)
     c.warmup.enabled = False
-    spec_lib.check_run_config(c, task)
+    spec_lib.check_run_config(RunConfig.from_config(c), task)
     c.eval.benchmarks = "m=x.jsonl"
     with pytest.raises(ConfigError, match=r"^config\.eval\.benchmarks: math benchmarks need .* the bare task has none"):
-        spec_lib.check_run_config(c, task)
+        spec_lib.check_run_config(RunConfig.from_config(c), task)
     s = sdpo.get_config("micro")
     with pytest.raises(ConfigError, match=r"^config\.algorithm: sdpo needs teacher contexts \(SDPO / VPD teacher "
                                           r"prompts\), which the bare task does not have; use one of "
                                           r"\('ppo', 'grpo', "):
-        spec_lib.spec_from_config(s, make_model_config(s.model, task), task)
-    spec_lib.spec_from_config(c, make_model_config(c.model, task), task)  # grpo needs none
+        spec_lib.spec_from_config(RunConfig.from_config(s), make_model_config(RunConfig.from_config(s).model, task), task)
+    spec_lib.spec_from_config(RunConfig.from_config(c), make_model_config(RunConfig.from_config(c).model, task), task)  # grpo needs none
     g = gdpo.get_config("micro")
     with pytest.raises(ConfigError, match=r"^config\.advantage\.estimator: 'gdpo' normalises each component of the "
                                           r"reward, which the bare task does not expose "
                                           r"\(TaskCapabilities\.reward_components\)$"):
-        spec_lib.spec_from_config(g, make_model_config(g.model, task), task)
+        spec_lib.spec_from_config(RunConfig.from_config(g), make_model_config(RunConfig.from_config(g).model, task), task)
     with pytest.raises(ValueError, match=r"the bare task has no reward components \(capabilities\.reward_components"):
         task.reward_weights()
 

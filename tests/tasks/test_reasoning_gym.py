@@ -15,7 +15,7 @@ from pipo_jax.data import text_vocab
 from pipo_jax.data import tokenizer as tk
 from pipo_jax.models import qwen3
 from pipo_jax.rl import rollout
-from pipo_jax.rl.sections import ConfigError
+from pipo_jax.rl.sections import ConfigError, RunConfig
 from pipo_jax.run import teacher_forcing
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.task_config import make_task
@@ -252,7 +252,8 @@ def test_chain_sum_learns_with_grpo():
                  "task.arithmetic.warmup_mistake_rate": 0.0, "task.arithmetic.warmup_context_fraction": 0.0, "warmup.steps": 600,
                  "warmup.target_accuracy": 0.3, "iterations": ITERATIONS})
     spec = train_spec(c)
-    base, m = warmup.warmup(spec.model, spec.task, warmup.WarmupSettings.from_config(c, spec.task), seed=SEED)
+    base, m = warmup.warmup(spec.model, spec.task, warmup.WarmupSettings.from_config(RunConfig.from_config(c), spec.task),
+                             seed=SEED)
     assert 0.2 <= m["final_accuracy"] <= 0.6, m["heldout_accuracy"]
     row = run_arm(c, [SEED], [base], 10)[0]
     assert row["initial_accuracy"] == pytest.approx(m["final_accuracy"], abs=0.01)  # vmapped: same problems
