@@ -3,6 +3,7 @@
     python -m experiments.reproduce main_job             # run it (5 seeds of the main job) and render
     python -m experiments.reproduce algorithms           # the three algorithm comparisons, then render
     python -m experiments.reproduce methods              # the field's other methods, then render
+    python -m experiments.reproduce every_method         # both runs above, then one row per method
     python -m experiments.reproduce ablations            # the SDPO / GSPO ablations of PIPO, then render
     python -m experiments.reproduce main_job --render    # run nothing: render the table from its JSON
     python -m experiments.reproduce --list               # the tables, their commands and JSONs
@@ -173,27 +174,55 @@ def render_ablations(records: list[dict]) -> str:
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |", *rows])
 
 
+def render_every_method(records: list[dict]) -> str:
+    """One row per method, every run's methods together: no PIPO vs PIPO final accuracy and the paired
+    difference. A method in several runs is shown from the first run that has it (as `render_algorithms`)."""
+    rows, shown = [], set()
+    for rec in records:
+        summary = rec["summary"]
+        for algo in rec["algorithms"]:
+            if algo in shown:
+                continue
+            shown.add(algo)
+            off, on = summary["arms"][algo], summary["arms"][f"{algo}+PIPO"]
+            d = summary["pipo_minus_base"][algo]
+            acc, auc = d["final_accuracy"], d["reward_auc"]
+            higher = sum(x > 0 for x in acc["diffs"])
+            rows.append(f"| {algo} | {acc['n']} | {off['initial_accuracy_mean']:.3f} | {off['final_accuracy_mean']:.3f} | "
+                        f"{on['final_accuracy_mean']:.3f} | {_ci(acc)} | {higher}/{acc['n']} | {_ci(auc, 4)} | "
+                        f"`{rec['json_name']}` |")
+    machines = sorted({_machine(r) for r in records})
+    return "\n".join([
+        f"Measured with {'; '.join(machines)} (JSONs in `experiments/results/`).", "",
+        "| method | seeds | base acc | final acc, no PIPO | final acc, PIPO | PIPO - no PIPO, final acc (95% CI) | "
+        "seeds where PIPO is higher | reward AUC difference (95% CI) | JSON |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- | --- |", *rows])
+
+
 # ------------------------------------------------------------------------------------------ the tables
+
+_ALGORITHM_RUNS = (
+    Run(("experiments.compare", "--algorithms=grpo,sdpo", "--seeds=0-9"), "compare.json", "compare_grpo_sdpo_10seeds.json"),
+    Run(("experiments.compare", "--algorithms=ppo,gspo,dapo", "--seeds=0-4"), "compare.json",
+        "compare_ppo_gspo_dapo_5seeds.json"),
+    Run(("experiments.compare", "--algorithms=grpo,sdpo,vpd", "--seeds=0-4"), "compare.json",
+        "compare_grpo_sdpo_vpd_5seeds.json"))
+_METHOD_RUNS = (
+    Run(("experiments.compare", "--algorithms=rloo,reinforce_pp,bnpo,disco,bapo,gdpo,adora", "--seeds=0-4"),
+        "compare.json", "compare_methods_a_5seeds.json"),
+    Run(("experiments.compare", "--algorithms=dr_grpo,kl_cov,clip_cov,drpo,copo,riskpo", "--seeds=0-4"),
+        "compare.json", "compare_methods_b_5seeds.json"))
 
 TABLES = {t.name: t for t in (
     Table("main_job",
           (Run(("experiments.main_job_seeds", "--seeds=0-4", "--workers=2"), "main_job_seeds.json",
                "main_job_seeds.json"),),
           render_main_job, ("README.md", "docs/results.md")),
-    Table("algorithms",
-          (Run(("experiments.compare", "--algorithms=grpo,sdpo", "--seeds=0-9"), "compare.json",
-               "compare_grpo_sdpo_10seeds.json"),
-           Run(("experiments.compare", "--algorithms=ppo,gspo,dapo", "--seeds=0-4"), "compare.json",
-               "compare_ppo_gspo_dapo_5seeds.json"),
-           Run(("experiments.compare", "--algorithms=grpo,sdpo,vpd", "--seeds=0-4"), "compare.json",
-               "compare_grpo_sdpo_vpd_5seeds.json")),
-          render_algorithms, ("docs/results.md",)),
-    Table("methods",
-          (Run(("experiments.compare", "--algorithms=rloo,reinforce_pp,bnpo,disco,bapo,gdpo,adora", "--seeds=0-4"),
-               "compare.json", "compare_methods_a_5seeds.json"),
-           Run(("experiments.compare", "--algorithms=dr_grpo,kl_cov,clip_cov,drpo,copo,riskpo", "--seeds=0-4"),
-               "compare.json", "compare_methods_b_5seeds.json")),
-          render_algorithms, ("docs/results.md",)),
+    Table("algorithms", _ALGORITHM_RUNS, render_algorithms, ("docs/results.md",)),
+    Table("methods", _METHOD_RUNS, render_algorithms, ("docs/results.md",)),
+    Table("every_method",
+          (*_ALGORITHM_RUNS, *_METHOD_RUNS),
+          render_every_method, ("docs/results.md",)),
     Table("ablations",
           (Run(("experiments.compare", "--algorithms=sdpo,gspo", "--seeds=0-4",
                 "--variant=sdpo:norm:pipo.attribution_norm=mean_abs", "--variant=sdpo:separate:pipo.pi_optimizer=separate",
