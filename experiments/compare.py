@@ -48,12 +48,13 @@ from absl import flags
 from experiments import cli, provenance, stats
 from experiments.runs import parse_seeds, warmed_up_model
 from pipo_jax.models import hf
-from pipo_jax.rl import loop
+from pipo_jax.rl import loop, rollout
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.run import teacher_forcing
 from pipo_jax.run.setup import train_spec
-from pipo_jax.run.trainer import EVAL_SEED
+from pipo_jax.run.trainer import EVAL_SEED, PASS_SEED
+from pipo_jax.sampling.sampling_params import SamplingParams
 
 _ALGORITHMS = flags.DEFINE_list("algorithms", ["grpo"], "algorithms (configs/<name>.py) to compare")
 _PRESET = flags.DEFINE_string("preset", "tiny", "preset of the algorithm configs")
@@ -119,13 +120,28 @@ def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none") -> jax
     return jax.vmap(lambda p: teacher_forcing.heldout_accuracy(spec.model, p, spec.task, table, n, key, kind))(params)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 2, 3))
+def vmapped_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax.Array:
+    """Rewards `[S, n, samples]` of stacked params: `samples` responses to each of the `n` held-out
+    problems `vmapped_accuracy` scores greedily, sampled as the rollout samples (temperature, top_k,
+    top_p, max_new_tokens) with the trainer's keys: per seed what the trainer's `heldout_pass@1` scores."""
+    r = spec.rollout
+    sampling = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+    table, problems_key = rollout.prompt_table(spec), jax.random.PRNGKey(EVAL_SEED)
+    samples_key = jax.random.PRNGKey(PASS_SEED)
+    return jax.vmap(lambda p: teacher_forcing.sampled_rewards(spec.model, p, spec.task, table, n, samples, problems_key,
+                                                              samples_key, sampling))(params)
+
+
 def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: list, eval_every: int
             ) -> list[dict[str, Any]]:
     """Runs `config` for every seed (seed s from base_params[i]) as one vmapped program.
 
     Returns per seed: steps / reward (batch reward per iteration), acc_steps / accuracy
     (held-out greedy accuracy at 0 and every `eval_every`), teacher accuracies (SDPO / VPD),
-    initial / final accuracy, reward_auc (mean batch reward), pi_steps.
+    initial / final accuracy, reward_auc (mean batch reward), pi_steps; with `eval.heldout_samples`
+    > 0 also pass_at_1 / initial_pass_at_1 / final_pass_at_1 (the same problems, that many responses
+    each sampled at the rollout's temperature: the trainer's `heldout_pass@1`).
     """
     spec = train_spec(config)
     if not spec.task.capabilities.device_reward:
@@ -135,8 +151,14 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
     n_eval, total = config.eval.n, config.iterations
     kinds = ("none", "solution", "feedback") if spec.uses_teacher else ("none",)
 
+    samples = config.eval.heldout_samples
+
     def evaluate(params):
-        return {k: np.asarray(vmapped_accuracy(spec, params, n_eval, k)) for k in kinds}
+        out = {k: np.asarray(vmapped_accuracy(spec, params, n_eval, k)) for k in kinds}
+        if samples:
+            rewards = np.asarray(vmapped_sampled_rewards(spec, params, n_eval, samples))
+            out["pass_at_1"] = np.array([teacher_forcing.pass_and_mixed(r)[0] for r in rewards])
+        return out
 
     evals, acc_steps, chunks = [evaluate(states.params)], [0], []
     step = 0
@@ -157,6 +179,9 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
                "reward_auc": float(reward[i].mean()), "pi_steps": int(pi[i].sum())}
         for kind in kinds[1:]:
             row[f"teacher_accuracy_{kind}"] = [float(e[kind][i]) for e in evals]
+        if samples:
+            row["pass_at_1"] = [float(e["pass_at_1"][i]) for e in evals]
+            row["initial_pass_at_1"], row["final_pass_at_1"] = row["pass_at_1"][0], row["pass_at_1"][-1]
         out.append(row)
     return out
 
@@ -226,6 +251,9 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
                        "gain_over_base": stats.paired_difference(final, initial),
                        "seeds_improved": int(np.sum(np.asarray(final) > np.asarray(initial))),
                        "pi_steps_mean": float(np.mean([r["pi_steps"] for r in rs]))}
+        if "final_pass_at_1" in rs[0]:
+            arms[label]["initial_pass_at_1_mean"] = float(np.mean([r["initial_pass_at_1"] for r in rs]))
+            arms[label]["final_pass_at_1_mean"] = float(np.mean([r["final_pass_at_1"] for r in rs]))
         if "teacher_accuracy_solution" in rs[0]:
             arms[label]["teacher_accuracy_solution_initial_mean"] = float(
                 np.mean([r["teacher_accuracy_solution"][0] for r in rs]))
@@ -233,7 +261,7 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
                 np.mean([r["teacher_accuracy_feedback"][0] for r in rs]))
     def diff(on, off):
         return {metric: stats.paired_difference([r[metric] for r in on], [r[metric] for r in off])
-                for metric in ("final_accuracy", "reward_auc")}
+                for metric in ("final_accuracy", "reward_auc", "final_pass_at_1") if metric in on[0]}
 
     paired, variants = {}, {}
     for a in algorithms:

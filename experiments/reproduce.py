@@ -161,7 +161,8 @@ def render_ablations(records: list[dict]) -> str:
                     vs_base, vs_paper = _diff_cells(v["minus_base"]), _diff_cells(v["minus_paper_pipo"]).split(" | ")[0]
                 overrides = "; ".join(f"`{k}={val}`" for k, val in rec["variants"].get(arm, {}).items()) or "-"
                 rows.append(f"| {arm} | {overrides} | {a['n']} | {a['initial_accuracy_mean']:.3f} | "
-                            f"{a['final_accuracy_mean']:.3f} | {a['reward_auc_mean']:.3f} | {a.get('pi_steps_mean', 0):.0f} | "
+                            f"{a['final_accuracy_mean']:.3f} | {a['reward_auc_mean']:.3f} | "
+                            f"{a.get('pi_steps_mean', 0):.0f} | "
                             f"{vs_base} | {vs_paper} |")
     machines = sorted({_machine(r) for r in records})
     names = ", ".join(f"`experiments/results/{r['json_name']}`" for r in records)
@@ -188,7 +189,8 @@ def render_every_method(records: list[dict]) -> str:
             d = summary["pipo_minus_base"][algo]
             acc, auc = d["final_accuracy"], d["reward_auc"]
             higher = sum(x > 0 for x in acc["diffs"])
-            rows.append(f"| {algo} | {acc['n']} | {off['initial_accuracy_mean']:.3f} | {off['final_accuracy_mean']:.3f} | "
+            rows.append(f"| {algo} | {acc['n']} | {off['initial_accuracy_mean']:.3f} | "
+                        f"{off['final_accuracy_mean']:.3f} | "
                         f"{on['final_accuracy_mean']:.3f} | {_ci(acc)} | {higher}/{acc['n']} | {_ci(auc, 4)} | "
                         f"`{rec['json_name']}` |")
     machines = sorted({_machine(r) for r in records})
@@ -202,7 +204,8 @@ def render_every_method(records: list[dict]) -> str:
 # ------------------------------------------------------------------------------------------ the tables
 
 _ALGORITHM_RUNS = (
-    Run(("experiments.compare", "--algorithms=grpo,sdpo", "--seeds=0-9"), "compare.json", "compare_grpo_sdpo_10seeds.json"),
+    Run(("experiments.compare", "--algorithms=grpo,sdpo", "--seeds=0-9"), "compare.json",
+        "compare_grpo_sdpo_10seeds.json"),
     Run(("experiments.compare", "--algorithms=ppo,gspo,dapo", "--seeds=0-4"), "compare.json",
         "compare_ppo_gspo_dapo_5seeds.json"),
     Run(("experiments.compare", "--algorithms=grpo,sdpo,vpd", "--seeds=0-4"), "compare.json",
@@ -225,7 +228,8 @@ TABLES = {t.name: t for t in (
           render_every_method, ("docs/results.md",)),
     Table("ablations",
           (Run(("experiments.compare", "--algorithms=sdpo,gspo", "--seeds=0-4",
-                "--variant=sdpo:norm:pipo.attribution_norm=mean_abs", "--variant=sdpo:separate:pipo.pi_optimizer=separate",
+                "--variant=sdpo:norm:pipo.attribution_norm=mean_abs",
+                "--variant=sdpo:separate:pipo.pi_optimizer=separate",
                 "--variant=sdpo:lam0:pipo.lam=0.0", "--variant=gspo:clip0.2:pipo.pi_clip_low=0.2;pipo.pi_clip_high=0.2",
                 "--variant=gspo:lam0:pipo.lam=0.0"),
                "compare.json", "ablations_sdpo_gspo_5seeds.json"),),

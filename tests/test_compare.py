@@ -95,3 +95,22 @@ def test_a_stored_base_is_reused_only_for_the_settings_it_was_warmed_up_with(tmp
     os.remove(os.path.join(path, "warmup.json"))
     with pytest.raises(UsageError, match=r"base_seed0: a base model without a readable warmup.json"):
         runs.warmed_up_model(grpo_configs.get_config("micro"), 0, str(tmp_path))
+
+
+def test_vmapped_pass_at_1_is_the_trainers_heldout_pass_at_1_per_seed():
+    """compare's held-out pass@1 (samples at the rollout temperature, vmapped over seeds) equals what the
+    trainer's evaluation reports for each seed's params alone (`Evaluation.pass_at_1`)."""
+    from pipo_jax.rl.sections import RunConfig
+    from pipo_jax.run.placement import Placement
+    from pipo_jax.run.trainer import Evaluation
+
+    c = grpo_configs.get_config("micro")
+    c.eval.n, c.eval.heldout_samples = 8, 3
+    spec = train_spec(c)
+    params = [qwen3.init_params(spec.model, jax.random.PRNGKey(s)) for s in (0, 1)]
+    rewards = np.asarray(compare.vmapped_sampled_rewards(spec, compare.stack(params), 8, 3))
+    assert rewards.shape == (2, 8, 3)
+    evaluation = Evaluation(spec, RunConfig.from_config(c), Placement(), None)
+    for i, p in enumerate(params):
+        np.testing.assert_array_equal(rewards[i], evaluation.sampled_rewards(p))
+    assert len({rewards[0].tobytes(), rewards[1].tobytes()}) == 2  # each seed's own policy

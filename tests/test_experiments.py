@@ -20,7 +20,8 @@ def run_module(*args):
 
 
 def test_compare_writes_table_and_plot(tmp_path):
-    out = run_module("experiments.compare", "--algorithms=grpo", "--preset=micro", "--seeds=0,1", f"--out={tmp_path}")
+    out = run_module("experiments.compare", "--algorithms=grpo", "--preset=micro", "--seeds=0,1", f"--out={tmp_path}",
+                     "--set=eval.heldout_samples=2")
     result = json.loads((tmp_path / "compare.json").read_text())
     arms = result["summary"]["arms"]
     assert sorted(arms) == ["grpo", "grpo+PIPO"] and result["seeds"] == [0, 1]
@@ -33,6 +34,10 @@ def test_compare_writes_table_and_plot(tmp_path):
     assert paired["diffs"] == diffs and 0 <= paired["wilcoxon_p"] <= 1
     run = result["runs"]["grpo+PIPO"][0]
     assert len(run["reward"]) == len(run["steps"]) == 3
+    # held-out pass@1 at the rollout temperature beside the greedy accuracy, at every evaluation
+    assert len(run["pass_at_1"]) == len(run["accuracy"]) and run["final_pass_at_1"] == run["pass_at_1"][-1]
+    assert all(0 <= x <= 1 for x in run["pass_at_1"]) and "final_pass_at_1_mean" in arms["grpo"]
+    assert len(result["summary"]["pipo_minus_base"]["grpo"]["final_pass_at_1"]["diffs"]) == 2
     assert result["commit"] and result["cpu_model"] and result["versions"]["jax"]
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
     assert "| grpo+PIPO |" in out

@@ -112,7 +112,8 @@ def test_a_start_parses_the_run_config_once(tmp_path, monkeypatch):
     spec, the warm-up, the evaluation and the checkpoints; a second parse would be a second source of truth."""
     parses = []
     parse = RunConfig.from_config.__func__
-    monkeypatch.setattr(RunConfig, "from_config", classmethod(lambda cls, c, **kw: parses.append(cls) or parse(cls, c, **kw)))
+    monkeypatch.setattr(RunConfig, "from_config",
+                        classmethod(lambda cls, c, **kw: parses.append(cls) or parse(cls, c, **kw)))
     summary = train(micro(iterations=1), str(tmp_path))
     assert int(summary["state"].step) == 1 and parses == [RunConfig]
 

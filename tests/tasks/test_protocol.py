@@ -105,6 +105,11 @@ def test_registry_errors_are_one_line_naming_the_key(monkeypatch):
         registry.register_task(registry.TASKS["arithmetic"])
 
 
+def spec_from(c, task):
+    run = RunConfig.from_config(c)
+    return spec_lib.spec_from_config(run, make_model_config(run.model, task), task)
+
+
 def test_a_config_needing_a_capability_the_task_lacks_names_the_key():
     c = grpo.get_config("micro")
     task = Bare()
@@ -119,13 +124,13 @@ def test_a_config_needing_a_capability_the_task_lacks_names_the_key():
     with pytest.raises(ConfigError, match=r"^config\.algorithm: sdpo needs teacher contexts \(SDPO / VPD teacher "
                                           r"prompts\), which the bare task does not have; use one of "
                                           r"\('ppo', 'grpo', "):
-        spec_lib.spec_from_config(RunConfig.from_config(s), make_model_config(RunConfig.from_config(s).model, task), task)
-    spec_lib.spec_from_config(RunConfig.from_config(c), make_model_config(RunConfig.from_config(c).model, task), task)  # grpo needs none
+        spec_from(s, task)
+    spec_from(c, task)  # grpo needs none
     g = gdpo.get_config("micro")
     with pytest.raises(ConfigError, match=r"^config\.advantage\.estimator: 'gdpo' normalises each component of the "
                                           r"reward, which the bare task does not expose "
                                           r"\(TaskCapabilities\.reward_components\)$"):
-        spec_lib.spec_from_config(RunConfig.from_config(g), make_model_config(RunConfig.from_config(g).model, task), task)
+        spec_from(g, task)
     with pytest.raises(ValueError, match=r"the bare task has no reward components \(capabilities\.reward_components"):
         task.reward_weights()
 
