@@ -5,6 +5,7 @@
     python -m experiments.reproduce methods              # the field's other methods, then render
     python -m experiments.reproduce every_method         # both runs above, then one row per method
     python -m experiments.reproduce ablations            # the SDPO / GSPO ablations of PIPO, then render
+    python -m experiments.reproduce rg_study             # the ten reasoning-gym datasets (hours), then render
     python -m experiments.reproduce main_job --render    # run nothing: render the table from its JSON
     python -m experiments.reproduce --list               # the tables, their commands and JSONs
 
@@ -28,7 +29,7 @@ from typing import Callable
 
 from absl import flags
 
-from experiments import cli
+from experiments import cli, rg_study
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
@@ -59,6 +60,7 @@ class Table:
     runs: tuple[Run, ...]
     render: Callable[[list[dict]], str]  # the JSON records, in `runs` order -> the block's markdown
     docs: tuple[str, ...]  # files (relative to the repo) holding the marked block
+    partial: bool = False  # True: a run not yet made is a record {"json_name", "missing": True}, shown as such
 
 
 # ------------------------------------------------------------------------------------------ renderers
@@ -201,6 +203,51 @@ def render_every_method(records: list[dict]) -> str:
         "| --- | ---: | ---: | ---: | ---: | --- | ---: | --- | --- |", *rows])
 
 
+def _pass1(arm: dict, key: str) -> str:
+    return f"{arm[key]:.3f}" if key in arm else "-"
+
+
+def render_rg_study(records: list[dict]) -> str:
+    """Per pre-listed dataset (`experiments/rg_study.py:DATASETS`, in that order): each arm's greedy
+    accuracy (base, final, gain with its CI, seeds improved), pass@1 at the rollout temperature (base,
+    final) and reward AUC; then PIPO minus no PIPO. A dataset not yet run says so."""
+    arm_rows, diff_rows, machines = [], [], set()
+    for d, rec in zip(rg_study.DATASETS, records):
+        if rec.get("missing"):
+            arm_rows.append(f"| `{d.name}` ({d.category}) | not run yet | | | | | | | | |")
+            diff_rows.append(f"| `{d.name}` | not run yet | | | |")
+            continue
+        machines.add(_machine(rec))
+        summary = rec["summary"]
+        for arm in ("grpo", "grpo+PIPO"):
+            a = summary["arms"][arm]
+            arm_rows.append(f"| `{d.name}` ({d.category}) | {arm} | {a['n']} | {a['initial_accuracy_mean']:.3f} | "
+                            f"{a['final_accuracy_mean']:.3f} | {_ci(a['gain_over_base'])} | "
+                            f"{a['seeds_improved']}/{a['n']} | {_pass1(a, 'initial_pass_at_1_mean')} | "
+                            f"{_pass1(a, 'final_pass_at_1_mean')} | {a['reward_auc_mean']:.3f} |")
+        diff = summary["pipo_minus_base"]["grpo"]
+        acc, auc = diff["final_accuracy"], diff["reward_auc"]
+        p1 = _ci(diff["final_pass_at_1"]) if "final_pass_at_1" in diff else "-"
+        diff_rows.append(f"| `{d.name}` | {_ci(acc)}, p = {acc['wilcoxon_p']:.3g} | "
+                         f"{sum(x > 0 for x in acc['diffs'])}/{acc['n']} | {p1} | {_ci(auc, 4)} |")
+    done = sum(not r.get("missing") for r in records)
+    head = (f"{done} of {len(records)} datasets run" + (f", measured with {'; '.join(sorted(machines))}" if machines
+                                                        else "") + " (JSONs in `experiments/results/rg_study/`).")
+    return "\n".join([
+        head, "",
+        "| dataset | arm | seeds | base acc (greedy) | final acc (greedy) | gain over base (95% CI) | seeds improved | "
+        "base pass@1 | final pass@1 | reward AUC |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |", *arm_rows, "",
+        "| dataset | PIPO - no PIPO, final greedy acc (95% CI), Wilcoxon p | seeds where PIPO is higher | "
+        "final pass@1 (95% CI) | reward AUC (95% CI) |",
+        "| --- | --- | ---: | --- | --- |", *diff_rows])
+
+
+def _rg_study_runs() -> tuple[Run, ...]:
+    return tuple(Run(("experiments.rg_study", f"--datasets={d.name}"), f"{d.name}/compare.json",
+                     f"rg_study/{d.name}.json") for d in rg_study.DATASETS)
+
+
 # ------------------------------------------------------------------------------------------ the tables
 
 _ALGORITHM_RUNS = (
@@ -226,6 +273,7 @@ TABLES = {t.name: t for t in (
     Table("every_method",
           (*_ALGORITHM_RUNS, *_METHOD_RUNS),
           render_every_method, ("docs/results.md",)),
+    Table("rg_study", _rg_study_runs(), render_rg_study, ("docs/results.md",), partial=True),
     Table("ablations",
           (Run(("experiments.compare", "--algorithms=sdpo,gspo", "--seeds=0-4",
                 "--variant=sdpo:norm:pipo.attribution_norm=mean_abs",
@@ -242,6 +290,9 @@ def load_records(table: Table) -> list[dict]:
     records = []
     for run in table.runs:
         path = RESULTS / run.json
+        if not path.exists() and table.partial:
+            records.append({"json_name": run.json, "missing": True})
+            continue
         if not path.exists():
             raise cli.UsageError(f"{table.name}: {path} is missing; run "
                                  f"`python -m experiments.reproduce {table.name}` first")

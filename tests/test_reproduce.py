@@ -1,11 +1,12 @@
 """The results tables of the README and docs are renders of their JSONs (experiments/reproduce.py),
 never typed: each marked block equals what `python -m experiments.reproduce NAME --render` writes."""
 
+import json
 import subprocess
 
 import pytest
 
-from experiments import reproduce
+from experiments import reproduce, rg_study
 from pipo_jax import provenance
 
 
@@ -66,3 +67,19 @@ def test_a_results_json_copied_into_the_checkout_leaves_the_commit_clean(tmp_pat
     assert provenance.git_commit(str(tmp_path)) == head
     (tmp_path / "code.py").write_text("x = 2\n")
     assert provenance.git_commit(str(tmp_path)) == head + "+dirty"
+
+
+def test_the_rg_study_table_shows_every_listed_dataset_run_or_not():
+    """Each pre-listed dataset has its rows: measured ones with greedy accuracy, pass@1 where recorded and
+    PIPO minus no PIPO; the rest 'not run yet', never left out."""
+    measured = json.loads((reproduce.RESULTS / "compare_rg_chain_sum_5seeds.json").read_text())  # no pass@1 in it
+    records = [measured | {"json_name": "x.json"}] + [{"json_name": "y.json", "missing": True}] * 9
+    text = reproduce.render_rg_study(records)
+    assert text.startswith("1 of 10 datasets run, measured with ")
+    for d in rg_study.DATASETS[1:]:
+        assert f"| `{d.name}` ({d.category}) | not run yet |" in text and f"| `{d.name}` | not run yet |" in text
+    a = measured["summary"]["arms"]["grpo+PIPO"]
+    assert (f"| `chain_sum` (arithmetic) | grpo+PIPO | 5 | {a['initial_accuracy_mean']:.3f} | "
+            f"{a['final_accuracy_mean']:.3f} | ") in text
+    assert "| - | - | " in text  # pass@1 not recorded by that run
+    assert "| `chain_sum` | +0.011 [-0.016, +0.035], p = 0.625 | 3/5 | - | " in text
