@@ -6,6 +6,7 @@
     python -m experiments.reproduce every_method         # both runs above, then one row per method
     python -m experiments.reproduce ablations            # the SDPO / GSPO ablations of PIPO, then render
     python -m experiments.reproduce rg_study             # the ten reasoning-gym datasets (hours), then render
+    python -m experiments.reproduce readiness_8b         # the 8B programs compiled for the host and TPU v5p (~1 h)
     python -m experiments.reproduce main_job --render    # run nothing: render the table from its JSON
     python -m experiments.reproduce --list               # the tables, their commands and JSONs
 
@@ -30,6 +31,7 @@ from typing import Callable
 from absl import flags
 
 from experiments import cli, rg_study
+from experiments.benchmarks import readiness_tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
@@ -52,6 +54,7 @@ class Run:
     argv: tuple[str, ...]
     produced: str
     json: str
+    out_is_file: bool = False  # the command's --out names its JSON file (the readiness report), not a folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,6 +246,18 @@ def render_rg_study(records: list[dict]) -> str:
         "| --- | --- | ---: | --- | --- |", *diff_rows])
 
 
+def render_readiness(records: list[dict]) -> str:
+    """The readiness report's tables (`experiments/benchmarks/readiness_tables.py`) under the line that
+    names its installed set, machine, commit and time."""
+    (rec,) = records
+    pk = rec["packages"]
+    return "\n".join([
+        f"Measured {rec['date'][:10]} on a {rec['machine']['cpus']}-core host ({rec['machine']['backend']}, "
+        f"{rec['machine']['host_devices']} simulated devices), installed set `jax=={pk['jax']} jaxlib=={pk['jaxlib']} "
+        f"libtpu=={pk['libtpu']}`, commit `{rec['commit'][:12]}`, {rec['seconds'] / 60:.0f} min "
+        f"(JSON: `experiments/results/{rec['json_name']}`).", "", readiness_tables.markdown(rec)])
+
+
 def _rg_study_runs() -> tuple[Run, ...]:
     return tuple(Run(("experiments.rg_study", f"--datasets={d.name}"), f"{d.name}/compare.json",
                      f"rg_study/{d.name}.json") for d in rg_study.DATASETS)
@@ -274,6 +289,10 @@ TABLES = {t.name: t for t in (
           (*_ALGORITHM_RUNS, *_METHOD_RUNS),
           render_every_method, ("docs/results.md",)),
     Table("rg_study", _rg_study_runs(), render_rg_study, ("docs/results.md",), partial=True),
+    Table("readiness_8b",
+          (Run(("experiments.benchmarks.readiness", "--parts=paper", "--models=qwen3_8b"), "readiness.json",
+               "readiness_paper_8b.json", out_is_file=True),),
+          render_readiness, ("docs/scaling.md",)),
     Table("ablations",
           (Run(("experiments.compare", "--algorithms=sdpo,gspo", "--seeds=0-4",
                 "--variant=sdpo:norm:pipo.attribution_norm=mean_abs",
@@ -336,7 +355,8 @@ def run_table(table: Table, out: str) -> None:
     """Runs the table's commands, each into its own folder of `out`, and copies their JSONs to results/."""
     for k, run in enumerate(table.runs):
         run_out = os.path.join(out, table.name, str(k))
-        argv = [sys.executable, "-m", *run.argv, f"--out={run_out}"]
+        out_flag = os.path.join(run_out, run.produced) if run.out_is_file else run_out
+        argv = [sys.executable, "-m", *run.argv, f"--out={out_flag}"]
         print("running:", " ".join(argv[1:]), flush=True)
         proc = subprocess.run(argv, cwd=ROOT)
         if proc.returncode != 0:

@@ -78,7 +78,8 @@ from jax.experimental import topologies  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 from configs import grpo  # noqa: E402
-from experiments.benchmarks import hlo_cost  # noqa: E402
+from experiments.benchmarks import hlo_cost, readiness_tables  # noqa: E402
+from experiments.benchmarks.readiness_tables import GB, PLATFORMS, SMALL_MESHES  # noqa: E402
 from pipo_jax import parallel  # noqa: E402
 from pipo_jax.kernels import logprobs, logprobs_sharded  # noqa: E402
 from pipo_jax.models import qwen3  # noqa: E402
@@ -100,15 +101,12 @@ from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams  # noqa: E402
 from pipo_jax.tasks.dataset import DatasetTask  # noqa: E402
 
-PLATFORMS = ("tpu", "cuda")
-SMALL_MESHES = ((1, 8, 1), (1, 4, 2), (2, 2, 2))
 ALGORITHMS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
 # TPU v5p slices by name: chips as a topology (one JAX device per chip, megacore).
 TPU_TOPOLOGIES = {"v5p-8": "v5p:2x2x1", "v5p-16": "v5p:2x2x2"}
 SMALL_TPU = "v5p-16"  # 8 chips: every small mesh fits
 # Dense bf16 peak FLOP/s and HBM bytes/s per device (data sheets).
 ROOFLINE = {"H20": (148e12, 4.0e12), "H100": (989e12, 3.35e12), "TPU v5p": (459e12, 2.76e12)}
-GB = 1e9
 MEMORY_LIMIT_GB = {"qwen3_8b": 48.0, "qwen3_4b": 32.0}
 FLOPS_RATIO_LIMIT = 1.4
 LINEAR_RATIO_LIMIT = 2.1  # temporaries a + b*T give <= 2.0 for doubling T; [T, T] scores give up to 4
@@ -913,55 +911,6 @@ def format_memory_row(row: dict) -> str:
 
 # ----------------------------------------------------------------------------- report
 
-def markdown(result: dict) -> str:
-    """The report's tables as Markdown (for the README)."""
-    lines = []
-    if result.get("lowering"):
-        meshes = sorted({r["mesh"] for r in result["lowering"]}, key=lambda m: SMALL_MESHES.index(
-            tuple(int(x) for x in m.split("x"))))
-        lines += ["| entry point | " + " | ".join(meshes) + " |", "|---|" + "---|" * len(meshes)]
-        by = {(r["entry_point"], r["mesh"]): r for r in result["lowering"]}
-        for name in dict.fromkeys(r["entry_point"] for r in result["lowering"]):
-            cells = []
-            for m in meshes:
-                r = by.get((name, m))
-                if r is None:
-                    cells.append("")
-                    continue
-                marks = [f"{p} {'ok' if r['export'][p]['ok'] else 'FAIL'}" for p in PLATFORMS]
-                tc = r["tpu_compile"].get("ok")
-                marks.append("v5p " + ("skip" if tc is None else "ok" if tc else "FAIL"))
-                cells.append(", ".join(marks))
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        lines.append("")
-    paper = result.get("paper", {})
-    if paper.get("memory"):
-        lines += ["| model | program | target | peak GB/device | temp GB | limit | status | "
-                  "H20 / H100 / v5p roofline s |", "|---|---|---|---:|---:|---:|---|---|"]
-        for r in paper["memory"]:
-            if not r["ok"]:
-                if "temp_bytes_at_least" in r:
-                    lines.append(f"| {r['model']} | {r['program']} | {r['target']} | | >= "
-                                 f"{r['temp_bytes_at_least'] / GB:.0f} | {r['limit_gb']:.0f} | {r['status']}: "
-                                 "exceeds the chip's HBM (compiler) | |")
-                    continue
-                lines.append(f"| {r['model']} | {r['program']} | {r['target']} | | | {r['limit_gb']:.0f} | "
-                             f"{r['status']}: {r['error'][:90]} | |")
-                continue
-            roof = " / ".join(f"{v:.0f}" for v in r["roofline_s"].values()) if "roofline_s" in r else ""
-            if roof and r.get("unknown_trip_counts"):
-                roof = ">= " + roof
-            lines.append(f"| {r['model']} | {r['program']} | {r['target']} | {r['peak_bytes'] / GB:.1f} | "
-                         f"{r['temp_bytes'] / GB:.1f} | {r['limit_gb']:.0f} | {r['status']} | {roof} |")
-        lines.append("")
-    if paper.get("checks"):
-        lines += ["| model | check | value | limit | status |", "|---|---|---:|---:|---|"]
-        for c in paper["checks"]:
-            v = "n/a" if c["value"] is None else f"{c['value']:.2f}"
-            lines.append(f"| {c['model']} | {c['check']} | {v} | {c['limit']} | {c['status']} |")
-    return "\n".join(lines)
-
-
 def provenance() -> dict:
     def version(pkg):
         try:
@@ -995,7 +944,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.markdown:
         with open(args.markdown) as f:
-            text = markdown(json.load(f))
+            text = readiness_tables.markdown(json.load(f))
         print(text)
         return {"markdown": text}
     only = [o for o in args.only.split(",") if o]
@@ -1019,9 +968,7 @@ def main(argv=None) -> dict:
 
     def save():
         result["seconds"] = time.perf_counter() - t0
-        rows = result.get("lowering", []) + result.get("paper", {}).get("memory", []) + \
-            result.get("paper", {}).get("checks", [])
-        result["summary"] = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
+        result["summary"] = readiness_tables.summary_counts(result)
         if args.out:
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "w") as f:

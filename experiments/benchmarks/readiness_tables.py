@@ -1,0 +1,91 @@
+"""The readiness report's tables as Markdown, from its JSON (`experiments/benchmarks/readiness.py`
+writes it). Imports no jax: the docs render it (`python -m experiments.reproduce readiness_8b`)."""
+
+from __future__ import annotations
+
+GB = 1e9
+PLATFORMS = ("tpu", "cuda")
+SMALL_MESHES = ((1, 8, 1), (1, 4, 2), (2, 2, 2))
+
+
+def summary_counts(result: dict) -> dict[str, int]:
+    """PASS / FAIL / SKIP over every row of the report: lowering, each program's memory, the trainer's
+    programs with the state resident, the checks."""
+    paper = result.get("paper", {})
+    rows = result.get("lowering", []) + paper.get("memory", []) + paper.get("trainer", []) + paper.get("checks", [])
+    return {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
+
+
+def markdown(result: dict) -> str:
+    """The report's tables as Markdown: lowering, per-program memory and roofline, the trainer's
+    programs with the state resident, the checks."""
+    lines = []
+    if result.get("lowering"):
+        meshes = sorted({r["mesh"] for r in result["lowering"]}, key=lambda m: SMALL_MESHES.index(
+            tuple(int(x) for x in m.split("x"))))
+        lines += ["| entry point | " + " | ".join(meshes) + " |", "|---|" + "---|" * len(meshes)]
+        by = {(r["entry_point"], r["mesh"]): r for r in result["lowering"]}
+        for name in dict.fromkeys(r["entry_point"] for r in result["lowering"]):
+            cells = []
+            for m in meshes:
+                r = by.get((name, m))
+                if r is None:
+                    cells.append("")
+                    continue
+                marks = [f"{p} {'ok' if r['export'][p]['ok'] else 'FAIL'}" for p in PLATFORMS]
+                tc = r["tpu_compile"].get("ok")
+                marks.append("v5p " + ("skip" if tc is None else "ok" if tc else "FAIL"))
+                cells.append(", ".join(marks))
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    paper = result.get("paper", {})
+    if paper.get("memory"):
+        lines += ["| model | program | target | peak GB/device | temp GB | limit | status | "
+                  "H20 / H100 / v5p roofline s |", "|---|---|---|---:|---:|---:|---|---|"]
+        for r in paper["memory"]:
+            if not r["ok"]:
+                if "temp_bytes_at_least" in r:
+                    lines.append(f"| {r['model']} | {r['program']} | {r['target']} | | >= "
+                                 f"{r['temp_bytes_at_least'] / GB:.0f} | {r['limit_gb']:.0f} | {r['status']}: "
+                                 "exceeds the chip's HBM (compiler) | |")
+                    continue
+                lines.append(f"| {r['model']} | {r['program']} | {r['target']} | | | {r['limit_gb']:.0f} | "
+                             f"{r['status']}: {r['error'][:90]} | |")
+                continue
+            roof = " / ".join(f"{v:.0f}" for v in r["roofline_s"].values()) if "roofline_s" in r else ""
+            if roof and r.get("unknown_trip_counts"):
+                roof = ">= " + roof
+            lines.append(f"| {r['model']} | {r['program']} | {r['target']} | {r['peak_bytes'] / GB:.1f} | "
+                         f"{r['temp_bytes'] / GB:.1f} | {r['limit_gb']:.0f} | {r['status']} | {roof} |")
+        lines.append("")
+    if paper.get("trainer"):
+        lines += trainer_table(paper["trainer"]) + [""]
+    if paper.get("checks"):
+        lines += ["| model | check | value | limit | status |", "|---|---|---:|---:|---|"]
+        for c in paper["checks"]:
+            v = "n/a" if c["value"] is None else f"{c['value']:.2f}"
+            lines.append(f"| {c['model']} | {c['check']} | {v} | {c['limit']} | {c['status']} |")
+    return "\n".join(lines)
+
+
+def trainer_table(rows: list[dict]) -> list[str]:
+    """The trainer's programs as it runs them (`learn`: the whole update; `generate_resident`: generate
+    beside the state it does not take): peak alone, peak with the training state resident, the
+    project's limit, the margin to the chip's HBM; on the host, arithmetic intensity and per device
+    kind the bound and the MFU at that bound."""
+    kinds = next((list(r["roofline_s"]) for r in rows if "roofline_s" in r), [])
+    lines = ["| model | program | target | peak GB/device | state resident GB | limit | status | HBM margin GB | "
+             "FLOP/B | " + " | ".join(f"{k}: bound, MFU <=" for k in kinds) + " |",
+             "|---|---|---|---:|---:|---:|---|---:|---:|" + "---|" * len(kinds)]
+    for r in rows:
+        if not r["ok"]:
+            lines.append(f"| {r['model']} | {r['program']} | {r['target']} | | | {r['limit_gb']:.0f} | "
+                         f"{r['status']}: {r['error'][:90]} | | |" + " |" * len(kinds))
+            continue
+        margin = f"{r['margin_gb']:.1f} of {r['device_memory_gb']:.0f}" if "margin_gb" in r else ""
+        intensity = f"{r['arithmetic_intensity']:.0f}" if "arithmetic_intensity" in r else ""
+        bounds = [f"{r['bound'][k]}, {100 * r['mfu_at_roofline'][k]:.0f}%" if "bound" in r else "" for k in kinds]
+        lines.append(f"| {r['model']} | {r['program']} | {r['target']} | {r['peak_bytes'] / GB:.1f} | "
+                     f"{r['resident_peak_bytes'] / GB:.1f} | {r['limit_gb']:.0f} | {r['status']} | {margin} | "
+                     f"{intensity} | " + " | ".join(bounds) + " |")
+    return lines

@@ -1,0 +1,28 @@
+"""experiments/benchmarks/readiness_tables.py: the report's counts and its trainer-program table."""
+
+from experiments.benchmarks import readiness_tables as tables
+
+GB = tables.GB
+
+
+def trainer_row(status, resident_gb, **extra):
+    return {"model": "qwen3_8b", "program": "learn", "target": "v5p-16 fsdp=8", "ok": True, "status": status,
+            "peak_bytes": 40 * GB, "resident_peak_bytes": resident_gb * GB, "limit_gb": 48.0, **extra}
+
+
+def test_the_summary_counts_the_trainer_programs_too():
+    result = {"lowering": [{"status": "PASS"}], "paper": {
+        "memory": [{"status": "PASS"}, {"status": "FAIL"}], "checks": [{"status": "SKIP"}],
+        "trainer": [trainer_row("FAIL", 48.3), trainer_row("PASS", 28.6)]}}
+    assert tables.summary_counts(result) == {"PASS": 3, "FAIL": 2, "SKIP": 1}
+
+
+def test_a_trainer_row_shows_the_resident_peak_the_margin_and_the_bound_per_device_kind():
+    tpu = trainer_row("FAIL", 48.33, margin_gb=47.41, device_memory_gb=95.74)
+    host = trainer_row("PASS", 41.88, arithmetic_intensity=70.2, roofline_s={"H20": 677.1, "H100": 427.2},
+                       bound={"H20": "compute", "H100": "memory"}, mfu_at_roofline={"H20": 1.0, "H100": 0.243})
+    lines = tables.trainer_table([tpu, host])
+    assert lines[0].endswith("| FLOP/B | H20: bound, MFU <= | H100: bound, MFU <= |")
+    assert lines[2] == "| qwen3_8b | learn | v5p-16 fsdp=8 | 40.0 | 48.3 | 48 | FAIL | 47.4 of 96 |  |  |  |"
+    assert lines[3] == "| qwen3_8b | learn | v5p-16 fsdp=8 | 40.0 | 41.9 | 48 | PASS |  | 70 | compute, 100% | memory, 24% |"
+    assert "| qwen3_8b | learn | v5p-16 fsdp=8 | 40.0 | 48.3 |" in tables.markdown({"paper": {"trainer": [tpu]}})
