@@ -80,8 +80,9 @@ def heldout_accuracy(model: qwen3.Qwen3Config, params, task: Task, table, n: int
 @functools.partial(jax.jit, static_argnames=("model", "task", "n", "samples", "sampling"))
 def sampled_rewards(model: qwen3.Qwen3Config, params, task: Task, table, n: int, samples: int, problems_rng: jax.Array,
                     samples_rng: jax.Array, sampling: SamplingParams) -> jax.Array:
-    """float32 `[n, samples]`: the task's JAX reward (`device_reward`) of `samples` responses to each
-    of its `n` held-out problems for `problems_rng` (`heldout_problems`), drawn with `sampling`
+    """float32 `[m, samples]`: the task's JAX reward (`device_reward`) of `samples` responses to each
+    of its `m` held-out problems for `problems_rng` (`heldout_problems`: `n`, or all of a held-out split
+    smaller than `n`, as the greedy accuracy scores them), drawn with `sampling`
     (its stop tokens / pad id are the task's) and `samples_rng` (response j of problem i is row
     `i * samples + j` of one `sampler.generate`, which folds the row into the key). One program:
     the sampled side of the held-out figures (pass@1 = mean success, the share of mixed groups)."""
@@ -89,7 +90,7 @@ def sampled_rewards(model: qwen3.Qwen3Config, params, task: Task, table, n: int,
     repeated = jax.tree.map(lambda x: jnp.repeat(x, samples, axis=0), problems)
     sp = dataclasses.replace(sampling, stop_token_ids=tuple(task.stop_token_ids), pad_id=task.pad_id)
     out = sampler.generate(model, params, repeated.prompt_tokens_bp, repeated.prompt_mask_bp, samples_rng, sp)
-    return task.reward(repeated, out.tokens_br, out.mask_br).reshape(n, samples)
+    return task.reward(repeated, out.tokens_br, out.mask_br).reshape(-1, samples)
 
 
 SOLVED = 1.0  # a response whose reward reaches this solves its problem (as in the greedy accuracy)

@@ -99,6 +99,17 @@ def test_heldout_pass_at_1_is_the_mean_success_of_rollout_samples_on_the_eval_pr
     assert set(off(params, 0)) == {"heldout_accuracy"}
 
 
+def test_a_heldout_split_smaller_than_eval_n_is_sampled_whole():
+    """A dataset-like task gives the greedy accuracy all of a held-out split smaller than `eval.n`; the
+    sampled pass@1 takes the same problems (digit sums 0..9 hold out 1 number: 1 x 3 rewards, not 16 x 3)."""
+    c = micro(**{"task.name": "digit_sum", "task.digit_sum.max_digits": 1, "eval.heldout_samples": 3})
+    spec = train_spec(c)
+    assert spec.task.heldout_problems(rollout.prompt_table(spec), 16, None).number_b.shape == (1,)
+    evaluation = Evaluation(spec, RunConfig.from_config(c), Placement(), None)
+    rewards = evaluation.sampled_rewards(qwen3.init_params(spec.model, jax.random.PRNGKey(3), std=0.3))
+    assert rewards.shape == (1, 3) and set(np.unique(rewards)) <= {0.0, 1.0}
+
+
 def test_a_warmup_checkpoint_of_the_former_layout_is_read_by_the_trainer(tmp_path):
     model = warmup.task_model_config(hidden_size=64, head_dim=16, intermediate_size=128)
     config = RunConfig.from_config(micro(**{"warmup.steps": 4, "warmup.lr": 1e-2, "warmup.eval_every": 2}))
