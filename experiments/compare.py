@@ -122,8 +122,8 @@ def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none") -> jax
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
 def vmapped_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax.Array:
-    """Rewards `[S, n, samples]` of stacked params: `samples` responses to each of the `n` held-out
-    problems `vmapped_accuracy` scores greedily, sampled as the rollout samples (temperature, top_k,
+    """Rewards `[S, m, samples]` of stacked params: `samples` responses to each of the held-out problems
+    `vmapped_accuracy` scores greedily (m = `n`, or the whole held-out split where it is smaller), sampled as the rollout samples (temperature, top_k,
     top_p, max_new_tokens) with the trainer's keys: per seed what the trainer's `heldout_pass@1` scores."""
     r = spec.rollout
     sampling = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
