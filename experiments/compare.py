@@ -48,13 +48,12 @@ from absl import flags
 from experiments import cli, provenance, stats
 from experiments.runs import parse_seeds, warmed_up_model
 from pipo_jax.models import hf
-from pipo_jax.rl import loop, rollout
+from pipo_jax.rl import loop
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.run import teacher_forcing
 from pipo_jax.run.setup import train_spec
-from pipo_jax.run.trainer import EVAL_SEED, PASS_SEED
-from pipo_jax.sampling.sampling_params import SamplingParams
+from pipo_jax.run.trainer import EVAL_SEED, device_sampled_rewards
 
 _ALGORITHMS = flags.DEFINE_list("algorithms", ["grpo"], "algorithms (configs/<name>.py) to compare")
 _PRESET = flags.DEFINE_string("preset", "tiny", "preset of the algorithm configs")
@@ -122,15 +121,10 @@ def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none") -> jax
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
 def vmapped_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax.Array:
-    """Rewards `[S, m, samples]` of stacked params: `samples` responses to each of the held-out problems
-    `vmapped_accuracy` scores greedily (m = `n`, or the whole held-out split where it is smaller), sampled as the rollout samples (temperature, top_k,
-    top_p, max_new_tokens) with the trainer's keys: per seed what the trainer's `heldout_pass@1` scores."""
-    r = spec.rollout
-    sampling = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
-    table, problems_key = rollout.prompt_table(spec), jax.random.PRNGKey(EVAL_SEED)
-    samples_key = jax.random.PRNGKey(PASS_SEED)
-    return jax.vmap(lambda p: teacher_forcing.sampled_rewards(spec.model, p, spec.task, table, n, samples, problems_key,
-                                                              samples_key, sampling))(params)
+    """Rewards `[S, m, samples]` of stacked params: per seed what the trainer's `heldout_pass@1` scores
+    (`run/trainer.py:device_sampled_rewards`: the greedy accuracy's held-out problems, sampled as the
+    rollout samples, the trainer's keys)."""
+    return jax.vmap(lambda p: device_sampled_rewards(spec, p, n, samples))(params)
 
 
 def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: list, eval_every: int

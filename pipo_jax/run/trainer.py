@@ -44,6 +44,17 @@ EVAL_SEED = 1234  # the held-out problems are the same at every evaluation
 PASS_SEED = 4321  # the responses sampled for heldout_pass@1: a key of their own, not the training stream
 
 
+def device_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax.Array:
+    """Rewards `[m, samples]` by the task's JAX reward (`device_reward`): `samples` responses to each of
+    the `n` held-out problems of the greedy accuracy (`EVAL_SEED`; m < n where the held-out split is
+    smaller), sampled as the rollout samples (`rollout.temperature` / `top_k` / `top_p` /
+    `max_new_tokens`) with `PASS_SEED`. Traceable: experiments/compare.py vmaps it over seeds."""
+    r = spec.rollout
+    sampling = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+    return teacher_forcing.sampled_rewards(spec.model, params, spec.task, rollout.prompt_table(spec), n, samples,
+                                           jax.random.PRNGKey(EVAL_SEED), jax.random.PRNGKey(PASS_SEED), sampling)
+
+
 class Evaluation:
     """The trainer's evaluation: held-out greedy accuracy and sampled pass@1 on `eval.n` fixed
     problems, plus `config.eval.benchmarks` (math tasks: pass@1 / pass@k through
@@ -100,18 +111,13 @@ class Evaluation:
         held-out problems as the greedy accuracy: in one program by the JAX reward for a
         `device_reward` task, else decoded in batches of `eval.batch_size` rows and scored by the
         host scorer (on the problems `decoded_heldout_accuracy` draws)."""
-        spec, ec, r = self.spec, self.config.eval, self.spec.rollout
-        sampling = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                                  max_new_tokens=r.max_new_tokens)
-        samples_key = jax.random.PRNGKey(PASS_SEED)
+        spec, ec = self.spec, self.config.eval
         if spec.task.capabilities.device_reward:
             host = self.where.mesh is not None  # one device: the program is small (eval.n x samples rows)
-            return np.asarray(teacher_forcing.sampled_rewards(
-                spec.model, self.where.to_host(params) if host else params, spec.task,
-                rollout.prompt_table(spec), ec.n, ec.heldout_samples, jax.random.PRNGKey(EVAL_SEED), samples_key,
-                sampling))
+            return np.asarray(device_sampled_rewards(spec, self.where.to_host(params) if host else params, ec.n,
+                                                     ec.heldout_samples))
         return evaluate.sampled_heldout_rewards(spec, params, self.reward.scorer, ec.n, ec.heldout_samples,
-                                                samples_key, batch_size=ec.batch_size)
+                                                jax.random.PRNGKey(PASS_SEED), batch_size=ec.batch_size)
 
     def pass_at_1(self, params) -> float:
         """`heldout_pass@1`: the unbiased pass@1 (mean success, reward >= 1) of `sampled_rewards`."""
