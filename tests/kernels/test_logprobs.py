@@ -31,6 +31,7 @@ PALLAS_CASES = [
 ]
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))  # one program, not one per draw
 def _inputs(n, d, v, dtype=jnp.float32, seed=0):
     k = jax.random.split(jax.random.PRNGKey(seed), 5)
     h = jax.random.normal(k[0], (n, d), jnp.float32).astype(dtype)
@@ -51,7 +52,7 @@ def _value_and_grads(h, w, t, g_lp, g_ent, *, impl, temperature=1.0, entropy=Tru
         logp, ent = out if entropy else (out, jnp.zeros_like(out))
         return jnp.sum(g_lp * logp) + jnp.sum(g_ent * ent), (logp, ent)
 
-    (_, (logp, ent)), (dh, dw) = jax.value_and_grad(loss, (0, 1), has_aux=True)(h, w)
+    (_, (logp, ent)), (dh, dw) = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(h, w)
     return logp, ent, dh, dw
 
 
@@ -125,7 +126,7 @@ def test_chunked_backend_independent_path_equals_reference():
         lse, zt, ent = lp._softmax_stats(cfg, h, w, t)
         return jnp.sum(g_lp * (zt - lse)) + jnp.sum(g_ent * ent), (zt - lse, ent)
 
-    (_, (logp, ent)), (dh, dw) = jax.value_and_grad(loss, (0, 1), has_aux=True)(h, w)
+    (_, (logp, ent)), (dh, dw) = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(h, w)
     want = _value_and_grads(h, w, t, g_lp, g_ent, impl="reference")
     _assert_matches_reference((logp, ent, dh, dw), want, values_rtol=0, values_atol=1e-5, grad_rel=1e-2)
 
@@ -192,7 +193,7 @@ def test_primitive_gives_zero_target_logit_outside_vocab(impl, variant):
             lse, zt, ent = fn(h, w)
             return jnp.sum(g_lp * zt - g_ent * lse) + jnp.sum(ent), (lse, zt, ent)
 
-        return jax.value_and_grad(loss, (0, 1), has_aux=True)(h, w)
+        return jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(h, w)
 
     (_, got), got_grads = stats_loss(lambda h, w: lp._softmax_stats(cfg, h, w, t))
     (_, want), want_grads = stats_loss(lambda h, w: lp._reference_stats(h, w, t, 1.0, True))

@@ -11,6 +11,7 @@ from jax import export
 from jax._src.cudnn import fused_attention_stablehlo
 
 from pipo_jax.models import attention, qwen3
+from tests import jitted
 
 B, T, H, K, DH = 3, 20, 4, 2, 16  # GQA: 2 query heads per kv head
 # Left padding, none, right padding, as the trainer's rows and the engine's prompts have.
@@ -40,8 +41,8 @@ FUSED = {
 
 @pytest.mark.parametrize("name", sorted(FUSED))
 def test_fused_attention_equals_reference_on_valid_rows(qkv, name):
-    got = np.asarray(FUSED[name](*qkv))
-    want = np.asarray(_reference(*qkv))
+    got = np.asarray(jax.jit(FUSED[name])(*qkv))
+    want = np.asarray(jax.jit(_reference)(*qkv))
     # fp32 softmax-weighted sums of O(1) values: only summation order differs (~1e-7).
     np.testing.assert_allclose(got[VALID], want[VALID], atol=2e-6, rtol=1e-5)
     assert np.all(got[~VALID] == 0)  # padding queries: zeros, never NaN
@@ -54,8 +55,8 @@ def test_fused_attention_gradients_equal_reference(qkv, name):
     def loss(fn):
         return lambda q, k, v: jnp.sum(g * fn(q, k, v))
 
-    got = jax.grad(loss(FUSED[name]), (0, 1, 2))(*qkv)
-    want = jax.grad(loss(_reference), (0, 1, 2))(*qkv)
+    got = jax.jit(jax.grad(loss(FUSED[name]), (0, 1, 2)))(*qkv)
+    want = jax.jit(jax.grad(loss(_reference), (0, 1, 2)))(*qkv)
     for a, b in zip(got, want):
         # Backward through the softmax: sums over 20 keys x 2 heads, fp32 (~1e-6 relative).
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
@@ -80,8 +81,8 @@ def test_forward_with_splash_equals_xla_forward():
     tokens = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, config.vocab_size)
     mask = jnp.asarray(VALID, jnp.int32)
     positions = qwen3.default_positions(mask) + jnp.array([[0], [3], [7]])  # rows start at other offsets
-    want = qwen3.forward(config, params, tokens, mask, positions)[0]
-    got = qwen3.forward(config.replace(attention_impl="splash"), params, tokens, mask, positions)[0]
+    want = jitted.forward(config, params, tokens, mask, positions)[0]
+    got = jitted.forward(config.replace(attention_impl="splash"), params, tokens, mask, positions)[0]
     # Logits of a 2-layer model, fp32: attention differences of ~1e-7 grow by the head (~1e-5).
     np.testing.assert_allclose(np.asarray(got)[VALID], np.asarray(want)[VALID], atol=5e-5)
 
@@ -153,10 +154,10 @@ def test_cudnn_padding_to_its_length_equals_the_unpadded_reference(t):
                                             implementation="xla")
     ref = lambda q, k, v: attention.reference(q, k, v, attention.causal_padded_mask(jnp.asarray(valid)),  # noqa: E731
                                               jnp.float32)
-    got, want = np.asarray(fused(q, k, v)), np.asarray(ref(q, k, v))
+    got, want = np.asarray(jax.jit(fused)(q, k, v)), np.asarray(jax.jit(ref)(q, k, v))
     np.testing.assert_allclose(got[valid], want[valid], atol=2e-6, rtol=1e-5)
     assert np.all(got[~valid] == 0)
-    grads = [jax.grad(lambda q, k, v, fn=fn: jnp.sum(g * fn(q, k, v)), (0, 1, 2))(q, k, v) for fn in (fused, ref)]
+    grads = [jax.jit(jax.grad(lambda q, k, v, fn=fn: jnp.sum(g * fn(q, k, v)), (0, 1, 2)))(q, k, v) for fn in (fused, ref)]
     for a, b in zip(*grads):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
 

@@ -12,6 +12,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from pipo_jax.models import hf, qwen3
+from tests import jitted
 from tests.conftest import hf_logits, make_hf_qwen3
 
 
@@ -25,7 +26,7 @@ def test_logits_match_transformers_on_right_padded_batch(hf_checkpoint, right_pa
     config, params = hf.load(str(path))
     assert config.tie_word_embeddings == tied
     assert ("lm_head" in params) == (not tied)
-    ours = np.asarray(qwen3.logits(config, params, jnp.asarray(tokens), jnp.asarray(mask)))
+    ours = np.asarray(jitted.logits(config, params, jnp.asarray(tokens), jnp.asarray(mask)))
     assert ours.shape == (3, 9, 128)
     assert _max_valid_diff(ours, hf_logits(model, tokens, mask), mask) <= 1e-4
 
@@ -34,10 +35,10 @@ def test_hidden_states_times_head_are_the_logits(hf_checkpoint, right_padded_bat
     path, _, _ = hf_checkpoint
     tokens, mask = right_padded_batch
     config, params = hf.load(str(path))
-    hidden = qwen3.hidden_states(config, params, jnp.asarray(tokens), jnp.asarray(mask))
+    hidden = jitted.hidden_states(config, params, jnp.asarray(tokens), jnp.asarray(mask))
     assert hidden.shape == (3, 9, config.hidden_size)
     via_head = np.asarray(hidden @ qwen3.lm_head_weight(config, params))
-    ours = np.asarray(qwen3.logits(config, params, jnp.asarray(tokens), jnp.asarray(mask)))
+    ours = np.asarray(jitted.logits(config, params, jnp.asarray(tokens), jnp.asarray(mask)))
     np.testing.assert_allclose(via_head, ours, atol=1e-5)
 
 
@@ -63,7 +64,7 @@ def test_sharded_checkpoint_with_index_roundtrips(hf_checkpoint, right_padded_ba
     files = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
     assert len(files) > 2 and os.path.exists(out / hf.INDEX_FILE)
     config2, params2 = hf.load(str(out))
-    ours = np.asarray(qwen3.logits(config2, params2, jnp.asarray(tokens), jnp.asarray(mask)))
+    ours = np.asarray(jitted.logits(config2, params2, jnp.asarray(tokens), jnp.asarray(mask)))
     assert _max_valid_diff(ours, hf_logits(model, tokens, mask), mask) <= 1e-4
     # Saving again with one shard removes the stale shards and index.
     hf.save(str(out), config, params)
@@ -76,7 +77,7 @@ def test_transformers_sharded_save_loads(tmp_path, right_padded_batch):
     assert os.path.exists(tmp_path / "sharded" / hf.INDEX_FILE)
     tokens, mask = right_padded_batch
     config, params = hf.load(str(tmp_path / "sharded"))
-    ours = np.asarray(qwen3.logits(config, params, jnp.asarray(tokens), jnp.asarray(mask)))
+    ours = np.asarray(jitted.logits(config, params, jnp.asarray(tokens), jnp.asarray(mask)))
     assert _max_valid_diff(ours, hf_logits(model, tokens, mask), mask) <= 1e-4
 
 
@@ -85,7 +86,7 @@ def test_bfloat16_load(hf_checkpoint, right_padded_batch):
     tokens, mask = right_padded_batch
     config, params = hf.load(str(path), dtype="bfloat16")
     assert params["layers"]["q_proj"].dtype == jnp.bfloat16 and config.dtype == "bfloat16"
-    ours = np.asarray(qwen3.logits(config, params, jnp.asarray(tokens), jnp.asarray(mask)))
+    ours = np.asarray(jitted.logits(config, params, jnp.asarray(tokens), jnp.asarray(mask)))
     ref = hf_logits(model, tokens, mask)
     # bf16 weights and activations: ~3 significant digits; logits here are O(1).
     assert _max_valid_diff(ours, ref, mask) <= 0.1
@@ -212,6 +213,6 @@ def test_bfloat16_save_loads_in_transformers(hf_checkpoint, right_padded_batch, 
     jax.tree_util.tree_map(np.testing.assert_array_equal, params2, params)
     ref = hf_logits(model.float(), tokens, mask)
     f32 = dataclasses.replace(config, param_dtype="float32", dtype="float32")
-    ours = np.asarray(qwen3.logits(f32, jax.tree.map(lambda x: x.astype(jnp.float32), params), jnp.asarray(tokens),
+    ours = np.asarray(jitted.logits(f32, jax.tree.map(lambda x: x.astype(jnp.float32), params), jnp.asarray(tokens),
                                    jnp.asarray(mask)))
     assert _max_valid_diff(ours, ref, mask) <= 1e-4

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.models import qwen3
+from tests import jitted
 from pipo_jax.sampling import continuous_batching, decode, sampler
 from pipo_jax.sampling.engine import Engine
 from pipo_jax.sampling.sampling_params import SamplingParams
@@ -155,15 +156,15 @@ def test_forward_and_gradients_equal(params, batch, remat, form):
     tokens, mask = batch
 
     def loss(config, p):
-        logp = jax.nn.log_softmax(qwen3.logits(config, p, tokens, mask))
+        logp = jax.nn.log_softmax(jitted.logits(config, p, tokens, mask))
         picked = jnp.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
         return -jnp.sum(picked * mask[:, 1:]) / jnp.sum(mask[:, 1:])
 
     scan, unroll = SCAN.replace(remat=remat), FORMS[form].replace(remat=remat)
-    np.testing.assert_allclose(qwen3.logits(unroll, params, tokens, mask), qwen3.logits(scan, params, tokens, mask),
+    np.testing.assert_allclose(jitted.logits(unroll, params, tokens, mask), jitted.logits(scan, params, tokens, mask),
                                rtol=1e-5, atol=1e-5)
-    g_scan = jax.grad(lambda p: loss(scan, p))(params)
-    g_unroll = jax.grad(lambda p: loss(unroll, p))(params)
+    g_scan = jax.jit(jax.grad(lambda p: loss(scan, p)))(params)
+    g_unroll = jax.jit(jax.grad(lambda p: loss(unroll, p)))(params)
     for path, a, b in zip(jax.tree_util.tree_leaves_with_path(g_scan), jax.tree.leaves(g_scan),
                           jax.tree.leaves(g_unroll)):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path[0]))
@@ -176,9 +177,9 @@ def test_cached_forward_equal(params, batch, form):
     outs = []
     for config in (SCAN, FORMS[form]):
         cache = qwen3.init_cache(config, 3, 12)
-        logits, cache = qwen3.forward(config, params, tokens, mask, positions, cache)
-        hidden, dcache = decode.cached_forward(config, decode.compute_params(config, params),
-                                               decode.init_cache(config, 3, 12), tokens, positions, mask)
+        logits, cache = jitted.forward(config, params, tokens, mask, positions, cache)
+        hidden, dcache = jax.jit(decode.cached_forward, static_argnums=0)(
+            config, decode.compute_params(config, params), decode.init_cache(config, 3, 12), tokens, positions, mask)
         outs.append((logits, cache, hidden, dcache))
     for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.models import qwen3
+from tests import jitted
 
 CONFIG = qwen3.preset("tiny")
 
@@ -21,7 +22,7 @@ def tokens():
 
 
 def test_prefill_then_one_token_decode_equals_full_forward(params, tokens):
-    full = qwen3.logits(CONFIG, params, tokens)
+    full = jitted.logits(CONFIG, params, tokens)
     cache = qwen3.init_cache(CONFIG, batch=2, max_len=16)
     k = 4
     step = jax.jit(lambda p, t, pos, c: qwen3.forward(CONFIG, p, t, positions_bt=pos, cache=c))
@@ -42,19 +43,19 @@ def test_decode_rows_at_different_positions(params, tokens):
     prompt = tokens[:, :6]
     cache = qwen3.init_cache(CONFIG, batch=2, max_len=12)
     pos = qwen3.default_positions(mask)
-    _, cache = qwen3.forward(CONFIG, params, prompt, mask, pos, cache)
+    _, cache = jitted.forward(CONFIG, params, prompt, mask, pos, cache)
     nxt = tokens[:, 6:7]
-    out, _ = qwen3.forward(CONFIG, params, nxt, None, pos[:, -1:] + 1, cache)
-    row0 = qwen3.logits(CONFIG, params, jnp.concatenate([prompt[:1, 3:], nxt[:1]], axis=1))
-    row1 = qwen3.logits(CONFIG, params, jnp.concatenate([prompt[1:], nxt[1:]], axis=1))
+    out, _ = jitted.forward(CONFIG, params, nxt, None, pos[:, -1:] + 1, cache)
+    row0 = jitted.logits(CONFIG, params, jnp.concatenate([prompt[:1, 3:], nxt[:1]], axis=1))
+    row1 = jitted.logits(CONFIG, params, jnp.concatenate([prompt[1:], nxt[1:]], axis=1))
     np.testing.assert_allclose(out[0, 0], row0[0, -1], atol=1e-5)
     np.testing.assert_allclose(out[1, 0], row1[0, -1], atol=1e-5)
 
 
 def test_left_and_right_padding_leave_valid_logits_unchanged(params, tokens):
-    ref = qwen3.logits(CONFIG, params, tokens[:1, 2:8])
-    left = qwen3.logits(CONFIG, params, tokens[:1, :8], jnp.array([[0, 0, 1, 1, 1, 1, 1, 1]]))
-    right = qwen3.logits(CONFIG, params, tokens[:1, 2:], jnp.array([[1, 1, 1, 1, 1, 1, 0, 0]]))
+    ref = jitted.logits(CONFIG, params, tokens[:1, 2:8])
+    left = jitted.logits(CONFIG, params, tokens[:1, :8], jnp.array([[0, 0, 1, 1, 1, 1, 1, 1]]))
+    right = jitted.logits(CONFIG, params, tokens[:1, 2:], jnp.array([[1, 1, 1, 1, 1, 1, 0, 0]]))
     np.testing.assert_allclose(left[0, 2:], ref[0], atol=1e-5)
     np.testing.assert_allclose(right[0, :6], ref[0], atol=1e-5)
     assert np.isfinite(np.asarray(left)).all() and np.isfinite(np.asarray(right)).all()
@@ -62,7 +63,7 @@ def test_left_and_right_padding_leave_valid_logits_unchanged(params, tokens):
 
 def test_remat_policies_give_same_values_and_grads(params, tokens):
     def loss(p, config):
-        return jnp.mean(qwen3.logits(config, p, tokens) ** 2)
+        return jnp.mean(jitted.logits(config, p, tokens) ** 2)
 
     base_v, base_g = jax.value_and_grad(loss)(params, CONFIG)
     for policy in ("full", "dots_saveable"):
@@ -74,10 +75,10 @@ def test_remat_policies_give_same_values_and_grads(params, tokens):
 def test_bfloat16_compute_is_close_to_float32(params, tokens):
     config = CONFIG.replace(param_dtype="bfloat16", dtype="bfloat16")
     p16 = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
-    out = qwen3.logits(config, p16, tokens)
+    out = jitted.logits(config, p16, tokens)
     assert out.dtype == jnp.float32
-    assert qwen3.hidden_states(config, p16, tokens).dtype == jnp.bfloat16
-    ref = qwen3.logits(CONFIG, params, tokens)
+    assert jitted.hidden_states(config, p16, tokens).dtype == jnp.bfloat16
+    ref = jitted.logits(CONFIG, params, tokens)
     err = float(jnp.max(jnp.abs(out - ref)))
     assert 0.0 < err < 0.05 * float(jnp.max(jnp.abs(ref))) + 1e-2
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pipo_jax.models import qwen3
+from tests import jitted
 from pipo_jax.sampling import decode
 from pipo_jax.sampling.sampler import attention_lengths
 
@@ -79,13 +80,13 @@ def test_decode_step_reads_weights_without_relayout(params, layer_loop, rows, mo
 def test_prefill_last_logits_equal_full_forward(params, batch):
     tokens, mask = batch
     logits, lengths, cache = decode.prefill(CONFIG, params, tokens, mask, cache_len=12)
-    full = qwen3.logits(CONFIG, params, tokens, mask)
+    full = jitted.logits(CONFIG, params, tokens, mask)
     last = jnp.array([7, 7, 1])
     np.testing.assert_allclose(logits, full[jnp.arange(3), last], atol=1e-5)
     np.testing.assert_array_equal(lengths, [5, 8, 2])
     assert cache.k.shape == (CONFIG.num_hidden_layers, 3, CONFIG.num_key_value_heads, 12, CONFIG.head_dim)
     # The plain cached forward fills the same slots with the same keys/values.
-    ref = qwen3.forward(CONFIG, params, tokens, mask, cache=qwen3.init_cache(CONFIG, 3, 12))[1]
+    ref = jitted.forward(CONFIG, params, tokens, mask, cache=qwen3.init_cache(CONFIG, 3, 12))[1]
     np.testing.assert_allclose(cache.k, ref.k, atol=1e-5)
     np.testing.assert_allclose(cache.v, ref.v, atol=1e-5)
 
@@ -149,7 +150,7 @@ def test_bf16_compute_decode_runs_on_cpu_and_is_close_to_fp32(params, batch, lay
     for t in range(2):
         out, cache = decode.decode_step(config, weights, cache, nxt[:, t], lengths + t)
         logits.append(out)
-    full = qwen3.logits(CONFIG, params, jnp.concatenate([tokens, nxt], 1), jnp.concatenate([mask, jnp.ones_like(nxt)], 1))
+    full = jitted.logits(CONFIG, params, jnp.concatenate([tokens, nxt], 1), jnp.concatenate([mask, jnp.ones_like(nxt)], 1))
     np.testing.assert_allclose(jnp.stack(logits, axis=1), full[:, -2:], atol=5e-2)
 
 
