@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from pipo_jax.models import qwen3
-from tests import jitted
 from pipo_jax.sampling import continuous_batching, decode, sampler
 from pipo_jax.sampling.engine import Engine
 from pipo_jax.sampling.sampling_params import SamplingParams
+from tests import jitted
 
 BASE = qwen3.preset("tiny").replace(num_hidden_layers=3)
 # The accelerator form (the reference) first, then the others; UNROLL_FLAT is what "auto" picks on cpu.

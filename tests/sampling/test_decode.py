@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from pipo_jax.models import qwen3
-from tests import jitted
 from pipo_jax.sampling import decode
 from pipo_jax.sampling.sampler import attention_lengths
+from tests import jitted
 
 CONFIG = qwen3.preset("tiny")
 
