@@ -19,7 +19,6 @@ serves a full forward, prefill and one-token decode, and left- or right-padded r
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, NamedTuple
 
@@ -218,10 +217,8 @@ _NORMS = ("attn_norm", "q_norm", "k_norm", "mlp_norm", "final_norm")
 DENSE_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1, "down_proj": 1}
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames="std")
 def init_params(config: Qwen3Config, rng: jax.Array, std: float = 0.02) -> Params:
-    """Random parameters: N(0, std) matrices (HF's `initializer_range`), unit norms. One program
-    per config (called eagerly, each matrix's draw would compile a program of its own)."""
+    """Random parameters: N(0, std) matrices (HF's `initializer_range`), unit norms."""
     shapes = param_shapes(config)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
     keys = jax.random.split(rng, len(leaves))
