@@ -35,6 +35,19 @@ def fresh_state(c):
     return spec, init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
 
 
+def host_iterations(spec, state, n: int):
+    """`n` iterations of the host loop (jitted generate -> the task's reward -> jitted learn), metrics
+    stacked `[n]` as `loop.scan_chunk` returns them. Generate is one program for every algorithm of a
+    model and rollout (a persistent-cache hit after the first), so a test per algorithm compiles only its
+    update; `test_jitted_scan_loop_equals_host_loop` holds the two loops equal."""
+    rewards = lambda r: np.asarray(loop.rollout_lib.task_rewards(spec, r))  # noqa: E731
+    rows = []
+    for _ in range(n):
+        state, m = loop.host_iteration(spec, state, rewards)
+        rows.append(jax.device_get(m))
+    return jax.device_get(state), {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
 # Every algorithm with PIPO (its base step, the PI step with its attribution, its extras) in
 # bf16 compute over float32 master weights, the paper presets' precision; PIPO off once.
 # Switching PIPO off removes the PI step for every algorithm alike, the compute dtype only
@@ -51,8 +64,7 @@ def test_every_variant_runs_three_iterations(algo, pipo_on, dtype):
     c = micro(algo, pipo_on, **{"model.dtype": dtype, "seed": 1})
     spec, state = fresh_state(c)
     before = jax.tree.map(np.asarray, state.params)
-    state, m = loop.scan_chunk(spec, state, 3)
-    m = jax.device_get(m)
+    state, m = host_iterations(spec, state, 3)
     assert int(state.step) == 3
     assert np.all(m["reward_std"][:2] > 0)
     for key, value in m.items():  # the window's moments are NaN until it is full
@@ -103,7 +115,7 @@ OVERRIDES = {"kl_cov": COV, "clip_cov": COV, "copo": {"seed": 3},
                                   "copo", "riskpo", "gdpo", "adora"])
 def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     """configs/rloo.py, configs/reinforce_pp.py, configs/kl_cov.py and configs/clip_cov.py with
-    `pipo.enabled=true` through three jitted trainer iterations (K = 2): the base step trains every
+    `pipo.enabled=true` through three trainer iterations (host loop) (K = 2): the base step trains every
     iteration, the window and the stored batch advance, the PI step runs at the third; the stored
     attribution is the algorithm's: the group attribution of RLOO, KL-Cov and Clip-Cov (one value per
     response, sum |a| = G over a group with signal), REINFORCE++'s whitened token advantages (mean 0
@@ -123,7 +135,7 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
     spec, state = fresh_state(c)
     assert spec.algorithm.name == algo and spec.pipo.enabled
     before = jax.tree.map(np.asarray, state.params)
-    state, m = jax.device_get(loop.scan_chunk(spec, state, 3))
+    state, m = host_iterations(spec, state, 3)
     assert int(state.step) == 3 and np.all(m["reward_std"][:2] > 0)
     assert all(np.all(np.isfinite(v)) for k, v in m.items() if k not in ("mu_his", "sigma_his"))
     changed = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), before, state.params))
