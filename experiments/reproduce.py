@@ -6,6 +6,7 @@
     python -m experiments.reproduce every_method         # both runs above, then one row per method
     python -m experiments.reproduce ablations            # the SDPO / GSPO ablations of PIPO, then render
     python -m experiments.reproduce rg_study             # the ten reasoning-gym datasets (hours), then render
+    python -m experiments.reproduce every_method_rg      # every method on one reasoning-gym dataset (hours)
     python -m experiments.reproduce readiness_8b         # the 8B programs compiled for the host and TPU v5p (~1 h)
     python -m experiments.reproduce main_job --render    # run nothing: render the table from its JSON
     python -m experiments.reproduce --list               # the tables, their commands and JSONs
@@ -246,6 +247,40 @@ def render_rg_study(records: list[dict]) -> str:
         "| --- | --- | ---: | --- | --- |", *diff_rows])
 
 
+def render_every_method_rg(records: list[dict]) -> str:
+    """One row per method of `RG_METHOD_GROUPS` (a group not yet run: its methods say so): greedy held-out
+    accuracy of the base, of each arm and the no-PIPO arm's gain over its base, then PIPO minus no PIPO on
+    final greedy accuracy, pass@1 at the rollout temperature and reward AUC; the methods the task cannot
+    run, with the reason, under it."""
+    rows, machines = [], set()
+    for group, rec in zip(RG_METHOD_GROUPS, records):
+        if rec.get("missing"):
+            rows += [f"| {algo} | not run yet | | | | | | | | | `{rec['json_name']}` |" for algo in group]
+            continue
+        machines.add(_machine(rec))
+        summary = rec["summary"]
+        for algo in group:
+            off, on = summary["arms"][algo], summary["arms"][f"{algo}+PIPO"]
+            d = summary["pipo_minus_base"][algo]
+            acc = d["final_accuracy"]
+            p1 = _ci(d["final_pass_at_1"]) if "final_pass_at_1" in d else "-"
+            rows.append(f"| {algo} | {acc['n']} | {off['initial_accuracy_mean']:.3f} | {off['final_accuracy_mean']:.3f} | "
+                        f"{_ci(off['gain_over_base'])} | {on['final_accuracy_mean']:.3f} | {_ci(acc)} | "
+                        f"{sum(x > 0 for x in acc['diffs'])}/{acc['n']} | {p1} | {_ci(d['reward_auc'], 4)} | "
+                        f"`{rec['json_name']}` |")
+    done = sum(not r.get("missing") for r in records)
+    head = (f"{done} of {len(records)} runs made" + (f", measured with {'; '.join(sorted(machines))}" if machines
+                                                     else "") + " (JSONs in `experiments/results/every_method_rg/`).")
+    skipped = "; ".join(f"{algo} (needs {why})" for algo, why in RG_NOT_APPLICABLE.items())
+    return "\n".join([
+        head, "",
+        "| method | seeds | base acc | final acc, no PIPO | gain over base, no PIPO (95% CI) | final acc, PIPO | "
+        "PIPO - no PIPO, final acc (95% CI) | seeds where PIPO is higher | PIPO - no PIPO, final pass@1 (95% CI) | "
+        "reward AUC difference (95% CI) | JSON |",
+        "| --- | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | --- | --- |", *rows, "",
+        f"Not run on reasoning-gym, whose task has neither teacher contexts nor reward components: {skipped}."])
+
+
 def render_readiness(records: list[dict]) -> str:
     """The readiness report's tables (`experiments/benchmarks/readiness_tables.py`) under the line that
     names its installed set, machine, commit and time."""
@@ -264,6 +299,24 @@ def _rg_study_runs() -> tuple[Run, ...]:
 
 
 # ------------------------------------------------------------------------------------------ the tables
+
+# Every method the reasoning-gym task can run, with and without PIPO, on one dataset of the study where
+# RL learns within its budget, with the study's recipe, seeds, iterations and bases (the study's own
+# warm-ups, shared through --base_dir: every arm starts from the same per-seed base), four methods a run.
+RG_METHODS_DATASET = "chain_sum"
+RG_METHOD_GROUPS = (("grpo", "dr_grpo", "ppo", "rloo"), ("reinforce_pp", "gspo", "dapo", "bnpo"),
+                    ("disco", "bapo", "adora", "kl_cov"), ("clip_cov", "drpo", "copo", "riskpo"))
+RG_NOT_APPLICABLE = {"sdpo": "teacher contexts", "vpd": "teacher contexts", "gdpo": "reward components"}
+
+
+def _every_method_rg_runs() -> tuple[Run, ...]:
+    d = rg_study.dataset(RG_METHODS_DATASET)
+    return tuple(Run(("experiments.compare", f"--algorithms={','.join(group)}", f"--seeds={rg_study.SEEDS}",
+                      f"--iterations={rg_study.ITERATIONS}", f"--base_dir=runs/rg_study/{d.name}",
+                      *(f"--set={s}" for s in rg_study.recipe_sets(d))),
+                     "compare.json", f"every_method_rg/{d.name}_{k}.json")
+                 for k, group in enumerate(RG_METHOD_GROUPS, 1))
+
 
 _ALGORITHM_RUNS = (
     Run(("experiments.compare", "--algorithms=grpo,sdpo", "--seeds=0-9"), "compare.json",
@@ -289,6 +342,7 @@ TABLES = {t.name: t for t in (
           (*_ALGORITHM_RUNS, *_METHOD_RUNS),
           render_every_method, ("docs/results.md",)),
     Table("rg_study", _rg_study_runs(), render_rg_study, ("docs/results.md",), partial=True),
+    Table("every_method_rg", _every_method_rg_runs(), render_every_method_rg, ("docs/results.md",), partial=True),
     Table("readiness_8b",
           (Run(("experiments.benchmarks.readiness", "--parts=paper", "--models=qwen3_8b"), "readiness.json",
                "readiness_paper_8b.json", out_is_file=True),),
@@ -361,6 +415,7 @@ def run_table(table: Table, out: str) -> None:
         proc = subprocess.run(argv, cwd=ROOT)
         if proc.returncode != 0:
             raise RuntimeError(f"{table.name}: `{' '.join(argv[1:])}` exited with {proc.returncode}")
+        (RESULTS / run.json).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(os.path.join(run_out, run.produced), RESULTS / run.json)
 
 

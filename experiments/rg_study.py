@@ -65,21 +65,29 @@ RECIPE = ("task.name=reasoning_gym", "task.reasoning_gym.overlong=drop", "task.r
           "warmup.target_pass_rate=0.3", "warmup.target_mixed_groups=0.5", "warmup.eval_every=10")
 
 
+def recipe_sets(d: Dataset) -> list[str]:
+    """The config settings of dataset `d`: the recipe, then only its name and its own (size) config."""
+    return [*RECIPE, f"task.reasoning_gym.dataset={d.name}",
+            f"task.reasoning_gym.config={json.dumps(d.config, separators=(',', ':'))}"]
+
+
 def compare_argv(d: Dataset, out: str) -> list[str]:
     """The `experiments.compare` command of dataset `d` (after `python -m`)."""
-    sets = [*RECIPE, f"task.reasoning_gym.dataset={d.name}",
-            f"task.reasoning_gym.config={json.dumps(d.config, separators=(',', ':'))}"]
     return ["experiments.compare", "--algorithms=grpo", f"--seeds={SEEDS}", f"--iterations={ITERATIONS}",
-            f"--out={out}", *(f"--set={s}" for s in sets)]
+            f"--out={out}", *(f"--set={s}" for s in recipe_sets(d))]
+
+
+def dataset(name: str) -> Dataset:
+    """The listed dataset called `name`."""
+    by_name = {d.name: d for d in DATASETS}
+    if name not in by_name:
+        raise cli.UsageError(f"--datasets: {name!r} is not one of {tuple(by_name)}")
+    return by_name[name]
 
 
 def main(argv: list[str]) -> None:
     del argv
-    by_name = {d.name: d for d in DATASETS}
-    unknown = [n for n in FLAGS.datasets if n not in by_name]
-    if unknown:
-        raise cli.UsageError(f"--datasets: {unknown[0]!r} is not one of {tuple(by_name)}")
-    chosen = [by_name[n] for n in FLAGS.datasets] or list(DATASETS)
+    chosen = [dataset(n) for n in FLAGS.datasets] or list(DATASETS)
     for d in chosen:
         argv = compare_argv(d, os.path.join(FLAGS.out, d.name))
         if FLAGS.list:

@@ -83,3 +83,34 @@ def test_the_rg_study_table_shows_every_listed_dataset_run_or_not():
             f"{a['final_accuracy_mean']:.3f} | ") in text
     assert "| - | - | " in text  # pass@1 not recorded by that run
     assert "| `chain_sum` | +0.011 [-0.016, +0.035], p = 0.625 | 3/5 | - | " in text
+
+
+def test_every_method_rg_covers_each_method_once_and_the_study_recipe():
+    """The groups and the methods left out (with the reason) are every config of `configs/` exactly once;
+    each run is the study's compare command of its dataset (recipe, seeds, iterations) with the study's bases."""
+    configs = {p.stem for p in (reproduce.ROOT / "configs").glob("*.py")} - {"__init__", "base"}
+    grouped = [a for group in reproduce.RG_METHOD_GROUPS for a in group]
+    assert len(grouped) == len(set(grouped)) and set(grouped) | set(reproduce.RG_NOT_APPLICABLE) == configs
+    assert not set(grouped) & set(reproduce.RG_NOT_APPLICABLE)
+    d = rg_study.dataset(reproduce.RG_METHODS_DATASET)
+    for run, group in zip(reproduce.TABLES["every_method_rg"].runs, reproduce.RG_METHOD_GROUPS):
+        assert run.argv[:6] == ("experiments.compare", f"--algorithms={','.join(group)}", f"--seeds={rg_study.SEEDS}",
+                                f"--iterations={rg_study.ITERATIONS}", f"--base_dir=runs/rg_study/{d.name}",
+                                *(f"--set={s}" for s in rg_study.recipe_sets(d)[:1]))
+        assert [a[len("--set="):] for a in run.argv[5:]] == rg_study.recipe_sets(d)
+
+
+def test_the_every_method_rg_table_shows_each_method_run_or_not(monkeypatch):
+    """A run's methods get their figures (from its JSON), a missing run's methods 'not run yet'; the methods
+    the task cannot run are named with the reason."""
+    measured = json.loads((reproduce.RESULTS / "compare_methods_a_5seeds.json").read_text())
+    monkeypatch.setattr(reproduce, "RG_METHOD_GROUPS", (("rloo", "bnpo"), ("grpo",)))
+    text = reproduce.render_every_method_rg([measured | {"json_name": "a.json"}, {"json_name": "b.json", "missing": True}])
+    assert text.startswith("1 of 2 runs made, measured with ")
+    off, on = measured["summary"]["arms"]["rloo"], measured["summary"]["arms"]["rloo+PIPO"]
+    acc = measured["summary"]["pipo_minus_base"]["rloo"]["final_accuracy"]
+    higher = sum(x > 0 for x in acc["diffs"])
+    assert (f"| rloo | 5 | {off['initial_accuracy_mean']:.3f} | {off['final_accuracy_mean']:.3f} | ") in text
+    assert f"| {on['final_accuracy_mean']:.3f} | {reproduce._ci(acc)} | {higher}/5 | " in text
+    assert "| grpo | not run yet |" in text and "`b.json` |" in text
+    assert "sdpo (needs teacher contexts); vpd (needs teacher contexts); gdpo (needs reward components)" in text
