@@ -365,7 +365,7 @@ def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
     np.testing.assert_array_equal(tokens[:, -spec.rollout.max_new_tokens:], resp)
 
 
-@pytest.mark.slow  # one compile of the trainer per hybrid
+@pytest.mark.slow  # one compile of the update per hybrid
 @pytest.mark.parametrize("mode", ["joint", "reshape"])
 def test_vpd_hybrids_run(mode):
     from configs import vpd as vpd_configs
@@ -374,17 +374,17 @@ def test_vpd_hybrids_run(mode):
     c.pipo.enabled = True
     spec, state = fresh_state(c)
     assert spec.vpd.hybrid == mode and spec.loss.policy == "token_clip" and spec.pipo.attribution == "group"
-    state, m = loop.scan_chunk(spec, state, 2)
+    state, m = host_iterations(spec, state, 2)
     assert np.all(np.isfinite(m["train/loss"])) and list(m["vpd/e_step_applied"]) == [1.0, 0.0]
 
 
-@pytest.mark.slow  # two compiles of the trainer
+@pytest.mark.slow  # two compiles of the update
 def test_vpd_without_e_step_is_sdpo():
     vpd_c = micro("vpd", True, **{"vpd.e_step": False})
     sdpo_c = micro("sdpo", True, **{"loss.policy": "sdpo_token"})
     (vpd_spec, vpd_state), (sdpo_spec, sdpo_state) = fresh_state(vpd_c), fresh_state(sdpo_c)
-    vpd_state, _ = loop.scan_chunk(vpd_spec, vpd_state, 2)
-    sdpo_state, _ = loop.scan_chunk(sdpo_spec, sdpo_state, 2)
+    vpd_state, _ = host_iterations(vpd_spec, vpd_state, 2)
+    sdpo_state, _ = host_iterations(sdpo_spec, sdpo_state, 2)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(vpd_state.params), jax.device_get(sdpo_state.params))
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(vpd_state.teacher_params),
                  jax.device_get(sdpo_state.teacher_params))
