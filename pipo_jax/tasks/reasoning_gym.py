@@ -42,7 +42,7 @@ from pipo_jax.tasks import dataset as dataset_lib
 from pipo_jax.tasks.dataset import DatasetTask, split_rows
 from pipo_jax.tasks.dataset_settings import DatasetSettings
 from pipo_jax.tasks.math import resolve_workers
-from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities, TaskConfigError
+from pipo_jax.tasks.protocol import ContextChoice, RewardComponent, Scored, Task, TaskCapabilities, TaskConfigError
 from pipo_jax.tasks.reasoning_gym_settings import OVERLONG, PROMPT_FORMS, ReasoningGymSettings
 from pipo_jax.tasks.row_split import RowSampling, RowScorer
 
@@ -186,8 +186,10 @@ class ReasoningGymTask(RowSampling, Task):
 
     name: ClassVar[str] = "reasoning_gym"
     # A JAX reward (calling the library); the verifier may accept other answers or give partial
-    # credit (no exact answers); the library's answers are the warm-up's demonstrations.
-    capabilities: ClassVar[TaskCapabilities] = TaskCapabilities(device_reward=True, warmup=True)
+    # credit (no exact answers); the library's answers are the warm-up's demonstrations; the reward
+    # splits into full and partial credit (GDPO's components).
+    capabilities: ClassVar[TaskCapabilities] = TaskCapabilities(device_reward=True, warmup=True,
+                                                                reward_components=True)
     tokenizer: ClassVar[Any] = None
     stop_token_ids: ClassVar[tuple[int, ...]] = (text_vocab.EOS_ID,)
     pad_id: ClassVar[int] = text_vocab.PAD_ID
@@ -247,8 +249,29 @@ class ReasoningGymTask(RowSampling, Task):
         return jax.pure_callback(self.score, shape, problems.index_b, tokens_br, mask_br,
                                  vmap_method="broadcast_all")
 
+    def reward_weights(self) -> tuple[RewardComponent, ...]:
+        """`full_credit` and `partial_credit`, weight 1 each (`reward_components`)."""
+        return REWARD_COMPONENTS
+
+    def credit_parts(self, index_b, tokens_br, mask_br) -> np.ndarray:
+        """Host: float32 `[..., b, 2]`, the library's score split into full credit (a score of 1) and
+        partial credit (a score below 1, e.g. the answer inside a longer text); they sum to `score`."""
+        scores = self.score(index_b, tokens_br, mask_br)
+        full = np.where(scores >= 1.0, scores, 0.0).astype(np.float32)
+        return np.stack([full, scores - full], axis=-1)
+
+    def reward_components(self, problems: Problems, tokens_br, mask_br) -> jax.Array:
+        """float32 `[b, 2]` (`REWARD_COMPONENTS`): `credit_parts` of each response, on the host."""
+        shape = jax.ShapeDtypeStruct((*problems.index_b.shape, len(REWARD_COMPONENTS)), jnp.float32)
+        return jax.pure_callback(self.credit_parts, shape, problems.index_b, tokens_br, mask_br,
+                                 vmap_method="broadcast_all")
+
     def scorer(self) -> RowScorer:
         return RowScorer(self)
+
+
+# The reward's parts (`reward_components`): the library's full credit, and its partial credit.
+REWARD_COMPONENTS = (RewardComponent("full_credit", 1.0), RewardComponent("partial_credit", 1.0))
 
 
 def _left_padded(rows: Sequence[list[int]], width: int) -> np.ndarray:

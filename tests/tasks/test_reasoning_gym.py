@@ -86,6 +86,23 @@ def test_reward_is_the_librarys_score_through_the_trainer_path(dataset, config, 
     np.testing.assert_allclose(trainer_rewards(spec, rows[:1], [""]), [ds.score_answer("", entries[0])])
 
 
+def test_reward_components_are_full_and_partial_credit_summing_to_the_reward():
+    """gcd: the answer scores full credit [1, 0]; "x" + answer the library's partial credit
+    [0, len(answer) / (len(answer) + 1)]; a wrong one [0, 0]; each row sums to the trainer's reward."""
+    spec = train_spec(rg_config("gcd", GCD))
+    task = spec.task
+    assert [c.name for c in task.reward_weights()] == ["full_credit", "partial_credit"]
+    rows = list(task.source.heldout_rows[:2])
+    answers = [task.source.entries[r]["answer"] for r in rows]
+    texts = answers + [x_before(a) for a in answers] + ["zz", "zz"]
+    problems = task.problems_at(np.asarray(rows * 3, np.int32))
+    resp, mask = responses(texts, spec.rollout.max_new_tokens)
+    got = np.asarray(jax.jit(task.reward_components)(problems, jnp.asarray(resp), jnp.asarray(mask)))
+    partial = [len(a) / (len(a) + 1) for a in answers]
+    np.testing.assert_allclose(got, [[1, 0], [1, 0], [0, partial[0]], [0, partial[1]], [0, 0], [0, 0]], rtol=1e-6)
+    np.testing.assert_allclose(got.sum(axis=1), trainer_rewards(spec, rows * 3, texts), rtol=1e-6)
+
+
 def test_vmapped_seeds_score_every_batch_in_one_host_call():
     task = train_spec(rg_config()).task
     problems = task.problems_at(task.source.heldout_rows[:3])
