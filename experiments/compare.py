@@ -267,12 +267,45 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
     return {"arms": arms, "pipo_minus_base": paired, "variants": variants}
 
 
+PARTIAL = "compare.partial.json"
+
+
+def arm_fingerprint(config: ml_collections.ConfigDict) -> dict:
+    """An arm's whole config as plain JSON values (what a stored arm must equal to be reused)."""
+    return json.loads(json.dumps(config.to_dict(), default=str, sort_keys=True))
+
+
+def stored_arms(out: str, origin: dict, seeds: list[int]) -> dict[str, dict]:
+    """The arms a stopped comparison in `out` finished (`PARTIAL`: {label: {"config", "runs"}}), reusable
+    when that run was the same code (a clean checkout at the same commit) with the same seeds. A partial
+    file of other code or seeds is moved aside (never overwritten), and nothing is reused."""
+    path = os.path.join(out, PARTIAL)
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path) as f:
+            stored = json.load(f)
+    except ValueError:
+        stored = {}
+    same = (stored.get("commit") == origin["commit"] and not origin["commit"].endswith("+dirty")
+            and origin["commit"] != "unknown" and stored.get("seeds") == seeds and "arms" in stored)
+    if same:
+        return stored["arms"]
+    k = 1
+    while os.path.exists(aside := os.path.join(out, f"compare.partial.{k}.json")):
+        k += 1
+    os.replace(path, aside)
+    print(f"{path}: made by other code or seeds (or unreadable), so no arm is reused; moved to {aside}", flush=True)
+    return {}
+
+
 def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iterations: int = 0,
             eval_every: int = 0, assignments: tuple[str, ...] = (), variants: list[str] = (),
             base_dir: str = "") -> dict:
     """Runs every algorithm with PIPO off and on (and each `variants` arm) for all `seeds`
     (`assignments`: 'KEY=VALUE' config settings of every arm); writes compare.json / .png (and
-    compare.partial.json, the runs so far, after every arm)."""
+    compare.partial.json, the arms so far, after every arm: run again with the same arguments, code and
+    seeds, a stopped comparison reuses the arms it finished, whose configs are unchanged)."""
     origin = provenance.record()  # the code that runs (taken now: the tree may change while it runs)
     try:
         parsed = [parse_variant(v) for v in variants]
@@ -296,24 +329,34 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
         _, params = hf.load(warmed_up_model(first, seed, base_dir or out))
         bases.append(params)
     results: dict[str, list[dict]] = {}
+    stored, done, resumed = stored_arms(out, origin, seeds), {}, []
     for name, config in configs.items():
         arms = [("", False, {}), ("+PIPO", True, {})]
         arms += [(f"+PIPO[{label}]", True, o) for algorithm, label, o in parsed if algorithm == name]
         for arm, enabled, overrides in arms:
             c = with_overrides(config, overrides)
             c.pipo.enabled = enabled
-            t0 = time.perf_counter()
-            results[name + arm] = run_arm(c, seeds, bases, eval_every or c.eval.every)
-            print(f"{name + arm}: {len(seeds)} seeds in {time.perf_counter() - t0:.0f}s", flush=True)
-            jax.clear_caches()
-            with open(os.path.join(out, "compare.partial.json"), "w") as f:  # a late failure keeps the arms done
-                json.dump({"seeds": seeds, **provenance.record(), "runs": results}, f)
+            label, fingerprint = name + arm, arm_fingerprint(c)
+            if stored.get(label, {}).get("config") == fingerprint:
+                results[label] = stored[label]["runs"]
+                resumed.append(label)
+                print(f"{label}: reused from {os.path.join(out, PARTIAL)}", flush=True)
+            else:
+                t0 = time.perf_counter()
+                results[label] = run_arm(c, seeds, bases, eval_every or c.eval.every)
+                print(f"{label}: {len(seeds)} seeds in {time.perf_counter() - t0:.0f}s", flush=True)
+                jax.clear_caches()
+            done[label] = {"config": fingerprint, "runs": results[label]}
+            tmp = os.path.join(out, PARTIAL + ".tmp")  # a kill while writing leaves the last whole file
+            with open(tmp, "w") as f:
+                json.dump({"seeds": seeds, **origin, "arms": done}, f)
+            os.replace(tmp, os.path.join(out, PARTIAL))
     summary = summarise(results, algorithms)
     record = {"script": "experiments/compare.py", "algorithms": algorithms, "preset": preset, "seeds": seeds,
               "settings": list(assignments), "task": first.task.name,
               "variants": {f"{a}+PIPO[{label}]": o for a, label, o in parsed},
               "iterations": first.iterations, "wall_time_s": time.perf_counter() - start,
-              "cpu_time_s": time.process_time() - cpu_start, **origin,
+              "cpu_time_s": time.process_time() - cpu_start, "reused_arms": resumed, **origin,
               "summary": summary, "runs": results}
     with open(os.path.join(out, "compare.json"), "w") as f:
         json.dump(record, f, indent=1)

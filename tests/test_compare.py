@@ -1,5 +1,7 @@
-"""experiments/compare.py: seeds stacked into one vmapped program equal separate runs."""
+"""experiments/compare.py: seeds stacked into one vmapped program equal separate runs; a stopped
+comparison resumes from the arms it finished."""
 
+import json
 import os
 
 import jax
@@ -114,3 +116,31 @@ def test_vmapped_pass_at_1_is_the_trainers_heldout_pass_at_1_per_seed():
     for i, p in enumerate(params):
         np.testing.assert_array_equal(rewards[i], evaluation.sampled_rewards(p))
     assert len({rewards[0].tobytes(), rewards[1].tobytes()}) == 2  # each seed's own policy
+
+
+@pytest.mark.slow  # two micro comparisons
+def test_a_stopped_comparison_reuses_the_arms_it_finished(tmp_path, monkeypatch):
+    """After every arm compare.partial.json holds the arms so far with their configs. Run again with the same
+    code (a clean checkout at one commit), seeds and arguments, a comparison stopped after its first arm
+    reruns only the second and writes the uninterrupted run's results; from other seeds (or code) the file
+    is moved aside, nothing reused."""
+    origin = dict(compare.provenance.record(), commit="0" * 40)  # as a clean checkout records it
+    monkeypatch.setattr(compare.provenance, "record", lambda: dict(origin))
+    out = str(tmp_path / "cmp")
+    whole = compare.compare(["grpo"], "micro", [0, 1], out, iterations=2)
+    assert whole["reused_arms"] == []
+    partial_path = os.path.join(out, compare.PARTIAL)
+    with open(partial_path) as f:
+        partial = json.load(f)
+    assert list(partial["arms"]) == ["grpo", "grpo+PIPO"] and partial["seeds"] == [0, 1]
+    del partial["arms"]["grpo+PIPO"]  # as if stopped during the second arm
+    with open(partial_path, "w") as f:
+        json.dump(partial, f)
+    ran = []
+    run_arm = compare.run_arm
+    monkeypatch.setattr(compare, "run_arm", lambda c, *a: ran.append(c.pipo.enabled) or run_arm(c, *a))
+    resumed = compare.compare(["grpo"], "micro", [0, 1], out, iterations=2)
+    assert ran == [True] and resumed["reused_arms"] == ["grpo"]
+    assert resumed["runs"] == json.loads(json.dumps(whole["runs"])) and resumed["summary"] == whole["summary"]
+    assert compare.stored_arms(out, origin, [0, 2]) == {}  # other seeds: moved aside, kept
+    assert not os.path.exists(partial_path) and os.path.exists(os.path.join(out, "compare.partial.1.json"))
