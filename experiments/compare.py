@@ -299,6 +299,16 @@ def stored_arms(out: str, origin: dict, seeds: list[int]) -> dict[str, dict]:
     return {}
 
 
+def arm_config(config: ml_collections.ConfigDict, pipo: bool, overrides: dict) -> ml_collections.ConfigDict:
+    """An arm's config: its algorithm's with the arm's overrides and PIPO on or off. An arm starts from
+    its seed's base, warmed up once with the first algorithm's settings, so the warm-up's sampled targets
+    are not the arm's to check (PPO's one response per prompt never makes a mixed group)."""
+    c = with_overrides(config, overrides)
+    c.pipo.enabled = pipo
+    c.warmup.target_pass_rate = c.warmup.target_mixed_groups = None
+    return c
+
+
 def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iterations: int = 0,
             eval_every: int = 0, assignments: tuple[str, ...] = (), variants: list[str] = (),
             base_dir: str = "") -> dict:
@@ -334,8 +344,7 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
         arms = [("", False, {}), ("+PIPO", True, {})]
         arms += [(f"+PIPO[{label}]", True, o) for algorithm, label, o in parsed if algorithm == name]
         for arm, enabled, overrides in arms:
-            c = with_overrides(config, overrides)
-            c.pipo.enabled = enabled
+            c = arm_config(config, enabled, overrides)
             label, fingerprint = name + arm, arm_fingerprint(c)
             if stored.get(label, {}).get("config") == fingerprint:
                 results[label] = stored[label]["runs"]

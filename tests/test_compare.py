@@ -13,6 +13,7 @@ from experiments import compare, runs
 from experiments.cli import UsageError
 from pipo_jax.models import qwen3
 from pipo_jax.rl import loop
+from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.run.setup import train_spec
 
@@ -144,3 +145,16 @@ def test_a_stopped_comparison_reuses_the_arms_it_finished(tmp_path, monkeypatch)
     assert resumed["runs"] == json.loads(json.dumps(whole["runs"])) and resumed["summary"] == whole["summary"]
     assert compare.stored_arms(out, origin, [0, 2]) == {}  # other seeds: moved aside, kept
     assert not os.path.exists(partial_path) and os.path.exists(os.path.join(out, "compare.partial.1.json"))
+
+
+def test_an_arm_leaves_the_warmup_targets_to_the_base():
+    """The bases are warmed up once, with the first algorithm's settings; an arm does not check the warm-up's
+    sampled targets, which PPO's one response per prompt could never meet (a group of one is never mixed)."""
+    c = compare.algorithm_config("ppo", "micro", 2, ("warmup.target_mixed_groups=0.5", "warmup.target_pass_rate=0.3",
+                                                     "warmup.check_prompts=8"))
+    assert c.rollout.group_size == 1
+    with pytest.raises(ConfigError, match=r"config\.warmup\.target_mixed_groups: 0\.5: a group of rollout\.group_size=1"):
+        train_spec(c)
+    arm = compare.arm_config(c, True, {"pipo.lam": 0.5})
+    assert train_spec(arm).pipo.enabled and arm.pipo.lam == 0.5
+    assert (c.warmup.target_mixed_groups, arm.warmup.target_mixed_groups, arm.warmup.target_pass_rate) == (0.5, None, None)
