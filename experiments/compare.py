@@ -51,7 +51,7 @@ from pipo_jax.models import hf
 from pipo_jax.rl import loop
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
-from pipo_jax.run import teacher_forcing
+from pipo_jax.run import atomic, teacher_forcing
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import EVAL_SEED, device_sampled_rewards
 
@@ -356,10 +356,8 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
                 print(f"{label}: {len(seeds)} seeds in {time.perf_counter() - t0:.0f}s", flush=True)
                 jax.clear_caches()
             done[label] = {"config": fingerprint, "runs": results[label]}
-            tmp = os.path.join(out, PARTIAL + ".tmp")  # a kill while writing leaves the last whole file
-            with open(tmp, "w") as f:
-                json.dump({"seeds": seeds, **origin, "arms": done}, f)
-            os.replace(tmp, os.path.join(out, PARTIAL))
+            # a kill or a full disk while writing leaves the last whole file
+            atomic.write_json_atomic(os.path.join(out, PARTIAL), {"seeds": seeds, **origin, "arms": done}, indent=None)
     summary = summarise(results, algorithms)
     record = {"script": "experiments/compare.py", "algorithms": algorithms, "preset": preset, "seeds": seeds,
               "settings": list(assignments), "task": first.task.name,

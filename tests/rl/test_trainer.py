@@ -256,17 +256,11 @@ def test_jitted_scan_loop_equals_host_loop(algo):
     spec, state = fresh_state(c)
     initial = scenario.flatten(jax.device_get(state.params))
     scanned, m_scan = loop.scan_chunk(spec, jax.tree.map(jnp.copy, state), 3)
-    host = state
-    rewards = lambda r: np.asarray(loop.rollout_lib.task_rewards(spec, r))  # a Python (host) reward function
-    host_rows = []
-    for _ in range(3):
-        host, m = loop.host_iteration(spec, host, rewards)
-        host_rows.append(jax.device_get(m))
-    m_host = {k: np.stack([r[k] for r in host_rows]) for k in m_scan}
+    host, m_host = host_iterations(spec, state, 3)  # a Python (host) reward function
     # The same computation in other jit boundaries, so XLA may fuse and order float32 sums
     # differently: sampled tokens, counters and PI-step flags exactly, metrics to float32
     # rounding, parameters within one AdamW step of noise (tests/parallel/equivalence.py says why).
-    assert_run_matches(scenario.run_summary(jax.device_get(host), m_host),
+    assert_run_matches(scenario.run_summary(host, m_host),
                        scenario.run_summary(jax.device_get(scanned), jax.device_get(m_scan)), initial,
                        max(spec.train.lr, spec.pipo.lr))
 

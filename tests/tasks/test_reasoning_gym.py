@@ -3,6 +3,7 @@ through the trainer's reward path, the split, the length / vocabulary errors, th
 the tokenizer (paper-scale) form, and (slow) that the CPU model learns one dataset."""
 
 import builtins
+import importlib
 import json
 
 import jax
@@ -30,8 +31,8 @@ SPELL = '{"min_word_len":3,"max_word_len":5}'
 GCD = '{"min_numbers":2,"max_numbers":2,"min_value":1,"max_value":50}'
 
 
-def rg_config(dataset="spell_backward", config=SPELL, **overrides):
-    c = grpo.get_config("micro")
+def rg_config(dataset="spell_backward", config=SPELL, algo="grpo", **overrides):
+    c = importlib.import_module(f"configs.{algo}").get_config("micro")
     c.task.name = "reasoning_gym"
     c.task.reasoning_gym.dataset = dataset
     c.task.reasoning_gym.config = config
@@ -280,18 +281,11 @@ def test_chain_sum_learns_with_grpo():
 def test_every_method_rg_runs_the_methods_the_task_can_and_names_those_it_cannot():
     """`experiments.reproduce` every_method_rg: each grouped method's config builds with the reasoning-gym
     task; each left out is refused in one line for the reason the table gives."""
-    import importlib
-
     from experiments import reproduce
-
-    def config(algo):
-        return override(importlib.import_module(f"configs.{algo}").get_config("micro"),
-                        {"task.name": "reasoning_gym", "task.reasoning_gym.dataset": "spell_backward",
-                         "task.reasoning_gym.config": SPELL, "task.reasoning_gym.size": 400})
 
     for group in reproduce.RG_METHOD_GROUPS:
         for algo in group:
-            assert train_spec(config(algo)).algorithm.name == algo
+            assert train_spec(rg_config(algo=algo)).algorithm.name == algo
     for algo, why in reproduce.RG_NOT_APPLICABLE.items():
         with pytest.raises(ConfigError, match=why.split()[0]):
-            train_spec(config(algo))
+            train_spec(rg_config(algo=algo))
