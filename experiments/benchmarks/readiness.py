@@ -78,7 +78,7 @@ from jax.experimental import topologies  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 from configs import grpo  # noqa: E402
-from experiments.benchmarks import hlo_cost, readiness_tables  # noqa: E402
+from experiments.benchmarks import hlo_cost, memory_accounting, readiness_tables  # noqa: E402
 from experiments.benchmarks.readiness_tables import GB, PLATFORMS, SMALL_MESHES  # noqa: E402
 from pipo_jax import parallel  # noqa: E402
 from pipo_jax.kernels import logprobs, logprobs_sharded  # noqa: E402
@@ -188,6 +188,12 @@ class Program:
     def lower(self):
         with sharding_context(self.mesh, self.rules):
             return self.fn.lower(*self.args)
+
+    def compile_with_memory(self) -> tuple:
+        """(compiled, `memory_accounting.memory_row`): on TPU the figure held to a limit is the
+        buffer assignment's total (`memory_accounting.compile_accounted`), elsewhere the bound."""
+        compiled, assigned = memory_accounting.compile_accounted(self.lower(), self.mesh.devices.flat[0].platform)
+        return compiled, memory_accounting.memory_row(compiled, assigned)
 
     def export(self, platforms: tuple[str, ...]):
         # Triton and cuDNN calls carry no serialization-compatibility guarantee; this export checks
@@ -484,8 +490,7 @@ def export_check(name: str, prog_for: Callable[[str], Program]) -> dict:
 def tpu_compile_check(prog: Program) -> dict:
     t0 = time.perf_counter()
     try:
-        compiled = prog.lower().compile()
-        mem = memory_row(compiled)
+        _, mem = prog.compile_with_memory()
         return {"ok": True, "seconds": time.perf_counter() - t0, "peak_bytes": mem["peak_bytes"]}
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "error": _one_line(e), "seconds": time.perf_counter() - t0}
@@ -713,19 +718,6 @@ def roofline_detail(flops: float, nbytes: float) -> dict:
     return out
 
 
-def memory_row(compiled) -> dict:
-    """Per-device bytes of a compiled program. `peak_bytes` (the figure held to the limit) is the
-    bound arguments + outputs + temporaries - aliased; `xla_peak_bytes` is the compiler's own peak
-    (`peak_memory_in_bytes`), which XLA:TPU takes from its buffer assignment: for the 8B update on
-    v5p-16 it is 13 GB below the bound (docs/scaling.md), while XLA:CPU's leaves buffers out."""
-    m = compiled.memory_analysis()
-    row = {"argument_bytes": m.argument_size_in_bytes, "output_bytes": m.output_size_in_bytes,
-           "temp_bytes": m.temp_size_in_bytes, "alias_bytes": m.alias_size_in_bytes,
-           "xla_peak_bytes": int(getattr(m, "peak_memory_in_bytes", 0) or 0)}
-    row["peak_bytes"] = row["argument_bytes"] + row["output_bytes"] + row["temp_bytes"] - row["alias_bytes"]
-    return row
-
-
 _COMPILED: dict[tuple, dict] = {}
 
 
@@ -748,14 +740,14 @@ def compile_program(key: tuple, build: Callable[[], Program], count_cost: bool) 
         return _COMPILED[key]
     t0 = time.perf_counter()
     try:
-        compiled = build().lower().compile()
+        compiled, memory = build().compile_with_memory()
     except Exception as e:  # noqa: BLE001
         row = {"ok": False, "error": _one_line(e), "compile_s": time.perf_counter() - t0}
         needed = hbm_exceeded_bytes(str(e))
         if needed is not None:  # XLA:TPU refuses programs larger than the chip; it says by how much
             row["temp_bytes_at_least"] = needed
     else:
-        row = {"ok": True, "compile_s": time.perf_counter() - t0, **memory_row(compiled)}
+        row = {"ok": True, "compile_s": time.perf_counter() - t0, **memory}
     if row["ok"] and count_cost:
         cost = hlo_cost.program_cost(compiled.as_text())
         row.update(flops_per_device=cost.flops, bytes_per_device=cost.bytes,
@@ -855,8 +847,8 @@ def format_trainer_row(row: dict) -> str:
     head = f"{row['status']:4} {row['model']:9} {row['target']:14} {row['program']:18}"
     if not row["ok"]:
         return f"{head} <- {row['error']}"
-    s = (f"{head} peak {row['peak_bytes'] / GB:.2f} GB, state resident {row['resident_peak_bytes'] / GB:.2f} GB "
-         f"(limit {row['limit_gb']:.0f})")
+    s = (f"{head} peak {row['peak_bytes'] / GB:.2f} GB ({row['peak_basis']}), state resident "
+         f"{row['resident_peak_bytes'] / GB:.2f} GB (limit {row['limit_gb']:.0f})")
     if "margin_gb" in row:
         s += f", margin {row['margin_gb']:.1f} of {row['device_memory_gb']:.0f} GB"
     if "arithmetic_intensity" in row:
@@ -904,9 +896,9 @@ def format_memory_row(row: dict) -> str:
         at_least = (f"temp >= {row['temp_bytes_at_least'] / GB:.0f} GB " if "temp_bytes_at_least" in row else "")
         return f"{row['status']:4} {row['model']:9} {row['target']:14} {row['program']:10} {at_least}<- {row['error']}"
     s = (f"{row['status']:4} {row['model']:9} {row['target']:14} {row['program']:10} "
-         f"peak {row['peak_bytes'] / GB:9.2f} GB (args {row['argument_bytes'] / GB:.2f}, temp "
-         f"{row['temp_bytes'] / GB:.2f}; XLA's peak {row.get('xla_peak_bytes', 0) / GB:.2f}; limit "
-         f"{row['limit_gb']:.0f}) compile {row['compile_s']:.0f}s")
+         f"peak {row['peak_bytes'] / GB:9.2f} GB ({row['peak_basis']}; bound {row['bound_bytes'] / GB:.2f}, args "
+         f"{row['argument_bytes'] / GB:.2f}, temp {row['temp_bytes'] / GB:.2f}; XLA's peak "
+         f"{row.get('xla_peak_bytes', 0) / GB:.2f}; limit {row['limit_gb']:.0f}) compile {row['compile_s']:.0f}s")
     if "roofline_s" in row:
         s += f" | TFLOP/dev {row['flops_per_device'] / 1e12:.1f} GB/dev {row['bytes_per_device'] / GB:.0f} roofline " + \
              " ".join(f"{k} {v:.1f}s" for k, v in row["roofline_s"].items())

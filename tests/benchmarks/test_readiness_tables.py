@@ -18,11 +18,15 @@ def test_the_summary_counts_the_trainer_programs_too():
 
 
 def test_a_trainer_row_shows_the_resident_peak_the_margin_and_the_bound_per_device_kind():
-    tpu = trainer_row("FAIL", 48.33, margin_gb=47.41, device_memory_gb=95.74)
+    tpu = trainer_row("FAIL", 48.33, margin_gb=47.41, device_memory_gb=95.74, peak_basis="buffer assignment")
     host = trainer_row("PASS", 41.88, arithmetic_intensity=70.2, roofline_s={"H20": 677.1, "H100": 427.2},
                        bound={"H20": "compute", "H100": "memory"}, mfu_at_roofline={"H20": 1.0, "H100": 0.243})
     lines = tables.trainer_table([tpu, host])
     assert lines[0].endswith("| FLOP/B | H20: bound, MFU <= | H100: bound, MFU <= |")
-    assert lines[2] == "| qwen3_8b | learn | v5p-16 fsdp=8 | 40.0 | 48.3 | 48 | FAIL | 47.4 of 96 |  |  |  |"
-    assert lines[3] == "| qwen3_8b | learn | v5p-16 fsdp=8 | 40.0 | 41.9 | 48 | PASS |  | 70 | compute, 100% | memory, 24% |"
-    assert "| qwen3_8b | learn | v5p-16 fsdp=8 | 40.0 | 48.3 |" in tables.markdown({"paper": {"trainer": [tpu]}})
+    assert lines[2] == ("| qwen3_8b | learn | v5p-16 fsdp=8 | 40.0 | assigned | 48.3 | 48 | FAIL | 47.4 of 96 "
+                        "|  |  |  |")
+    # A row of a report made before the basis was recorded held the bound.
+    assert lines[3] == ("| qwen3_8b | learn | v5p-16 fsdp=8 | 40.0 | bound | 41.9 | 48 | PASS |  | 70 | compute, 100% "
+                        "| memory, 24% |")
+    assert "| qwen3_8b | learn | v5p-16 fsdp=8 | 40.0 | assigned | 48.3 |" in tables.markdown(
+        {"paper": {"trainer": [tpu]}})
