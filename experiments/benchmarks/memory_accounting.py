@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.metadata
 import os
 import re
 import tempfile
@@ -130,6 +131,13 @@ def tpu_devices() -> tuple[list, str]:
         return [], f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
+def libtpu_version() -> str:
+    try:
+        return "libtpu " + importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "libtpu (version unknown)"
+
+
 def format_rows(rows: list[dict]) -> str:
     head = ("| platform | program | donated | args MiB | outputs MiB | temps MiB | aliased MiB | bound MiB | "
             "buffer assignment MiB | XLA peak MiB |")
@@ -150,7 +158,8 @@ def main(argv=None) -> dict:
     rows = [measure(devices, name, donate) for devices in (jax.devices("cpu"), tpu) if devices
             for name in PROGRAMS for donate in (False, True)]
     result = {"script": "experiments.benchmarks.memory_accounting", **provenance.record(),
-              "libtpu": "v5p:2x2x1 (deviceless)" if tpu else f"not available: {why_not}", "rows": rows}
+              "libtpu": f"{libtpu_version()}, v5p:2x2x1 (deviceless)" if tpu else f"not available: {why_not}",
+              "rows": rows}
     print(format_rows(rows))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     atomic.write_json_atomic(args.out, result)
