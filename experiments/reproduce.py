@@ -7,6 +7,7 @@
     python -m experiments.reproduce ablations            # the SDPO / GSPO ablations of PIPO, then render
     python -m experiments.reproduce rg_study             # the ten reasoning-gym datasets (hours), then render
     python -m experiments.reproduce every_method_rg      # every method on one reasoning-gym dataset (hours)
+    python -m experiments.reproduce both_tasks           # both runs of methods above: one row per method, both tasks
     python -m experiments.reproduce readiness_8b         # the 8B programs compiled for the host and TPU v5p (~1 h)
     python -m experiments.reproduce main_job --render    # run nothing: render the table from its JSON
     python -m experiments.reproduce --list               # the tables, their commands and JSONs
@@ -281,6 +282,53 @@ def render_every_method_rg(records: list[dict]) -> str:
         f"Not run on reasoning-gym, whose task has no teacher contexts: {skipped}."])
 
 
+def _method_cells(rec: dict, algo: str) -> list[str]:
+    """seeds, base acc, gain over base without PIPO (CI), PIPO - no PIPO final acc (CI), seeds where PIPO
+    is higher, reward AUC difference (CI): one task's cells of `render_both_tasks`."""
+    summary = rec["summary"]
+    off, d = summary["arms"][algo], summary["pipo_minus_base"][algo]
+    acc = d["final_accuracy"]
+    return [str(acc["n"]), f"{off['initial_accuracy_mean']:.3f}", _ci(off["gain_over_base"]), _ci(acc),
+            f"{sum(x > 0 for x in acc['diffs'])}/{acc['n']}", _ci(d["reward_auc"], 4)]
+
+
+def render_both_tasks(records: list[dict]) -> str:
+    """Every method, one row: the built-in task's cells (`_BUILTIN_METHOD_RUNS`, the first run that has
+    the method) beside reasoning-gym's (`RG_METHOD_GROUPS`; 'not run yet' for a run not made, 'n/a' with
+    the reason for a method the task cannot run)."""
+    builtin, rg = records[:len(_BUILTIN_METHOD_RUNS)], records[len(_BUILTIN_METHOD_RUNS):]
+    for rec in builtin:
+        if rec.get("missing"):
+            raise cli.UsageError(f"both_tasks: experiments/results/{rec['json_name']} is missing; run "
+                                 "`python -m experiments.reproduce every_method` first")
+    first = {}
+    for rec in builtin:
+        for algo in rec["algorithms"]:
+            first.setdefault(algo, rec)
+    rg_of = {algo: rec for group, rec in zip(RG_METHOD_GROUPS, rg) for algo in group}
+    blank = [""] * 5
+    rows = []
+    for algo, rec in first.items():
+        if algo in RG_NOT_APPLICABLE:
+            right = [f"n/a: needs {RG_NOT_APPLICABLE[algo]}", *blank]
+        elif rg_of[algo].get("missing"):
+            right = ["not run yet", *blank]
+        else:
+            right = _method_cells(rg_of[algo], algo)
+        rows.append("| " + " | ".join([algo, *_method_cells(rec, algo), *right]) + " |")
+    made = [r for r in rg if not r.get("missing")]
+    machines = sorted({_machine(r) for r in builtin + made})
+    cols = ("seeds", "base acc", "gain over base, no PIPO (95% CI)", "PIPO - no PIPO, final acc (95% CI)",
+            "seeds where PIPO is higher", "reward AUC difference (95% CI)")
+    return "\n".join([
+        f"Built-in task: {len(builtin)} comparisons (100 iterations of the `tiny` preset); reasoning-gym "
+        f"`{RG_METHODS_DATASET}`: {len(made)} of {len(rg)} comparisons made (the study's recipe, "
+        f"{rg_study.ITERATIONS} iterations). Measured with {'; '.join(machines)}.", "",
+        "| method | " + " | ".join(f"built-in: {c}" for c in cols) + " | " +
+        " | ".join(f"{RG_METHODS_DATASET}: {c}" for c in cols) + " |",
+        "| --- | " + " | ".join(["---:", "---:", "---", "---", "---:", "---"] * 2) + " |", *rows])
+
+
 def render_readiness(records: list[dict]) -> str:
     """The readiness report's tables (`experiments/benchmarks/readiness_tables.py`) under the line that
     names its installed set, machine, commit and time."""
@@ -330,6 +378,7 @@ _METHOD_RUNS = (
         "compare.json", "compare_methods_a_5seeds.json"),
     Run(("experiments.compare", "--algorithms=dr_grpo,kl_cov,clip_cov,drpo,copo,riskpo", "--seeds=0-4"),
         "compare.json", "compare_methods_b_5seeds.json"))
+_BUILTIN_METHOD_RUNS = (*_ALGORITHM_RUNS, *_METHOD_RUNS)  # every method with a config file, on the built-in task
 
 TABLES = {t.name: t for t in (
     Table("main_job",
@@ -338,11 +387,11 @@ TABLES = {t.name: t for t in (
           render_main_job, ("README.md", "docs/results.md")),
     Table("algorithms", _ALGORITHM_RUNS, render_algorithms, ("docs/results.md",)),
     Table("methods", _METHOD_RUNS, render_algorithms, ("docs/results.md",)),
-    Table("every_method",
-          (*_ALGORITHM_RUNS, *_METHOD_RUNS),
-          render_every_method, ("docs/results.md",)),
+    Table("every_method", _BUILTIN_METHOD_RUNS, render_every_method, ("docs/results.md",)),
     Table("rg_study", _rg_study_runs(), render_rg_study, ("docs/results.md",), partial=True),
     Table("every_method_rg", _every_method_rg_runs(), render_every_method_rg, ("docs/results.md",), partial=True),
+    Table("both_tasks", (*_BUILTIN_METHOD_RUNS, *_every_method_rg_runs()), render_both_tasks, ("docs/results.md",),
+          partial=True),
     Table("readiness_8b",
           (Run(("experiments.benchmarks.readiness", "--parts=paper", "--models=qwen3_8b"), "readiness.json",
                "readiness_paper_8b.json", out_is_file=True),),

@@ -114,3 +114,27 @@ def test_the_every_method_rg_table_shows_each_method_run_or_not(monkeypatch):
     assert f"| {on['final_accuracy_mean']:.3f} | {reproduce._ci(acc)} | {higher}/5 | " in text
     assert "| grpo | not run yet |" in text and "`b.json` |" in text
     assert text.endswith("no teacher contexts: sdpo (needs teacher contexts); vpd (needs teacher contexts).")
+
+
+def test_the_both_tasks_table_puts_each_method_of_both_tasks_in_one_row(monkeypatch):
+    """A method's built-in cells from the first run that has it, beside its reasoning-gym cells (a run not
+    made: 'not run yet'; a method the task cannot run: 'n/a' with the reason); every built-in method is a row."""
+    a = json.loads((reproduce.RESULTS / "compare_methods_a_5seeds.json").read_text())
+    sdpo = json.loads((reproduce.RESULTS / "compare_grpo_sdpo_10seeds.json").read_text())
+    monkeypatch.setattr(reproduce, "_BUILTIN_METHOD_RUNS", (None, None))
+    monkeypatch.setattr(reproduce, "RG_METHOD_GROUPS", (("rloo", "bnpo"), ("grpo", "disco", "bapo", "gdpo",
+                                                                            "adora", "reinforce_pp")))
+    text = reproduce.render_both_tasks([sdpo | {"json_name": "s.json"}, a | {"json_name": "a.json"},
+                                        a | {"json_name": "rg1.json"}, {"json_name": "rg2.json", "missing": True}])
+    assert text.startswith("Built-in task: 2 comparisons (100 iterations of the `tiny` preset); reasoning-gym "
+                           f"`{reproduce.RG_METHODS_DATASET}`: 1 of 2 comparisons made")
+    off = a["summary"]["arms"]["rloo"]
+    acc = a["summary"]["pipo_minus_base"]["rloo"]["final_accuracy"]
+    cells = (f"5 | {off['initial_accuracy_mean']:.3f} | {reproduce._ci(off['gain_over_base'])} | "
+             f"{reproduce._ci(acc)} | {sum(x > 0 for x in acc['diffs'])}/5 | ")
+    assert f"| rloo | {cells}" in text and text.count(cells) == 2  # the same run stands in for both tasks here
+    assert "| sdpo | 10 | " in text and "| n/a: needs teacher contexts |  |  |  |  |  |" in text
+    assert "| grpo | 10 | " in text and "| not run yet |  |  |  |  |  |" in text
+    assert len([ln for ln in text.splitlines() if ln.startswith("| ") and "---" not in ln]) == 1 + 2 + 7
+    with pytest.raises(reproduce.cli.UsageError, match="compare_x.json is missing"):
+        reproduce.render_both_tasks([{"json_name": "compare_x.json", "missing": True}, a, a, a])
