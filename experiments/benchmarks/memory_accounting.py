@@ -7,8 +7,8 @@ XLA reports a compiled program's arguments, outputs, temporaries and aliased (do
 The compiler's buffer assignment is the layout the runtime allocates: one heap per memory space,
 whose total for the default space (HBM on an accelerator) XLA writes to its memory-usage report.
 On XLA:TPU a donated argument breaks the bound: `temp_size_in_bytes` then grows by more than the
-buffer assignment's temporaries (a gradient step on a donated 64 MiB weight: the bound 260 MiB,
-the buffer assignment 218.6 MiB, the same 218.6 MiB as without donation), so the bound counts
+buffer assignment's temporaries (a gradient step on a donated 64 MiB weight: the bound 260.2 MiB,
+the buffer assignment 218.6 MiB, as without donation 218.1 MiB), so the bound counts
 memory no allocation holds. `compile_accounted` therefore reads the buffer assignment's total on
 TPU (`peak_basis` "buffer assignment") and keeps the bound elsewhere (XLA:CPU's assignment equals
 the bound on the programs measured here; GPU programs are not compiled on a CPU host).

@@ -47,7 +47,7 @@ def markdown(result: dict) -> str:
         lines.append("")
     paper = result.get("paper", {})
     if paper.get("memory"):
-        lines += ["| model | program | target | peak GB/device | counted as | temp GB | limit | status | "
+        lines += ["| model | program | target | peak GB/device | counted as | XLA temp GB | limit | status | "
                   "H20 / H100 / v5p roofline s |", "|---|---|---|---:|---|---:|---:|---|---|"]
         for r in paper["memory"]:
             if not r["ok"]:
