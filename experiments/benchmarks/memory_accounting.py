@@ -70,10 +70,15 @@ def compile_with_assignment(lowered) -> tuple:
 
 def compile_accounted(lowered, platform: str) -> tuple:
     """(compiled, buffer-assignment bytes or None) for a program whose devices are `platform`'s:
-    the total is read on `ASSIGNMENT_PLATFORMS` only (elsewhere the bound is held)."""
+    the total is read on `ASSIGNMENT_PLATFORMS` only (elsewhere the bound is held), and a program
+    without one there is an error, never a silent fall back to the bound."""
     if platform not in ASSIGNMENT_PLATFORMS:
         return lowered.compile(), None
-    return compile_with_assignment(lowered)
+    compiled, assigned = compile_with_assignment(lowered)
+    if assigned is None:
+        raise RuntimeError(f"XLA wrote no memory-usage report for this {platform} program (loaded from a "
+                           "persistent compilation cache?); run with jax_enable_compilation_cache=False")
+    return compiled, assigned
 
 
 def memory_row(compiled, assigned: int | None = None) -> dict:
@@ -154,6 +159,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args(argv)
+    jax.config.update("jax_enable_compilation_cache", False)  # a cached program writes no buffer assignment
     tpu, why_not = tpu_devices()
     rows = [measure(devices, name, donate) for devices in (jax.devices("cpu"), tpu) if devices
             for name in PROGRAMS for donate in (False, True)]

@@ -940,6 +940,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--markdown", default="", help="print the tables of this JSON report as Markdown and exit")
     args = ap.parse_args(argv)
+    # A program loaded from a persistent compilation cache is not compiled, so XLA writes no buffer
+    # assignment for it (`memory_accounting.compile_accounted` needs one on TPU).
+    jax.config.update("jax_enable_compilation_cache", False)
     if args.markdown:
         with open(args.markdown) as f:
             text = readiness_tables.markdown(json.load(f))

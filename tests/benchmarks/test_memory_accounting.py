@@ -78,3 +78,12 @@ def test_on_tpu_donation_inflates_the_bound_but_not_the_buffer_assignment():
     assert donated["bound_bytes"] > donated["assigned_bytes"] + 32 * MIB
     assert donated["assigned_bytes"] == pytest.approx(plain["assigned_bytes"], rel=0.01)
     assert plain["assigned_bytes"] <= plain["bound_bytes"]
+
+
+def test_a_tpu_program_without_a_buffer_assignment_is_an_error_not_the_bound(monkeypatch):
+    """A program loaded from a persistent cache is not compiled and leaves no report: on TPU that stops the
+    row with the reason instead of holding the bound in the assignment's place."""
+    lowered = jax.jit(lambda x: x * 2).lower(jnp.ones(4))
+    monkeypatch.setattr(ma, "compile_with_assignment", lambda lowered: (lowered.compile(), None))
+    with pytest.raises(RuntimeError, match="no memory-usage report for this tpu program"):
+        ma.compile_accounted(lowered, "tpu")
