@@ -57,6 +57,7 @@ class Run:
     produced: str
     json: str
     out_is_file: bool = False  # the command's --out names its JSON file (the readiness report), not a folder
+    optional: bool = False  # True: not yet made, it is a record {"json_name", "missing": True}, shown as such
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +66,6 @@ class Table:
     runs: tuple[Run, ...]
     render: Callable[[list[dict]], str]  # the JSON records, in `runs` order -> the block's markdown
     docs: tuple[str, ...]  # files (relative to the repo) holding the marked block
-    partial: bool = False  # True: a run not yet made is a record {"json_name", "missing": True}, shown as such
 
 
 # ------------------------------------------------------------------------------------------ renderers
@@ -297,10 +297,6 @@ def render_both_tasks(records: list[dict]) -> str:
     the method) beside reasoning-gym's (`RG_METHOD_GROUPS`; 'not run yet' for a run not made, 'n/a' with
     the reason for a method the task cannot run)."""
     builtin, rg = records[:len(_BUILTIN_METHOD_RUNS)], records[len(_BUILTIN_METHOD_RUNS):]
-    for rec in builtin:
-        if rec.get("missing"):
-            raise cli.UsageError(f"both_tasks: experiments/results/{rec['json_name']} is missing; run "
-                                 "`python -m experiments.reproduce every_method` first")
     first = {}
     for rec in builtin:
         for algo in rec["algorithms"]:
@@ -343,7 +339,7 @@ def render_readiness(records: list[dict]) -> str:
 
 def _rg_study_runs() -> tuple[Run, ...]:
     return tuple(Run(("experiments.rg_study", f"--datasets={d.name}"), f"{d.name}/compare.json",
-                     f"rg_study/{d.name}.json") for d in rg_study.DATASETS)
+                     f"rg_study/{d.name}.json", optional=True) for d in rg_study.DATASETS)
 
 
 # ------------------------------------------------------------------------------------------ the tables
@@ -362,7 +358,7 @@ def _every_method_rg_runs() -> tuple[Run, ...]:
     return tuple(Run(("experiments.compare", f"--algorithms={','.join(group)}", f"--seeds={rg_study.SEEDS}",
                       f"--iterations={rg_study.ITERATIONS}", f"--base_dir=runs/rg_study/{d.name}",
                       *(f"--set={s}" for s in rg_study.recipe_sets(d))),
-                     "compare.json", f"every_method_rg/{d.name}_{k}.json")
+                     "compare.json", f"every_method_rg/{d.name}_{k}.json", optional=True)
                  for k, group in enumerate(RG_METHOD_GROUPS, 1))
 
 
@@ -388,10 +384,9 @@ TABLES = {t.name: t for t in (
     Table("algorithms", _ALGORITHM_RUNS, render_algorithms, ("docs/results.md",)),
     Table("methods", _METHOD_RUNS, render_algorithms, ("docs/results.md",)),
     Table("every_method", _BUILTIN_METHOD_RUNS, render_every_method, ("docs/results.md",)),
-    Table("rg_study", _rg_study_runs(), render_rg_study, ("docs/results.md",), partial=True),
-    Table("every_method_rg", _every_method_rg_runs(), render_every_method_rg, ("docs/results.md",), partial=True),
-    Table("both_tasks", (*_BUILTIN_METHOD_RUNS, *_every_method_rg_runs()), render_both_tasks, ("docs/results.md",),
-          partial=True),
+    Table("rg_study", _rg_study_runs(), render_rg_study, ("docs/results.md",)),
+    Table("every_method_rg", _every_method_rg_runs(), render_every_method_rg, ("docs/results.md",)),
+    Table("both_tasks", (*_BUILTIN_METHOD_RUNS, *_every_method_rg_runs()), render_both_tasks, ("docs/results.md",)),
     Table("readiness_8b",
           (Run(("experiments.benchmarks.readiness", "--parts=paper", "--models=qwen3_8b"), "readiness.json",
                "readiness_paper_8b.json", out_is_file=True),),
@@ -412,7 +407,7 @@ def load_records(table: Table) -> list[dict]:
     records = []
     for run in table.runs:
         path = RESULTS / run.json
-        if not path.exists() and table.partial:
+        if not path.exists() and run.optional:
             records.append({"json_name": run.json, "missing": True})
             continue
         if not path.exists():

@@ -136,5 +136,15 @@ def test_the_both_tasks_table_puts_each_method_of_both_tasks_in_one_row(monkeypa
     assert "| sdpo | 10 | " in text and "| n/a: needs teacher contexts |  |  |  |  |  |" in text
     assert "| grpo | 10 | " in text and "| not run yet |  |  |  |  |  |" in text
     assert len([ln for ln in text.splitlines() if ln.startswith("| ") and "---" not in ln]) == 1 + 2 + 7
-    with pytest.raises(reproduce.cli.UsageError, match="compare_x.json is missing"):
-        reproduce.render_both_tasks([{"json_name": "compare_x.json", "missing": True}, a, a, a])
+
+def test_a_missing_built_in_comparison_stops_the_both_tasks_table_but_a_missing_rg_run_does_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce, "RESULTS", tmp_path)
+    table = reproduce.TABLES["both_tasks"]
+    for run in table.runs:
+        if run.optional:
+            continue
+        (tmp_path / run.json).write_text("{}")
+    assert all(r.get("missing") for r, run in zip(reproduce.load_records(table), table.runs) if run.optional)
+    (tmp_path / "compare_methods_b_5seeds.json").unlink()
+    with pytest.raises(reproduce.cli.UsageError, match="compare_methods_b_5seeds.json is missing; run"):
+        reproduce.load_records(table)

@@ -4,6 +4,8 @@ writes it). Imports no jax: the docs render it (`python -m experiments.reproduce
 from __future__ import annotations
 
 GB = 1e9
+PLATFORMS = ("tpu", "cuda")
+SMALL_MESHES = ((1, 8, 1), (1, 4, 2), (2, 2, 2))
 # What a row's peak counts (`memory_accounting.memory_row`'s `peak_basis`); rows of reports made
 # before the basis was recorded hold the bound.
 BASIS_LABELS = {"bound": "bound", "buffer assignment": "assigned"}
@@ -11,8 +13,6 @@ BASIS_LABELS = {"bound": "bound", "buffer assignment": "assigned"}
 
 def basis(row: dict) -> str:
     return BASIS_LABELS[row.get("peak_basis", "bound")]
-PLATFORMS = ("tpu", "cuda")
-SMALL_MESHES = ((1, 8, 1), (1, 4, 2), (2, 2, 2))
 
 
 def summary_counts(result: dict) -> dict[str, int]:
