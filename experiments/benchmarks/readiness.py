@@ -17,10 +17,13 @@ With no accelerator (8 simulated CPU devices, `libtpu` for deviceless TPU compil
    (`jax.ShapeDtypeStruct`, nothing allocated) for fsdp=8 on the host's 8 devices
    (XLA:CPU programs: there is no GPU compiler here) and for TPU v5p-8 (4 chips, fsdp=4) /
    v5p-16 (8 chips, fsdp=8); per-device peak = arguments + outputs + temporaries - aliased.
-3. **flops**: per-device FLOPs and bytes of the host programs counted from the compiled
-   HLO with loop trip counts (`hlo_cost`; XLA's own cost analysis counts a loop body
-   once), the base step's against the model FLOPs, and a roofline time per program for
-   H20, H100 and TPU v5p.
+3. **flops**: per-device FLOPs and bytes of every program counted from its compiled HLO
+   with loop trip counts (`hlo_cost`; XLA's own cost analysis counts a loop body once, and
+   XLA:TPU writes no trip counts: they are read from the loops), the base step's against
+   the model FLOPs, and a roofline time per program: a TPU program's for TPU v5p (its
+   kernels' FLOPs, splash attention's, are not in the HLO: a lower bound), a host program's
+   for H20, H100 and TPU v5p (its attention the CPU form with `[T, T]` scores); the whole
+   update's largest byte terms by source op.
 
 Targets, each reported PASS / FAIL as measured:
 - every entry point exports for tpu and cuda, and its TPU program compiles;
@@ -107,6 +110,11 @@ TPU_TOPOLOGIES = {"v5p-8": "v5p:2x2x1", "v5p-16": "v5p:2x2x2"}
 SMALL_TPU = "v5p-16"  # 8 chips: every small mesh fits
 # Dense bf16 peak FLOP/s and HBM bytes/s per device (data sheets).
 ROOFLINE = {"H20": (148e12, 4.0e12), "H100": (989e12, 3.35e12), "TPU v5p": (459e12, 2.76e12)}
+# The device kinds a program's roofline is given for: a TPU program's for the TPU; a host program
+# stands for every kind (no GPU compiler here), its attention the CPU form.
+TPU_KINDS = ("TPU v5p",)
+HOST_KINDS = tuple(ROOFLINE)
+BYTE_TERMS = 5  # a trainer row's largest byte terms kept in the report
 MEMORY_LIMIT_GB = {"qwen3_8b": 48.0, "qwen3_4b": 32.0}
 FLOPS_RATIO_LIMIT = 1.4
 LINEAR_RATIO_LIMIT = 2.1  # temporaries a + b*T give <= 2.0 for doubling T; [T, T] scores give up to 4
@@ -689,29 +697,31 @@ def trainer_programs(spec: TrainSpec, mesh: Mesh) -> dict[str, tuple[Callable[[]
     return {"learn": (learn, 0), "generate_resident": (generate, rest)}
 
 
-def trainer_program_row(spec: TrainSpec, mesh: Mesh, name: str, chip: str | None, count_cost: bool) -> dict:
+def trainer_program_row(spec: TrainSpec, mesh: Mesh, name: str, chip: str | None, kinds: tuple[str, ...]) -> dict:
     """One trainer program compiled: its peak, the peak with the training state resident, the
-    margin to `chip`'s memory, and with `count_cost` FLOPs, bytes, arithmetic intensity and the
-    roofline bound per device kind."""
+    margin to `chip`'s memory, and for the device `kinds` FLOPs, bytes, arithmetic intensity, the
+    roofline bound per kind and the largest byte terms."""
     build, resident = trainer_programs(spec, mesh)[name]
-    row = compile_program(("trainer", id(spec), name, mesh_name(mesh.devices.shape), chip), build, count_cost)
+    row = compile_program(("trainer", id(spec), name, mesh_name(mesh.devices.shape), chip), build, kinds,
+                          byte_terms=True)
     row = dict(row, program=name, resident_bytes=resident)
     if row["ok"]:
         row["resident_peak_bytes"] = row["peak_bytes"] + resident
         if chip is not None:
             row["device_memory_gb"] = DEVICE_MEMORY_GB[chip]
             row["margin_gb"] = DEVICE_MEMORY_GB[chip] - row["resident_peak_bytes"] / GB
-    if row["ok"] and count_cost:
-        row.update(roofline_detail(row["flops_per_device"], row["bytes_per_device"]))
+    if row["ok"] and kinds:
+        row.update(roofline_detail(row["flops_per_device"], row["bytes_per_device"], kinds))
     return row
 
 
-def roofline_detail(flops: float, nbytes: float) -> dict:
+def roofline_detail(flops: float, nbytes: float, kinds: tuple[str, ...] = HOST_KINDS) -> dict:
     """Arithmetic intensity (FLOPs / byte) and, per device kind, which roof binds (compute when
     the intensity is above the ridge, peak / bandwidth) and the MFU at that bound."""
     intensity = flops / nbytes if nbytes else float("inf")
     out = {"arithmetic_intensity": intensity, "bound": {}, "mfu_at_roofline": {}}
-    for kind, (peak, bw) in ROOFLINE.items():
+    for kind in kinds:
+        peak, bw = ROOFLINE[kind]
         compute, memory = flops / peak, nbytes / bw
         out["bound"][kind] = "compute" if compute >= memory else "memory"
         out["mfu_at_roofline"][kind] = compute / max(compute, memory) if flops else 0.0
@@ -732,10 +742,12 @@ def hbm_exceeded_bytes(message: str) -> float | None:
     return float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")
 
 
-def compile_program(key: tuple, build: Callable[[], Program], count_cost: bool) -> dict:
-    """Compiles `build()` once per `key` (model, target, program, shape): per-device memory, and with
-    `count_cost` FLOPs, bytes and roofline times (XLA:CPU programs only: XLA:TPU's optimized HLO
-    carries no loop trip counts to multiply by)."""
+def compile_program(key: tuple, build: Callable[[], Program], kinds: tuple[str, ...] = (),
+                    byte_terms: bool = False) -> dict:
+    """Compiles `build()` once per `key` (model, target, program, shape): per-device memory, and for
+    the device `kinds` FLOPs and bytes counted from the optimized HLO (`hlo_cost`: loop trip counts,
+    on TPU read from the loops themselves; kernel custom calls' FLOPs not seen, `opaque_kernels`
+    says how many) and roofline times; with `byte_terms` the largest byte terms by source op."""
     if key in _COMPILED:
         return _COMPILED[key]
     t0 = time.perf_counter()
@@ -748,10 +760,15 @@ def compile_program(key: tuple, build: Callable[[], Program], count_cost: bool) 
             row["temp_bytes_at_least"] = needed
     else:
         row = {"ok": True, "compile_s": time.perf_counter() - t0, **memory}
-    if row["ok"] and count_cost:
-        cost = hlo_cost.program_cost(compiled.as_text())
+    if row["ok"] and kinds:
+        text = compiled.as_text()
+        cost = hlo_cost.program_cost(text)
         row.update(flops_per_device=cost.flops, bytes_per_device=cost.bytes,
-                   unknown_trip_counts=cost.unknown_trip_counts, roofline_s=roofline(cost.flops, cost.bytes))
+                   unknown_trip_counts=cost.unknown_trip_counts, opaque_kernels=cost.opaque_kernels,
+                   roofline_s=roofline(cost.flops, cost.bytes, kinds))
+        if byte_terms:
+            terms = sorted(hlo_cost.byte_terms(text).items(), key=lambda kv: -kv[1])[:BYTE_TERMS]
+            row["largest_byte_terms"] = [[label, b] for label, b in terms]
     _COMPILED[key] = row
     return row
 
@@ -774,9 +791,14 @@ def model_train_flops(cfg: qwen3.Qwen3Config, rows: int, prompt: int, response: 
     return (4.0 if remat else 3.0) * (decoder + attention) + 4.0 * head
 
 
-def roofline(flops: float, nbytes: float) -> dict:
+def roofline(flops: float, nbytes: float, kinds: tuple[str, ...] = HOST_KINDS) -> dict:
     """Step-time lower bound per device kind: max(FLOPs / peak, bytes / bandwidth), seconds."""
-    return {k: max(flops / peak, nbytes / bw) for k, (peak, bw) in ROOFLINE.items()}
+    return {k: max(flops / ROOFLINE[k][0], nbytes / ROOFLINE[k][1]) for k in kinds}
+
+
+def cost_kinds(target: str) -> tuple[str, ...]:
+    """The device kinds `target`'s programs give a roofline for."""
+    return TPU_KINDS if target in TPU_TARGETS else HOST_KINDS
 
 
 HOST_FSDP8 = "host fsdp=8"
@@ -796,8 +818,7 @@ def paper_row(model: str, target: str, program: str, prompts: int = 128, prompt_
                           "tpu" if target in TPU_TARGETS else "cpu")
         return paper_programs(spec, mesh)[program]()
 
-    return compile_program((model, target, program, prompts, prompt_len, response_len), build,
-                           count_cost=target == HOST_FSDP8)
+    return compile_program((model, target, program, prompts, prompt_len, response_len), build, cost_kinds(target))
 
 
 def run_paper_scale(models: list[str], targets: list[str], only: list[str], out: dict, save=lambda: None,
@@ -839,8 +860,7 @@ def paper_trainer_row(model: str, target: str, name: str) -> dict:
     mesh = {HOST_FSDP8: lambda: host_mesh((1, 8, 1)), "v5p-8 fsdp=4": lambda: tpu_mesh((1, 4, 1), "v5p-8"),
             "v5p-16 fsdp=8": lambda: tpu_mesh((1, 8, 1), "v5p-16")}[target]()
     spec = for_target(paper_spec(model), "tpu" if target in TPU_TARGETS else "cpu")
-    return trainer_program_row(spec, mesh, name, "TPU v5p" if target in TPU_TARGETS else None,
-                               count_cost=target == HOST_FSDP8)
+    return trainer_program_row(spec, mesh, name, "TPU v5p" if target in TPU_TARGETS else None, cost_kinds(target))
 
 
 def format_trainer_row(row: dict) -> str:
@@ -854,7 +874,9 @@ def format_trainer_row(row: dict) -> str:
     if "arithmetic_intensity" in row:
         s += (f" | {row['arithmetic_intensity']:.0f} FLOP/B; " + " ".join(
             f"{k} {row['bound'][k]}-bound {row['roofline_s'][k]:.1f}s MFU<={100 * row['mfu_at_roofline'][k]:.0f}%"
-            for k in ROOFLINE))
+            for k in row["bound"]))
+        if row["opaque_kernels"]:
+            s += f" (FLOPs outside {row['opaque_kernels']} kernel calls)"
     return s
 
 
@@ -904,6 +926,8 @@ def format_memory_row(row: dict) -> str:
              " ".join(f"{k} {v:.1f}s" for k, v in row["roofline_s"].items())
         if row["unknown_trip_counts"]:
             s += f" (lower bound: {row['unknown_trip_counts']} data-dependent loops counted once)"
+        if row.get("opaque_kernels"):
+            s += f" (FLOPs outside {row['opaque_kernels']} kernel calls)"
     return s
 
 

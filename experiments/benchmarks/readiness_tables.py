@@ -15,6 +15,22 @@ def basis(row: dict) -> str:
     return BASIS_LABELS[row.get("peak_basis", "bound")]
 
 
+def roofline_kinds(rows: list[dict]) -> list[str]:
+    """The device kinds any row gives a roofline for, in the order the rows give them (a host row
+    gives every kind, a TPU row the TPU's)."""
+    return list(dict.fromkeys(k for r in rows for k in r.get("roofline_s", {})))
+
+
+def short_kind(kind: str) -> str:
+    return kind.replace("TPU ", "")
+
+
+def lower_bound(row: dict) -> str:
+    """'>= ' where the counted FLOPs fall short: a loop counted once, or kernels whose FLOPs the
+    program does not show."""
+    return ">= " if row.get("unknown_trip_counts") or row.get("opaque_kernels") else ""
+
+
 def summary_counts(result: dict) -> dict[str, int]:
     """PASS / FAIL / SKIP over every row of the report: lowering, each program's memory, the trainer's
     programs with the state resident, the checks."""
@@ -47,8 +63,9 @@ def markdown(result: dict) -> str:
         lines.append("")
     paper = result.get("paper", {})
     if paper.get("memory"):
+        kinds = roofline_kinds(paper["memory"])
         lines += ["| model | program | target | peak GB/device | counted as | XLA temp GB | limit | status | "
-                  "H20 / H100 / v5p roofline s |", "|---|---|---|---:|---|---:|---:|---|---|"]
+                  + " / ".join(map(short_kind, kinds)) + " roofline s |", "|---|---|---|---:|---|---:|---:|---|---|"]
         for r in paper["memory"]:
             if not r["ok"]:
                 if "temp_bytes_at_least" in r:
@@ -59,14 +76,17 @@ def markdown(result: dict) -> str:
                 lines.append(f"| {r['model']} | {r['program']} | {r['target']} | | | | {r['limit_gb']:.0f} | "
                              f"{r['status']}: {r['error'][:90]} | |")
                 continue
-            roof = " / ".join(f"{v:.0f}" for v in r["roofline_s"].values()) if "roofline_s" in r else ""
-            if roof and r.get("unknown_trip_counts"):
-                roof = ">= " + roof
+            roof = ""
+            if "roofline_s" in r:
+                roof = lower_bound(r) + " / ".join(f"{r['roofline_s'][k]:.0f}" if k in r["roofline_s"] else "-"
+                                                   for k in kinds)
             lines.append(f"| {r['model']} | {r['program']} | {r['target']} | {r['peak_bytes'] / GB:.1f} | "
                          f"{basis(r)} | {r['temp_bytes'] / GB:.1f} | {r['limit_gb']:.0f} | {r['status']} | {roof} |")
         lines.append("")
     if paper.get("trainer"):
         lines += trainer_table(paper["trainer"]) + [""]
+        terms = byte_terms_table(paper["trainer"])
+        lines += terms + [""] if terms else []
     if paper.get("checks"):
         lines += ["| model | check | value | limit | status |", "|---|---|---:|---:|---|"]
         for c in paper["checks"]:
@@ -78,9 +98,9 @@ def markdown(result: dict) -> str:
 def trainer_table(rows: list[dict]) -> list[str]:
     """The trainer's programs as it runs them (`learn`: the whole update; `generate_resident`: generate
     beside the state it does not take): peak alone, peak with the training state resident, the
-    project's limit, the margin to the chip's HBM; on the host, arithmetic intensity and per device
-    kind the bound and the MFU at that bound."""
-    kinds = next((list(r["roofline_s"]) for r in rows if "roofline_s" in r), [])
+    project's limit, the margin to the chip's HBM, arithmetic intensity and per device kind the
+    bound and the MFU at that bound (a TPU row for the TPU, a host row for every kind)."""
+    kinds = roofline_kinds(rows)
     lines = ["| model | program | target | peak GB/device | counted as | state resident GB | limit | status | "
              "HBM margin GB | FLOP/B | " + " | ".join(f"{k}: bound, MFU <=" for k in kinds) + " |",
              "|---|---|---|---:|---|---:|---:|---|---:|---:|" + "---|" * len(kinds)]
@@ -90,9 +110,28 @@ def trainer_table(rows: list[dict]) -> list[str]:
                          f"{r['status']}: {r['error'][:90]} | | |" + " |" * len(kinds))
             continue
         margin = f"{r['margin_gb']:.1f} of {r['device_memory_gb']:.0f}" if "margin_gb" in r else ""
-        intensity = f"{r['arithmetic_intensity']:.0f}" if "arithmetic_intensity" in r else ""
-        bounds = [f"{r['bound'][k]}, {100 * r['mfu_at_roofline'][k]:.0f}%" if "bound" in r else "" for k in kinds]
+        at_least = ">= " if r.get("opaque_kernels") else ""  # kernels' FLOPs not counted, their bytes are
+        intensity = f"{at_least}{r['arithmetic_intensity']:.0f}" if "arithmetic_intensity" in r else ""
+        bounds = [f"{r['bound'][k]}, {100 * r['mfu_at_roofline'][k]:.0f}%" if k in r.get("bound", {}) else ""
+                  for k in kinds]
         lines.append(f"| {r['model']} | {r['program']} | {r['target']} | {r['peak_bytes'] / GB:.1f} | {basis(r)} | "
                      f"{r['resident_peak_bytes'] / GB:.1f} | {r['limit_gb']:.0f} | {r['status']} | {margin} | "
                      f"{intensity} | " + " | ".join(bounds) + " |")
     return lines
+
+
+def byte_terms_table(rows: list[dict]) -> list[str]:
+    """The largest byte terms of each whole update (`learn`): the source op (HLO op and its JAX
+    op_name, loops' trip counts multiplied in) and its share of the program's bytes."""
+    lines = []
+    for r in rows:
+        if r["program"] != "learn" or not r.get("largest_byte_terms"):
+            continue
+        for label, nbytes in r["largest_byte_terms"]:
+            op, _, source = label.partition(" ")
+            lines.append(f"| {r['model']} | {r['target']} | {op} | `{source[-90:] or '-'}` | {nbytes / GB:,.0f} | "
+                         f"{100 * nbytes / r['bytes_per_device']:.0f}% |")
+    if not lines:
+        return []
+    return ["| model | target | HLO op | JAX op (last 90 characters) | GB/device | share of bytes |",
+            "|---|---|---|---|---:|---:|"] + lines

@@ -162,6 +162,17 @@ def _tpu_params(semantics: tuple[str, str]):
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=_TPU_VMEM_LIMIT_BYTES)
 
 
+def _tpu_cost(h, w, matmuls: int, h_reads: int, w_reads: int, per_token: int, written_bytes: int) -> pl.CostEstimate:
+    """What one TPU kernel over h [n, d] and w [d, v] does, for XLA's scheduler and cost counting:
+    `matmuls` [n, d] x [d, v]-sized products (the logits; a cotangent product too in the backward
+    passes), one exp per logit, h and the `per_token` fp32 inputs (targets, cotangents) read
+    `h_reads` times, w `w_reads` times (once per block of the other operand that the grid revisits)."""
+    n, d = h.shape
+    v = w.shape[1]
+    read = h_reads * (n * d * h.dtype.itemsize + per_token * n * 4) + w_reads * d * v * w.dtype.itemsize
+    return pl.CostEstimate(flops=2 * n * d * v * matmuls, transcendentals=n * v, bytes_accessed=read + written_bytes)
+
+
 def _tpu_block_logits(cfg: KernelConfig, h, w, t, j, v: int):
     """Block (., j) of the logits for targets t [bn, 1].
 
@@ -218,6 +229,7 @@ def _tpu_forward(cfg: KernelConfig, h, w, t, bn: int):
         scratch_shapes=[pltpu.VMEM((bn, 1), jnp.float32)] * 4,
         compiler_params=_tpu_params(("parallel", "arbitrary")),
         interpret=cfg.interpret,
+        cost_estimate=_tpu_cost(h, w, 1, 1, grid[0], 1, n_out * n_pad * 4),
         name="token_logprobs_fwd",
     )(h, w, t)
 
@@ -285,6 +297,7 @@ def _tpu_backward(cfg: KernelConfig, h, w, per_token, bn: int):
         scratch_shapes=[pltpu.VMEM((bn, d), jnp.float32)],
         compiler_params=_tpu_params(("parallel", "arbitrary")),
         interpret=cfg.interpret,
+        cost_estimate=_tpu_cost(h, w, 2, 1, nb, len(per_token), n_pad * d * 4),
         name="token_logprobs_bwd_dh",
     )(h, w, t, *vectors)
 
@@ -303,6 +316,7 @@ def _tpu_backward(cfg: KernelConfig, h, w, per_token, bn: int):
         scratch_shapes=[pltpu.VMEM((d, bv), jnp.float32)],
         compiler_params=_tpu_params(("parallel", "arbitrary")),
         interpret=cfg.interpret,
+        cost_estimate=_tpu_cost(h, w, 2, nv, 1, len(per_token), d * v * w.dtype.itemsize),
         name="token_logprobs_bwd_dw",
     )(h, w, t, *vectors)
     return dh, dw

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,7 @@ import jax.numpy as jnp
 import pytest
 
 from experiments.benchmarks import hlo_cost, readiness
-from experiments.benchmarks.readiness import (custom_calls, hbm_exceeded_bytes, model_train_flops, paper_spec,
-                                              roofline)
+from experiments.benchmarks.readiness import custom_calls, hbm_exceeded_bytes, model_train_flops, paper_spec, roofline
 from pipo_jax.models import qwen3
 from tests.xla_flags import xla_flags
 
@@ -64,6 +64,82 @@ def test_hlo_cost_conditional_takes_the_costlier_branch_and_flags_unknown_trips(
     cost = hlo_cost.program_cost(jax.jit(f).lower(jax.ShapeDtypeStruct((), bool), X, w).compile().as_text())
     assert cost.flops == 3 * LAYER_FLOPS
     assert cost.unknown_trip_counts == 1
+
+
+def _without_known_trip_counts(hlo_text: str) -> str:
+    """The HLO as XLA:TPU writes it: no `known_trip_count` on any loop."""
+    stripped = re.sub(r'"known_trip_count":\{"n":"\d+"\},?', "", hlo_text)
+    assert "known_trip_count" not in stripped
+    return stripped
+
+
+def test_hlo_cost_reads_a_counted_loop_where_xla_leaves_its_trip_count_out():
+    """XLA:TPU writes no `known_trip_count`; the counted-loop pattern gives the same counts: a
+    counter from 3 in steps of 2 below 17 (7 trips), scans in scans, their gradient, and the micro
+    trainer's whole update and generate (the loops XLA:CPU outlines into called computations too)."""
+    w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+
+    def stepped(x, w_dd):
+        return jax.lax.while_loop(lambda c: c[0] < 17, lambda c: (c[0] + 2, jnp.tanh(c[1] @ w_dd)), (3, x))[1]
+
+    def nested(x, w_dd):
+        inner = lambda c, _: jax.lax.scan(lambda h, _: (jnp.tanh(h @ w_dd), None), c, None, length=4)[0]  # noqa: E731
+        return jax.lax.scan(lambda c, _: (inner(c, None), None), x, None, length=3)[0]
+
+    expected = {stepped: 7 * LAYER_FLOPS, nested: 12 * LAYER_FLOPS,
+                jax.grad(lambda x, w_dd: nested(x, w_dd).sum(), argnums=1): 36 * LAYER_FLOPS}
+    for f, flops in expected.items():
+        text = jax.jit(f).lower(X, w).compile().as_text()
+        counted = hlo_cost.program_cost(_without_known_trip_counts(text))
+        assert counted == hlo_cost.program_cost(text)
+        assert counted.flops == flops and counted.unknown_trip_counts == 0
+    spec, mesh = readiness.small_spec("grpo", True), readiness.host_mesh((1, 1, 1))
+    for name, data_dependent in (("learn", 0), ("generate_resident", 2)):  # decoding's early exits
+        text = readiness.trainer_programs(spec, mesh)[name][0]().lower().compile().as_text()
+        counted = hlo_cost.program_cost(_without_known_trip_counts(text))
+        assert counted == hlo_cost.program_cost(text) and counted.unknown_trip_counts == data_dependent
+
+
+def test_hlo_cost_counts_a_padded_convolution_by_the_taps_that_land_on_input():
+    """2 x batch x in x out features x valid (output, tap) pairs: a width-3 window padded by 1 over 10
+    inputs has 28 valid pairs (30 less the two on padding); stride 2, dilation 2, padding 2: 13 of 15."""
+    x, w = jax.ShapeDtypeStruct((2, 4, 10), jnp.float32), jax.ShapeDtypeStruct((5, 4, 3), jnp.float32)
+    same = jax.jit(lambda x, w: jax.lax.conv_general_dilated(x, w, (1,), [(1, 1)])).lower(x, w).compile()
+    assert hlo_cost.program_cost(same.as_text()).flops == 2 * 2 * 4 * 5 * 28
+    strided = jax.jit(lambda x, w: jax.lax.conv_general_dilated(x, w, (2,), [(2, 2)], rhs_dilation=(2,)))
+    taps = sum(0 <= o * 2 + k * 2 - 2 < 10 for o in range(5) for k in range(3))
+    assert taps == 13 and hlo_cost.program_cost(strided.lower(x, w).compile().as_text()).flops == 2 * 2 * 4 * 5 * 13
+
+
+PREFETCH_HLO = """HloModule m
+
+ENTRY %main (p: f32[256]) -> f32[256] {
+  %p = f32[256]{0} parameter(0)
+  %copy-start = (f32[256]{0:S(1)}, f32[256]{0}, u32[]{:S(2)}) copy-start(%p)
+  %copy-done = f32[256]{0:S(1)} copy-done(%copy-start)
+  ROOT %negate = f32[256]{0} negate(%copy-done)
+}
+"""
+
+
+def test_hlo_cost_does_not_charge_a_prefetch_to_on_chip_memory():
+    """XLA:TPU's copy-start / copy-done into memory space S(1) stage a value for the op that reads it,
+    which is charged its operand and result (1 KiB each): counting the copies too would charge it thrice."""
+    assert hlo_cost.program_cost(PREFETCH_HLO).bytes == 2 * 256 * 4
+    assert hlo_cost.byte_terms(PREFETCH_HLO) == {"negate": 2 * 256 * 4}
+
+
+@pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install -e '.[readiness]')")
+def test_a_tpu_trainer_program_is_counted_from_its_own_hlo():
+    """The micro update as XLA:TPU builds it for v5p-8: every loop's trip count read from the loop,
+    splash attention's kernels counted as bytes only, the roofline for the TPU alone, the byte terms
+    adding up to the program's bytes."""
+    r = readiness
+    spec = r.for_target(r.small_spec("grpo", True, "bfloat16"), "tpu")
+    row = r.trainer_program_row(spec, r.tpu_mesh((1, 4, 1), "v5p-8"), "learn", "TPU v5p", r.TPU_KINDS)
+    assert row["ok"] and row["unknown_trip_counts"] == 0 and row["opaque_kernels"] > 0
+    assert list(row["roofline_s"]) == list(row["bound"]) == ["TPU v5p"]
+    assert row["flops_per_device"] > 0 and row["bytes_per_device"] >= sum(b for _, b in row["largest_byte_terms"])
 
 
 def test_hlo_cost_charges_a_slice_of_stacked_weights_not_the_stack():
@@ -205,8 +281,8 @@ def test_trainer_programs_count_the_resident_state_and_the_roofline():
     state = jax.eval_shape(lambda: r.sharded_steps.abstract_train_state(spec))
     state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
     param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params))
-    learn = r.trainer_program_row(spec, mesh, "learn", "H100", True)
-    gen = r.trainer_program_row(spec, mesh, "generate_resident", "H100", True)
+    learn = r.trainer_program_row(spec, mesh, "learn", "H100", r.HOST_KINDS)
+    gen = r.trainer_program_row(spec, mesh, "generate_resident", "H100", r.HOST_KINDS)
     assert learn["ok"] and gen["ok"]
     assert learn["resident_bytes"] == 0 and learn["argument_bytes"] >= state_bytes
     assert gen["resident_bytes"] == state_bytes - param_bytes > 0

@@ -30,3 +30,28 @@ def test_a_trainer_row_shows_the_resident_peak_the_margin_and_the_bound_per_devi
                         "| memory, 24% |")
     assert "| qwen3_8b | learn | v5p-16 fsdp=8 | 40.0 | assigned | 48.3 |" in tables.markdown(
         {"paper": {"trainer": [tpu]}})
+
+
+def test_a_tpu_row_gives_the_tpu_roofline_and_the_largest_byte_terms():
+    """A TPU program's roofline is the TPU's only; its FLOPs leave out the kernels' (splash attention),
+    so its intensity is a lower bound; the whole update's largest byte terms get a table."""
+    host = trainer_row("PASS", 41.88, target="host fsdp=8", arithmetic_intensity=70.2,
+                       roofline_s={"H20": 677.1, "TPU v5p": 218.0}, bound={"H20": "compute", "TPU v5p": "memory"},
+                       mfu_at_roofline={"H20": 1.0, "TPU v5p": 0.42})
+    tpu = trainer_row("PASS", 35.2, margin_gb=60.6, device_memory_gb=95.74, peak_basis="buffer assignment",
+                      arithmetic_intensity=242.6, roofline_s={"TPU v5p": 183.4}, bound={"TPU v5p": "compute"},
+                      mfu_at_roofline={"TPU v5p": 1.0}, opaque_kernels=16, bytes_per_device=347e12,
+                      largest_byte_terms=[["fusion jit(step)/while/body/dot_general", 25.8e12], ["custom-call", 13e12]])
+    lines = tables.trainer_table([host, tpu])
+    assert lines[0].endswith("| FLOP/B | H20: bound, MFU <= | TPU v5p: bound, MFU <= |")
+    assert lines[3].endswith("| 60.6 of 96 | >= 243 |  | compute, 100% |")
+    assert tables.byte_terms_table([host, tpu]) == [
+        "| model | target | HLO op | JAX op (last 90 characters) | GB/device | share of bytes |",
+        "|---|---|---|---|---:|---:|",
+        "| qwen3_8b | v5p-16 fsdp=8 | fusion | `jit(step)/while/body/dot_general` | 25,800 | 7% |",
+        "| qwen3_8b | v5p-16 fsdp=8 | custom-call | `-` | 13,000 | 4% |"]
+    memory = [dict(host, program="pi_step", peak_bytes=67 * GB, temp_bytes=55 * GB, peak_basis="bound"),
+              dict(tpu, program="pi_step", peak_bytes=33 * GB, temp_bytes=34 * GB)]
+    text = tables.markdown({"paper": {"memory": memory}})
+    assert "| status | H20 / v5p roofline s |" in text
+    assert text.splitlines()[-1].endswith("| PASS | >= - / 183 |")

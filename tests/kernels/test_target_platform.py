@@ -1,5 +1,6 @@
 """Backend choices follow the target platform, not the host: programs built here for a TPU
 carry the TPU kernels (Mosaic, not the Pallas interpreter) and the TPU block sizes."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,19 @@ def test_pallas_logprobs_exported_for_tpu_from_this_host_are_mosaic():
         return jnp.sum(lp.token_logprobs(h, w, t, lp.kernel_config(impl="pallas", platform="tpu")))
 
     exported = jax.export.export(jax.jit(jax.grad(loss, (0, 1))), platforms=("tpu",))(*args)
-    assert exported.mlir_module().count("tpu_custom_call") == 3  # forward, dh, dw
+    module = exported.mlir_module()
+    assert module.count("tpu_custom_call") == 3  # forward, dh, dw
+    # Each kernel tells XLA:TPU's scheduler what it does: the logits' matmul (and the backward passes'
+    # cotangent matmul), one exp per logit, h and w read: w once per block of rows (one here), h once
+    # per block of vocabulary columns that the dw grid revisits (1024 / 512).
+    estimates = [(int(f), int(t), int(b)) for b, f, t in re.findall(
+        r'bytes_accessed\\22:(\d+),\\0A\\22flops\\22:(\d+),\\0A\\22remote_bytes_transferred\\22:0,\\0A'
+        r'\\22transcendentals\\22:(\d+)', module)]
+    h_bytes, w_bytes = n * d * 2, d * v * 2
+    assert sorted(estimates) == sorted([
+        (2 * n * d * v, n * v, h_bytes + n * 4 + w_bytes + 2 * n * 4),  # forward: lse and the target's logit
+        (4 * n * d * v, n * v, h_bytes + 4 * n * 4 + w_bytes + n * d * 4),  # dh: targets, three cotangents
+        (4 * n * d * v, n * v, 2 * (h_bytes + 4 * n * 4) + w_bytes + d * v * 2)])  # dw
 
 
 def test_unknown_platform_is_rejected():
