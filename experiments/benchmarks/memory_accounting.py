@@ -129,11 +129,18 @@ def measure(devices, name: str, donate: bool) -> dict:
     return {"program": name, "donated": donate, "platform": devices[0].platform, **row}
 
 
+def first_line(e: Exception) -> str:
+    """`e` as one line: its type and the first non-empty line of its message, at most 300 characters
+    (XLA's and libtpu's errors run long)."""
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
 def tpu_devices() -> tuple[list, str]:
     try:
         return list(topologies.get_topology_desc("v5p:2x2x1", "tpu").devices), ""
     except Exception as e:  # noqa: BLE001 (reported: no libtpu here)
-        return [], f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return [], first_line(e)
 
 
 def libtpu_version() -> str:

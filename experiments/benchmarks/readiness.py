@@ -156,7 +156,7 @@ def libtpu_status() -> str:
         tpu_devices("v5p-8")
         return ""
     except Exception as e:  # noqa: BLE001 (reported, not hidden)
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return memory_accounting.first_line(e)
 
 
 def tpu_devices(slice_name: str) -> list:
@@ -491,7 +491,7 @@ def export_check(name: str, prog_for: Callable[[str], Program]) -> dict:
             if prog.lengths:
                 out[plat]["lengths"] = prog.lengths
         except Exception as e:  # noqa: BLE001 (a FAIL row with the reason)
-            out[plat] = {"ok": False, "error": _one_line(e), "seconds": time.perf_counter() - t0}
+            out[plat] = {"ok": False, "error": memory_accounting.first_line(e), "seconds": time.perf_counter() - t0}
     return out
 
 
@@ -501,12 +501,7 @@ def tpu_compile_check(prog: Program) -> dict:
         _, mem = prog.compile_with_memory()
         return {"ok": True, "seconds": time.perf_counter() - t0, "peak_bytes": mem["peak_bytes"]}
     except Exception as e:  # noqa: BLE001
-        return {"ok": False, "error": _one_line(e), "seconds": time.perf_counter() - t0}
-
-
-def _one_line(e: Exception) -> str:
-    lines = [ln for ln in str(e).splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+        return {"ok": False, "error": memory_accounting.first_line(e), "seconds": time.perf_counter() - t0}
 
 
 def run_lowering(quick: bool, only: list[str], have_tpu: bool, rows: list, save=lambda: None, log=print) -> list:
@@ -524,7 +519,7 @@ def run_lowering(quick: bool, only: list[str], have_tpu: bool, rows: list, save=
                     prog = build_program(builder, tpu_mesh(shape, SMALL_TPU), "tpu")
                     row["tpu_compile"] = tpu_compile_check(prog)
                 except Exception as e:  # noqa: BLE001
-                    row["tpu_compile"] = {"ok": False, "error": _one_line(e)}
+                    row["tpu_compile"] = {"ok": False, "error": memory_accounting.first_line(e)}
             else:
                 row["tpu_compile"] = {"ok": None, "error": "libtpu absent"}
             row["status"] = status(all(row["export"][p]["ok"] for p in PLATFORMS) and row["tpu_compile"]["ok"])
@@ -754,7 +749,7 @@ def compile_program(key: tuple, build: Callable[[], Program], kinds: tuple[str, 
     try:
         compiled, memory = build().compile_with_memory()
     except Exception as e:  # noqa: BLE001
-        row = {"ok": False, "error": _one_line(e), "compile_s": time.perf_counter() - t0}
+        row = {"ok": False, "error": memory_accounting.first_line(e), "compile_s": time.perf_counter() - t0}
         needed = hbm_exceeded_bytes(str(e))
         if needed is not None:  # XLA:TPU refuses programs larger than the chip; it says by how much
             row["temp_bytes_at_least"] = needed
