@@ -15,9 +15,11 @@ costlier branch of a `conditional`; fusions and calls once).
   kernel custom call (Mosaic, Triton, cuDNN: `Cost.opaque_kernels` says how many the program has).
 - bytes: operands + results of every top-level op (fusions, dots, copies, collectives,
   custom calls; not the insides of a fusion, which stay in registers / VMEM; not XLA:TPU's
-  prefetch copies to and from on-chip memory), the way XLA's cost analysis charges a fusion; an operand a fusion only dynamic-slices is
-  charged the slice (a layer of stacked weights), an in-place dynamic-update-slice the
-  update. An estimate of HBM traffic, not a measurement.
+  prefetch copies to and from on-chip memory), the way XLA's cost analysis charges a fusion;
+  an asynchronous collective once, at its start (its result: the buffers it reads and
+  writes); an operand a fusion only dynamic-slices is charged the slice (a layer of stacked
+  weights), an in-place dynamic-update-slice or scatter the update (a decode step's keys and
+  values written into the cache). An estimate of HBM traffic, not a measurement.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 # from memory space S(1)): the op that reads or writes the value is charged its bytes already.
 _FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "conditional", "call",
          "after-all", "partition-id", "replica-id", "iota", "opt-barrier", "add-dependency", "domain",
-         "copy-start", "copy-done"}
+         "copy-start", "copy-done", "all-gather-done", "all-reduce-done", "collective-permute-done"}
+# Asynchronous collectives: the start's result holds the buffers read and written; the done moves nothing more.
+_ASYNC_STARTS = {"all-gather-start", "all-reduce-start", "collective-permute-start"}
 
 
 def array_shapes(type_text: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -185,18 +189,25 @@ def _conv_flops(ins: _Instr, comp: _Computation) -> float:
 def _operand_bytes(comp: _Computation, ins: _Instr, callee: _Computation | None) -> float:
     """Bytes a top-level op reads and writes; a slice of a buffer is charged the slice, not the buffer."""
     out = type_bytes(ins.type_text)
+    if ins.op in _ASYNC_STARTS:
+        return out
     if ins.op == "dynamic-slice":
         return 2 * out
     if ins.op == "dynamic-update-slice":
         return 2 * type_bytes(comp.shapes.get(ins.operands[1], "")) if len(ins.operands) > 1 else out
+    if ins.op == "scatter" and len(ins.operands) == 3:  # in place: the updates read and written, the indices
+        return 2 * type_bytes(comp.shapes.get(ins.operands[2], "")) + type_bytes(comp.shapes.get(ins.operands[1], ""))
     if callee is None:
         return out + sum(type_bytes(comp.shapes.get(o, "")) for o in ins.operands)
     total = 0.0
     in_place = None
-    root = callee.instrs[-1] if callee.instrs else None
+    root = callee.by_name.get(callee.root) or (callee.instrs[-1] if callee.instrs else None)
     if root is not None and root.op == "dynamic-update-slice" and len(root.operands) > 1:
         in_place = root.operands[0]
         out = type_bytes(callee.shapes.get(root.operands[1], ""))
+    elif root is not None and root.op == "scatter" and len(root.operands) == 3:  # a KV cache written in place
+        in_place = root.operands[0]
+        out = type_bytes(callee.shapes.get(root.operands[2], ""))
     for operand, param in zip(ins.operands, callee.params):
         users = [u for u in callee.instrs if param in u.operands]
         if param == in_place:

@@ -120,18 +120,28 @@ def trainer_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+BYTE_TERMS_SHOWN = 3
+
+
+def op_label(source: str, width: int = 90) -> str:
+    """A JAX op_name path shortened to `width` characters around an ellipsis: its head says which step
+    (the PI step runs under `cond`), its tail which op."""
+    if len(source) <= width:
+        return source or "-"
+    half = (width - 3) // 2
+    return f"{source[:half]} … {source[-half:]}"
+
+
 def byte_terms_table(rows: list[dict]) -> list[str]:
-    """The largest byte terms of each whole update (`learn`): the source op (HLO op and its JAX
-    op_name, loops' trip counts multiplied in) and its share of the program's bytes."""
+    """The largest byte terms of each trainer program: the source op (HLO op and its JAX op_name,
+    loops' trip counts multiplied in) and its share of the program's bytes."""
     lines = []
     for r in rows:
-        if r["program"] != "learn" or not r.get("largest_byte_terms"):
-            continue
-        for label, nbytes in r["largest_byte_terms"]:
+        for label, nbytes in r.get("largest_byte_terms", [])[:BYTE_TERMS_SHOWN]:
             op, _, source = label.partition(" ")
-            lines.append(f"| {r['model']} | {r['target']} | {op} | `{source[-90:] or '-'}` | {nbytes / GB:,.0f} | "
-                         f"{100 * nbytes / r['bytes_per_device']:.0f}% |")
+            lines.append(f"| {r['model']} | {r['program']} | {r['target']} | {op} | `{op_label(source)}` | "
+                         f"{nbytes / GB:,.0f} | {100 * nbytes / r['bytes_per_device']:.0f}% |")
     if not lines:
         return []
-    return ["| model | target | HLO op | JAX op (last 90 characters) | GB/device | share of bytes |",
-            "|---|---|---|---|---:|---:|"] + lines
+    return ["| model | program | target | HLO op | JAX op | GB/device | share of bytes |",
+            "|---|---|---|---|---|---:|---:|"] + lines

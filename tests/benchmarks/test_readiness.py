@@ -129,6 +129,36 @@ def test_hlo_cost_does_not_charge_a_prefetch_to_on_chip_memory():
     assert hlo_cost.byte_terms(PREFETCH_HLO) == {"negate": 2 * 256 * 4}
 
 
+CACHE_WRITE_HLO = """HloModule m
+
+%write (cache: bf16[4,1024,128], rows: s32[8,2], kv: bf16[8,128]) -> bf16[4,1024,128] {
+  %cache = bf16[4,1024,128]{2,1,0} parameter(0)
+  %rows = s32[8,2]{1,0} parameter(1)
+  %kv = bf16[8,128]{1,0} parameter(2)
+  ROOT %scatter = bf16[4,1024,128]{2,1,0} scatter(%cache, %rows, %kv), update_window_dims={1}
+}
+
+ENTRY %main (c: bf16[4,1024,128], i: s32[8,2], u: bf16[8,128], x: f32[1024]) -> (bf16[4,1024,128], f32[1024]) {
+  %c = bf16[4,1024,128]{2,1,0} parameter(0)
+  %i = s32[8,2]{1,0} parameter(1)
+  %u = bf16[8,128]{1,0} parameter(2)
+  %x = f32[1024]{0} parameter(3)
+  %written = bf16[4,1024,128]{2,1,0} fusion(%c, %i, %u), kind=kCustom, calls=%write
+  %permute-start = (f32[1024]{0}, f32[1024]{0}) collective-permute-start(%x), source_target_pairs={{0,1},{1,0}}
+  %permute-done = f32[1024]{0} collective-permute-done(%permute-start)
+  ROOT %out = (bf16[4,1024,128]{2,1,0}, f32[1024]{0}) tuple(%written, %permute-done)
+}
+"""
+
+
+def test_hlo_cost_charges_a_cache_write_its_rows_and_a_collective_once():
+    """A KV cache written in place by a scatter fusion (XLA:TPU's decode step) moves the 8 rows it
+    writes (2 KiB, read and written) and their indices, not the 1 MiB cache twice over; an asynchronous
+    collective-permute is charged at its start (4 KiB sent, 4 KiB received), its done moves nothing more."""
+    assert hlo_cost.byte_terms(CACHE_WRITE_HLO) == {"fusion": 64 + 2 * 8 * 128 * 2, "collective-permute-start": 8192}
+    assert hlo_cost.program_cost(CACHE_WRITE_HLO).bytes == 64 + 4096 + 8192
+
+
 @pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install -e '.[readiness]')")
 def test_a_tpu_trainer_program_is_counted_from_its_own_hlo():
     """The micro update as XLA:TPU builds it for v5p-8: every loop's trip count read from the loop,

@@ -46,10 +46,12 @@ def test_a_tpu_row_gives_the_tpu_roofline_and_the_largest_byte_terms():
     assert lines[0].endswith("| FLOP/B | H20: bound, MFU <= | TPU v5p: bound, MFU <= |")
     assert lines[3].endswith("| 60.6 of 96 | >= 243 |  | compute, 100% |")
     assert tables.byte_terms_table([host, tpu]) == [
-        "| model | target | HLO op | JAX op (last 90 characters) | GB/device | share of bytes |",
-        "|---|---|---|---|---:|---:|",
-        "| qwen3_8b | v5p-16 fsdp=8 | fusion | `jit(step)/while/body/dot_general` | 25,800 | 7% |",
-        "| qwen3_8b | v5p-16 fsdp=8 | custom-call | `-` | 13,000 | 4% |"]
+        "| model | program | target | HLO op | JAX op | GB/device | share of bytes |",
+        "|---|---|---|---|---|---:|---:|",
+        "| qwen3_8b | learn | v5p-16 fsdp=8 | fusion | `jit(step)/while/body/dot_general` | 25,800 | 7% |",
+        "| qwen3_8b | learn | v5p-16 fsdp=8 | custom-call | `-` | 13,000 | 4% |"]
+    long = "jit(step)/cond/branch_1_fun/" + "while/body/" * 10 + "checkpoint/bti,im->btm/dot_general"
+    assert tables.op_label(long) == f"{long[:43]} … {long[-43:]}" and len(tables.op_label(long)) == 89
     memory = [dict(host, program="pi_step", peak_bytes=67 * GB, temp_bytes=55 * GB, peak_basis="bound"),
               dict(tpu, program="pi_step", peak_bytes=33 * GB, temp_bytes=34 * GB)]
     text = tables.markdown({"paper": {"memory": memory}})
