@@ -186,7 +186,30 @@ def _conv_flops(ins: _Instr, comp: _Computation) -> float:
     return 2.0 * out_dims[out_labels.index("b")] * features_in * out_dims[out_labels.index("f")] * taps
 
 
-def _operand_bytes(comp: _Computation, ins: _Instr, callee: _Computation | None) -> float:
+def _sliced_bytes(comps: dict[str, _Computation], fused: _Computation, param: str, depth: int = 0) -> float | None:
+    """The bytes a fused computation reads of its parameter `param` when it only dynamic-slices it (directly or
+    inside a nested fusion, as XLA:TPU nests them): the slices; None when it reads it whole."""
+    users = [u for u in fused.instrs if param in u.operands]
+    if not users or depth > 8:
+        return None
+    total = 0.0
+    for u in users:
+        if u.op == "dynamic-slice" and u.operands[0] == param:
+            total += type_bytes(u.type_text)
+            continue
+        called = re.search(r"calls=%?([\w.\-]+)", u.attrs) if u.op == "fusion" else None
+        inner = comps.get(called.group(1)) if called else None
+        if inner is None or u.operands.count(param) != 1 or u.operands.index(param) >= len(inner.params):
+            return None
+        sliced = _sliced_bytes(comps, inner, inner.params[u.operands.index(param)], depth + 1)
+        if sliced is None:
+            return None
+        total += sliced
+    return total
+
+
+def _operand_bytes(comps: dict[str, _Computation], comp: _Computation, ins: _Instr,
+                   callee: _Computation | None) -> float:
     """Bytes a top-level op reads and writes; a slice of a buffer is charged the slice, not the buffer."""
     out = type_bytes(ins.type_text)
     if ins.op in _ASYNC_STARTS:
@@ -209,13 +232,10 @@ def _operand_bytes(comp: _Computation, ins: _Instr, callee: _Computation | None)
         in_place = root.operands[0]
         out = type_bytes(callee.shapes.get(root.operands[2], ""))
     for operand, param in zip(ins.operands, callee.params):
-        users = [u for u in callee.instrs if param in u.operands]
         if param == in_place:
             continue
-        if users and all(u.op == "dynamic-slice" and u.operands[0] == param for u in users):
-            total += sum(type_bytes(u.type_text) for u in users)
-        else:
-            total += type_bytes(comp.shapes.get(operand, ""))
+        sliced = _sliced_bytes(comps, callee, param)
+        total += type_bytes(comp.shapes.get(operand, "")) if sliced is None else sliced
     return total + out
 
 
@@ -376,7 +396,7 @@ def computation_cost(comps: dict[str, _Computation], entry: str) -> Cost:
                 total.flops += _conv_flops(ins, comp)
             if top_level and ins.op not in _FREE:
                 callee = re.search(r"calls=%?([\w.\-]+)", ins.attrs) if ins.op == "fusion" else None
-                total.bytes += _operand_bytes(comp, ins, comps.get(callee.group(1)) if callee else None)
+                total.bytes += _operand_bytes(comps, comp, ins, comps.get(callee.group(1)) if callee else None)
             if ins.op == "while":
                 body = re.search(r"body=%?([\w.\-]+)", ins.attrs)
                 trip = trip_count(comps, comp, ins)
@@ -427,7 +447,7 @@ def byte_terms(hlo_text: str) -> dict[str, float]:
                 callee = re.search(r"calls=%?([\w.\-]+)", ins.attrs) if ins.op == "fusion" else None
                 label = f"{ins.op} {_op_name(ins)}".strip()
                 terms[label] = terms.get(label, 0.0) + times * _operand_bytes(
-                    comp, ins, comps.get(callee.group(1)) if callee else None)
+                    comps, comp, ins, comps.get(callee.group(1)) if callee else None)
             if ins.op == "while":
                 body = re.search(r"body=%?([\w.\-]+)", ins.attrs)
                 if body:

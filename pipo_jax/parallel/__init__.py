@@ -6,8 +6,8 @@ process-split data and `jax.distributed` start-up. The trainer's sharded steps a
 See the README section "Running sharded / multi-host".
 """
 
-from pipo_jax.parallel.context import (ShardingContext, active_context, batch_shards, constrain, mesh_batch_shards,
-                                       shard_kernel, sharding_context)
+from pipo_jax.parallel.context import (ShardingContext, active_context, batch_shards, constrain, gathered_over,
+                                       mesh_batch_shards, shard_kernel, sharding_context)
 from pipo_jax.parallel.distributed import DistributedSettings, distributed_settings, initialize_distributed
 from pipo_jax.parallel.host_data import (global_batch_from_process_local, process_local_reward, process_local_rows,
                                          process_row_slice)
@@ -18,7 +18,7 @@ from pipo_jax.parallel.shardings import (batch_shardings, critic_axes, mirror_sh
 
 __all__ = [
     "AXES", "BATCH_AXES", "DEFAULT_RULES", "DistributedSettings", "MeshSpec", "ShardingContext", "active_context", "batch_shards",
-    "batch_shardings", "constrain", "critic_axes", "describe", "distributed_settings",
+    "batch_shardings", "constrain", "critic_axes", "describe", "distributed_settings", "gathered_over",
     "global_batch_from_process_local", "initialize_distributed", "make_mesh", "make_rules",
     "mesh_batch_shards", "mesh_from_config", "mesh_sizes", "mirror_shardings", "named_sharding", "parse_rules",
     "pipo_state_shardings", "process_local_reward", "process_local_rows", "process_row_slice", "replicated",

@@ -69,6 +69,27 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, named_sharding(ctx.mesh, tuple(logical_axes), x.shape, ctx.rules))
 
 
+def _is_axes(a) -> bool:
+    return isinstance(a, tuple) and all(n is None or isinstance(n, str) for n in a)
+
+
+def gathered_over(tree, axes_tree, mesh_axis: str):
+    """`tree` (leaves with the logical axes of `axes_tree`) constrained to the active rules without
+    `mesh_axis`: gathered over it once, here, still split over the other axes; `tree` outside a context."""
+    ctx = _ACTIVE.get()
+    if ctx is None:
+        return tree
+
+    def without(axes):
+        axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        kept = tuple(a for a in axes if a != mesh_axis)
+        return kept[0] if len(kept) == 1 else (kept or None)
+
+    rules = {name: without(axes) for name, axes in ctx.rules.items()}
+    return jax.tree.map(lambda axes, x: jax.lax.with_sharding_constraint(
+        x, named_sharding(ctx.mesh, tuple(axes), x.shape, rules)), axes_tree, tree, is_leaf=_is_axes)
+
+
 def shard_kernel(fn, args, in_logical_axes, out_logical_axes):
     """`fn(*args)` under `shard_map` on the active mesh, each operand split by its logical axes.
 

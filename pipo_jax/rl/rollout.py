@@ -16,6 +16,7 @@ from flax import struct
 
 from pipo_jax import parallel
 from pipo_jax.losses import advantages
+from pipo_jax.models import qwen3
 from pipo_jax.rl import steps
 from pipo_jax.rl.experience import (Rollout, choose_contexts, response_part, shaped_rewards, teacher_settings,
                                     with_rewards)
@@ -53,6 +54,17 @@ def generation_passes(spec: TrainSpec, rows: int) -> tuple[int, int]:
     return rows // per_pass, shards
 
 
+def decode_weights(spec: TrainSpec, params):
+    """The policy's weights as a generate call decodes with them (`rollout.decode_weights`): as given
+    ("sharded": on a mesh the decode loop gathers each layer's fsdp shards at every step), or
+    ("gathered", under a sharding context) in the compute dtype, gathered over `fsdp` once per call."""
+    if spec.rollout.decode_weights == "sharded" or parallel.active_context() is None:
+        return params
+    dtype = spec.model.jnp_dtype
+    params = jax.tree.map(lambda x: x if x.dtype == dtype else x.astype(dtype), params)
+    return parallel.gathered_over(params, qwen3.param_axes(spec.model), "fsdp")
+
+
 def generate(spec: TrainSpec, params, problems, rng) -> Rollout:
     """Samples one response per row of `problems` with the policy `params` (rewards left 0),
     inside the caller's program (`spec.generator`, an `in_program` one).
@@ -70,6 +82,7 @@ def generate(spec: TrainSpec, params, problems, rng) -> Rollout:
         out = generator(params, *args)
         return out.tokens_br, out.mask_br, out.logprobs_br
 
+    params = decode_weights(spec, params)
     rows = problems.prompt_tokens_bp.shape[0]
     n_pass, shards = generation_passes(spec, rows)
     if n_pass == 1:

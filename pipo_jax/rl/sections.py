@@ -72,6 +72,7 @@ def attribution_names() -> tuple[str, ...]:
 
 
 LOGPROB_IMPLS = ("auto", "reference", "chunked", "pallas")
+DECODE_WEIGHTS = ("sharded", "gathered")  # rollout.decode_weights: rl/rollout.py:decode_weights
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 
 
@@ -150,6 +151,11 @@ class RolloutConfig(Section):
     generate_rows_per_device: int = key(
         0, "rows one device decodes per generation pass (lax.map over passes): the KV cache then holds this many "
         "rows; 0 = one pass", at_least(0, " (0 = all of a device's rows in one pass)"))
+    decode_weights: str = key(
+        "sharded", "the policy's weights in a generate call on a mesh: sharded (as trained: the decode loop gathers "
+        "each layer's fsdp shards at every step) | gathered (gathered over fsdp once per call, in the compute dtype, "
+        "still split over tensor: the whole model per fsdp group in device memory, no weight traffic per step)",
+        choices=DECODE_WEIGHTS)
     engine: str = key("sampler", "the rollout interface's implementation (sampling/generator.py): sampler (one jit, "
                       "inside the jitted iteration, any mesh) | slots (the slot engine, continuous batching, driven "
                       "from the host: log.jit_loop=false, one device)", choices=ENGINES)

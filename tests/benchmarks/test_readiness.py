@@ -151,6 +151,40 @@ ENTRY %main (c: bf16[4,1024,128], i: s32[8,2], u: bf16[8,128], x: f32[1024]) -> 
 """
 
 
+NESTED_SLICE_HLO = """HloModule m
+
+%take (stack: bf16[36,64,256], i: s32[]) -> bf16[64,256] {
+  %stack = bf16[36,64,256]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  %layer = bf16[1,64,256]{2,1,0} dynamic-slice(%stack, %i, %zero, %zero), dynamic_slice_sizes={1,64,256}
+  ROOT %w = bf16[64,256]{1,0} bitcast(%layer)
+}
+
+%matmul (stack.1: bf16[36,64,256], i.1: s32[], x: bf16[8,64]) -> bf16[8,256] {
+  %stack.1 = bf16[36,64,256]{2,1,0} parameter(0)
+  %i.1 = s32[] parameter(1)
+  %x = bf16[8,64]{1,0} parameter(2)
+  %w.1 = bf16[64,256]{1,0} fusion(%stack.1, %i.1), kind=kLoop, calls=%take
+  ROOT %y = bf16[8,256]{1,0} dot(%x, %w.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (s: bf16[36,64,256], n: s32[], a: bf16[8,64]) -> bf16[8,256] {
+  %s = bf16[36,64,256]{2,1,0} parameter(0)
+  %n = s32[] parameter(1)
+  %a = bf16[8,64]{1,0} parameter(2)
+  ROOT %out = bf16[8,256]{1,0} fusion(%s, %n, %a), kind=kOutput, calls=%matmul
+}
+"""
+
+
+def test_hlo_cost_charges_a_layer_sliced_inside_a_nested_fusion_not_the_stack():
+    """XLA:TPU fuses a layer's slice of stacked weights into the matmul's fusion, one fusion deeper: the
+    matmul reads one [64, 256] layer (32 KiB), not the 36-layer stack (1.1 MiB)."""
+    layer, x, y = 64 * 256 * 2, 8 * 64 * 2, 8 * 256 * 2
+    assert hlo_cost.program_cost(NESTED_SLICE_HLO).bytes == layer + 4 + x + y
+
+
 def test_hlo_cost_charges_a_cache_write_its_rows_and_a_collective_once():
     """A KV cache written in place by a scatter fusion (XLA:TPU's decode step) moves the 8 rows it
     writes (2 KiB, read and written) and their indices, not the 1 MiB cache twice over; an asynchronous

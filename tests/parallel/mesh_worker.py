@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import sys
 import time
 
@@ -24,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.benchmarks import hlo_cost
 from pipo_jax import parallel
 from pipo_jax.kernels import logprobs as kernel
 from pipo_jax.kernels import logprobs_sharded
@@ -120,7 +122,46 @@ def host_loop_run(out: str) -> None:
     summary["param_spec/embed"] = np.asarray(str(state.params["embed"].sharding.spec))
     summary["opt_spec/mu_embed"] = np.asarray(str(state.opt_state.inner_state[1].inner_state[0].mu["embed"].sharding.spec))
     summary["stored_tokens_spec"] = np.asarray(str(state.pipo.prev.tokens_bl.sharding.spec))
+    summary.update(gathered_decode_check(spec, mesh, state.params))
     np.savez(os.path.join(out, "host_loop_1x2x4.npz"), **summary)
+
+
+def gathered_decode_check(spec, mesh, params) -> dict:
+    """Generate on 1x2x4 with the weights sharded as trained and gathered over fsdp once per call
+    (`rollout.decode_weights`): the rollouts, and the all-gather bytes each program moves."""
+    out, rng, n = {}, jax.random.PRNGKey(11), spec.rollout.prompts_per_batch
+    table = steps.mesh_prompt_table(spec, mesh)
+    for layout in ("sharded", "gathered"):
+        gen = steps.sharded_generate(spec.with_section("rollout", decode_weights=layout), mesh, n)
+        rollout = steps.to_host(gen(params, table, rng))
+        out[f"decode_{layout}/tokens"], out[f"decode_{layout}/logprobs"] = rollout.tokens_bl, rollout.sample_logp_br
+        text = gen.lower(params, table, rng).compile().as_text()
+        out[f"decode_{layout}/gathered_in_decode_loops"] = np.asarray(all_gather_bytes_in_decode_loops(text))
+    return out
+
+
+def all_gather_bytes_in_decode_loops(hlo_text: str) -> float:
+    """Bytes all-gathered by one step of the program's decode loops (the loops that exit on a
+    condition of the data: no trip count), their nested layer loops' trips counted."""
+    comps, entry = hlo_cost.parse(hlo_text)
+
+    def gathered(name: str, times: float, in_decode: bool) -> float:
+        total = 0.0
+        comp = comps[name]
+        for ins in comp.instrs:
+            if in_decode and ins.op in ("all-gather", "all-gather-start"):
+                total += times * hlo_cost.type_bytes(ins.type_text)
+            if ins.op == "while":
+                trip = hlo_cost.trip_count(comps, comp, ins)
+                total += gathered(body_name(ins), times * (trip or 1), in_decode or trip is None)
+            elif ins.op == "call":
+                total += sum(gathered(c, times, in_decode) for c in re.findall(r"to_apply=%?([\w.\-]+)", ins.attrs))
+        return total
+
+    def body_name(ins) -> str:
+        return re.search(r"body=%?([\w.\-]+)", ins.attrs).group(1)
+
+    return gathered(entry, 1.0, False)
 
 
 def init_check(out: str) -> None:
