@@ -145,11 +145,8 @@ def _valid_taps(out: int, size: int, window: int, low: int, stride: int, dilatio
     taps = 0
     for w in range(window):
         offset = w * dilation - low
-        if input_dilation == 1:  # o * stride + offset in [0, size)
-            first = max(0, -(offset // stride) if offset < 0 else 0)
-            while first * stride + offset < 0:
-                first += 1
-            last = min(out - 1, (size - 1 - offset) // stride) if size - 1 - offset >= 0 else -1
+        if input_dilation == 1:  # o * stride + offset in [0, size): o from ceil(-offset / stride)
+            first, last = max(0, -(offset // stride)), min(out - 1, (size - 1 - offset) // stride)
             taps += max(0, last - first + 1)
         else:
             taps += sum(1 for o in range(out) if (i := o * stride + offset) >= 0 and i % input_dilation == 0
@@ -352,6 +349,20 @@ def trip_count(comps: dict[str, _Computation], comp: _Computation, loop: _Instr)
     return max(0, -(-(end - start) // increment))
 
 
+def _branches(ins: _Instr) -> list[str]:
+    """The branch computations of a `conditional`."""
+    return re.findall(r"%([\w.\-]+)", " ".join(re.findall(
+        r"(?:branch_computations=\{[^}]*\}|true_computation=%[\w.\-]+|false_computation=%[\w.\-]+)", ins.attrs)))
+
+
+def _charged_bytes(comps: dict[str, _Computation], comp: _Computation, ins: _Instr) -> float:
+    """What a top-level op of `comp` is charged (`_operand_bytes`; nothing for the ops in `_FREE`)."""
+    if ins.op in _FREE:
+        return 0.0
+    callee = re.search(r"calls=%?([\w.\-]+)", ins.attrs) if ins.op == "fusion" else None
+    return _operand_bytes(comps, comp, ins, comps.get(callee.group(1)) if callee else None)
+
+
 # Custom calls that run a compiled kernel whose FLOPs the HLO does not show (Mosaic on TPU, Triton
 # and cuDNN on GPU): their bytes are charged, their FLOPs are not.
 _OPAQUE_KERNELS = re.compile(r'custom_call_target="(tpu_custom_call|__gpu\$xla\.gpu\.triton|__cudnn\$[^"]*)"')
@@ -394,9 +405,8 @@ def computation_cost(comps: dict[str, _Computation], entry: str) -> Cost:
                 total.flops += _dot_flops(ins, comp)
             elif ins.op == "convolution":
                 total.flops += _conv_flops(ins, comp)
-            if top_level and ins.op not in _FREE:
-                callee = re.search(r"calls=%?([\w.\-]+)", ins.attrs) if ins.op == "fusion" else None
-                total.bytes += _operand_bytes(comps, comp, ins, comps.get(callee.group(1)) if callee else None)
+            if top_level:
+                total.bytes += _charged_bytes(comps, comp, ins)
             if ins.op == "while":
                 body = re.search(r"body=%?([\w.\-]+)", ins.attrs)
                 trip = trip_count(comps, comp, ins)
@@ -406,10 +416,7 @@ def computation_cost(comps: dict[str, _Computation], entry: str) -> Cost:
                 else:
                     total = total + inner + Cost(unknown_trip_counts=1)
             elif ins.op == "conditional":
-                branches = re.findall(r"%([\w.\-]+)", " ".join(
-                    re.findall(r"(?:branch_computations=\{[^}]*\}|true_computation=%[\w.\-]+|"
-                               r"false_computation=%[\w.\-]+)", ins.attrs)))
-                costs = [walk(b, True) for b in branches]
+                costs = [walk(b, True) for b in _branches(ins)]
                 if costs:
                     total = total + max(costs, key=lambda c: c.flops)
             elif ins.op in ("call", "async-start"):
@@ -431,37 +438,39 @@ def _op_name(ins: _Instr) -> str:
     return m.group(1) if m else ""
 
 
-def byte_terms(hlo_text: str) -> dict[str, float]:
-    """`program_cost`'s bytes split by where they come from: {"<op> <op_name>": bytes per device},
-    each top-level op charged as there, times the trip counts of the loops around it (a loop with no
-    trip count once). The biggest terms are the traffic worth cutting first."""
-    comps, entry = parse(hlo_text)
-    terms: dict[str, float] = {}
-
-    def walk(name: str, times: float, depth: int = 0) -> None:
+def top_level_ops(comps: dict[str, _Computation], entry: str):
+    """Every top-level op of computation `entry` as `program_cost` walks it: (computation, op, how many
+    times it runs: the trip counts of the loops around it, a loop with no trip count once, whether it
+    runs inside such a loop); a `conditional` contributes its costlier branch in FLOPs."""
+    def walk(name: str, times: float, data_dependent: bool, depth: int):
         comp = comps.get(name)
         if comp is None or depth > 64:
             return
         for ins in comp.instrs:
-            if ins.op not in _FREE:
-                callee = re.search(r"calls=%?([\w.\-]+)", ins.attrs) if ins.op == "fusion" else None
-                label = f"{ins.op} {_op_name(ins)}".strip()
-                terms[label] = terms.get(label, 0.0) + times * _operand_bytes(
-                    comps, comp, ins, comps.get(callee.group(1)) if callee else None)
+            yield comp, ins, times, data_dependent
             if ins.op == "while":
                 body = re.search(r"body=%?([\w.\-]+)", ins.attrs)
+                trip = trip_count(comps, comp, ins)
                 if body:
-                    walk(body.group(1), times * (trip_count(comps, comp, ins) or 1), depth + 1)
+                    yield from walk(body.group(1), times * (trip or 1), data_dependent or trip is None, depth + 1)
             elif ins.op == "conditional":
-                branches = re.findall(r"%([\w.\-]+)", " ".join(
-                    re.findall(r"(?:branch_computations=\{[^}]*\}|true_computation=%[\w.\-]+|"
-                               r"false_computation=%[\w.\-]+)", ins.attrs)))
-                if branches:  # the branch program_cost counts: the costlier in FLOPs
-                    costs = {b: computation_cost(comps, b) for b in branches}
-                    walk(max(branches, key=lambda b: costs[b].flops), times, depth + 1)
+                costs = {b: computation_cost(comps, b) for b in _branches(ins)}
+                if costs:
+                    yield from walk(max(costs, key=lambda b: costs[b].flops), times, data_dependent, depth + 1)
             elif ins.op in ("call", "async-start"):
                 for callee in re.findall(r"(?:to_apply|calls)=%?([\w.\-]+)", ins.attrs):
-                    walk(callee, times, depth + 1)
+                    yield from walk(callee, times, data_dependent, depth + 1)
 
-    walk(entry, 1.0)
+    return walk(entry, 1.0, False, 0)
+
+
+def byte_terms(comps: dict[str, _Computation], entry: str) -> dict[str, float]:
+    """`program_cost`'s bytes split by where they come from: {"<op> <op_name>": bytes per device},
+    each top-level op charged as there, times the trip counts of the loops around it (a loop with no
+    trip count once). The biggest terms are the traffic worth cutting first."""
+    terms: dict[str, float] = {}
+    for comp, ins, times, _ in top_level_ops(comps, entry):
+        if ins.op not in _FREE:
+            label = f"{ins.op} {_op_name(ins)}".strip()
+            terms[label] = terms.get(label, 0.0) + times * _charged_bytes(comps, comp, ins)
     return terms

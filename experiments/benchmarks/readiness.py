@@ -756,13 +756,13 @@ def compile_program(key: tuple, build: Callable[[], Program], kinds: tuple[str, 
     else:
         row = {"ok": True, "compile_s": time.perf_counter() - t0, **memory}
     if row["ok"] and kinds:
-        text = compiled.as_text()
-        cost = hlo_cost.program_cost(text)
+        module = hlo_cost.parse(compiled.as_text())
+        cost = hlo_cost.computation_cost(*module)
         row.update(flops_per_device=cost.flops, bytes_per_device=cost.bytes,
                    unknown_trip_counts=cost.unknown_trip_counts, opaque_kernels=cost.opaque_kernels,
                    roofline_s=roofline(cost.flops, cost.bytes, kinds))
         if byte_terms:
-            terms = sorted(hlo_cost.byte_terms(text).items(), key=lambda kv: -kv[1])[:BYTE_TERMS]
+            terms = sorted(hlo_cost.byte_terms(*module).items(), key=lambda kv: -kv[1])[:BYTE_TERMS]
             row["largest_byte_terms"] = [[label, b] for label, b in terms]
     _COMPILED[key] = row
     return row

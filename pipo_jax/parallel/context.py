@@ -26,7 +26,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from pipo_jax.parallel.mesh import mesh_sizes
-from pipo_jax.parallel.rules import DEFAULT_RULES, Rules, named_sharding, spec_for
+from pipo_jax.parallel.rules import DEFAULT_RULES, Rules, named_sharding, spec_for, without_axis
+from pipo_jax.parallel.shardings import tree_shardings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,25 +70,14 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, named_sharding(ctx.mesh, tuple(logical_axes), x.shape, ctx.rules))
 
 
-def _is_axes(a) -> bool:
-    return isinstance(a, tuple) and all(n is None or isinstance(n, str) for n in a)
-
-
 def gathered_over(tree, axes_tree, mesh_axis: str):
     """`tree` (leaves with the logical axes of `axes_tree`) constrained to the active rules without
     `mesh_axis`: gathered over it once, here, still split over the other axes; `tree` outside a context."""
     ctx = _ACTIVE.get()
     if ctx is None:
         return tree
-
-    def without(axes):
-        axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-        kept = tuple(a for a in axes if a != mesh_axis)
-        return kept[0] if len(kept) == 1 else (kept or None)
-
-    rules = {name: without(axes) for name, axes in ctx.rules.items()}
-    return jax.tree.map(lambda axes, x: jax.lax.with_sharding_constraint(
-        x, named_sharding(ctx.mesh, tuple(axes), x.shape, rules)), axes_tree, tree, is_leaf=_is_axes)
+    return jax.lax.with_sharding_constraint(
+        tree, tree_shardings(tree, axes_tree, ctx.mesh, without_axis(ctx.rules, mesh_axis)))
 
 
 def shard_kernel(fn, args, in_logical_axes, out_logical_axes):

@@ -88,6 +88,12 @@ def make_rules(overrides: Mapping[str, Any] | str | None = None) -> Rules:
     return MappingProxyType(merged)
 
 
+def without_axis(rules: Rules, mesh_axis: str) -> Rules:
+    """`rules` with `mesh_axis` left out of every rule (what it split is then replicated over it)."""
+    return make_rules({name: tuple(a for a in _mesh_axes_tuple(axes) if a != mesh_axis)
+                       for name, axes in rules.items()})
+
+
 def rules_key(rules: Rules | None) -> tuple:
     """A hashable form of `rules` (for caches of jitted functions)."""
     return tuple(sorted(make_rules(None if rules is None else dict(rules)).items()))

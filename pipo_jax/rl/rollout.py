@@ -21,7 +21,7 @@ from pipo_jax.rl import steps
 from pipo_jax.rl.experience import (Rollout, choose_contexts, response_part, shaped_rewards, teacher_settings,
                                     with_rewards)
 from pipo_jax.rl.spec import ConfigError, TrainSpec
-from pipo_jax.sampling import sampler
+from pipo_jax.sampling import decode, sampler
 from pipo_jax.tasks.protocol import HostScorer
 
 
@@ -60,8 +60,7 @@ def decode_weights(spec: TrainSpec, params):
     ("gathered", under a sharding context) in the compute dtype, gathered over `fsdp` once per call."""
     if spec.rollout.decode_weights == "sharded" or parallel.active_context() is None:
         return params
-    dtype = spec.model.jnp_dtype
-    params = jax.tree.map(lambda x: x if x.dtype == dtype else x.astype(dtype), params)
+    params = decode.in_compute_dtype(spec.model, params)
     return parallel.gathered_over(params, qwen3.param_axes(spec.model), "fsdp")
 
 

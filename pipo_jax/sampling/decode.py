@@ -100,14 +100,19 @@ def transposed_layer(layer: Params) -> Params:
             for name, w in layer.items()}
 
 
+def in_compute_dtype(config: Qwen3Config, params: Params) -> Params:
+    """`params` cast to the compute dtype (leaves already in it kept as they are)."""
+    dt = config.jnp_dtype
+    return jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
+
+
 def compute_params(config: Qwen3Config, params: Params, rows: int | None = None) -> Params:
     """`params` laid out for the decode loop: in the compute dtype (a no-op when stored in
     it) and, with unrolled layers, `layers` as a tuple of per-layer trees (sliced once here,
     not once per token). With unrolled layers and `rows == 1` (decode steps of one row) the
     small attention projections also become column stacks (`one_row_layer`); with `rows >=
     TRANSPOSED_MIN_ROWS` the dense weights and an untied head are stored `transposed`."""
-    dt = config.jnp_dtype
-    params = jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
+    params = in_compute_dtype(config, params)
     if qwen3.layers_unrolled(config) and not isinstance(params["layers"], tuple):
         layers = tuple(qwen3.layer_params(params, i) for i in range(config.num_hidden_layers))
         transpose = rows is not None and rows >= TRANSPOSED_MIN_ROWS

@@ -126,7 +126,7 @@ def test_hlo_cost_does_not_charge_a_prefetch_to_on_chip_memory():
     """XLA:TPU's copy-start / copy-done into memory space S(1) stage a value for the op that reads it,
     which is charged its operand and result (1 KiB each): counting the copies too would charge it thrice."""
     assert hlo_cost.program_cost(PREFETCH_HLO).bytes == 2 * 256 * 4
-    assert hlo_cost.byte_terms(PREFETCH_HLO) == {"negate": 2 * 256 * 4}
+    assert hlo_cost.byte_terms(*hlo_cost.parse(PREFETCH_HLO)) == {"negate": 2 * 256 * 4}
 
 
 CACHE_WRITE_HLO = """HloModule m
@@ -189,7 +189,7 @@ def test_hlo_cost_charges_a_cache_write_its_rows_and_a_collective_once():
     """A KV cache written in place by a scatter fusion (XLA:TPU's decode step) moves the 8 rows it
     writes (2 KiB, read and written) and their indices, not the 1 MiB cache twice over; an asynchronous
     collective-permute is charged at its start (4 KiB sent, 4 KiB received), its done moves nothing more."""
-    assert hlo_cost.byte_terms(CACHE_WRITE_HLO) == {"fusion": 64 + 2 * 8 * 128 * 2, "collective-permute-start": 8192}
+    assert hlo_cost.byte_terms(*hlo_cost.parse(CACHE_WRITE_HLO)) == {"fusion": 64 + 2 * 8 * 128 * 2, "collective-permute-start": 8192}
     assert hlo_cost.program_cost(CACHE_WRITE_HLO).bytes == 64 + 4096 + 8192
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import re
 import sys
 import time
 
@@ -143,25 +142,9 @@ def gathered_decode_check(spec, mesh, params) -> dict:
 def all_gather_bytes_in_decode_loops(hlo_text: str) -> float:
     """Bytes all-gathered by one step of the program's decode loops (the loops that exit on a
     condition of the data: no trip count), their nested layer loops' trips counted."""
-    comps, entry = hlo_cost.parse(hlo_text)
-
-    def gathered(name: str, times: float, in_decode: bool) -> float:
-        total = 0.0
-        comp = comps[name]
-        for ins in comp.instrs:
-            if in_decode and ins.op in ("all-gather", "all-gather-start"):
-                total += times * hlo_cost.type_bytes(ins.type_text)
-            if ins.op == "while":
-                trip = hlo_cost.trip_count(comps, comp, ins)
-                total += gathered(body_name(ins), times * (trip or 1), in_decode or trip is None)
-            elif ins.op == "call":
-                total += sum(gathered(c, times, in_decode) for c in re.findall(r"to_apply=%?([\w.\-]+)", ins.attrs))
-        return total
-
-    def body_name(ins) -> str:
-        return re.search(r"body=%?([\w.\-]+)", ins.attrs).group(1)
-
-    return gathered(entry, 1.0, False)
+    return sum(times * hlo_cost.type_bytes(ins.type_text)
+               for _, ins, times, in_decode in hlo_cost.top_level_ops(*hlo_cost.parse(hlo_text))
+               if in_decode and ins.op in ("all-gather", "all-gather-start"))
 
 
 def init_check(out: str) -> None:
