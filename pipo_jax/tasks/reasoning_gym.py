@@ -27,6 +27,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import pickle
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, NamedTuple, Sequence
 
@@ -79,9 +83,38 @@ class Entries(NamedTuple):
     num_duplicates: int  # entries dropped because an earlier entry has the same question
 
 
+# Run by `draw_entries` in a child whose string hashes are unseeded; stdin / stdout: pickles.
+_DRAW_CHILD = """
+import pickle, sys
+import reasoning_gym
+name, config, size, seed = pickle.load(sys.stdin.buffer)
+dataset = reasoning_gym.create_dataset(name, seed=seed, size=size, **config)
+pickle.dump([dataset[i] for i in range(size)], sys.stdout.buffer)
+"""
+
+
+def draw_entries(name: str, config: dict[str, Any], size: int, seed: int) -> list[dict]:
+    """Entries 0..size-1 of dataset `name`, the same in every process. Some datasets draw from a set
+    (isomorphic_strings: `rng.choice(list(set_of_letters))`), whose order follows the process's string-hash
+    seed, random per process unless PYTHONHASHSEED is set: their questions would change from run to run
+    (and between a stopped comparison and its resumption). They are drawn here with hashes unseeded
+    (PYTHONHASHSEED=0): in this process when it runs so, else in a child process."""
+    if sys.flags.hash_randomization == 0:
+        dataset = import_reasoning_gym().create_dataset(name, seed=seed, size=size, **config)
+        return [dataset[i] for i in range(size)]
+    proc = subprocess.run([sys.executable, "-c", _DRAW_CHILD], input=pickle.dumps((name, config, size, seed)),
+                          capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"}, check=False)
+    if proc.returncode != 0:
+        last = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise ValueError(f"dataset={name!r} with config={json.dumps(config)}: drawing its entries in a child "
+                         f"process (PYTHONHASHSEED=0) failed: {last}")
+    return pickle.loads(proc.stdout)
+
+
 def generate_entries(name: str, config: dict[str, Any], size: int, seed: int, heldout_fraction: float) -> Entries:
-    """`size` entries of dataset `name` (seed `seed`), repeated questions dropped (counted, logged),
-    split train / held-out by a permutation of `seed` (disjoint questions)."""
+    """`size` entries of dataset `name` (seed `seed`; `draw_entries`: the same in every process), repeated
+    questions dropped (counted, logged), split train / held-out by a permutation of `seed` (disjoint
+    questions)."""
     rg = import_reasoning_gym()
     if size < 2:
         raise ValueError(f"size={size} must be >= 2 (train and held-out rows)")
@@ -90,8 +123,7 @@ def generate_entries(name: str, config: dict[str, Any], size: int, seed: int, he
     except (ValueError, TypeError, KeyError, AssertionError) as e:
         raise ValueError(f"dataset={name!r} with config={json.dumps(config)}: {type(e).__name__}: {e}") from e
     seen, unique = set(), []
-    for i in range(size):
-        entry = dataset[i]
+    for entry in draw_entries(name, config, size, seed):
         if entry["question"] not in seen:
             seen.add(entry["question"])
             unique.append(entry)

@@ -5,6 +5,9 @@ the tokenizer (paper-scale) form, and (slow) that the CPU model learns one datas
 import builtins
 import importlib
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -125,6 +128,36 @@ def test_split_is_disjoint_and_repeats_are_counted():
     np.testing.assert_array_equal(again.heldout_rows, src.heldout_rows)
     other = rgt.generate_entries("gcd", json.loads(GCD), 600, 4, 0.2)
     assert [e["question"] for e in other.entries] != questions
+
+
+ISOMORPHIC_DRAW = ("import json, sys; from pipo_jax.tasks import reasoning_gym as rgt; "
+                   "print(json.dumps([e['question'] for e in rgt.generate_entries('isomorphic_strings', {}, 60, 0, 0.1)"
+                   ".entries]))")
+
+
+def test_entries_are_the_same_in_every_process():
+    """isomorphic_strings draws letters from a set (`rng.choice(list(set))`), whose order follows the
+    process's string-hash seed: drawn as the library draws them, two processes made two datasets. Every
+    process now gets the PYTHONHASHSEED=0 draw: in this test process (hashes seeded at random: through a
+    child) as in processes with other hash seeds, and as in one with PYTHONHASHSEED=0 (drawn in-process)."""
+    def questions(hash_seed: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", ISOMORPHIC_DRAW], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": hash_seed, "JAX_PLATFORMS": "cpu"})
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    here = [e["question"] for e in rgt.generate_entries("isomorphic_strings", {}, 60, 0, 0.1).entries]
+    assert questions("0") == questions("1") == questions("2") == here
+    # the library's own draw does differ between hash seeds (else this test would prove nothing)
+    library = ("import json, reasoning_gym as rg; d = rg.create_dataset('isomorphic_strings', seed=0, size=60); "
+               "print(json.dumps([d[i]['question'] for i in range(60)]))")
+    drawn = [subprocess.run([sys.executable, "-c", library], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONHASHSEED": h}).stdout for h in ("1", "2")]
+    assert drawn[0] != drawn[1]
+
+
+def test_a_failed_draw_names_the_dataset():
+    with pytest.raises(ValueError, match=r"dataset='no_such_dataset'"):
+        rgt.generate_entries("no_such_dataset", {}, 10, 0, 0.1)
 
 
 def test_compact_prompts_cut_the_shared_text_only():
