@@ -93,14 +93,14 @@ pickle.dump([dataset[i] for i in range(size)], sys.stdout.buffer)
 """
 
 
-def draw_entries(name: str, config: dict[str, Any], size: int, seed: int) -> list[dict]:
-    """Entries 0..size-1 of dataset `name`, the same in every process. Some datasets draw from a set
-    (isomorphic_strings: `rng.choice(list(set_of_letters))`), whose order follows the process's string-hash
-    seed, random per process unless PYTHONHASHSEED is set: their questions would change from run to run
-    (and between a stopped comparison and its resumption). They are drawn here with hashes unseeded
-    (PYTHONHASHSEED=0): in this process when it runs so, else in a child process."""
+def draw_entries(dataset: Any, name: str, config: dict[str, Any], size: int, seed: int) -> list[dict]:
+    """Entries 0..size-1 of `dataset` (the library's dataset `name` made with `config`, `size`, `seed`),
+    the same in every process. Some datasets draw from a set (isomorphic_strings:
+    `rng.choice(list(set_of_letters))`), whose order follows the process's string-hash seed, random per
+    process unless PYTHONHASHSEED is set: their questions would change from run to run (and between a
+    stopped comparison and its resumption). They are drawn here with hashes unseeded (PYTHONHASHSEED=0):
+    from `dataset` when this process runs so, else in a child process."""
     if sys.flags.hash_randomization == 0:
-        dataset = import_reasoning_gym().create_dataset(name, seed=seed, size=size, **config)
         return [dataset[i] for i in range(size)]
     proc = subprocess.run([sys.executable, "-c", _DRAW_CHILD], input=pickle.dumps((name, config, size, seed)),
                           capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"}, check=False)
@@ -123,7 +123,7 @@ def generate_entries(name: str, config: dict[str, Any], size: int, seed: int, he
     except (ValueError, TypeError, KeyError, AssertionError) as e:
         raise ValueError(f"dataset={name!r} with config={json.dumps(config)}: {type(e).__name__}: {e}") from e
     seen, unique = set(), []
-    for entry in draw_entries(name, config, size, seed):
+    for entry in draw_entries(dataset, name, config, size, seed):
         if entry["question"] not in seen:
             seen.add(entry["question"])
             unique.append(entry)

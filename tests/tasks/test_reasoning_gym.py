@@ -155,9 +155,12 @@ def test_entries_are_the_same_in_every_process():
     assert drawn[0] != drawn[1]
 
 
-def test_a_failed_draw_names_the_dataset():
-    with pytest.raises(ValueError, match=r"dataset='no_such_dataset'"):
-        rgt.generate_entries("no_such_dataset", {}, 10, 0, 0.1)
+@pytest.mark.skipif(sys.flags.hash_randomization == 0, reason="this process draws in-process (PYTHONHASHSEED=0)")
+def test_a_failed_draw_in_the_child_is_one_line_naming_the_dataset(monkeypatch):
+    monkeypatch.setattr(rgt, "_DRAW_CHILD", "raise RuntimeError('the child failed')")
+    with pytest.raises(ValueError, match=r"^dataset='gcd' with config=\{\}: drawing its entries in a child process "
+                                         r"\(PYTHONHASHSEED=0\) failed: RuntimeError: the child failed$"):
+        rgt.generate_entries("gcd", {}, 10, 0, 0.1)
 
 
 def test_compact_prompts_cut_the_shared_text_only():
