@@ -1,6 +1,6 @@
 """Every results table of the README and docs from one command, rendered from the JSON it writes.
 
-    python -m experiments.reproduce main_job             # run it (5 seeds of the main job) and render
+    python -m experiments.reproduce main_job             # 5 seeds of the main job on this CPU model, render
     python -m experiments.reproduce algorithms           # the three algorithm comparisons, then render
     python -m experiments.reproduce methods              # the field's other methods, then render
     python -m experiments.reproduce every_method         # both runs above, then one row per method
@@ -16,7 +16,8 @@ Each table is declared once in `TABLES`: the commands that measure it, the JSONs
 `experiments/results/` (commit, versions, CPU, seeds and times inside), and the marked blocks
 (`<!-- table:NAME -->` ... `<!-- /table:NAME -->`) of the README / docs it is rendered into. The
 blocks are never typed: `tests/test_reproduce.py` checks each one equals the render of its JSON, and
-`tests/test_main_job_reproduces.py` (slow) reruns the main job's seed 0 and compares it with the row.
+`tests/test_main_job_reproduces.py` (slow) reruns the main job's seed 0 and compares it with the row of
+this host's CPU model.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Callable
 
 from absl import flags
 
-from experiments import cli, rg_study
+from experiments import cli, provenance, rg_study
 from experiments.benchmarks import readiness_tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -58,6 +59,9 @@ class Run:
     json: str
     out_is_file: bool = False  # the command's --out names its JSON file (the readiness report), not a folder
     optional: bool = False  # True: not yet made, it is a record {"json_name", "missing": True}, shown as such
+    # Made on this CPU model only (`provenance.cpu_model()`): XLA:CPU's code, and so the rounding of a long RL
+    # trajectory, follows the CPU, so a table can hold one record per CPU model; None = any host.
+    cpu_model: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +86,14 @@ def _machine(record: dict) -> str:
 
 
 def render_main_job(records: list[dict]) -> str:
-    """The main job's per-seed table and its summary line."""
-    (rec,) = records
+    """The main job's per-seed table and its summary line, one per record (CPU model)."""
+    return "\n\n".join(_main_job_block(rec) for rec in records)
+
+
+def _main_job_block(rec: dict) -> str:
     runs = rec["runs"]
-    lines = [f"Measured with {_machine(rec)}, {rec['workers']} runs at a time "
-             f"(JSON: `experiments/results/main_job_seeds.json`).", "",
+    how = f"{rec['workers']} runs at a time" if rec["workers"] else "the runs collected from their workdirs"
+    lines = [f"Measured with {_machine(rec)}, {how} (JSON: `experiments/results/{rec['json_name']}`).", "",
              "| seed | base acc (held out, greedy) | after 20 it. | after 100 it. | gain | teacher acc with a "
              "solution / feedback context (end of warm-up) | wall / CPU time |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -376,11 +383,15 @@ _METHOD_RUNS = (
         "compare.json", "compare_methods_b_5seeds.json"))
 _BUILTIN_METHOD_RUNS = (*_ALGORITHM_RUNS, *_METHOD_RUNS)  # every method with a config file, on the built-in task
 
+# The main job on each CPU model it was measured on (the same command; the record of this host's model is
+# the one `tests/test_main_job_reproduces.py` holds a rerun to).
+MAIN_JOB_RUNS = tuple(
+    Run(("experiments.main_job_seeds", "--seeds=0-4", "--workers=2"), "main_job_seeds.json", name, cpu_model=cpu)
+    for cpu, name in (("Intel(R) Xeon(R) Processor", "main_job_seeds.json"),
+                      ("AMD EPYC", "main_job_seeds_amd_epyc.json")))
+
 TABLES = {t.name: t for t in (
-    Table("main_job",
-          (Run(("experiments.main_job_seeds", "--seeds=0-4", "--workers=2"), "main_job_seeds.json",
-               "main_job_seeds.json"),),
-          render_main_job, ("README.md", "docs/results.md")),
+    Table("main_job", MAIN_JOB_RUNS, render_main_job, ("README.md", "docs/results.md")),
     Table("algorithms", _ALGORITHM_RUNS, render_algorithms, ("docs/results.md",)),
     Table("methods", _METHOD_RUNS, render_algorithms, ("docs/results.md",)),
     Table("every_method", _BUILTIN_METHOD_RUNS, render_every_method, ("docs/results.md",)),
@@ -449,9 +460,24 @@ def render_into_docs(table: Table) -> list[str]:
     return changed
 
 
+def runs_of_this_host(table: Table) -> list[Run]:
+    """The table's runs this host makes: those of any host and those of its CPU model; one line naming the
+    models if the table has runs but none for this host."""
+    here = provenance.cpu_model()
+    runs = [r for r in table.runs if r.cpu_model in (None, here)]
+    if table.runs and not runs:
+        measured = ", ".join(repr(r.cpu_model) for r in table.runs)
+        raise cli.UsageError(f"{table.name}: measured on the CPU models {measured}, not on this host's {here!r} "
+                             "(XLA:CPU's rounding, and so the runs, follow the CPU): run its command directly, "
+                             f"e.g. `python -m {' '.join(table.runs[0].argv)}`")
+    return runs
+
+
 def run_table(table: Table, out: str) -> None:
-    """Runs the table's commands, each into its own folder of `out`, and copies their JSONs to results/."""
-    for k, run in enumerate(table.runs):
+    """Runs the table's commands of this host (`runs_of_this_host`), each into its own folder of `out`, and
+    copies their JSONs to results/."""
+    for run in runs_of_this_host(table):
+        k = table.runs.index(run)
         run_out = os.path.join(out, table.name, str(k))
         out_flag = os.path.join(run_out, run.produced) if run.out_is_file else run_out
         argv = [sys.executable, "-m", *run.argv, f"--out={out_flag}"]
@@ -467,8 +493,9 @@ def main(argv: list[str]) -> None:
     names = argv[1:]
     if FLAGS.list:
         for t in TABLES.values():
-            print(f"{t.name}: " + "; ".join("python -m " + " ".join(r.argv) + f" -> experiments/results/{r.json}"
-                                            for r in t.runs) + f"; rendered into {', '.join(t.docs)}")
+            runs = "; ".join("python -m " + " ".join(r.argv) + f" -> experiments/results/{r.json}"
+                             + (f" (on {r.cpu_model})" if r.cpu_model else "") for r in t.runs)
+            print(f"{t.name}: {runs}; rendered into {', '.join(t.docs)}")
         return
     unknown = [n for n in names if n not in TABLES]
     if not names or unknown:

@@ -25,6 +25,19 @@ os.environ["XLA_FLAGS"] = xla_flags()
 MAPS_LIMIT = 25_000
 
 
+# Tracing and lowering a trainer program make millions of short-lived Python objects, and each of
+# CPython's full collections walks every object the process holds (jax, transformers, torch and the
+# test modules, imported once). Once the tests are collected those objects are frozen out of the
+# collections (`gc.freeze`), and the young generation is collected less often.
+GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def pytest_collection_finish(session):
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 _REPAIRED = pytest.StashKey[int]()  # half-written cache files removed at the session start
 
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from experiments import reproduce, rg_study
+from experiments import cli, reproduce, rg_study
 from pipo_jax import provenance
 
 
@@ -22,7 +22,8 @@ def test_every_marked_block_is_the_render_of_its_json(name):
 
 
 def test_the_main_job_render_states_each_seed_and_the_machine():
-    record = {"commit": "0123456789abcdef+dirty", "cpu_model": "CPU X", "cpu_count": 2, "workers": 2,
+    record = {"json_name": "x.json", "commit": "0123456789abcdef+dirty", "cpu_model": "CPU X", "cpu_count": 2,
+              "workers": 2,
               "versions": {"jax": "0.10.2"}, "gain_mean": 0.25, "gain_min": 0.2,
               "runs": [{"seed": 0, "initial_accuracy": 0.5, "final_accuracy": 0.75, "gain": 0.25,
                         "acc_steps": [0, 20, 100], "accuracy": [0.5, 0.625, 0.75],
@@ -32,15 +33,36 @@ def test_the_main_job_render_states_each_seed_and_the_machine():
                         "acc_steps": [0, 100], "accuracy": [0.4, 0.6], "warmup_teacher_solution_accuracy": None,
                         "warmup_teacher_feedback_accuracy": None, "wall_time_s": None, "cpu_time_s": None}]}
     text = reproduce.render_main_job([record])
-    assert "CPU X, 2 cores, jax 0.10.2, commit `0123456789ab+dirty`" in text
+    assert "CPU X, 2 cores, jax 0.10.2, commit `0123456789ab+dirty`, 2 runs at a time (JSON: " \
+           "`experiments/results/x.json`)" in text
     assert "| 0 | 0.500 | 0.625 | 0.750 | +0.250 | 1.00 / 0.50 | 100 s / 91 s |" in text
     assert "| 1 | 0.400 | - | 0.600 | +0.200 | - | - |" in text
     assert "2 of 2 seeds gain held-out greedy accuracy (mean +0.250, least +0.200) from bases solving 40%-50%." in text
 
 
-def test_a_missing_block_or_json_is_one_line(tmp_path, monkeypatch):
-    from experiments import cli
+def test_the_main_job_has_a_record_per_cpu_model_and_a_host_makes_its_own(monkeypatch):
+    """Each record of the main job renders as its own block under its machine line; a host runs only the
+    record of its CPU model, and a model no record has is one line naming the models measured."""
+    table = reproduce.TABLES["main_job"]
+    models = [r.cpu_model for r in table.runs]
+    assert len(set(models)) == len(models) == len({r.json for r in table.runs}) >= 2 and None not in models
+    records = reproduce.load_records(table)
+    assert [r["cpu_model"] for r in records] == models  # each JSON was measured on its run's CPU model
+    text = reproduce.render_main_job(records)
+    for rec in records:
+        assert f"Measured with {rec['cpu_model']}" in text and f"`experiments/results/{rec['json_name']}`" in text
+    assert text.count("| seed | base acc") == len(records)
+    for run in table.runs:
+        monkeypatch.setattr(reproduce.provenance, "cpu_model", lambda run=run: run.cpu_model)
+        assert reproduce.runs_of_this_host(table) == [run]
+    monkeypatch.setattr(reproduce.provenance, "cpu_model", lambda: "CPU Z")
+    with pytest.raises(cli.UsageError, match=r"^main_job: measured on the CPU models 'Intel.*, not on this host's "
+                                             r"'CPU Z' .*`python -m experiments.main_job_seeds --seeds=0-4"):
+        reproduce.runs_of_this_host(table)
+    assert reproduce.runs_of_this_host(reproduce.TABLES["algorithms"]) == list(reproduce.TABLES["algorithms"].runs)
 
+
+def test_a_missing_block_or_json_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(cli.UsageError, match="README.md: no <!-- table:x --> ... <!-- /table:x --> block"):
         reproduce.block("no markers here", "x", "README.md")
     monkeypatch.setattr(reproduce, "RESULTS", tmp_path)
