@@ -59,9 +59,15 @@ class Run:
     json: str
     out_is_file: bool = False  # the command's --out names its JSON file (the readiness report), not a folder
     optional: bool = False  # True: not yet made, it is a record {"json_name", "missing": True}, shown as such
-    # Made on this CPU model only (`provenance.cpu_model()`): XLA:CPU's code, and so the rounding of a long RL
-    # trajectory, follows the CPU, so a table can hold one record per CPU model; None = any host.
+    # Made on this CPU model only (`provenance.cpu_model()`), with these vector extensions where given
+    # (`provenance.cpu_isa()`): XLA:CPU's code, and so the rounding of a long RL trajectory, follows the CPU,
+    # so a table can hold one record per CPU; None = any host.
     cpu_model: str | None = None
+    cpu_isa: tuple[str, ...] | None = None
+
+    def made_here(self) -> bool:
+        """Whether this host is the CPU the run belongs to (any host for a run of no CPU)."""
+        return self.cpu_model in (None, provenance.cpu_model()) and self.cpu_isa in (None, provenance.cpu_isa())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,12 +389,16 @@ _METHOD_RUNS = (
         "compare.json", "compare_methods_b_5seeds.json"))
 _BUILTIN_METHOD_RUNS = (*_ALGORITHM_RUNS, *_METHOD_RUNS)  # every method with a config file, on the built-in task
 
-# The main job on each CPU model it was measured on (the same command; the record of this host's model is
-# the one `tests/test_main_job_reproduces.py` holds a rerun to).
+# The main job on each CPU it was measured on (the same command; the record of this host's CPU is the one
+# `tests/test_main_job_reproduces.py` holds a rerun to). The Intel Xeon record predates `provenance.cpu_isa`.
+_AMD_EPYC_ISA = ("avx", "avx2", "avx512_bf16", "avx512_bitalg", "avx512_vbmi2", "avx512_vnni", "avx512_vpopcntdq",
+                 "avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512ifma", "avx512vbmi", "avx512vl", "f16c", "fma",
+                 "sse4_1", "sse4_2", "sse4a")
 MAIN_JOB_RUNS = tuple(
-    Run(("experiments.main_job_seeds", "--seeds=0-4", "--workers=2"), "main_job_seeds.json", name, cpu_model=cpu)
-    for cpu, name in (("Intel(R) Xeon(R) Processor", "main_job_seeds.json"),
-                      ("AMD EPYC", "main_job_seeds_amd_epyc.json")))
+    Run(("experiments.main_job_seeds", "--seeds=0-4", "--workers=2"), "main_job_seeds.json", name, cpu_model=cpu,
+        cpu_isa=isa)
+    for cpu, isa, name in (("Intel(R) Xeon(R) Processor", None, "main_job_seeds.json"),
+                           ("AMD EPYC", _AMD_EPYC_ISA, "main_job_seeds_amd_epyc.json")))
 
 TABLES = {t.name: t for t in (
     Table("main_job", MAIN_JOB_RUNS, render_main_job, ("README.md", "docs/results.md")),
@@ -463,13 +473,13 @@ def render_into_docs(table: Table) -> list[str]:
 def runs_of_this_host(table: Table) -> list[Run]:
     """The table's runs this host makes: those of any host and those of its CPU model; one line naming the
     models if the table has runs but none for this host."""
-    here = provenance.cpu_model()
-    runs = [r for r in table.runs if r.cpu_model in (None, here)]
+    runs = [r for r in table.runs if r.made_here()]
     if table.runs and not runs:
         measured = ", ".join(repr(r.cpu_model) for r in table.runs)
-        raise cli.UsageError(f"{table.name}: measured on the CPU models {measured}, not on this host's {here!r} "
-                             "(XLA:CPU's rounding, and so the runs, follow the CPU): run its command directly, "
-                             f"e.g. `python -m {' '.join(table.runs[0].argv)}`")
+        raise cli.UsageError(f"{table.name}: measured on the CPU models {measured}, not on this host's "
+                             f"{provenance.cpu_model()!r} with its vector extensions (XLA:CPU's rounding, and so the "
+                             f"runs, follow the CPU): run its command directly, e.g. "
+                             f"`python -m {' '.join(table.runs[0].argv)}`")
     return runs
 
 

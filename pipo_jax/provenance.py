@@ -52,7 +52,25 @@ def versions() -> dict[str, str]:
     return out
 
 
+# x86 vector and matrix extensions: XLA:CPU generates code for the host's, so two hosts with one model name
+# (a virtual machine's generic "AMD EPYC") but other extensions round differently.
+_ISA_PREFIXES = ("sse4", "avx", "fma", "f16c", "amx")
+
+
+def cpu_isa(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...]:
+    """The host's x86 vector / matrix extensions (sorted `flags` of `cpuinfo` starting with one of
+    `_ISA_PREFIXES`); () where there is no such file or no such flag."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return tuple(sorted(x for x in line.split(":", 1)[1].split() if x.startswith(_ISA_PREFIXES)))
+    except OSError:
+        pass
+    return ()
+
+
 def record() -> dict:
-    """{commit, versions, cpu_model, cpu_count, platform} for a results JSON."""
-    return {"commit": git_commit(), "versions": versions(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
-            "platform": platform.platform()}
+    """{commit, versions, cpu_model, cpu_isa, cpu_count, platform} for a results JSON."""
+    return {"commit": git_commit(), "versions": versions(), "cpu_model": cpu_model(), "cpu_isa": list(cpu_isa()),
+            "cpu_count": os.cpu_count(), "platform": platform.platform()}

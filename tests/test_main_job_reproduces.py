@@ -1,14 +1,15 @@
 """The README's main job, rerun for seed 0 exactly as a user runs it, gives the README's row, and learns.
 
 XLA:CPU's code (and so float rounding, and so the whole RL trajectory: 1200 warm-up steps, then 100
-iterations) depends on the CPU. The table holds one record per CPU model it was measured on
-(`experiments/reproduce.py:MAIN_JOB_RUNS`); on such a model the rerun equals its record's row to the
-last digit. On another model a rerun is one more draw from the spread between seeds, which is wide:
-seed 0 gives a base of 0.441 and 0.818 after RL on the Intel Xeon, 0.307 and 0.570 on the AMD EPYC,
-whose seeds 1-4 end at 0.83-0.90 (the Intel Xeon's seeds: 0.78-0.90), so no closeness to a row is
-asserted there. Anywhere, the run learns: a partial solver at the start, a gain after RL, and a
-warm-up that taught the model to read the SDPO / VPD teacher contexts (a change that breaks the task,
-warm-up, losses, sampler or optimizer fails here). ~3 minutes of CPU time.
+iterations) depends on the CPU. The table holds one record per CPU it was measured on
+(`experiments/reproduce.py:MAIN_JOB_RUNS`: the CPU model, and its vector extensions where recorded); on
+such a CPU the rerun equals its record's row to the last digit. On another CPU a rerun is one more draw
+from the spread between seeds, which is wide: seed 0 gives a base of 0.441 and 0.818 after RL on the
+Intel Xeon, 0.307 and 0.570 on the AMD EPYC, whose seeds 1-4 end at 0.83-0.90 (the Intel Xeon's seeds:
+0.78-0.90), so no closeness to a row is asserted there. Anywhere, the run learns: a partial solver at
+the start, a gain after RL, and a warm-up that taught the model to read the SDPO / VPD teacher contexts
+(a change that breaks the task, warm-up, losses, sampler or optimizer fails here). ~3 minutes of CPU
+time.
 """
 
 import os
@@ -18,14 +19,13 @@ import pytest
 
 from experiments import reproduce
 from experiments.main_job_seeds import seed_command, seed_result
-from pipo_jax import provenance
 from pipo_jax.run import observe
 
 
 @pytest.mark.slow
 def test_seed_0_of_the_main_job_gives_the_readme_row(tmp_path):
-    records = reproduce.load_records(reproduce.TABLES["main_job"])
-    here = [r for r in records if r["cpu_model"] == provenance.cpu_model()]
+    table = reproduce.TABLES["main_job"]
+    here = [rec for run, rec in zip(table.runs, reproduce.load_records(table)) if run.made_here()]
     workdir = str(tmp_path / "seed0")
     # The user's environment: not the test processes' XLA flags (LLVM level 0 changes the last bits).
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -54,10 +54,16 @@ def test_the_main_job_has_a_record_per_cpu_model_and_a_host_makes_its_own(monkey
     assert text.count("| seed | base acc") == len(records)
     for run in table.runs:
         monkeypatch.setattr(reproduce.provenance, "cpu_model", lambda run=run: run.cpu_model)
+        monkeypatch.setattr(reproduce.provenance, "cpu_isa", lambda run=run: run.cpu_isa or ("avx2",))
         assert reproduce.runs_of_this_host(table) == [run]
+    amd = next(r for r in table.runs if r.cpu_isa)  # the model's name alone is not its record's CPU
+    monkeypatch.setattr(reproduce.provenance, "cpu_model", lambda: amd.cpu_model)
+    monkeypatch.setattr(reproduce.provenance, "cpu_isa", lambda: tuple(x for x in amd.cpu_isa if "512" not in x))
+    with pytest.raises(cli.UsageError, match="not on this host's 'AMD EPYC' with its vector extensions"):
+        reproduce.runs_of_this_host(table)
     monkeypatch.setattr(reproduce.provenance, "cpu_model", lambda: "CPU Z")
     with pytest.raises(cli.UsageError, match=r"^main_job: measured on the CPU models 'Intel.*, not on this host's "
-                                             r"'CPU Z' .*`python -m experiments.main_job_seeds --seeds=0-4"):
+                                             r"'CPU Z' with .*`python -m experiments.main_job_seeds --seeds=0-4"):
         reproduce.runs_of_this_host(table)
     assert reproduce.runs_of_this_host(reproduce.TABLES["algorithms"]) == list(reproduce.TABLES["algorithms"].runs)
 
@@ -170,3 +176,12 @@ def test_a_missing_built_in_comparison_stops_the_both_tasks_table_but_a_missing_
     (tmp_path / "compare_methods_b_5seeds.json").unlink()
     with pytest.raises(reproduce.cli.UsageError, match="compare_methods_b_5seeds.json is missing; run"):
         reproduce.load_records(table)
+
+
+def test_the_cpu_isa_is_the_vector_and_matrix_extensions_of_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: CPU X\nflags\t\t: fpu vme sse2 sse4_2 avx2 fma avx512f "
+                    "avx512_bf16 amx_tile pni\n")
+    assert provenance.cpu_isa(str(info)) == ("amx_tile", "avx2", "avx512_bf16", "avx512f", "fma", "sse4_2")
+    assert provenance.cpu_isa(str(tmp_path / "absent")) == ()
+    assert provenance.record()["cpu_isa"] == list(provenance.cpu_isa())
