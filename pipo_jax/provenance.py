@@ -30,16 +30,21 @@ def git_commit(repo: str | None = None) -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor()."""
+def _cpuinfo_field(name: str, cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The value of the first `name : value` line of `cpuinfo` (Linux), None without the file or line."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(name):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor()."""
+    return _cpuinfo_field("model name") or platform.processor() or "unknown"
 
 
 def versions() -> dict[str, str]:
@@ -60,14 +65,8 @@ _ISA_PREFIXES = ("sse4", "avx", "fma", "f16c", "amx")
 def cpu_isa(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...]:
     """The host's x86 vector / matrix extensions (sorted `flags` of `cpuinfo` starting with one of
     `_ISA_PREFIXES`); () where there is no such file or no such flag."""
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return tuple(sorted(x for x in line.split(":", 1)[1].split() if x.startswith(_ISA_PREFIXES)))
-    except OSError:
-        pass
-    return ()
+    flags = _cpuinfo_field("flags", cpuinfo) or ""
+    return tuple(sorted(x for x in flags.split() if x.startswith(_ISA_PREFIXES)))
 
 
 def record() -> dict:
