@@ -1,3 +1,3 @@
 """The experiments' name for `pipo_jax.provenance` (commit, versions, machine in every results JSON)."""
 
-from pipo_jax.provenance import cpu_isa, cpu_model, git_commit, record, versions  # noqa: F401
+from pipo_jax.provenance import cpu_isa, cpu_model, git_commit, record, schedulable_cpus, versions  # noqa: F401

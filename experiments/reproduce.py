@@ -60,14 +60,17 @@ class Run:
     out_is_file: bool = False  # the command's --out names its JSON file (the readiness report), not a folder
     optional: bool = False  # True: not yet made, it is a record {"json_name", "missing": True}, shown as such
     # Made on this CPU model only (`provenance.cpu_model()`), with these vector extensions where given
-    # (`provenance.cpu_isa()`): XLA:CPU's code, and so the rounding of a long RL trajectory, follows the CPU,
-    # so a table can hold one record per CPU; None = any host.
+    # (`provenance.cpu_isa()`) and this many schedulable cores (`provenance.schedulable_cpus()`, XLA:CPU's
+    # thread pool): XLA:CPU's code and its split of the work, and so the rounding of a long RL trajectory,
+    # follow the CPU, so a table can hold one record per CPU; None = any host.
     cpu_model: str | None = None
     cpu_isa: tuple[str, ...] | None = None
+    cpus: int | None = None
 
     def made_here(self) -> bool:
         """Whether this host is the CPU the run belongs to (any host for a run of no CPU)."""
-        return self.cpu_model in (None, provenance.cpu_model()) and self.cpu_isa in (None, provenance.cpu_isa())
+        return (self.cpu_model in (None, provenance.cpu_model()) and self.cpu_isa in (None, provenance.cpu_isa())
+                and self.cpus in (None, provenance.schedulable_cpus()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -396,7 +399,7 @@ _AMD_EPYC_ISA = ("avx", "avx2", "avx512_bf16", "avx512_bitalg", "avx512_vbmi2", 
                  "sse4_1", "sse4_2", "sse4a")
 MAIN_JOB_RUNS = tuple(
     Run(("experiments.main_job_seeds", "--seeds=0-4", "--workers=2"), "main_job_seeds.json", name, cpu_model=cpu,
-        cpu_isa=isa)
+        cpu_isa=isa, cpus=2)
     for cpu, isa, name in (("Intel(R) Xeon(R) Processor", None, "main_job_seeds.json"),
                            ("AMD EPYC", _AMD_EPYC_ISA, "main_job_seeds_amd_epyc.json")))
 
@@ -470,15 +473,24 @@ def render_into_docs(table: Table) -> list[str]:
     return changed
 
 
+def _where(run: Run) -> str:
+    """" (on MODEL, N cores)" for a run of one CPU, "" for a run of any host."""
+    if not run.cpu_model:
+        return ""
+    return f" (on {run.cpu_model}" + (f", {run.cpus} cores)" if run.cpus else ")")
+
+
 def runs_of_this_host(table: Table) -> list[Run]:
     """The table's runs this host makes: those of any host and those of its CPU model; one line naming the
     models if the table has runs but none for this host."""
     runs = [r for r in table.runs if r.made_here()]
     if table.runs and not runs:
-        measured = ", ".join(repr(r.cpu_model) for r in table.runs)
-        raise cli.UsageError(f"{table.name}: measured on the CPU models {measured}, not on this host's "
-                             f"{provenance.cpu_model()!r} with its vector extensions (XLA:CPU's rounding, and so the "
-                             f"runs, follow the CPU): run its command directly, e.g. "
+        measured = ", ".join(f"{r.cpu_model!r}" + (f" with {r.cpus} cores" if r.cpus else "") for r in table.runs)
+        cores = provenance.schedulable_cpus()
+        here = f"{provenance.cpu_model()!r} with its vector extensions and {cores} schedulable cores"
+        raise cli.UsageError(f"{table.name}: measured on the CPU models {measured}, not on this host's {here} "
+                             f"(XLA:CPU's rounding, and so the runs, follow the CPU and its thread pool): run its "
+                             f"command directly, e.g. "
                              f"`python -m {' '.join(table.runs[0].argv)}`")
     return runs
 
@@ -503,8 +515,8 @@ def main(argv: list[str]) -> None:
     names = argv[1:]
     if FLAGS.list:
         for t in TABLES.values():
-            runs = "; ".join("python -m " + " ".join(r.argv) + f" -> experiments/results/{r.json}"
-                             + (f" (on {r.cpu_model})" if r.cpu_model else "") for r in t.runs)
+            runs = "; ".join("python -m " + " ".join(r.argv) + f" -> experiments/results/{r.json}" + _where(r)
+                             for r in t.runs)
             print(f"{t.name}: {runs}; rendered into {', '.join(t.docs)}")
         return
     unknown = [n for n in names if n not in TABLES]

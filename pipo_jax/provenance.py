@@ -69,7 +69,16 @@ def cpu_isa(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...]:
     return tuple(sorted(x for x in flags.split() if x.startswith(_ISA_PREFIXES)))
 
 
+def schedulable_cpus() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one, else `os.cpu_count()`).
+    XLA:CPU sizes its thread pool by it, and the pool's split of a matmul moves the last bits."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def record() -> dict:
-    """{commit, versions, cpu_model, cpu_isa, cpu_count, platform} for a results JSON."""
+    """{commit, versions, cpu_model, cpu_isa, cpu_count, schedulable_cpus, platform} for a results JSON."""
     return {"commit": git_commit(), "versions": versions(), "cpu_model": cpu_model(), "cpu_isa": list(cpu_isa()),
-            "cpu_count": os.cpu_count(), "platform": platform.platform()}
+            "cpu_count": os.cpu_count(), "schedulable_cpus": schedulable_cpus(), "platform": platform.platform()}

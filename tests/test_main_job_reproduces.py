@@ -2,8 +2,9 @@
 
 XLA:CPU's code (and so float rounding, and so the whole RL trajectory: 1200 warm-up steps, then 100
 iterations) depends on the CPU. The table holds one record per CPU it was measured on
-(`experiments/reproduce.py:MAIN_JOB_RUNS`: the CPU model, and its vector extensions where recorded); on
-such a CPU the rerun equals its record's row to the last digit. On another CPU a rerun is one more draw
+(`experiments/reproduce.py:MAIN_JOB_RUNS`: the CPU model, its vector extensions where recorded, and the
+cores the process may use, which size XLA:CPU's thread pool and its split of a matmul); on such a CPU the
+rerun equals its record's row to the last digit. On another CPU a rerun is one more draw
 from the spread between seeds, which is wide: seed 0 gives a base of 0.441 and 0.818 after RL on the
 Intel Xeon, 0.307 and 0.570 on the AMD EPYC, whose seeds 1-4 end at 0.83-0.90 (the Intel Xeon's seeds:
 0.78-0.90), so no closeness to a row is asserted there. Anywhere, the run learns: a partial solver at

@@ -2,6 +2,7 @@
 never typed: each marked block equals what `python -m experiments.reproduce NAME --render` writes."""
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -52,10 +53,18 @@ def test_the_main_job_has_a_record_per_cpu_model_and_a_host_makes_its_own(monkey
     for rec in records:
         assert f"Measured with {rec['cpu_model']}" in text and f"`experiments/results/{rec['json_name']}`" in text
     assert text.count("| seed | base acc") == len(records)
+    assert all(r.cpus == rec["cpu_count"] == 2 for r, rec in zip(table.runs, records))  # measured on 2 cores
     for run in table.runs:
         monkeypatch.setattr(reproduce.provenance, "cpu_model", lambda run=run: run.cpu_model)
         monkeypatch.setattr(reproduce.provenance, "cpu_isa", lambda run=run: run.cpu_isa or ("avx2",))
+        monkeypatch.setattr(reproduce.provenance, "schedulable_cpus", lambda: 2)
         assert reproduce.runs_of_this_host(table) == [run]
+        # XLA:CPU's thread pool follows the cores the process may use, and its split of a matmul the pool
+        # (the AMD EPYC's seed 0: 0.307 -> 0.570 on its 2 cores, 0.434 -> 0.805 pinned to one of them)
+        monkeypatch.setattr(reproduce.provenance, "schedulable_cpus", lambda: 8)
+        with pytest.raises(cli.UsageError, match="with 2 cores.* and 8 schedulable cores"):
+            reproduce.runs_of_this_host(table)
+    monkeypatch.setattr(reproduce.provenance, "schedulable_cpus", lambda: 2)
     amd = next(r for r in table.runs if r.cpu_isa)  # the model's name alone is not its record's CPU
     monkeypatch.setattr(reproduce.provenance, "cpu_model", lambda: amd.cpu_model)
     monkeypatch.setattr(reproduce.provenance, "cpu_isa", lambda: tuple(x for x in amd.cpu_isa if "512" not in x))
@@ -185,3 +194,4 @@ def test_the_cpu_isa_is_the_vector_and_matrix_extensions_of_cpuinfo(tmp_path):
     assert provenance.cpu_isa(str(info)) == ("amx_tile", "avx2", "avx512_bf16", "avx512f", "fma", "sse4_2")
     assert provenance.cpu_isa(str(tmp_path / "absent")) == ()
     assert provenance.record()["cpu_isa"] == list(provenance.cpu_isa())
+    assert provenance.record()["schedulable_cpus"] == len(os.sched_getaffinity(0)) == provenance.schedulable_cpus()

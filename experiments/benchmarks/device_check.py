@@ -209,6 +209,7 @@ def train_spec_for(sizes: Sizes, platform: str):
     """GRPO + PIPO (the micro preset's settings) in bf16 over float32 masters on the built-in
     task, the model shapes `sizes.model`'s (random weights)."""
     c = grpo.get_config("micro")
+    c.model.preset = "task_tiny"  # the micro preset's settings on the two-layer task model (the smoke's model)
     c.pipo.enabled = True
     c.model.dtype, c.model.param_dtype, c.model.platform = "bfloat16", "float32", platform
     c.seed = 1  # graded rewards with variance at the micro scale (tests/rl/test_trainer.py)

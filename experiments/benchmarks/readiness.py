@@ -241,9 +241,11 @@ def abstract(tree, shardings):
 
 
 def small_spec(algorithm: str, pipo: bool, dtype: str = "") -> TrainSpec:
-    """The `micro` preset of `algorithm` (tiny model, built-in task); `dtype` sets
-    `model.dtype` (the compute dtype; "bfloat16" as the paper presets, over float32 masters)."""
+    """The `micro` preset of `algorithm` on the built-in task's two-layer model (`task_tiny`: the layer loop
+    of the programs the trainer runs); `dtype` sets `model.dtype` (the compute dtype; "bfloat16" as the
+    paper presets, over float32 masters)."""
     c = importlib.import_module(f"configs.{algorithm}").get_config("micro")
+    c.model.preset = "task_tiny"
     c.pipo.enabled = pipo
     if dtype:
         c.model.dtype = dtype

@@ -88,7 +88,8 @@ class ModelConfig(Section):
     """config.model: the policy model's shapes, weights, dtypes and kernels."""
 
     _section = "model"
-    preset: str = key("task_tiny", "`task_tiny` (the built-in task's model) or a qwen3 preset name (needs model.path)")
+    preset: str = key("task_tiny", "`task_tiny` (the built-in task's model, 2 layers), `task_micro` (1 layer, the "
+                      "tests' micro preset) or a qwen3 preset name (needs model.path)")
     path: str = key("", "Hugging Face directory (config.json + safetensors); \"\" = random init")
     param_dtype: str = key("float32", "master weights and AdamW state; the trainer requires float32",
                            _float32_masters)

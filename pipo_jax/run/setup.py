@@ -38,7 +38,8 @@ def make_model_config(mc: ModelConfig, task: Task | None = None) -> qwen3.Qwen3C
             _need(os.path.isdir(mc.path), "model.path", f"{mc.path!r} is not a directory")
             with open(os.path.join(mc.path, "config.json")) as f:
                 return hf.config_from_hf(json.load(f), os.path.join(mc.path, "config.json"), **overrides)
-        if mc.preset == "task_tiny":
+        if mc.preset in warmup.TASK_MODEL_LAYERS:
+            overrides["num_hidden_layers"] = warmup.TASK_MODEL_LAYERS[mc.preset]
             if task is None:
                 return warmup.task_model_config(**overrides)
             return warmup.task_model_config(task.token_id_bound, **overrides)
@@ -57,7 +58,7 @@ def train_spec(c: ml_collections.ConfigDict, run: RunConfig | None = None) -> Tr
     run = run or RunConfig.from_config(c)  # every key's own constraint
     model = make_model_config(run.model)  # its errors first: a paper preset without model.path says so
     task = make_task(c)
-    if not run.model.path and run.model.preset == "task_tiny":
+    if not run.model.path and run.model.preset in warmup.TASK_MODEL_LAYERS:
         model = make_model_config(run.model, task)  # the task model's vocabulary covers the task's tokens
     _need(task.token_id_bound <= model.vocab_size, "task.dataset.tokenizer_path" if task.tokenizer is not None else "task",
           f"token ids up to {task.token_id_bound - 1} do not fit the model's vocab_size {model.vocab_size}")

@@ -58,6 +58,11 @@ from pipo_jax.tasks.protocol import Task
 log = logging.getLogger(__name__)
 
 
+# The task models by `model.preset`: their layers (the other shapes are `task_model_config`'s). `task_micro`,
+# one layer, is the `micro` preset's (the tests'): each trainer program compiles in about a quarter less time.
+TASK_MODEL_LAYERS = {"task_tiny": 2, "task_micro": 1}
+
+
 def task_model_config(vocab_ids: int = char_vocab.VOCAB_SIZE, **overrides) -> qwen3.Qwen3Config:
     """The tiny Qwen3 for the built-in task: `vocab_ids` (the char vocabulary; a task's
     `token_id_bound`) rounded up to 32 ids, hidden 128, 2 layers, 4 query / 2 kv heads of 32,
