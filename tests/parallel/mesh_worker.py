@@ -34,6 +34,7 @@ from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.run import sharded_steps as steps
 from pipo_jax.run.checkpoint import Checkpointer
+from pipo_jax.run.setup import train_spec
 from tests.parallel import scenario
 
 # (data, fsdp, tensor); with tensor > 1 the trainer's log-probs run vocab-parallel
@@ -121,13 +122,19 @@ def host_loop_run(out: str) -> None:
     summary["param_spec/embed"] = np.asarray(str(state.params["embed"].sharding.spec))
     summary["opt_spec/mu_embed"] = np.asarray(str(state.opt_state.inner_state[1].inner_state[0].mu["embed"].sharding.spec))
     summary["stored_tokens_spec"] = np.asarray(str(state.pipo.prev.tokens_bl.sharding.spec))
-    summary.update(gathered_decode_check(spec, mesh, state.params))
+    summary.update(gathered_decode_check(mesh))
     np.savez(os.path.join(out, "host_loop_1x2x4.npz"), **summary)
 
 
-def gathered_decode_check(spec, mesh, params) -> dict:
-    """Generate on 1x2x4 with the weights sharded as trained and gathered over fsdp once per call
-    (`rollout.decode_weights`): the rollouts, and the all-gather bytes each program moves."""
+def gathered_decode_check(mesh) -> dict:
+    """Generate on 1x2x4 with the weights sharded as the trainer shards them and gathered over fsdp once per
+    call (`rollout.decode_weights`): the rollouts, and the all-gather bytes each program moves. On the
+    two-layer task model, whose decode loop gathers each layer's weights at every step (the scenario's
+    one-layer model's decode loops all-gather as much with the weights gathered once as without)."""
+    c = scenario.config()
+    c.model.preset = "task_tiny"
+    spec = train_spec(c)
+    params = steps.init_sharded_train_state(spec, mesh, None, c.seed).params
     out, rng, n = {}, jax.random.PRNGKey(11), spec.rollout.prompts_per_batch
     table = steps.mesh_prompt_table(spec, mesh)
     for layout in ("sharded", "gathered"):

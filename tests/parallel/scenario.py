@@ -21,9 +21,6 @@ def config():
     from configs import grpo
 
     c = grpo.get_config("micro")
-    # The two-layer task model: its decode loop gathers each layer's fsdp-sharded weights at every step (the
-    # one-layer micro model's decode loops all-gather as much with the weights gathered once as without).
-    c.model.preset = "task_tiny"
     c.pipo.enabled = True
     c.seed = SEED
     return c

@@ -252,7 +252,7 @@ def test_pi_step_is_skipped_during_warmup_and_at_c_zero(case):
 @pytest.mark.slow  # two compiles of the trainer (one jit; generate and learn jitted apart)
 @pytest.mark.parametrize("algo", ["grpo", "dapo"])
 def test_jitted_scan_loop_equals_host_loop(algo):
-    c = micro(algo, True)
+    c = micro(algo, True, seed=1)  # rewards with variance: the updates move the params (at seed 0 all rewards are 0)
     spec, state = fresh_state(c)
     initial = scenario.flatten(jax.device_get(state.params))
     scanned, m_scan = loop.scan_chunk(spec, jax.tree.map(jnp.copy, state), 3)
