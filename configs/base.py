@@ -91,7 +91,7 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
         c.eval.every = 0
         c.eval.heldout_samples = 0  # the sampled held-out pass@1 and warm-up check: compiled where a test asks
         c.warmup.check_prompts = 0
-        c.log.every = 3
+        c.log.every = 1  # chunks of one iteration: a micro run of any length compiles one scan program
         c.log.progress = False
         c.log.plots = False
         c.log.tensorboard = False

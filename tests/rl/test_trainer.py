@@ -268,10 +268,9 @@ def test_jitted_scan_loop_equals_host_loop(algo):
 @pytest.mark.slow  # four training runs of the main job
 @pytest.mark.parametrize("algo", ["grpo", "bnpo"])  # BNPO: its pool of success rates is resumed too
 def test_resume_is_exact(tmp_path, algo):
-    c = micro(algo, True, iterations=4, **{"log.every": 2, "checkpoint.every": 2, "checkpoint.export_hf": False})
+    c = micro(algo, True, iterations=4, **{"checkpoint.every": 2, "checkpoint.export_hf": False})
     full = train(c, str(tmp_path / "full"))
-    c_stop = micro(algo, True, iterations=2, **{"log.every": 2, "checkpoint.every": 2,
-                                                 "checkpoint.export_hf": False})
+    c_stop = micro(algo, True, iterations=2, **{"checkpoint.every": 2, "checkpoint.export_hf": False})
     train(c_stop, str(tmp_path / "resumed"))
     resumed = train(c, str(tmp_path / "resumed"))
     assert resumed["resumed_from"] == 2
