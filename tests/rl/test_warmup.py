@@ -38,6 +38,21 @@ def test_task_model_config():
     assert warmup.task_model_config(num_hidden_layers=3).num_hidden_layers == 3
 
 
+def test_the_task_model_presets_differ_in_their_layers_only():
+    """`model.preset=task_tiny` (the main job's) has 2 layers, `task_micro` (the micro preset's) 1; shapes
+    otherwise equal, the vocabulary sized by the task either way."""
+    from configs import grpo
+    from pipo_jax.run.setup import train_spec
+
+    c = grpo.get_config("micro")
+    assert c.model.preset == "task_micro" and grpo.get_config("tiny").model.preset == "task_tiny"
+    micro = train_spec(c).model
+    c.model.preset = "task_tiny"
+    tiny = train_spec(c).model
+    assert (tiny.num_hidden_layers, micro.num_hidden_layers) == (2, 1)
+    assert tiny.replace(num_hidden_layers=1) == micro and micro.vocab_size == 32
+
+
 def test_answer_loss_matches_reference():
     params = qwen3.init_params(MODEL, jax.random.PRNGKey(1), std=0.3)  # far from uniform
     p = ar.make_problems(TASK, np.array([7, 9, 3]), np.array([0, 1, 0]), np.array([5, 2, 0]))  # 21<eos>, 7<eos>, 3<eos>
