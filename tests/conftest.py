@@ -4,6 +4,7 @@ XLA compilation cache shared by the test processes and the JAX subprocesses they
 
 import gc
 import os
+import time
 
 import jax
 import numpy as np
@@ -23,6 +24,11 @@ os.environ["XLA_FLAGS"] = xla_flags()
 # pytest process running the whole suite must drop its compiled programs now and then (a
 # dropped program needed again loads from the persistent compilation cache below, not recompiled).
 MAPS_LIMIT = 25_000
+# Reading /proc/self/maps costs the kernel ~1.6 us a mapping (~40 ms at 25,000), more than most tests
+# take, so the count is read once tests have run for `MAPS_CHECK_EVERY_S` since the last read (or after
+# `MAPS_CHECK_EVERY_TESTS` tests): one compile adds a few mappings, a trainer test's ~2,000 take seconds,
+# so the count cannot pass vm.max_map_count between two reads.
+MAPS_CHECK_EVERY_S, MAPS_CHECK_EVERY_TESTS = 3.0, 16
 
 
 # Tracing and lowering a trainer program make millions of short-lived Python objects, and each of
@@ -70,18 +76,27 @@ def pytest_report_header(config):
 
 def _memory_mappings() -> int:
     try:
-        with open("/proc/self/maps") as f:
-            return sum(1 for _ in f)
+        with open("/proc/self/maps", "rb") as f:
+            return f.read().count(b"\n")
     except OSError:  # not Linux
         return 0
 
 
 @pytest.fixture(autouse=True)
 def _free_compiled_programs():
+    start = time.monotonic()
     yield
+    _since_maps_read["s"] += time.monotonic() - start
+    _since_maps_read["tests"] += 1
+    if _since_maps_read["s"] < MAPS_CHECK_EVERY_S and _since_maps_read["tests"] < MAPS_CHECK_EVERY_TESTS:
+        return
+    _since_maps_read.update(s=0.0, tests=0)
     if _memory_mappings() > MAPS_LIMIT:
         jax.clear_caches()
         gc.collect()
+
+
+_since_maps_read = {"s": 0.0, "tests": 0}  # test seconds and tests since the last read of the mappings
 
 
 @pytest.fixture(autouse=True)
