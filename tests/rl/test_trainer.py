@@ -250,18 +250,24 @@ def test_pi_step_is_skipped_during_warmup_and_at_c_zero(case):
 
 
 @pytest.mark.slow  # two compiles of the trainer (one jit; generate and learn jitted apart)
-@pytest.mark.parametrize("algo", ["grpo", "dapo"])
-def test_jitted_scan_loop_equals_host_loop(algo):
+@pytest.mark.parametrize("algo, chunk", [("grpo", 1), ("dapo", 3)])
+def test_jitted_scan_loop_equals_host_loop(algo, chunk):
+    """Three iterations of the scanned loop in chunks of `chunk` iterations against the host loop. GRPO: chunks
+    of one, as the micro trainer runs them (`log.every=1`), so its program is the trainer tests' (a compilation
+    cache hit); DAPO: one chunk of three, the state (and the dynamic sampling) carried through the scan."""
     c = micro(algo, True, seed=1)  # rewards with variance: the updates move the params (at seed 0 all rewards are 0)
     spec, state = fresh_state(c)
     initial = scenario.flatten(jax.device_get(state.params))
-    scanned, m_scan = loop.scan_chunk(spec, jax.tree.map(jnp.copy, state), 3)
+    scanned, chunks = jax.tree.map(jnp.copy, state), []
+    for _ in range(3 // chunk):
+        scanned, m = loop.scan_chunk(spec, scanned, chunk)
+        chunks.append(jax.device_get(m))
+    m_scan = {k: np.concatenate([m[k] for m in chunks]) for k in chunks[0]}
     host, m_host = host_iterations(spec, state, 3)  # a Python (host) reward function
     # The same computation in other jit boundaries, so XLA may fuse and order float32 sums
     # differently: sampled tokens, counters and PI-step flags exactly, metrics to float32
     # rounding, parameters within one AdamW step of noise (tests/parallel/equivalence.py says why).
-    assert_run_matches(scenario.run_summary(host, m_host),
-                       scenario.run_summary(jax.device_get(scanned), jax.device_get(m_scan)), initial,
+    assert_run_matches(scenario.run_summary(host, m_host), scenario.run_summary(jax.device_get(scanned), m_scan), initial,
                        max(spec.train.lr, spec.pipo.lr))
 
 
