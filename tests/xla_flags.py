@@ -21,8 +21,7 @@ from pipo_jax import platforms
 # makes the others wait at the rendezvous, and after 40 s (XLA's default) the process is aborted
 # although nothing is wrong. 600 s keeps a real hang (a participant that never comes) failing.
 TERMINATE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds"
-TEST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false", "--xla_cpu_multi_thread_eigen=false",
-              f"{TERMINATE_TIMEOUT}=600")
+TEST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false", f"{TERMINATE_TIMEOUT}=600")
 DEVICE_COUNT = platforms.CPU_DEVICE_COUNT_FLAG
 
 # A subprocess running sharded programs compiles them itself, never loading them from the
