@@ -267,8 +267,8 @@ def test_jitted_scan_loop_equals_host_loop(algo, chunk):
     # The same computation in other jit boundaries, so XLA may fuse and order float32 sums
     # differently: sampled tokens, counters and PI-step flags exactly, metrics to float32
     # rounding, parameters within one AdamW step of noise (tests/parallel/equivalence.py says why).
-    assert_run_matches(scenario.run_summary(host, m_host), scenario.run_summary(jax.device_get(scanned), m_scan), initial,
-                       max(spec.train.lr, spec.pipo.lr))
+    assert_run_matches(scenario.run_summary(host, m_host), scenario.run_summary(jax.device_get(scanned), m_scan),
+                       initial, max(spec.train.lr, spec.pipo.lr))
 
 
 @pytest.mark.slow  # four training runs of the main job
