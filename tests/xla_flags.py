@@ -5,7 +5,10 @@ compiles them about a third faster (two trainer test files, cold: 33 s -> 23 s o
 machine) and runs these tiny programs about as fast. XLA:CPU's classic elemental emitters
 (`--xla_cpu_use_fusion_emitters=false`) compile them in about half the CPU time of its MLIR
 fusion emitters (the micro GRPO + PIPO trainer's two-iteration program: 10.8 s -> 5.4 s and
-17.1 s -> 9.1 s in two tries on the 2-core machine), and run them about as fast. Neither changes
+17.1 s -> 9.1 s in two tries on the 2-core machine), and run them about as fast. One LLVM module a
+program (`--xla_cpu_parallel_codegen_split_count=1`) skips splitting it for parallel code generation,
+which these small programs do not gain from while the other test worker holds the second core
+(`rl/test_trainer.py` and `rl/test_algorithms.py`, cold, one process: 202 s -> 185 s of CPU). None changes
 floating-point semantics the tests rely on (no fast-math either way; results may differ in the last
 bits, e.g. by FMA contraction or another order of a fused reduction, which every tolerance of the
 suite covers: it is derived from float32 error, not from one codegen). Flags the caller set (`XLA_FLAGS=--xla_cpu_max_isa=AVX2 pytest ...`) are kept;
@@ -21,7 +24,8 @@ from pipo_jax import platforms
 # makes the others wait at the rendezvous, and after 40 s (XLA's default) the process is aborted
 # although nothing is wrong. 600 s keeps a real hang (a participant that never comes) failing.
 TERMINATE_TIMEOUT = "--xla_cpu_collective_call_terminate_timeout_seconds"
-TEST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false", f"{TERMINATE_TIMEOUT}=600")
+TEST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+              "--xla_cpu_parallel_codegen_split_count=1", f"{TERMINATE_TIMEOUT}=600")
 DEVICE_COUNT = platforms.CPU_DEVICE_COUNT_FLAG
 
 # A subprocess running sharded programs compiles them itself, never loading them from the

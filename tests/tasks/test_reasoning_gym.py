@@ -285,18 +285,23 @@ def test_tokenizer_form_short_run(model_dir, tmp_path):
 
 
 ITERATIONS = 40
-# Held-out accuracy gains of this test's run by seed, at 40 iterations (code at 749997a, whose
-# CPU-form matmuls round differently from the code of compare_rg_chain_sum_5seeds.json):
-# seed 0 +0.22, 1 +0.15, 2 +0.17, 3 +0.04, 4 +0.13. Seed 0 is checked.
-SEED = 0
+# The seeds of the check. One seed's gain is one draw from a wide spread, which a change of XLA:CPU's
+# code generation alone moves by several hundredths: this run at 40 iterations, five seeds vmapped, on the
+# AMD EPYC gains +0.14, +0.11, +0.12, +0.12, +0.21 under the test flags (tests/xla_flags.py) without
+# `--xla_cpu_parallel_codegen_split_count=1`, and +0.13, +0.12, +0.08, +0.08, +0.09 with it. So the check
+# is the mean gain of seeds 0-2, >= MIN_MEAN_GAIN: about twice the noise of a three-seed mean of held-out
+# accuracies on ~250 problems, and below the five-seed comparison's 95% interval
+# (docs/results.md, reasoning-gym: chain_sum, grpo +0.120 [+0.055, +0.192]).
+SEEDS = (0, 1, 2)
+MIN_MEAN_GAIN = 0.05
 
 
 @pytest.mark.slow
 def test_chain_sum_learns_with_grpo():
     """The CPU model, warmed up on the library's answers to a partial solver of three-term 1-digit
     chain sums, raises its held-out greedy accuracy (the share the library's verifier scores 1.0)
-    under GRPO by >= 0.10 in 40 iterations (one seed, run alone; the others' gains are listed
-    at SEED)."""
+    under GRPO in 40 iterations by >= MIN_MEAN_GAIN on the mean of SEEDS (vmapped in one run, as
+    `experiments.compare` runs them)."""
     from experiments.compare import run_arm
     from pipo_jax.run import warmup
 
@@ -306,12 +311,18 @@ def test_chain_sum_learns_with_grpo():
                  "task.arithmetic.warmup_mistake_rate": 0.0, "task.arithmetic.warmup_context_fraction": 0.0, "warmup.steps": 600,
                  "warmup.target_accuracy": 0.3, "iterations": ITERATIONS})
     spec = train_spec(c)
-    base, m = warmup.warmup(spec.model, spec.task, warmup.WarmupSettings.from_config(RunConfig.from_config(c), spec.task),
-                             seed=SEED)
-    assert 0.2 <= m["final_accuracy"] <= 0.6, m["heldout_accuracy"]
-    row = run_arm(c, [SEED], [base], 10)[0]
-    assert row["initial_accuracy"] == pytest.approx(m["final_accuracy"], abs=0.01)  # vmapped: same problems
-    assert row["final_accuracy"] >= row["initial_accuracy"] + 0.1, row["accuracy"]
+    settings = warmup.WarmupSettings.from_config(RunConfig.from_config(c), spec.task)
+    bases, warmed = [], []
+    for seed in SEEDS:
+        base, m = warmup.warmup(spec.model, spec.task, settings, seed=seed)
+        assert 0.2 <= m["final_accuracy"] <= 0.6, (seed, m["heldout_accuracy"])
+        bases.append(base)
+        warmed.append(m["final_accuracy"])
+    rows = run_arm(c, list(SEEDS), bases, 10)
+    gains = [row["final_accuracy"] - row["initial_accuracy"] for row in rows]
+    for row, accuracy in zip(rows, warmed):  # vmapped: the same problems as the warm-up's last check
+        assert row["initial_accuracy"] == pytest.approx(accuracy, abs=0.01)
+    assert np.mean(gains) >= MIN_MEAN_GAIN, [row["accuracy"] for row in rows]
 
 
 def test_every_method_rg_runs_the_methods_the_task_can_and_names_those_it_cannot():
