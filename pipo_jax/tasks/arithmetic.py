@@ -396,7 +396,14 @@ def make_problems(task: ArithmeticTask, lhs_b, op_b, rhs_b) -> Problems:
     unless `allow_negative`; concrete (non-traced) inputs are checked.
     """
     _check_given_problems(task, lhs_b, op_b, rhs_b)
-    lhs_b, op_b, rhs_b = (jnp.asarray(x, jnp.int32) for x in (lhs_b, op_b, rhs_b))
+    return _tokenised(task, *(jnp.asarray(x, jnp.int32) for x in (lhs_b, op_b, rhs_b)))
+
+
+# Integer token arithmetic only, so one program is exact wherever it is called: called eagerly (a chat turn,
+# a test) it compiles once per task and batch size instead of as a few dozen single-operation programs;
+# inside a caller's jit it is inlined.
+@functools.partial(jax.jit, static_argnums=0)
+def _tokenised(task: ArithmeticTask, lhs_b: jax.Array, op_b: jax.Array, rhs_b: jax.Array) -> Problems:
     b = lhs_b.shape[0]
     answer_b = jnp.select([op_b == 0, op_b == 1], [lhs_b + rhs_b, lhs_b - rhs_b], lhs_b * rhs_b)
     op_tokens = (cv.PLUS_ID + op_b)[:, None]  # '+', '-', '*' ids are contiguous, in OPERATORS order
@@ -442,10 +449,16 @@ def carryless_answer(lhs_b, op_b, rhs_b, max_digits: int) -> jax.Array:
 def with_answers(task: ArithmeticTask, problems: Problems, answer_b) -> Problems:
     """`problems` whose answers and targets are `answer_b` (e.g. flawed demonstrations)."""
     answer_b = jnp.asarray(answer_b, jnp.int32)
-    target_tokens, target_mask = pack(_answer_body_pieces(task, answer_b) + [_const(cv.EOS_ID, answer_b.shape[0])],
-                                      task.answer_len, left_pad=False)
+    target_tokens, target_mask = _answer_targets(task, answer_b)
     return problems._replace(answer_b=answer_b, target_tokens_ba=target_tokens, target_mask_ba=target_mask,
                              target_len_b=jnp.sum(target_mask, axis=1))
+
+
+@functools.partial(jax.jit, static_argnums=0)  # one program, as `_tokenised`
+def _answer_targets(task: ArithmeticTask, answer_b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """int32 `[b, answer_len]` target tokens (the answer in `task.answer_format`, then `<eos>`) and mask."""
+    return pack(_answer_body_pieces(task, answer_b) + [_const(cv.EOS_ID, answer_b.shape[0])], task.answer_len,
+                left_pad=False)
 
 
 # ----------------------------------------------------------------------------- sampling

@@ -112,23 +112,7 @@ class DigitSumTask(Task):
 
     def problems_of(self, number_b) -> Problems:
         """The problems of the numbers `number_b` int32 `[b]` (jit-able)."""
-        n_b = jnp.asarray(number_b, jnp.int32)
-        d, p, a = self.max_digits, self.prompt_len, self.answer_len
-        digits_bd, count_b = _digits(n_b, d)
-        pos_p = jnp.arange(p)[None, :]
-        start_b = (d - count_b)[:, None]  # the `<bos>` position
-        body = jnp.concatenate([jnp.full_like(n_b[:, None], char_vocab.PAD_ID), char_vocab.DIGIT0_ID + digits_bd,
-                                jnp.full_like(n_b[:, None], char_vocab.EQUALS_ID)], axis=1)
-        prompt = jnp.where(pos_p < start_b, char_vocab.PAD_ID, jnp.where(pos_p == start_b, char_vocab.BOS_ID, body))
-        sum_digits_bw, sum_count_b = _digits(jnp.sum(digits_bd, axis=1), a - 1)
-        # left-align the sum's digits: position j holds place sum_count - 1 - j
-        idx_ba = jnp.clip(jnp.arange(a)[None, :] + (a - 1 - sum_count_b)[:, None], 0, a - 2)
-        pos_a, n_ans = jnp.arange(a)[None, :], sum_count_b[:, None]
-        target = jnp.where(pos_a < n_ans, char_vocab.DIGIT0_ID + jnp.take_along_axis(sum_digits_bw, idx_ba, axis=1),
-                           jnp.where(pos_a == n_ans, char_vocab.EOS_ID, char_vocab.PAD_ID))
-        return Problems(prompt_tokens_bp=prompt.astype(jnp.int32), prompt_mask_bp=(pos_p >= start_b).astype(jnp.int32),
-                        number_b=n_b, target_tokens_ba=target.astype(jnp.int32),
-                        target_mask_ba=(pos_a <= n_ans).astype(jnp.int32))
+        return _problems_of(self, jnp.asarray(number_b, jnp.int32))
 
     def _table(self, table: Split | None) -> Split:
         """`table` (the placed prompt table), or the host one where the caller passes None (the
@@ -181,6 +165,29 @@ class DigitSumScorer:
 
     def close(self) -> None:
         pass
+
+
+# Integer token arithmetic only, so one program is exact wherever it is called: called eagerly (a test, an
+# evaluation outside a jit) it compiles once per task and batch size instead of as a few dozen
+# single-operation programs; inside a caller's jit it is inlined.
+@functools.partial(jax.jit, static_argnums=0)
+def _problems_of(task: DigitSumTask, n_b: jax.Array) -> Problems:
+    d, p, a = task.max_digits, task.prompt_len, task.answer_len
+    digits_bd, count_b = _digits(n_b, d)
+    pos_p = jnp.arange(p)[None, :]
+    start_b = (d - count_b)[:, None]  # the `<bos>` position
+    body = jnp.concatenate([jnp.full_like(n_b[:, None], char_vocab.PAD_ID), char_vocab.DIGIT0_ID + digits_bd,
+                            jnp.full_like(n_b[:, None], char_vocab.EQUALS_ID)], axis=1)
+    prompt = jnp.where(pos_p < start_b, char_vocab.PAD_ID, jnp.where(pos_p == start_b, char_vocab.BOS_ID, body))
+    sum_digits_bw, sum_count_b = _digits(jnp.sum(digits_bd, axis=1), a - 1)
+    # left-align the sum's digits: position j holds place sum_count - 1 - j
+    idx_ba = jnp.clip(jnp.arange(a)[None, :] + (a - 1 - sum_count_b)[:, None], 0, a - 2)
+    pos_a, n_ans = jnp.arange(a)[None, :], sum_count_b[:, None]
+    target = jnp.where(pos_a < n_ans, char_vocab.DIGIT0_ID + jnp.take_along_axis(sum_digits_bw, idx_ba, axis=1),
+                       jnp.where(pos_a == n_ans, char_vocab.EOS_ID, char_vocab.PAD_ID))
+    return Problems(prompt_tokens_bp=prompt.astype(jnp.int32), prompt_mask_bp=(pos_p >= start_b).astype(jnp.int32),
+                    number_b=n_b, target_tokens_ba=target.astype(jnp.int32),
+                    target_mask_ba=(pos_a <= n_ans).astype(jnp.int32))
 
 
 def from_config(c) -> DigitSumTask:
