@@ -455,7 +455,7 @@ def test_ppo_base_loss_under_compat_is_the_authors_without_dual_clip(compat, wan
     def loss(p):
         return spec.policy.fn(spec, p, teacher, mb, counts)[0]
 
-    value, grads = jax.value_and_grad(loss)(params)
+    value, grads = jax.jit(jax.value_and_grad(loss))(params)  # one program, not the model's ops one by one
     np.testing.assert_allclose(float(value), want_loss, rtol=1e-5)
     grad_norm = float(jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads))))
     assert (grad_norm > 1e-3) if compat else (grad_norm == 0.0)
