@@ -416,8 +416,7 @@ def _tokenised(task: ArithmeticTask, lhs_b: jax.Array, op_b: jax.Array, rhs_b: j
         [_const(cv.BOS_ID, b), operand(lhs_b), (op_tokens, jnp.ones((b, 1), bool)), operand(rhs_b),
          _const(cv.EQUALS_ID, b)],
         task.prompt_len, left_pad=True)
-    target_tokens, target_mask = pack(_answer_body_pieces(task, answer_b) + [_const(cv.EOS_ID, b)],
-                                      task.answer_len, left_pad=False)
+    target_tokens, target_mask = _answer_targets(task, answer_b)
     return Problems(prompt_tokens, prompt_mask, lhs_b, op_b, rhs_b, answer_b, target_tokens, target_mask,
                     jnp.sum(target_mask, axis=1))
 
@@ -454,7 +453,7 @@ def with_answers(task: ArithmeticTask, problems: Problems, answer_b) -> Problems
                              target_len_b=jnp.sum(target_mask, axis=1))
 
 
-@functools.partial(jax.jit, static_argnums=0)  # one program, as `_tokenised`
+@functools.partial(jax.jit, static_argnums=0)  # one program, as `_tokenised` (inlined there)
 def _answer_targets(task: ArithmeticTask, answer_b: jax.Array) -> tuple[jax.Array, jax.Array]:
     """int32 `[b, answer_len]` target tokens (the answer in `task.answer_format`, then `<eos>`) and mask."""
     return pack(_answer_body_pieces(task, answer_b) + [_const(cv.EOS_ID, answer_b.shape[0])], task.answer_len,
