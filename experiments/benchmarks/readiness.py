@@ -600,7 +600,7 @@ def prompt_table(spec: TrainSpec, mesh: Mesh):
 
 
 def _sample_problems(spec: TrainSpec, table, rng):
-    return rollout_lib.sample_problems(spec, rng, spec.rollout.prompts_per_batch, table=table)
+    return rollout_lib.sample_problems(spec.generation, rng, spec.rollout.prompts_per_batch, table=table)
 
 
 def _abstract_rollout(spec: TrainSpec, mesh: Mesh, rules):

@@ -19,6 +19,7 @@ serves a full forward, prefill and one-token decode, and left- or right-padded r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -218,18 +219,29 @@ DENSE_IN_DIMS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj"
 
 
 def init_params(config: Qwen3Config, rng: jax.Array, std: float = 0.02) -> Params:
-    """Random parameters: N(0, std) matrices (HF's `initializer_range`), unit norms."""
+    """Random parameters: N(0, std) matrices (HF's `initializer_range`), unit norms.
+
+    Leaf i draws with key i of `jax.random.split(rng, leaves)`. Two programs, the draws then the scale:
+    in one, XLA would fold `std` into the draw's own constant and move some draws by an ulp."""
     shapes = param_shapes(config)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
-    keys = jax.random.split(rng, len(leaves))
-    out = []
-    for (path, shape), key in zip(leaves, keys):
-        name = path[-1].key
-        if name in _NORMS:
-            out.append(jnp.ones(shape, config.jnp_param_dtype))
-        else:
-            out.append((std * jax.random.normal(key, shape, jnp.float32)).astype(config.jnp_param_dtype))
+    drawn = tuple(None if path[-1].key in _NORMS else shape for path, shape in leaves)
+    normals = _standard_normals(rng, drawn)
+    out = _scaled(normals, jnp.float32(std), tuple(shape for _, shape in leaves), config.jnp_param_dtype)
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _standard_normals(rng: jax.Array, shapes: tuple[tuple[int, ...] | None, ...]) -> list[jax.Array | None]:
+    """float32 N(0, 1) of each shape (None: no draw) with key i of `split(rng, len(shapes))`."""
+    keys = jax.random.split(rng, len(shapes))
+    return [None if s is None else jax.random.normal(keys[i], s, jnp.float32) for i, s in enumerate(shapes)]
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _scaled(normals: list[jax.Array | None], std: jax.Array, shapes: tuple[tuple[int, ...], ...], dtype) -> list:
+    """`std * normal` in `dtype`, ones where there is no draw (the norms)."""
+    return [jnp.ones(s, dtype) if x is None else (std * x).astype(dtype) for x, s in zip(normals, shapes)]
 
 
 def layers_unrolled(config: Qwen3Config) -> bool:

@@ -17,7 +17,7 @@ import numpy as np
 from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.experience import Rollout, with_rewards
 from pipo_jax.rl.learn import learn
-from pipo_jax.rl.spec import TrainSpec
+from pipo_jax.rl.spec import GenerationSpec, TrainSpec
 from pipo_jax.rl.state import TrainState
 
 HostReward = Callable[[Rollout], np.ndarray]
@@ -55,22 +55,22 @@ def scan_chunk(spec: TrainSpec, state: TrainState, length: int) -> tuple[TrainSt
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
-def _host_generate(spec: TrainSpec, params, table, rng, n_prompts: int) -> Rollout:
-    """Sample `n_prompts` problems (a dataset task: from `table`, an argument) and generate."""
+def _host_generate(gen: GenerationSpec, params, table, rng, n_prompts: int) -> Rollout:
+    """Sample `n_prompts` problems (a dataset task: from `table`, an argument) and generate. Static
+    in the `GenerationSpec` only: one program for every algorithm that samples alike."""
     k_prob, k_gen = jax.random.split(rng)
-    return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, k_prob, n_prompts, table=table),
-                                k_gen)
+    return rollout_lib.generate(gen, params, rollout_lib.sample_problems(gen, k_prob, n_prompts, table=table), k_gen)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
-def _host_problems(spec: TrainSpec, table, rng, n_prompts: int):
-    return rollout_lib.sample_problems(spec, rng, n_prompts, table=table)
+def _host_problems(gen: GenerationSpec, table, rng, n_prompts: int):
+    return rollout_lib.sample_problems(gen, rng, n_prompts, table=table)
 
 
-def _host_driven_generate(spec: TrainSpec, generator, params, table, rng, n_prompts: int) -> Rollout:
+def _host_driven_generate(gen: GenerationSpec, generator, params, table, rng, n_prompts: int) -> Rollout:
     """`_host_generate` with a host-driven `generator` (same keys: `rollout.generate_on_host`)."""
     k_prob, k_gen = jax.random.split(rng)
-    return rollout_lib.generate_on_host(generator, params, _host_problems(spec, table, k_prob, n_prompts), k_gen)
+    return rollout_lib.generate_on_host(generator, params, _host_problems(gen, table, k_prob, n_prompts), k_gen)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -113,9 +113,9 @@ def single_device_programs(spec: TrainSpec) -> HostPrograms:
     table = rollout_lib.prompt_table(spec)
     generator = spec.generator
     if generator.in_program:
-        generate = functools.partial(_host_generate, spec)
+        generate = functools.partial(_host_generate, spec.generation)
     else:
-        generate = functools.partial(_host_driven_generate, spec, generator)
+        generate = functools.partial(_host_driven_generate, spec.generation, generator)
     return HostPrograms(generate=lambda params, rng, n_prompts: generate(params, table, rng, n_prompts),
                         score=_scored, learn=functools.partial(_host_learn, spec))
 

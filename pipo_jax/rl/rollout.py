@@ -20,7 +20,7 @@ from pipo_jax.models import qwen3
 from pipo_jax.rl import steps
 from pipo_jax.rl.experience import (Rollout, choose_contexts, response_part, shaped_rewards, teacher_settings,
                                     with_rewards)
-from pipo_jax.rl.spec import ConfigError, TrainSpec
+from pipo_jax.rl.spec import ConfigError, GenerationSpec, TrainSpec
 from pipo_jax.sampling import decode, sampler
 from pipo_jax.tasks.protocol import HostScorer
 
@@ -32,7 +32,7 @@ def prompt_table(spec: TrainSpec) -> Any:
     return None if table is None else jax.device_put(table)
 
 
-def sample_problems(spec: TrainSpec, rng, n_prompts: int, split: str = "train", table: Any = None):
+def sample_problems(spec: GenerationSpec, rng, n_prompts: int, split: str = "train", table: Any = None):
     """`n_prompts` task problems, each repeated G times (rows of a group are adjacent).
 
     A task with a prompt table draws from `table` (`prompt_table`), an argument of the caller's program.
@@ -41,7 +41,7 @@ def sample_problems(spec: TrainSpec, rng, n_prompts: int, split: str = "train", 
     return jax.tree.map(lambda x: jnp.repeat(x, spec.rollout.group_size, axis=0), problems)
 
 
-def generation_passes(spec: TrainSpec, rows: int) -> tuple[int, int]:
+def generation_passes(spec: GenerationSpec, rows: int) -> tuple[int, int]:
     """(passes, batch shards) for decoding `rows` rows, `rollout.generate_rows_per_device` per
     device per pass, under the active sharding context (one pass when the key is 0)."""
     shards = parallel.batch_shards()
@@ -54,7 +54,7 @@ def generation_passes(spec: TrainSpec, rows: int) -> tuple[int, int]:
     return rows // per_pass, shards
 
 
-def decode_weights(spec: TrainSpec, params):
+def decode_weights(spec: GenerationSpec, params):
     """The policy's weights as a generate call decodes with them (`rollout.decode_weights`): as given
     ("sharded": on a mesh the decode loop gathers each layer's fsdp shards at every step), or
     ("gathered", under a sharding context) in the compute dtype, gathered over `fsdp` once per call."""
@@ -64,7 +64,7 @@ def decode_weights(spec: TrainSpec, params):
     return parallel.gathered_over(params, qwen3.param_axes(spec.model), "fsdp")
 
 
-def generate(spec: TrainSpec, params, problems, rng) -> Rollout:
+def generate(spec: GenerationSpec, params, problems, rng) -> Rollout:
     """Samples one response per row of `problems` with the policy `params` (rewards left 0),
     inside the caller's program (`spec.generator`, an `in_program` one).
 
@@ -227,15 +227,16 @@ def collect(spec: TrainSpec, params, rng, reward_fn: Callable[[Rollout], jax.Arr
     (then `dapo_exhausted` is set and the host raises a clear error). The host loop
     (`loop.host_collect`) runs the same `dynamic_sampling_*` steps with a host reward.
     """
+    gen = spec.generation
     if not spec.dapo.dynamic_sampling:
         k_prob, k_gen = jax.random.split(rng)
-        rollout = generate(spec, params, sample_problems(spec, k_prob, spec.rollout.prompts_per_batch), k_gen)
+        rollout = generate(gen, params, sample_problems(gen, k_prob, spec.rollout.prompts_per_batch), k_gen)
         rollout = with_rewards(rollout, reward_fn(rollout))
         return rollout, {}
 
     def gen_batch(i):
         k_prob, k_gen = jax.random.split(jax.random.fold_in(rng, i))
-        r = generate(spec, params, sample_problems(spec, k_prob, spec.dapo.gen_prompts_per_batch), k_gen)
+        r = generate(gen, params, sample_problems(gen, k_prob, spec.dapo.gen_prompts_per_batch), k_gen)
         return with_rewards(r, reward_fn(r))
 
     ds = dynamic_sampling_start(spec, jax.eval_shape(lambda: gen_batch(0)))

@@ -25,7 +25,35 @@ from pipo_jax.sampling import generator as generator_lib
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks.protocol import Task
 
-__all__ = ["ConfigError", "TrainSpec", "VpdConfig", "spec_from_config"]
+__all__ = ["ConfigError", "GenerationSpec", "TrainSpec", "VpdConfig", "spec_from_config"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSpec:
+    """What sampling a batch reads of a `TrainSpec`: the model, the task and the rollout section.
+    Hashable (jit-static) and equal for every algorithm that samples alike, so that one program of
+    it serves them all."""
+
+    model: qwen3.Qwen3Config
+    task: Task
+    rollout: RolloutConfig
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """How the rollout samples: tempered behaviour log-probs, log_softmax(logits / T) over the
+        full vocabulary, what the trainer recomputes (top-k / top-p only shape the sampling)."""
+        r = self.rollout
+        return SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+                              stop_token_ids=tuple(self.task.stop_token_ids), pad_id=self.task.pad_id,
+                              logprobs="tempered")
+
+    @property
+    def generator(self) -> generator_lib.Generator:
+        """The rollout interface's implementation (`rollout.engine`)."""
+        if self.rollout.engine == "slots":
+            return generator_lib.SlotEngineSampler(self.model, self.sampling, self.rollout.group_size,
+                                                   self.rollout.engine_slots, self.rollout.engine_steps)
+        return generator_lib.OneJitSampler(self.model, self.sampling)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,21 +131,14 @@ class TrainSpec:
                   "'live' shares the student's params, but VPD's E-step trains its own teacher copy: use 'ema'")
 
     @property
-    def sampling(self) -> SamplingParams:
-        """How the rollout samples: tempered behaviour log-probs, log_softmax(logits / T) over the
-        full vocabulary, what the trainer recomputes (top-k / top-p only shape the sampling)."""
-        r = self.rollout
-        return SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
-                              stop_token_ids=tuple(self.task.stop_token_ids), pad_id=self.task.pad_id,
-                              logprobs="tempered")
+    def generation(self) -> GenerationSpec:
+        """The part of the spec sampling reads (`rl/rollout.py:generate`)."""
+        return GenerationSpec(self.model, self.task, self.rollout)
 
     @property
     def generator(self) -> generator_lib.Generator:
         """The rollout interface's implementation (`rollout.engine`)."""
-        if self.rollout.engine == "slots":
-            return generator_lib.SlotEngineSampler(self.model, self.sampling, self.rollout.group_size,
-                                                   self.rollout.engine_slots, self.rollout.engine_steps)
-        return generator_lib.OneJitSampler(self.model, self.sampling)
+        return self.generation.generator
 
     def with_section(self, section: str, **fields) -> TrainSpec:
         """A copy with `fields` of one section replaced (validated again), e.g.

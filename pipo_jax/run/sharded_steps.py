@@ -147,8 +147,8 @@ def abstract_rollout(spec: TrainSpec, n_prompts: int):
 
     def make(table):
         key = jax.random.PRNGKey(0)
-        params = qwen3.init_params(spec.model, key)
-        return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, key, n_prompts, table=table), key)
+        params, gen = qwen3.init_params(spec.model, key), spec.generation
+        return rollout_lib.generate(gen, params, rollout_lib.sample_problems(gen, key, n_prompts, table=table), key)
 
     return jax.eval_shape(make, _abstract_table(spec))
 
@@ -159,12 +159,13 @@ def _generate(spec: TrainSpec, mesh: Mesh, n_prompts: int, rules_items: tuple) -
     p_sh = state_shardings(spec, mesh, rules).params
     out = batch_shardings(abstract_rollout(spec, n_prompts), mesh, rules)
 
-    def gen(params, table, rng):
+    def generate(params, table, rng):
         k_prob, k_gen = jax.random.split(rng)
-        return rollout_lib.generate(spec, params, rollout_lib.sample_problems(spec, k_prob, n_prompts, table=table),
-                                    k_gen)
+        gen = spec.generation
+        problems = rollout_lib.sample_problems(gen, k_prob, n_prompts, table=table)
+        return rollout_lib.generate(gen, params, problems, k_gen)
 
-    jitted = jax.jit(gen, in_shardings=(p_sh, replicated(mesh), replicated(mesh)), out_shardings=out)
+    jitted = jax.jit(generate, in_shardings=(p_sh, replicated(mesh), replicated(mesh)), out_shardings=out)
     return ShardedFunction(jitted, mesh, rules)
 
 

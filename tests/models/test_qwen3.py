@@ -117,6 +117,23 @@ def test_num_params_counts_init_params():
         assert sum(x.size for x in jax.tree_util.tree_leaves(p)) == c.num_params
 
 
+@pytest.mark.parametrize("param_dtype, std", [("float32", 0.02), ("bfloat16", 0.1)])
+def test_init_params_equals_its_leaf_by_leaf_draws_bit_for_bit(param_dtype, std):
+    """Leaf i is `std * normal(split(rng, leaves)[i])` drawn and scaled op by op (the form every
+    recorded run was initialised with), the norms ones: equal to the last bit, so no record moves."""
+    c = CONFIG.replace(param_dtype=param_dtype, tie_word_embeddings=False)
+    rng = jax.random.PRNGKey(3)
+    got, treedef = jax.tree_util.tree_flatten_with_path(qwen3.init_params(c, rng, std=std))
+    keys = jax.random.split(rng, len(got))
+    for (path, leaf), key in zip(got, keys):
+        if path[-1].key.endswith("norm"):
+            expected = jnp.ones(leaf.shape, c.jnp_param_dtype)
+        else:
+            expected = (std * jax.random.normal(key, leaf.shape, jnp.float32)).astype(c.jnp_param_dtype)
+        assert leaf.dtype == expected.dtype, path
+        np.testing.assert_array_equal(np.asarray(leaf, np.float32), np.asarray(expected, np.float32), str(path))
+
+
 def test_layers_are_scanned_so_program_size_does_not_grow_with_depth(tokens):
     """With `layer_loop="scan"` (what "auto" picks for cuda / tpu)."""
     def hlo_size(layers):

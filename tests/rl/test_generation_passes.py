@@ -23,13 +23,13 @@ def micro_spec(**overrides):
 def test_generation_in_passes_equals_one_pass():
     spec = micro_spec()
     params = qwen3.init_params(spec.model, jax.random.PRNGKey(0))
-    problems = rollout.sample_problems(spec, jax.random.PRNGKey(1), spec.rollout.prompts_per_batch)
+    problems = rollout.sample_problems(spec.generation, jax.random.PRNGKey(1), spec.rollout.prompts_per_batch)
     rng = jax.random.PRNGKey(2)
     gen = jax.jit(rollout.generate, static_argnums=0)
-    one = gen(spec, params, problems, rng)
-    assert rollout.generation_passes(spec.with_section("rollout", generate_rows_per_device=4), spec.batch) == (
-        spec.batch // 4, 1)
-    passes = gen(spec.with_section("rollout", generate_rows_per_device=4), params, problems, rng)
+    one = gen(spec.generation, params, problems, rng)
+    in_passes = spec.with_section("rollout", generate_rows_per_device=4).generation
+    assert rollout.generation_passes(in_passes, spec.batch) == (spec.batch // 4, 1)
+    passes = gen(in_passes, params, problems, rng)
     np.testing.assert_array_equal(passes.tokens_bl, one.tokens_bl)
     np.testing.assert_array_equal(passes.mask_bl, one.mask_bl)
     # Same rows, same keys; only the decode batch size differs, which can move float32 matmul
@@ -41,9 +41,9 @@ def test_generation_in_passes_equals_one_pass():
 def test_generation_passes_that_do_not_divide_name_the_key():
     spec = micro_spec(generate_rows_per_device=3)
     with pytest.raises(ConfigError, match=r"config\.rollout\.generate_rows_per_device: 16 rows do not split"):
-        rollout.generation_passes(spec, 16)
-    assert rollout.generation_passes(micro_spec(generate_rows_per_device=0), 16) == (1, 1)
-    assert rollout.generation_passes(micro_spec(generate_rows_per_device=32), 16) == (1, 1)
+        rollout.generation_passes(spec.generation, 16)
+    assert rollout.generation_passes(micro_spec(generate_rows_per_device=0).generation, 16) == (1, 1)
+    assert rollout.generation_passes(micro_spec(generate_rows_per_device=32).generation, 16) == (1, 1)
 
 
 def test_negative_rows_per_pass_is_a_config_error():

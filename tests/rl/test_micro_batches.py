@@ -40,7 +40,7 @@ def test_micro_batch_settings_that_do_not_divide_name_the_key():
 def synthetic_rollout(spec) -> rollout.Rollout:
     """Task prompts with random responses of random lengths and 0/1 rewards (no sampler to compile)."""
     rng = np.random.RandomState(0)
-    problems = rollout.sample_problems(spec, jax.random.PRNGKey(1), spec.rollout.prompts_per_batch)
+    problems = rollout.sample_problems(spec.generation, jax.random.PRNGKey(1), spec.rollout.prompts_per_batch)
     b, r = spec.batch, spec.rollout.max_new_tokens
     resp = rng.randint(3, spec.model.vocab_size, (b, r)).astype(np.int32)
     resp_mask = (np.arange(r)[None, :] < rng.randint(1, r + 1, (b, 1))).astype(np.int32)

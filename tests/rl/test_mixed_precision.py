@@ -109,8 +109,9 @@ def test_bf16_compute_with_pipo_traces_for_every_algorithm(algo):
     compute and float32 masters, and keeps every trained tree and AdamW moment in float32."""
     spec = spec_of(algo, "bfloat16")
     state = jax.eval_shape(lambda: primed_state(spec))
-    ro = jax.eval_shape(lambda p: rollout.generate(spec, p, rollout.sample_problems(spec, jax.random.PRNGKey(0),
-                                                                                     spec.rollout.prompts_per_batch),
+    gen = spec.generation
+    ro = jax.eval_shape(lambda p: rollout.generate(gen, p, rollout.sample_problems(gen, jax.random.PRNGKey(0),
+                                                                                   spec.rollout.prompts_per_batch),
                                                    jax.random.PRNGKey(1)), state.params)
     new, metrics = jax.eval_shape(lambda s, r: learn.learn(spec, s, r, jax.random.PRNGKey(2)), state, ro)
     assert "pi_step_applied" in metrics

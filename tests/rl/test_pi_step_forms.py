@@ -112,7 +112,7 @@ def _learn_step_text(platform: str) -> tuple[str, int]:
     state = jax.eval_shape(lambda: init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), 0))
     b, L, r = spec.batch, spec.seq_len, spec.rollout.max_new_tokens
     rollout = jax.eval_shape(lambda: Rollout(
-        problems=rollout_lib.sample_problems(spec, jax.random.PRNGKey(0), spec.rollout.prompts_per_batch,
+        problems=rollout_lib.sample_problems(spec.generation, jax.random.PRNGKey(0), spec.rollout.prompts_per_batch,
                                              table=spec.task.prompt_table()),
         tokens_bl=jnp.zeros((b, L), jnp.int32), mask_bl=jnp.zeros((b, L), jnp.int32),
         sample_logp_br=jnp.zeros((b, r), jnp.float32), rewards_b=jnp.zeros((b,), jnp.float32)))
