@@ -14,7 +14,7 @@ from pipo_jax.rl import controller, learn, loop
 from pipo_jax.rl import response_logprobs as logprobs
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.state import init_train_state
+from pipo_jax.run.placement import Placement
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import train
 from tests.conftest import override
@@ -31,8 +31,10 @@ def micro(algo: str, pipo_on: bool = True, **overrides):
 
 
 def fresh_state(c):
+    """The spec and initial state of config `c`, the state on the default device as the trainer places it
+    (`Placement.init_state`), so that a program of it is the trainer's (a compilation cache hit)."""
     spec = train_spec(c)
-    return spec, init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
+    return spec, Placement().init_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
 
 
 def host_iterations(spec, state, n: int):
