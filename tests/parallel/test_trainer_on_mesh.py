@@ -24,7 +24,7 @@ from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import base_params, train
 from tests.parallel.equivalence import UPDATE_RTOL
-from tests.rl.test_trainer import micro
+from tests.rl.micro_trainer import micro
 from tests.xla_flags import sharded_subprocess_env
 
 pytestmark = pytest.mark.slow  # the main job three times, twice in a 4-device subprocess

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 
 from pipo_jax.models import qwen3
-from pipo_jax.rl import controller, learn, rollout
+from pipo_jax.parallel import shardings
+from pipo_jax.rl import controller, learn, loop, rollout
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.run.setup import train_spec
 from tests.conftest import override
+from tests.rl.micro_trainer import learned
 
 STEPS = 3
 SEED = 1
@@ -50,16 +52,16 @@ def primed_state(spec):
 
 def fixed_rollouts(spec, state):
     """STEPS scored rollouts of the float32 policy (the same inputs for both precisions)."""
-    reward_fn = lambda r: rollout.task_rewards(spec, r)  # noqa: E731
-    collect = jax.jit(lambda p, k: rollout.collect(spec, p, k, reward_fn)[0])
-    return [collect(state.params, jax.random.PRNGKey(10 + i)) for i in range(STEPS)]
+    reward_fn = lambda r: np.asarray(rollout.task_rewards(spec, r))  # noqa: E731
+    return [loop.host_collect(spec, state.params, jax.random.PRNGKey(10 + i), reward_fn)[0] for i in range(STEPS)]
 
 
 def run_learn(spec, state, rollouts):
-    step = jax.jit(lambda s, r, k: learn.learn(spec, s, r, k))
+    """The host loop's learn step (the trainer's program) on each rollout, from a copy of `state`."""
+    state = jax.tree.map(jnp.copy, state)  # the host loop's learn donates its input
     metrics = []
     for i, r in enumerate(rollouts):
-        state, m = step(state, r, jax.random.PRNGKey(100 + i))
+        state, m = learned(spec, state, r, jax.random.PRNGKey(100 + i))
         metrics.append(jax.device_get(m))
     return state, metrics
 
@@ -67,10 +69,11 @@ def run_learn(spec, state, rollouts):
 @pytest.mark.slow  # ~2 min compile-bound on a shared 2-core CPU
 def test_bf16_compute_with_pipo_is_finite_and_close_to_float32():
     spec32, spec16 = spec_of("grpo", "float32"), spec_of("grpo", "bfloat16")
-    state0 = primed_state(spec32)
+    # placed as the trainer places its state, so the learn steps are the trainer tests' programs
+    state0 = shardings.on_default_device(primed_state(spec32))
     rollouts = fixed_rollouts(spec32, state0)
     s32, m32 = run_learn(spec32, state0, rollouts)
-    s16, m16 = run_learn(spec16, primed_state(spec16), rollouts)
+    s16, m16 = run_learn(spec16, shardings.on_default_device(primed_state(spec16)), rollouts)
 
     # fp32 masters and AdamW state; the frozen reference in the compute dtype
     floats = [x for x in jax.tree.leaves((s16.params, s16.opt_state)) if jnp.issubdtype(x.dtype, jnp.floating)]

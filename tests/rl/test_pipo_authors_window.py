@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 
 from configs import grpo
-from pipo_jax.models import qwen3
-from pipo_jax.rl import learn, rollout
-from pipo_jax.rl.state import init_train_state
-from pipo_jax.run.setup import train_spec
+from pipo_jax.rl import rollout
+from tests.rl.micro_trainer import fresh_state, learned, sampled
 
 # micro: 4 groups of G = 4, mixed groups so GRPO's advantages are nonzero; batch means 0.25, then 0.5
 REWARDS = [jnp.array([1, 0, 0, 0] * 4, jnp.float32), jnp.array([1, 1, 0, 0] * 4, jnp.float32)]
@@ -26,15 +24,11 @@ def test_learn_pushes_mu_t_twice_and_steps_one_iteration_earlier(compat, xi2):
     c.pipo.enabled = True
     c.pipo.authors.window_twice = True
     c.pipo.compat = compat
-    spec = train_spec(c)
-    state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
-    reward_fn = lambda r: rollout.task_rewards(spec, r)
-    collect = jax.jit(lambda p, k: rollout.collect(spec, p, k, reward_fn))
-    step = jax.jit(lambda s, r, k: learn.learn(spec, s, r, k))
+    spec, state = fresh_state(c)
     metrics = []
     for i, pattern in enumerate(REWARDS):
-        ro, _ = collect(state.params, jax.random.PRNGKey(10 + i))
-        state, m = step(state, rollout.with_rewards(ro, pattern), jax.random.PRNGKey(20 + i))
+        ro = sampled(spec, state.params, jax.random.PRNGKey(10 + i))
+        state, m = learned(spec, state, rollout.with_rewards(ro, pattern), jax.random.PRNGKey(20 + i))
         metrics.append({k: float(v) for k, v in m.items() if np.ndim(v) == 0})
     assert [m["mu_t"] for m in metrics] == [0.25, 0.5]
     # iteration 1: window [0.25] (count 1 < K): no step; then [0.25, 0.25]. Iteration 2: [0.25, 0.5], full:

@@ -4,7 +4,6 @@ optimizer state (`pipo.pi_optimizer=separate`), verl's per-micro-batch token-mea
 (`pipo.authors.micro_token_mean`) and the authors' PPO gate (`pipo.authors.ppo_adv_gate`).
 Expected values are worked out by hand in the comments."""
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,8 +14,8 @@ from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, learn, rollout, steps
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.state import init_train_state
 from pipo_jax.run.setup import train_spec
+from tests.rl.micro_trainer import fresh_state, learned, sampled
 
 
 def _stored(spec, attr_br, logp_shift=0.0):
@@ -101,15 +100,12 @@ REWARDS = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 1]]
 
 
 def _iterate(c, n=4):
-    spec = train_spec(c)
-    state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
-    collect = jax.jit(lambda p, k: rollout.collect(spec, p, k, lambda r: rollout.task_rewards(spec, r)))
-    step = jax.jit(lambda s, r, k: learn.learn(spec, s, r, k))
+    spec, state = fresh_state(c)
     metrics = []
     for i, pattern in enumerate(REWARDS[:n]):
-        ro, _ = collect(state.params, jax.random.PRNGKey(10 + i))
-        state, m = step(state, rollout.with_rewards(ro, jnp.array(pattern * (spec.batch // 4), jnp.float32)),
-                        jax.random.PRNGKey(20 + i))
+        ro = sampled(spec, state.params, jax.random.PRNGKey(10 + i))
+        state, m = learned(spec, state, rollout.with_rewards(ro, jnp.array(pattern * (spec.batch // 4), jnp.float32)),
+                           jax.random.PRNGKey(20 + i))
         metrics.append({k: float(v) for k, v in m.items() if np.ndim(v) == 0})
     return spec, state, metrics
 

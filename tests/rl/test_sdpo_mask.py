@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 
 from configs import sdpo, vpd
-from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, learn, rollout, steps
-from pipo_jax.rl.state import init_train_state
-from pipo_jax.run.setup import train_spec
+from tests.rl.micro_trainer import fresh_state, learned, sampled
 
 # micro: P = 4 prompts x G = 4. With feedback off, a row has a teacher signal only when another
 # row of its group succeeded: group 0 -> rows 1-3 (row 0 is the only success), group 1 -> none,
@@ -27,11 +25,8 @@ def _setup(get_config):
     c = get_config("micro")
     c.sdpo.use_feedback = False  # the paper's SDPO setting
     c.pipo.enabled = True
-    spec = train_spec(c)
-    state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
-    ro, _ = jax.jit(lambda p, k: rollout.collect(spec, p, k, lambda r: rollout.task_rewards(spec, r)))(
-        state.params, jax.random.PRNGKey(1))
-    return spec, state, rollout.with_rewards(ro, REWARDS)
+    spec, state = fresh_state(c)
+    return spec, state, rollout.with_rewards(sampled(spec, state.params, jax.random.PRNGKey(1)), REWARDS)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +76,7 @@ def test_sdpo_token_mean_is_over_signal_tokens(sdpo_token):
 def test_vpd_recomputed_attribution_is_zero_without_teacher_signal():
     spec, state, ro = _setup(vpd.get_config)
     assert spec.vpd.e_step and spec.pipo.attribution == "sdpo_token"
-    new_state, _ = jax.jit(lambda s, r, k: learn.learn(spec, s, r, k))(state, ro, jax.random.PRNGKey(2))
+    new_state, _ = learned(spec, state, ro, jax.random.PRNGKey(2))
     stored = new_state.pipo.prev
     attr = np.asarray(stored.attr_br)
     assert np.all(attr[SD_MASK == 0] == 0.0)

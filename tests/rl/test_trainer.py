@@ -1,15 +1,12 @@
 """The trainer: every algorithm x PIPO runs, the PI step's timing and sign, the jitted scan
 loop against the host loop, and exact resume from a checkpoint."""
 
-import importlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pipo_jax.losses import bnpo
-from pipo_jax.models import qwen3
 from pipo_jax.rl import controller, learn, loop
 from pipo_jax.rl import response_logprobs as logprobs
 from pipo_jax.rl.batch import TrainBatch
@@ -17,37 +14,11 @@ from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run.placement import Placement
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import train
-from tests.conftest import override
 from tests.parallel import scenario
 from tests.parallel.equivalence import assert_run_matches
+from tests.rl.micro_trainer import fresh_state, host_iterations, micro
 
 ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
-
-
-def micro(algo: str, pipo_on: bool = True, **overrides):
-    c = importlib.import_module(f"configs.{algo}").get_config("micro")
-    c.pipo.enabled = pipo_on
-    return override(c, overrides)
-
-
-def fresh_state(c):
-    """The spec and initial state of config `c`, the state on the default device as the trainer places it
-    (`Placement.init_state`), so that a program of it is the trainer's (a compilation cache hit)."""
-    spec = train_spec(c)
-    return spec, Placement().init_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
-
-
-def host_iterations(spec, state, n: int):
-    """`n` iterations of the host loop (jitted generate -> the task's reward -> jitted learn), metrics
-    stacked `[n]` as `loop.scan_chunk` returns them. Generate is one program for every algorithm of a
-    model and rollout (a persistent-cache hit after the first), so a test per algorithm compiles only its
-    update; `test_jitted_scan_loop_equals_host_loop` holds the two loops equal."""
-    rewards = lambda r: np.asarray(loop.rollout_lib.task_rewards(spec, r))  # noqa: E731
-    rows = []
-    for _ in range(n):
-        state, m = loop.host_iteration(spec, state, rewards)
-        rows.append(jax.device_get(m))
-    return jax.device_get(state), {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 
 # Every algorithm with PIPO (its base step, the PI step with its attribution, its extras) in
@@ -332,8 +303,6 @@ def test_dapo_raises_when_no_informative_group_is_found():
 
 @pytest.mark.slow  # compiles the scan loop of its own DAPO variant
 def test_dapo_exhaustion_in_the_scan_loop_is_an_error():
-    from pipo_jax.run.placement import Placement
-
     c = micro("dapo", False, **{"task.arithmetic.reward_mode": "exact", "dapo.max_num_gen_batches": 2})
     spec, state = fresh_state(c)
     with pytest.raises(loop.DynamicSamplingExhausted, match=r"kept only 0 of 4 .*max_num_gen_batches=2"):
