@@ -17,13 +17,12 @@ import pytest
 
 from configs import sdpo
 from pipo_jax.losses import vpd as vpd_loss
-from pipo_jax.models import qwen3
-from pipo_jax.rl import learn, rollout
+from pipo_jax.rl import learn, loop, rollout
 from pipo_jax.rl import vpd_estep as vpd
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.rl.state import init_teacher_opt_state, init_train_state, skip_nonfinite
-from pipo_jax.run.setup import train_spec
+from pipo_jax.rl.state import init_teacher_opt_state, skip_nonfinite
+from tests.rl.micro_trainer import fresh_state
 
 # ----------------------------------------------------------------------------- config and schedule
 
@@ -113,10 +112,9 @@ PATTERN = jnp.tile(jnp.array([1.0, 0.0, 0.0, 1.0]), 4)  # two successes per grou
 @pytest.fixture(scope="module")
 def micro():
     c = sdpo.get_config("micro")
-    spec = train_spec(c)
-    state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(c.seed)), c.seed)
-    reward_fn = lambda r: rollout.task_rewards(spec, r)
-    ro, _ = jax.jit(lambda p, k: rollout.collect(spec, p, k, reward_fn))(state.params, jax.random.PRNGKey(1))
+    spec, state = fresh_state(c)
+    reward_fn = lambda r: np.asarray(rollout.task_rewards(spec, r))  # noqa: E731
+    ro, _ = loop.host_collect(spec, state.params, jax.random.PRNGKey(1), reward_fn)
     batch, _, _ = jax.jit(lambda s, r: learn.prepare(spec, s, r))(state, ro)
     batch = batch.replace(rewards_b=ro.rewards_b)
     cfg = vpd.VpdConfig(lr=1e-3, every=5)
