@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from pipo_jax.models import qwen3
-from pipo_jax.rl import controller, learn, rollout as rollout_lib
+from pipo_jax.rl import controller, learn
 from pipo_jax.rl import response_logprobs as logprobs
+from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.experience import Rollout
 from pipo_jax.rl.state import init_train_state
