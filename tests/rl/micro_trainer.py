@@ -41,6 +41,16 @@ def sampled(spec, params, rng) -> Rollout:
     return loop.single_device_programs(spec).generate(params, rng, spec.rollout.prompts_per_batch)
 
 
+def task_reward(spec):
+    """The task's JAX reward `[B]` as a host reward (what the host loop calls on each rollout)."""
+    return lambda r: np.asarray(loop.rollout_lib.task_rewards(spec, r))
+
+
+def collected(spec, params, rng) -> Rollout:
+    """One batch as `rollout.collect` samples it, scored by `task_reward(spec)` (the host loop's programs)."""
+    return loop.host_collect(spec, params, rng, task_reward(spec))[0]
+
+
 def learned(spec, state: TrainState, rollout: Rollout, rng) -> tuple[TrainState, dict]:
     """`learn.learn` as the host loop runs it (`state`'s buffers are donated)."""
     return loop.single_device_programs(spec).learn(state, rollout, rng)
@@ -51,9 +61,8 @@ def host_iterations(spec, state, n: int):
     stacked `[n]` as `loop.scan_chunk` returns them. Generate is one program for every algorithm of a
     model and rollout, so a test per algorithm compiles only its update;
     `test_trainer.py:test_jitted_scan_loop_equals_host_loop` holds the two loops equal."""
-    rewards = lambda r: np.asarray(loop.rollout_lib.task_rewards(spec, r))  # noqa: E731
     rows = []
     for _ in range(n):
-        state, m = loop.host_iteration(spec, state, rewards)
+        state, m = loop.host_iteration(spec, state, task_reward(spec))
         rows.append(jax.device_get(m))
     return jax.device_get(state), {k: np.stack([r[k] for r in rows]) for k in rows[0]}

@@ -13,12 +13,12 @@ import pytest
 
 from pipo_jax.models import qwen3
 from pipo_jax.parallel import shardings
-from pipo_jax.rl import controller, learn, loop, rollout
+from pipo_jax.rl import controller, learn, rollout
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.run.setup import train_spec
 from tests.conftest import override
-from tests.rl.micro_trainer import learned
+from tests.rl.micro_trainer import collected, learned
 
 STEPS = 3
 SEED = 1
@@ -52,8 +52,7 @@ def primed_state(spec):
 
 def fixed_rollouts(spec, state):
     """STEPS scored rollouts of the float32 policy (the same inputs for both precisions)."""
-    reward_fn = lambda r: np.asarray(rollout.task_rewards(spec, r))  # noqa: E731
-    return [loop.host_collect(spec, state.params, jax.random.PRNGKey(10 + i), reward_fn)[0] for i in range(STEPS)]
+    return [collected(spec, state.params, jax.random.PRNGKey(10 + i)) for i in range(STEPS)]
 
 
 def run_learn(spec, state, rollouts):

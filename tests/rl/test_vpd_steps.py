@@ -17,12 +17,12 @@ import pytest
 
 from configs import sdpo
 from pipo_jax.losses import vpd as vpd_loss
-from pipo_jax.rl import learn, loop, rollout
+from pipo_jax.rl import learn
 from pipo_jax.rl import vpd_estep as vpd
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.state import init_teacher_opt_state, skip_nonfinite
-from tests.rl.micro_trainer import fresh_state
+from tests.rl.micro_trainer import collected, fresh_state
 
 # ----------------------------------------------------------------------------- config and schedule
 
@@ -113,8 +113,7 @@ PATTERN = jnp.tile(jnp.array([1.0, 0.0, 0.0, 1.0]), 4)  # two successes per grou
 def micro():
     c = sdpo.get_config("micro")
     spec, state = fresh_state(c)
-    reward_fn = lambda r: np.asarray(rollout.task_rewards(spec, r))  # noqa: E731
-    ro, _ = loop.host_collect(spec, state.params, jax.random.PRNGKey(1), reward_fn)
+    ro = collected(spec, state.params, jax.random.PRNGKey(1))
     batch, _, _ = jax.jit(lambda s, r: learn.prepare(spec, s, r))(state, ro)
     batch = batch.replace(rewards_b=ro.rewards_b)
     cfg = vpd.VpdConfig(lr=1e-3, every=5)
