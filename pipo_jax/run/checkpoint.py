@@ -138,12 +138,21 @@ def _quiet_failed_saves() -> None:
     _quieted = True
 
 
+class _Reads:
+    """`failed`: an orbax read failed during the restore (`Checkpointer._restore_step` sets it)."""
+
+    failed = False
+
+
 @contextlib.contextmanager
 def _quiet_abandoned_reads():
-    """When one array of a damaged checkpoint fails, orbax abandons its other pending read
-    coroutines; closing them raises again, and Python would print each (a many-line
-    tensorstore spec) as "Exception ignored in <coroutine ...>". They are collected here,
-    silently: the failure is already reported in one line."""
+    """One restore, with all its attempts (yields its `_Reads`). When one array of a damaged checkpoint
+    fails, orbax abandons its other pending read coroutines; closing them raises again, and Python would
+    print each (a many-line tensorstore spec) as "Exception ignored in <coroutine ...>". Within the restore
+    they are dropped silently (the failure is reported in one line), and a restore where a read failed
+    collects them at its end, once the reads still in flight at the failure have ended too (during the
+    next attempt). A restore where every read succeeded abandoned none and skips that collection, which
+    walks every object of the process (about a second in a process holding many compiled programs)."""
     previous = sys.unraisablehook
 
     def hook(unraisable):
@@ -151,10 +160,15 @@ def _quiet_abandoned_reads():
             previous(unraisable)
 
     sys.unraisablehook = hook
+    reads = _Reads()
     try:
-        yield
+        yield reads
+    except BaseException:
+        reads.failed = True
+        raise
     finally:
-        gc.collect()
+        if reads.failed:
+            gc.collect()
         sys.unraisablehook = previous
 
 
@@ -218,23 +232,23 @@ class Checkpointer:
         reads, `FileNotFoundError` when there is none.
         """
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-        if step is not None:
-            return self._restore_step(step, abstract)
-        steps = sorted(self.all_steps(), reverse=True)
-        if not steps:
-            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
-        for s in steps:
-            try:
-                with _quiet_abandoned_reads():
-                    return self._restore_step(s, abstract)
-            except Exception as e:  # noqa: BLE001 - any read failure means: try the next older one
-                self.unreadable[s] = _reason(e)
-                log.warning("checkpoint step %d at %s is unreadable (%s): skipped, left in place",
-                            s, self.step_path(s), self.unreadable[s])
-        raise NoReadableCheckpoint(f"{self.directory}: none of the checkpoints {sorted(steps)} is readable "
-                                   f"(newest, step {steps[0]}: {self.unreadable[steps[0]]})")
+        with _quiet_abandoned_reads() as reads:
+            if step is not None:
+                return self._restore_step(step, abstract, reads)
+            steps = sorted(self.all_steps(), reverse=True)
+            if not steps:
+                raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+            for s in steps:
+                try:
+                    return self._restore_step(s, abstract, reads)
+                except Exception as e:  # noqa: BLE001 - any read failure means: try the next older one
+                    self.unreadable[s] = _reason(e)
+                    log.warning("checkpoint step %d at %s is unreadable (%s): skipped, left in place",
+                                s, self.step_path(s), self.unreadable[s])
+            raise NoReadableCheckpoint(f"{self.directory}: none of the checkpoints {sorted(steps)} is readable "
+                                       f"(newest, step {steps[0]}: {self.unreadable[steps[0]]})")
 
-    def _restore_step(self, step: int, abstract):
+    def _restore_step(self, step: int, abstract, reads: _Reads):
         # Without the tree metadata orbax fails with a pytree-structure error that hides the cause.
         metadata = os.path.join(self.step_path(step), "default", "_METADATA")
         if not os.path.exists(metadata):
@@ -242,6 +256,7 @@ class Checkpointer:
         try:
             return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
         except Exception as e:  # noqa: BLE001 - a renamed field? then read it by its stored name
+            reads.failed = True
             try:
                 restored = self._restore_legacy(step, abstract)
             except Exception:  # noqa: BLE001 - unreadable either way: the template's error says why

@@ -3,10 +3,12 @@ one (step, path, reason) in one log line and leaves it on disk; with none readab
 clear error. A refused run (`checkpoint.resume=false` on a used workdir) changes nothing
 in the workdir."""
 
+import gc
 import glob
 import hashlib
 import logging
 import os
+import sys
 
 import jax
 import numpy as np
@@ -112,6 +114,41 @@ def test_damaged_newest_falls_back_to_the_previous(saved, tmp_path, caplog, dama
     assert lines[0].endswith("): skipped, left in place") and "\n" not in lines[0]
     assert REASONS.get(damage, "") in lines[0]  # the reason names the file where tensorstore does
     assert _file_digests(root) == before  # nothing deleted or repaired
+
+
+def test_abandoned_reads_are_collected_silently_and_only_after_a_failed_read(saved, tmp_path, monkeypatch):
+    """Orbax abandons the pending reads of a checkpoint that fails to read; closing them raises again. The
+    restore collects them before it returns, so no later collection reports them. A restore that read
+    everything skips that collection (it walks every object of the process)."""
+    spec, states, root = _copy_of(saved, tmp_path)
+    _truncate(str(root / "3"))
+    unraisable, full_collections = [], []
+    gc.collect()  # what earlier tests left
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    def count(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            full_collections.append(1)
+
+    def restored_and_collections(path):
+        ckpt = Checkpointer(str(path), keep=5)
+        before = len(full_collections)
+        state = Placement().restore(ckpt, spec)
+        ckpt.close()
+        return int(state.step), len(full_collections) - before
+
+    gc.callbacks.append(count)
+    gc.disable()  # only the restores' own collections are counted
+    try:
+        falling_back = restored_and_collections(root)  # step 3 fails, step 2 reads
+        reading = restored_and_collections(saved[2])  # step 3 reads
+    finally:
+        gc.enable()
+        gc.callbacks.remove(count)
+    gc.collect()  # what the restores left behind, collected outside them
+    assert falling_back[0] == 2 and falling_back[1] >= 1
+    assert reading == (3, 0)
+    assert [u for u in unraisable if type(u.object).__name__ == "coroutine"] == []
 
 
 def test_two_damaged_each_named_and_the_oldest_restored(saved, tmp_path, caplog):
