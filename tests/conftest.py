@@ -33,8 +33,11 @@ MAPS_CHECK_EVERY_S, MAPS_CHECK_EVERY_TESTS = 3.0, 16
 
 # Tracing and lowering a trainer program make millions of short-lived Python objects, and each of
 # CPython's full collections walks every object the process holds (jax, transformers, torch and the
-# test modules, imported once). Once the tests are collected those objects are frozen out of the
-# collections (`gc.freeze`), and the young generation is collected less often.
+# test modules, imported once; then the compiled programs the jit caches keep, with their jaxprs and
+# lowerings): about a second in a worker half-way through the suite. Once the tests are collected,
+# and again after each test file, what is alive is frozen out of the collections (`gc.freeze`), so
+# a full collection walks only what the current file made; and the young generation is collected
+# less often. Dropping the compiled programs unfreezes everything first (`_free_compiled_programs`).
 GC_THRESHOLDS = (50_000, 20, 20)
 
 
@@ -42,6 +45,14 @@ def pytest_collection_finish(session):
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    if nextitem is None or nextitem.path != item.path:  # the file's module fixtures are gone
+        gc.collect()
+        gc.freeze()
 
 
 _REPAIRED = pytest.StashKey[int]()  # half-written cache files removed at the session start
@@ -92,8 +103,10 @@ def _free_compiled_programs():
         return
     _since_maps_read.update(s=0.0, tests=0)
     if _memory_mappings() > MAPS_LIMIT:
+        gc.unfreeze()  # a dropped program held in a reference cycle is freed by the collection below
         jax.clear_caches()
         gc.collect()
+        gc.freeze()
 
 
 _since_maps_read = {"s": 0.0, "tests": 0}  # test seconds and tests since the last read of the mappings
