@@ -149,10 +149,11 @@ def _quiet_abandoned_reads():
     """One restore, with all its attempts (yields its `_Reads`). When one array of a damaged checkpoint
     fails, orbax abandons its other pending read coroutines; closing them raises again, and Python would
     print each (a many-line tensorstore spec) as "Exception ignored in <coroutine ...>". Within the restore
-    they are dropped silently (the failure is reported in one line), and a restore where a read failed
-    collects them at its end, once the reads still in flight at the failure have ended too (during the
-    next attempt). A restore where every read succeeded abandoned none and skips that collection, which
-    walks every object of the process (about a second in a process holding many compiled programs)."""
+    they are dropped silently (the failure is reported in one line), and a restore that raised, or where a
+    read failed, collects them at its end, once the reads still in flight at the failure have ended too
+    (during the next attempt). A restore where every read succeeded abandoned none and skips that
+    collection, which walks every object of the process (about a second in a process holding many
+    compiled programs)."""
     previous = sys.unraisablehook
 
     def hook(unraisable):
