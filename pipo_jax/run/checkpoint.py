@@ -139,7 +139,7 @@ def _quiet_failed_saves() -> None:
 
 
 class _Reads:
-    """`failed`: an orbax read failed during the restore (`Checkpointer._restore_step` sets it)."""
+    """`failed`: an orbax read failed during the restore (`Checkpointer._restore_step` sets it), or it raised."""
 
     failed = False
 

@@ -8,6 +8,7 @@ import glob
 import hashlib
 import logging
 import os
+import shutil
 import sys
 
 import jax
@@ -89,8 +90,6 @@ def saved(tmp_path_factory):
 
 
 def _copy_of(saved, tmp_path):
-    import shutil
-
     spec, states, root = saved
     target = tmp_path / "checkpoints"
     shutil.copytree(root, target)
@@ -122,6 +121,8 @@ def test_abandoned_reads_are_collected_silently_and_only_after_a_failed_read(sav
     everything skips that collection (it walks every object of the process)."""
     spec, states, root = _copy_of(saved, tmp_path)
     _truncate(str(root / "3"))
+    intact = tmp_path / "intact"
+    shutil.copytree(saved[2], intact)
     unraisable, full_collections = [], []
     gc.collect()  # what earlier tests left
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
@@ -141,7 +142,7 @@ def test_abandoned_reads_are_collected_silently_and_only_after_a_failed_read(sav
     gc.disable()  # only the restores' own collections are counted
     try:
         falling_back = restored_and_collections(root)  # step 3 fails, step 2 reads
-        reading = restored_and_collections(saved[2])  # step 3 reads
+        reading = restored_and_collections(intact)  # step 3 reads
     finally:
         gc.enable()
         gc.callbacks.remove(count)
