@@ -181,26 +181,24 @@ def right_padded_batch():
 # the other worker has nothing left to do. Seconds per file as the previous run on this checkout
 # measured them (kept in the pytest cache, `FILE_SECONDS_KEY`); for a file it has not timed (a fresh
 # clone, as CI), `LONG_FILES`: the files over 10 s of a fresh clone's `.ci/run` (cold compilation cache,
-# the 2-core AMD EPYC machine, two workers, 2026-11-28; reasoning-gym's, which needs the `rg` extra, from a
-# run with it). A long file missing here is handed out in collection order, and one that comes last keeps
-# one worker busy while the other has nothing left to do.
+# the 2-core AMD EPYC machine, two workers; the mean of two runs on 2026-11-29; reasoning-gym's, which
+# needs the `rg` extra, from a run with it). A long file missing here is handed out in collection order,
+# and one that comes last keeps one worker busy while the other has nothing left to do.
 FILE_SECONDS_KEY = "pipo_jax/file_seconds"
 LONG_FILES = {
-    "tests/rl/test_trainer.py": 173, "tests/test_main_job_reproduces.py": 153,
-    "tests/tasks/test_reasoning_gym.py": 100, "tests/test_experiments.py": 43,
-    "tests/parallel/test_sharded_training.py": 43, "tests/benchmarks/test_readiness.py": 34,
-    "tests/parallel/test_trainer_on_mesh.py": 34, "tests/test_compare.py": 34, "tests/test_cli_errors.py": 31,
-    "tests/test_preemption.py": 31, "tests/sampling/test_engine.py": 31, "tests/models/test_layer_loop.py": 29,
-    "tests/rl/test_warmup.py": 29, "tests/rl/test_dataset_task.py": 27, "tests/parallel/test_multiprocess.py": 27,
-    "tests/rl/test_run_guards.py": 26, "tests/rl/test_algorithms.py": 26, "tests/tasks/test_sandbox_escapes.py": 24,
-    "tests/kernels/test_logprobs.py": 22, "tests/rl/test_checkpoint_fallback.py": 21, "tests/rl/test_export.py": 20,
-    "tests/tasks/test_arithmetic.py": 17, "tests/sampling/test_sampler.py": 17,
-    "tests/rl/test_warmup_contexts.py": 17, "tests/rl/test_heldout_pass.py": 17,
-    "tests/rl/test_pipo_variants.py": 16, "tests/benchmarks/test_device_check.py": 14,
-    "tests/tasks/test_digit_sum.py": 14, "tests/tasks/test_math_batch_deadline.py": 14,
-    "tests/tasks/test_code.py": 13, "tests/rl/test_teacher_forcing.py": 12, "tests/rl/test_checkpoint.py": 12,
-    "tests/rl/test_mixed_precision.py": 11, "tests/rl/test_sdpo_mask.py": 11, "tests/sampling/test_decode.py": 11,
-    "tests/parallel/test_micro_batch_per_device.py": 11, "tests/tasks/test_math.py": 11, "tests/test_chat.py": 11,
+    "tests/rl/test_trainer.py": 179, "tests/test_main_job_reproduces.py": 164,
+    "tests/tasks/test_reasoning_gym.py": 100, "tests/test_experiments.py": 42,
+    "tests/parallel/test_sharded_training.py": 42, "tests/benchmarks/test_readiness.py": 39,
+    "tests/parallel/test_trainer_on_mesh.py": 35, "tests/models/test_layer_loop.py": 35, "tests/test_compare.py": 32,
+    "tests/test_preemption.py": 31, "tests/test_cli_errors.py": 27, "tests/rl/test_warmup.py": 27,
+    "tests/rl/test_dataset_task.py": 24, "tests/parallel/test_multiprocess.py": 23,
+    "tests/tasks/test_sandbox_escapes.py": 22, "tests/tasks/test_arithmetic.py": 21,
+    "tests/rl/test_algorithms.py": 20, "tests/rl/test_pipo_variants.py": 19, "tests/kernels/test_logprobs.py": 19,
+    "tests/rl/test_export.py": 18, "tests/sampling/test_engine.py": 17, "tests/rl/test_warmup_contexts.py": 16,
+    "tests/benchmarks/test_device_check.py": 16, "tests/tasks/test_code.py": 15, "tests/sampling/test_sampler.py": 15,
+    "tests/rl/test_run_guards.py": 15, "tests/rl/test_heldout_pass.py": 15,
+    "tests/tasks/test_math_batch_deadline.py": 12, "tests/sampling/test_decode.py": 11,
+    "tests/rl/test_sdpo_mask.py": 11, "tests/parallel/test_micro_batch_per_device.py": 10,
 }
 
 
