@@ -41,9 +41,14 @@ MAPS_CHECK_EVERY_S, MAPS_CHECK_EVERY_TESTS = 3.0, 16
 GC_THRESHOLDS = (50_000, 20, 20)
 
 
-def pytest_collection_finish(session):
+def _freeze_survivors() -> None:
+    """Collects, then moves every object still alive out of the collections' reach (`gc.freeze`)."""
     gc.collect()
     gc.freeze()
+
+
+def pytest_collection_finish(session):
+    _freeze_survivors()
     gc.set_threshold(*GC_THRESHOLDS)
 
 
@@ -51,8 +56,7 @@ def pytest_collection_finish(session):
 def pytest_runtest_teardown(item, nextitem):
     yield
     if nextitem is None or nextitem.path != item.path:  # the file's module fixtures are gone
-        gc.collect()
-        gc.freeze()
+        _freeze_survivors()
 
 
 _REPAIRED = pytest.StashKey[int]()  # half-written cache files removed at the session start
@@ -105,8 +109,7 @@ def _free_compiled_programs():
     if _memory_mappings() > MAPS_LIMIT:
         gc.unfreeze()  # a dropped program held in a reference cycle is freed by the collection below
         jax.clear_caches()
-        gc.collect()
-        gc.freeze()
+        _freeze_survivors()
 
 
 _since_maps_read = {"s": 0.0, "tests": 0}  # test seconds and tests since the last read of the mappings
