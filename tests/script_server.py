@@ -20,6 +20,7 @@ server started with: `run_script` starts a server per distinct value of them.
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import runpy
@@ -93,6 +94,11 @@ def _run_child(request: dict) -> None:
 
 def serve() -> None:
     _preload()
+    # What the server holds is frozen out of the collections: a child's collections then neither walk
+    # nor write to the inherited objects, whose pages stay shared instead of being copied on write
+    # (a micro training run: ~2.4 s against ~2.7 s).
+    gc.collect()
+    gc.freeze()
     print("ready", flush=True)
     for line in sys.stdin:
         request = json.loads(line)
