@@ -252,7 +252,7 @@ def extract_final_answer(text: str, answer_pattern: str | None = None) -> str | 
 def gold_answer(gold: Any) -> str:
     """Reference answer as a string; a worked solution containing ``\\boxed`` gives its box."""
     if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
-        raise TypeError(f"gold answer must be a string or number, got {type(gold).__name__}: {gold!r}")
+        raise TypeError(f"gold answer must be a string or number, got {type(gold).__name__}: {repr(gold)[:80]}")
     s = str(gold)
     if _BOX_RE.search(s):
         boxed = last_boxed(s)
