@@ -118,18 +118,21 @@ from pipo_jax.tasks.code.judge import _same
 from pipo_jax.tasks.code.kinds import AssertTest, CallTest, IOTest, Test, tests_from_spec
 from pipo_jax.tasks.code.protocol import NotPlain, _decode, _encode
 from pipo_jax.tasks.code.sandbox import (SandboxUnavailable, _libc, check_confinement, check_network_isolation,
-                                         check_process_bound, landlock_abi, namespaces_available, nproc_exempt,
-                                         pids_cgroup_parent, process_filter_available)
+                                         check_process_bound, landlock_abi, memory_cgroup_parent,
+                                         namespaces_available, nproc_exempt, pids_cgroup_parent,
+                                         process_filter_available)
 from pipo_jax.tasks.code.scoring import CodeResult, run_tests, score_code, score_code_batch
 
 __all__ = ["AssertTest", "CallTest", "CodeResult", "IOTest", "NotPlain", "SandboxConfig", "SandboxUnavailable", "Test",
            "check_confinement", "check_network_isolation", "check_process_bound", "extract_python_code",
-           "landlock_abi", "namespaces_available", "nproc_exempt", "pids_cgroup_parent", "process_filter_available",
+           "landlock_abi", "memory_cgroup_parent", "namespaces_available", "nproc_exempt", "pids_cgroup_parent",
+           "process_filter_available",
            "run_tests", "score_code", "score_code_batch", "tests_from_spec"]
 
 # The sandbox's host checks, which the package's own modules call as ``sandbox.name``.
 _FORWARDED = frozenset({"check_confinement", "check_network_isolation", "check_process_bound", "landlock_abi",
-                        "namespaces_available", "nproc_exempt", "pids_cgroup_parent", "process_filter_available"})
+                        "memory_cgroup_parent", "namespaces_available", "nproc_exempt", "pids_cgroup_parent",
+                        "process_filter_available"})
 
 
 class _Package(types.ModuleType):

@@ -120,6 +120,9 @@ def _serve(objects: _Objects, req: dict) -> dict:
 def _runner_main(request_fd: int, reply_fd: int) -> None:
     """Runner entry point: set-up from the judge, then limit and confine itself, define the
     solution and answer the judge's requests until the request pipe closes."""
+    # SIGKILL when the judge ends, however: outside namespaces nothing else would end a runner
+    # whose judge was killed (a judge gone before this line closes the pipe: recv ends it)
+    sandbox._libc().prctl(sandbox._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     pipe = _Pipe(request_fd, reply_fd)
     setup = pipe.recv(math.inf)
     limits = setup["limits"]
