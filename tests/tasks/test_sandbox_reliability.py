@@ -193,13 +193,16 @@ def spin():
 TRAINER = """
 import sys
 from pipo_jax.tasks import code as cd
-config = cd.SandboxConfig(timeout_s=float(sys.argv[1]), startup_s=10.0, allow_network={net}, allow_unconfined={ll})
+config = cd.SandboxConfig(timeout_s=float(sys.argv[1]), startup_s=10.0, network={network!r}, allow_network={net},
+                          allow_unconfined={ll})
 print(cd.run_tests(sys.argv[2], [cd.AssertTest(sys.argv[3])], config).outcomes, flush=True)
 """
+MODES = ["audit"] + (["namespace"] if cd.namespaces_available() else [])  # the judge as PID 1 of namespaces, or not
 
 
-def _trainer(timeout_s: float, program: str, test: str) -> subprocess.Popen:
-    script = TRAINER.format(net=not cd.namespaces_available(), ll=NO_LANDLOCK)
+def _trainer(timeout_s: float, program: str, test: str, network: str) -> subprocess.Popen:
+    script = TRAINER.format(network="audit" if network == "audit" else "auto", ll=NO_LANDLOCK,
+                            net=network == "audit" or not cd.namespaces_available())
     return subprocess.Popen([sys.executable, "-c", script, str(timeout_s), program, test], stdout=subprocess.PIPE,
                             text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
 
@@ -237,9 +240,10 @@ def _wait_for(condition, timeout_s: float) -> bool:
     return True
 
 
-def test_a_killed_trainer_takes_its_sandbox_along_and_the_next_run_removes_what_it_left():
-    name = f"pipospin{os.getpid() % 100000}"
-    trainer = _trainer(60.0, SPINNER.replace("{name}", name), "assert spin() == 1")
+@pytest.mark.parametrize("network", MODES)
+def test_a_killed_trainer_takes_its_sandbox_along_and_the_next_run_removes_what_it_left(network):
+    name = f"pipo{network[0]}{os.getpid() % 100000}"  # one per mode: nothing of another run matches
+    trainer = _trainer(60.0, SPINNER.replace("{name}", name), "assert spin() == 1", network)
     try:
         assert _wait_for(lambda: processes_named(name), 30.0), "the program never started"
         sandbox = _descendants(trainer.pid)
@@ -252,7 +256,7 @@ def test_a_killed_trainer_takes_its_sandbox_along_and_the_next_run_removes_what_
     # the judge sees the trainer's end on its lifeline and ends the sandbox (the program had 60 s left)
     assert _wait_for(lambda: not (_alive(sandbox) or processes_named(name)), 3.0), _alive(sandbox)
     assert _leftovers(trainer.pid) == left  # nothing of the dead trainer removed its cgroups, its scratch dir
-    nxt = _trainer(3.0, "def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3")
+    nxt = _trainer(3.0, "def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3", network)
     assert nxt.communicate(timeout=60)[0].strip() == "('pass',)"
     assert _leftovers(trainer.pid) == []
 

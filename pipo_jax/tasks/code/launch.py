@@ -2,6 +2,7 @@
 progress records, end it at a deadline, remove its scratch directory."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -115,6 +116,12 @@ def remove_leftovers(force: bool = False) -> None:
                        "directories", len(cgroups), len(names))
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_no_memory_cgroup(why: str) -> None:
+    logger.warning("could not make the code sandbox's memory cgroup (%s); its rlimits, seccomp filter and open-file "
+                   "cap still bound it", why)
+
+
 def sandbox_memory_bytes(config: SandboxConfig, namespaced: bool, spec_bytes: int) -> int:
     """The memory cgroup's limit for one run: the runner's ``memory_mb``, the scratch tmpfs (in
     namespaces), its stdout, and the judge (its interpreter, and the tests' data a few times)."""
@@ -143,8 +150,7 @@ def _launch(spec: dict, config: SandboxConfig, budget: float = math.inf
     try:
         cgroups = sandbox.new_sandbox_cgroups(limits)
     except OSError as e:
-        logger.warning("could not make the code sandbox's memory cgroup (%s); its rlimits and seccomp filter "
-                       "still bound it", e)
+        _warn_no_memory_cgroup(str(e))
         try:  # the process bound, without the memory cgroup
             cgroups = sandbox.new_sandbox_cgroups({"pids": limits["pids"]}) if "pids" in limits else []
         except OSError as e:
