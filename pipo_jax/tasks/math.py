@@ -494,7 +494,7 @@ def _assigned_values(p: str, g: str) -> list[str] | None:
 # "4 final answer is 3" and "4$$3" read as 3. An answer may open with such a phrase ("The final
 # answer is 3"); the word anywhere else, or values in more than one $-delimited part, is no one value.
 _ANSWER_LEAD_RE = re.compile(
-    r"\s*(?:(?:so|thus|hence|therefore|the|my|our|final)\s*,?\s+)*answer\s*(?:is(?![A-Za-z]))?\s*:?\s*", re.I)
+    r"\s*(?:(?:so|thus|hence|therefore|the|my|our|final)(?:\s*,)?\s+)*answer\s*(?:is(?![A-Za-z]))?\s*:?\s*", re.I)
 _ANSWER_WORD_RE = re.compile(r"answer", re.I)
 _DOLLAR_RE = re.compile(r"(?<!\\)\$")
 _CONTENT_RE = re.compile(r"[^\s.,;:!]")  # a part holding more than spaces and punctuation
