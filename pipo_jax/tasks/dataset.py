@@ -28,7 +28,7 @@ from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig, build_promp
 from pipo_jax.data.sources import DataError, Example, SourceConfig, load_examples
 from pipo_jax.tasks import code
 from pipo_jax.tasks.dataset_settings import CodeSettings, DatasetSettings, MathSettings
-from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig, resolve_workers
+from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig, gold_answer, resolve_workers
 from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities, TaskConfigError
 
 log = logging.getLogger(__name__)
@@ -157,12 +157,22 @@ def split_rows(n: int, heldout_fraction: float, seed: int) -> tuple[np.ndarray, 
     return np.sort(perm[: n - n_held]), np.sort(perm[n - n_held:])
 
 
+def check_math_references(examples: Sequence[Example]) -> None:
+    """Every example's reference answer is one the math scorer reads (`gold_answer`: a string or
+    number, a balanced ``\\boxed``, not empty); else a `DataError` naming the first bad row."""
+    for ex in examples:
+        if ex.answer is None or (isinstance(ex.answer, str) and not ex.answer.strip()):
+            raise DataError(f"{ex.origin}: empty reference answer")
+        try:
+            gold_answer(ex.answer)
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{ex.origin}: reference answer: {e}") from None
+
+
 def references_of(kind: str, examples: Sequence[Example], tests_field: str) -> tuple:
     """Per example: the reference answer (math) or the parsed tests (code); errors name the row."""
     if kind == "math":
-        for ex in examples:
-            if ex.answer is None or (isinstance(ex.answer, str) and not ex.answer.strip()):
-                raise DataError(f"{ex.origin}: empty reference answer")
+        check_math_references(examples)
         return tuple(ex.answer for ex in examples)
     out = []
     for ex in examples:
@@ -179,6 +189,8 @@ def load_dataset_task(kind: str, examples: Sequence[Example], tokenizer: Any, pr
     """Builds the task from loaded `examples` (see `pipo_jax.data.sources.load_examples`)."""
     if kind not in KINDS:
         raise ValueError(f"dataset task kind {kind!r} is not one of {KINDS}")
+    if kind == "math":  # every row's reference, also of a prompt dropped for length, before any training
+        check_math_references(examples)
     prompts = build_prompts(examples, tokenizer, prompt_config)
     if not prompts.examples:
         raise ValueError(f"no prompts left out of {len(examples)} examples (all longer than "

@@ -252,7 +252,7 @@ def extract_final_answer(text: str, answer_pattern: str | None = None) -> str | 
 def gold_answer(gold: Any) -> str:
     """Reference answer as a string; a worked solution containing ``\\boxed`` gives its box."""
     if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
-        raise TypeError(f"gold answer must be a string or number, got {type(gold).__name__}: {gold!r}")
+        raise TypeError(f"gold answer must be a string or number, got {type(gold).__name__}: {repr(gold)[:80]}")
     s = str(gold)
     if _BOX_RE.search(s):
         boxed = last_boxed(s)
@@ -489,6 +489,28 @@ def _assigned_values(p: str, g: str) -> list[str] | None:
     return [x.strip() for x in parts[1:]]
 
 
+# math-verify also finds an answer after the word "answer" anywhere in a string (its "answer"
+# anchor, "final answer ... is") and in the last $-delimited part: "4 answer 3", "\frac{4}{answer 3}",
+# "4 final answer is 3" and "4$$3" read as 3. An answer may open with such a phrase ("The final
+# answer is 3"); the word anywhere else, or values in more than one $-delimited part, is no one value.
+_ANSWER_LEAD_RE = re.compile(
+    r"\s*(?:(?:so|thus|hence|therefore|the|my|our|final)(?:\s*,)?\s+)*answer\s*(?:is(?![A-Za-z]))?\s*:?\s*", re.I)
+_ANSWER_WORD_RE = re.compile(r"answer", re.I)
+_DOLLAR_RE = re.compile(r"(?<!\\)\$")
+_CONTENT_RE = re.compile(r"[^\s.,;:!]")  # a part holding more than spaces and punctuation
+
+
+def _stated_answer(p: str) -> str | None:
+    """The answer ``p`` without a leading "(The final) answer (is)" phrase; None where the word
+    "answer" is anywhere else in it or `$` signs separate more than one part with content."""
+    lead = _ANSWER_LEAD_RE.match(p)
+    if lead is not None:
+        p = p[lead.end():]
+    if _ANSWER_WORD_RE.search(p) or sum(bool(_CONTENT_RE.search(part)) for part in _DOLLAR_RE.split(p)) > 1:
+        return None
+    return p
+
+
 def _digit_counts(s: str) -> dict[str, int]:
     return {d: s.count(d) for d in "0123456789" if d in s}
 
@@ -580,12 +602,18 @@ def answers_equivalent_untimed(pred: str, gold: str, config: MathVerifyConfig) -
     """True when the extracted answer ``pred`` equals the reference ``gold`` (no time limit).
 
     Beyond an identical string, ``pred`` must state one value that math-verify reads whole:
-    no defect (`_answer_defect`), no relation or connective the gold lacks (``x = 3`` is read
+    the word "answer" only in a leading "The answer is" and no value beside a ``$`` part
+    (`_stated_answer`), no defect (`_answer_defect`), no relation or connective the gold lacks (``x = 3`` is read
     as 3, `_assigned_values`), nothing math-verify's normalisation drops (`_read_whole`). A
     percentage in ``pred`` is its hundredth only (`_percent_as_its_value`: ``3\\%`` is 0.03, not 3)."""
     p, g = normalize_answer(pred), normalize_answer(gold)
     if p.replace(" ", "") == g.replace(" ", ""):
         return True
+    stated = _stated_answer(p)
+    if stated is None or not stated.strip():
+        return False
+    if stated != p:
+        return answers_equivalent_untimed(stated, gold, config)
     if _answer_defect(p) is not None:
         return False
     values = _assigned_values(p, g)

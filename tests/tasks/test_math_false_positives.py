@@ -66,6 +66,13 @@ ATTACKS = [
     (r"\boxed{3_{=4}}", "an unparseable answer (math-verify parsed a fragment)"),
     (r"\boxed{3\% \text{ or } 4}", "a connective"),
     ("3\u200b4", "no box: nothing to score"),
+    # math-verify reads what follows the word "answer" anywhere, and the last $-delimited part
+    (r"\boxed{4 answer 3}", "the word 'answer' inside the answer (math-verify read the 3 after it)"),
+    (r"\boxed{\frac{4}{answer 3}}", "the word 'answer' inside a fraction"),
+    (r"\boxed{4 final answer is 3}", "'final answer is' after another value"),
+    (r"\boxed{4$$3}", "two $-delimited parts (math-verify read the last)"),
+    (r"\boxed{\pi$$3}", "two $-delimited parts"),
+    (r"\boxed{The answer is 4 answer 3}", "the word 'answer' twice"),
 ]
 # (response, gold) pairs that must stay 0 elsewhere than gold 3.
 ATTACKS_OTHER_GOLD = [
@@ -82,7 +89,8 @@ HONEST = [
     "\\boxed{3 \\text{ cm}}", "\\boxed{\\text{3 cm}}", "\\boxed{3\\text{ m}^2}", "\\boxed{\\{3\\}}",
     "\\boxed{3\u200b}", "\\boxed{\u200f3}", "\\boxed{3\u00a0}", "\\boxed{$3$}", "\\boxed{6 - 3}",
     "\\boxed{\\sqrt{9}}", "\\boxed{\\dfrac{9}{3}}", "\\boxed{3^\\circ}",
-    "The answer is $\\boxed{3}$.", "\\boxed{\\sum_{n=1}^{3} 1}", "\\boxed{\\lim_{x \\to 0} (x + 3)}",
+    "The answer is $\\boxed{3}$.", "\\boxed{The answer is 3}", "\\boxed{The final answer is: $3$}",
+    "\\boxed{answer: 3}", "\\boxed{\\sum_{n=1}^{3} 1}", "\\boxed{\\lim_{x \\to 0} (x + 3)}",
 ]
 HONEST_OTHER_GOLD = [
     (r"\boxed{x = 1 \text{ or } x = 2}", "1, 2"),
@@ -116,6 +124,18 @@ def test_honest_answers_still_score_one(verifier):
     cases += [(f"\\boxed{{{p}}}", g) for g, p in EQUIVALENT]
     results = verifier.score_batch([r for r, _ in cases], [g for _, g in cases])
     assert {c: res.reward for c, res in zip(cases, results)} == {c: 1.0 for c in cases}
+
+
+ANSWER_PATTERN = r"(?s)FINAL:(?P<answer>.*)"  # a final answer read by a pattern, not a box
+PATTERN_CASES = [("FINAL: 4 answer 3", 0.0), (r"FINAL: \frac{4}{answer 3}", 0.0), ("FINAL: 4 final answer is 3", 0.0),
+                 ("FINAL: 4$$3", 0.0), ("FINAL: The answer is 3", 1.0), (r"FINAL: \boxed{3}", 1.0), ("FINAL: 3", 1.0),
+                 ("FINAL: So, the final answer is $3$", 1.0)]
+
+
+def test_a_final_answer_holding_other_values_is_not_the_value():
+    with mt.MathVerifier(mt.MathVerifyConfig(answer_pattern=ANSWER_PATTERN, num_workers=1, timeout_s=5.0)) as v:
+        results = v.score_batch([r for r, _ in PATTERN_CASES], ["3"] * len(PATTERN_CASES))
+    assert {r: res.reward for (r, _), res in zip(PATTERN_CASES, results)} == dict(PATTERN_CASES)
 
 
 def test_existing_not_equivalent_table_stays_zero(verifier):

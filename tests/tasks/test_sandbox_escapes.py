@@ -137,6 +137,48 @@ def test_a_constant_the_test_does_not_define_is_not_the_solutions_to_set(test):
         dataset.references_of("code", rows, "tests")
 
 
+# (c'') a name on the expected side was the solution's too: its `approx` / `sqrt` / `Counter` return
+# what its function under test does (0), and every such test passed.
+EXPECTED_SIDE_HACK = ("def area(r):\n    return 0\ndef side(a):\n    return 0\ndef count(s):\n    return 0\n"
+                      "def approx(*a, **k):\n    return 0\nsqrt = Counter = approx\n")
+EXPECTED_SIDE_HONEST = ("import math\nfrom collections import Counter\nfrom math import sqrt\n"
+                        "def approx(x, rel=1e-3):\n    return round(x, 2)\n"
+                        "def area(r):\n    return round(math.pi * r * r, 2)\ndef side(a):\n    return math.sqrt(a)\n"
+                        "def count(s):\n    return Counter(s)\n")
+EXPECTED_SIDE = [  # (test, the name it takes from the solution)
+    ("assert area(2) == approx(12.566)", "approx"),
+    ("assert side(625) == sqrt(625)", "sqrt"),
+    ("assert count('abca') == Counter({'a': 2, 'b': 1, 'c': 1})", "Counter"),
+    ("assert sqrt(625) == side(625)", "side"),  # the sides swapped: still two of the solution's
+    ("r = side(625)\nassert r == sqrt(625)", "sqrt"),
+    ("assert abs(side(625) - sqrt(625)) < 1e-9", "sqrt"),
+    ("import math\nassert math.isclose(side(625), sqrt(625))", "sqrt"),
+    ("assert [side(625), area(2)] == [25, approx(12.566)]", "approx"),
+]
+
+
+@pytest.mark.parametrize("test,name", EXPECTED_SIDE)
+def test_a_name_on_the_expected_side_is_not_the_solutions_to_define(test, name):
+    for program in (EXPECTED_SIDE_HACK, EXPECTED_SIDE_HONEST):
+        result = cd.run_tests(program, [cd.AssertTest(test)], _cfg())
+        assert (result.reward, result.outcomes) == (0.0, ("error",)), result.feedback
+        assert f"judges the solution's results with {name!r}, which it neither imports nor defines" in result.feedback
+    rows = [Example("area?", None, {"tests": ["assert area(1) > 3", test]}, "rows.jsonl:5")]
+    with pytest.raises(DataError, match=rf"^rows\.jsonl:5: field 'tests': test 2 judges the solution's results "
+                                        rf"with '{name}', which it neither imports nor defines"):
+        dataset.references_of("code", rows, "tests")
+
+
+def test_the_expected_side_imported_by_the_test_is_the_judges():
+    tests = [cd.AssertTest("from math import sqrt\nassert side(625) == sqrt(625)"),
+             cd.AssertTest("from collections import Counter\nassert count('abca') == Counter({'a': 2, 'b': 1, 'c': 1})"),
+             cd.AssertTest("from pytest import approx\nassert area(2) == approx(12.566, rel=1e-3)"),
+             cd.AssertTest("assert side(625) == side(625) and side(16) + side(9) == 7"),  # the same function both sides
+             cd.AssertTest("assert area(2) == 12.57")]
+    assert cd.run_tests(EXPECTED_SIDE_HONEST, tests, _cfg()).reward == 1.0
+    assert cd.run_tests(EXPECTED_SIDE_HACK, tests, _cfg()).outcomes == ("fail",) * 5
+
+
 def test_a_constant_checked_against_the_tests_own_value_is_the_solutions_answer():
     honest = [cd.AssertTest("assert MAX_SIZE == 10"), cd.AssertTest("EPS = 1e-3\nassert abs(area(2) - 12.566) < EPS")]
     assert cd.run_tests(EPS_HACK, honest, _cfg()).outcomes == ("pass", "fail")
@@ -144,19 +186,25 @@ def test_a_constant_checked_against_the_tests_own_value_is_the_solutions_answer(
 
 
 # (d) SysV shared memory: 5 x 300 MB, touched and detached, outlived the run without an IPC namespace.
+# (Where a memory cgroup caps the sandbox, 5 x 300 MB no longer fit: tests/tasks/test_sandbox_reliability.py;
+# here 5 x 150 MB, within its limit at the default memory_mb.)
 SHARED_MEMORY = """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 libc.shmat.restype = ctypes.c_void_p
 made = 0
-for _ in range(5):
-    shmid = libc.shmget(0, 300 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
-    addr = libc.shmat(shmid, None, 0) if shmid >= 0 else None
-    if addr in (None, ctypes.c_void_p(-1).value):
-        break
-    ctypes.memset(addr, 1, 300 << 20)
-    libc.shmdt(ctypes.c_void_p(addr))
-    made += 1
+def make(count, mb):
+    global made
+    for _ in range(count):
+        shmid = libc.shmget(0, mb << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+        addr = libc.shmat(shmid, None, 0) if shmid >= 0 else None
+        if addr in (None, ctypes.c_void_p(-1).value):
+            break
+        ctypes.memset(addr, 1, mb << 20)
+        libc.shmdt(ctypes.c_void_p(addr))
+        made += 1
+    return made
+make(5, 150)
 """
 
 
@@ -170,7 +218,7 @@ def _shared_memory_segments() -> set[tuple[str, str]]:
 def test_shared_memory_of_the_program_is_released_after_the_run():
     before = _shared_memory_segments()
     result = cd.run_tests(SHARED_MEMORY, [cd.AssertTest("assert made == 5")], _cfg())
-    assert result.outcomes == ("pass",), result.feedback  # 1.5 GB were made and touched
+    assert result.outcomes == ("pass",), result.feedback  # 750 MB were made and touched
     assert _shared_memory_segments() - before == set()
 
 

@@ -222,7 +222,8 @@ def test_honest_solutions_pass_every_kind_of_assert_test(test):
 def test_numpy_fraction_and_decimal_answers_arrive_as_their_values():
     code = ("import numpy as np\nfrom fractions import Fraction\nfrom decimal import Decimal\n"
             "def f():\n    return [np.int64(3), np.float64(0.5), np.arange(2), Fraction(1, 3), Decimal('0.1')]\n")
-    tests = [cd.AssertTest("assert f() == [3, 0.5, [0, 1], Fraction(1, 3), Decimal('0.1')]"),
+    tests = [cd.AssertTest("from fractions import Fraction\nfrom decimal import Decimal\n"
+                           "assert f() == [3, 0.5, [0, 1], Fraction(1, 3), Decimal('0.1')]"),
              cd.CallTest("f", (), [3, 0.5, [0, 1], 1 / 3, 0.1])]
     r = cd.run_tests(code, tests, _cfg())
     assert r.outcomes == ("pass", "fail"), r.feedback  # the Fraction 1/3 is not the float 1/3: types arrive intact

@@ -73,13 +73,19 @@ Isolation of the runner (what is guaranteed):
   timer, and the judge kills a runner that swallows it; the parent in turn ends a judge
   that stops reporting); rlimits set by the runner before any generated code runs:
   address space (``memory_mb``, so allocations fail with MemoryError), total CPU
-  seconds, size of any file written (``max_output_bytes``, stdout included), no core
-  dumps, and ``max_processes``.
+  seconds, size of any file written (``max_output_bytes``, stdout included), open files
+  (``max_open_files``), no core dumps, and ``max_processes``. Where a memory cgroup can be
+  made the whole sandbox (processes, SysV shared memory, tmpfs, pipes) is capped at
+  ``memory_mb + scratch_mb`` plus the output and the judge's share (`launch.sandbox_memory_bytes`).
+- Its end: the judge ends the sandbox when the trainer dies (a pipe only the trainer holds
+  closes), the runner dies with the judge (``PR_SET_PDEATHSIG``), and a process's first run
+  removes the cgroups and scratch directories of trainers that died (`launch.remove_leftovers`).
 - Network (kernel-enforced): it runs in new user + network + PID namespaces (``unshare``):
   no network interfaces but a downed loopback; and IPC + mount namespaces: SysV shared memory
   dies with the run, and the scratch directory is a tmpfs of ``scratch_mb`` / ``scratch_files``
   (outside namespaces only ``max_output_bytes`` per file bounds it). A seccomp filter
-  (x86_64, aarch64) denies the runner ``prlimit`` of any other process, the judge included.
+  (x86_64, aarch64) denies the runner ``prlimit`` of any other process, the judge included,
+  and ``memfd_create`` (memory no rlimit counts).
   Where ``unshare`` is unusable, or with
   ``network="audit"``, the sandbox refuses to run generated code (`SandboxUnavailable`)
   unless ``SandboxConfig.allow_network`` (trainer: ``task.code.sandbox_allow_network``).
@@ -118,18 +124,21 @@ from pipo_jax.tasks.code.judge import _same
 from pipo_jax.tasks.code.kinds import AssertTest, CallTest, IOTest, Test, tests_from_spec
 from pipo_jax.tasks.code.protocol import NotPlain, _decode, _encode
 from pipo_jax.tasks.code.sandbox import (SandboxUnavailable, _libc, check_confinement, check_network_isolation,
-                                         check_process_bound, landlock_abi, namespaces_available, nproc_exempt,
-                                         pids_cgroup_parent, process_filter_available)
+                                         check_process_bound, landlock_abi, memory_cgroup_parent,
+                                         namespaces_available, nproc_exempt, pids_cgroup_parent,
+                                         process_filter_available)
 from pipo_jax.tasks.code.scoring import CodeResult, run_tests, score_code, score_code_batch
 
 __all__ = ["AssertTest", "CallTest", "CodeResult", "IOTest", "NotPlain", "SandboxConfig", "SandboxUnavailable", "Test",
            "check_confinement", "check_network_isolation", "check_process_bound", "extract_python_code",
-           "landlock_abi", "namespaces_available", "nproc_exempt", "pids_cgroup_parent", "process_filter_available",
+           "landlock_abi", "memory_cgroup_parent", "namespaces_available", "nproc_exempt", "pids_cgroup_parent",
+           "process_filter_available",
            "run_tests", "score_code", "score_code_batch", "tests_from_spec"]
 
 # The sandbox's host checks, which the package's own modules call as ``sandbox.name``.
 _FORWARDED = frozenset({"check_confinement", "check_network_isolation", "check_process_bound", "landlock_abi",
-                        "namespaces_available", "nproc_exempt", "pids_cgroup_parent", "process_filter_available"})
+                        "memory_cgroup_parent", "namespaces_available", "nproc_exempt", "pids_cgroup_parent",
+                        "process_filter_available"})
 
 
 class _Package(types.ModuleType):

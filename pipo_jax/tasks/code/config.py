@@ -11,8 +11,14 @@ class SandboxConfig:
 
     timeout_s: wall-clock seconds per test (and for defining the solution).
     startup_s: extra wall-clock seconds for interpreter start-up per process.
-    memory_mb: address-space limit of the runner (the judge gets 512 MiB more).
+    memory_mb: address-space limit of the runner (the judge gets 512 MiB more). Where a memory
+      cgroup can be made (root outside a container, or a delegated cgroup v2) the whole sandbox's
+      memory, page cache, tmpfs, pipes and every process the program starts included, is also
+      capped at ``memory_mb + scratch_mb`` (the scratch tmpfs) plus ``max_output_bytes`` and 96 MiB
+      for the judge's own interpreter and data.
     max_output_bytes: largest file the runner may write (its stdout included).
+    max_open_files: file descriptors the runner may hold at once (RLIMIT_NOFILE): each pipe or
+      socket can pin kernel memory that no address-space limit counts.
     max_processes: how many processes / threads the program may add: RLIMIT_NPROC is
       set to the user's count at start plus this (Linux counts every process and thread
       of the user). Where that limit does not bind (root, or CAP_SYS_ADMIN / CAP_SYS_RESOURCE)
@@ -43,6 +49,7 @@ class SandboxConfig:
     startup_s: float = 10.0
     memory_mb: int = 1024
     max_output_bytes: int = 1 << 20
+    max_open_files: int = 64
     max_processes: int = 64
     network: str = "auto"
     audit_hook: bool = True
@@ -63,6 +70,9 @@ class SandboxConfig:
         if self.memory_mb < 16 or self.max_output_bytes < 1 or self.max_processes < 0 or self.max_workers < 1:
             raise ValueError("SandboxConfig: memory_mb >= 16, max_output_bytes >= 1, max_processes >= 0, "
                              "max_workers >= 1 required")
+        if self.max_open_files < 16:
+            raise ValueError(f"SandboxConfig.max_open_files must be >= 16 (the interpreter's own files), got "
+                             f"{self.max_open_files}")
         if self.scratch_mb < 1 or self.scratch_files < 16:
             raise ValueError("SandboxConfig: scratch_mb >= 1 and scratch_files >= 16 required")
         if not (self.response_budget_s > 0 and self.batch_budget_s > 0):

@@ -15,6 +15,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -307,6 +308,8 @@ def _judge_tests(spec: dict, runner: _Runner, report) -> None:
     except _TestTimeout:
         return report(-1, "timeout", f"limit {timeout_s:g} s")
     except _RunnerGone as e:
+        if spec["mode"] == "io" and runner.proc.returncode == 0:  # a whole program that ended with os._exit(0)
+            return report(-1, "pass", "")
         return report(-1, *e.outcome)
     if "ok" not in reply:
         outcome, msg = (list(reply.get("err", [])) + ["crash", ""])[:2]
@@ -330,6 +333,23 @@ def _judge_tests(spec: dict, runner: _Runner, report) -> None:
         report(k, *outcome)
 
 
+def _end_with_the_trainer(fd: int, namespaced: bool) -> None:
+    """Ends the sandbox when the trainer ends, however (SIGKILL, OOM): `fd` is the read end of a
+    pipe whose write end only the trainer holds, so a read returns b"" once it is gone. Then
+    the runner's tree is killed (in namespaces: the judge's end, as PID 1, kills it)."""
+    def watch():
+        try:
+            while os.read(fd, 1 << 10):
+                pass
+        except OSError:
+            pass
+        if not namespaced:
+            sandbox._kill_tree()
+        os._exit(0)
+
+    threading.Thread(target=watch, name="lifeline", daemon=True).start()
+
+
 def _judge_main(report_fd: int) -> None:
     """Harness entry point (the judge): read the spec from stdin, start the runner, judge,
     kill whatever the runner left behind."""
@@ -342,6 +362,8 @@ def _judge_main(report_fd: int) -> None:
         os.write(report_fd, (json.dumps({"i": i, "outcome": outcome, "msg": msg}) + "\n").encode())
 
     namespaced = os.getpid() == 1  # PID 1 of a namespace: its end kills every process in it
+    if spec.get("lifeline") is not None:
+        _end_with_the_trainer(spec["lifeline"], namespaced)
     if spec.get("scratch"):
         try:
             sandbox._mount_scratch(os.getcwd(), *spec["scratch"])

@@ -2,6 +2,7 @@
 progress records, end it at a deadline, remove its scratch directory."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 
 from pipo_jax.tasks.code import child, sandbox
@@ -82,6 +84,51 @@ def _wait_or_kill(proc: subprocess.Popen, config: SandboxConfig, progress_fd: in
     return killed
 
 
+_JUDGE_MEMORY = 96 << 20  # the memory cgroup's share of the judge, unshare and their interpreters
+_SWEEP_EVERY_S = 30.0  # how often a process looks for what dead trainers left (its first run always does)
+_sweep_lock = threading.Lock()
+_last_sweep = -math.inf
+
+
+_SCRATCH_PREFIX = "pipo_code_pid"  # pipo_code_pid<pid of the trainer>_<random>
+
+
+def remove_leftovers(force: bool = False) -> None:
+    """Removes what the sandboxes of trainers that died (SIGKILL, OOM) left: their cgroups, with
+    whatever still runs in them, and their scratch directories (``pipo_code_pid<pid>_*`` in the
+    temporary directory), only where that pid no longer runs (in this PID namespace). At most every `_SWEEP_EVERY_S`
+    per process unless `force`."""
+    global _last_sweep
+    with _sweep_lock:
+        if not force and time.monotonic() - _last_sweep < _SWEEP_EVERY_S:
+            return
+        _last_sweep = time.monotonic()
+        cgroups = sandbox.remove_cgroups_of_dead_trainers()
+        tmp = tempfile.gettempdir()
+        try:
+            names = [n for n in os.listdir(tmp) if sandbox._dead_owner(n, _SCRATCH_PREFIX)]
+        except OSError:
+            names = []
+        for name in names:
+            remove_tree(os.path.join(tmp, name))
+    if cgroups or names:
+        logger.warning("removed what the code sandbox of a trainer that died left: %d cgroups, %d scratch "
+                       "directories", len(cgroups), len(names))
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_no_memory_cgroup(why: str) -> None:
+    logger.warning("could not make the code sandbox's memory cgroup (%s); its rlimits, seccomp filter and open-file "
+                   "cap still bound it", why)
+
+
+def sandbox_memory_bytes(config: SandboxConfig, namespaced: bool, spec_bytes: int) -> int:
+    """The memory cgroup's limit for one run: the runner's ``memory_mb``, the scratch tmpfs (in
+    namespaces), its stdout, and the judge (its interpreter, and the tests' data a few times)."""
+    scratch = config.scratch_mb << 20 if namespaced else 0
+    return (config.memory_mb << 20) + scratch + config.max_output_bytes + _JUDGE_MEMORY + 4 * spec_bytes
+
+
 def _launch(spec: dict, config: SandboxConfig, budget: float = math.inf
             ) -> tuple[list[dict], bytes, int, str | None]:
     """Run the harness once in a fresh working directory.
@@ -91,45 +138,54 @@ def _launch(spec: dict, config: SandboxConfig, budget: float = math.inf
     program could read or overwrite is on disk. Returns (records, stdout, return
     code, what killed it: "timeout", "budget" (the monotonic time `budget` passed) or None).
     """
+    remove_leftovers()
     confine, bound = sandbox.check_confinement(config), sandbox.check_process_bound(config)
     cmd = [config.python, "-I", "-X", "utf8", child.SCRIPT, "--harness"]
     namespaced = sandbox.check_network_isolation(config)
     if namespaced:
         cmd = [shutil.which("unshare"), *sandbox._UNSHARE_FLAGS, *cmd]
-    cgroup = None
+    limits = {"memory": sandbox_memory_bytes(config, namespaced, len(json.dumps(spec)))}
     if bound == "cgroup":
-        try:
-            limit = config.max_processes + sandbox._PIDS_OVERHEAD + namespaced
-            cgroup = sandbox._new_pids_cgroup(sandbox.pids_cgroup_parent(), limit)
+        limits["pids"] = config.max_processes + sandbox._PIDS_OVERHEAD + namespaced
+    try:
+        cgroups = sandbox.new_sandbox_cgroups(limits)
+    except OSError as e:
+        _warn_no_memory_cgroup(str(e))
+        try:  # the process bound, without the memory cgroup
+            cgroups = sandbox.new_sandbox_cgroups({"pids": limits["pids"]}) if "pids" in limits else []
         except OSError as e:
             if not sandbox.process_filter_available():
                 raise sandbox.SandboxUnavailable(f"could not make the sandbox's pids cgroup: {e}") from e
-            bound = "seccomp"
-    if cgroup is not None:  # the shell enters the cgroup, then becomes the sandbox: no task starts outside
-        cmd = ["/bin/sh", "-c", sandbox._ENTER_CGROUP, cgroup, *cmd]
+            bound, cgroups = "seccomp", []
+    cmd = sandbox.enter_cgroups_command(cgroups, cmd)  # no task of the sandbox starts outside them
     scratch = [config.scratch_mb << 20, config.scratch_files] if namespaced else None
     spec = dict(spec, confine=confine, no_processes=bound == "seccomp", scratch=scratch)
     try:
         return _run_harness(spec, cmd, config, namespaced, budget)
     finally:
-        if cgroup is not None:
-            sandbox._remove_cgroup(cgroup)
+        for path in cgroups:
+            sandbox._remove_cgroup(path)
 
 
 def _run_harness(spec: dict, cmd: list[str], config: SandboxConfig, namespaced: bool, budget: float
                  ) -> tuple[list[dict], bytes, int, str | None]:
-    """Runs `cmd` (the judge) on `spec` in a fresh scratch directory; what `_launch` returns."""
-    spec_fd = _memfd_with(json.dumps(spec).encode(), "spec")
+    """Runs `cmd` (the judge) on `spec` in a fresh scratch directory; what `_launch` returns.
+    The judge holds the read end of a pipe whose write end only this process holds: when this
+    process dies, however, the judge sees its end and ends the sandbox."""
+    lifeline_r, lifeline_w = os.pipe()
+    spec_fd = _memfd_with(json.dumps(dict(spec, lifeline=lifeline_r)).encode(), "spec")
     results_fd = os.memfd_create("results")
     stdout_fd = os.memfd_create("stdout")
     try:
-        workdir = tempfile.mkdtemp(prefix="pipo_code_")
+        workdir = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}_")
         try:
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             proc = subprocess.Popen(cmd + [str(results_fd)], stdin=spec_fd, stdout=stdout_fd,
                                     stderr=subprocess.DEVNULL, cwd=workdir, env=env,
-                                    start_new_session=True, pass_fds=(results_fd,))
+                                    start_new_session=True, pass_fds=(results_fd, lifeline_r))
+            os.close(lifeline_r)
+            lifeline_r = -1
             killed = _wait_or_kill(proc, config, results_fd, namespaced, budget)
         finally:
             remove_tree(workdir)
@@ -141,8 +197,9 @@ def _run_harness(spec: dict, cmd: list[str], config: SandboxConfig, namespaced: 
                 break  # a record cut short by the kill
         stdout = _read_all(stdout_fd, config.max_output_bytes + 1)
     finally:
-        for fd in (spec_fd, results_fd, stdout_fd):
-            os.close(fd)
+        for fd in (spec_fd, results_fd, stdout_fd, lifeline_r, lifeline_w):
+            if fd >= 0:
+                os.close(fd)
     return records, stdout, proc.returncode, killed
 
 

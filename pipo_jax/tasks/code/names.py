@@ -4,8 +4,10 @@ solution's that the test applies to a value of the solution's (``isclose(area(2)
 without ``from math import isclose``) would let the solution judge its own answer: such a
 "helper" must be imported by the test. So would a constant of the solution's (a name no test
 calls) that a comparison or a judge's function weighs the solution's values with (``abs(area(2) -
-12.566) < EPS``: the solution sets ``EPS = 1e9``); the test must write the value itself. Standard
-library only (the judge imports it)."""
+12.566) < EPS``: the solution sets ``EPS = 1e9``); the test must write the value itself. So would
+a name of the solution's that makes the other side of a comparison (``area(2) == approx(12.566)``,
+``== sqrt(25)``, ``== Counter({...})``: the solution's ``approx`` returns what its ``area`` does);
+the test must import it. Standard library only (the judge imports it)."""
 from __future__ import annotations
 
 import ast
@@ -16,8 +18,9 @@ import sys
 def unimported_helpers(sources: list[str]) -> list[tuple[int, str]]:
     """(test index, name) of each name of the solution's that a test of the row judges the
     solution's values with: a function it applies to them (another name of the solution's, or a
-    variable the tests computed from one), or a constant (a name no test calls, or a variable
-    computed from one) in a comparison or a judge's call beside them."""
+    variable the tests computed from one), a constant (a name no test calls, or a variable
+    computed from one) in a comparison or a judge's call beside them, or a name that makes the
+    other side of a comparison (`_expected_side`)."""
     trees = {k: tree for k, source in enumerate(sources) if (tree := _parse(source)) is not None}
     bound = set().union(*(_bound(t) for t in trees.values()))
     solution = set().union(*(_loaded(t) for t in trees.values())) - bound - set(dir(builtins))
@@ -26,9 +29,11 @@ def unimported_helpers(sources: list[str]) -> list[tuple[int, str]]:
     constants = solution - set().union(*(_called(t) for t in trees.values()))
     weights = constants | _tainted(list(trees.values()), constants)
     values = (solution - constants) | _tainted(list(trees.values()), solution - constants)
+    roots = _roots(list(trees.values()), solution)
     out = []
     for k, tree in trees.items():
         names = _helpers(tree, solution, tainted) | _judging_constants(tree, solution, weights, values)
+        names |= _expected_side(tree, solution, roots)
         out += [(k, name) for name in sorted(names)]
     return out
 
@@ -98,6 +103,49 @@ def _tainted(trees: list[ast.AST], solution: set[str]) -> set[str]:
         if not more:
             return tainted
         tainted |= more
+
+
+def _roots(trees: list[ast.AST], solution: set[str]) -> dict[str, set[str]]:
+    """Per variable of the tests: the names of the solution's its value is computed from."""
+    pairs = [pair for tree in trees for pair in _assignments(tree)]
+    roots: dict[str, set[str]] = {}
+    while True:
+        grew = False
+        for target, value in pairs:
+            names = _loaded(value)
+            found = (names & solution).union(*(roots.get(n, set()) for n in names))
+            for name in _loaded_or_stored(target) if found else ():
+                if not found <= roots.setdefault(name, set()):
+                    roots[name] |= found
+                    grew = True
+        if not grew:
+            return roots
+
+
+def _expected_side(tree: ast.AST, solution: set[str], roots: dict[str, set[str]]) -> set[str]:
+    """Names of the solution's on the expected side: where a comparison, arithmetic, or a call
+    not of the solution's takes two operands that both hold the solution's values, the
+    solution's names in a later operand that the first does not hold (``area(2) ==
+    approx(12.566)``: the solution's ``approx`` would make the expected value, whatever its
+    ``area`` returns)."""
+    def origin(node: ast.AST) -> set[str]:
+        names = _loaded(node)
+        return (names & solution).union(*(roots.get(n, set()) for n in names))
+
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.BinOp):
+            operands = [node.left, node.right]
+        elif isinstance(node, ast.Call) and not origin(node.func):
+            operands = [*node.args, *(k.value for k in node.keywords)]
+        else:
+            continue
+        held = [names for names in map(origin, operands) if names]
+        if len(held) > 1:
+            out |= set().union(*held[1:]) - held[0]
+    return out
 
 
 def _loaded_or_stored(target: ast.AST) -> set[str]:

@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 from pipo_jax.tasks.code import sandbox
@@ -28,11 +29,33 @@ def _audit(event: str, args: tuple) -> None:
         raise PermissionError(f"{event} is not allowed in the sandbox")
 
 
+def _join_threads() -> None:
+    """Waits, as the interpreter does at exit, for every non-daemon thread the program started
+    (also those its threads start)."""
+    while alive := [t for t in threading.enumerate()
+                    if t is not threading.main_thread() and not t.daemon and t.is_alive()]:
+        for t in alive:
+            t.join()
+
+
+def _run_program(compiled, ns: dict, io_mode: bool) -> None:
+    """Executes the solution; an IO program (a whole program) also until its threads end, the
+    time its output takes, as when it runs alone (within the same time limit)."""
+    if not io_mode:
+        return exec(compiled, ns)
+    try:
+        exec(compiled, ns)
+    except SystemExit:
+        _join_threads()
+        raise
+    _join_threads()
+
+
 def _define(code: str, ns: dict, io_mode: bool, timeout_s: float) -> list | None:
     """Runs the solution in `ns`; None, or [outcome, message] when that failed."""
     try:
         compiled = compile(code, "<solution>", "exec")
-        _timed(lambda: exec(compiled, ns), timeout_s)
+        _timed(lambda: _run_program(compiled, ns, io_mode), timeout_s)
     except _TestTimeout:
         return ["timeout", f"limit {timeout_s:g} s"]
     except SyntaxError as e:
@@ -97,6 +120,9 @@ def _serve(objects: _Objects, req: dict) -> dict:
 def _runner_main(request_fd: int, reply_fd: int) -> None:
     """Runner entry point: set-up from the judge, then limit and confine itself, define the
     solution and answer the judge's requests until the request pipe closes."""
+    # SIGKILL when the judge ends, however: outside namespaces nothing else would end a runner
+    # whose judge was killed (a judge gone before this line closes the pipe: recv ends it)
+    sandbox._libc().prctl(sandbox._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     pipe = _Pipe(request_fd, reply_fd)
     setup = pipe.recv(math.inf)
     limits = setup["limits"]

@@ -31,7 +31,7 @@ _FS_RIGHTS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1
 # The rights a rule on a file (not a directory) may hold: EXECUTE, WRITE, READ, TRUNCATE, IOCTL_DEV.
 _FS_FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | (1 << 14) | (1 << 15)
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI >= 6
-_PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 38, 36
+_PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER, _PR_SET_PDEATHSIG = 38, 36, 1
 
 
 class _PathBeneath(ctypes.Structure):
@@ -94,6 +94,12 @@ def check_process_bound(config: SandboxConfig) -> str:
 
 _PIDS_OVERHEAD = 2  # tasks of the sandbox itself in its pids cgroup: the judge, the runner (and unshare)
 _cgroup_ids = itertools.count()
+_CGROUP_PREFIX = "pipo_sandbox_"  # pipo_sandbox_<pid of the trainer>_<n>
+# The file of each controller's limit: cgroup v2, and v1 where it differs.
+_LIMIT_FILES = {"pids": ("pids.max", "pids.max"), "memory": ("memory.max", "memory.limit_in_bytes")}
+# Swap would take the memory cgroup's pages out of its count: none (v2; v1 where swap is accounted).
+_NO_SWAP_FILES = {"memory": ("memory.swap.max", "memory.memsw.limit_in_bytes")}
+_PROBE_LIMIT = {"pids": 4, "memory": 64 << 20}
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -103,11 +109,21 @@ def _own_cgroups() -> dict[str, str]:
     return {p[1]: p[2] for p in parts if len(p) == 3}
 
 
-@functools.lru_cache(maxsize=None)
 def pids_cgroup_parent() -> str | None:
-    """A cgroup directory below which this process can make pids cgroups (cgroup v1's pids
-    hierarchy, or v2 with pids enabled for children; where cgroupfs is writable, e.g. root
-    outside a container), or None."""
+    """A cgroup directory below which this process can make pids cgroups, or None (`cgroup_parent`)."""
+    return cgroup_parent("pids")
+
+
+def memory_cgroup_parent() -> str | None:
+    """A cgroup directory below which this process can make memory cgroups, or None (`cgroup_parent`)."""
+    return cgroup_parent("memory")
+
+
+@functools.lru_cache(maxsize=None)
+def cgroup_parent(controller: str) -> str | None:
+    """A cgroup directory below which this process can make cgroups of `controller` ("pids",
+    "memory"): cgroup v1's hierarchy of it, or v2 with it enabled for children; where cgroupfs is
+    writable, e.g. root outside a container. None where there is none."""
     try:
         own = _own_cgroups()
         with open("/proc/self/mountinfo") as f:
@@ -117,8 +133,8 @@ def pids_cgroup_parent() -> str | None:
     for fields in mounts:
         sep = fields.index("-")
         fstype, root, point, opts = fields[sep + 1], fields[3].rstrip("/"), fields[4], fields[sep + 3].split(",")
-        if fstype == "cgroup" and "pids" in opts:
-            path = next((p for c, p in own.items() if "pids" in c.split(",")), None)
+        if fstype == "cgroup" and controller in opts:
+            path = next((p for c, p in own.items() if controller in c.split(",")), None)
         elif fstype == "cgroup2":
             path = own.get("")
         else:
@@ -126,22 +142,30 @@ def pids_cgroup_parent() -> str | None:
         if path is None or not (path + "/").startswith(root + "/"):
             continue
         parent = os.path.join(point, path[len(root):].lstrip("/"))
-        if _can_make_pids_cgroup(parent):
+        if _can_make_cgroup(parent, controller):
             return parent
     return None
 
 
-_ENTER_CGROUP = 'echo $$ > "$0/cgroup.procs" && exec "$@"'  # sh -c: enter cgroup $0, become "$@"
+# sh -c: enter each cgroup named before "--", then become what follows it: no task starts outside.
+_ENTER_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 125; shift; done; shift; exec "$@"'
 
 
-def _can_make_pids_cgroup(parent: str) -> bool:
-    """Whether a pids cgroup can be made below `parent` and a process can enter it."""
+def enter_cgroups_command(cgroups: list[str], cmd: list[str]) -> list[str]:
+    """`cmd`, started inside `cgroups` (unchanged when there are none)."""
+    if not cgroups:
+        return cmd
+    return ["/bin/sh", "-c", _ENTER_CGROUPS, "sh", *cgroups, "--", *cmd]
+
+
+def _can_make_cgroup(parent: str, controller: str) -> bool:
+    """Whether a cgroup of `controller` can be made below `parent` and a process can enter it."""
     try:
-        path = _new_pids_cgroup(parent, 4)
+        path = _new_cgroup(parent, {controller: _PROBE_LIMIT[controller]})
     except OSError:
         return False
     try:
-        entered = subprocess.run(["/bin/sh", "-c", _ENTER_CGROUP, path, "true"], capture_output=True, timeout=10)
+        entered = subprocess.run(enter_cgroups_command([path], ["true"]), capture_output=True, timeout=10)
         return entered.returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -149,17 +173,47 @@ def _can_make_pids_cgroup(parent: str) -> bool:
         _remove_cgroup(path)
 
 
-def _new_pids_cgroup(parent: str, limit: int) -> str:
-    """A fresh cgroup below `parent` that holds at most `limit` tasks (processes and threads)."""
-    path = os.path.join(parent, f"pipo_sandbox_{os.getpid()}_{next(_cgroup_ids)}")
+def _new_cgroup(parent: str, limits: dict[str, int]) -> str:
+    """A fresh cgroup below `parent` with each controller's limit (pids: tasks, processes and
+    threads; memory: bytes, swap none)."""
+    path = os.path.join(parent, f"{_CGROUP_PREFIX}{os.getpid()}_{next(_cgroup_ids)}")
     os.mkdir(path)
     try:
-        with open(os.path.join(path, "pids.max"), "w") as f:
-            f.write(str(limit))
+        for controller, limit in limits.items():
+            v2, v1 = _LIMIT_FILES[controller]
+            _write_limit(path, v2 if os.path.exists(os.path.join(path, v2)) else v1, limit)
+            for name in _NO_SWAP_FILES.get(controller, ()):
+                if os.path.exists(os.path.join(path, name)):  # v1's memsw: its limit counts memory + swap
+                    _write_limit(path, name, limit if name.startswith("memory.memsw") else 0)
     except OSError:
         _remove_cgroup(path)
         raise
     return path
+
+
+def _write_limit(path: str, name: str, value: int) -> None:
+    with open(os.path.join(path, name), "w") as f:
+        f.write(str(value))
+
+
+def new_sandbox_cgroups(limits: dict[str, int]) -> list[str]:
+    """The cgroups of one sandboxed run: per controller of `limits` (pids, memory) whose
+    `cgroup_parent` exists, one below it (one cgroup for controllers sharing a parent, as under
+    cgroup v2), with the limit. Raises OSError where one cannot be made (what was made is removed)."""
+    by_parent: dict[str, dict[str, int]] = {}
+    for controller, limit in limits.items():
+        parent = {"pids": pids_cgroup_parent, "memory": memory_cgroup_parent}[controller]()
+        if parent is not None:
+            by_parent.setdefault(parent, {})[controller] = limit
+    made: list[str] = []
+    try:
+        for parent, own in by_parent.items():
+            made.append(_new_cgroup(parent, own))
+    except OSError:
+        for path in made:
+            _remove_cgroup(path)
+        raise
+    return made
 
 
 def _remove_cgroup(path: str) -> None:
@@ -174,7 +228,65 @@ def _remove_cgroup(path: str) -> None:
         except OSError:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
-    logger.warning("could not remove the sandbox's pids cgroup %s", path)
+    logger.warning("could not remove the sandbox's cgroup %s", path)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _dead_owner(name: str, prefix: str) -> bool:
+    """Whether `name` is `prefix`<pid>_... of a process that no longer exists (not this one)."""
+    if not name.startswith(prefix):
+        return False
+    pid, sep, _ = name[len(prefix):].partition("_")
+    return sep == "_" and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+
+
+def _kill_cgroup(path: str) -> None:
+    """SIGKILLs every task of the cgroup `path` until none is left (cgroup v2's cgroup.kill where
+    there is one), then removes it."""
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except OSError:
+        pass
+    for _ in range(100):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = [int(line) for line in f if line.strip()]
+        except OSError:
+            break
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
+    _remove_cgroup(path)
+
+
+def remove_cgroups_of_dead_trainers() -> list[str]:
+    """Kills what runs in, and removes, each sandbox cgroup a process that has died left behind
+    (``pipo_sandbox_<pid>_*``, that pid gone); returns their paths."""
+    removed = []
+    for parent in {p for p in (pids_cgroup_parent(), memory_cgroup_parent()) if p is not None}:
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            if _dead_owner(name, _CGROUP_PREFIX):
+                _kill_cgroup(os.path.join(parent, name))
+                removed.append(os.path.join(parent, name))
+    return removed
 
 
 @functools.lru_cache(maxsize=None)
@@ -258,7 +370,8 @@ def _user_tasks() -> int:
 
 def _set_limits(limits: dict) -> None:
     for res, value in ((resource.RLIMIT_AS, limits["memory"]), (resource.RLIMIT_CPU, limits["cpu_s"]),
-                       (resource.RLIMIT_FSIZE, limits["fsize"]), (resource.RLIMIT_CORE, 0)):
+                       (resource.RLIMIT_FSIZE, limits["fsize"]), (resource.RLIMIT_CORE, 0),
+                       (resource.RLIMIT_NOFILE, limits["nofile"])):
         resource.setrlimit(res, (value, value))
     if limits["nproc"]:
         nproc = _user_tasks() + limits["nproc"]
@@ -363,8 +476,8 @@ def _kill_tree() -> None:
 # seccomp (uapi <linux/seccomp.h>, <linux/filter.h>): the audit arch and process-creating
 # syscalls of each supported machine; 32-bit (and x32) syscalls are refused altogether.
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-_SYSCALLS = {"x86_64": {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435, "prlimit64": 302},
-             "aarch64": {"clone": 220, "clone3": 435, "prlimit64": 261}}
+_SYSCALLS = {"x86_64": {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435, "prlimit64": 302, "memfd_create": 319},
+             "aarch64": {"clone": 220, "clone3": 435, "prlimit64": 261, "memfd_create": 279}}
 _CLONE_THREAD = 0x00010000
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x45, 0x06
@@ -386,7 +499,8 @@ def process_filter_available() -> bool:
 
 def _filter_program(machine: str, no_processes: bool) -> list[tuple[int, int, int, int]]:
     """BPF: prlimit64 of another process fails with EPERM (a runner of the judge's uid could
-    otherwise lower the judge's limits); other ABIs' syscalls fail with ENOSYS. With
+    otherwise lower the judge's limits), so does memfd_create (its pages are in no address
+    space, so RLIMIT_AS would not count them); other ABIs' syscalls fail with ENOSYS. With
     `no_processes`, fork / vfork / clone without CLONE_THREAD fail with EAGAIN; clone3 (its
     flags are behind a pointer) with ENOSYS, so libc falls back to clone."""
     nrs = _SYSCALLS[machine]
@@ -402,6 +516,7 @@ def _filter_program(machine: str, no_processes: bool) -> list[tuple[int, int, in
     # prlimit64: allowed only on the caller itself, pid 0 (args[0], low word at offset 16)
     prog += [(_BPF_JEQ_K, 0, 4, nrs["prlimit64"]), (_BPF_LD_W_ABS, 0, 0, 16), (_BPF_JEQ_K, 1, 0, 0),
              deny(errno.EPERM), allow]
+    prog += [(_BPF_JEQ_K, 0, 1, nrs["memfd_create"]), deny(errno.EPERM)]  # memory no rlimit counts
     if not no_processes:
         return prog + [allow]
     prog += [(_BPF_JEQ_K, 0, 1, nrs["clone3"]), deny(errno.ENOSYS)]
@@ -415,7 +530,8 @@ def _filter_program(machine: str, no_processes: bool) -> list[tuple[int, int, in
 
 
 def _install_filter(no_processes: bool) -> None:
-    """Kernel-enforced, for this process and all it starts: no prlimit of another process; with
+    """Kernel-enforced, for this process and all it starts: no prlimit of another process, no
+    memfd; with
     `no_processes` no new process either (threads stay allowed, bounded by the address-space
     limit; for users RLIMIT_NPROC does not bind, root)."""
     libc = _libc()

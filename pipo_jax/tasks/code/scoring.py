@@ -99,7 +99,8 @@ def _test_record(t: Test) -> dict:
 def _limits(config: SandboxConfig, n_slots: int) -> dict:
     return {"timeout_s": config.timeout_s, "startup_s": config.startup_s, "memory": config.memory_mb * 2**20,
             "cpu_s": math.ceil(config.startup_s + config.timeout_s * n_slots) + 1,
-            "fsize": config.max_output_bytes, "nproc": config.max_processes, "audit": config.audit_hook}
+            "fsize": config.max_output_bytes, "nofile": config.max_open_files, "nproc": config.max_processes,
+            "audit": config.audit_hook}
 
 
 def _describe(outcome: str, msg: str) -> str:
