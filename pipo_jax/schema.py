@@ -227,17 +227,22 @@ def to_config(section: Section) -> dict:
             for f in dataclasses.fields(section)}
 
 
+_PYTHON_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
+
+
 def defaults(cls) -> ml_collections.ConfigDict:
-    """The ml-collections config of `cls`'s defaults (a `None` default of a `X | None` key is a
-    placeholder of type X, so `--config.<key>=value` parses)."""
+    """The ml-collections config of `cls`'s defaults. A `X | None` key is a typed reference of
+    type X (`FieldReference(default, field_type=X)`), whatever its default: a preset that sets it
+    to None keeps the type, so `--config.<key>=value` parses on every preset (a plain None field
+    is one ml-collections cannot override)."""
     c = ml_collections.ConfigDict()
     for f in dataclasses.fields(cls):
         sub = _subsection(f)
+        kind = _field_type(f)
         if sub is not None:
             c[f.name] = defaults(sub)
-        elif f.default is None:
-            c[f.name] = config_dict.placeholder({"int": int, "float": float, "bool": bool, "str": str}[
-                _field_type(f).name])
+        elif kind.optional:
+            c[f.name] = config_dict.FieldReference(f.default, field_type=_PYTHON_TYPES[kind.name])
         else:
             c[f.name] = f.default
     return c
