@@ -25,6 +25,7 @@ from pipo_jax.run.setup import train_spec
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic
+from tests import test_startup_noise
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEXTS = ["3+4", "12+5", "9-7", "40+40", "1+1", "99+99", "50-25", "7+0"]
@@ -161,3 +162,6 @@ def test_serve_command_on_an_exported_policy(policy, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    # no TensorFlow load-time banners (JetStream imports TensorFlow), no jax backend probe
+    noise = [line for line in proc.stderr.read().splitlines() if any(n in line for n in test_startup_noise.NOISE)]
+    assert noise == []

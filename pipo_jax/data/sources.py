@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from pipo_jax import native_banners
+
 logger = logging.getLogger(__name__)
 
 FORMATS = ("auto", "jsonl", "parquet", "tfds")
@@ -221,7 +223,8 @@ def iter_tfds(config: SourceConfig) -> Iterator[Example]:
     be prepared in ``data_dir`` (or tfds's default directory).
     """
     try:
-        import tensorflow_datasets as tfds
+        with native_banners.banners_dropped():  # TensorFlow's load-time banners
+            import tensorflow_datasets as tfds
     except ImportError as e:
         raise ImportError("format='tfds' needs tensorflow-datasets and tensorflow: "
                           "pip install 'pipo_jax[data]'") from e
