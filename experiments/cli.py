@@ -4,7 +4,8 @@ line on stderr (`error: ...`) and exit status 2 instead of a traceback.
 A user error is: a bad flag (unknown flag, a value of the wrong type such as
 `--config.pipo.window=abc`, a missing required flag), a config file that does not load (no
 such file, unknown preset: the line names the flag and the reason), a `--config.key=value`
-override that ml-collections rejects (unknown key: its "Did you mean" hint is kept), a
+override that ml-collections rejects (an unknown key: the closest declared keys in full, `--config.pipo.lamb:
+unknown key; did you mean --config.pipo.lam?`), a
 `ConfigError` (validation), a `DataError` (a dataset row), a path that is missing, not a
 directory, a directory or not permitted (`--workdir` naming a file), a disk that refuses a write (full,
 read-only, no permission, quota: `StorageError`, or any `OSError` of those errnos, naming the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
@@ -43,6 +45,8 @@ from absl import app, flags  # noqa: E402
 from pipo_jax.data.sources import DataError  # noqa: E402
 from pipo_jax.models.hf import CheckpointError  # noqa: E402
 from pipo_jax.rl.loop import DynamicSamplingExhausted, NonFiniteUpdates  # noqa: E402
+from pipo_jax import schema  # noqa: E402
+from pipo_jax.rl.sections import RunConfig  # noqa: E402
 from pipo_jax.rl.spec import ConfigError  # noqa: E402
 from pipo_jax.run.atomic import StorageError, storage_error  # noqa: E402
 from pipo_jax.run.checkpoint import NoReadableCheckpoint  # noqa: E402
@@ -116,6 +120,17 @@ def asks_for_help(argv: Sequence[str]) -> bool:
     return any(arg.startswith("-") and arg.lstrip("-").partition("=")[0] in HELP_FLAGS for arg in argv)
 
 
+def unknown_override(argv: Sequence[str]) -> str | None:
+    """The first `--config.KEY=...` of `argv` whose KEY is not a declared key, with the closest
+    declared keys in full (`--config.pipo.lamb: unknown key; did you mean --config.pipo.lam?`)."""
+    for arg in argv:
+        match = re.match(r"^--?config\.([^=\s]+)", arg)
+        message = match and schema.unknown_key(RunConfig, match[1], prefix="--config.")
+        if message:
+            return f"--config.{match[1]}: {message}"
+    return None
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parsing, with a bad flag or config file a `UsageError` and a rejected
     `--config.*` override a `ConfigError`; a help flag prints the usage and exits 0 (absl exits 1)."""
@@ -128,7 +143,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     except flags.Error as e:
         raise UsageError(flag_error_line(e)) from None
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # ml-collections' override errors
-        raise ConfigError(f"command-line override: {one_line(e)}") from e
+        raise ConfigError(f"command-line override: {unknown_override(argv[1:]) or one_line(e)}") from e
     _load_config_flags()
     return rest
 
