@@ -1,4 +1,4 @@
-"""Serve a policy through JetStream's gRPC server (the `[serve]` extra: `pip install 'pipo_jax[serve]'`),
+"""Serve a policy through JetStream's gRPC server (the `[serve]` extra: `pip install -e ".[serve]"`),
 with this project's slot engine behind a JetStream `Engine` adapter (`experiments/serving.py`).
 
     python -m experiments.serve --policy=runs/tiny --port=9000                 # a run's newest checkpoint

@@ -49,7 +49,7 @@ from pipo_jax import native_banners
 from pipo_jax.sampling.engine import DecodeState, Engine
 from pipo_jax.sampling.sampling_params import SamplingParams
 
-EXTRA_HINT = "pip install 'pipo_jax[serve]' (google-jetstream)"
+EXTRA_HINT = "pip install -e \".[serve]\" (google-jetstream)"
 NO_BOS = -1  # the bos id given to JetStream for a policy without one (dropped again in prefill)
 
 MAX_ERROR_CHARS = 1000  # a refusal's details travel as gRPC trailing metadata (8 KiB by default)

@@ -136,7 +136,7 @@ def test_without_the_extra_the_command_fails_in_one_line(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert res.returncode == 2, res.stderr[-2000:]
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "pip install 'pipo_jax[serve]'" in lines[0] and lines[0].startswith("error: ")
+    assert len(lines) == 1 and "pip install -e \".[serve]\"" in lines[0] and lines[0].startswith("error: ")
 
 
 @pytest.mark.slow  # a server process (JetStream import ~15 s) on an exported policy directory

@@ -103,7 +103,7 @@ class RunLogger:
             try:
                 import wandb as wandb_lib
             except ImportError as e:
-                raise ImportError("config.log.wandb=True needs the 'track' extra: pip install -e '.[track]'") from e
+                raise ImportError("config.log.wandb=True needs the 'track' extra: pip install -e \".[track]\"") from e
             self._wandb = wandb_lib.init(project=wandb_project, config=run_config, dir=workdir)
         self._bar = None
         if progress:

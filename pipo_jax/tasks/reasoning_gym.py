@@ -19,7 +19,7 @@ questions (counted) and splits the rest into train / held-out rows by a fixed pe
   the library's `extract_answer` and scores it with `score_answer`.
 
 Scoring runs on `workers` threads per batch (`score_texts`). The package is an optional extra:
-`pip install 'pipo_jax[rg]'` (`import_reasoning_gym` says so when it is missing).
+`pip install -e ".[rg]"` (`import_reasoning_gym` says so when it is missing).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 EXTRA = "rg"
 MISSING = ("task.name=reasoning_gym needs the reasoning-gym package (the optional extra): "
-           f"pip install 'pipo_jax[{EXTRA}]'")
+           f"pip install -e \".[{EXTRA}]\"")
 
 
 def import_reasoning_gym():
