@@ -43,13 +43,6 @@ def test_export_starts_quietly_without_torch(tmp_path):
     assert (tmp_path / "out" / "model.safetensors").exists()
 
 
-def test_help_exits_0_and_quietly():
-    res = subprocess.run([sys.executable, "-m", "experiments.train", "--help"], capture_output=True, text=True,
-                         cwd=ROOT, env=_user_env(), timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "--workdir" in res.stdout and res.stderr == ""
-
-
 _BANNER_SCRIPT = r"""
 import os, sys
 from pipo_jax import native_banners
