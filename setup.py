@@ -18,6 +18,7 @@ setup(
         "chex>=0.1.87",
         "ml-collections>=0.1.1",
         "transformers>=4.51",  # first release with Qwen3
+        "jinja2>=3.1",  # transformers' apply_chat_template (dataset tasks' prompts); not a dependency of transformers
         "safetensors>=0.4",
         "numpy>=1.26",
         "matplotlib>=3.8",  # training curves and paper figures (PNG)

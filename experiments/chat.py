@@ -46,7 +46,6 @@ _MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", 2048, "longer prompts ar
 
 def main(argv):
     del argv
-    conversation.quiet_startup_logs()  # no `Unable to initialize backend 'tpu'` line at every start
     if _TEMPERATURE.value < 0:
         raise app.UsageError(f"--temperature={_TEMPERATURE.value} must be >= 0")
     chat = conversation.make_chat(_POLICY.value, _STEP.value, max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,

@@ -4,7 +4,8 @@ line on stderr (`error: ...`) and exit status 2 instead of a traceback.
 A user error is: a bad flag (unknown flag, a value of the wrong type such as
 `--config.pipo.window=abc`, a missing required flag), a config file that does not load (no
 such file, unknown preset: the line names the flag and the reason), a `--config.key=value`
-override that ml-collections rejects (unknown key: its "Did you mean" hint is kept), a
+override that ml-collections rejects (an unknown key: the closest declared keys in full, `--config.pipo.lamb:
+unknown key; did you mean --config.pipo.lam?`), a
 `ConfigError` (validation), a `DataError` (a dataset row), a path that is missing, not a
 directory, a directory or not permitted (`--workdir` naming a file), a disk that refuses a write (full,
 read-only, no permission, quota: `StorageError`, or any `OSError` of those errnos, naming the
@@ -21,22 +22,37 @@ shell reports a process ended by that signal.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from absl import app, flags
 
-from pipo_jax.data.sources import DataError
-from pipo_jax.models.hf import CheckpointError
-from pipo_jax.rl.loop import DynamicSamplingExhausted, NonFiniteUpdates
-from pipo_jax.rl.spec import ConfigError
-from pipo_jax.run.atomic import StorageError, storage_error
-from pipo_jax.run.checkpoint import NoReadableCheckpoint
-from pipo_jax.run.export import ExportError
-from pipo_jax.run.preemption import RunInterrupted
-from pipo_jax.run.workdir import WorkdirError
+def quiet_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables an experiments script sets at start-up, each only where the user did not set
+    it: TRANSFORMERS_NO_ADVISORY_WARNINGS=1, so transformers, which this package uses for tokenizers
+    and needs no torch for, does not print `PyTorch was not found` at its import (read when it logs,
+    so set before)."""
+    return {k: v for k, v in {"TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}.items() if k not in environ}
+
+
+os.environ.update(quiet_environment(os.environ))
+
+from absl import app, flags  # noqa: E402
+
+from pipo_jax.data.sources import DataError  # noqa: E402
+from pipo_jax.models.hf import CheckpointError  # noqa: E402
+from pipo_jax.rl.loop import DynamicSamplingExhausted, NonFiniteUpdates  # noqa: E402
+from pipo_jax import schema  # noqa: E402
+from pipo_jax.rl.sections import RunConfig  # noqa: E402
+from pipo_jax.rl.spec import ConfigError  # noqa: E402
+from pipo_jax.run.atomic import StorageError, storage_error  # noqa: E402
+from pipo_jax.run.checkpoint import NoReadableCheckpoint  # noqa: E402
+from pipo_jax.run.export import ExportError  # noqa: E402
+from pipo_jax.run.preemption import RunInterrupted  # noqa: E402
+from pipo_jax.run.workdir import WorkdirError  # noqa: E402
 
 
 class UsageError(ValueError):
@@ -96,15 +112,38 @@ def _load_config_flags() -> None:
             raise UsageError(f"--{name}={path}: cannot load the config file ({lines[-1] if lines else e})") from None
 
 
+HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "?")  # absl's: each prints and exits 1
+
+
+def asks_for_help(argv: Sequence[str]) -> bool:
+    """Whether `argv` (after the program) holds one of absl's help flags (`--help`, `-?`, `--helpfull`...)."""
+    return any(arg.startswith("-") and arg.lstrip("-").partition("=")[0] in HELP_FLAGS for arg in argv)
+
+
+def unknown_override(argv: Sequence[str]) -> str | None:
+    """The first `--config.KEY=...` of `argv` whose KEY is not a declared key, with the closest
+    declared keys in full (`--config.pipo.lamb: unknown key; did you mean --config.pipo.lam?`)."""
+    for arg in argv:
+        match = re.match(r"^--?config\.([^=\s]+)", arg)
+        message = match and schema.unknown_key(RunConfig, match[1], prefix="--config.")
+        if message:
+            return f"--config.{match[1]}: {message}"
+    return None
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parsing, with a bad flag or config file a `UsageError` and a rejected
-    `--config.*` override a `ConfigError`."""
+    `--config.*` override a `ConfigError`; a help flag prints the usage and exits 0 (absl exits 1)."""
     try:
         rest = flags.FLAGS(argv)
+    except SystemExit as e:
+        if e.code == 1 and asks_for_help(argv[1:]):
+            sys.exit(0)
+        raise
     except flags.Error as e:
         raise UsageError(flag_error_line(e)) from None
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # ml-collections' override errors
-        raise ConfigError(f"command-line override: {one_line(e)}") from e
+        raise ConfigError(f"command-line override: {unknown_override(argv[1:]) or one_line(e)}") from e
     _load_config_flags()
     return rest
 
@@ -120,8 +159,21 @@ def _user_errors_of(main):
     return wrapped
 
 
+# Loggers whose INFO lines are start-up chatter on a user's console: jax's backend probe (`Unable to
+# initialize backend 'tpu'` on every host without a TPU, which absl's INFO-level root handler would print;
+# a platform named in JAX_PLATFORMS that fails still raises), orbax's and absl's checkpoint notes.
+CHATTY_LOGGERS = ("jax._src", "orbax", "absl")
+
+
+def quiet_library_logs() -> None:
+    """`CHATTY_LOGGERS` at WARNING: their warnings and errors still print."""
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def run(main) -> None:
-    """`app.run(main)`; a user error exits with status 2 after one line on stderr."""
+    """`app.run(main)`, with `quiet_library_logs`; a user error exits with status 2 after one line on stderr."""
+    quiet_library_logs()
     try:
         app.run(_user_errors_of(main), flags_parser=_parse_flags)
     except USER_ERRORS as e:

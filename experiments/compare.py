@@ -48,7 +48,9 @@ from absl import flags
 from experiments import cli, provenance, stats
 from experiments.runs import parse_seeds, warmed_up_model
 from pipo_jax.models import hf
+from pipo_jax import schema
 from pipo_jax.rl import loop
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.run import atomic, teacher_forcing
@@ -193,7 +195,9 @@ def set_key(c: ml_collections.ConfigDict, assignment: str) -> None:
             raise ValueError(f"{assignment!r}: config has no section {part!r}")
         node = node[part]
     if leaf not in node:
-        raise ValueError(f"{assignment!r}: config has no key {key!r}")
+        close = schema.closest_keys(RunConfig, key.strip())
+        raise ValueError(f"{assignment!r}: config has no key {key!r}"
+                         + (f"; did you mean {' or '.join(close)}?" if close else ""))
     old = node[leaf]
     try:
         if isinstance(old, bool):
@@ -204,12 +208,13 @@ def set_key(c: ml_collections.ConfigDict, assignment: str) -> None:
             value = int(text)
         elif isinstance(old, float):
             value = float(text)
-        elif old is None:
-            value = None if text.lower() in ("none", "") else float(text)
+        elif old is None:  # an unset `X | None` key: its declared type X
+            value = None if text.lower() in ("none", "") else schema.read_text(RunConfig, key.strip(), text)
         else:
             value = text
     except ValueError as e:
-        raise ValueError(f"{assignment!r}: {key} is a {type(old).__name__}: {e}") from e
+        what = type(old).__name__ if old is not None else schema.type_name(RunConfig, key.strip())
+        raise ValueError(f"{assignment!r}: {key} is a {what}: {e}") from e
     node[leaf] = value
 
 

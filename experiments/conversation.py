@@ -16,7 +16,6 @@ numbers; an error quotes at most 40 characters of the line.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any
 
@@ -33,14 +32,6 @@ from pipo_jax.tasks import registry
 from pipo_jax.tasks.chat_prompts import prompt_limit, too_long
 
 PROMPT_BUCKET = 32  # text prompts are left-padded to a multiple of this: few compiles
-
-
-def quiet_startup_logs() -> None:
-    """Log WARNING and above only: absl (orbax's restore logs), orbax, and jax (its backend probe's
-    INFO line `Unable to initialize backend 'tpu'` on every start), as experiments/train.py does."""
-    logging.basicConfig(level=logging.WARNING)
-    for noisy in ("absl", "orbax", "jax._src"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 class TextPrompts:

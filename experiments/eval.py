@@ -149,8 +149,6 @@ def tokenizer_path(policy: str, spec, explicit: str | None) -> str:
 def main(argv):
     del argv
     logging.basicConfig(level=logging.INFO)
-    for noisy in ("absl", "orbax", "jax._src"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     ks = checked_ks(_KS.value, _N.value)
     for flag in (_BATCH, _MAX_NEW, _MAX_PROMPT):
         if flag.value < 1:

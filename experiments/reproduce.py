@@ -5,12 +5,14 @@
     python -m experiments.reproduce methods              # the field's other methods, then render
     python -m experiments.reproduce every_method         # both runs above, then one row per method
     python -m experiments.reproduce ablations            # the SDPO / GSPO ablations of PIPO, then render
-    python -m experiments.reproduce rg_study             # the ten reasoning-gym datasets (hours), then render
-    python -m experiments.reproduce every_method_rg      # every method on one reasoning-gym dataset (hours)
+    python -m experiments.reproduce rg_study             # the ten reasoning-gym datasets, then render
+    python -m experiments.reproduce every_method_rg      # every method on one reasoning-gym dataset
     python -m experiments.reproduce both_tasks           # both runs of methods above: one row per method, both tasks
-    python -m experiments.reproduce readiness_8b         # the 8B programs compiled for the host and TPU v5p (~1 h)
+    python -m experiments.reproduce readiness_8b         # the 8B programs compiled for the host and TPU v5p
     python -m experiments.reproduce main_job --render    # run nothing: render the table from its JSON
-    python -m experiments.reproduce --list               # the tables, their commands and JSONs
+    python -m experiments.reproduce --list               # the tables, their commands, JSONs and measured times
+
+How long each table takes is read from its JSONs (`measured_time`), and `--help` and `--list` show it.
 
 Each table is declared once in `TABLES`: the commands that measure it, the JSONs they write under
 `experiments/results/` (commit, versions, CPU, seeds and times inside), and the marked blocks
@@ -426,6 +428,49 @@ TABLES = {t.name: t for t in (
 )}
 
 
+def record_times(record: dict) -> tuple[float | None, float | None]:
+    """(wall, CPU) seconds one JSON record holds (None where it has none): a comparison's `wall_time_s` /
+    `cpu_time_s`; the main job's `total_wall_time_s` (None for runs collected from their workdirs) and its
+    runs' CPU times summed; the readiness report's `seconds` (wall; it records no CPU time)."""
+    if "seconds" in record:
+        return record["seconds"], None
+    if "total_wall_time_s" in record:  # experiments/main_job_seeds.py
+        cpus = [r.get("cpu_time_s") for r in record["runs"]]
+        return record.get("total_wall_time_s"), (sum(cpus) if None not in cpus else None)
+    return record.get("wall_time_s"), record.get("cpu_time_s")
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{max(minutes, 1)} min"
+
+
+def _times(wall: float | None, cpu: float | None) -> str:
+    parts = [f"{_duration(wall)} wall" if wall is not None else "wall time not recorded"]
+    if cpu is not None:
+        parts.append(f"{_duration(cpu)} CPU")
+    return ", ".join(parts)
+
+
+def measured_time(table: Table) -> str:
+    """How long the table's runs took, from its JSONs: per CPU model for a table whose runs belong to one
+    (a host makes only its own), else their sum (and how many of its runs are made, where some are not)."""
+    records = load_records(table)
+    if all(run.cpu_model for run in table.runs):
+        return "; ".join(f"on {run.cpu_model}: {_times(*record_times(rec))}" for run, rec in zip(table.runs, records))
+    made = [record_times(rec) for rec in records if not rec.get("missing")]
+    walls, cpus = [w for w, _ in made], [c for _, c in made]
+    text = _times(sum(walls) if None not in walls else None, sum(cpus) if made and None not in cpus else None)
+    return text + (f" ({len(made)} of {len(records)} runs made)" if len(made) < len(records) else "")
+
+
+def usage() -> str:
+    """The module's docstring and each table's measured time (`--help`)."""
+    lines = [f"  {name}: {measured_time(table)}" for name, table in TABLES.items()]
+    return "\n".join([__doc__.rstrip(), "", "Measured times, from the JSONs (wall time with other jobs sharing the "
+                      "cores; the CPU time is the run's own):", *lines])
+
+
 def load_records(table: Table) -> list[dict]:
     """The table's JSON records, each with `json_name` (its file's name) added."""
     records = []
@@ -517,7 +562,7 @@ def main(argv: list[str]) -> None:
         for t in TABLES.values():
             runs = "; ".join("python -m " + " ".join(r.argv) + f" -> experiments/results/{r.json}" + _where(r)
                              for r in t.runs)
-            print(f"{t.name}: {runs}; rendered into {', '.join(t.docs)}")
+            print(f"{t.name} ({measured_time(t)}): {runs}; rendered into {', '.join(t.docs)}")
         return
     unknown = [n for n in names if n not in TABLES]
     if not names or unknown:
@@ -529,5 +574,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    __doc__ = usage()  # absl's --help prints the main module's docstring
     define_flags()
     cli.run(main)

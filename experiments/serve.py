@@ -1,4 +1,4 @@
-"""Serve a policy through JetStream's gRPC server (the `[serve]` extra: `pip install 'pipo_jax[serve]'`),
+"""Serve a policy through JetStream's gRPC server (the `[serve]` extra: `pip install -e ".[serve]"`),
 with this project's slot engine behind a JetStream `Engine` adapter (`experiments/serving.py`).
 
     python -m experiments.serve --policy=runs/tiny --port=9000                 # a run's newest checkpoint
@@ -13,8 +13,11 @@ prompt length (`--max_prefill_length`) is refused with INVALID_ARGUMENT naming b
 
 Start-up is quiet: the process sets, before TensorFlow is imported and only where the user did not
 set them, TF_CPP_MIN_LOG_LEVEL=3 and (when jax runs without CUDA) CUDA_VISIBLE_DEVICES="", so
-TensorFlow's `failed call to cuInit` is not printed; jax's backend probe (`Unable to initialize
-backend 'tpu'`) is an INFO line of `jax._src`, kept below WARNING as the trainer does.
+TensorFlow's `failed call to cuInit` is not printed; the banners TensorFlow's libraries print while
+they load (oneDNN, `Could not find cuda drivers`), before its logging reads that variable, are dropped
+from the import's stderr (`pipo_jax/native_banners.py`); jax's backend probe (`Unable to initialize
+backend 'tpu'`) is an INFO line of `jax._src`, kept below WARNING by `experiments/cli.py` as in every
+experiments script.
 """
 
 from __future__ import annotations
@@ -80,7 +83,6 @@ def main(argv):
     logging.basicConfig(level=logging.WARNING)
     # absl's handler is on the root logger at INFO; JetStream's orchestrator logs every step there.
     logging.getLogger().setLevel(logging.WARNING)
-    conversation.quiet_startup_logs()
     serving.require_jetstream()  # before anything is loaded
     m = _MAX_PREFILL.value
     if m < 16 or m > 32768 or m & (m - 1):

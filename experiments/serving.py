@@ -45,10 +45,11 @@ import numpy as np
 from experiments.conversation import Chat
 from pipo_jax.tasks.chat_prompts import too_long
 from experiments.cli import MissingExtra
+from pipo_jax import native_banners
 from pipo_jax.sampling.engine import DecodeState, Engine
 from pipo_jax.sampling.sampling_params import SamplingParams
 
-EXTRA_HINT = "pip install 'pipo_jax[serve]' (google-jetstream)"
+EXTRA_HINT = "pip install -e \".[serve]\" (google-jetstream)"
 NO_BOS = -1  # the bos id given to JetStream for a policy without one (dropped again in prefill)
 
 MAX_ERROR_CHARS = 1000  # a refusal's details travel as gRPC trailing metadata (8 KiB by default)
@@ -56,10 +57,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # JetStream pulls in TensorF
 _root = logging.getLogger()
 _level, _handlers = _root.level, list(_root.handlers)
 try:
-    import grpc
-    from jetstream.core import config_lib, orchestrator, server_lib
-    from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
-    from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2
+    with native_banners.banners_dropped():  # JetStream loads TensorFlow (via seqio): its load-time banners
+        import grpc
+        from jetstream.core import config_lib, orchestrator, server_lib
+        from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc
+        from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2
     IMPORT_ERROR: ImportError | None = None
 except ImportError as e:  # the [serve] extra is not installed
     IMPORT_ERROR = e

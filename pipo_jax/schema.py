@@ -18,6 +18,7 @@ is one line, `ConfigError("config.<section>.<key>: <message>")`. Nothing here do
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
@@ -227,17 +228,22 @@ def to_config(section: Section) -> dict:
             for f in dataclasses.fields(section)}
 
 
+_PYTHON_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
+
+
 def defaults(cls) -> ml_collections.ConfigDict:
-    """The ml-collections config of `cls`'s defaults (a `None` default of a `X | None` key is a
-    placeholder of type X, so `--config.<key>=value` parses)."""
+    """The ml-collections config of `cls`'s defaults. A `X | None` key is a typed reference of
+    type X (`FieldReference(default, field_type=X)`), whatever its default: a preset that sets it
+    to None keeps the type, so `--config.<key>=value` parses on every preset (a plain None field
+    is one ml-collections cannot override)."""
     c = ml_collections.ConfigDict()
     for f in dataclasses.fields(cls):
         sub = _subsection(f)
+        kind = _field_type(f)
         if sub is not None:
             c[f.name] = defaults(sub)
-        elif f.default is None:
-            c[f.name] = config_dict.placeholder({"int": int, "float": float, "bool": bool, "str": str}[
-                _field_type(f).name])
+        elif kind.optional:
+            c[f.name] = config_dict.FieldReference(f.default, field_type=_PYTHON_TYPES[kind.name])
         else:
             c[f.name] = f.default
     return c
@@ -261,6 +267,43 @@ def declarations(cls, prefix: str = "") -> dict[str, dataclasses.Field]:
         else:
             out[prefix + f.name] = f
     return out
+
+
+def type_name(cls, dotted: str) -> str:
+    """The declared type of `cls`'s key `dotted` (`int`, `float`, `bool`, `str`), None aside."""
+    return _field_type(declarations(cls)[dotted]).name
+
+
+def read_text(cls, dotted: str, text: str):
+    """`text` read as the declared type of `cls`'s key `dotted` (`bool`: true / false); ValueError if it is not one."""
+    kind = type_name(cls, dotted)
+    if kind == "bool":
+        if text.lower() not in ("true", "false"):
+            raise ValueError("expected true or false")
+        return text.lower() == "true"
+    return _PYTHON_TYPES[kind](text)
+
+
+def closest_keys(cls, dotted: str, n: int = 3) -> list[str]:
+    """The declared keys of `cls` closest to the unknown dotted key `dotted`, in full: among its own
+    section's keys when it names a section (`pipo.lamb` -> `pipo.lam`), else among every key."""
+    keys = list(declarations(cls))
+    section, _, leaf = dotted.rpartition(".")
+    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == section]
+    close = difflib.get_close_matches(leaf, siblings, n=n, cutoff=0.6)
+    if close:
+        return [f"{section}.{name}" if section else name for name in close]
+    return difflib.get_close_matches(dotted, keys, n=n, cutoff=0.6)
+
+
+def unknown_key(cls, dotted: str, prefix: str = "") -> str | None:
+    """None if `dotted` is a key or a section of `cls`; else "unknown key" with the closest declared
+    keys in full, each after `prefix` (`did you mean --config.pipo.lam?` for `pipo.lamb`)."""
+    keys = declarations(cls)
+    if dotted in keys or any(k.startswith(dotted + ".") for k in keys):
+        return None
+    close = [prefix + k for k in closest_keys(cls, dotted)]
+    return "unknown key" + (f"; did you mean {' or '.join(close)}?" if close else "")
 
 
 def describe(cls, config: Mapping) -> list[tuple[str, Any, str]]:

@@ -31,11 +31,26 @@ def _run(*args):
 def test_unknown_override_is_one_line_with_the_hint():
     # A fresh interpreter here, as a user's shell starts it; the other tests use the script server.
     res = subprocess.run([sys.executable, "-m", "experiments.train", "--config=configs/grpo.py:micro",
-                          "--config.pipo.windw=3", "--check_config"], capture_output=True, text=True, cwd=ROOT,
+                          "--config.pipo.lamb=0.2", "--check_config"], capture_output=True, text=True, cwd=ROOT,
                          timeout=300, env=_ENV)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        "error: command-line override: 'windw' Did you mean \"window\" instead of \"windw\"?"]
+        "error: command-line override: --config.pipo.lamb: unknown key; did you mean --config.pipo.lam?"]
+
+
+def test_an_unknown_keys_hint_names_the_full_keys():
+    from experiments import cli
+
+    assert cli.unknown_override(["--workdir=x", "--config.pipo.windw=3"]) == (
+        "--config.pipo.windw: unknown key; did you mean --config.pipo.window?")
+    assert cli.unknown_override(["--config.warmup.target_acc=0.3"]) == (
+        "--config.warmup.target_acc: unknown key; did you mean --config.warmup.target_accuracy or "
+        "--config.warmup.target_pass_rate?")
+    # an unknown section: the closest keys among all
+    assert cli.unknown_override(["--config.pipox.lam=1"]).startswith(
+        "--config.pipox.lam: unknown key; did you mean --config.pipo.lam or ")
+    assert cli.unknown_override(["--config.zzzz=3"]) == "--config.zzzz: unknown key"
+    assert cli.unknown_override(["--config.pipo.lam=0.2", "--config.pipo=x", "--config=configs/grpo.py:tiny"]) is None
 
 
 def test_dataset_task_lists_every_missing_setting_at_once(tmp_path):

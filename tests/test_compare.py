@@ -31,8 +31,14 @@ def test_set_reads_the_value_as_the_keys_type():
         "warmup.lr=0.5", "pipo.enabled=true", "warmup.target_accuracy=0.3"))
     assert (c.task.name, c.task.reasoning_gym.config, c.warmup.steps, c.warmup.lr, c.pipo.enabled, c.warmup.target_accuracy) == (
         "reasoning_gym", '{"min_terms":2,"max_terms":3}', 7, 0.5, True, 0.3)
+    # an unset `X | None` key is read as its declared type X
+    c = compare.algorithm_config("grpo", "micro", 0, ("pipo.authors.window_twice=false", "pipo.pi_clip_low=0.1"))
+    assert c.pipo.authors.window_twice is False and c.pipo.pi_clip_low == 0.1
     for bad, message in (("warmup.steps=x", "warmup.steps is a int"), ("pipo.enabled=1", "expected true or false"),
-                         ("task.no_key=1", "config has no key 'task.no_key'"), ("nosection.a=1", "no section"),
+                         ("task.no_key=1", "config has no key 'task.no_key'; did you mean task.name\\?$"),
+                         ("nosection.a=1", "no section"),
+                         ("pipo.lamb=1", "config has no key 'pipo.lamb'; did you mean pipo.lam\\?$"),
+                         ("pipo.authors.window_twice=1", "expected true or false"),
                          ("warmup.steps", "expected KEY=VALUE")):
         with pytest.raises(ValueError, match=message):
             compare.algorithm_config("grpo", "micro", 0, (bad,))

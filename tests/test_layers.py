@@ -18,7 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("pipo_jax", "configs", "experiments")
 
 LAYERS = ("models", "kernels", "losses", "sampling", "tasks", "rl", "run", "configs", "experiments")
-LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.schema", "pipo_jax.data", "pipo_jax.parallel")
+LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.schema", "pipo_jax.native_banners", "pipo_jax.data",
+          "pipo_jax.parallel")
 
 # Imported inside the function that needs them, so the package runs without them installed (or, for
 # math-verify and the sympy / latex2sympy2 it brings, so only the verifier's worker processes pay their

@@ -4,6 +4,7 @@ never typed: each marked block equals what `python -m experiments.reproduce NAME
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -195,3 +196,30 @@ def test_the_cpu_isa_is_the_vector_and_matrix_extensions_of_cpuinfo(tmp_path):
     assert provenance.cpu_isa(str(tmp_path / "absent")) == ()
     assert provenance.record()["cpu_isa"] == list(provenance.cpu_isa())
     assert provenance.record()["schedulable_cpus"] == len(os.sched_getaffinity(0)) == provenance.schedulable_cpus()
+
+
+def test_each_tables_time_is_read_from_its_jsons(tmp_path, monkeypatch):
+    assert reproduce.record_times({"wall_time_s": 4625.7, "cpu_time_s": 3142.4}) == (4625.7, 3142.4)
+    assert reproduce.record_times({"seconds": 792.6, "date": "x"}) == (792.6, None)
+    assert reproduce.record_times({"total_wall_time_s": None, "runs": [{"cpu_time_s": 155.0}, {"cpu_time_s": 160.5}]}
+                                  ) == (None, 315.5)
+    monkeypatch.setattr(reproduce, "RESULTS", tmp_path)
+    (tmp_path / "a.json").write_text(json.dumps({"wall_time_s": 4625.7, "cpu_time_s": 3142.4}))
+    (tmp_path / "b.json").write_text(json.dumps({"wall_time_s": 60.0, "cpu_time_s": 29.0}))
+    runs = (reproduce.Run(("x",), "p", "a.json"), reproduce.Run(("x",), "p", "b.json"),
+            reproduce.Run(("x",), "p", "c.json", optional=True))
+    table = reproduce.Table("t", runs, str, ())
+    # 4685.7 s = 78.1 min; 3171.4 s = 52.9 min; c.json not made yet
+    assert reproduce.measured_time(table) == "1 h 18 min wall, 53 min CPU (2 of 3 runs made)"
+    per_cpu = reproduce.Table("m", (reproduce.Run(("x",), "p", "a.json", cpu_model="CPU A"),), str, ())
+    assert reproduce.measured_time(per_cpu) == "on CPU A: 1 h 17 min wall, 52 min CPU"
+
+
+def test_help_exits_0_and_gives_every_tables_measured_time():
+    res = subprocess.run([sys.executable, "-m", "experiments.reproduce", "--help"], capture_output=True, text=True,
+                         cwd=reproduce.ROOT, timeout=300, env=dict(os.environ, PYTHONPATH=str(reproduce.ROOT)))
+    assert res.returncode == 0, res.stderr[-2000:]
+    for name, table in reproduce.TABLES.items():
+        assert f"  {name}: {reproduce.measured_time(table)}\n" in res.stdout
+    # the ablations' JSON: 4,626 s wall, 3,142 s CPU
+    assert "  ablations: 1 h 17 min wall, 52 min CPU\n" in res.stdout

@@ -22,7 +22,7 @@ def test_ten_datasets_from_four_categories_one_recipe():
 
 
 def test_each_config_is_its_category_and_most_rows_fit_the_character_model():
-    pytest.importorskip("reasoning_gym", reason="reasoning-gym is an optional extra: pip install 'pipo_jax[rg]'")
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym is an optional extra: pip install -e \".[rg]\"")
     from reasoning_gym.factory import DATASETS
 
     from pipo_jax.data import text_vocab

@@ -25,6 +25,7 @@ from pipo_jax.run.setup import train_spec
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic
+from tests import test_startup_noise
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEXTS = ["3+4", "12+5", "9-7", "40+40", "1+1", "99+99", "50-25", "7+0"]
@@ -135,7 +136,7 @@ def test_without_the_extra_the_command_fails_in_one_line(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert res.returncode == 2, res.stderr[-2000:]
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "pip install 'pipo_jax[serve]'" in lines[0] and lines[0].startswith("error: ")
+    assert len(lines) == 1 and "pip install -e \".[serve]\"" in lines[0] and lines[0].startswith("error: ")
 
 
 @pytest.mark.slow  # a server process (JetStream import ~15 s) on an exported policy directory
@@ -161,3 +162,6 @@ def test_serve_command_on_an_exported_policy(policy, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    # no TensorFlow load-time banners (JetStream imports TensorFlow), no jax backend probe
+    noise = [line for line in proc.stderr.read().splitlines() if any(n in line for n in test_startup_noise.NOISE)]
+    assert noise == []

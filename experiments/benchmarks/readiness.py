@@ -978,7 +978,7 @@ def main(argv=None) -> dict:
               "platform_selection": platform_note(small_spec("grpo", False))}
     print(f"readiness: jax {jax.__version__}, {jax.device_count()} host devices; "
           + ("libtpu present: TPU programs compiled for v5p" if not tpu_missing else
-             f"libtpu ABSENT ({tpu_missing}): TPU compiles skipped (pip install -e '.[readiness]')"))
+             f"libtpu ABSENT ({tpu_missing}): TPU compiles skipped (pip install -e \".[readiness]\")"))
     print(f"platform selection: {result['platform_selection']}")
     targets = [t for t in args.targets.split(",") if t and (t == HOST_FSDP8 or not tpu_missing)]
     if args.quick:

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from pipo_jax import native_banners
+
 logger = logging.getLogger(__name__)
 
 FORMATS = ("auto", "jsonl", "parquet", "tfds")
@@ -178,11 +180,11 @@ def iter_jsonl(config: SourceConfig) -> Iterator[Example]:
 
 
 def iter_parquet(config: SourceConfig) -> Iterator[Example]:
-    """Examples from a parquet file (needs pyarrow: ``pip install 'pipo_jax[data]'``)."""
+    """Examples from a parquet file (needs pyarrow: ``pip install -e ".[data]"``)."""
     try:
         import pyarrow.parquet as pq
     except ImportError as e:
-        raise ImportError("reading parquet needs pyarrow: pip install 'pipo_jax[data]' (or pyarrow)") from e
+        raise ImportError("reading parquet needs pyarrow: pip install -e \".[data]\" (or pyarrow)") from e
     check_regular_file(config.path)
     try:
         pf = pq.ParquetFile(config.path)
@@ -221,10 +223,11 @@ def iter_tfds(config: SourceConfig) -> Iterator[Example]:
     be prepared in ``data_dir`` (or tfds's default directory).
     """
     try:
-        import tensorflow_datasets as tfds
+        with native_banners.banners_dropped():  # TensorFlow's load-time banners
+            import tensorflow_datasets as tfds
     except ImportError as e:
         raise ImportError("format='tfds' needs tensorflow-datasets and tensorflow: "
-                          "pip install 'pipo_jax[data]'") from e
+                          "pip install -e \".[data]\"") from e
     try:
         ds = tfds.load(config.path, split=config.split, data_dir=config.data_dir, download=config.tfds_download)
     except Exception as e:  # tfds raises several types for a missing / unprepared dataset

@@ -103,7 +103,7 @@ class RunLogger:
             try:
                 import wandb as wandb_lib
             except ImportError as e:
-                raise ImportError("config.log.wandb=True needs the 'track' extra: pip install -e '.[track]'") from e
+                raise ImportError("config.log.wandb=True needs the 'track' extra: pip install -e \".[track]\"") from e
             self._wandb = wandb_lib.init(project=wandb_project, config=run_config, dir=workdir)
         self._bar = None
         if progress:
@@ -177,46 +177,68 @@ def _series(rows: Iterable[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(x), np.asarray(y)
 
 
-# (file, title, y-axis label: the quantity and its unit, ((metrics key, legend label), ...)); x: the RL iteration.
+# A panel: (y-axis label: the quantity and its unit, ((metrics key, legend label), ...)).
+# A plot: (file, title, panels); x: the RL iteration. Quantities of different scale get panels of their own.
 PLOTS = (
-    ("reward.png", "reward", "reward per response / accuracy (fraction, 0-1)",
-     (("reward_mean", "batch reward"), ("heldout_accuracy", "held-out accuracy"))),
-    ("mu_vs_mu_his.png", "PIPO window", "batch mean reward (reward per response)",
-     (("mu_t", "mu_t"), ("mu_his", "mu_his"))),
-    ("xi_c.png", "improvement signal", "xi (window std. devs), c (scale), PI step (0/1)",
-     (("xi", "xi"), ("c", "c"), ("pi_step_applied", "PI step applied"))),
-    ("response_length.png", "response length", "mean response length (tokens)",
-     (("response_length", "mean length"),)),
-    ("kl.png", "KL to reference", "KL(pi || ref), k3 (nats per token)", (("kl_ref", "k3 KL(pi || ref)"),)),
+    ("reward.png", "reward", (("reward per response / accuracy (fraction, 0-1)",
+                               (("reward_mean", "batch reward"), ("heldout_accuracy", "held-out accuracy"))),)),
+    ("mu_vs_mu_his.png", "PIPO window", (("batch mean reward (reward per response)",
+                                          (("mu_t", "mu_t"), ("mu_his", "mu_his"))),)),
+    ("xi_c.png", "improvement signal", (("xi (window std. devs)", (("xi", "xi"),)),
+                                        ("c (PI step scale)", (("c", "c"),)),
+                                        ("PI step applied (0/1)", (("pi_step_applied", "PI step applied"),)))),
+    ("response_length.png", "response length", (("mean response length (tokens)",
+                                                 (("response_length", "mean length"),)),)),
+    ("kl.png", "KL to reference", (("KL(pi || ref), k3 (nats per token)", (("kl_ref", "k3 KL(pi || ref)"),)),)),
 )
 X_LABEL = "RL iteration (step)"
 
 
+def run_caption(workdir: str) -> str:
+    """`<run> (<algorithm>[ + PIPO], seed <seed>)`: the workdir's name and its `config.json`'s algorithm,
+    PIPO switch and seed (the name alone where the workdir has no readable config)."""
+    name = os.path.basename(os.path.normpath(os.path.abspath(workdir)))
+    try:
+        with open(os.path.join(workdir, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return name
+    if not isinstance(config, dict):
+        return name
+    pipo = " + PIPO" if (config.get("pipo") or {}).get("enabled") else ""
+    return f"{name} ({config.get('algorithm', '?')}{pipo}, seed {config.get('seed', '?')})"
+
+
 def plot_run(rows: list[dict], workdir: str) -> list[str]:
-    """Draws the standard run plots (PNG) from metrics rows; returns the written paths. Each plot's
-    axes are labelled with the quantity and its unit (`PLOTS`, `X_LABEL`)."""
+    """Draws the standard run plots (PNG) from metrics rows; returns the written paths. Each title names the
+    run, its algorithm and seed (`run_caption`); each panel's y axis the quantity and its unit (`PLOTS`);
+    a legend (panels of several series) sits outside the panel, covering no data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    caption = run_caption(workdir)
     written = []
-    for fname, title, ylabel, keys in PLOTS:
-        series = [(label, *_series(rows, key)) for key, label in keys]
-        series = [s for s in series if len(s[1])]
-        if not series:
+    for fname, title, panels in PLOTS:
+        drawn = [(ylabel, [(label, *_series(rows, key)) for key, label in keys]) for ylabel, keys in panels]
+        drawn = [(ylabel, [s for s in series if len(s[1])]) for ylabel, series in drawn]
+        drawn = [(ylabel, series) for ylabel, series in drawn if series]
+        if not drawn:
             continue
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for label, x, y in series:
-            ax.plot(x, y, label=label, marker="o" if len(x) < 30 else None, markersize=3)
-        ax.set_xlabel(X_LABEL)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend()
+        fig, axes = plt.subplots(len(drawn), 1, sharex=True, figsize=(6.4, 1.2 + 2.3 * len(drawn)), squeeze=False)
+        for ax, (ylabel, series) in zip(axes[:, 0], drawn):
+            for label, x, y in series:
+                ax.plot(x, y, label=label, marker="o" if len(x) < 30 else None, markersize=3)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            if len(series) > 1:
+                ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize="small")
+        axes[-1, 0].set_xlabel(X_LABEL)
+        axes[0, 0].set_title(f"{title}: {caption}")
         fig.tight_layout()
         path = os.path.join(workdir, fname)
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
     return written

@@ -19,12 +19,13 @@ questions (counted) and splits the rest into train / held-out rows by a fixed pe
   the library's `extract_answer` and scores it with `score_answer`.
 
 Scoring runs on `workers` threads per batch (`score_texts`). The package is an optional extra:
-`pip install 'pipo_jax[rg]'` (`import_reasoning_gym` says so when it is missing).
+`pip install -e ".[rg]"` (`import_reasoning_gym` says so when it is missing).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import pickle
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar, NamedTuple, Sequence
+from typing import Any, ClassVar, Iterable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 EXTRA = "rg"
 MISSING = ("task.name=reasoning_gym needs the reasoning-gym package (the optional extra): "
-           f"pip install 'pipo_jax[{EXTRA}]'")
+           f"pip install -e \".[{EXTRA}]\"")
 
 
 def import_reasoning_gym():
@@ -111,6 +112,18 @@ def draw_entries(dataset: Any, name: str, config: dict[str, Any], size: int, see
     return pickle.loads(proc.stdout)
 
 
+def unknown_dataset(name: str, registered: Iterable[str]) -> str | None:
+    """None if `name` is one of reasoning-gym's `registered` datasets; else the message: the close
+    matches of `name` when there are some, every name otherwise."""
+    names = sorted(registered)
+    if name in names:
+        return None
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+    if close:
+        return f"dataset={name!r} is not a reasoning-gym dataset; did you mean {' or '.join(map(repr, close))}?"
+    return f"dataset={name!r} is not a reasoning-gym dataset; its {len(names)} datasets: {', '.join(names)}"
+
+
 def generate_entries(name: str, config: dict[str, Any], size: int, seed: int, heldout_fraction: float) -> Entries:
     """`size` entries of dataset `name` (seed `seed`; `draw_entries`: the same in every process), repeated
     questions dropped (counted, logged), split train / held-out by a permutation of `seed` (disjoint
@@ -118,6 +131,9 @@ def generate_entries(name: str, config: dict[str, Any], size: int, seed: int, he
     rg = import_reasoning_gym()
     if size < 2:
         raise ValueError(f"size={size} must be >= 2 (train and held-out rows)")
+    message = unknown_dataset(name, rg.factory.DATASETS)
+    if message:
+        raise ValueError(message)
     try:
         dataset = rg.create_dataset(name, seed=seed, size=size, **config)
     except (ValueError, TypeError, KeyError, AssertionError) as e:

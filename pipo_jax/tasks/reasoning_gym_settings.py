@@ -24,7 +24,7 @@ def _json_object(text: str) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class ReasoningGymSettings(Section):
-    """One of reasoning-gym's procedural datasets (`pip install 'pipo_jax[rg]'`): in the character
+    """One of reasoning-gym's procedural datasets (`pip install -e ".[rg]"`): in the character
     vocabulary for the task model, or through `model.path`'s tokenizer (then `task.dataset.*`'s
     prompt keys apply)."""
 

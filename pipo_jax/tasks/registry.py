@@ -23,7 +23,7 @@ from pipo_jax.tasks.protocol import Task, TaskConfigError, missing_members
 class TaskEntry:
     """name: `config.task.name`; module: where `constructor(config) -> Task` lives; task_classes:
     the classes it returns (their abstract members are checked when the task is chosen);
-    extra: the `pip install 'pipo_jax[extra]'` its dependencies come with ("": none); settings:
+    extra: the `pip install -e ".[extra]"` its dependencies come with ("": none); settings:
     the config sections of the task's own keys, "module:Class" (a `schema.Section` whose `_section`
     is `task.<field>`, in a module beside the task's that imports only the schema), read as
     `config.task.<field>.<key>`; chat: the "module:Class" of its chat renderer
@@ -131,7 +131,7 @@ def constructor(name: str) -> Callable[..., Task]:
         if not entry.extra:
             raise
         raise TaskConfigError(f"config.task.name: task.name={name} needs the optional extra: "
-                              f"pip install 'pipo_jax[{entry.extra}]' ({e})") from e
+                              f"pip install -e \".[{entry.extra}]\" ({e})") from e
     for class_name in entry.task_classes:
         check_task_class(getattr(module, class_name), f"task {name!r}: {entry.module}.{class_name}")
     return getattr(module, entry.constructor)

@@ -193,7 +193,7 @@ def test_hlo_cost_charges_a_cache_write_its_rows_and_a_collective_once():
     assert hlo_cost.program_cost(CACHE_WRITE_HLO).bytes == 64 + 4096 + 8192
 
 
-@pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install -e '.[readiness]')")
+@pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install -e \".[readiness]\")")
 def test_a_tpu_trainer_program_is_counted_from_its_own_hlo():
     """The micro update as XLA:TPU builds it for v5p-8: every loop's trip count read from the loop,
     splash attention's kernels counted as bytes only, the roofline for the TPU alone, the byte terms
@@ -311,7 +311,7 @@ def test_bf16_iteration_at_an_odd_length_carries_the_fused_attention(fast_report
     assert not row["export"]["cuda"]["problems"] and not row["export"]["tpu"]["problems"]
 
 
-@pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install -e '.[readiness]')")
+@pytest.mark.skipif(not HAVE_LIBTPU, reason="libtpu not installed (pip install -e \".[readiness]\")")
 def test_tpu_programs_compile_for_v5p(fast_report):
     for row in fast_report["lowering"]:
         assert row["tpu_compile"]["ok"], (row["entry_point"], row["mesh"], row["tpu_compile"])

@@ -2,6 +2,7 @@
 PNG plots, and what a resume does to each."""
 
 import glob
+import json
 import struct
 
 import numpy as np
@@ -85,9 +86,10 @@ def test_resume_truncates_jsonl_and_purges_tensorboard(tmp_path):
     assert [(r["step"], r["xi"]) for r in observe.read_metrics(str(tmp_path / "metrics.jsonl"))] == [(0, 7.0)]
 
 
-def test_every_plot_has_labelled_axes_with_units(tmp_path, monkeypatch):
-    """Each PNG the run writes is drawn from a figure whose axes name the quantity and its unit:
-    savefig is wrapped to read the figure it writes."""
+def test_every_plot_has_labelled_axes_with_units_a_titled_run_and_legends_off_the_data(tmp_path, monkeypatch):
+    """Each PNG the run writes is drawn from a figure whose axes name the quantity and its unit, whose
+    title names the run, its algorithm and seed, and whose legends sit outside the panels; xi, c and the
+    PI step (different scales) get a panel each. savefig is wrapped to read the figure it writes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,20 +99,37 @@ def test_every_plot_has_labelled_axes_with_units(tmp_path, monkeypatch):
     save = Figure.savefig
 
     def recording_savefig(fig, path, *args, **kwargs):
-        seen[str(path).rsplit("/", 1)[-1]] = [(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes]
+        fig.canvas.draw()
+        panels = []
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            outside = legend is None or legend.get_window_extent().x0 >= ax.get_window_extent().x1
+            panels.append((ax.get_xlabel(), ax.get_ylabel(), ax.get_title(), [ln.get_label() for ln in ax.lines],
+                           outside))
+        seen[str(path).rsplit("/", 1)[-1]] = panels
         return save(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", recording_savefig)
+    run = tmp_path / "grpo_pipo_s3"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"algorithm": "grpo", "seed": 3, "pipo": {"enabled": True}}))
     rows = [dict(row(s), step=s) for s in (1, 2, 3)]
-    written = observe.plot_run(rows, str(tmp_path))
+    written = observe.plot_run(rows, str(run))
     names = sorted(p.rsplit("/", 1)[-1] for p in written)
     assert names == ["kl.png", "mu_vs_mu_his.png", "response_length.png", "reward.png", "xi_c.png"]
     assert sorted(seen) == names
-    units = {"reward.png": "fraction", "mu_vs_mu_his.png": "reward", "xi_c.png": "std. devs",
-             "response_length.png": "tokens", "kl.png": "nats"}
-    for name, axes in seen.items():
-        assert len(axes) == 1, name
-        (xlabel, ylabel), = axes
-        assert "iteration" in xlabel, (name, xlabel)
-        assert ylabel.strip() and "(" in ylabel and units[name] in ylabel, (name, ylabel)
-        assert open(tmp_path / name, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    units = {"reward.png": ["fraction"], "mu_vs_mu_his.png": ["reward"], "xi_c.png": ["std. devs", "scale", "0/1"],
+             "response_length.png": ["tokens"], "kl.png": ["nats"]}
+    for name, panels in seen.items():
+        assert len(panels) == len(units[name]), name
+        assert panels[0][2].endswith(": grpo_pipo_s3 (grpo + PIPO, seed 3)"), (name, panels[0][2])
+        assert "iteration" in panels[-1][0], name  # the shared x axis, labelled under the last panel
+        for (_, ylabel, _, _, outside), unit in zip(panels, units[name]):
+            assert "(" in ylabel and unit in ylabel and outside, (name, ylabel)
+        assert open(run / name, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert [p[3] for p in seen["xi_c.png"]] == [["xi"], ["c"], ["PI step applied"]]
+    assert seen["reward.png"][0][3] == ["batch reward", "held-out accuracy"]
+    # a workdir without a config: the run's name alone
+    assert observe.run_caption(str(tmp_path)) == tmp_path.name
+
+

@@ -50,5 +50,5 @@ def test_without_tensorflow_datasets_the_config_error_names_the_extra(model_dir,
 
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
     with pytest.raises(ConfigError, match=r"config.task.dataset \(path='gsm8k'.*needs tensorflow-datasets and tensorflow: "
-                                          r"pip install 'pipo_jax\[data\]'"):
+                                          r"pip install -e \"\.\[data\]\""):
         train_spec(_gsm8k_config(model_dir, tmp_path))

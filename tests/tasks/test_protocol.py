@@ -99,7 +99,7 @@ def test_registry_errors_are_one_line_naming_the_key(monkeypatch):
         "needs_extra", "pipo_jax.tasks.no_such_module", ("X",), extra="xyz"))
     c.task.name = "needs_extra"
     with pytest.raises(ConfigError, match=r"^config\.task\.name: task\.name=needs_extra needs the optional extra: "
-                                          r"pip install 'pipo_jax\[xyz\]'"):
+                                          r"pip install -e \"\.\[xyz\]\""):
         make_task(c)
     with pytest.raises(ValueError, match="registered twice"):
         registry.register_task(registry.TASKS["arithmetic"])

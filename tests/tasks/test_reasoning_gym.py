@@ -28,7 +28,7 @@ from pipo_jax.tasks import reasoning_gym as rgt
 from tests.conftest import override
 from tests.data.tiny_tokenizer import save_tiny_model_dir
 
-rg = pytest.importorskip("reasoning_gym", reason="reasoning-gym is an optional extra: pip install 'pipo_jax[rg]'")
+rg = pytest.importorskip("reasoning_gym", reason="reasoning-gym is an optional extra: pip install -e \".[rg]\"")
 
 SPELL = '{"min_word_len":3,"max_word_len":5}'
 GCD = '{"min_numbers":2,"max_numbers":2,"min_value":1,"max_value":50}'
@@ -219,7 +219,7 @@ def test_missing_package_names_the_extra(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_rg)
     with pytest.raises(ConfigError, match=r"^config\.task\.name: task\.name=reasoning_gym needs the reasoning-gym "
-                                          r"package \(the optional extra\): pip install 'pipo_jax\[rg\]'$"):
+                                          r"package \(the optional extra\): pip install -e \"\.\[rg\]\"$"):
         make_task(rg_config())
 
 
