@@ -48,8 +48,9 @@ from pipo_jax.rl.loop import DynamicSamplingExhausted, NonFiniteUpdates  # noqa:
 from pipo_jax import schema  # noqa: E402
 from pipo_jax.rl.sections import RunConfig  # noqa: E402
 from pipo_jax.rl.spec import ConfigError  # noqa: E402
-from pipo_jax.run.atomic import StorageError, storage_error  # noqa: E402
+from pipo_jax.run.atomic import NotRegularFile, StorageError, storage_error  # noqa: E402
 from pipo_jax.run.checkpoint import NoReadableCheckpoint  # noqa: E402
+from pipo_jax.run.integrity import CheckpointDamaged  # noqa: E402
 from pipo_jax.run.export import ExportError  # noqa: E402
 from pipo_jax.run.preemption import RunInterrupted  # noqa: E402
 from pipo_jax.run.workdir import WorkdirError  # noqa: E402
@@ -65,7 +66,8 @@ class MissingExtra(RuntimeError):
 
 PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
 USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, WorkdirError, UsageError,
-               NonFiniteUpdates, DynamicSamplingExhausted, ExportError, MissingExtra, StorageError) + PATH_ERRORS
+               NonFiniteUpdates, DynamicSamplingExhausted, ExportError, MissingExtra, StorageError, NotRegularFile,
+               CheckpointDamaged) + PATH_ERRORS
 EXIT_USER_ERROR = 2
 
 T = TypeVar("T")
