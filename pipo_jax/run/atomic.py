@@ -215,6 +215,12 @@ def storage_error(e: BaseException) -> tuple[int, str | None] | None:
 def storage_failure(e: BaseException, where: str, kept: str) -> StorageError:
     """The one-line `StorageError` of a storage refusal found in `e` (`storage_error`): the path
     (`where` when the error names none), the reason, and `kept`, what is left to resume from."""
-    code, path = storage_error(e) or (errno.ENOSPC, None)
-    return StorageError(f"{path or where}: {STORAGE_ERRNOS[code]} ({kept}; the files written before are "
+    return StorageError(f"{storage_refusal(e, where)} ({kept}; the files written before are "
                         "unchanged); free space or make it writable, then rerun the same command to resume")
+
+
+def storage_refusal(e: BaseException, where: str) -> str:
+    """`<path>: no space left on device` (the reason of the storage refusal found in `e`; `where` when
+    the error names no path)."""
+    code, path = storage_error(e) or (errno.ENOSPC, None)
+    return f"{path or where}: {STORAGE_ERRNOS[code]}"
