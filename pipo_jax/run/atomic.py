@@ -37,13 +37,13 @@ class NotRegularFile(RuntimeError):
     """A run's own file is a FIFO, a device, a socket or a directory: one line, exit status 2."""
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+_KINDS = ((stat.S_ISREG, "a regular file"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 def file_kind(mode: int) -> str:
-    """'a FIFO', 'a directory', ... for a `st_mode` (what a non-regular file is, in words)."""
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    """'a FIFO', 'a directory', 'a regular file', ... for a `st_mode` (what a file is, in words)."""
+    return next((name for test, name in _KINDS if test(mode)), "a file of another kind")
 
 
 def not_regular(path: str, mode: int) -> NotRegularFile:
