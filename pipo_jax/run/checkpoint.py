@@ -1,12 +1,14 @@
 """Orbax checkpoints of the whole `TrainState` (params, optimizer, PIPO state, RNG).
 
-Saves are asynchronous and keep the last `keep` steps. Orbax writes each step into a
-temporary directory and renames it only once complete, so a half-written checkpoint is
-never picked up as the latest: a crash mid-save leaves the previous good one in place.
-A checkpoint damaged after the fact (a truncated or deleted file, garbage bytes) is
-skipped on restore: the newest one that reads is used, each skipped one is named in one
-log line and left on disk (moved aside into `<directory>.unreadable/` only when a new
-save needs its step number). A checkpoint written by older code under names since renamed
+Saves are asynchronous and keep the last `keep` of the run's own whole steps (`_rotate`: a foreign,
+an older code's, a cut or an unreadable numbered directory is never removed). Orbax writes each step
+into a temporary directory and renames it only once complete, so a half-written checkpoint is
+never picked up as the latest: a crash mid-save leaves the previous good one in place. Before that
+rename the step gets its integrity record (`integrity.py`: each saved file's size and sha256).
+A checkpoint damaged after the fact (a truncated or deleted file, garbage bytes, even ones orbax
+would read back as other values) is skipped on restore: its record is checked first, the newest one
+that reads is used, each skipped one is named in one log line and left on disk (moved aside into
+`<directory>.unreadable/` only when a new save needs its step number). A checkpoint written by older code under names since renamed
 (`LEGACY_NAMES`) is read by its stored names and laid out like the template; one written before a
 field of `ADDED_FIELDS` existed restores with that field fresh (zeros, its initial value), said in
 one log line.
@@ -39,6 +41,7 @@ from pipo_jax.run.workdir import WorkdirError
 log = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step still being written
+REMOVING_SUFFIX = ".removing"  # `.<step>.removing`: a rotated-out step being removed
 
 
 class NoReadableCheckpoint(RuntimeError):
@@ -93,11 +96,13 @@ def kept_checkpoints(directory: str) -> str:
 
 
 def remove_partial_saves(directory: str) -> list[str]:
-    """Removes the `<step>.orbax-checkpoint-tmp` directories (saves that never finished) of
-    `directory`; returns their paths."""
+    """Removes the `<step>.orbax-checkpoint-tmp` directories (saves that never finished) and the
+    `.<step>.removing` ones (rotated-out steps whose removal a kill cut short) of `directory`;
+    returns their paths."""
     if not os.path.isdir(directory):
         return []
-    partial = [os.path.join(directory, n) for n in sorted(os.listdir(directory)) if n.endswith(TMP_SUFFIX)]
+    partial = [os.path.join(directory, n) for n in sorted(os.listdir(directory))
+               if n.endswith(TMP_SUFFIX) or (n.startswith(".") and n.endswith(REMOVING_SUFFIX))]
     for path in partial:
         shutil.rmtree(path, ignore_errors=True)
     return partial
@@ -195,6 +200,10 @@ class Checkpointer:
                                                    post_finalization_callback=self._record_integrity))
         _quiet_failed_saves()
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        if jax.process_index() == 0:  # a rotated-out step whose removal a kill cut short
+            for name in os.listdir(self.directory):
+                if name.startswith(".") and name.endswith(REMOVING_SUFFIX):
+                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
         self.keep, self.async_save = keep, async_save
         self.unreadable: dict[int, str] = {}  # step -> reason, filled by `restore`
         self.failed: BaseException | None = None  # a save that did not finish
@@ -250,8 +259,13 @@ class Checkpointer:
                         "code, or a file missing or cut): left in place, not counted by checkpoint.keep", others,
                         self.directory)
         self._told_unrecorded.update(others)
-        for s in own[:-self.keep] if len(own) > self.keep else []:
-            self._manager.delete(s)
+        if jax.process_index() != 0 or len(own) <= self.keep:
+            return  # process 0 alone decides and removes (a shared directory): no barrier to miss
+        for s in own[:-self.keep]:
+            removing = os.path.join(self.directory, f".{s}{REMOVING_SUFFIX}")  # no longer a step, even half-removed
+            os.rename(self.step_path(s), removing)
+            shutil.rmtree(removing, ignore_errors=True)
+        self._manager.reload()
 
     @contextlib.contextmanager
     def _cleaning_up(self):
