@@ -5,8 +5,8 @@ directory, is fsynced and renamed over the target, so a reader sees the old file
 one, never a cut one; a failed write removes its temporary and leaves the old file as it was.
 `append_line`: one whole line appended, or (a failed write) the file cut back to its old size,
 never a torn row. `storage_error` recognises a full disk, a read-only file system, a refused
-permission or an exhausted quota (an `OSError`, or tensorstore's error text inside orbax's),
-which the run reports as a `StorageError`: one line naming the path and what was kept.
+permission or an exhausted quota (an `OSError`, tensorstore's error text inside orbax's, or a
+Rust library's `(os error N)` such as safetensors'), which the run reports as a `StorageError`: one line naming the path and what was kept.
 `open_regular` opens a run's own file without blocking on a FIFO or a device found in its place
 and refuses anything but a regular file (`NotRegularFile`, one line).
 """
@@ -25,7 +25,7 @@ from typing import Any
 STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
                   errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
                   errno.EPERM: "operation not permitted"}
-_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")  # tensorstore's text for the errno
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)|\(os error (\d+)\)")  # tensorstore's / Rust's (safetensors) errno
 _TS_PATH = re.compile(r'(?:Failed writing|local file): "([^"]+)"')
 
 
@@ -205,9 +205,10 @@ def storage_error(e: BaseException) -> tuple[int, str | None] | None:
         if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
             return e.errno, e.filename
         code = _OS_ERROR_CODE.search(str(e))
-        if code and int(code.group(1)) in STORAGE_ERRNOS:
+        number = int(code.group(1) or code.group(2)) if code else None
+        if number in STORAGE_ERRNOS:
             path = _TS_PATH.search(str(e))
-            return int(code.group(1)), path.group(1) if path else None
+            return number, path.group(1) if path else None
         e = e.__cause__ or e.__context__
     return None
 

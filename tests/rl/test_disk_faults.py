@@ -124,3 +124,29 @@ def test_a_fifo_put_in_a_sinks_place_is_one_warning_not_a_hang(tmp_path, caplog)
         f"{tmp_path / 'metrics.jsonl'}: a write failed (NotRegularFile: {tmp_path / 'metrics.jsonl'}: a FIFO, not a "
         "regular file (the run reads and writes only regular files there): move it aside): training goes on; its "
         "rows are dropped until it writes again"]
+
+
+def test_an_export_the_full_disk_refuses_is_one_warning_and_leaves_no_half_directory(tmp_path, caplog):
+    """The trainer's end-of-run export on a real full tmpfs: one warning naming the checkpoint that holds
+    the state; neither `hf_export/` nor its `.partial` is left (a server would load a half-written one)."""
+    import logging
+
+    import jax
+
+    from configs import grpo
+    from pipo_jax.models import qwen3
+    from pipo_jax.run import export as export_lib
+    from pipo_jax.run import trainer
+    from pipo_jax.run.setup import train_spec
+
+    spec = train_spec(grpo.get_config("micro"))
+    params = qwen3.init_params(spec.model, jax.random.PRNGKey(0))
+    with disk.tmpfs(tmp_path / "fs", "64k") as fs:  # the weights (~0.7 MB) do not fit
+        export = str(fs / "hf_export")
+        with caplog.at_level(logging.WARNING, logger="pipo_jax.run.trainer"):
+            written = trainer._written_or_warned("hf_export", export, "/run/checkpoints/2", lambda: trainer._export_whole(
+                export, lambda out: export_lib.write_export(out, spec.model, params, spec=spec)))
+        assert written is False and os.listdir(fs) == []
+        lines = [r.getMessage() for r in caplog.records]
+        assert lines == [f"hf_export: not written ({export}: no space left on device); the run's final state is in "
+                         "the checkpoint /run/checkpoints/2"]  # safetensors' error names no file
