@@ -231,9 +231,9 @@ def run_caption(workdir: str) -> str:
     PIPO switch and seed (the name alone where the workdir has no readable config)."""
     name = os.path.basename(os.path.normpath(os.path.abspath(workdir)))
     try:
-        with open(os.path.join(workdir, "config.json")) as f:
+        with atomic.open_regular(os.path.join(workdir, "config.json")) as f:  # never blocks on a FIFO
             config = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError, atomic.NotRegularFile):
         return name
     if not isinstance(config, dict):
         return name
