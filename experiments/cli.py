@@ -9,8 +9,9 @@ unknown key; did you mean --config.pipo.lam?`), a
 `ConfigError` (validation), a `DataError` (a dataset row), a path that is missing, not a
 directory, a directory or not permitted (`--workdir` naming a file), a disk that refuses a write (full,
 read-only, no permission, quota: `StorageError`, or any `OSError` of those errnos, naming the
-path), a run's own file that is a FIFO, a device or a directory (`NotRegularFile`), checkpoints none of
-which reads or one asked for by its step whose files differ from its integrity record (`CheckpointDamaged`), a run stopped by its guards (`train.max_bad_steps` non-finite updates in a row,
+path), a run's own file that is a FIFO, a device or a directory (`NotRegularFile`), checkpoints
+none of which reads or one asked for by its step whose files differ from its integrity record
+(`CheckpointDamaged`), a run stopped by its guards (`train.max_bad_steps` non-finite updates in a row,
 DAPO's dynamic sampling exhausted: both name the iteration / key to change), and a
 `UsageError` (or absl's `app.UsageError`) a script raises for a bad flag value, an export
 that cannot be made (`ExportError`), and a command's optional dependency (`[serve]`) that is not

@@ -6,7 +6,8 @@ one, never a cut one; a failed write removes its temporary and leaves the old fi
 `append_line`: one whole line appended, or (a failed write) the file cut back to its old size,
 never a torn row. `storage_error` recognises a full disk, a read-only file system, a refused
 permission or an exhausted quota (an `OSError`, tensorstore's error text inside orbax's, or a
-Rust library's `(os error N)` such as safetensors'), which the run reports as a `StorageError`: one line naming the path and what was kept.
+Rust library's `(os error N)` such as safetensors'), which the run reports as a `StorageError`:
+one line naming the path and what was kept.
 `open_regular` opens a run's own file without blocking on a FIFO or a device found in its place
 and refuses anything but a regular file (`NotRegularFile`, one line).
 """
@@ -37,7 +38,8 @@ class NotRegularFile(RuntimeError):
     """A run's own file is a FIFO, a device, a socket or a directory: one line, exit status 2."""
 
 
-_KINDS = ((stat.S_ISREG, "a regular file"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+_KINDS = ((stat.S_ISREG, "a regular file"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 

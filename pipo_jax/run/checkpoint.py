@@ -8,7 +8,8 @@ rename the step gets its integrity record (`integrity.py`: each saved file's siz
 A checkpoint damaged after the fact (a truncated or deleted file, garbage bytes, even ones orbax
 would read back as other values) is skipped on restore: its record is checked first, the newest one
 that reads is used, each skipped one is named in one log line and left on disk (moved aside into
-`<directory>.unreadable/` only when a new save needs its step number). A checkpoint written by older code under names since renamed
+`<directory>.unreadable/` only when a new save needs its step number); a step saved by older code
+(no record) is read unchecked. A checkpoint written by older code under names since renamed
 (`LEGACY_NAMES`) is read by its stored names and laid out like the template; one written before a
 field of `ADDED_FIELDS` existed restores with that field fresh (zeros, its initial value), said in
 one log line.
@@ -200,10 +201,8 @@ class Checkpointer:
                                                    post_finalization_callback=self._record_integrity))
         _quiet_failed_saves()
         self._manager = ocp.CheckpointManager(self.directory, options=options)
-        if jax.process_index() == 0:  # a rotated-out step whose removal a kill cut short
-            for name in os.listdir(self.directory):
-                if name.startswith(".") and name.endswith(REMOVING_SUFFIX):
-                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        if jax.process_index() == 0:  # what a killed run left: a partial save, a half-removed rotated-out step
+            remove_partial_saves(self.directory)
         self.keep, self.async_save = keep, async_save
         self.unreadable: dict[int, str] = {}  # step -> reason, filled by `restore`
         self.failed: BaseException | None = None  # a save that did not finish

@@ -98,10 +98,11 @@ def test_a_full_disk_never_blocks_or_stops_the_run_logger(tmp_path, caplog):
             logger.close(plots=False)
         again = [r.getMessage() for r in caplog.records][len(full):]
         metrics, tb = str(fs / "run" / "metrics.jsonl"), logger._tb.path
-        assert full == [f"{metrics}: a write failed (OSError: [Errno 28] No space left on device: '{metrics}'): training "
-                        "goes on; its rows are dropped until it writes again",
-                        f"{tb}: a write failed (OSError: [Errno 28] No space left on device: '{tb}'): training goes on; "
-                        "its rows are dropped until it writes again"]
+        enospc = "OSError: [Errno 28] No space left on device"
+        assert full == [f"{metrics}: a write failed ({enospc}: '{metrics}'): training goes on; its rows are dropped "
+                        "until it writes again",
+                        f"{tb}: a write failed ({enospc}: '{tb}'): training goes on; its rows are dropped until it "
+                        "writes again"]
         assert again == [f"{metrics}: written again; 28 rows of iterations 3-30 were dropped",
                          f"{tb}: written again; 28 rows of iterations 3-30 were dropped"]
         assert [r["step"] for r in observe.read_metrics(metrics)] == [0, 1, 2, 31]
@@ -144,8 +145,10 @@ def test_an_export_the_full_disk_refuses_is_one_warning_and_leaves_no_half_direc
     with disk.tmpfs(tmp_path / "fs", "64k") as fs:  # the weights (~0.7 MB) do not fit
         export = str(fs / "hf_export")
         with caplog.at_level(logging.WARNING, logger="pipo_jax.run.trainer"):
-            written = trainer._written_or_warned("hf_export", export, "/run/checkpoints/2", lambda: trainer._export_whole(
-                export, lambda out: export_lib.write_export(out, spec.model, params, spec=spec)))
+            written = trainer._written_or_warned(
+                "hf_export", export, "/run/checkpoints/2",
+                lambda: trainer._export_whole(export, lambda out: export_lib.write_export(out, spec.model, params,
+                                                                                          spec=spec)))
         assert written is False and os.listdir(fs) == []
         lines = [r.getMessage() for r in caplog.records]
         assert lines == [f"hf_export: not written ({export}: no space left on device); the run's final state is in "
