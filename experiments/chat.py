@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from experiments import cli
 from experiments import conversation
@@ -46,8 +46,7 @@ _MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", 2048, "longer prompts ar
 
 def main(argv):
     del argv
-    if _TEMPERATURE.value < 0:
-        raise app.UsageError(f"--temperature={_TEMPERATURE.value} must be >= 0")
+    conversation.check_sampling_flags(_TEMPERATURE.value, _TOP_P.value, _MAX_NEW.value)
     chat = conversation.make_chat(_POLICY.value, _STEP.value, max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
                      top_p=_TOP_P.value, seed=_SEED.value, prompt_style=_STYLE.value,
                      max_prompt_tokens=_MAX_PROMPT.value)

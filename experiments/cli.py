@@ -9,8 +9,9 @@ unknown key; did you mean --config.pipo.lam?`), a
 `ConfigError` (validation), a `DataError` (a dataset row), a path that is missing, not a
 directory, a directory or not permitted (`--workdir` naming a file), a disk that refuses a write (full,
 read-only, no permission, quota: `StorageError`, or any `OSError` of those errnos, naming the
-path), checkpoints none of
-which reads, a run stopped by its guards (`train.max_bad_steps` non-finite updates in a row,
+path), a run's own file that is a FIFO, a device or a directory (`NotRegularFile`), checkpoints
+none of which reads or one asked for by its step whose files differ from its integrity record
+(`CheckpointDamaged`), a run stopped by its guards (`train.max_bad_steps` non-finite updates in a row,
 DAPO's dynamic sampling exhausted: both name the iteration / key to change), and a
 `UsageError` (or absl's `app.UsageError`) a script raises for a bad flag value, an export
 that cannot be made (`ExportError`), and a command's optional dependency (`[serve]`) that is not
@@ -48,8 +49,9 @@ from pipo_jax.rl.loop import DynamicSamplingExhausted, NonFiniteUpdates  # noqa:
 from pipo_jax import schema  # noqa: E402
 from pipo_jax.rl.sections import RunConfig  # noqa: E402
 from pipo_jax.rl.spec import ConfigError  # noqa: E402
-from pipo_jax.run.atomic import StorageError, storage_error  # noqa: E402
+from pipo_jax.run.atomic import NotRegularFile, StorageError, storage_error  # noqa: E402
 from pipo_jax.run.checkpoint import NoReadableCheckpoint  # noqa: E402
+from pipo_jax.run.integrity import CheckpointDamaged  # noqa: E402
 from pipo_jax.run.export import ExportError  # noqa: E402
 from pipo_jax.run.preemption import RunInterrupted  # noqa: E402
 from pipo_jax.run.workdir import WorkdirError  # noqa: E402
@@ -65,7 +67,8 @@ class MissingExtra(RuntimeError):
 
 PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
 USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, WorkdirError, UsageError,
-               NonFiniteUpdates, DynamicSamplingExhausted, ExportError, MissingExtra, StorageError) + PATH_ERRORS
+               NonFiniteUpdates, DynamicSamplingExhausted, ExportError, MissingExtra, StorageError, NotRegularFile,
+               CheckpointDamaged) + PATH_ERRORS
 EXIT_USER_ERROR = 2
 
 T = TypeVar("T")

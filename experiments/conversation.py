@@ -16,12 +16,14 @@ numbers; an error quotes at most 40 characters of the line.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app
 
 from pipo_jax.data.prompts import PromptConfig, render_prompt
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
@@ -107,6 +109,18 @@ def _generation_config(path: str) -> dict:
         return {}
     with open(gen_path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def check_sampling_flags(temperature: float, top_p: float, max_new_tokens: int | None) -> None:
+    """Refuses, naming the flag (`app.UsageError`: one line, exit 2), a sampling setting no sampler takes:
+    a temperature that is NaN, infinite or negative (NaN would decode nothing but the pad token), a
+    `top_p` outside (0, 1] (0 keeps no token), a response budget below one token."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise app.UsageError(f"--temperature={temperature}: must be a finite number >= 0 (0 = greedy)")
+    if not 0 < top_p <= 1:
+        raise app.UsageError(f"--top_p={top_p}: must be in (0, 1] (1 = off)")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise app.UsageError(f"--max_new_tokens={max_new_tokens}: must be >= 1")
 
 
 def make_chat(policy: str, step: int | None = None, *, max_new_tokens: int | None = None,

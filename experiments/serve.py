@@ -83,12 +83,13 @@ def main(argv):
     logging.basicConfig(level=logging.WARNING)
     # absl's handler is on the root logger at INFO; JetStream's orchestrator logs every step there.
     logging.getLogger().setLevel(logging.WARNING)
-    serving.require_jetstream()  # before anything is loaded
     m = _MAX_PREFILL.value
     if m < 16 or m > 32768 or m & (m - 1):
         raise app.UsageError(f"--max_prefill_length={m}: JetStream's prefill widths are powers of two in [16, 32768]")
-    if _TEMPERATURE.value < 0:
-        raise app.UsageError(f"--temperature={_TEMPERATURE.value} must be >= 0")
+    if _SLOTS.value < 1:
+        raise app.UsageError(f"--slots={_SLOTS.value}: must be >= 1 (requests decoded together)")
+    conversation.check_sampling_flags(_TEMPERATURE.value, _TOP_P.value, _MAX_NEW.value)
+    serving.require_jetstream()  # before anything is loaded
     chat = conversation.make_chat(_POLICY.value, _STEP.value, max_new_tokens=_MAX_NEW.value,
                               temperature=_TEMPERATURE.value, top_p=_TOP_P.value, seed=_SEED.value,
                               prompt_style=_STYLE.value, max_prompt_tokens=_MAX_PREFILL.value)

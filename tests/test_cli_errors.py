@@ -257,3 +257,74 @@ def test_a_full_disk_at_the_first_save_is_one_line_and_leaves_no_partial_checkpo
         _one_line_error(res, f"error: {fs / 'run' / 'checkpoints' / '1'}: no space left on device (no checkpoint in ")
         assert os.listdir(fs / "run" / "checkpoints") == []  # no `1.orbax-checkpoint-tmp`
         assert json.loads((fs / "run" / "config.json").read_text())["iterations"] == 1
+
+
+# ----------------------------------------------------------------------------- a workdir's odd files
+
+_NO_WARMUP = ("experiments.train", "--config=configs/grpo.py:micro", "--config.warmup.enabled=false")
+
+
+@pytest.mark.parametrize("name", [".lock", "config.json", "metrics.jsonl"])
+def test_a_fifo_in_a_run_files_place_is_one_line_never_a_hang(tmp_path, name):
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / name)  # nobody writes to it: a blocking open or read would wait forever
+    # The warm-up on: the run's files are checked before it (the metrics file is first opened after it).
+    res = run_script("-m", "experiments.train", "--config=configs/grpo.py:micro", f"--workdir={run}", env=_ENV,
+                     timeout=120)
+    _one_line_error(res, f"error: {run / name}: a FIFO, not a regular file (the run reads and writes only regular "
+                         "files there): move it aside")
+    assert os.listdir(run) == [name]  # nothing written, the FIFO left as it was
+
+
+@pytest.mark.parametrize("text,what", [("[1, 2]", "a JSON list"), ("null", "a JSON null"),
+                                       ("[" * 100_000 + "]" * 100_000, "nested too deep to parse")])
+def test_a_stored_config_that_is_no_json_object_is_one_line(tmp_path, text, what):
+    (tmp_path / "config.json").write_text(text)
+    res = _run(*_NO_WARMUP, f"--workdir={tmp_path}")
+    _one_line_error(res, f"error: {tmp_path / 'config.json'}: not a config JSON ({what}", "move it aside to resume")
+    assert (tmp_path / "config.json").read_text() == text
+
+
+def test_a_file_where_the_checkpoints_belong_is_one_line(tmp_path):
+    (tmp_path / "checkpoints").write_text("notes")
+    res = _run(*_NO_WARMUP, f"--workdir={tmp_path}")
+    _one_line_error(res, f"error: {tmp_path / 'checkpoints'}: a regular file, not a directory (the run keeps its "
+                         "checkpoints there): move it aside")
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints"] and (tmp_path / "checkpoints").read_text() == "notes"
+
+
+def test_a_seed_past_64_bits_is_refused_by_check_config():
+    res = _run("experiments.train", "--config=configs/grpo.py:micro", f"--config.seed={2**64 + 1}", "--check_config")
+    _one_line_error(res, f"error: config.seed: {2**64 + 1} must be in [{-2**63}, {2**63 - 1}]")
+    res = _run("experiments.train", "--config=configs/grpo.py:micro", f"--config.seed={2**63 - 1}", "--check_config")
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("flag,line", [
+    ("--slots=0", "--slots=0: must be >= 1"), ("--top_p=0", "--top_p=0.0: must be in (0, 1]"),
+    ("--max_new_tokens=-3", "--max_new_tokens=-3: must be >= 1"),
+    ("--temperature=nan", "--temperature=nan: must be a finite number >= 0"),
+    ("--temperature=-1", "--temperature=-1.0: must be a finite number >= 0")])
+def test_serve_refuses_a_setting_no_sampler_takes_before_loading_anything(tmp_path, flag, line):
+    # The policy does not exist: the flags are refused before anything is loaded (and without the [serve] extra).
+    _one_line_error(_run("experiments.serve", f"--policy={tmp_path / 'none'}", flag), f"error: {line}")
+    if not flag.startswith("--slots"):
+        _one_line_error(_run("experiments.chat", f"--policy={tmp_path / 'none'}", flag), f"error: {line}")
+
+
+def test_a_damaged_gzip_or_a_row_nested_too_deep_is_one_error_naming_the_file(tmp_path):
+    import gzip
+
+    whole = gzip.compress(b'{"problem": "1+1", "answer": "2"}\n' * 2000)
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "plain.jsonl.gz").write_bytes(b'{"problem": "1+1", "answer": "2"}\n')
+    (tmp_path / "garbled.jsonl.gz").write_bytes(whole[:10] + b"\xff" * 64 + whole[74:])
+    (tmp_path / "deep.jsonl").write_text('{"problem": "1+1", "answer": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    cases = {"cut.jsonl.gz": r":\d+: not a readable gzip file \(EOFError: Compressed file ended",
+             "plain.jsonl.gz": r":1: not a readable gzip file \(BadGzipFile: Not a gzipped file",
+             "garbled.jsonl.gz": r":1: not a readable gzip file \(error: Error -3 while decompressing data",
+             "deep.jsonl": r":1: invalid JSON \(nested too deep to parse\)$"}
+    for name, pattern in cases.items():
+        with pytest.raises(DataError, match=f"^{tmp_path / name}{pattern}"):
+            load_examples(SourceConfig(str(tmp_path / name)))

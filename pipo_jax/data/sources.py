@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import stat
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -147,9 +148,13 @@ def check_regular_file(path: str) -> None:
 
 
 def _lines(f, path: str) -> Iterator[tuple[int, bytes]]:
-    """(line number, bytes) of a binary file, each line at most `MAX_LINE_BYTES` (else `DataError`)."""
+    """(line number, bytes) of a binary file, each line at most `MAX_LINE_BYTES` (else `DataError`); a
+    damaged gzip stream (bad header, bad data, cut short) is a `DataError` naming the line it reached."""
     for lineno in itertools.count(1):
-        raw = f.readline(MAX_LINE_BYTES + 1)
+        try:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+            raise DataError(f"{path}:{lineno}: not a readable gzip file ({type(e).__name__}: {e})") from None
         if not raw:
             return
         if len(raw.rstrip(b"\r\n")) > MAX_LINE_BYTES:
@@ -176,6 +181,8 @@ def iter_jsonl(config: SourceConfig) -> Iterator[Example]:
                 row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
+            except RecursionError:
+                raise DataError(f"{where}: invalid JSON (nested too deep to parse)") from None
             yield example_from_row(row, config, where)
 
 

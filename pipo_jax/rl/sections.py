@@ -610,7 +610,8 @@ class RunConfig(Section):
 
     algorithm: str = key("grpo", "the registered algorithm (rl/algorithms.py:ALGORITHMS; configs/<name>.py sets "
                          "its defaults)", choices=algorithm_names)
-    seed: int = key(0, "the run's seed")
+    seed: int = key(0, "the run's seed (a signed 64-bit integer: `jax.random.PRNGKey`'s range)",
+                    within(-(2**63), 2**63 - 1))
     iterations: int = key(60, "RL iterations (dataset tasks: task.epochs > 0 sets it)", at_least(1))
     model: ModelConfig = key(ModelConfig(), "")
     task: TaskConfig = key(TaskConfig(), "")

@@ -1,12 +1,15 @@
 """Orbax checkpoints of the whole `TrainState` (params, optimizer, PIPO state, RNG).
 
-Saves are asynchronous and keep the last `keep` steps. Orbax writes each step into a
-temporary directory and renames it only once complete, so a half-written checkpoint is
-never picked up as the latest: a crash mid-save leaves the previous good one in place.
-A checkpoint damaged after the fact (a truncated or deleted file, garbage bytes) is
-skipped on restore: the newest one that reads is used, each skipped one is named in one
-log line and left on disk (moved aside into `<directory>.unreadable/` only when a new
-save needs its step number). A checkpoint written by older code under names since renamed
+Saves are asynchronous and keep the last `keep` of the run's own whole steps (`_rotate`: a foreign,
+an older code's, a cut or an unreadable numbered directory is never removed). Orbax writes each step
+into a temporary directory and renames it only once complete, so a half-written checkpoint is
+never picked up as the latest: a crash mid-save leaves the previous good one in place. Before that
+rename the step gets its integrity record (`integrity.py`: each saved file's size and sha256).
+A checkpoint damaged after the fact (a truncated or deleted file, garbage bytes, even ones orbax
+would read back as other values) is skipped on restore: its record is checked first, the newest one
+that reads is used, each skipped one is named in one log line and left on disk (moved aside into
+`<directory>.unreadable/` only when a new save needs its step number); a step saved by older code
+(no record) is read unchecked. A checkpoint written by older code under names since renamed
 (`LEGACY_NAMES`) is read by its stored names and laid out like the template; one written before a
 field of `ADDED_FIELDS` existed restores with that field fresh (zeros, its initial value), said in
 one log line.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import glob
 import logging
 import os
 import shutil
@@ -31,11 +35,14 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from pipo_jax.run import atomic
+from pipo_jax.run import atomic, integrity
+from pipo_jax.run.integrity import CheckpointDamaged  # noqa: F401 - raised by `restore`, caught by callers
+from pipo_jax.run.workdir import WorkdirError
 
 log = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step still being written
+REMOVING_SUFFIX = ".removing"  # `.<step>.removing`: a rotated-out step being removed
 
 
 class NoReadableCheckpoint(RuntimeError):
@@ -65,7 +72,7 @@ def _flat_by_path(tree) -> dict[tuple[str, ...], object]:
     return {tuple(_key_name(k) for k in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def _reason(e: BaseException, limit: int = 300) -> str:
+def _reason(e: BaseException, limit: int = 600) -> str:
     """`Type: first line` of the innermost cause, clipped: orbax wraps tensorstore's precise
     error (which names the file) in a many-line one."""
     while (e.__cause__ or e.__context__) is not None:
@@ -90,11 +97,13 @@ def kept_checkpoints(directory: str) -> str:
 
 
 def remove_partial_saves(directory: str) -> list[str]:
-    """Removes the `<step>.orbax-checkpoint-tmp` directories (saves that never finished) of
-    `directory`; returns their paths."""
+    """Removes the `<step>.orbax-checkpoint-tmp` directories (saves that never finished) and the
+    `.<step>.removing` ones (rotated-out steps whose removal a kill cut short) of `directory`;
+    returns their paths."""
     if not os.path.isdir(directory):
         return []
-    partial = [os.path.join(directory, n) for n in sorted(os.listdir(directory)) if n.endswith(TMP_SUFFIX)]
+    partial = [os.path.join(directory, n) for n in sorted(os.listdir(directory))
+               if n.endswith(TMP_SUFFIX) or (n.startswith(".") and n.endswith(REMOVING_SUFFIX))]
     for path in partial:
         shutil.rmtree(path, ignore_errors=True)
     return partial
@@ -177,17 +186,46 @@ class Checkpointer:
     """`save(step, state)`, `latest_step()`, `restore(template, step=None)` over a directory."""
 
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
+        """`keep`: the newest complete checkpoints of this run kept (`_rotate`); `async_save=False`:
+        `save` returns once the step is on disk."""
         self.directory = os.path.abspath(directory)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                               create=True, cleanup_tmp_directories=True)
+        if os.path.exists(self.directory) and not os.path.isdir(self.directory):
+            raise WorkdirError(f"{self.directory}: {atomic.file_kind(os.stat(self.directory).st_mode)}, not a "
+                               "directory of checkpoints: move it aside")
+        # Orbax keeps every step (max_to_keep=None): its rotation would remove any numbered directory,
+        # a foreign or an unreadable one too; `_rotate` removes only this code's complete steps. Saves
+        # are always asynchronous in orbax (its finalization hook writes the integrity record).
+        options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=True, create=True,
+                                               cleanup_tmp_directories=True,
+                                               async_options=ocp.AsyncOptions(
+                                                   post_finalization_callback=self._record_integrity))
         _quiet_failed_saves()
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        if jax.process_index() == 0:  # what a killed run left: a partial save, a half-removed rotated-out step
+            remove_partial_saves(self.directory)
+        self.keep, self.async_save = keep, async_save
         self.unreadable: dict[int, str] = {}  # step -> reason, filled by `restore`
         self.failed: BaseException | None = None  # a save that did not finish
         self._saving: int | None = None  # the step of the newest save
+        self._told_unrecorded: set[int] = set()  # steps without a record already named in a log line
+
+    def _record_integrity(self) -> None:
+        """Orbax's hook after the step's data is complete, before its temporary directory is renamed
+        (in orbax's save thread): process 0 writes the integrity record into that directory, so the
+        step is finalized with it. A failure here fails the save (no step without a record)."""
+        if jax.process_index() != 0:
+            return
+        pending = glob.glob(os.path.join(glob.escape(self.directory), f"{self._saving}{TMP_SUFFIX}*"))
+        if len(pending) != 1:
+            raise RuntimeError(f"checkpoint step {self._saving}: expected one temporary directory "
+                               f"{self._saving}{TMP_SUFFIX} in {self.directory}, found {pending}")
+        integrity.write_record(pending[0], self._saving)
 
     def save(self, step: int, state) -> None:
         step = int(step)
+        with self._cleaning_up():  # the previous save ends first: its failure is its own step's
+            self._manager.wait_until_finished()
+        self._rotate()
         if step in self.unreadable:  # the damaged checkpoint of this step goes aside, not away
             aside = os.path.join(self.directory + ".unreadable", str(step))
             os.makedirs(os.path.dirname(aside), exist_ok=True)
@@ -198,6 +236,35 @@ class Checkpointer:
         self._saving = step
         with self._cleaning_up():
             self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        if not self.async_save:
+            self.wait()
+
+    def own_steps(self) -> list[int]:
+        """Steps this code saved, whole (`integrity.is_complete`: its record, every file listed there at
+        its size), oldest first; a step `restore` found unreadable is not counted."""
+        return [s for s in sorted(self.all_steps())
+                if s not in self.unreadable and integrity.is_complete(self.step_path(s), s)]
+
+    def _rotate(self) -> None:
+        """Removes this run's oldest complete checkpoints beyond the newest `keep` (`own_steps`); a
+        numbered directory that is not one (foreign, an older code's, or with a file missing or cut) is left
+        in place and not counted, named once in a log line; one `restore` found unreadable likewise."""
+        if not self.keep:
+            return
+        own = self.own_steps()
+        others = sorted(set(self.all_steps()) - set(own) - set(self.unreadable) - self._told_unrecorded)
+        if others and jax.process_index() == 0:
+            log.warning("checkpoints %s in %s are not whole checkpoints of this run (no integrity record of this "
+                        "code, or a file missing or cut): left in place, not counted by checkpoint.keep", others,
+                        self.directory)
+        self._told_unrecorded.update(others)
+        if jax.process_index() != 0 or len(own) <= self.keep:
+            return  # process 0 alone decides and removes (a shared directory): no barrier to miss
+        for s in own[:-self.keep]:
+            removing = os.path.join(self.directory, f".{s}{REMOVING_SUFFIX}")  # no longer a step, even half-removed
+            os.rename(self.step_path(s), removing)
+            shutil.rmtree(removing, ignore_errors=True)
+        self._manager.reload()
 
     @contextlib.contextmanager
     def _cleaning_up(self):
@@ -254,6 +321,10 @@ class Checkpointer:
         metadata = os.path.join(self.step_path(step), "default", "_METADATA")
         if not os.path.exists(metadata):
             raise FileNotFoundError(f"{metadata} is missing")
+        if not integrity.verify(self.step_path(step), step) and step not in self._told_unrecorded:
+            self._told_unrecorded.add(step)
+            log.info("checkpoint step %d at %s has no integrity record (saved by older code): read unchecked",
+                     step, self.step_path(step))
         try:
             return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
         except Exception as e:  # noqa: BLE001 - a renamed field? then read it by its stored name
@@ -301,10 +372,11 @@ class Checkpointer:
         return jax.tree_util.tree_unflatten(treedef, leaves), renamed, added
 
     def wait(self) -> None:
-        """Blocks until pending asynchronous saves are on disk; raises a save's failure (its
-        partial step removed)."""
+        """Blocks until pending asynchronous saves are on disk (then rotates, `_rotate`); raises a save's
+        failure (its partial step removed)."""
         with self._cleaning_up():
             self._manager.wait_until_finished()
+        self._rotate()
 
     def close(self) -> None:
         """Waits for the pending save and closes; after a failed save (already raised) it closes and

@@ -5,7 +5,6 @@ rewards `[problems, n]` to `pipo_jax.tasks.passk` for pass@1 (mean over n) and p
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Sequence
 
@@ -21,9 +20,9 @@ from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.run.checkpoint import Checkpointer
 from pipo_jax.run.placement import Placement
 from pipo_jax.run.setup import train_spec
+from pipo_jax.run.workdir import read_config_json
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
-from pipo_jax.schema import moved_keys
 from pipo_jax.tasks import passk
 from pipo_jax.tasks.protocol import HostScorer
 
@@ -31,10 +30,9 @@ from pipo_jax.tasks.protocol import HostScorer
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
     """The config a training run saved in `workdir/config.json` (keys a release moved at their new place)."""
     path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"{workdir}: no config.json (not a pipo_jax training run directory)")
-    with open(path) as f:
-        return ml_collections.ConfigDict(moved_keys(json.load(f)))
+    return ml_collections.ConfigDict(read_config_json(path))
 
 
 def restore_run(workdir: str, step: int | None = None) -> tuple[TrainSpec, Any]:

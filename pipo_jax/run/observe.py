@@ -1,5 +1,11 @@
 """Run observability: metrics.jsonl, TensorBoard event files, optional W&B, a console
-progress bar, and PNG plots of the PIPO signals at the end of a run."""
+progress bar, and PNG plots of the PIPO signals at the end of a run.
+
+No sink blocks or stops training: every write is synchronous (TensorBoard's too, `event_file.py`)
+and a failed one (a full disk, a quota, a FIFO put in a file's place, W&B's error) is one warning
+line naming the sink, once until it writes again; its rows meanwhile are dropped and counted, and
+the row that writes again says how many in one line. The run's checkpoints are what keeps its
+state: a checkpoint that cannot be written stops the run (`trainer.train`)."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from pipo_jax.run import atomic
+from pipo_jax.run.event_file import ScalarEventFile
 from pipo_jax.run.workdir import WorkdirError
 
 log = logging.getLogger(__name__)
@@ -45,20 +52,27 @@ def _parse_rows(path: str) -> tuple[list[dict[str, Any]], str | None]:
     torn one; any other such line is damage, an error naming the file and line."""
     if not os.path.exists(path):
         return [], None
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with atomic.open_regular(path, errors="replace") as f:  # a FIFO in its place: one line, never a hang
         lines = f.read().split("\n")
     rows, torn = [], None
     numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
     for n, (lineno, line) in enumerate(numbered):
         try:
             row = _check_row(json.loads(line))
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: a line nested thousands deep
             if n == len(numbered) - 1:
                 torn = line
                 break
             raise WorkdirError(f"{path}:{lineno}: not a metrics row ({e}); move the file aside to resume") from None
         rows.append(row)
     return rows, torn
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """`Type: first line` of `e`, clipped."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    text = f"{type(e).__name__}: {first}" if first else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
@@ -82,6 +96,7 @@ class RunLogger:
         job): every method does nothing."""
         self.enabled = enabled
         self.workdir = workdir
+        self._failing: dict[str, list[int]] = {}  # sink -> the steps of the rows it dropped since it failed
         if not enabled:
             return
         os.makedirs(workdir, exist_ok=True)
@@ -89,28 +104,45 @@ class RunLogger:
         self._truncate_after(start_step)
         self._tb = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            # Purge events a previous attempt logged after the checkpoint we resume from
-            # (all of them on a fresh start), as `_truncate_after` does for metrics.jsonl.
-            # The suffix keeps a resumed attempt from reusing (truncating) the earlier file,
+            # A SessionLog START at the iteration after the resumed checkpoint (0 on a fresh start)
+            # purges the events a previous attempt logged from there on, as `_truncate_after` does
+            # for metrics.jsonl. The suffix keeps a resumed attempt from reusing the earlier file,
             # whose name has only the second it was opened.
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
-                                     purge_step=0 if start_step is None else start_step + 1,
-                                     filename_suffix=f".from{start_step or 0}")
+            self._tb = ScalarEventFile(os.path.join(workdir, "tensorboard"),
+                                       purge_step=0 if start_step is None else start_step + 1,
+                                       filename_suffix=f".from{start_step or 0}")
         self._wandb = None
         if wandb:
             try:
                 import wandb as wandb_lib
             except ImportError as e:
                 raise ImportError("config.log.wandb=True needs the 'track' extra: pip install -e \".[track]\"") from e
-            self._wandb = wandb_lib.init(project=wandb_project, config=run_config, dir=workdir)
+            self._wandb = self._guarded("W&B", start_step or 0,
+                                        lambda: wandb_lib.init(project=wandb_project, config=run_config, dir=workdir))
         self._bar = None
         if progress:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, initial=start_step or 0, desc="PIPO" if run_config is None else
                              run_config.get("algorithm", "train"), dynamic_ncols=True)
+
+    def _guarded(self, sink: str, step: int, write):
+        """`write()` (its result), or None when it raises: a warning line the first time `sink` fails
+        (then its rows are dropped, counted, until one writes again, said in one line)."""
+        try:
+            out = write()
+        except Exception as e:  # noqa: BLE001 - no sink's failure may stop training
+            dropped = self._failing.setdefault(sink, [])
+            if not dropped:
+                log.warning("%s: a write failed (%s): training goes on; its rows are dropped until it writes again",
+                            sink, _one_line(e))
+            dropped.append(step)
+            return None
+        dropped = self._failing.pop(sink, None)
+        if dropped:
+            log.warning("%s: written again; %d rows of iterations %d-%d were dropped", sink, len(dropped), dropped[0],
+                        dropped[-1])
+        return out
 
     def _truncate_after(self, step: int | None) -> None:
         """Keeps the rows up to `step` (none for a fresh run, `step` None); the rows after it
@@ -135,13 +167,13 @@ class RunLogger:
             return
         row = {"step": int(step)}
         row.update({k: s for k, v in metrics.items() if (s := _scalar(v)) is not None})
-        atomic.append_line(self.jsonl_path, json.dumps(row))  # a whole row or none: never a torn one
+        # A whole row or none: never a torn one.
+        self._guarded(self.jsonl_path, step, lambda: atomic.append_line(self.jsonl_path, json.dumps(row)))
         if self._tb is not None:
-            for k, v in row.items():
-                if k != "step":
-                    self._tb.add_scalar(k, v, step)
+            self._guarded(self._tb.path, step, lambda: self._tb.write(step, {k: v for k, v in row.items()
+                                                                              if k != "step"}))
         if self._wandb is not None:
-            self._wandb.log(row, step=step)
+            self._guarded("W&B", step, lambda: self._wandb.log(row, step=step))
         if self._bar is not None:
             shown = {label: f"{row[k]:.3g}" for k, label in PROGRESS_KEYS if k in row}
             self._bar.set_postfix(shown, refresh=False)
@@ -162,11 +194,11 @@ class RunLogger:
             return []
         if self._bar is not None:
             self._bar.close()
-        if self._tb is not None:
-            self._tb.close()
         if self._wandb is not None:
-            self._wandb.finish()
-        return plot_run(read_metrics(self.jsonl_path), self.workdir) if plots else []
+            self._guarded("W&B", -1, self._wandb.finish)
+        if not plots:
+            return []
+        return self._guarded("plots", -1, lambda: plot_run(read_metrics(self.jsonl_path), self.workdir)) or []
 
 
 def _series(rows: Iterable[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -199,9 +231,9 @@ def run_caption(workdir: str) -> str:
     PIPO switch and seed (the name alone where the workdir has no readable config)."""
     name = os.path.basename(os.path.normpath(os.path.abspath(workdir)))
     try:
-        with open(os.path.join(workdir, "config.json")) as f:
+        with atomic.open_regular(os.path.join(workdir, "config.json")) as f:  # never blocks on a FIFO
             config = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError, atomic.NotRegularFile):
         return name
     if not isinstance(config, dict):
         return name

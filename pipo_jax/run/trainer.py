@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import time
 from typing import Any
 
@@ -124,7 +125,7 @@ class Evaluation:
         return teacher_forcing.pass_and_mixed(self.sampled_rewards(params))[0]
 
 
-WARMUP_CHECKPOINTS = "warmup_checkpoints"
+WARMUP_CHECKPOINTS = workdir_lib.WARMUP_CHECKPOINTS_NAME
 
 
 class WarmupCheckpoints:
@@ -388,6 +389,7 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
     main = where.is_main_process
     # Nothing is written into the workdir before the config is validated, the
     # evaluation files are read and the resume decision is made: a refused run leaves it as it was.
+    workdir_lib.check_run_files(workdir)  # a FIFO in a run file's place: one line now, not a hang later
     ckpt_dir = os.path.join(workdir, "checkpoints")
     existing = saved_steps(ckpt_dir)
     if not run.checkpoint.resume and existing:
@@ -477,23 +479,54 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
         if run.checkpoint.export_hf:
             export = os.path.join(workdir, "hf_export")
             params = where.to_host(state.params)  # every process takes part in the gather
-            if main:  # weights, tokenizer, generation config, model card (`run/export.py`)
-                export_lib.write_export(export, spec.model, params, spec=spec, run_config=config, step=step,
-                                        metrics=export_lib.metrics_at(workdir, step),
-                                        source=os.path.abspath(workdir),
-                                        tokenizer_dir=export_lib.run_tokenizer_dir(config))
-            summary["hf_export"] = export
+            if main and _written_or_warned("hf_export", export, ckpt.step_path(step), lambda: _export_whole(
+                    export, lambda out: export_lib.write_export(
+                        out, spec.model, params, spec=spec, run_config=config, step=step,
+                        metrics=export_lib.metrics_at(workdir, step), source=os.path.abspath(workdir),
+                        tokenizer_dir=export_lib.run_tokenizer_dir(config)))):
+                summary["hf_export"] = export  # weights, tokenizer, generation config, model card (`run/export.py`)
     finally:
         ckpt.close()
         if warmup_ckpts is not None:
             warmup_ckpts.close()
         reward.close()
-        summary["plots"] = logger.close(plots=run.log.plots) if logger is not None else []
+        # A run the disk stopped draws no plots (its stop is the one line to read).
+        plots = run.log.plots and atomic.storage_error(sys.exc_info()[1]) is None
+        summary["plots"] = logger.close(plots=plots) if logger is not None else []
     summary["state"] = state
     if main:
-        atomic.write_json_atomic(os.path.join(workdir, "summary.json"),
-                                 {k: v for k, v in summary.items() if k != "state"})
+        _written_or_warned("summary.json", os.path.join(workdir, "summary.json"), ckpt.step_path(step),
+                           lambda: atomic.write_json_atomic(os.path.join(workdir, "summary.json"),
+                                                            {k: v for k, v in summary.items() if k != "state"}))
     return summary
+
+
+def _export_whole(export: str, write_into) -> None:
+    """`write_into(<export>.partial)`, then that directory renamed to `export` (replacing an earlier one):
+    a failed export leaves no half-written directory that a server would load."""
+    partial = export + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        write_into(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(export, ignore_errors=True)
+    os.replace(partial, export)
+
+
+def _written_or_warned(what: str, path: str, checkpoint: str, write) -> bool:
+    """`write()` of a finished run's output; True when it wrote. A storage refusal (a full disk) is one
+    warning line instead: the run's state is in `checkpoint`, so the run ends as finished."""
+    try:
+        write()
+        return True
+    except Exception as e:  # noqa: BLE001 - only a storage refusal is the disk's; anything else is raised
+        if atomic.storage_error(e) is None:
+            raise
+        log.warning("%s: not written (%s); the run's final state is in the checkpoint %s", what,
+                    atomic.storage_refusal(e, path), checkpoint)
+        return False
 
 
 WARMUP_SUMMARY = {"warmup_steps": "steps", "warmup_accuracy": "greedy_accuracy_on_its_check_set",

@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
 CONFIG_NAME = "config.json"
+# The run's own files and directories in its workdir: each must be a regular file / a directory
+# where it exists (`check_run_files`), so that nothing the run opens can block it (a FIFO) or be
+# mistaken for its own (a file where checkpoints/ belongs).
+WARMUP_CHECKPOINTS_NAME = "warmup_checkpoints"
+RUN_FILES = (CONFIG_NAME, "metrics.jsonl", "metrics.superseded.jsonl", "summary.json")
+RUN_DIRS = ("checkpoints", WARMUP_CHECKPOINTS_NAME, "tensorboard")
 
 # Keys a resumed run may change freely (each change is still logged and the old config kept):
 # they decide how long the run goes, where it runs, what it logs and evaluates and how it
@@ -86,6 +92,11 @@ class WorkdirLock:
             raise WorkdirError(f"{self.workdir} is in use by another run: {_describe(self._read_holder())}; wait "
                                "for it to end or use another --workdir") from None
         self._fd = fd
+        try:
+            atomic.check_regular(self.path)  # a FIFO there would block the holder's read below
+        except atomic.NotRegularFile:
+            self.release()
+            raise
         stale = self._read_holder()
         if stale:
             log.warning("%s: taking over the stale lock of %s, which is no longer running", self.workdir,
@@ -118,13 +129,13 @@ class WorkdirLock:
 
     def _read_holder(self) -> dict[str, Any]:
         try:
-            with open(self.path) as f:
+            with atomic.open_regular(self.path, errors="replace") as f:  # never blocks on a FIFO
                 text = f.read()
-        except OSError:
+        except (OSError, atomic.NotRegularFile):
             return {}
         try:
             holder = json.loads(text) if text.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return {"command": f"unparsable lock file {text[:80]!r}"}
         return holder if isinstance(holder, dict) else {}
 
@@ -167,17 +178,43 @@ def flat_config(config: ml_collections.ConfigDict | dict) -> dict[str, Any]:
     return out
 
 
-def read_stored_config(workdir: str) -> dict[str, Any] | None:
-    """The flat config a run in `workdir` stored (None if there is none). Raises `WorkdirError`
-    for a file that does not parse."""
-    path = os.path.join(workdir, CONFIG_NAME)
-    if not os.path.exists(path):
-        return None
+def check_run_files(workdir: str) -> None:
+    """Refuses, in one line, a run file of `workdir` (`RUN_FILES`) that is no regular file (a FIFO, a
+    device: `atomic.NotRegularFile`) or a run directory (`RUN_DIRS`) that is no directory
+    (`WorkdirError`); `stat` only, which never blocks."""
+    for name in RUN_FILES:
+        atomic.check_regular(os.path.join(workdir, name))
+    for name in RUN_DIRS:
+        path = os.path.join(workdir, name)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise WorkdirError(f"{path}: {atomic.file_kind(os.stat(path).st_mode)}, not a directory (the run keeps "
+                               f"its {name} there): move it aside")
+
+
+def read_config_json(path: str) -> dict[str, Any]:
+    """The config a run stored at `path` (a JSON object; keys a release moved, at their new place).
+    Raises `WorkdirError` for a file that does not parse or holds no JSON object, `NotRegularFile`
+    for a FIFO or a device, `FileNotFoundError` when there is none."""
     try:
-        with open(path) as f:
-            return flat_config(moved_keys(json.load(f)))  # keys a release moved, at their new place
+        with atomic.open_regular(path) as f:
+            tree = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise WorkdirError(f"{path}: not a config JSON ({e}); move it aside to resume") from None
+    except RecursionError:
+        raise WorkdirError(f"{path}: not a config JSON (nested too deep to parse); move it aside to resume") from None
+    if not isinstance(tree, dict):
+        raise WorkdirError(f"{path}: not a config JSON (a JSON {type(tree).__name__ if tree is not None else 'null'}, "
+                           "not an object); move it aside to resume")
+    return moved_keys(tree)
+
+
+def read_stored_config(workdir: str) -> dict[str, Any] | None:
+    """The flat config a run in `workdir` stored (None if there is none). Raises `WorkdirError`
+    for a file that does not parse or is no JSON object (`read_config_json`)."""
+    path = os.path.join(workdir, CONFIG_NAME)
+    if not os.path.lexists(path):
+        return None
+    return flat_config(read_config_json(path))
 
 
 def config_changes(stored: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -205,12 +242,12 @@ def keep_config(workdir: str, step: int | str) -> str:
     """Copies the stored config aside as `config.<step>.json` (the config in force up to `step`;
     `config.<step>.<n>.json` if that exists) and returns its path. A copy, not a move: until the
     new config.json replaces it (`write_config`), config.json stays the stored one."""
-    with open(os.path.join(workdir, CONFIG_NAME), encoding="utf-8") as f:
+    with atomic.open_regular(os.path.join(workdir, CONFIG_NAME)) as f:
         text = f.read()
     path = os.path.join(workdir, f"config.{step}.json")
     n = 1
-    while os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
+    while os.path.lexists(path):
+        with atomic.open_regular(path) as f:
             if f.read() == text:  # kept already by an attempt that failed before replacing config.json
                 return path
         path = os.path.join(workdir, f"config.{step}.{n}.json")

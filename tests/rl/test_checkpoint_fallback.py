@@ -19,6 +19,7 @@ from configs import grpo
 from pipo_jax.models import qwen3
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run import integrity
 from pipo_jax.run.checkpoint import Checkpointer, NoReadableCheckpoint
 from pipo_jax.run.placement import Placement
 from pipo_jax.run.setup import train_spec
@@ -74,7 +75,10 @@ def _delete_metadata(step_dir):
 
 DAMAGES = {"truncated": _truncate, "garbage": _garbage, "deleted_metadata": _delete_metadata,
            "deleted_manifest": _delete_manifest, "deleted_data": _delete_data}
-REASONS = {"truncated": "local file", "garbage": "local file", "deleted_metadata": "_METADATA is missing"}
+# The reason names the damaged file: the integrity record's check (`run/integrity.py`) or orbax's.
+REASONS = {"truncated": "bytes when saved (pipo_integrity.json)", "garbage": "its bytes differ from those saved",
+           "deleted_metadata": "_METADATA is missing", "deleted_manifest": "manifest.ocdbt: missing",
+           "deleted_data": ": missing (listed in pipo_integrity.json)"}
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +125,7 @@ def test_abandoned_reads_are_collected_silently_and_only_after_a_failed_read(sav
     everything skips that collection (it walks every object of the process)."""
     spec, states, root = _copy_of(saved, tmp_path)
     _truncate(str(root / "3"))
+    os.remove(root / "3" / integrity.RECORD_NAME)  # as older code saved it: orbax's read is what fails
     intact = tmp_path / "intact"
     shutil.copytree(saved[2], intact)
     unraisable, full_collections = [], []

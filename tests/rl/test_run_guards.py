@@ -158,6 +158,29 @@ def test_a_damaged_final_checkpoint_is_saved_again(finished, tmp_path):
                  jax.device_get(third["state"].params))
 
 
+def test_bytes_written_into_the_newest_checkpoint_make_the_resume_skip_it(finished, tmp_path, caplog):
+    """4 KiB of garbage inside a data file of the final checkpoint (where orbax alone reads other values
+    without an error): the resume names it and starts from the checkpoint before, and the final state is
+    the undamaged run's."""
+    from pipo_jax.run import integrity
+    from tests.rl.test_checkpoint_fallback import _largest_data_file
+
+    run, full = _copy(finished, tmp_path)
+    damaged = _largest_data_file(str(run / "checkpoints" / "2"))
+    with open(damaged, "r+b") as f:
+        f.seek(os.path.getsize(damaged) // 2)
+        f.write(np.random.default_rng(0).bytes(4096))
+    with caplog.at_level(logging.WARNING, logger="pipo_jax.run.checkpoint"):
+        again = train(micro(iterations=2), str(run))
+    assert again["resumed_from"] == 0
+    assert [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()][0] == (
+        f"checkpoint step 2 at {run / 'checkpoints' / '2'} is unreadable (CheckpointDamaged: {damaged}: its bytes "
+        f"differ from those saved (sha256 in {integrity.RECORD_NAME})): skipped, left in place")
+    assert os.path.exists(str(damaged).replace(str(run / "checkpoints"), str(run / "checkpoints.unreadable")))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(full["state"].params),
+                 jax.device_get(again["state"].params))
+
+
 def test_a_torn_last_metrics_line_is_repaired_and_kept_aside(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0, "x": 1}\n{"step": 1, "x": 2}\n{"step": 2, "x": 3}\n{"step": 3, "x"')
