@@ -34,7 +34,7 @@ from absl import flags
 from experiments import cli
 from pipo_jax import provenance
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
-from pipo_jax.data.sources import SourceConfig, load_examples
+from pipo_jax.data.sources import SourceConfig
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
 from pipo_jax.run import evaluate
 from pipo_jax.run.checkpoint import saved_steps
@@ -187,8 +187,8 @@ def main(argv):
         benchmarks = {}
         for item in _BENCHMARKS.value:
             name, _, path = item.partition("=")
-            benchmarks[name] = load_examples(SourceConfig(path, format=_FORMAT.value, prompt_field=_PROMPT_FIELD.value,
-                                                          answer_field=_ANSWER_FIELD.value))
+            benchmarks[name] = evaluate.load_math_benchmark(SourceConfig(
+                path, format=_FORMAT.value, prompt_field=_PROMPT_FIELD.value, answer_field=_ANSWER_FIELD.value))
         with MathVerifier(verify) as verifier:
             bench_rows, info = evaluate.math_benchmarks(
                 model, params, tokenizer, benchmarks, prompt_config, verifier, _N.value, ks,

@@ -15,6 +15,7 @@ import numpy as np
 
 from pipo_jax import platforms
 from pipo_jax.data.prompts import build_prompts
+from pipo_jax.data.sources import Example, SourceConfig, load_examples
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.run.checkpoint import Checkpointer
@@ -24,6 +25,7 @@ from pipo_jax.run.workdir import read_config_json
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import passk
+from pipo_jax.tasks.dataset import check_math_references
 from pipo_jax.tasks.protocol import HostScorer
 
 
@@ -138,6 +140,14 @@ def sampled_heldout_rewards(spec: TrainSpec, params, scorer: HostScorer, n: int,
     repeated = jax.tree.map(lambda x: np.repeat(np.asarray(x), samples, axis=0), problems)
     scores = scorer.score(repeated, tokens.reshape(rows * samples, -1), mask.reshape(rows * samples, -1))
     return np.asarray(scores.rewards_b, np.float32).reshape(rows, samples)
+
+
+def load_math_benchmark(source: SourceConfig) -> list[Example]:
+    """A math benchmark's rows, every reference answer checked as the math scorer reads it: a bad one
+    is a `DataError` naming its file and row when the file loads, not at the first evaluation."""
+    examples = load_examples(source)
+    check_math_references(examples)
+    return examples
 
 
 def math_benchmarks(model: qwen3.Qwen3Config, params, tokenizer, benchmarks: dict[str, Sequence], prompt_config,

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from pipo_jax.data.sources import SourceConfig, load_examples
+from pipo_jax.data.sources import SourceConfig
 from pipo_jax.models import hf, qwen3
 from pipo_jax.parallel import mesh_batch_shards
 from pipo_jax.parallel.distributed import initialize_distributed
@@ -67,8 +67,8 @@ class Evaluation:
         if config.eval.benchmarks:
             paths, self.ks = eval_benchmarks(config.eval)
             tc = config.task
-            self.benchmarks = {name: load_examples(SourceConfig(path, prompt_field=tc.dataset.prompt_field,
-                                                                answer_field=tc.math.answer_field))
+            self.benchmarks = {name: evaluate.load_math_benchmark(
+                SourceConfig(path, prompt_field=tc.dataset.prompt_field, answer_field=tc.math.answer_field))
                                for name, path in paths.items()}
 
     def __call__(self, params, step: int) -> dict[str, float]:

@@ -54,3 +54,31 @@ def test_the_trainer_refuses_the_file_in_one_line_with_exit_2_before_training(tm
     assert errors == [f"error: config.task.dataset (path={path!r}, tokenizer={model!r}): {path}:13: reference "
                      "answer: gold answer must be a string or number, got list: [3]"], res.stderr[-2000:]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_benchmark_file_is_checked_when_it_loads(tmp_path):
+    from pipo_jax.run import evaluate
+    good = _write(tmp_path / "good.jsonl", GOOD)
+    assert [ex.answer for ex in evaluate.load_math_benchmark(SourceConfig(good))] == ["3", 4, GOOD[2]["answer"]]
+    bad = _write(tmp_path / "bench.jsonl", GOOD + [{"problem": "q", "answer": False}])
+    with pytest.raises(DataError) as e:
+        evaluate.load_math_benchmark(SourceConfig(bad))
+    assert str(e.value) == f"{bad}:4: reference answer: gold answer must be a string or number, got bool: False"
+
+
+def test_the_trainer_refuses_a_bad_benchmark_file_before_training(tmp_path):
+    """`eval.benchmarks` files are checked when the run starts, not at its first evaluation."""
+    model = save_tiny_model_dir(tmp_path / "model")
+    data = _write(tmp_path / "m.jsonl", GOOD * 4)
+    bench = _write(tmp_path / "bench.jsonl", GOOD + [{"problem": "q", "answer": {"x": 1}}])
+    res = run_script("-m", "experiments.train", "--config=configs/grpo.py:micro", "--config.task.name=math",
+                     f"--config.model.path={model}", f"--config.task.dataset.path={data}",
+                     "--config.warmup.enabled=false", "--config.log.jit_loop=false",
+                     "--config.rollout.max_new_tokens=8", "--config.iterations=2",
+                     f"--config.eval.benchmarks=b={bench}", f"--workdir={tmp_path / 'run'}",
+                     env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error")]
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert errors == [f"error: {bench}:4: reference answer: gold answer must be a string or number, got dict: "
+                      "{'x': 1}"], res.stderr[-2000:]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
