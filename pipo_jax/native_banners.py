@@ -1,5 +1,6 @@
 """TensorFlow's load-time banners kept off the console (JetStream's and tensorflow-datasets' imports
-load TensorFlow; this package never runs a TensorFlow op).
+load TensorFlow, and a tfds dataset's first load and read start its runtime; this package never places a
+TensorFlow op on a device).
 
 TensorFlow's native libraries log while they load, before absl's C++ logging is initialised, so
 `TF_CPP_MIN_LOG_LEVEL` does not reach them: each of its two libraries prints absl's "before
@@ -24,6 +25,14 @@ BANNERS = (
     "Could not find cuda drivers on your machine, GPU will not be used.",
     "This TensorFlow binary is optimized to use available CPU instructions",
     "rebuild TensorFlow with the appropriate compiler flags.",
+    # What its runtime prints when a dataset is first loaded and read (it initialises its devices then);
+    # this package reads data through TensorFlow and never places a TensorFlow op on a device.
+    "failed call to cuInit",
+    "Unable to register cuDNN factory",
+    "Unable to register cuFFT factory",
+    "Unable to register cuBLAS factory",
+    "computation placer already registered",
+    "TF-TRT Warning: Could not find TensorRT",
 )
 
 

@@ -223,6 +223,9 @@ def _decoded(value: Any) -> Any:
     return value
 
 
+_NO_ROW = object()  # what an empty tfds split's first read returns
+
+
 def iter_tfds(config: SourceConfig) -> Iterator[Example]:
     """Examples from tensorflow-datasets ``config.path`` / ``config.split``.
 
@@ -236,13 +239,18 @@ def iter_tfds(config: SourceConfig) -> Iterator[Example]:
         raise ImportError("format='tfds' needs tensorflow-datasets and tensorflow: "
                           "pip install -e \".[data]\"") from e
     try:
-        ds = tfds.load(config.path, split=config.split, data_dir=config.data_dir, download=config.tfds_download)
+        with native_banners.banners_dropped():  # the runtime's banners, at the load and the first read
+            ds = tfds.load(config.path, split=config.split, data_dir=config.data_dir, download=config.tfds_download)
+            rows = iter(tfds.as_numpy(ds))
+            first = next(rows, _NO_ROW)
     except Exception as e:  # tfds raises several types for a missing / unprepared dataset
         where = f"data_dir={config.data_dir}" if config.data_dir else "tfds's default data_dir"
         raise DataError(f"tfds {config.path}/{config.split}: cannot load ({type(e).__name__}: {e}) from {where}; "
                         "prepare it there first, or let tfds download it (config.task.dataset.tfds_download=true, "
                         "SourceConfig(tfds_download=True))") from e
-    for index, row in enumerate(tfds.as_numpy(ds)):
+    if first is _NO_ROW:
+        return
+    for index, row in enumerate(itertools.chain([first], rows)):
         yield example_from_row(_decoded(row), config, f"tfds {config.path}/{config.split} row {index}")
 
 

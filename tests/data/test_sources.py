@@ -1,4 +1,5 @@
 """JSONL / parquet / tfds sources with good and malformed files."""
+import os
 import gzip
 import json
 import sys
@@ -163,3 +164,25 @@ def test_tfds_load_failure_and_bad_row(monkeypatch):
     with pytest.raises(src.DataError, match=r"tfds my_math/train row 0: missing field 'answer'"):
         src.load_examples(src.SourceConfig("my_math", format="tfds", tfds_download=True))
     assert calls[-1][3] is True
+
+
+def test_tfds_runtime_banners_at_load_and_first_read_stay_off_the_console(monkeypatch, capfd):
+    """TensorFlow prints `failed call to cuInit` and its factory notices when a dataset is first loaded and
+    read; those lines are dropped, a real warning printed then is kept, and rows arrive as before."""
+    mod = _fake_tfds([{"problem": b"q1", "answer": b"1"}, {"problem": b"q2", "answer": b"2"}], [])
+    load = mod.load
+
+    def noisy_load(*args, **kwargs):
+        os.write(2, b"E0000 cuda_executor.cc:1228] failed call to cuInit: INTERNAL: CUDA error\n")
+        return load(*args, **kwargs)
+
+    def noisy_rows(ds):
+        os.write(2, b"E0000 cuda_fft.cc:485] Unable to register cuFFT factory: one is already registered\n")
+        os.write(2, b"W0000 reader.cc:1] a real warning about the data\n")
+        yield from ds
+
+    mod.load, mod.as_numpy = noisy_load, noisy_rows
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", mod)
+    out = src.load_examples(src.SourceConfig("my_math", format="tfds"))
+    assert [(ex.prompt, ex.answer) for ex in out] == [("q1", "1"), ("q2", "2")]
+    assert capfd.readouterr().err == "W0000 reader.cc:1] a real warning about the data\n"
