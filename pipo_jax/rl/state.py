@@ -2,8 +2,10 @@
 
 Policy params and AdamW state, the frozen reference params, the PPO critic (params +
 its optimizer state), the SDPO EMA teacher, the PIPO controller state, the advantage
-estimator's carried state (BNPO), the RNG key and the iteration counter. Checkpoints save
-exactly this tree, so a resumed run continues bit-exactly.
+estimator's carried state (BNPO), the RNG key, the iteration counter and the hyperparameters the
+learner reads as data (`rl/hyper.py:Hyperparameters`: learning rates, PIPO's lam, clip ranges, KL
+and entropy weights). Checkpoints save exactly this tree, so a resumed run continues bit-exactly
+(a restore sets `hyper` from the run's config: `run/placement.py:Placement.restore`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from flax import struct
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.rl import controller
 from pipo_jax.rl.batch import TrainBatch, stored_template
+from pipo_jax.rl.hyper import Hyperparameters, hyperparameters_of
 from pipo_jax.rl.sections import VpdConfig
 from pipo_jax.rl.spec import TrainSpec
 
@@ -38,6 +41,8 @@ class TrainState:
     # The advantage estimator's state across iterations (`algorithms.CarriedState`; BNPO's pool of success
     # rates, `losses/bnpo.py:BnpoState`), replicated; None for an estimator without one.
     estimator_state: Any = None
+    # The hyperparameters the learner reads as data, not from the spec (`rl/hyper.py`), replicated.
+    hyper: Hyperparameters | None = None
 
 
 def skip_nonfinite(inner: optax.GradientTransformation, applies=None) -> optax.GradientTransformation:
@@ -139,12 +144,14 @@ def init_estimator_state(spec: TrainSpec) -> Any:
 
 def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
     """A fresh state around `params` (the reference, critic backbone and teacher start as copies;
-    the reference in the compute dtype, see `reference_copy`)."""
+    the reference in the compute dtype, see `reference_copy`), with `spec`'s hyperparameters as
+    `hyper` (`rl/hyper.py`; the optimizer states start at its learning rates)."""
+    hyper = hyperparameters_of(spec)
     critic = None
     if spec.has_critic:
         critic_params = {"backbone": _copy(params),
                          "value_head": jnp.zeros((spec.model.hidden_size,), jnp.float32)}
-        critic = {"params": critic_params, "opt_state": make_optimizer(spec.critic.lr, spec).init(critic_params)}
+        critic = {"params": critic_params, "opt_state": make_optimizer(hyper.critic_lr, spec).init(critic_params)}
     teacher = _copy(params) if spec.uses_teacher and (spec.sdpo.teacher == "ema" or spec.vpd) else None
     teacher_opt_state = vpd_delta = None
     if spec.vpd is not None:
@@ -153,7 +160,7 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
-        opt_state=make_optimizer(spec.train.lr, spec).init(params),
+        opt_state=make_optimizer(hyper.lr, spec).init(params),
         ref_params=reference_copy(spec, params),
         critic=critic,
         teacher_params=teacher,
@@ -161,7 +168,8 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
         rng=jax.random.PRNGKey(seed),
         teacher_opt_state=teacher_opt_state,
         vpd_delta=vpd_delta,
-        pi_opt_state=(make_optimizer(spec.pipo.lr, spec).init(params)
+        pi_opt_state=(make_optimizer(hyper.pi_lr, spec).init(params)
                       if spec.pipo.enabled and spec.pipo.pi_optimizer == "separate" else None),
         estimator_state=init_estimator_state(spec),
+        hyper=hyper,
     )

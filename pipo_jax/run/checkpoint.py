@@ -58,7 +58,8 @@ LEGACY_NAMES = {"mask_bl": "attention_mask_bl", "mask_br": "mask_bt", "logp_old_
 # Fields of the saved state added since checkpoints were first written (name -> what it holds), each
 # with an initial value of zeros (None where unused): a checkpoint saved before one existed restores
 # with it so, and a log line says so (a fresh start of that state, the rest exactly as saved).
-ADDED_FIELDS = {"estimator_state": "the advantage estimator's carried state (BNPO's pool of success rates)"}
+ADDED_FIELDS = {"estimator_state": "the advantage estimator's carried state (BNPO's pool of success rates)",
+                "hyper": "the hyperparameters read as data; `Placement.restore` sets them from the run's config"}
 
 
 def _key_name(k) -> str:
