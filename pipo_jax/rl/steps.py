@@ -222,8 +222,9 @@ def pi_loss_fn(spec: TrainSpec, *, hyper: Hyperparameters) -> LossFn:
 
     The ratio is the base loss's (`spec.pi_ratio`: GSPO's sequence ratio, else per token;
     `pipo.pi_ratio=token` per token), the clip the base loss's unless `pipo.pi_clip_low` /
-    `pi_clip_high` are set (`hyper.pi_clip_low` / `pi_clip_high` hold the resolved values). The surrogate averages over all tokens of B_{t-1} (paper Eq. 11),
-    with `pipo.sdpo_pi_denominator=signal_tokens` over the tokens of rows with a signal.
+    `pi_clip_high` are set (`hyper.pi_clip_low` / `pi_clip_high` hold the resolved values). The
+    surrogate averages over all tokens of B_{t-1} (paper Eq. 11), with
+    `pipo.sdpo_pi_denominator=signal_tokens` over the tokens of rows with a signal.
     The authors' token-ratio PI loss (`pi_no_lower_clip`, `pi_symmetric_clip`) is their
     `grpo_layback`; algorithms declaring `authors_pi_token_loss=False` (PPO, whose PI
     step is their `ppo_layback`, the ordinary clip) keep the plain clip.
