@@ -145,13 +145,13 @@ def init_estimator_state(spec: TrainSpec) -> Any:
 def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
     """A fresh state around `params` (the reference, critic backbone and teacher start as copies;
     the reference in the compute dtype, see `reference_copy`), with `spec`'s hyperparameters as
-    `hyper` (`rl/hyper.py`; the optimizer states start at its learning rates)."""
-    hyper = hyperparameters_of(spec)
+    `hyper` (`rl/hyper.py`; the optimizer states start at the same learning rates, in buffers of their own:
+    the state is donated, and no buffer may be donated twice)."""
     critic = None
     if spec.has_critic:
         critic_params = {"backbone": _copy(params),
                          "value_head": jnp.zeros((spec.model.hidden_size,), jnp.float32)}
-        critic = {"params": critic_params, "opt_state": make_optimizer(hyper.critic_lr, spec).init(critic_params)}
+        critic = {"params": critic_params, "opt_state": make_optimizer(spec.critic.lr, spec).init(critic_params)}
     teacher = _copy(params) if spec.uses_teacher and (spec.sdpo.teacher == "ema" or spec.vpd) else None
     teacher_opt_state = vpd_delta = None
     if spec.vpd is not None:
@@ -160,7 +160,7 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
-        opt_state=make_optimizer(hyper.lr, spec).init(params),
+        opt_state=make_optimizer(spec.train.lr, spec).init(params),
         ref_params=reference_copy(spec, params),
         critic=critic,
         teacher_params=teacher,
@@ -168,8 +168,8 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
         rng=jax.random.PRNGKey(seed),
         teacher_opt_state=teacher_opt_state,
         vpd_delta=vpd_delta,
-        pi_opt_state=(make_optimizer(hyper.pi_lr, spec).init(params)
+        pi_opt_state=(make_optimizer(spec.pipo.lr, spec).init(params)
                       if spec.pipo.enabled and spec.pipo.pi_optimizer == "separate" else None),
         estimator_state=init_estimator_state(spec),
-        hyper=hyper,
+        hyper=hyperparameters_of(spec),
     )

@@ -135,14 +135,14 @@ def test_a_vmapped_stack_of_hyperparameters_equals_separate_runs_on_one_program(
     configs = [config(**{"pipo.window": 2, **m}) for m in MEMBERS]
     specs = [train_spec(c) for c in configs]
     assert all(s == specs[0] for s in specs)
-    params = qwen3.init_params(specs[0].model, jax.random.PRNGKey(7))
-    states = [init_train_state(s, params, 3) for s in specs]
+    params = jax.device_get(qwen3.init_params(specs[0].model, jax.random.PRNGKey(7)))  # host: never donated
+    states = [init_train_state(s, jax.device_put(params), 3) for s in specs]
     n = 4
     together, m_together = compare.vmapped_chunk(specs[0], compare.stack(states), n)
     before = loop.scan_chunk._cache_size()
     alone = []
-    for i, (spec, state) in enumerate(zip(specs, states)):
-        alone.append(loop.scan_chunk(spec, init_train_state(spec, params, 3), n))
+    for i, spec in enumerate(specs):
+        alone.append(loop.scan_chunk(spec, init_train_state(spec, jax.device_put(params), 3), n))
         if i == 0:
             compiled = loop.scan_chunk._cache_size()
             assert compiled == before + 1
@@ -156,10 +156,12 @@ def test_a_vmapped_stack_of_hyperparameters_equals_separate_runs_on_one_program(
         np.testing.assert_array_equal(np.asarray(together.hyper.lr[i]), np.float32(configs[i].train.lr))
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a[i], b, rtol=0, atol=atol),
                      jax.device_get(together.params), jax.device_get(state_i.params))
-    # the values acted: member 1 (3x the learning rate) moved further from the shared start than member 0
-    moved = [float(sum(np.abs(np.asarray(a[i]) - np.asarray(b)).sum() for a, b in zip(
-        jax.tree.leaves(together.params), jax.tree.leaves(params)))) for i in range(3)]
-    assert moved[1] > 2 * moved[0], moved
+    # the values acted: member 1 (3x the learning rate) moved further from the shared start than member 0, and
+    # member 2 (lam, PI lr, clips) ended elsewhere
+    leaves, start = jax.tree.leaves(jax.device_get(together.params)), jax.tree.leaves(params)
+    moved = [sum(float(np.abs(a[i] - b).sum()) for a, b in zip(leaves, start)) for i in range(3)]
+    assert moved[1] > 1.5 * moved[0], moved
+    assert max(float(np.max(np.abs(a[2] - a[0]))) for a in leaves) > 1e-4
 
 
 def test_a_restore_sets_the_hyperparameters_from_the_runs_config(tmp_path):
