@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.masking import as_mask, masked_mean
-from pipo_jax.losses.policy import dual_clip, gspo_loss, jit_dual_clip, token_clip_loss
+from pipo_jax.losses.policy import dual_clip, gspo_loss, jit_clip, token_clip_loss
 
 ATTRIBUTION_DENOM_FLOOR = 1e-6
 RHAT_CLAMP = 10.0  # authors: torch.clamp(coefficients, -10, 10)
@@ -95,7 +95,7 @@ def signal_rows(attr_br, mask_br):
     return jnp.any((as_mask(mask_br) > 0) & (attr_br != 0), axis=-1).astype(jnp.float32)
 
 
-@jit_dual_clip(static_argnames=("ratio", "no_lower_clip", "symmetric_clip"))
+@jit_clip(static_argnames=("ratio", "no_lower_clip", "symmetric_clip"))
 def pi_surrogate_loss(
     logp_br,
     logp_old_br,

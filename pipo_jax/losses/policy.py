@@ -57,17 +57,24 @@ def dual_clip(clip_ratio_c):
     return clip_ratio_c
 
 
-def jit_dual_clip(static_argnames: tuple[str, ...] = ()):
-    """`jax.jit` of a loss with a `clip_ratio_c` argument, which is traced (data) where the dual clip is on
-    and None where it is off (`dual_clip`: a Python 0 becomes None before the jit, so off stays structure)."""
+def jit_clip(static_argnames: tuple[str, ...] = ()):
+    """`jax.jit` of a clipped loss whose clip settings (`eps_low`, `eps_high`, `clip_ratio_c` where it has one)
+    are traced: Python numbers or float32 arrays (hyperparameters as data, `rl/hyper.py`). Python numbers are
+    checked first (`check_clip_config`: a ValueError naming the field); a Python 0 `clip_ratio_c` becomes None
+    before the jit (`dual_clip`), so a dual clip that is off stays structure."""
 
     def wrap(fn):
-        default = inspect.signature(fn).parameters["clip_ratio_c"].default
+        params = inspect.signature(fn).parameters
+        default = {name: params[name].default for name in ("eps_low", "eps_high", "clip_ratio_c") if name in params}
         jitted = jax.jit(fn, static_argnames=static_argnames)
 
         @functools.wraps(fn)
-        def call(*args, clip_ratio_c=default, **kwargs):
-            return jitted(*args, clip_ratio_c=dual_clip(clip_ratio_c), **kwargs)
+        def call(*args, **kwargs):
+            clip = {name: kwargs.get(name, value) for name, value in default.items()}
+            check_clip_config(clip.get("eps_low"), clip.get("eps_high"), clip.get("clip_ratio_c", 0.0))
+            if "clip_ratio_c" in clip:
+                kwargs["clip_ratio_c"] = dual_clip(clip["clip_ratio_c"])
+            return jitted(*args, **kwargs)
 
         return call
 
@@ -139,7 +146,7 @@ def finish_clipped(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, 
     return loss, metrics
 
 
-@jit_dual_clip(static_argnames=("lower_clip_negative_adv",))
+@jit_clip(static_argnames=("lower_clip_negative_adv",))
 def token_clip_loss(
     logp_br,
     logp_old_br,
@@ -164,7 +171,7 @@ def token_clip_loss(
     return finish_clipped(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg)
 
 
-@functools.partial(jax.jit, static_argnames=("lower_clip_negative_adv",))
+@jit_clip(static_argnames=("lower_clip_negative_adv",))
 def gspo_loss(
     logp_br,
     logp_old_br,
@@ -188,7 +195,7 @@ def gspo_loss(
     return finish_clipped(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg)
 
 
-@jax.jit
+@jit_clip()
 def cispo_loss(
     logp_br,
     logp_old_br,
