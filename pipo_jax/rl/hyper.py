@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import struct
 
 # The dotted config keys whose values are data (`Hyperparameters`), the spec's equality leaving them out.
-HYPER_KEYS = ("train.lr", "critic.lr", "pipo.lr", "pipo.lam", "loss.clip_low", "loss.clip_high",
+HYPER_KEYS = ("train.lr", "critic.lr", "pipo.lr", "vpd.lr", "pipo.lam", "loss.clip_low", "loss.clip_high",
               "pipo.pi_clip_low", "pipo.pi_clip_high", "loss.clip_ratio_c", "loss.kl_coef", "loss.entropy_coef")
 # Of those, the keys whose zero switches a term off: that they are nonzero is structure (static).
 SWITCHED_BY_ZERO = ("loss.clip_ratio_c", "loss.kl_coef", "loss.entropy_coef")
@@ -35,6 +35,7 @@ class Hyperparameters:
     lr: jax.Array  # train.lr: the base step's AdamW learning rate
     critic_lr: jax.Array  # critic.lr (PPO's value model)
     pi_lr: jax.Array  # pipo.lr: alpha_PI, the PI step's learning rate
+    vpd_lr: jax.Array  # vpd.lr: VPD's teacher's learning rate in its E-step (0 without VPD)
     lam: jax.Array  # pipo.lam: the PI step's scale when the improvement signal is negative
     clip_low: jax.Array  # loss.clip_low: eps_low of the ratio clip
     clip_high: jax.Array  # loss.clip_high: eps_high
@@ -45,13 +46,14 @@ class Hyperparameters:
     entropy_coef: jax.Array  # loss.entropy_coef: the entropy bonus's weight
 
 
-def hyperparameters_of(config: Any) -> Hyperparameters:
-    """The `Hyperparameters` of a typed run config or a `TrainSpec` (anything with the `train`, `critic`,
-    `loss` and `pipo` sections), each value float32."""
-    loss, pipo = config.loss, config.pipo
+def hyperparameters_of(spec: Any) -> Hyperparameters:
+    """The `Hyperparameters` of a `TrainSpec` (its `train`, `critic`, `loss`, `pipo` and `vpd` sections;
+    `vpd` None without VPD), each value float32."""
+    loss, pipo = spec.loss, spec.pipo
     f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
     return Hyperparameters(
-        lr=f32(config.train.lr), critic_lr=f32(config.critic.lr), pi_lr=f32(pipo.lr), lam=f32(pipo.lam),
+        lr=f32(spec.train.lr), critic_lr=f32(spec.critic.lr), pi_lr=f32(pipo.lr),
+        vpd_lr=f32(0.0 if spec.vpd is None else spec.vpd.lr), lam=f32(pipo.lam),
         clip_low=f32(loss.clip_low), clip_high=f32(loss.clip_high),
         pi_clip_low=f32(loss.clip_low if pipo.pi_clip_low is None else pipo.pi_clip_low),
         pi_clip_high=f32(loss.clip_high if pipo.pi_clip_high is None else pipo.pi_clip_high),
@@ -67,7 +69,7 @@ def static_section(name: str, section: Any) -> Any:
     """`section` (config section `name`) with the values of its `HYPER_KEYS` reduced to their
     `static_part`: a hashable tuple of (field, value) pairs, or `section` itself when it has none."""
     data = {k.split(".", 1)[1] for k in HYPER_KEYS if k.split(".", 1)[0] == name}
-    if not data:
+    if not data or section is None:
         return section
     return (type(section).__name__,) + tuple(
         (f.name, static_part(f"{name}.{f.name}", v) if f.name in data else v)

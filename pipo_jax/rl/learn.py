@@ -229,7 +229,8 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         # VPD E-step: refine the teacher on this batch's outcomes (anchored to theta_t), so the
         # M-step below distils toward the refined teacher; the attribution follows it.
         teacher, teacher_opt, vpd_delta, e_metrics = vpd_estep.maybe_e_step(
-            spec, spec.vpd, state.step, teacher, teacher_opt, batch, None, vpd_delta, jax.random.fold_in(rng, 3))
+            spec, spec.vpd, state.step, teacher, teacher_opt, batch, None, vpd_delta, jax.random.fold_in(rng, 3),
+            lr=hyper.vpd_lr)
         metrics.update(e_metrics)
         if spec.vpd.e_step and spec.attribution.teacher:  # the attribution follows the refined teacher
             logp_t = steps.micro_teacher_logprobs(spec, teacher, batch.teacher_tokens_bq, batch.teacher_mask_bq)

@@ -24,12 +24,13 @@ from pipo_jax.run.setup import train_spec
 from tests.conftest import override
 
 # A value for every hyperparameter key other than configs/grpo.py:micro's (with loss.entropy_coef 0.001 there).
-CHANGED = {"train.lr": 3e-4, "critic.lr": 2e-5, "pipo.lr": 2e-4, "pipo.lam": 0.5, "loss.clip_low": 0.1,
+CHANGED = {"train.lr": 3e-4, "critic.lr": 2e-5, "pipo.lr": 2e-4, "vpd.lr": 5e-5, "pipo.lam": 0.5, "loss.clip_low": 0.1,
            "loss.clip_high": 0.3, "pipo.pi_clip_low": 0.15, "pipo.pi_clip_high": 0.25, "loss.clip_ratio_c": 2.0,
            "loss.kl_coef": 0.01, "loss.entropy_coef": 0.002}
-FIELD = {"train.lr": "lr", "critic.lr": "critic_lr", "pipo.lr": "pi_lr", "pipo.lam": "lam", "loss.clip_low": "clip_low",
-         "loss.clip_high": "clip_high", "pipo.pi_clip_low": "pi_clip_low", "pipo.pi_clip_high": "pi_clip_high",
-         "loss.clip_ratio_c": "clip_ratio_c", "loss.kl_coef": "kl_coef", "loss.entropy_coef": "entropy_coef"}
+FIELD = {"train.lr": "lr", "critic.lr": "critic_lr", "pipo.lr": "pi_lr", "vpd.lr": "vpd_lr", "pipo.lam": "lam",
+         "loss.clip_low": "clip_low", "loss.clip_high": "clip_high", "pipo.pi_clip_low": "pi_clip_low",
+         "pipo.pi_clip_high": "pi_clip_high", "loss.clip_ratio_c": "clip_ratio_c", "loss.kl_coef": "kl_coef",
+         "loss.entropy_coef": "entropy_coef"}
 
 
 def config(algo: str = "grpo", **overrides):
@@ -46,21 +47,24 @@ def grpo_with_entropy(**overrides):
 
 def test_configs_differing_in_one_hyperparameter_have_equal_specs():
     assert set(CHANGED) == set(hyper.HYPER_KEYS) == set(FIELD)
-    base = train_spec(grpo_with_entropy())
-    h0 = hyper.hyperparameters_of(base)
     for key, value in CHANGED.items():
-        spec = train_spec(grpo_with_entropy(**{key: value}))
+        make = (lambda **o: config("vpd", **o)) if key == "vpd.lr" else grpo_with_entropy
+        base = train_spec(make())
+        spec = train_spec(make(**{key: value}))
         assert spec == base and hash(spec) == hash(base), key
-        assert spec.train.lr == (value if key == "train.lr" else 1e-4)  # the spec still holds the config's value
-        h = hyper.hyperparameters_of(spec)
+        section, name = key.split(".")
+        assert getattr(getattr(spec, section), name) == value  # the spec still holds the config's value
+        h0, h = hyper.hyperparameters_of(base), hyper.hyperparameters_of(spec)
         # the changed key's field alone differs (and the PI step's clip, unset: the base loss's), float32
         fields = {FIELD[key]} | ({"pi_" + FIELD[key]} if key in ("loss.clip_low", "loss.clip_high") else set())
-        for name in FIELD.values():
-            want = np.float32(value) if name in fields else np.asarray(getattr(h0, name))
-            assert np.asarray(getattr(h, name)).dtype == np.float32
-            assert np.asarray(getattr(h, name)) == want, (key, name)
-    # unset, the PI step's clip is the base loss's
+        for field in FIELD.values():
+            want = np.float32(value) if field in fields else np.asarray(getattr(h0, field))
+            assert np.asarray(getattr(h, field)).dtype == np.float32
+            assert np.asarray(getattr(h, field)) == want, (key, field)
+    h0 = hyper.hyperparameters_of(train_spec(grpo_with_entropy()))
+    # unset, the PI step's clip is the base loss's; no VPD teacher: its learning rate 0
     assert float(h0.pi_clip_low) == np.float32(0.2) and float(h0.pi_clip_high) == np.float32(0.2)
+    assert float(h0.vpd_lr) == 0.0
 
 
 @pytest.mark.parametrize("key", hyper.SWITCHED_BY_ZERO)
