@@ -203,3 +203,33 @@ def test_a_restore_sets_the_hyperparameters_from_the_runs_config(tmp_path):
         want = state.replace(hyper=hyper.hyperparameters_of(resumed))
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), jax.device_get(want))
         assert float(restored.hyper.lr) == np.float32(3e-4) and float(restored.hyper.lam) == np.float32(0.5), name
+
+
+def test_every_presets_clip_bounds_in_float32_equal_the_former_constants():
+    """The ratio clip's bounds 1 - eps_low and 1 + eps_high are computed in the program in float32 from the
+    float32 eps (data); as Python floats they were folded in float64 and then rounded. The two agree for every
+    clip value of every algorithm's presets, so their numerics are those of the constants (for some other
+    values, e.g. eps_high = 0.18, float32 gives the bound one ulp away)."""
+    from configs import base
+    from pipo_jax.rl import algorithms
+
+    f32 = np.float32
+    assert f32(1) + f32(0.18) != f32(1 + 0.18)  # the difference exists: the check below can fail
+    checked = set()
+    for algo in algorithms.config_names():
+        module = importlib.import_module(f"configs.{algo}")
+        for preset in base.PRESETS + base.AUTHORS_PRESETS:
+            try:
+                c = module.get_config(preset)
+            except ValueError:  # an authors' preset of an algorithm without an authors' run
+                continue
+            for low in (c.loss.clip_low, c.pipo.pi_clip_low):
+                if low is not None:
+                    checked.add(low)
+                    assert f32(1) - f32(low) == f32(1 - low), (algo, preset, low)
+            symmetric = (c.loss.clip_low, c.pipo.pi_clip_low) if c.pipo.compat else ()  # the authors' PI clip
+            for high in (c.loss.clip_high, c.pipo.pi_clip_high) + symmetric:  # 1 + eps_high, or 1 + eps_low
+                if high is not None:
+                    checked.add(high)
+                    assert f32(1) + f32(high) == f32(1 + high), (algo, preset, high)
+    assert {0.2, 0.28, 3e-4, 4e-4} <= checked
