@@ -92,6 +92,7 @@ from pipo_jax.parallel.shardings import batch_shardings, tree_shardings  # noqa:
 from pipo_jax.rl import learn as learn_lib  # noqa: E402
 from pipo_jax.rl import rollout as rollout_lib  # noqa: E402
 from pipo_jax.rl import steps as rl_steps  # noqa: E402
+from pipo_jax.rl.hyper import hyperparameters_of  # noqa: E402
 from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
 from pipo_jax.rl.sections import RunConfig  # noqa: E402
 from pipo_jax.rl.spec import TrainSpec, spec_from_config  # noqa: E402
@@ -633,7 +634,8 @@ def paper_programs(spec: TrainSpec, mesh: Mesh) -> dict[str, Callable[[], Progra
 
     def pi_step():
         def step(params, opt_state, pipo_state, mu_t, rng):
-            return learn_lib.pi_step(spec, params, opt_state, pipo_state, mu_t, rng)[:2]
+            return learn_lib.pi_step(spec, params, opt_state, pipo_state, mu_t, rng,
+                                     hyper=hyperparameters_of(spec))[:2]
 
         fn = jax.jit(step, in_shardings=(state_sh.params, state_sh.opt_state, state_sh.pipo, replicated(mesh),
                                          replicated(mesh)),
@@ -642,7 +644,8 @@ def paper_programs(spec: TrainSpec, mesh: Mesh) -> dict[str, Callable[[], Progra
 
     def base_step():
         def step(params, opt_state, batch, rng):
-            return rl_steps.minibatch_updates(spec, rl_steps.base_loss_fn(spec), make_optimizer(spec.train.lr, spec),
+            return rl_steps.minibatch_updates(spec, rl_steps.base_loss_fn(spec, hyper=hyperparameters_of(spec)),
+                                              make_optimizer(spec.train.lr, spec),
                                               params, opt_state, batch, rng)[:2]
 
         fn = jax.jit(step, in_shardings=(state_sh.params, state_sh.opt_state, batch_sh, replicated(mesh)),

@@ -203,7 +203,7 @@ def learner_fns(spec, params, batch: TrainBatch, seed: int):
     optimizer = make_optimizer(spec.train.lr, spec)
 
     def base(p, s, b, key):
-        return steps.minibatch_updates(spec, steps.base_loss_fn(spec), optimizer, p, s, b, key)
+        return steps.minibatch_updates(spec, steps.base_loss_fn(spec, hyper=state.hyper), optimizer, p, s, b, key)
 
     @jax.jit
     def base_step(p, s, b, key):
@@ -211,7 +211,7 @@ def learner_fns(spec, params, batch: TrainBatch, seed: int):
 
     @jax.jit
     def pipo_learner(p, s, ps, b, key):
-        p, s, m = learn.pi_step(spec, p, s, ps, jnp.float32(0.9), key)
+        p, s, m = learn.pi_step(spec, p, s, ps, jnp.float32(0.9), key, hyper=state.hyper)
         return base(p, s, b, key)[:2], m["pi_step_applied"]
 
     _, applied = pipo_learner(state.params, state.opt_state, pipo_state, batch, rng)

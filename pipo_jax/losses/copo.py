@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from pipo_jax.losses.aggregation import Aggregation, token_mean
 from pipo_jax.losses.masking import as_mask
-from pipo_jax.losses.policy import clipped_surrogate, finish_clipped, token_log_ratio
+from pipo_jax.losses.policy import clipped_surrogate, finish_clipped, jit_clip, token_log_ratio
 
 OUTCOMES = ("response", "reward")
 BLENDS = ("soft_with_zero", "soft_with_forced", "soft")
@@ -111,7 +111,7 @@ def blended_advantages(adv_br, global_adv_b, weight_b, mask_br):
     return jnp.where(as_mask(mask_br) > 0, w * adv_br + (1.0 - w) * global_adv_b[:, None], 0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("eps_low", "eps_high", "clip_ratio_c"))
+@jit_clip()
 def copo_loss(logp_br, logp_old_br, adv_br, global_adv_b, weight_b, mask_br, *, agg: Aggregation,
               eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio_c: float = 3.0):
     """(loss, metrics): w L_clip(A^l) + (1 - w) L_clip(A^g) per token (`adv_br` [B, R] the local advantage,

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from pipo_jax.losses.aggregation import Aggregation, aggregate, token_mean
 from pipo_jax.losses.masking import as_mask
-from pipo_jax.losses.policy import check_clip_config, clipped_surrogate, token_log_ratio
+from pipo_jax.losses.policy import check_clip_config, clipped_surrogate, jit_clip, token_log_ratio
 
 
 def check_cov_config(ratio, low=None, high=None) -> None:
@@ -90,7 +90,7 @@ def kl_cov_loss(logp_br, logp_old_br, adv_br, mask_br, *, agg: Aggregation = Agg
     return _finish(loss_br, jnp.zeros_like(selected), selected, logp_br, logp_old_br, mask_br, agg)
 
 
-@functools.partial(jax.jit, static_argnames=("eps_low", "eps_high", "ratio", "cov_low", "cov_high"))
+@jit_clip(static_argnames=("ratio", "cov_low", "cov_high"))
 def clip_cov_loss(logp_br, logp_old_br, adv_br, mask_br, *, key, agg: Aggregation = Aggregation("token-mean"),
                   eps_low: float = 0.2, eps_high: float = 0.2, ratio: float = 2e-4, cov_low: float = 1.0,
                   cov_high: float = 5.0):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.masking import as_mask, masked_mean
-from pipo_jax.losses.policy import gspo_loss, token_clip_loss
+from pipo_jax.losses.policy import dual_clip, gspo_loss, jit_clip, token_clip_loss
 
 ATTRIBUTION_DENOM_FLOOR = 1e-6
 RHAT_CLAMP = 10.0  # authors: torch.clamp(coefficients, -10, 10)
@@ -95,10 +95,7 @@ def signal_rows(attr_br, mask_br):
     return jnp.any((as_mask(mask_br) > 0) & (attr_br != 0), axis=-1).astype(jnp.float32)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("ratio", "eps_low", "eps_high", "clip_ratio_c", "no_lower_clip", "symmetric_clip"),
-)
+@jit_clip(static_argnames=("ratio", "no_lower_clip", "symmetric_clip"))
 def pi_surrogate_loss(
     logp_br,
     logp_old_br,
@@ -132,7 +129,7 @@ def pi_surrogate_loss(
     if ratio == "token":
         return token_clip_loss(logp_br, logp_old_br, rhat_br, mask_br, clip_ratio_c=clip_ratio_c, **common)
     if ratio == "sequence":
-        if clip_ratio_c:
+        if dual_clip(clip_ratio_c) is not None:
             raise ValueError("pi clip_ratio_c must be 0 with ratio='sequence' (GSPO has no dual clip)")
         return gspo_loss(logp_br, logp_old_br, rhat_br, mask_br, **common)
     raise ValueError(f"pi ratio={ratio!r} must be 'token' or 'sequence'")

@@ -29,6 +29,7 @@ loss, they add up across micro-batches: "pg_clipfrac" (tokens where the clip is 
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
 
 import jax
@@ -46,6 +47,38 @@ def check_clip_config(eps_low, eps_high, clip_ratio_c) -> None:
         raise ValueError(f"clip eps_high={eps_high} must be >= 0")
     if isinstance(clip_ratio_c, numbers.Real) and clip_ratio_c != 0.0 and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c={clip_ratio_c} must be 0 (dual clip off) or > 1")
+
+
+def dual_clip(clip_ratio_c):
+    """The dual clip's c, or None where it is off (None, or a Python 0). A number > 1 or an array (a
+    traced hyperparameter, `rl/hyper.py`) is on: whether it is on is structure, c itself may be data."""
+    if clip_ratio_c is None or (isinstance(clip_ratio_c, numbers.Real) and clip_ratio_c == 0.0):
+        return None
+    return clip_ratio_c
+
+
+def jit_clip(static_argnames: tuple[str, ...] = ()):
+    """`jax.jit` of a clipped loss whose clip settings (`eps_low`, `eps_high`, `clip_ratio_c` where it has one)
+    are traced: Python numbers or float32 arrays (hyperparameters as data, `rl/hyper.py`). Python numbers are
+    checked first (`check_clip_config`: a ValueError naming the field); a Python 0 `clip_ratio_c` becomes None
+    before the jit (`dual_clip`), so a dual clip that is off stays structure."""
+
+    def wrap(fn):
+        params = inspect.signature(fn).parameters
+        default = {name: params[name].default for name in ("eps_low", "eps_high", "clip_ratio_c") if name in params}
+        jitted = jax.jit(fn, static_argnames=static_argnames)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            clip = {name: kwargs.get(name, value) for name, value in default.items()}
+            check_clip_config(clip.get("eps_low"), clip.get("eps_high"), clip.get("clip_ratio_c", 0.0))
+            if "clip_ratio_c" in clip:
+                kwargs["clip_ratio_c"] = dual_clip(clip["clip_ratio_c"])
+            return jitted(*args, **kwargs)
+
+        return call
+
+    return wrap
 
 
 def token_log_ratio(logp_br, logp_old_br):
@@ -76,7 +109,10 @@ def clipped_surrogate(
     clip_ratio_c: float = 0.0,
     lower_clip_negative_adv: bool = True,
 ):
-    """Per-token clipped surrogate from a log ratio. Returns (loss_br, clipped_br, dual_clipped_br)."""
+    """Per-token clipped surrogate from a log ratio. Returns (loss_br, clipped_br, dual_clipped_br).
+
+    `eps_low`, `eps_high`, `clip_ratio_c`: Python numbers (constants of the program) or float32 arrays
+    (hyperparameters as data, `rl/hyper.py`); `clip_ratio_c` 0 or None: no dual clip (`dual_clip`)."""
     check_clip_config(eps_low, eps_high, clip_ratio_c)
     ratio_br = jnp.exp(log_ratio_br)
     clipped_ratio_br = jnp.clip(ratio_br, 1.0 - eps_low, 1.0 + eps_high)
@@ -87,9 +123,10 @@ def clipped_surrogate(
     if not lower_clip_negative_adv:  # -A min(r, clip(r)): pipo_verl core_algos.py grpo_layback
         loss_br = -adv_br * jnp.minimum(ratio_br, clipped_ratio_br)
         clipped_br = clipped_ratio_br < ratio_br
-    if clip_ratio_c == 0.0:
+    c = dual_clip(clip_ratio_c)
+    if c is None:
         return loss_br, clipped_br, jnp.zeros_like(clipped_br)
-    dual_loss_br = -adv_br * clip_ratio_c
+    dual_loss_br = -adv_br * c
     dual_clipped_br = (adv_br < 0) & (loss_br > dual_loss_br)
     loss_br = jnp.where(adv_br < 0, jnp.minimum(loss_br, dual_loss_br), loss_br)
     return loss_br, clipped_br, dual_clipped_br
@@ -109,10 +146,7 @@ def finish_clipped(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, 
     return loss, metrics
 
 
-_CLIP_STATIC = ("eps_low", "eps_high", "clip_ratio_c", "lower_clip_negative_adv")
-
-
-@functools.partial(jax.jit, static_argnames=_CLIP_STATIC)
+@jit_clip(static_argnames=("lower_clip_negative_adv",))
 def token_clip_loss(
     logp_br,
     logp_old_br,
@@ -137,7 +171,7 @@ def token_clip_loss(
     return finish_clipped(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg)
 
 
-@functools.partial(jax.jit, static_argnames=tuple(n for n in _CLIP_STATIC if n != "clip_ratio_c"))
+@jit_clip(static_argnames=("lower_clip_negative_adv",))
 def gspo_loss(
     logp_br,
     logp_old_br,
@@ -161,7 +195,7 @@ def gspo_loss(
     return finish_clipped(loss_br, clipped_br, dual_br, logp_br, logp_old_br, mask_br, agg)
 
 
-@functools.partial(jax.jit, static_argnames=("eps_low", "eps_high"))
+@jit_clip()
 def cispo_loss(
     logp_br,
     logp_old_br,

@@ -38,7 +38,7 @@ from flax import struct
 from pipo_jax.losses import distill
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.masking import as_mask
-from pipo_jax.losses.policy import token_clip_loss
+from pipo_jax.losses.policy import jit_clip, token_clip_loss
 
 SEQ_LOGPROB_MODES = ("sum", "mean")
 DELTA_MODES = ("cumulative", "ema", "batch")
@@ -217,11 +217,7 @@ def reshaped_advantages(adv_br, logp_teacher_br, logp_student_br, mask_br, *, we
     return jnp.where(m > 0, adv_br + weight * attr_br, 0.0)
 
 
-_CLIP_STATIC = ("eps_low", "eps_high", "clip_ratio_c")
-
-
-@functools.partial(jax.jit, static_argnames=_CLIP_STATIC + ("weight", "distill_form", "distill_agg_mode", "alpha",
-                                                            "is_clip"))
+@jit_clip(static_argnames=("weight", "distill_form", "distill_agg_mode", "alpha", "is_clip"))
 def joint_hybrid_loss(logp_br, logp_old_br, adv_br, mask_br, *, weight: float, distill_form: str = "token",
                       logp_teacher_br=None, student_distill_logp_brn=None, teacher_distill_logp_brn=None,
                       alpha: float = 0.5, is_clip: float | None = 2.0, sd_mask_b=None,

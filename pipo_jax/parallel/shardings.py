@@ -96,8 +96,9 @@ def train_state_shardings(param_axes: Any, state: Any, mesh: Mesh, rules: Rules 
 
     params, ref_params, teacher_params: `param_axes`; opt_state mirrors params; the critic
     `{"params", "opt_state"}` likewise with `critic_axes`; PIPO state per
-    `pipo_state_shardings`; step, rng and the advantage estimator's carried state
-    (`estimator_state`, a few scalars: BNPO's pool of success rates) replicated. Any other field (e.g. VPD's
+    `pipo_state_shardings`; step, rng, the advantage estimator's carried state
+    (`estimator_state`, a few scalars: BNPO's pool of success rates) and the hyperparameters (`hyper`)
+    replicated. Any other field (e.g. VPD's
     `teacher_opt_state`, `vpd_delta`) is sharded like the params where it mirrors them
     and replicated elsewhere.
     """
@@ -121,6 +122,7 @@ def train_state_shardings(param_axes: Any, state: Any, mesh: Mesh, rules: Rules 
         pipo=pipo_state_shardings(state.pipo, mesh, rules),
         rng=replicated(mesh),
         estimator_state=jax.tree.map(lambda _: replicated(mesh), state.estimator_state),
+        hyper=jax.tree.map(lambda _: replicated(mesh), state.hyper),
     )
     for field in dataclasses.fields(state):
         if field.name not in known:

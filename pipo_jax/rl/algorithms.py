@@ -6,7 +6,7 @@ the algorithms that combine them, each declared once and looked up by name.
                                                      (or + {TrainBatch field: array}: what its loss or attribution
                                                       reads, COPO's, ADORA's)
                                                      (+ `reward_components`: reads the task's, GDPO's)
-    POLICY_LOSSES[name]:        PolicyLoss           fn(spec, params, teacher_params, mb, counts)
+    POLICY_LOSSES[name]:        PolicyLoss           fn(spec, params, teacher_params, mb, counts, *, hyper)
                                                          -> (loss, metrics, logp_br, entropy_br | None)
     ATTRIBUTIONS[name]:         Attribution          fn(spec, TrainBatch) -> attr_br
     ADVANTAGE_SHAPINGS[name]:   fn(spec, TrainBatch) -> adv_br
@@ -22,7 +22,8 @@ capabilities (a critic, a teacher), never on a name. The pure loss math lives in
 
 `spec` is an `rl/spec.py:TrainSpec` (not imported: the spec imports this table).
 `counts` are a mini-batch's global counts (`steps.response_counts`), so micro-batching
-never changes a loss.
+never changes a loss. `hyper` is the state's `rl/hyper.py:Hyperparameters`: a loss reads its clip
+range and dual clip's c there (data), never from the spec.
 """
 
 from __future__ import annotations
@@ -380,44 +381,49 @@ def estimate(spec, x: AdvantageInputs, state: Any = None):
 # ----------------------------------------------------------------------------- policy losses
 
 
-def _clip_loss(loss, spec, params, mb: TrainBatch, counts: dict, **kw):
+def _clip_loss(loss, spec, hyper, params, mb: TrainBatch, counts: dict, **kw):
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
-    value, metrics = loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=spec.loss.clip_low,
-                          eps_high=spec.loss.clip_high, **kw, agg=aggregation(spec, counts))
+    value, metrics = loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=hyper.clip_low,
+                          eps_high=hyper.clip_high, **kw, agg=aggregation(spec, counts))
     return value, metrics, logp, ent
 
 
-def base_clip_ratio_c(spec) -> float:
-    """The token clip's dual clip in the base step: `loss.clip_ratio_c`, but 0 for PPO under
+def dual_clip_c(spec, hyper):
+    """The dual clip's c: 0.0 (off: structure, `loss.clip_ratio_c=0`) or `hyper.clip_ratio_c` (data)."""
+    return 0.0 if spec.loss.clip_ratio_c == 0 else hyper.clip_ratio_c
+
+
+def base_clip_ratio_c(spec, hyper):
+    """The token clip's dual clip in the base step: `loss.clip_ratio_c` (`dual_clip_c`), but 0 for PPO under
     `pipo.compat=true`: the authors' PPO actor loss (`ppo_layback`, also their PPO PI loss) is
     max(-A r, -A clip(r)) with the +-20 log-ratio clamp and no dual clip (docs/pipo_vs_authors.md)."""
     if spec.pipo.compat and spec.algorithm.authors_ppo:
         return 0.0
-    return spec.loss.clip_ratio_c
+    return dual_clip_c(spec, hyper)
 
 
 @policy_loss("token_clip", pi_ratio="token", dual_clip=True)
-def _token_clip(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _token_clip(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """PPO-style token clip with dual clip `clip_ratio_c` (`losses/policy.py:token_clip_loss`);
     PPO under `pipo.compat`: without the dual clip (`base_clip_ratio_c`)."""
-    return _clip_loss(token_clip_loss, spec, params, mb, counts, clip_ratio_c=base_clip_ratio_c(spec))
+    return _clip_loss(token_clip_loss, spec, hyper, params, mb, counts, clip_ratio_c=base_clip_ratio_c(spec, hyper))
 
 
 @policy_loss("gspo", pi_ratio="sequence")
-def _gspo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _gspo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """GSPO's sequence-ratio clip (`losses/policy.py:gspo_loss`); its PI step uses the sequence ratio."""
-    return _clip_loss(gspo_loss, spec, params, mb, counts)
+    return _clip_loss(gspo_loss, spec, hyper, params, mb, counts)
 
 
 @policy_loss("cispo", pi_ratio="token")
-def _cispo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _cispo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """CISPO: the clipped, detached importance weight times A log pi (`losses/policy.py:cispo_loss`)."""
-    return _clip_loss(cispo_loss, spec, params, mb, counts)
+    return _clip_loss(cispo_loss, spec, hyper, params, mb, counts)
 
 
 @policy_loss("kl_cov", pi_ratio="token")
-def _kl_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _kl_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """KL-Cov (`losses/cov.py:kl_cov_loss`): -A r, + `loss.kl_cov_coef` |log ratio| on the
     `loss.kl_cov_ratio` tokens of largest covariance in the micro-batch at hand; no clip."""
     logp, ent = student_logprobs(spec, params, mb)
@@ -428,14 +434,14 @@ def _kl_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict):
 
 
 @policy_loss("clip_cov", pi_ratio="token")
-def _clip_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _clip_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """Clip-Cov (`losses/cov.py:clip_cov_loss`): the token clip without dual clip, `loss.clip_cov_ratio`
     unclipped tokens of covariance in [`clip_cov_low`, `clip_cov_high`] drawn with `counts["rng"]`
     (`steps.accumulate_grads`: one key per micro-batch) and left out."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     loss, metrics = cov.clip_cov_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, key=counts["rng"],
-                                      eps_low=spec.loss.clip_low, eps_high=spec.loss.clip_high,
+                                      eps_low=hyper.clip_low, eps_high=hyper.clip_high,
                                       ratio=spec.loss.clip_cov_ratio, cov_low=spec.loss.clip_cov_low,
                                       cov_high=spec.loss.clip_cov_high, agg=aggregation(spec, counts))
     return loss, metrics, logp, ent
@@ -453,7 +459,7 @@ def _check_whole_groups(spec, mb: TrainBatch, policy: str) -> None:
 
 
 @policy_loss("drpo", pi_ratio="token")
-def _drpo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _drpo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """DRPO (`losses/drpo.py:drpo_loss`): the decoupled, length-weighted discriminative objective over
     each group of the mini-batch, with the KL penalty. It reads whole groups, so the mini-batch must be
     one micro-batch of unshuffled rows (`train.shuffle=false`, `train.micro_batch_size_per_device=0`)."""
@@ -468,7 +474,7 @@ def _drpo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
 
 
 @policy_loss("bapo", pi_ratio="token")
-def _bapo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _bapo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """BAPO (`losses/bapo.py:bapo_loss`): the token clip without dual clip at the ratio bounds Algorithm 1
     chooses on the micro-batch at hand (`loss.bapo_*`: the positive tokens' share of Eq. 8 brought to
     `bapo_rho` by raising c_high, then c_low, within their ranges); `loss.clip_low` / `clip_high` are
@@ -485,7 +491,7 @@ def _bapo(spec, params, teacher_params, mb: TrainBatch, counts: dict):
 
 
 @policy_loss("disco", pi_ratio="token")
-def _disco(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _disco(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """DisCO (`losses/disco.py:disco_loss`): each group's positive responses' mean score against its
     negative ones' (`loss.disco_score`, `disco_negatives`, `disco_tau`) with the squared-hinge KL penalty
     (`disco_beta`, `disco_delta`); whole groups, one micro-batch per mini-batch, as DRPO."""
@@ -501,15 +507,15 @@ def _disco(spec, params, teacher_params, mb: TrainBatch, counts: dict):
 
 
 @policy_loss("copo", pi_ratio="token", dual_clip=True)
-def _copo_loss(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _copo_loss(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """COPO (`losses/copo.py:copo_loss`): per token, the token clip (dual clip `loss.clip_ratio_c`) on the local
     advantage weighted by `mb.local_weight_b` plus the same clip on the global advantage `mb.global_adv_b`
     weighted by the rest (the `copo` estimator's batch fields)."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     loss, metrics = copo.copo_loss(logp, mb.logp_old_br, mb.adv_br, mb.global_adv_b, mb.local_weight_b, mb.mask_br,
-                                   agg=aggregation(spec, counts), eps_low=spec.loss.clip_low,
-                                   eps_high=spec.loss.clip_high, clip_ratio_c=base_clip_ratio_c(spec))
+                                   agg=aggregation(spec, counts), eps_low=hyper.clip_low,
+                                   eps_high=hyper.clip_high, clip_ratio_c=base_clip_ratio_c(spec, hyper))
     return loss, metrics, logp, ent
 
 
@@ -518,7 +524,7 @@ def _distill_kwargs(spec, mb: TrainBatch, counts: dict) -> dict:
 
 
 @policy_loss("sdpo_token", distills=True)
-def _sdpo_token(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _sdpo_token(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """SDPO's token-level reverse KL toward the teacher (`losses/distill.py:sdpo_token_loss`)."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
@@ -529,7 +535,7 @@ def _sdpo_token(spec, params, teacher_params, mb: TrainBatch, counts: dict):
 
 
 @policy_loss("sdpo_jsd", distills=True)
-def _sdpo_jsd(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _sdpo_jsd(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """SDPO's generalised JSD on the student's top-k tokens + tail (`losses/distill.py:sdpo_jsd_loss`)."""
     p, r = spec.prompt_len, spec.rollout.max_new_tokens
     q = mb.teacher_tokens_bq.shape[1] - r
@@ -552,15 +558,15 @@ def _sdpo_jsd(spec, params, teacher_params, mb: TrainBatch, counts: dict):
 
 
 @policy_loss("vpd_joint", pi_ratio="token", dual_clip=True)
-def _vpd_joint(spec, params, teacher_params, mb: TrainBatch, counts: dict):
+def _vpd_joint(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     """VPD's joint hybrid: the token clip loss on GRPO advantages + w x SDPO's token distillation."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     logp_t = teacher_logprobs(spec, teacher_params, mb.teacher_tokens_bq, mb.teacher_mask_bq)
     loss, metrics = vpd_loss.joint_hybrid_loss(
         logp, mb.logp_old_br, mb.adv_br, mb.mask_br, weight=spec.vpd.hybrid_weight, logp_teacher_br=logp_t,
-        sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip, eps_low=spec.loss.clip_low, eps_high=spec.loss.clip_high,
-        clip_ratio_c=spec.loss.clip_ratio_c, agg=aggregation(spec, counts))
+        sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip, eps_low=hyper.clip_low, eps_high=hyper.clip_high,
+        clip_ratio_c=dual_clip_c(spec, hyper), agg=aggregation(spec, counts))
     return loss, metrics, logp, ent
 
 

@@ -208,7 +208,7 @@ def rectify(xi, lam: float):
     return jnp.where(xi >= 0, xi, lam * xi)
 
 
-@functools.partial(jax.jit, static_argnames=("lam", "ddof", "xi_clip"))
+@functools.partial(jax.jit, static_argnames=("ddof", "xi_clip"))
 def improvement_signal(mu_t, window_k, count, *, lam: float = 0.1, ddof: int = 1, xi_clip: bool = False):
     """Standardised improvement feedback (paper Eqs. 8-10). Returns (xi, c, mu_his, sigma_his).
 
@@ -273,7 +273,7 @@ def ppo_gate(mu_t, window_k, count, *, ddof: int = 1, xi_clip: bool = False):
     return jnp.clip(xi, -PPO_GATE_CLIP, PPO_GATE_CLIP), xi
 
 
-@functools.partial(jax.jit, static_argnames=("lam", "options", "ppo"))
+@functools.partial(jax.jit, static_argnames=("options", "ppo"))
 def pi_verification(state: PipoState, mu_t, *, lam: float = 0.1, options: PipoOptions = PipoOptions(),
                     ppo: bool = False):
     """Step 3 of docs/math.md §2 in one call: the signal, the go/no-go and the PI rewards for `state.prev`.

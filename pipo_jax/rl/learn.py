@@ -19,6 +19,7 @@ from pipo_jax.losses.kl import kl_estimate
 from pipo_jax.losses.masking import masked_mean
 from pipo_jax.rl import algorithms, controller, steps, vpd_estep
 from pipo_jax.rl.batch import TrainBatch, check_batch, stored
+from pipo_jax.rl.hyper import Hyperparameters
 from pipo_jax.rl.experience import Rollout, choose_contexts, response_part, shaped_rewards, teacher_settings
 from pipo_jax.rl.response_logprobs import response_logprobs
 from pipo_jax.rl.spec import TrainSpec
@@ -105,7 +106,7 @@ def prepare_batch(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple
     token_rewards = advantages.outcome_token_rewards(rewards_b, mask_br)
     if spec.loss.kl_in_reward:
         token_rewards = advantages.kl_penalized_token_rewards(token_rewards, logp_old, logp_ref, mask_br,
-                                                              beta=spec.loss.kl_coef,
+                                                              beta=state.hyper.kl_coef,
                                                               estimator=spec.loss.kl_estimator)
     seq_rewards = advantages.sequence_rewards(token_rewards, mask_br)
     mu_t = jnp.mean(seq_rewards)
@@ -166,10 +167,11 @@ def ppo_gated(spec: TrainSpec, batch: TrainBatch, mu_t, pipo_state: controller.P
 
 
 def pi_step(spec: TrainSpec, params, opt_state, pipo_state: controller.PipoState, mu_t, rng,
-            platform: str | None = None):
+            platform: str | None = None, *, hyper: Hyperparameters):
     """Step 3: verification on B_{t-1}; returns (params, opt_state, metrics). A no-op unless it
     applies. `opt_state` is the shared optimizer state, or with `pipo.pi_optimizer=separate`
-    the PI step's own (`TrainState.pi_opt_state`).
+    the PI step's own (`TrainState.pi_opt_state`). `hyper`: the state's hyperparameters (lam, the
+    PI step's learning rate and clip, the base learning rate written back after it).
 
     When the step does not apply (the first K iterations, or c = 0) params and optimizer
     state come out unchanged, bit for bit. How, by the platform the program is built for
@@ -186,27 +188,27 @@ def pi_step(spec: TrainSpec, params, opt_state, pipo_state: controller.PipoState
     """
     # An explicit platform is checked as the model config checks its own.
     platform = spec.model.platform if platform is None else spec.model.replace(platform=platform).platform
-    rhat, signal = controller.pi_verification(pipo_state, mu_t, lam=spec.pipo.lam, options=spec.pipo.options,
+    rhat, signal = controller.pi_verification(pipo_state, mu_t, lam=hyper.lam, options=spec.pipo.options,
                                         ppo=spec.algorithm.authors_ppo)
     applied = signal["pi_step_applied"]
     batch = pi_batch(pipo_state.prev, rhat, signal_rows=spec.pipo.sdpo_pi_denominator == "signal_tokens")
     check_batch(batch)
-    loss_fn = steps.pi_loss_fn(spec)
+    loss_fn = steps.pi_loss_fn(spec, hyper=hyper)
 
     def update(params, opt_state, applies=None):
-        optimizer = make_optimizer(spec.train.lr, spec, applies=applies)
+        optimizer = make_optimizer(hyper.pi_lr, spec, applies=applies)
         return steps.minibatch_updates(spec, loss_fn, optimizer, params, opt_state, batch, rng)
 
     def skip(params, opt_state):
         shapes = jax.eval_shape(update, params, opt_state)[2]
         return params, opt_state, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
 
-    opt_state = with_lr(opt_state, spec.pipo.lr)
+    opt_state = with_lr(opt_state, hyper.pi_lr)
     if platform == "cpu":
         params, opt_state, m = update(params, opt_state, applied)
     else:
         params, opt_state, m = jax.lax.cond(applied, update, skip, params, opt_state)
-    opt_state = with_lr(opt_state, spec.train.lr)
+    opt_state = with_lr(opt_state, hyper.lr)
     m = jax.tree.map(lambda x: jnp.where(applied, x, jnp.zeros_like(x)), m)
     empty = pipo_state.count == 0  # no window statistics yet: log nothing rather than 0
     signal = dict(signal, mu_his=jnp.where(empty, jnp.nan, signal["mu_his"]),
@@ -219,6 +221,7 @@ def pi_step(spec: TrainSpec, params, opt_state, pipo_state: controller.PipoState
 def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[TrainState, dict]:
     """Steps 2-5 of one iteration; returns the new state and the iteration's metrics."""
     k_pi, k_base, k_critic = jax.random.split(rng, 3)
+    hyper = state.hyper
     batch, mu_t, metrics, estimator_state = prepare_batch(spec, state, rollout)
     params, opt_state = state.params, state.opt_state
     teacher, teacher_opt, vpd_delta = state.teacher_params, state.teacher_opt_state, state.vpd_delta
@@ -226,7 +229,8 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         # VPD E-step: refine the teacher on this batch's outcomes (anchored to theta_t), so the
         # M-step below distils toward the refined teacher; the attribution follows it.
         teacher, teacher_opt, vpd_delta, e_metrics = vpd_estep.maybe_e_step(
-            spec, spec.vpd, state.step, teacher, teacher_opt, batch, None, vpd_delta, jax.random.fold_in(rng, 3))
+            spec, spec.vpd, state.step, teacher, teacher_opt, batch, None, vpd_delta, jax.random.fold_in(rng, 3),
+            lr=hyper.vpd_lr)
         metrics.update(e_metrics)
         if spec.vpd.e_step and spec.attribution.teacher:  # the attribution follows the refined teacher
             logp_t = steps.micro_teacher_logprobs(spec, teacher, batch.teacher_tokens_bq, batch.teacher_mask_bq)
@@ -241,26 +245,29 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         if spec.pipo.options.window_twice:  # authors' code: mu_t enters the window before xi, and again below
             pipo_state = controller.push_mean(pipo_state, mu_t)
         if spec.pipo.pi_optimizer == "separate":
-            params, new_pi_opt, pi_metrics = pi_step(spec, params, pi_opt_state, pipo_state, mu_t, k_pi)
+            params, new_pi_opt, pi_metrics = pi_step(spec, params, pi_opt_state, pipo_state, mu_t, k_pi,
+                                                     hyper=hyper)
             pi_metrics.update({f"pi/{k}": v for k, v in nonfinite_counts(pi_opt_state, new_pi_opt).items()})
             pi_opt_state = new_pi_opt
         else:
-            params, opt_state, pi_metrics = pi_step(spec, params, opt_state, pipo_state, mu_t, k_pi)
+            params, opt_state, pi_metrics = pi_step(spec, params, opt_state, pipo_state, mu_t, k_pi, hyper=hyper)
         metrics.update(pi_metrics)
     else:
         metrics["mu_t"] = mu_t
 
-    optimizer = make_optimizer(spec.train.lr, spec)
-    loss_fn = steps.base_loss_fn(spec, teacher)
-    params, opt_state, base_metrics = steps.minibatch_updates(spec, loss_fn, optimizer, params, opt_state, batch,
-                                                              k_base)
+    optimizer = make_optimizer(hyper.lr, spec)
+    loss_fn = steps.base_loss_fn(spec, teacher, hyper=hyper)
+    params, opt_state, base_metrics = steps.minibatch_updates(spec, loss_fn, optimizer, params,
+                                                              with_lr(opt_state, hyper.lr), batch, k_base)
     metrics.update({f"train/{k}": v for k, v in base_metrics.items()})
 
     critic = state.critic
     if spec.has_critic:
-        c_opt = make_optimizer(spec.critic.lr, spec)
+        c_opt = make_optimizer(hyper.critic_lr, spec)
         c_params, c_state, c_metrics = steps.minibatch_updates(spec, steps.critic_loss_fn(spec), c_opt,
-                                                               critic["params"], critic["opt_state"], batch, k_critic)
+                                                               critic["params"],
+                                                               with_lr(critic["opt_state"], hyper.critic_lr), batch,
+                                                               k_critic)
         critic = {"params": c_params, "opt_state": c_state}
         metrics.update({f"critic/{k}": v for k, v in c_metrics.items()})
 

@@ -14,10 +14,11 @@ missing model path, ...).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 from pipo_jax.models import qwen3
-from pipo_jax.rl import algorithms
+from pipo_jax.rl import algorithms, hyper
 from pipo_jax.rl.sections import (AdvantageConfig, ConfigError, CriticConfig, DapoConfig, EvalConfig, LossConfig,
                                   PipoConfig, RolloutConfig, RunConfig, SdpoConfig, TrainConfig, VpdConfig)
 from pipo_jax.rl.sections import need as _need
@@ -56,11 +57,14 @@ class GenerationSpec:
         return generator_lib.OneJitSampler(self.model, self.sampling)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class TrainSpec:
     """Everything the jitted steps need to know statically: the config's sections, validated,
     and the algorithm's registered pieces (`rl/algorithms.py`). Hashable: jit-static.
 
+    The sections hold every key's value, the hyperparameters' too (`rl/hyper.py:HYPER_KEYS`), but
+    equality and hash leave those values out (`static_key`): the learner reads them from the state
+    (`TrainState.hyper`), so configs that differ only in them share one spec's programs.
     `__post_init__` checks what ties the sections together and names the key.
     """
 
@@ -129,6 +133,18 @@ class TrainSpec:
         if self.vpd is not None:
             _need(not (self.vpd.e_step and self.sdpo.teacher == "live"), "sdpo.teacher",
                   "'live' shares the student's params, but VPD's E-step trains its own teacher copy: use 'ema'")
+
+    @functools.cached_property
+    def static_key(self) -> tuple:
+        """What the spec's equality and hash compare: every field, with the sections' hyperparameter
+        values reduced to their structure (`hyper.static_section`: e.g. whether the dual clip is on)."""
+        return tuple(hyper.static_section(f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and self.static_key == other.static_key
+
+    def __hash__(self) -> int:
+        return hash(self.static_key)
 
     @property
     def generation(self) -> GenerationSpec:

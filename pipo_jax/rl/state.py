@@ -2,8 +2,10 @@
 
 Policy params and AdamW state, the frozen reference params, the PPO critic (params +
 its optimizer state), the SDPO EMA teacher, the PIPO controller state, the advantage
-estimator's carried state (BNPO), the RNG key and the iteration counter. Checkpoints save
-exactly this tree, so a resumed run continues bit-exactly.
+estimator's carried state (BNPO), the RNG key, the iteration counter and the hyperparameters the
+learner reads as data (`rl/hyper.py:Hyperparameters`: learning rates, PIPO's lam, clip ranges, KL
+and entropy weights). Checkpoints save exactly this tree, so a resumed run continues bit-exactly
+(a restore sets `hyper` from the run's config: `run/placement.py:Placement.restore`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from flax import struct
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.rl import controller
 from pipo_jax.rl.batch import TrainBatch, stored_template
+from pipo_jax.rl.hyper import Hyperparameters, hyperparameters_of
 from pipo_jax.rl.sections import VpdConfig
 from pipo_jax.rl.spec import TrainSpec
 
@@ -38,6 +41,8 @@ class TrainState:
     # The advantage estimator's state across iterations (`algorithms.CarriedState`; BNPO's pool of success
     # rates, `losses/bnpo.py:BnpoState`), replicated; None for an estimator without one.
     estimator_state: Any = None
+    # The hyperparameters the learner reads as data, not from the spec (`rl/hyper.py`), replicated.
+    hyper: Hyperparameters | None = None
 
 
 def skip_nonfinite(inner: optax.GradientTransformation, applies=None) -> optax.GradientTransformation:
@@ -139,7 +144,9 @@ def init_estimator_state(spec: TrainSpec) -> Any:
 
 def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
     """A fresh state around `params` (the reference, critic backbone and teacher start as copies;
-    the reference in the compute dtype, see `reference_copy`)."""
+    the reference in the compute dtype, see `reference_copy`), with `spec`'s hyperparameters as
+    `hyper` (`rl/hyper.py`; the optimizer states start at the same learning rates, in buffers of their own:
+    the state is donated, and no buffer may be donated twice)."""
     critic = None
     if spec.has_critic:
         critic_params = {"backbone": _copy(params),
@@ -164,4 +171,5 @@ def init_train_state(spec: TrainSpec, params, seed: int) -> TrainState:
         pi_opt_state=(make_optimizer(spec.pipo.lr, spec).init(params)
                       if spec.pipo.enabled and spec.pipo.pi_optimizer == "separate" else None),
         estimator_state=init_estimator_state(spec),
+        hyper=hyperparameters_of(spec),
     )

@@ -24,6 +24,7 @@ from pipo_jax.losses.kl import kl_loss
 from pipo_jax.losses.value import clipped_value_loss
 from pipo_jax.rl import algorithms
 from pipo_jax.rl.batch import TrainBatch, rows_of
+from pipo_jax.rl.hyper import Hyperparameters
 from pipo_jax.rl.response_logprobs import response_hidden
 from pipo_jax.rl.spec import ConfigError, TrainSpec
 
@@ -177,16 +178,18 @@ def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.Gradien
 # ----------------------------------------------------------------------------- losses
 
 
-def _regularisers(spec: TrainSpec, logp_br, ent_br, mb: TrainBatch, counts: dict) -> tuple[jax.Array, dict]:
-    """KL-to-reference loss term and entropy bonus (both optional)."""
+def _regularisers(spec: TrainSpec, hyper: Hyperparameters, logp_br, ent_br, mb: TrainBatch,
+                  counts: dict) -> tuple[jax.Array, dict]:
+    """KL-to-reference loss term and entropy bonus (each on when its `loss.*_coef` is nonzero: the spec's
+    structure), weighted by `hyper.kl_coef` / `hyper.entropy_coef` (data)."""
     loss, metrics = 0.0, {}
     agg = algorithms.aggregation(spec, counts)
     if spec.loss.kl_coef > 0 and not spec.loss.kl_in_reward:
         kl, _ = kl_loss(logp_br, mb.logp_ref_br, mb.mask_br, estimator=spec.loss.kl_estimator, agg=agg)
-        loss, metrics["kl_loss"] = loss + spec.loss.kl_coef * kl, kl
+        loss, metrics["kl_loss"] = loss + hyper.kl_coef * kl, kl
     if spec.loss.entropy_coef > 0:
         ent = aggregate(ent_br, mb.mask_br, agg)
-        loss, metrics["entropy_loss"] = loss - spec.loss.entropy_coef * ent, ent
+        loss, metrics["entropy_loss"] = loss - hyper.entropy_coef * ent, ent
     return loss, metrics
 
 
@@ -198,36 +201,37 @@ def micro_teacher_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq) 
         {"tokens": tokens_bq, "mask": mask_bq})
 
 
-def base_loss_fn(spec: TrainSpec, teacher_params=None) -> LossFn:
+def base_loss_fn(spec: TrainSpec, teacher_params=None, *, hyper: Hyperparameters) -> LossFn:
     """The algorithm's loss on its own batch: the registered policy loss `spec.policy`
-    (+ KL term, - entropy bonus). Distilling losses read `teacher_params`, or with
-    `sdpo.teacher=live` the params being trained (under `stop_gradient`)."""
+    (+ KL term, - entropy bonus), its clip and weights from `hyper` (`TrainState.hyper`). Distilling
+    losses read `teacher_params`, or with `sdpo.teacher=live` the params being trained (under
+    `stop_gradient`)."""
 
     def loss_fn(params, mb: TrainBatch, counts: dict):
         teacher = params if spec.live_teacher else teacher_params
-        loss, metrics, logp, ent = spec.policy.fn(spec, params, teacher, mb, counts)
-        reg, reg_metrics = _regularisers(spec, logp, ent, mb, counts)
+        loss, metrics, logp, ent = spec.policy.fn(spec, params, teacher, mb, counts, hyper=hyper)
+        reg, reg_metrics = _regularisers(spec, hyper, logp, ent, mb, counts)
         loss = loss + reg
         return loss, dict(metrics, **reg_metrics, loss=loss)
 
     return loss_fn
 
 
-def pi_loss_fn(spec: TrainSpec) -> LossFn:
+def pi_loss_fn(spec: TrainSpec, *, hyper: Hyperparameters) -> LossFn:
     """PIPO's verification loss on the stored batch: clipped surrogate with rhat (+ KL term).
 
     The ratio is the base loss's (`spec.pi_ratio`: GSPO's sequence ratio, else per token;
     `pipo.pi_ratio=token` per token), the clip the base loss's unless `pipo.pi_clip_low` /
-    `pi_clip_high` are set. The surrogate averages over all tokens of B_{t-1} (paper Eq. 11),
-    with `pipo.sdpo_pi_denominator=signal_tokens` over the tokens of rows with a signal.
+    `pi_clip_high` are set (`hyper.pi_clip_low` / `pi_clip_high` hold the resolved values). The
+    surrogate averages over all tokens of B_{t-1} (paper Eq. 11), with
+    `pipo.sdpo_pi_denominator=signal_tokens` over the tokens of rows with a signal.
     The authors' token-ratio PI loss (`pi_no_lower_clip`, `pi_symmetric_clip`) is their
     `grpo_layback`; algorithms declaring `authors_pi_token_loss=False` (PPO, whose PI
     step is their `ppo_layback`, the ordinary clip) keep the plain clip.
     """
     options = spec.pipo.options
     authors_token_loss = spec.algorithm.authors_pi_token_loss
-    eps_low = spec.loss.clip_low if spec.pipo.pi_clip_low is None else spec.pipo.pi_clip_low
-    eps_high = spec.loss.clip_high if spec.pipo.pi_clip_high is None else spec.pipo.pi_clip_high
+    eps_low, eps_high = hyper.pi_clip_low, hyper.pi_clip_high
     signal_tokens = spec.pipo.sdpo_pi_denominator == "signal_tokens"
 
     def loss_fn(params, mb: TrainBatch, counts: dict):
@@ -241,7 +245,7 @@ def pi_loss_fn(spec: TrainSpec) -> LossFn:
             eps_high=eps_high, no_lower_clip=options.pi_no_lower_clip and authors_token_loss,
             symmetric_clip=options.pi_symmetric_clip and authors_token_loss,
             agg=algorithms.aggregation(spec, surrogate_counts))
-        reg, reg_metrics = _regularisers(spec, logp, ent, mb, counts)
+        reg, reg_metrics = _regularisers(spec, hyper, logp, ent, mb, counts)
         loss = loss + reg
         return loss, dict(metrics, **reg_metrics, loss=loss)
 

@@ -115,8 +115,10 @@ def e_step_loss_fn(spec: TrainSpec, cfg: VpdConfig, delta) -> steps.LossFn:
 
 
 def e_step(spec: TrainSpec, cfg: VpdConfig, teacher_params, teacher_opt_state, batch: TrainBatch, ref_logp_br,
-           delta_state: vpd_loss.DeltaState, rng):
+           delta_state: vpd_loss.DeltaState, rng, *, lr=None):
     """One E-step on `batch`; returns (teacher_params, teacher_opt_state, delta_state, metrics).
+
+    `lr`: the teacher's learning rate, the trainer's `TrainState.hyper.vpd_lr` (data); None: `cfg.lr`.
 
     `batch` is `learn.prepare`'s SDPO batch plus "rewards_b" [B]. `ref_logp_br` [B, R]: None
     reads the reference from the batch per `cfg.reference` (the normal use); an array
@@ -143,7 +145,7 @@ def e_step(spec: TrainSpec, cfg: VpdConfig, teacher_params, teacher_opt_state, b
 
     teacher_params, teacher_opt_state, m = steps.minibatch_updates(
         spec, e_step_loss_fn(spec, cfg, delta_state.delta), make_teacher_optimizer(spec, cfg), teacher_params,
-        with_lr(teacher_opt_state, cfg.lr), e_batch, rng, counts_fn=outcome_counts)
+        with_lr(teacher_opt_state, cfg.lr if lr is None else lr), e_batch, rng, counts_fn=outcome_counts)
     labelled = (pos | neg).astype(jnp.float32)
     metrics = {f"vpd/{k}": v for k, v in m.items()}
     metrics.update({
@@ -155,7 +157,7 @@ def e_step(spec: TrainSpec, cfg: VpdConfig, teacher_params, teacher_opt_state, b
 
 
 def maybe_e_step(spec: TrainSpec, cfg: VpdConfig, step, teacher_params, teacher_opt_state, batch: TrainBatch,
-                 ref_logp_br, delta_state: vpd_loss.DeltaState, rng):
+                 ref_logp_br, delta_state: vpd_loss.DeltaState, rng, *, lr=None):
     """`e_step` on iterations where `should_run(step, cfg.every)`, else the inputs unchanged (jit-compatible).
 
     Adds "vpd/e_step_applied" (1.0 / 0.0); skipped iterations report zeros for the E-step
@@ -167,7 +169,7 @@ def maybe_e_step(spec: TrainSpec, cfg: VpdConfig, step, teacher_params, teacher_
 
     def run(operands):
         t, s, d = operands
-        return e_step(spec, cfg, t, s, batch, ref_logp_br, d, rng)
+        return e_step(spec, cfg, t, s, batch, ref_logp_br, d, rng, lr=lr)
 
     shapes = jax.eval_shape(run, (teacher_params, teacher_opt_state, delta_state))[3]
 

@@ -12,7 +12,8 @@ that reads is used, each skipped one is named in one log line and left on disk (
 (no record) is read unchecked. A checkpoint written by older code under names since renamed
 (`LEGACY_NAMES`) is read by its stored names and laid out like the template; one written before a
 field of `ADDED_FIELDS` existed restores with that field fresh (zeros, its initial value), said in
-one log line.
+one log line (nothing said for `SET_FROM_CONFIG`: `TrainState.hyper` is set from the run's config on
+every restore).
 
 A save the disk refuses (full, read-only, quota) leaves no partial step behind: its
 `<step>.orbax-checkpoint-tmp` directory is removed (and any such leftover of a killed run is
@@ -58,7 +59,11 @@ LEGACY_NAMES = {"mask_bl": "attention_mask_bl", "mask_br": "mask_bt", "logp_old_
 # Fields of the saved state added since checkpoints were first written (name -> what it holds), each
 # with an initial value of zeros (None where unused): a checkpoint saved before one existed restores
 # with it so, and a log line says so (a fresh start of that state, the rest exactly as saved).
-ADDED_FIELDS = {"estimator_state": "the advantage estimator's carried state (BNPO's pool of success rates)"}
+ADDED_FIELDS = {"estimator_state": "the advantage estimator's carried state (BNPO's pool of success rates)",
+                "hyper": "the hyperparameters read as data (`rl/hyper.py`)"}
+# Of those, the fields the caller sets from the run's config after every restore (`Placement.restore`):
+# a checkpoint without one loses nothing, and nothing is said.
+SET_FROM_CONFIG = ("hyper",)
 
 
 def _key_name(k) -> str:
@@ -340,7 +345,7 @@ class Checkpointer:
                 log.info("checkpoint step %d at %s holds fields under their former names: read and renamed",
                          step, self.step_path(step))
             for name in added:  # a field this run does not use (None) starts as None: nothing to say
-                if jax.tree.leaves(getattr(abstract, name)):
+                if jax.tree.leaves(getattr(abstract, name)) and name not in SET_FROM_CONFIG:
                     log.info("checkpoint step %d at %s was saved before TrainState.%s (%s) existed: it starts "
                              "fresh", step, self.step_path(step), name, ADDED_FIELDS[name])
             return restored

@@ -24,6 +24,7 @@ from pipo_jax import parallel
 from pipo_jax.parallel import shardings
 from pipo_jax.parallel.rules import Rules, make_rules
 from pipo_jax.rl import loop, rollout
+from pipo_jax.rl.hyper import hyperparameters_of
 from pipo_jax.rl.sections import MeshConfig
 from pipo_jax.rl.spec import ConfigError, TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
@@ -60,7 +61,10 @@ class Placement:
         """The state saved at `step` (None: the newest that reads, see `Checkpointer.restore`),
         laid out on this placement (whatever mesh it was saved from).
 
-        The template is abstract (shapes, dtypes, shardings), so nothing is initialised first.
+        The template is abstract (shapes, dtypes, shardings), so nothing is initialised first. The
+        hyperparameters (`TrainState.hyper`) are `spec`'s, this run's config's, whatever the checkpoint
+        holds (one saved before they were part of the state has none): a resume with `train.lr` or
+        `pipo.lam` changed (`checkpoint.allow_config_change`) trains with the new values.
         """
         abstract = sharded_steps.abstract_train_state(spec)
         if self.mesh is None:
@@ -68,7 +72,8 @@ class Placement:
             layout = jax.tree.map(lambda _: device, abstract)
         else:
             layout = sharded_steps.state_shardings(spec, self.mesh, self.rules)
-        return ckpt.restore(parallel.with_shardings(abstract, layout), step)
+        state = ckpt.restore(parallel.with_shardings(abstract, layout), step)
+        return state.replace(hyper=jax.tree.map(sharded_steps.place, hyperparameters_of(spec), layout.hyper))
 
     def run(self, spec: TrainSpec, state: TrainState, n: int, jit_loop: bool,
             reward_fn: loop.HostReward) -> tuple[TrainState, dict[str, np.ndarray]]:

@@ -28,6 +28,7 @@ from pipo_jax.models import qwen3
 from pipo_jax.parallel.shardings import batch_shardings
 from pipo_jax.rl import learn, rollout, steps
 from pipo_jax.rl.batch import TrainBatch
+from pipo_jax.rl.hyper import hyperparameters_of
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.run import sharded_steps as sharded
 from pipo_jax.run.setup import train_spec
@@ -64,7 +65,7 @@ def main(out_path: str) -> None:
     batch = TrainBatch(tokens_bl=batch.tokens_bl, mask_bl=batch.mask_bl, mask_br=batch.mask_br,
                        logp_old_br=batch.logp_old_br, logp_ref_br=batch.logp_ref_br,
                        adv_br=jax.random.normal(jax.random.PRNGKey(4), batch.mask_br.shape) * batch.mask_br)
-    loss_fn = steps.base_loss_fn(spec)
+    loss_fn = steps.base_loss_fn(spec, hyper=hyperparameters_of(spec))
 
     def grads_fn(params, mini):
         return steps.accumulate_grads(spec, loss_fn, params, mini, steps.response_counts(mini))

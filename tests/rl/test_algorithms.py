@@ -24,6 +24,7 @@ from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, controller, steps
 from pipo_jax.rl.algorithms import AdvantageInputs
 from pipo_jax.rl.batch import TrainBatch
+from pipo_jax.rl.hyper import hyperparameters_of
 from pipo_jax.rl.response_logprobs import response_logprobs
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run.setup import train_spec
@@ -327,12 +328,12 @@ def test_whole_group_losses_refuse_shuffled_rows_and_split_mini_batches(name):
     half = jax.tree.map(lambda x: x[: spec.batch // 2], mb)
     with pytest.raises(ConfigError, match=rf"config\.train\.micro_batch_size_per_device: loss\.policy='{name}' "
                                           rf"needs the mini-batch of {spec.mini_batch} rows in one micro-batch"):
-        spec.policy.fn(spec, params, teacher, half, counts)
+        spec.policy.fn(spec, params, teacher, half, counts, hyper=hyperparameters_of(spec))
     c.train.shuffle = True
     spec = train_spec(c)
     with pytest.raises(ConfigError, match=rf"config\.train\.shuffle: loss\.policy='{name}' reads each prompt's G "
                                           "responses together; set it to false"):
-        spec.policy.fn(spec, params, teacher, mb, counts)
+        spec.policy.fn(spec, params, teacher, mb, counts, hyper=hyperparameters_of(spec))
 
 
 def test_every_registered_policy_loss_has_a_case():
@@ -347,7 +348,8 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     assert spec.policy.name == name
     params, teacher, mb = _micro_batch(spec)
     counts = dict(steps.response_counts(mb), rng=jax.random.PRNGKey(3))  # the key `steps.accumulate_grads` adds
-    loss, metrics, logp, _ = jax.jit(lambda p, t: spec.policy.fn(spec, p, t, mb, counts))(params, teacher)
+    hyper = hyperparameters_of(spec)
+    loss, metrics, logp, _ = jax.jit(lambda p, t: spec.policy.fn(spec, p, t, mb, counts, hyper=hyper))(params, teacher)
     p, t = spec.prompt_len, spec.rollout.temperature
     want_logp, _ = response_logprobs(spec.model, params, mb.tokens_bl, mb.mask_bl, p, temperature=t)
     # the same computation (response_logprobs) jitted in a different program: float32 rounding of
@@ -413,7 +415,8 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     key = "sd" if spec.policy.distills else None
     doubled = dict(counts, **({key: {k: 2 * v for k, v in counts[key].items()}} if key else
                               {"num_tokens": 2 * counts["num_tokens"], "num_seqs": 2 * counts["num_seqs"]}))
-    half = jax.jit(lambda p, t: spec.policy.fn(spec, p, t, mb, doubled)[0])(params, teacher)
+    hyper = hyperparameters_of(spec)
+    half = jax.jit(lambda p, t: spec.policy.fn(spec, p, t, mb, doubled, hyper=hyper)[0])(params, teacher)
     chex.assert_trees_all_close(half, loss / 2, rtol=1e-5)
 
 
@@ -445,7 +448,7 @@ def test_ppo_base_loss_under_compat_is_the_authors_without_dual_clip(compat, wan
     c = ppo.get_config("micro")
     c.pipo.compat = compat
     spec = train_spec(c)
-    assert algorithms.base_clip_ratio_c(spec) == (0.0 if compat else 3.0)
+    assert algorithms.base_clip_ratio_c(spec, hyperparameters_of(spec)) == (0.0 if compat else 3.0)
     params, teacher, mb = _micro_batch(spec)
     logp, _ = response_logprobs(spec.model, params, mb.tokens_bl, mb.mask_bl, spec.prompt_len,
                                 temperature=spec.rollout.temperature)
@@ -453,7 +456,7 @@ def test_ppo_base_loss_under_compat_is_the_authors_without_dual_clip(compat, wan
     counts = steps.response_counts(mb)
 
     def loss(p):
-        return spec.policy.fn(spec, p, teacher, mb, counts)[0]
+        return spec.policy.fn(spec, p, teacher, mb, counts, hyper=hyperparameters_of(spec))[0]
 
     value, grads = jax.jit(jax.value_and_grad(loss))(params)  # one program, not the model's ops one by one
     np.testing.assert_allclose(float(value), want_loss, rtol=1e-5)
@@ -461,7 +464,8 @@ def test_ppo_base_loss_under_compat_is_the_authors_without_dual_clip(compat, wan
     assert (grad_norm > 1e-3) if compat else (grad_norm == 0.0)
     g = grpo.get_config("micro")
     g.pipo.compat = True
-    assert algorithms.base_clip_ratio_c(train_spec(g)) == 3.0
+    g_spec = train_spec(g)
+    assert algorithms.base_clip_ratio_c(g_spec, hyperparameters_of(g_spec)) == 3.0
 
 
 def test_dr_grpo_is_grpo_without_its_normalisations():
@@ -477,7 +481,7 @@ def test_dr_grpo_is_grpo_without_its_normalisations():
     params, teacher, mb = _micro_batch(spec)
     counts = steps.response_counts(mb)
     assert algorithms.aggregation(spec, counts).norm_length == spec.rollout.max_new_tokens
-    loss, _, logp, _ = spec.policy.fn(spec, params, teacher, mb, counts)
+    loss, _, logp, _ = spec.policy.fn(spec, params, teacher, mb, counts, hyper=hyperparameters_of(spec))
     clip = dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=3.0)
     norm = Aggregation.of("seq-mean-token-sum-norm", counts, norm_length=spec.rollout.max_new_tokens)
     want, _ = token_clip_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, agg=norm, **clip)
@@ -497,8 +501,9 @@ def test_loss_norm_length_is_the_constant_divisor():
     assert algorithms.aggregation(longer, {"num_tokens": 1.0, "num_seqs": 1.0}).norm_length == c.loss.norm_length
     params, teacher, mb = _micro_batch(spec)
     counts = steps.response_counts(mb)
-    loss = spec.policy.fn(spec, params, teacher, mb, counts)[0]
-    chex.assert_trees_all_close(longer.policy.fn(longer, params, teacher, mb, counts)[0], loss / 2, rtol=1e-6)
+    loss = spec.policy.fn(spec, params, teacher, mb, counts, hyper=hyperparameters_of(spec))[0]
+    longer_loss = longer.policy.fn(longer, params, teacher, mb, counts, hyper=hyperparameters_of(longer))[0]
+    chex.assert_trees_all_close(longer_loss, loss / 2, rtol=1e-6)
 
 
 def test_declared_capabilities_make_the_checks():

@@ -51,7 +51,7 @@ def _both_forms(spec, state, pipo_state, mu_t):
     out = {}
     for platform in ("cpu", "tpu"):  # the tpu form (lax.cond) runs here too: the choice is the program's
         out[platform] = jax.device_get(_pi_step(spec, state.params, state.opt_state, pipo_state, jnp.float32(mu_t),
-                                                jax.random.PRNGKey(1), platform))
+                                                jax.random.PRNGKey(1), platform, hyper=state.hyper))
     return out["cpu"], out["tpu"]
 
 

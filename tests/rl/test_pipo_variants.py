@@ -13,6 +13,7 @@ from configs import grpo, gspo, ppo, sdpo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import algorithms, learn, rollout, steps
 from pipo_jax.rl.batch import TrainBatch
+from pipo_jax.rl.hyper import hyperparameters_of
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run.setup import train_spec
 from tests.rl.micro_trainer import fresh_state, learned, sampled
@@ -42,7 +43,7 @@ def test_sdpo_pi_denominator(denominator):
     # the surrogate is -sum(rhat) / denominator = -r / (b * r) = -1 / b over all tokens, -r / r = -1 over the signal row's
     rhat = jnp.zeros((b, r)).at[0].set(1.0)
     params, mb = _stored(spec, rhat)
-    loss, metrics = steps.pi_loss_fn(spec)(params, mb, steps.response_counts(mb))
+    loss, metrics = steps.pi_loss_fn(spec, hyper=hyperparameters_of(spec))(params, mb, steps.response_counts(mb))
     expected = -1.0 / b if denominator == "all_tokens" else -1.0
     np.testing.assert_allclose(float(metrics["pg_loss"]), expected, rtol=1e-5)
     np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
@@ -68,7 +69,7 @@ def test_gspo_pi_clip_and_ratio(overrides, clipfrac):
     spec = train_spec(c)
     assert spec.pi_ratio == overrides.get("pi_ratio", "sequence")
     params, mb = _stored(spec, jnp.ones((spec.batch, spec.rollout.max_new_tokens)), logp_shift=0.1)
-    loss, metrics = steps.pi_loss_fn(spec)(params, mb, steps.response_counts(mb))
+    loss, metrics = steps.pi_loss_fn(spec, hyper=hyperparameters_of(spec))(params, mb, steps.response_counts(mb))
     np.testing.assert_allclose(float(metrics["pg_clipfrac"]), clipfrac, atol=1e-6)
     # value: -min(s, clip(s)) * 1 = -1.0004 (clipped) or -1.105 (exp(0.1), unclipped / token ratio 1.05)
     bound = 1 + overrides.get("pi_clip_high", 4e-4)

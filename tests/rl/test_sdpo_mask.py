@@ -60,7 +60,7 @@ def test_prepare_attribution_is_zero_without_teacher_signal(sdpo_token):
 
 def test_sdpo_token_mean_is_over_signal_tokens(sdpo_token):
     spec, state, _, batch = sdpo_token
-    loss_fn = steps.base_loss_fn(spec, state.teacher_params)
+    loss_fn = steps.base_loss_fn(spec, state.teacher_params, hyper=state.hyper)
     loss, _ = loss_fn(state.params, batch, steps.response_counts(batch))
     # plain reference: sg(logp_S - logp_T) * logp_S with IS weight min(exp(0), 2) = 1 (logp == logp_old
     # at theta_t), summed over mask * sd_mask and divided by that mask's token count

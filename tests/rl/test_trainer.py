@@ -194,7 +194,8 @@ def _pi_case(c_sign: float, count: int = 4, mu_t: float | None = None):
     window = jnp.array([0.2, 0.4, 0.2, 0.4])
     ps = controller.PipoState(mu_window_k=window, count=jnp.int32(count), has_prev=jnp.bool_(True), prev=stored)
     mu = 0.3 + c_sign * 0.2 if mu_t is None else mu_t
-    params, _, m = _pi_step(spec, state.params, state.opt_state, ps, jnp.float32(mu), jax.random.PRNGKey(0))
+    params, _, m = _pi_step(spec, state.params, state.opt_state, ps, jnp.float32(mu), jax.random.PRNGKey(0),
+                           hyper=state.hyper)
     logp_new, _ = _response_logprobs(spec.model, params, tokens, mask_l, spec.prompt_len)
     delta = np.asarray(jnp.sum(logp_new - logp_old, axis=1))
     return m, delta, state.params, params
