@@ -104,7 +104,7 @@ SCRIPT = ("import jax, jax.numpy as jnp\n"
 
 
 def _run(env, *args):
-    env = {k: v for k, v in env.items() if k not in (cc.ENV, cc.JAX_ENV)} | {"PYTHONPATH": str(ROOT)}
+    env = dict(env, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", SCRIPT, *args], env=env, capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -116,16 +116,18 @@ def _entries(path):
 
 
 def test_a_command_stores_its_programs_where_chosen(tmp_path):
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env = {k: v for k, v in os.environ.items() if k not in (cc.ENV, cc.JAX_ENV)}  # not the tests' cache
+    env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     _run(env)
     default = tmp_path / "xdg" / "pipo_jax" / "jax_cache" / cc.host_tag()
     assert any(name.startswith("jit__lambda") for name in _entries(default))  # on by default
+    stored = _entries(default)
+    _run(env, f"--compilation_cache={tmp_path / 'moved'}")
+    assert len(_entries(tmp_path / "moved")) == len(stored)  # JAX's key holds the directory: another name
+    _run(dict(env, **{cc.JAX_ENV: str(tmp_path / "tests")}))  # the tests' setting (conftest) wins over the default
+    assert len(_entries(tmp_path / "tests")) == len(stored) and _entries(default) == stored
     for name in _entries(default):
         (default / name).unlink()
-    _run(env, f"--compilation_cache={tmp_path / 'moved'}")
-    assert any(name.startswith("jit__lambda") for name in _entries(tmp_path / "moved"))
-    _run(dict(env, **{cc.JAX_ENV: str(tmp_path / "tests")}))  # the tests' setting (conftest) wins over the default
-    assert any(name.startswith("jit__lambda") for name in _entries(tmp_path / "tests"))
     _run(env, "--compilation_cache=off")
     _run(dict(env, **{cc.ENV: "off"}))
     assert _entries(default) == []
