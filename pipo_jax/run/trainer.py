@@ -29,9 +29,10 @@ from pipo_jax.rl import loop, rollout, steps
 from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config
 from pipo_jax.rl.state import TrainState
-from pipo_jax.run import atomic, evaluate
+from pipo_jax.run import atomic, compile_cache, evaluate
 from pipo_jax.run import export as export_lib
 from pipo_jax.run import memory, observe, sharded_steps, teacher_forcing, warmup
+from pipo_jax.run.heartbeat import Heartbeat
 from pipo_jax.run import workdir as workdir_lib
 from pipo_jax.run.checkpoint import Checkpointer, kept_checkpoints, saved_steps
 from pipo_jax.run.placement import Placement, placement_from_config
@@ -195,17 +196,21 @@ class WarmupCheckpoints:
 
 
 def base_params(spec: TrainSpec, config: RunConfig, logger_rows: list,
-                warmup_checkpoints: WarmupCheckpoints | None = None) -> Any:
+                warmup_checkpoints: WarmupCheckpoints | None = None, hb: Heartbeat | None = None) -> Any:
     """The RL starting point: HF weights, the supervised warm-up, or a random init."""
+    hb = hb or Heartbeat(0)
     if spec.model_path:
-        _, params = hf.load(spec.model_path, dtype=spec.model.param_dtype, compute_dtype=spec.model.dtype)
+        with hb.phase("loading the model", announce=f"loading the model's weights from {spec.model_path}"):
+            _, params = hf.load(spec.model_path, dtype=spec.model.param_dtype, compute_dtype=spec.model.dtype)
         return params
     if config.warmup.enabled:
         wc = warmup_checkpoints
         settings = warmup.WarmupSettings.from_config(config, spec.task) if wc is None else wc.settings
-        params, m = warmup.warmup(spec.model, spec.task, settings, seed=config.seed,
-                                  resume=None if wc is None else wc.restore(),
-                                  after_chunk=None if wc is None else wc.after_chunk)
+        with hb.phase("in the warm-up", announce=f"warm-up: up to {settings.steps} supervised steps, a check every "
+                      f"{settings.eval_every} (its programs compile first)", report_builds=True):
+            params, m = warmup.warmup(spec.model, spec.task, settings, seed=config.seed,
+                                      resume=None if wc is None else wc.restore(),
+                                      after_chunk=None if wc is None else wc.after_chunk)
         row = {"warmup_steps": m["steps_run"], "warmup_accuracy": m["final_accuracy"],
                "warmup_teacher_solution_accuracy": m["final_teacher_solution_accuracy"],
                "warmup_teacher_feedback_accuracy": m["final_teacher_feedback_accuracy"],
@@ -350,7 +355,18 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """
     run = RunConfig.from_config(config)  # the one parse: everything below reads `run`; `config` is what is stored
     initialize_distributed(run.distributed)
-    spec = train_spec(config, run)
+    with Heartbeat(run.log.heartbeat_s if jax.process_index() == 0 else 0) as hb:
+        return _train_with(config, run, workdir, hb)
+
+
+def _train_with(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, hb: Heartbeat) -> dict[str, Any]:
+    """`train` after the distributed start, with `hb` saying what runs."""
+    cache = compile_cache.current_dir()
+    log.info("JAX compilation cache: %s", f"{cache} ({compile_cache.describe_contents(cache)})" if cache else
+             "off (every run compiles its programs; experiments' commands turn it on by default)")
+    with hb.phase("building the task and the model", announce=f"building the {run.task.name} task and the "
+                  f"{run.model.preset} model"):
+        spec = train_spec(config, run)
     if run.task.epochs:
         run = dataclasses.replace(run, iterations=run_iterations_of(spec, run))
         config = config.copy_and_resolve_references()
@@ -373,7 +389,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             lock.acquire()  # writes the holder's record at once
         try:
             with StopRequests() as stop:
-                return _train(config, run, workdir, spec, where, stop, lock)
+                return _train(config, run, workdir, spec, where, stop, lock, hb)
         finally:
             if lock is not None:
                 lock.release()  # a refused run leaves no directory it created
@@ -384,7 +400,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec: TrainSpec, where: Placement,
-           stop: StopRequests, lock: workdir_lib.WorkdirLock | None) -> dict[str, Any]:
+           stop: StopRequests, lock: workdir_lib.WorkdirLock | None, hb: Heartbeat) -> dict[str, Any]:
     """`config` is what is stored and compared (config.json), `run` its typed form the loop reads."""
     main = where.is_main_process
     # Nothing is written into the workdir before the config is validated, the
@@ -410,13 +426,17 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
     resume_step = None
     try:
         if existing:
-            state = where.restore(ckpt, spec)  # the newest checkpoint that reads
+            with hb.phase("restoring the checkpoint", announce=f"resuming: restoring the newest readable checkpoint "
+                          f"of {ckpt.directory} (of {existing})"):
+                state = where.restore(ckpt, spec)  # the newest checkpoint that reads
             resume_step = int(state.step)
             log.info("resumed from %s at iteration %d", ckpt.directory, resume_step)
         if main:
             _write_config(workdir, config, stored, str(resume_step) if resume_step is not None else "superseded")
         if not existing:
-            state = where.init_state(spec, base_params(spec, run, pre_rows, warmup_ckpts), run.seed)
+            params = base_params(spec, run, pre_rows, warmup_ckpts, hb)
+            with hb.phase("setting up the RL state"):
+                state = where.init_state(spec, params, run.seed)
     except BaseException:
         ckpt.close()
         if warmup_ckpts is not None:
@@ -434,41 +454,52 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
                                    progress=run.log.progress, run_config=config.to_dict(), start_step=resume_step,
                                    enabled=main)
         if resume_step is None:
-            scores = evaluation(state.params, 0)
+            with hb.phase("evaluating the base model", announce=f"evaluating the base model (iteration 0) on the "
+                          f"held-out problems", report_builds=True):
+                scores = evaluation(state.params, 0)
             logger.log(0, dict(pre_rows[0] if pre_rows else {}, **scores))
             summary.update(_initial_figures(dict(pre_rows[0] if pre_rows else {}, **scores)))
             if run.log.progress:  # beside the progress bar; the figures are in metrics.jsonl either way
                 log.info("iteration 0 evaluation on the trainer's eval.n=%d fixed held-out problems (EVAL_SEED): %s",
                          run.eval.n, _describe_scores(scores, run))
             if run.warmup.enabled and not spec.model_path:  # the warm-up is not redone after a kill
-                ckpt.save(0, state)
-                ckpt.wait()
-                warmup_ckpts.remove()
+                with hb.phase("saving checkpoint 0"):
+                    ckpt.save(0, state)
+                    ckpt.wait()
+                    warmup_ckpts.remove()
         elif resume_step == 0 and main:
             row0 = next((r for r in observe.read_metrics(logger.jsonl_path) if r.get("step") == 0), {})
             summary.update(_initial_figures(row0))
+        first_chunk = True
         while step < run.iterations:
             if _any_process(stop.requested is not None):
                 _save_and_stop(ckpt, step, state, stop)
             n = _chunk_length(step, run)
             t0 = time.perf_counter()
-            state, metrics = run_iterations(spec, state, n, run.log.jit_loop, reward, where=where)
-            jax.block_until_ready(state.params)
+            span = f"iteration {step + 1}" if n == 1 else f"iterations {step + 1}-{step + n}"
+            with hb.phase(f"running RL {span}", announce=f"RL: {span}, the first chunk builds the iteration program"
+                          if first_chunk else None, report_builds=first_chunk):
+                state, metrics = run_iterations(spec, state, n, run.log.jit_loop, reward, where=where)
+                jax.block_until_ready(state.params)
+            first_chunk = False
             dt = time.perf_counter() - t0
             # One chunk is timed as a whole: each iteration gets the chunk's mean time.
             metrics["tokens_per_s"] = np.asarray(metrics["tokens"], np.float64) / (dt / n)
             extra = {"iteration_time_s": dt / n}
             step += n
             if run.eval.every and step % run.eval.every == 0 or step == run.iterations:
-                extra.update(evaluation(state.params, step))
+                with hb.phase(f"evaluating iteration {step}"):
+                    extra.update(evaluation(state.params, step))
             logger.log_many(step - n, metrics, extra)
             if run.checkpoint.every and step % run.checkpoint.every == 0 and step < run.iterations:
                 ckpt.save(step, state)
         # A finished run resumed again has its last checkpoint already, unless it was unreadable.
         if step not in ckpt.all_steps() or step in ckpt.unreadable:
             ckpt.save(step, state)
-        ckpt.wait()
-        final = evaluation(state.params, step)
+        with hb.phase("saving the final checkpoint"):
+            ckpt.wait()
+        with hb.phase("the final evaluation"):
+            final = evaluation(state.params, step)
         summary["final_accuracy"] = final["heldout_accuracy"]
         if "heldout_pass@1" in final:
             summary["final_pass@1"] = final["heldout_pass@1"]
@@ -479,12 +510,14 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
         if run.checkpoint.export_hf:
             export = os.path.join(workdir, "hf_export")
             params = where.to_host(state.params)  # every process takes part in the gather
-            if main and _written_or_warned("hf_export", export, ckpt.step_path(step), lambda: _export_whole(
-                    export, lambda out: export_lib.write_export(
-                        out, spec.model, params, spec=spec, run_config=config, step=step,
-                        metrics=export_lib.metrics_at(workdir, step), source=os.path.abspath(workdir),
-                        tokenizer_dir=export_lib.run_tokenizer_dir(config)))):
-                summary["hf_export"] = export  # weights, tokenizer, generation config, model card (`run/export.py`)
+            with hb.phase("writing the Hugging Face export", announce=f"writing the Hugging Face export to {export}"
+                          if main else None):
+                if main and _written_or_warned("hf_export", export, ckpt.step_path(step), lambda: _export_whole(
+                        export, lambda out: export_lib.write_export(
+                            out, spec.model, params, spec=spec, run_config=config, step=step,
+                            metrics=export_lib.metrics_at(workdir, step), source=os.path.abspath(workdir),
+                            tokenizer_dir=export_lib.run_tokenizer_dir(config)))):
+                    summary["hf_export"] = export  # weights, tokenizer, generation config, model card (`run/export.py`)
     finally:
         ckpt.close()
         if warmup_ckpts is not None:
