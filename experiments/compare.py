@@ -123,7 +123,7 @@ def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none") -> jax
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
 def vmapped_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax.Array:
-    """Rewards `[S, m, samples]` of stacked params: per seed what the trainer's `heldout_pass@1` scores
+    """Rewards `[S, m, samples]` of stacked params: per seed what the trainer's `heldout_pass_at_1` scores
     (`run/trainer.py:device_sampled_rewards`: the greedy accuracy's held-out problems, sampled as the
     rollout samples, the trainer's keys)."""
     return jax.vmap(lambda p: device_sampled_rewards(spec, p, n, samples))(params)
@@ -137,7 +137,7 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
     (held-out greedy accuracy at 0 and every `eval_every`), teacher accuracies (SDPO / VPD),
     initial / final accuracy, reward_auc (mean batch reward), pi_steps; with `eval.heldout_samples`
     > 0 also pass_at_1 / initial_pass_at_1 / final_pass_at_1 (the same problems, that many responses
-    each sampled at the rollout's temperature: the trainer's `heldout_pass@1`).
+    each sampled at the rollout's temperature: the trainer's `heldout_pass_at_1`).
     """
     spec = train_spec(config)
     if not spec.task.capabilities.device_reward:

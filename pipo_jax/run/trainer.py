@@ -43,7 +43,7 @@ from pipo_jax.sampling.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 
 EVAL_SEED = 1234  # the held-out problems are the same at every evaluation
-PASS_SEED = 4321  # the responses sampled for heldout_pass@1: a key of their own, not the training stream
+PASS_SEED = 4321  # the responses sampled for heldout_pass_at_1: a key of their own, not the training stream
 
 
 def device_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax.Array:
@@ -64,6 +64,7 @@ class Evaluation:
 
     def __init__(self, spec: TrainSpec, config: RunConfig, where: Placement, reward: rollout.TaskReward | None):
         self.spec, self.config, self.where, self.reward = spec, config, where, reward
+        self.problems = heldout_count(spec, config.eval.n)  # eval.n, or a smaller held-out split's size
         self.benchmarks, self.ks = {}, ()
         if config.eval.benchmarks:
             paths, self.ks = eval_benchmarks(config.eval)
@@ -78,7 +79,7 @@ class Evaluation:
         program for another `device_reward` task, else decoded and scored on host-gathered params.
         SDPO / VPD: also the accuracy on the same problems shown each of the task's teacher
         contexts (`teacher_accuracy_<kind>`, e.g. a correct sibling's solution or the feedback on
-        a wrong response). With `eval.heldout_samples > 0`, `heldout_pass@1`: that many responses per
+        a wrong response). With `eval.heldout_samples > 0`, `heldout_pass_at_1`: that many responses per
         problem sampled as the rollout samples (`pass_at_1`). Then the benchmarks' pass@k. Nothing
         here reads or advances the training state's key."""
         spec, ec = self.spec, self.config.eval
@@ -90,12 +91,12 @@ class Evaluation:
                 for kind in kinds:
                     out[f"teacher_accuracy_{kind}"] = self.where.reference_accuracy(spec, params, ec.n, key, kind)
             if ec.heldout_samples and spec.task.capabilities.device_reward:
-                out["heldout_pass@1"] = self.pass_at_1(params)
+                out["heldout_pass_at_1"] = self.pass_at_1(params)
             return out
         params = self.where.to_host(params)  # gathered once for every evaluation below
         out = {"heldout_accuracy": evaluate.decoded_heldout_accuracy(spec, params, self.reward.scorer, ec.n)}
         if ec.heldout_samples:
-            out["heldout_pass@1"] = self.pass_at_1(params)
+            out["heldout_pass_at_1"] = self.pass_at_1(params)
         if self.benchmarks:
             tokenizer, prompt_config, verifier = self.reward.scorer.benchmark_inputs()
             rows, info = evaluate.math_benchmarks(
@@ -103,7 +104,7 @@ class Evaluation:
                 jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step),
                 evaluate.task_sampling(spec, temperature=ec.temperature), batch_size=ec.batch_size)
             for row in rows:
-                out.update({f"{row.name}_pass@{k}": v for k, v in row.pass_at.items()})
+                out.update({f"{row.name}_pass_at_{k}": v for k, v in row.pass_at.items()})
             out.update({f"{name}_unscored": i["unscored"] for name, i in info.items()})  # past the verify budget
         return out
 
@@ -122,7 +123,7 @@ class Evaluation:
                                                 jax.random.PRNGKey(PASS_SEED), batch_size=ec.batch_size)
 
     def pass_at_1(self, params) -> float:
-        """`heldout_pass@1`: the unbiased pass@1 (mean success, reward >= 1) of `sampled_rewards`."""
+        """`heldout_pass_at_1`: the unbiased pass@1 (mean success, reward >= 1) of `sampled_rewards`."""
         return teacher_forcing.pass_and_mixed(self.sampled_rewards(params))[0]
 
 
@@ -212,21 +213,34 @@ def base_params(spec: TrainSpec, config: RunConfig, logger_rows: list,
                                       resume=None if wc is None else wc.restore(),
                                       after_chunk=None if wc is None else wc.after_chunk)
         row = {"warmup_steps": m["steps_run"], "warmup_accuracy": m["final_accuracy"],
+               **_warmup_target_row(m),
                "warmup_teacher_solution_accuracy": m["final_teacher_solution_accuracy"],
                "warmup_teacher_feedback_accuracy": m["final_teacher_feedback_accuracy"],
                "warmup_time_s": m["wall_time_s"]}
         sampled = ""
         if m["check_prompts"]:
-            row.update({"warmup_pass@1": m["final_pass@1"], "warmup_mixed_groups": m["final_mixed_groups"]})
-            sampled = (f", sampled pass@1 {m['final_pass@1']:.3f} and mixed groups {m['final_mixed_groups']:.3f} "
+            row.update({"warmup_pass_at_1": m["final_pass_at_1"], "warmup_mixed_groups": m["final_mixed_groups"]})
+            sampled = (f", sampled pass@1 {m['final_pass_at_1']:.3f} and mixed groups {m['final_mixed_groups']:.3f} "
                        f"({m['check_prompts']} of its held-out prompts x {m['check_samples']})")
         logger_rows.append(row)
         log.info("warm-up: %d steps, greedy held-out accuracy %.3f on the warm-up's own %d seed-drawn problems "
                  "(not the trainer's eval set)%s (teacher with a solution %.3f, with feedback %.3f), %.1fs",
                  m["steps_run"], m["final_accuracy"], m["check_problems"], sampled,
                  m["final_teacher_solution_accuracy"], m["final_teacher_feedback_accuracy"], m["wall_time_s"])
+        missed = warmup.miss_line(m, spec.task.name)
+        if missed:
+            log.warning("%s", missed)
         return params
     return qwen3.init_params(spec.model, jax.random.PRNGKey(config.seed))
+
+
+def _warmup_target_row(m: dict[str, Any]) -> dict[str, float]:
+    """The warm-up's targets for metrics.jsonl's row 0: `warmup_target_met` (1 / 0) and each target set
+    (`warmup_target_accuracy`, ...); nothing when no target was set."""
+    if m["target_met"] is None:
+        return {}
+    return {"warmup_target_met": float(m["target_met"]),
+            **{f"warmup_{name}": target for name, (target, _) in m["targets"].items()}}
 
 
 def _chunk_length(step: int, config: RunConfig) -> int:
@@ -447,21 +461,22 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
     reward = host_task_reward(spec)
     evaluation.reward = reward
     logger = None
-    summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe()}
+    summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe(),
+                               "heldout_problems": evaluation.problems}
     try:
         logger = observe.RunLogger(workdir, total=run.iterations, tensorboard=run.log.tensorboard,
                                    wandb=run.log.wandb, wandb_project=run.log.wandb_project,
                                    progress=run.log.progress, run_config=config.to_dict(), start_step=resume_step,
                                    enabled=main)
         if resume_step is None:
-            with hb.phase("evaluating the base model", announce=f"evaluating the base model (iteration 0) on the "
-                          f"held-out problems", report_builds=True):
+            with hb.phase("evaluating the base model", announce=f"evaluating the base model (iteration 0) on "
+                          f"{describe_heldout(evaluation.problems, run.eval.n)}", report_builds=True):
                 scores = evaluation(state.params, 0)
             logger.log(0, dict(pre_rows[0] if pre_rows else {}, **scores))
             summary.update(_initial_figures(dict(pre_rows[0] if pre_rows else {}, **scores)))
             if run.log.progress:  # beside the progress bar; the figures are in metrics.jsonl either way
-                log.info("iteration 0 evaluation on the trainer's eval.n=%d fixed held-out problems (EVAL_SEED): %s",
-                         run.eval.n, _describe_scores(scores, run))
+                log.info("iteration 0 evaluation on %s (EVAL_SEED): %s",
+                         describe_heldout(evaluation.problems, run.eval.n), _describe_scores(scores, run))
             if run.warmup.enabled and not spec.model_path:  # the warm-up is not redone after a kill
                 with hb.phase("saving checkpoint 0"):
                     ckpt.save(0, state)
@@ -501,12 +516,12 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
         with hb.phase("the final evaluation"):
             final = evaluation(state.params, step)
         summary["final_accuracy"] = final["heldout_accuracy"]
-        if "heldout_pass@1" in final:
-            summary["final_pass@1"] = final["heldout_pass@1"]
+        if "heldout_pass_at_1" in final:
+            summary["final_pass_at_1"] = final["heldout_pass_at_1"]
         summary["final_eval"] = final
         if run.log.progress:
-            log.info("final evaluation (iteration %d) on the trainer's eval.n=%d fixed held-out problems: %s", step,
-                     run.eval.n, _describe_scores(final, run))
+            log.info("final evaluation (iteration %d) on %s: %s", step,
+                     describe_heldout(evaluation.problems, run.eval.n), _describe_scores(final, run))
         if run.checkpoint.export_hf:
             export = os.path.join(workdir, "hf_export")
             params = where.to_host(state.params)  # every process takes part in the gather
@@ -563,18 +578,28 @@ def _written_or_warned(what: str, path: str, checkpoint: str, write) -> bool:
 
 
 WARMUP_SUMMARY = {"warmup_steps": "steps", "warmup_accuracy": "greedy_accuracy_on_its_check_set",
-                  "warmup_pass@1": "pass@1_on_its_check_set", "warmup_mixed_groups": "mixed_groups_on_its_check_set"}
+                  "warmup_pass_at_1": "pass_at_1_on_its_check_set",
+                  "warmup_mixed_groups": "mixed_groups_on_its_check_set"}
+# metrics.jsonl keys of runs written before the TensorBoard-safe names (TensorBoard renames '@'): read as the new ones.
+LEGACY_METRIC_KEYS = {"heldout_pass@1": "heldout_pass_at_1", "warmup_pass@1": "warmup_pass_at_1"}
 
 
 def _initial_figures(row0: dict[str, Any]) -> dict[str, Any]:
     """summary.json's figures of iteration 0 (docs/results.md "summary.json"): the trainer's evaluation of
     the base model and, after a warm-up, the warm-up's last check on its own check set."""
+    row0 = {LEGACY_METRIC_KEYS.get(k, k): v for k, v in row0.items()}
     out = {}
     if "heldout_accuracy" in row0:
         out["initial_accuracy"] = row0["heldout_accuracy"]
-    if "heldout_pass@1" in row0:
-        out["initial_pass@1"] = row0["heldout_pass@1"]
+    if "heldout_pass_at_1" in row0:
+        out["initial_pass_at_1"] = row0["heldout_pass_at_1"]
     warm = {name: row0[k] for k, name in WARMUP_SUMMARY.items() if k in row0}
+    if "warmup_target_met" in row0:  # each target set, and what the last check reached of it
+        targets = {name: row0[f"warmup_{name}"] for name, _ in warmup.TARGET_CURVES if f"warmup_{name}" in row0}
+        reached = {"target_accuracy": "warmup_accuracy", "target_pass_rate": "warmup_pass_at_1",
+                   "target_mixed_groups": "warmup_mixed_groups"}
+        warm.update(target_met=bool(row0["warmup_target_met"]), target=targets,
+                    reached={name: row0.get(reached[name]) for name in targets})
     if warm:
         out["warmup"] = warm
     return out
@@ -582,10 +607,27 @@ def _initial_figures(row0: dict[str, Any]) -> dict[str, Any]:
 
 def _describe_scores(scores: dict[str, float], run: RunConfig) -> str:
     text = f"greedy heldout_accuracy {scores['heldout_accuracy']:.3f}"
-    if "heldout_pass@1" in scores:
-        text += (f", sampled heldout_pass@1 {scores['heldout_pass@1']:.3f} ({run.eval.heldout_samples} per problem at "
-                 f"rollout.temperature={run.rollout.temperature:g})")
+    if "heldout_pass_at_1" in scores:
+        text += (f", sampled heldout_pass_at_1 {scores['heldout_pass_at_1']:.3f} ({run.eval.heldout_samples} per "
+                 f"problem at rollout.temperature={run.rollout.temperature:g})")
     return text
+
+
+def heldout_count(spec: TrainSpec, n: int) -> int:
+    """How many held-out problems the evaluation scores: `n` (`eval.n`), or all of a held-out split that
+    has fewer (`Task.heldout_problems`' leading dimension)."""
+    problems = jax.eval_shape(lambda: spec.task.heldout_problems(spec.task.prompt_table(), n,
+                                                                 jax.random.PRNGKey(EVAL_SEED)))
+    return int(jax.tree.leaves(problems)[0].shape[0])
+
+
+def describe_heldout(problems: int, n: int) -> str:
+    """The evaluation's problems for the log: "the trainer's 73 fixed held-out problems (the whole held-out
+    split: eval.n=512 asks for more)", or "... 512 fixed held-out problems (eval.n)"."""
+    if problems < n:
+        return (f"the trainer's {problems} fixed held-out problems (the whole held-out split: eval.n={n} asks for "
+                "more)")
+    return f"the trainer's {problems} fixed held-out problems (eval.n)"
 
 
 def _save_and_stop(ckpt: Checkpointer, step: int, state: TrainState, stop: StopRequests) -> None:

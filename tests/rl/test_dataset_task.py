@@ -189,15 +189,15 @@ def test_trainer_on_a_math_file_with_benchmarks_then_eval_cli(model_dir, math_fi
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows:
-        for key in ("heldout_accuracy", "mini_pass@1", "mini_pass@2", "average_pass@1"):
+        for key in ("heldout_accuracy", "mini_pass_at_1", "mini_pass_at_2", "average_pass_at_1"):
             assert 0.0 <= r[key] <= 1.0
-            assert r["mini_pass@1"] <= r["mini_pass@2"]
+            assert r["mini_pass_at_1"] <= r["mini_pass_at_2"]
     for r in rows[1:]:
         assert r["tokens"] > 0 and np.isfinite(r["train/loss"]) and 0 <= r["reward_mean"] <= 1
         # The math scorer's counts reach the metrics (nothing here is near the 60 s budget).
         assert (r["reward/unscored"], r["reward/check_timeouts"]) == (0, 0)
     assert all(r["mini_unscored"] == 0 for r in rows)
-    assert out["final_eval"]["mini_pass@1"] == rows[-1]["mini_pass@1"]
+    assert out["final_eval"]["mini_pass_at_1"] == rows[-1]["mini_pass_at_1"]
     # The held-out accuracy is the shared harness on the exported policy (greedy, same rows).
     spec = train_spec(c)
     _, params = hf.load(out["hf_export"])
