@@ -45,7 +45,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from experiments import cli, provenance, stats
+from experiments import cli, overfit, provenance, stats
 from experiments.runs import parse_seeds, warmed_up_model
 from pipo_jax.models import hf
 from pipo_jax import schema
@@ -135,7 +135,8 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
 
     Returns per seed: steps / reward (batch reward per iteration), acc_steps / accuracy
     (held-out greedy accuracy at 0 and every `eval_every`), teacher accuracies (SDPO / VPD),
-    initial / final accuracy, reward_auc (mean batch reward), pi_steps; with `eval.heldout_samples`
+    initial / final accuracy, reward_auc (mean batch reward), heldout_auc and gap_flag
+    (`overfit.run_figures`), pi_steps; with `eval.heldout_samples`
     > 0 also pass_at_1 / initial_pass_at_1 / final_pass_at_1 (the same problems, that many responses
     each sampled at the rollout's temperature: the trainer's `heldout_pass_at_1`).
     """
@@ -178,6 +179,7 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
         if samples:
             row["pass_at_1"] = [float(e["pass_at_1"][i]) for e in evals]
             row["initial_pass_at_1"], row["final_pass_at_1"] = row["pass_at_1"][0], row["pass_at_1"][-1]
+        row.update(overfit.run_figures(row))  # held-out AUC beside reward_auc; the train / held-out gap
         out.append(row)
     return out
 
@@ -247,6 +249,8 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
         arms[label] = {"n": len(rs), "initial_accuracy_mean": float(np.mean(initial)),
                        "final_accuracy_mean": float(np.mean(final)),
                        "reward_auc_mean": float(np.mean([r["reward_auc"] for r in rs])),
+                       "heldout_auc_mean": float(np.mean([overfit.run_figures(r)["heldout_auc"] for r in rs])),
+                       "gap_flags": [overfit.run_figures(r)["gap_flag"] for r in rs],
                        "gain_over_base": stats.paired_difference(final, initial),
                        "seeds_improved": int(np.sum(np.asarray(final) > np.asarray(initial))),
                        "pi_steps_mean": float(np.mean([r["pi_steps"] for r in rs]))}
@@ -259,8 +263,9 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
             arms[label]["teacher_accuracy_feedback_initial_mean"] = float(
                 np.mean([r["teacher_accuracy_feedback"][0] for r in rs]))
     def diff(on, off):
+        on, off = ([dict(r, **overfit.run_figures(r)) for r in rs] for rs in (on, off))
         return {metric: stats.paired_difference([r[metric] for r in on], [r[metric] for r in off])
-                for metric in ("final_accuracy", "reward_auc", "final_pass_at_1") if metric in on[0]}
+                for metric in ("final_accuracy", "reward_auc", "heldout_auc", "final_pass_at_1") if metric in on[0]}
 
     paired, variants = {}, {}
     for a in algorithms:
@@ -412,13 +417,17 @@ def plot(results: dict, path: str) -> None:
 def format_table(record: dict) -> str:
     """Markdown: per arm the gain over the base; per algorithm PIPO's paired difference."""
     s = record["summary"]
-    lines = ["| run | seeds | base acc | final acc | gain (95% CI) | seeds improved | reward AUC |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| run | seeds | base acc | final acc | gain (95% CI) | seeds improved | training-reward AUC | "
+             "held-out acc AUC | seeds whose training reward rose without held-out accuracy |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for label, a in s["arms"].items():
         g = a["gain_over_base"]
+        flagged = sum(f is not None for f in a["gap_flags"])
+        gap = f"{flagged}/{a['n']}" if flagged else "-"
         lines.append(f"| {label} | {a['n']} | {a['initial_accuracy_mean']:.3f} | {a['final_accuracy_mean']:.3f} | "
                      f"{g['mean']:+.3f} [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] | {a['seeds_improved']}/{a['n']} | "
-                     f"{a['reward_auc_mean']:.3f} |")
+                     f"{a['reward_auc_mean']:.3f} | {a['heldout_auc_mean']:.3f} | "
+                     f"{gap} |")
     lines += ["", "| algorithm | PIPO - base: final acc (95% CI), Wilcoxon p | reward AUC (95% CI), Wilcoxon p |",
               "| --- | --- | --- |"]
     for name, p in s["pipo_minus_base"].items():
@@ -445,6 +454,10 @@ def main(argv):
     record = compare(_ALGORITHMS.value, _PRESET.value, parse_seeds(_SEEDS.value), _OUT.value,
                      _ITERATIONS.value, _EVAL_EVERY.value, tuple(_SET.value), _VARIANTS.value, _BASE_DIR.value)
     print(format_table(record))
+    for label, arm in record["summary"]["arms"].items():
+        for seed, flag in zip(record["seeds"], arm["gap_flags"]):
+            if flag is not None:
+                print(f"{label} seed {seed}: {flag}")
     print(f"wrote {os.path.join(_OUT.value, 'compare.json')} and compare.png "
           f"({record['wall_time_s']:.0f}s wall, {record['cpu_time_s']:.0f}s CPU)")
 
