@@ -5,7 +5,7 @@ compilation cache), loading it from that cache, tracing or lowering it.
 
 What JAX is doing is read from the main thread's Python stack (`jax_activity`), never changed: the
 heartbeat only reads frames and prints, so it cannot change a run's numbers; it holds no lock
-the run takes (the logging module's own aside) and it stops with its phase.
+the run takes (the logging module's own aside), and its thread ends with the `Heartbeat` context.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PERIOD_S = 10.0
 
 _JAX_DIR = "/jax/_src/"
-_COMPILING = ("backend_compile_and_load", "_compile_and_write_cache", "_compile_and_share_module")
 _LOADING = ("_cache_read", "get_executable_and_time")
 
 
@@ -36,9 +35,10 @@ def _code_name(frame: FrameType) -> tuple[str, str]:
 
 
 def jax_activity(frame: FrameType | None) -> str | None:
-    """What the stack ending at `frame` (its innermost frame) is doing in JAX: "compiling <program>",
-    "loading <program> from the compilation cache", "lowering <function>", "tracing (in <file>:<function>)",
-    or None (running, or outside JAX)."""
+    """What the stack ending at `frame` (its innermost frame) is doing in JAX: "compiling <program>"
+    (inside `compile_or_get_cached`, its `module_name`), "loading <program> from the compilation cache"
+    (inside its cache read), "lowering <function>", "tracing (in <file>:<function>)", or None (running
+    a program, or outside JAX)."""
     names = []  # (file, function, frame), innermost first
     while frame is not None:
         names.append((*_code_name(frame), frame))

@@ -32,9 +32,9 @@ from pipo_jax.rl.state import TrainState
 from pipo_jax.run import atomic, compile_cache, evaluate
 from pipo_jax.run import export as export_lib
 from pipo_jax.run import memory, observe, sharded_steps, teacher_forcing, warmup
-from pipo_jax.run.heartbeat import Heartbeat
 from pipo_jax.run import workdir as workdir_lib
 from pipo_jax.run.checkpoint import Checkpointer, kept_checkpoints, saved_steps
+from pipo_jax.run.heartbeat import Heartbeat
 from pipo_jax.run.placement import Placement, placement_from_config
 from pipo_jax.run.preemption import RunInterrupted, StopRequests
 from pipo_jax.run.setup import train_spec
