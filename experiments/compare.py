@@ -240,6 +240,11 @@ def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple
     return c
 
 
+def _has_curves(runs: list[dict]) -> bool:
+    """Whether every run holds the curves `overfit.run_figures` reads."""
+    return all(k in r for r in runs for k in ("reward", "acc_steps", "accuracy"))
+
+
 def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
     """Per arm: gain over the base; per algorithm: PIPO minus no PIPO (paired by seed)."""
     arms = {}
@@ -249,11 +254,13 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
         arms[label] = {"n": len(rs), "initial_accuracy_mean": float(np.mean(initial)),
                        "final_accuracy_mean": float(np.mean(final)),
                        "reward_auc_mean": float(np.mean([r["reward_auc"] for r in rs])),
-                       "heldout_auc_mean": float(np.mean([overfit.run_figures(r)["heldout_auc"] for r in rs])),
-                       "gap_flags": [overfit.run_figures(r)["gap_flag"] for r in rs],
                        "gain_over_base": stats.paired_difference(final, initial),
                        "seeds_improved": int(np.sum(np.asarray(final) > np.asarray(initial))),
                        "pi_steps_mean": float(np.mean([r["pi_steps"] for r in rs]))}
+        if _has_curves(rs):
+            figures = [overfit.run_figures(r) for r in rs]
+            arms[label]["heldout_auc_mean"] = float(np.mean([f["heldout_auc"] for f in figures]))
+            arms[label]["gap_flags"] = [f["gap_flag"] for f in figures]
         if "final_pass_at_1" in rs[0]:
             arms[label]["initial_pass_at_1_mean"] = float(np.mean([r["initial_pass_at_1"] for r in rs]))
             arms[label]["final_pass_at_1_mean"] = float(np.mean([r["final_pass_at_1"] for r in rs]))
@@ -263,7 +270,8 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
             arms[label]["teacher_accuracy_feedback_initial_mean"] = float(
                 np.mean([r["teacher_accuracy_feedback"][0] for r in rs]))
     def diff(on, off):
-        on, off = ([dict(r, **overfit.run_figures(r)) for r in rs] for rs in (on, off))
+        if _has_curves(on) and _has_curves(off):
+            on, off = ([dict(r, **overfit.run_figures(r)) for r in rs] for rs in (on, off))
         return {metric: stats.paired_difference([r[metric] for r in on], [r[metric] for r in off])
                 for metric in ("final_accuracy", "reward_auc", "heldout_auc", "final_pass_at_1") if metric in on[0]}
 
@@ -422,11 +430,12 @@ def format_table(record: dict) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for label, a in s["arms"].items():
         g = a["gain_over_base"]
-        flagged = sum(f is not None for f in a["gap_flags"])
+        flagged = sum(f is not None for f in a.get("gap_flags", []))
         gap = f"{flagged}/{a['n']}" if flagged else "-"
+        heldout = f"{a['heldout_auc_mean']:.3f}" if "heldout_auc_mean" in a else "-"
         lines.append(f"| {label} | {a['n']} | {a['initial_accuracy_mean']:.3f} | {a['final_accuracy_mean']:.3f} | "
                      f"{g['mean']:+.3f} [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] | {a['seeds_improved']}/{a['n']} | "
-                     f"{a['reward_auc_mean']:.3f} | {a['heldout_auc_mean']:.3f} | "
+                     f"{a['reward_auc_mean']:.3f} | {heldout} | "
                      f"{gap} |")
     lines += ["", "| algorithm | PIPO - base: final acc (95% CI), Wilcoxon p | reward AUC (95% CI), Wilcoxon p |",
               "| --- | --- | --- |"]
@@ -455,7 +464,7 @@ def main(argv):
                      _ITERATIONS.value, _EVAL_EVERY.value, tuple(_SET.value), _VARIANTS.value, _BASE_DIR.value)
     print(format_table(record))
     for label, arm in record["summary"]["arms"].items():
-        for seed, flag in zip(record["seeds"], arm["gap_flags"]):
+        for seed, flag in zip(record["seeds"], arm.get("gap_flags", [])):
             if flag is not None:
                 print(f"{label} seed {seed}: {flag}")
     print(f"wrote {os.path.join(_OUT.value, 'compare.json')} and compare.png "
