@@ -51,7 +51,19 @@ def test_announce_and_no_thread_when_off():
         assert hb._thread is None
         with hb.phase("x", announce="doing x"):
             pass
-    assert lines == ["doing x"]
+        hb.say("done")
+    assert lines == ["doing x", "done"]
+
+
+def test_quiet_says_nothing():
+    """A run without a console (`log.progress=false`): no announce, no heartbeat, no report of builds."""
+    lines = []
+    with heartbeat.Heartbeat(0.01, emit=lines.append, quiet=True) as hb:
+        assert hb._thread is None
+        with hb.phase("x", announce="doing x", report_builds=True):
+            jax.jit(lambda v: v * 3 + 1)(jnp.arange(5.0)).block_until_ready()
+        hb.say("done")
+    assert lines == []
 
 
 def _slow_to_compile(x):

@@ -118,14 +118,16 @@ def cache_note(activity: str | None) -> str:
 class Heartbeat:
     """`with Heartbeat(period_s) as hb:` ... `with hb.phase("the warm-up"):` ...
 
-    While a phase is open and nothing was said for `period_s` (a phase opening, `touch()`, or the
-    heartbeat's own line), one line: "still <phase> (N s in it): <jax_activity>". `period_s <= 0`: off.
+    While a phase is open and nothing was said for `period_s` (a phase opening, `touch()`, `say()`, or the
+    heartbeat's own line), one line: "still <phase> (N s in it): <jax_activity>". `period_s <= 0`: no such
+    lines. `quiet`: no line at all (phases are still kept: a run without a console, `log.progress=false`).
     `emit` prints a line (default: this module's logger at INFO); `clock`: seconds, monotonic.
     """
 
     def __init__(self, period_s: float = DEFAULT_PERIOD_S, emit: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.period_s, self.clock = float(period_s), clock
+                 clock: Callable[[], float] = time.monotonic, quiet: bool = False):
+        self.period_s, self.clock = (0.0 if quiet else float(period_s)), clock
+        self.quiet = quiet
         self.emit = emit or (lambda line: log.info("%s", line))
         self._phases: list[tuple[str, float]] = []  # (what, start), innermost last
         self._last_line = clock()
@@ -148,6 +150,12 @@ class Heartbeat:
             self._thread.join()
             self._thread = None
 
+    def say(self, line: str) -> None:
+        """Prints `line` (unless quiet); the silence starts again now."""
+        if not self.quiet:
+            self.emit(line)
+        self.touch()
+
     def touch(self) -> None:
         """Another line was printed: the silence starts again now."""
         with self._lock:
@@ -159,7 +167,7 @@ class Heartbeat:
         entry; `report_builds`: on a normal exit, one line of the programs compiled or loaded inside
         (`describe_builds`), if any."""
         if announce:
-            self.emit(announce)
+            self.say(announce)
         before = CompileCounts.now()
         with self._lock:
             self._phases.append((what, self.clock()))
@@ -172,7 +180,7 @@ class Heartbeat:
                 self._last_line = self.clock()
         built = describe_builds(before, CompileCounts.now()) if report_builds else None
         if built:
-            self.emit(f"{what}: {built}, {self.clock() - start:.0f} s in all")
+            self.say(f"{what}: {built}, {self.clock() - start:.0f} s in all")
 
     def line(self) -> str | None:
         """The heartbeat line due now (None: no phase open, or something was said less than `period_s` ago)."""

@@ -199,7 +199,7 @@ class WarmupCheckpoints:
 def base_params(spec: TrainSpec, config: RunConfig, logger_rows: list,
                 warmup_checkpoints: WarmupCheckpoints | None = None, hb: Heartbeat | None = None) -> Any:
     """The RL starting point: HF weights, the supervised warm-up, or a random init."""
-    hb = hb or Heartbeat(0)
+    hb = hb or Heartbeat(0, quiet=True)
     if spec.model_path:
         with hb.phase("loading the model", announce=f"loading the model's weights from {spec.model_path}"):
             _, params = hf.load(spec.model_path, dtype=spec.model.param_dtype, compute_dtype=spec.model.dtype)
@@ -369,17 +369,15 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """
     run = RunConfig.from_config(config)  # the one parse: everything below reads `run`; `config` is what is stored
     initialize_distributed(run.distributed)
-    with Heartbeat(run.log.heartbeat_s if jax.process_index() == 0 else 0) as hb:
+    # The console's lines: process 0's, with log.progress (a run without them says only its errors).
+    with Heartbeat(run.log.heartbeat_s, quiet=not (run.log.progress and jax.process_index() == 0)) as hb:
         return _train_with(config, run, workdir, hb)
 
 
 def _train_with(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, hb: Heartbeat) -> dict[str, Any]:
-    """`train` after the distributed start, with `hb` saying what runs."""
-    cache = compile_cache.current_dir()
-    log.info("JAX compilation cache: %s", f"{cache} ({compile_cache.describe_contents(cache)})" if cache else
-             "off (every run compiles its programs; experiments' commands turn it on by default)")
-    with hb.phase("building the task and the model", announce=f"building the {run.task.name} task and the "
-                  f"{run.model.preset} model"):
+    """`train` after the distributed start, with `hb` saying what runs (a refused config or workdir
+    prints its one error line and nothing before it: the phases until then announce nothing)."""
+    with hb.phase(f"building the {run.task.name} task and the {run.model.preset} model"):
         spec = train_spec(config, run)
     if run.task.epochs:
         run = dataclasses.replace(run, iterations=run_iterations_of(spec, run))
@@ -432,6 +430,9 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
                     workdir)
     elif existing or resuming_warmup:
         check_resume_config(config, run, spec, stored, os.path.abspath(ckpt_dir))
+    cache = compile_cache.current_dir()
+    hb.say(f"JAX compilation cache: {cache} ({compile_cache.describe_contents(cache)})" if cache else
+           "JAX compilation cache off: every run compiles its programs (experiments' commands turn it on)")
     evaluation = Evaluation(spec, run, where, None)
     ckpt = Checkpointer(ckpt_dir, keep=run.checkpoint.keep)
     warmup_ckpts = WarmupCheckpoints(workdir, spec, run, stop) if not spec.model_path else None
