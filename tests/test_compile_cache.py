@@ -115,6 +115,7 @@ def _entries(path):
     return sorted(p.name for p in pathlib.Path(path).glob("*-cache")) if os.path.isdir(path) else []
 
 
+@pytest.mark.slow  # five fresh interpreters, each importing jax and the experiments' CLI
 def test_a_command_stores_its_programs_where_chosen(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in (cc.ENV, cc.JAX_ENV)}  # not the tests' cache
     env.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")

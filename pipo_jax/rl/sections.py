@@ -553,9 +553,9 @@ class LogConfig(Section):
     wandb_project: str = key("pipo_jax", "the W&B project")
     progress: bool = key(True, "a progress bar")
     plots: bool = key(True, "plots of the metrics at the end")
-    heartbeat_s: float = key(10.0, "seconds a run may go without a console line: past it, 'still <phase>' says what "
-                             "runs (compiling which program, loading it from the compilation cache); 0 = no such "
-                             "lines", at_least(0))
+    heartbeat_s: float = key(10.0, "seconds a run (with log.progress) may go without a console line: past it, "
+                             "'still <phase>' says what runs (compiling which program, loading it from the "
+                             "compilation cache); 0 = no such lines", at_least(0))
 
 
 @dataclasses.dataclass(frozen=True)
