@@ -19,6 +19,9 @@ installed (`MissingExtra`, naming the extra). Anything else
 is a bug and keeps its traceback. A run stopped by SIGTERM / SIGINT after saving its
 checkpoint (`RunInterrupted`) says so in one line and exits 128 + the signal's number, as a
 shell reports a process ended by that signal.
+
+Every command takes `--compilation_cache=DIR|off`: JAX's persistent compilation cache, on by default
+in a directory of the user's (`pipo_jax/run/compile_cache.py`), set up before `main` runs.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from pipo_jax.rl.loop import DynamicSamplingExhausted, NonFiniteUpdates  # noqa:
 from pipo_jax import schema  # noqa: E402
 from pipo_jax.rl.sections import RunConfig  # noqa: E402
 from pipo_jax.rl.spec import ConfigError  # noqa: E402
+from pipo_jax.run import compile_cache  # noqa: E402
 from pipo_jax.run.atomic import NotRegularFile, StorageError, storage_error  # noqa: E402
 from pipo_jax.run.checkpoint import NoReadableCheckpoint  # noqa: E402
 from pipo_jax.run.integrity import CheckpointDamaged  # noqa: E402
@@ -70,6 +74,11 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError, NoReadableCheckpoint, Wo
                NonFiniteUpdates, DynamicSamplingExhausted, ExportError, MissingExtra, StorageError, NotRegularFile,
                CheckpointDamaged) + PATH_ERRORS
 EXIT_USER_ERROR = 2
+
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", None,
+    f"JAX's persistent compilation cache: a directory, or 'off' (default: ${compile_cache.ENV}, else "
+    f"${compile_cache.JAX_ENV}, else $XDG_CACHE_HOME/pipo_jax/jax_cache/<host>, ~/.cache without XDG_CACHE_HOME)")
 
 T = TypeVar("T")
 
@@ -148,6 +157,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # ml-collections' override errors
         raise ConfigError(f"command-line override: {unknown_override(argv[1:]) or one_line(e)}") from e
     _load_config_flags()
+    try:
+        compile_cache.configure(_COMPILATION_CACHE.value)
+    except OSError as e:
+        raise UsageError(f"--compilation_cache={_COMPILATION_CACHE.value}: cannot use it "
+                         f"({e.strerror or e})") from None
     return rest
 
 

@@ -45,7 +45,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from experiments import cli, provenance, stats
+from experiments import cli, overfit, provenance, stats
 from experiments.runs import parse_seeds, warmed_up_model
 from pipo_jax.models import hf
 from pipo_jax import schema
@@ -123,7 +123,7 @@ def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none") -> jax
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
 def vmapped_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax.Array:
-    """Rewards `[S, m, samples]` of stacked params: per seed what the trainer's `heldout_pass@1` scores
+    """Rewards `[S, m, samples]` of stacked params: per seed what the trainer's `heldout_pass_at_1` scores
     (`run/trainer.py:device_sampled_rewards`: the greedy accuracy's held-out problems, sampled as the
     rollout samples, the trainer's keys)."""
     return jax.vmap(lambda p: device_sampled_rewards(spec, p, n, samples))(params)
@@ -135,9 +135,10 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
 
     Returns per seed: steps / reward (batch reward per iteration), acc_steps / accuracy
     (held-out greedy accuracy at 0 and every `eval_every`), teacher accuracies (SDPO / VPD),
-    initial / final accuracy, reward_auc (mean batch reward), pi_steps; with `eval.heldout_samples`
+    initial / final accuracy, reward_auc (mean batch reward), heldout_auc and gap_flag
+    (`overfit.run_figures`), pi_steps; with `eval.heldout_samples`
     > 0 also pass_at_1 / initial_pass_at_1 / final_pass_at_1 (the same problems, that many responses
-    each sampled at the rollout's temperature: the trainer's `heldout_pass@1`).
+    each sampled at the rollout's temperature: the trainer's `heldout_pass_at_1`).
     """
     spec = train_spec(config)
     if not spec.task.capabilities.device_reward:
@@ -178,6 +179,7 @@ def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: li
         if samples:
             row["pass_at_1"] = [float(e["pass_at_1"][i]) for e in evals]
             row["initial_pass_at_1"], row["final_pass_at_1"] = row["pass_at_1"][0], row["pass_at_1"][-1]
+        row.update(overfit.run_figures(row))  # held-out AUC beside reward_auc; the train / held-out gap
         out.append(row)
     return out
 
@@ -238,6 +240,11 @@ def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple
     return c
 
 
+def _has_curves(runs: list[dict]) -> bool:
+    """Whether every run holds the curves `overfit.run_figures` reads."""
+    return all(k in r for r in runs for k in ("reward", "acc_steps", "accuracy"))
+
+
 def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
     """Per arm: gain over the base; per algorithm: PIPO minus no PIPO (paired by seed)."""
     arms = {}
@@ -250,6 +257,10 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
                        "gain_over_base": stats.paired_difference(final, initial),
                        "seeds_improved": int(np.sum(np.asarray(final) > np.asarray(initial))),
                        "pi_steps_mean": float(np.mean([r["pi_steps"] for r in rs]))}
+        if _has_curves(rs):
+            figures = [overfit.run_figures(r) for r in rs]
+            arms[label]["heldout_auc_mean"] = float(np.mean([f["heldout_auc"] for f in figures]))
+            arms[label]["gap_flags"] = [f["gap_flag"] for f in figures]
         if "final_pass_at_1" in rs[0]:
             arms[label]["initial_pass_at_1_mean"] = float(np.mean([r["initial_pass_at_1"] for r in rs]))
             arms[label]["final_pass_at_1_mean"] = float(np.mean([r["final_pass_at_1"] for r in rs]))
@@ -259,8 +270,10 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
             arms[label]["teacher_accuracy_feedback_initial_mean"] = float(
                 np.mean([r["teacher_accuracy_feedback"][0] for r in rs]))
     def diff(on, off):
+        if _has_curves(on) and _has_curves(off):
+            on, off = ([dict(r, **overfit.run_figures(r)) for r in rs] for rs in (on, off))
         return {metric: stats.paired_difference([r[metric] for r in on], [r[metric] for r in off])
-                for metric in ("final_accuracy", "reward_auc", "final_pass_at_1") if metric in on[0]}
+                for metric in ("final_accuracy", "reward_auc", "heldout_auc", "final_pass_at_1") if metric in on[0]}
 
     paired, variants = {}, {}
     for a in algorithms:
@@ -412,13 +425,18 @@ def plot(results: dict, path: str) -> None:
 def format_table(record: dict) -> str:
     """Markdown: per arm the gain over the base; per algorithm PIPO's paired difference."""
     s = record["summary"]
-    lines = ["| run | seeds | base acc | final acc | gain (95% CI) | seeds improved | reward AUC |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| run | seeds | base acc | final acc | gain (95% CI) | seeds improved | training-reward AUC | "
+             "held-out acc AUC | seeds whose training reward rose without held-out accuracy |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for label, a in s["arms"].items():
         g = a["gain_over_base"]
+        flagged = sum(f is not None for f in a.get("gap_flags", []))
+        gap = f"{flagged}/{a['n']}" if flagged else "-"
+        heldout = f"{a['heldout_auc_mean']:.3f}" if "heldout_auc_mean" in a else "-"
         lines.append(f"| {label} | {a['n']} | {a['initial_accuracy_mean']:.3f} | {a['final_accuracy_mean']:.3f} | "
                      f"{g['mean']:+.3f} [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] | {a['seeds_improved']}/{a['n']} | "
-                     f"{a['reward_auc_mean']:.3f} |")
+                     f"{a['reward_auc_mean']:.3f} | {heldout} | "
+                     f"{gap} |")
     lines += ["", "| algorithm | PIPO - base: final acc (95% CI), Wilcoxon p | reward AUC (95% CI), Wilcoxon p |",
               "| --- | --- | --- |"]
     for name, p in s["pipo_minus_base"].items():
@@ -445,6 +463,10 @@ def main(argv):
     record = compare(_ALGORITHMS.value, _PRESET.value, parse_seeds(_SEEDS.value), _OUT.value,
                      _ITERATIONS.value, _EVAL_EVERY.value, tuple(_SET.value), _VARIANTS.value, _BASE_DIR.value)
     print(format_table(record))
+    for label, arm in record["summary"]["arms"].items():
+        for seed, flag in zip(record["seeds"], arm.get("gap_flags", [])):
+            if flag is not None:
+                print(f"{label} seed {seed}: {flag}")
     print(f"wrote {os.path.join(_OUT.value, 'compare.json')} and compare.png "
           f"({record['wall_time_s']:.0f}s wall, {record['cpu_time_s']:.0f}s CPU)")
 

@@ -1,5 +1,6 @@
 """Evaluate a policy: `n` samples per problem, pass@1 (mean over n) and unbiased pass@k per
-benchmark, printed as a table and written as JSON.
+benchmark, printed as a table (fractions 0-1, as the trainer logs them) and written as JSON; on the
+built-in task also the greedy accuracy on the same problems (the trainer's `heldout_accuracy` figure).
 
 Built-in task (a training run's workdir, latest orbax checkpoint):
     python -m experiments.eval --policy=runs/tiny --builtin_problems=512 --n=8 --out=runs/tiny/eval.json
@@ -15,7 +16,7 @@ periodic evaluation (`config.eval.benchmarks`) scores benchmarks with the same
 
 The JSON records what was evaluated: ``{"written_by": "experiments.eval", "policy",
 "checkpoint_step" (None for a HF directory), the sampling flags, "results": {benchmark:
-pass@k ...}, "unscored" (responses the verifier's budget left unchecked, scored 0),
+pass@k ..., "greedy_accuracy" (the built-in task)}, "unscored" (responses the verifier's budget left unchecked, scored 0),
 "provenance": commit / versions / machine}``. Its default path is `eval.<step>.json` in a
 run workdir (one file per evaluated checkpoint) and `eval.json` in a HF directory. An
 existing file is never overwritten unless it carries the ``written_by`` marker (a file this
@@ -171,13 +172,14 @@ def main(argv):
     out = _OUT.value or default_out(_POLICY.value, step)
     check_out(out, _OVERWRITE.value)  # again: an unreadable newest checkpoint falls back to an older step
     rng = jax.random.PRNGKey(_SEED.value)
-    rows, info = [], {}
+    rows, info, greedy = [], {}, {}
     if _BUILTIN.value:
         if spec is None or not spec.task.capabilities.device_reward:
             raise cli.UsageError("--builtin_problems needs a workdir of a run on the built-in task")
         builtin = evaluate.heldout_rewards(spec, params, _BUILTIN.value, _N.value, rng, _TEMPERATURE.value,
                                            _BATCH.value)
         rows = passk.summarize({"builtin_heldout": builtin}, ks)[:-1]
+        greedy["builtin_heldout"] = evaluate.greedy_heldout_accuracy(spec, params, _BUILTIN.value, rng)
     if _BENCHMARKS.value:
         tok_dir = tokenizer_path(_POLICY.value, spec, _TOKENIZER.value)
         tokenizer = load_tokenizer(tok_dir)
@@ -198,7 +200,7 @@ def main(argv):
                                pad_id=pad_token_id(tokenizer)),
                 batch_size=_BATCH.value)
         rows = rows + bench_rows
-    print(passk.format_table(rows))
+    print(passk.format_table(rows, greedy))  # fractions (0-1), as the trainer logs them
     for name, i in info.items():
         print(f"{name}: {i['problems']} problems, {i['dropped']} prompts dropped as too long, {i['unscored']} "
               "responses unscored (past --verify_batch_budget_s, scored 0)")
@@ -207,6 +209,8 @@ def main(argv):
               "benchmarks": dict(item.partition("=")[::2] for item in _BENCHMARKS.value),
               "builtin_problems": _BUILTIN.value, "unscored": {name: i["unscored"] for name, i in info.items()},
               "results": passk.to_json(rows), "provenance": provenance.record()}
+    for name, accuracy in greedy.items():  # the same problems decoded greedily (the trainer's heldout_accuracy)
+        record["results"][name]["greedy_accuracy"] = accuracy
     write_record(out, record)
     print(f"wrote {out} (checkpoint step {step})" if step is not None else f"wrote {out}")
 

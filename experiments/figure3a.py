@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from pipo_jax.losses import theory
+from pipo_jax.run import compile_cache
 
 log = logging.getLogger("figure3a")
 GROUP_SIZES = (8, 128)
@@ -88,6 +89,7 @@ def main(argv=None) -> None:
     if args.mc_groups < 0:
         parser.error(f"--mc-groups={args.mc_groups} must be >= 0")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    compile_cache.configure()  # as the other commands (experiments/cli.py): PIPO_JAX_COMPILATION_CACHE moves it
     try:
         points = draw(args.out, args.mc_groups, args.seed)
     except OSError as e:  # the output path: missing permission, a file where a directory should be

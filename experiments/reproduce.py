@@ -35,7 +35,7 @@ from typing import Callable
 
 from absl import flags
 
-from experiments import cli, provenance, rg_study
+from experiments import cli, overfit, provenance, rg_study, stats
 from experiments.benchmarks import readiness_tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -233,12 +233,14 @@ def _pass1(arm: dict, key: str) -> str:
 def render_rg_study(records: list[dict]) -> str:
     """Per pre-listed dataset (`experiments/rg_study.py:DATASETS`, in that order): each arm's greedy
     accuracy (base, final, gain with its CI, seeds improved), pass@1 at the rollout temperature (base,
-    final) and reward AUC; then PIPO minus no PIPO. A dataset not yet run says so."""
+    final), training-reward AUC and held-out accuracy AUC with the seeds whose training reward rose without
+    held-out accuracy (`overfit`, from the stored curves); then PIPO minus no PIPO. A dataset not yet run
+    says so."""
     arm_rows, diff_rows, machines = [], [], set()
     for d, rec in zip(rg_study.DATASETS, records):
         if rec.get("missing"):
-            arm_rows.append(f"| `{d.name}` ({d.category}) | not run yet | | | | | | | | |")
-            diff_rows.append(f"| `{d.name}` | not run yet | | | |")
+            arm_rows.append(f"| `{d.name}` ({d.category}) | not run yet | | | | | | | | | | |")
+            diff_rows.append(f"| `{d.name}` | not run yet | | | | |")
             continue
         machines.add(_machine(rec))
         summary = rec["summary"]
@@ -247,23 +249,33 @@ def render_rg_study(records: list[dict]) -> str:
             arm_rows.append(f"| `{d.name}` ({d.category}) | {arm} | {a['n']} | {a['initial_accuracy_mean']:.3f} | "
                             f"{a['final_accuracy_mean']:.3f} | {_ci(a['gain_over_base'])} | "
                             f"{a['seeds_improved']}/{a['n']} | {_pass1(a, 'initial_pass_at_1_mean')} | "
-                            f"{_pass1(a, 'final_pass_at_1_mean')} | {a['reward_auc_mean']:.3f} |")
+                            f"{_pass1(a, 'final_pass_at_1_mean')} | {a['reward_auc_mean']:.3f} | "
+                            f"{_heldout_auc_mean(rec['runs'][arm]):.3f} | {overfit.describe_flags(rec['runs'][arm])} |")
         diff = summary["pipo_minus_base"]["grpo"]
         acc, auc = diff["final_accuracy"], diff["reward_auc"]
         p1 = _ci(diff["final_pass_at_1"]) if "final_pass_at_1" in diff else "-"
+        heldout = stats.paired_difference(*([overfit.run_figures(r)["heldout_auc"] for r in rec["runs"][arm]]
+                                            for arm in ("grpo+PIPO", "grpo")))
         diff_rows.append(f"| `{d.name}` | {_ci(acc)}, p = {acc['wilcoxon_p']:.3g} | "
-                         f"{sum(x > 0 for x in acc['diffs'])}/{acc['n']} | {p1} | {_ci(auc, 4)} |")
+                         f"{sum(x > 0 for x in acc['diffs'])}/{acc['n']} | {p1} | {_ci(auc, 4)} | "
+                         f"{_ci(heldout, 4)} |")
     done = sum(not r.get("missing") for r in records)
     head = (f"{done} of {len(records)} datasets run" + (f", measured with {'; '.join(sorted(machines))}" if machines
                                                         else "") + " (JSONs in `experiments/results/rg_study/`).")
     return "\n".join([
         head, "",
         "| dataset | arm | seeds | base acc (greedy) | final acc (greedy) | gain over base (95% CI) | seeds improved | "
-        "base pass@1 | final pass@1 | reward AUC |",
-        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |", *arm_rows, "",
+        "base pass@1 | final pass@1 | training-reward AUC | held-out acc AUC | seeds whose training reward rose "
+        "without held-out accuracy |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |", *arm_rows, "",
         "| dataset | PIPO - no PIPO, final greedy acc (95% CI), Wilcoxon p | seeds where PIPO is higher | "
-        "final pass@1 (95% CI) | reward AUC (95% CI) |",
-        "| --- | --- | ---: | --- | --- |", *diff_rows])
+        "final pass@1 (95% CI) | training-reward AUC (95% CI) | held-out acc AUC (95% CI) |",
+        "| --- | --- | ---: | --- | --- | --- |", *diff_rows])
+
+
+def _heldout_auc_mean(runs: list[dict]) -> float:
+    """The mean over seeds of each run's held-out accuracy AUC (`overfit.heldout_auc`)."""
+    return sum(overfit.run_figures(r)["heldout_auc"] for r in runs) / len(runs)
 
 
 def render_every_method_rg(records: list[dict]) -> str:

@@ -13,6 +13,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from experiments import overfit
 from experiments.cli import UsageError
 from pipo_jax.models import hf
 from pipo_jax.rl.sections import RunConfig
@@ -98,15 +99,16 @@ def run(config: ml_collections.ConfigDict, workdir: str, base_model: str | None)
 
 
 def summarise(workdir: str) -> dict[str, Any]:
-    """Reward / accuracy curves and their summaries from a run's metrics.jsonl."""
+    """Reward / accuracy curves and their summaries from a run's metrics.jsonl (with `overfit.run_figures`)."""
     rows = observe.read_metrics(os.path.join(workdir, "metrics.jsonl"))
     steps = np.array([r["step"] for r in rows if "reward_mean" in r])
     reward = np.array([r["reward_mean"] for r in rows if "reward_mean" in r])
     acc = [(r["step"], r["heldout_accuracy"]) for r in rows if "heldout_accuracy" in r]
-    return {
+    out = {
         "steps": steps.tolist(), "reward": reward.tolist(),
         "acc_steps": [a[0] for a in acc], "accuracy": [a[1] for a in acc],
         "reward_auc": float(np.mean(reward)) if len(reward) else float("nan"),
         "initial_accuracy": acc[0][1] if acc else float("nan"),
         "pi_steps": int(sum(r.get("pi_step_applied", 0) for r in rows)),
     }
+    return out | overfit.run_figures(out)  # heldout_auc beside reward_auc, and the train / held-out gap_flag

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from pipo_jax.run import compile_cache
 from pipo_jax.tasks import code as code_sandbox
 from tests import compilation_cache
 from tests.xla_flags import xla_flags
@@ -75,6 +76,9 @@ def pytest_configure(config):
     cache = getattr(config, "cache", None)  # None under `-p no:cacheprovider`
     path = str(cache.mkdir("jax_compilation_cache")) if cache is not None else compilation_cache.FALLBACK_DIR
     settings = dict(compilation_cache.SETTINGS, jax_compilation_cache_dir=path)
+    # The user's own cache setting (pipo_jax/run/compile_cache.py) would win over JAX_COMPILATION_CACHE_DIR
+    # in the commands the tests start: the tests' cache is theirs.
+    os.environ.pop(compile_cache.ENV, None)
     for name, value in settings.items():
         jax.config.update(name, value)
         os.environ[name.upper()] = str(value)  # read by the JAX subprocesses the tests start

@@ -204,6 +204,12 @@ def test_eval_records_the_checkpoint_step_and_refuses_a_silent_rerun(tmp_path):
     assert (record["written_by"], record["checkpoint_step"], record["policy"]) == ("experiments.eval", 2, str(run))
     assert record["n"] == 2 and record["ks"] == [1, 2] and "commit" in record["provenance"]
     assert set(record["results"]) == {"builtin_heldout"} and 0 <= record["results"]["builtin_heldout"]["pass@1"] <= 1
+    # printed as fractions (as the trainer logs them), with the greedy accuracy on the same problems beside
+    result = record["results"]["builtin_heldout"]
+    assert 0 <= result["greedy_accuracy"] <= 1
+    assert "| pass@1 | pass@2 | mean reward | greedy acc |" in res.stdout
+    assert (f"| builtin_heldout | 4 | 2 | {result['pass@1']:.3f} | {result['pass@2']:.3f} | "
+            f"{result['mean_reward']:.3f} | {result['greedy_accuracy']:.3f} |") in res.stdout
     _one_line_error(_run(*evaluate), f"--out={out}: holds an earlier evaluation", "step 2", "--overwrite")
     assert json.loads(out.read_text()) == record
     res = _run(*evaluate, "--overwrite", "--seed=1")

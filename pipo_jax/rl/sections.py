@@ -521,8 +521,8 @@ class EvalConfig(Section):
     n: int = key(512, "held-out problems of the task (greedy accuracy), fixed across evaluations and seeds",
                  at_least(1))
     heldout_samples: int = key(4, "responses per held-out problem (the same eval.n problems) sampled as the rollout "
-                               "samples (rollout.temperature / top_k / top_p / max_new_tokens) for `heldout_pass@1`, "
-                               "the mean success (reward >= 1); its own fixed key, never the training stream's; "
+                               "samples (rollout.temperature / top_k / top_p / max_new_tokens) for "
+                               "`heldout_pass_at_1`, the mean success (reward >= 1); its own fixed key, never the training stream's; "
                                "0 = not measured", at_least(0, " (0 = not measured)"))
     benchmarks: str = key("", "math benchmarks scored at every evaluation (pass@1 = mean over `samples`, unbiased "
                           "pass@k), as experiments/eval.py: \"NAME=PATH,NAME=PATH\" (JSONL / parquet with "
@@ -553,6 +553,9 @@ class LogConfig(Section):
     wandb_project: str = key("pipo_jax", "the W&B project")
     progress: bool = key(True, "a progress bar")
     plots: bool = key(True, "plots of the metrics at the end")
+    heartbeat_s: float = key(10.0, "seconds a run (with log.progress) may go without a console line: past it, "
+                             "'still <phase>' says what runs (compiling which program, loading it from the "
+                             "compilation cache); 0 = no such lines", at_least(0))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ from pipo_jax.models import hf, qwen3
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.run.checkpoint import Checkpointer
 from pipo_jax.run.placement import Placement
+from pipo_jax.run import teacher_forcing
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.workdir import read_config_json
 from pipo_jax.sampling import sampler
@@ -112,6 +113,15 @@ def heldout_rewards(spec: TrainSpec, params, n_problems: int, n: int, rng, tempe
     return np.asarray(r).reshape(n_problems, n)
 
 
+def greedy_heldout_accuracy(spec: TrainSpec, params, n_problems: int, rng) -> float:
+    """Greedy accuracy on the `n_problems` held-out problems `heldout_rewards(..., rng)` samples (the same
+    problem key), as the trainer's `heldout_accuracy` scores them (`teacher_forcing.heldout_accuracy`:
+    teacher-forced for exact answers, else decoded and scored by the JAX reward)."""
+    k_prob, _ = jax.random.split(rng)
+    task = spec.task
+    return float(teacher_forcing.heldout_accuracy(spec.model, params, task, task.prompt_table(), n_problems, k_prob))
+
+
 def decoded_heldout_accuracy(spec: TrainSpec, params, scorer: HostScorer, n: int, batch_size: int = 64) -> float:
     """Mean greedy reward on the task's `n` held-out problems (`heldout_problems`), decoded with
     the sampler and scored by `scorer` (`Task.scorer()`): the fraction solved for math, of tests
@@ -130,7 +140,7 @@ def sampled_heldout_rewards(spec: TrainSpec, params, scorer: HostScorer, n: int,
     """Rewards `[n, samples]`: `samples` responses to each of the task's `n` held-out problems (those
     `decoded_heldout_accuracy` scores greedily), sampled as the rollout samples (`spec.rollout`'s
     temperature, top_k, top_p, max_new_tokens) with `rng`, scored by the host `scorer` (`Task.scorer()`).
-    The trainer's `heldout_pass@1` for a task without a JAX reward: `samples` times the greedy decode."""
+    The trainer's `heldout_pass_at_1` for a task without a JAX reward: `samples` times the greedy decode."""
     task, r = spec.task, spec.rollout
     problems = jax.device_get(task.heldout_problems(task.prompt_table(), n, jax.random.PRNGKey(0)))
     rows = len(problems.prompt_tokens_bp)

@@ -29,11 +29,12 @@ from pipo_jax.rl import loop, rollout, steps
 from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config
 from pipo_jax.rl.state import TrainState
-from pipo_jax.run import atomic, evaluate
+from pipo_jax.run import atomic, compile_cache, evaluate
 from pipo_jax.run import export as export_lib
 from pipo_jax.run import memory, observe, sharded_steps, teacher_forcing, warmup
 from pipo_jax.run import workdir as workdir_lib
 from pipo_jax.run.checkpoint import Checkpointer, kept_checkpoints, saved_steps
+from pipo_jax.run.heartbeat import Heartbeat
 from pipo_jax.run.placement import Placement, placement_from_config
 from pipo_jax.run.preemption import RunInterrupted, StopRequests
 from pipo_jax.run.setup import train_spec
@@ -42,7 +43,7 @@ from pipo_jax.sampling.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 
 EVAL_SEED = 1234  # the held-out problems are the same at every evaluation
-PASS_SEED = 4321  # the responses sampled for heldout_pass@1: a key of their own, not the training stream
+PASS_SEED = 4321  # the responses sampled for heldout_pass_at_1: a key of their own, not the training stream
 
 
 def device_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax.Array:
@@ -63,6 +64,7 @@ class Evaluation:
 
     def __init__(self, spec: TrainSpec, config: RunConfig, where: Placement, reward: rollout.TaskReward | None):
         self.spec, self.config, self.where, self.reward = spec, config, where, reward
+        self.problems = heldout_count(spec, config.eval.n)  # eval.n, or a smaller held-out split's size
         self.benchmarks, self.ks = {}, ()
         if config.eval.benchmarks:
             paths, self.ks = eval_benchmarks(config.eval)
@@ -77,7 +79,7 @@ class Evaluation:
         program for another `device_reward` task, else decoded and scored on host-gathered params.
         SDPO / VPD: also the accuracy on the same problems shown each of the task's teacher
         contexts (`teacher_accuracy_<kind>`, e.g. a correct sibling's solution or the feedback on
-        a wrong response). With `eval.heldout_samples > 0`, `heldout_pass@1`: that many responses per
+        a wrong response). With `eval.heldout_samples > 0`, `heldout_pass_at_1`: that many responses per
         problem sampled as the rollout samples (`pass_at_1`). Then the benchmarks' pass@k. Nothing
         here reads or advances the training state's key."""
         spec, ec = self.spec, self.config.eval
@@ -89,12 +91,12 @@ class Evaluation:
                 for kind in kinds:
                     out[f"teacher_accuracy_{kind}"] = self.where.reference_accuracy(spec, params, ec.n, key, kind)
             if ec.heldout_samples and spec.task.capabilities.device_reward:
-                out["heldout_pass@1"] = self.pass_at_1(params)
+                out["heldout_pass_at_1"] = self.pass_at_1(params)
             return out
         params = self.where.to_host(params)  # gathered once for every evaluation below
         out = {"heldout_accuracy": evaluate.decoded_heldout_accuracy(spec, params, self.reward.scorer, ec.n)}
         if ec.heldout_samples:
-            out["heldout_pass@1"] = self.pass_at_1(params)
+            out["heldout_pass_at_1"] = self.pass_at_1(params)
         if self.benchmarks:
             tokenizer, prompt_config, verifier = self.reward.scorer.benchmark_inputs()
             rows, info = evaluate.math_benchmarks(
@@ -102,7 +104,7 @@ class Evaluation:
                 jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step),
                 evaluate.task_sampling(spec, temperature=ec.temperature), batch_size=ec.batch_size)
             for row in rows:
-                out.update({f"{row.name}_pass@{k}": v for k, v in row.pass_at.items()})
+                out.update({f"{row.name}_pass_at_{k}": v for k, v in row.pass_at.items()})
             out.update({f"{name}_unscored": i["unscored"] for name, i in info.items()})  # past the verify budget
         return out
 
@@ -121,7 +123,7 @@ class Evaluation:
                                                 jax.random.PRNGKey(PASS_SEED), batch_size=ec.batch_size)
 
     def pass_at_1(self, params) -> float:
-        """`heldout_pass@1`: the unbiased pass@1 (mean success, reward >= 1) of `sampled_rewards`."""
+        """`heldout_pass_at_1`: the unbiased pass@1 (mean success, reward >= 1) of `sampled_rewards`."""
         return teacher_forcing.pass_and_mixed(self.sampled_rewards(params))[0]
 
 
@@ -195,33 +197,50 @@ class WarmupCheckpoints:
 
 
 def base_params(spec: TrainSpec, config: RunConfig, logger_rows: list,
-                warmup_checkpoints: WarmupCheckpoints | None = None) -> Any:
+                warmup_checkpoints: WarmupCheckpoints | None = None, hb: Heartbeat | None = None) -> Any:
     """The RL starting point: HF weights, the supervised warm-up, or a random init."""
+    hb = hb or Heartbeat(0, quiet=True)
     if spec.model_path:
-        _, params = hf.load(spec.model_path, dtype=spec.model.param_dtype, compute_dtype=spec.model.dtype)
+        with hb.phase("loading the model", announce=f"loading the model's weights from {spec.model_path}"):
+            _, params = hf.load(spec.model_path, dtype=spec.model.param_dtype, compute_dtype=spec.model.dtype)
         return params
     if config.warmup.enabled:
         wc = warmup_checkpoints
         settings = warmup.WarmupSettings.from_config(config, spec.task) if wc is None else wc.settings
-        params, m = warmup.warmup(spec.model, spec.task, settings, seed=config.seed,
-                                  resume=None if wc is None else wc.restore(),
-                                  after_chunk=None if wc is None else wc.after_chunk)
+        with hb.phase("in the warm-up", announce=f"warm-up: up to {settings.steps} supervised steps, a check every "
+                      f"{settings.eval_every} (its programs compile first)", report_builds=True):
+            params, m = warmup.warmup(spec.model, spec.task, settings, seed=config.seed,
+                                      resume=None if wc is None else wc.restore(),
+                                      after_chunk=None if wc is None else wc.after_chunk)
         row = {"warmup_steps": m["steps_run"], "warmup_accuracy": m["final_accuracy"],
+               **_warmup_target_row(m),
                "warmup_teacher_solution_accuracy": m["final_teacher_solution_accuracy"],
                "warmup_teacher_feedback_accuracy": m["final_teacher_feedback_accuracy"],
                "warmup_time_s": m["wall_time_s"]}
         sampled = ""
         if m["check_prompts"]:
-            row.update({"warmup_pass@1": m["final_pass@1"], "warmup_mixed_groups": m["final_mixed_groups"]})
-            sampled = (f", sampled pass@1 {m['final_pass@1']:.3f} and mixed groups {m['final_mixed_groups']:.3f} "
+            row.update({"warmup_pass_at_1": m["final_pass_at_1"], "warmup_mixed_groups": m["final_mixed_groups"]})
+            sampled = (f", sampled pass@1 {m['final_pass_at_1']:.3f} and mixed groups {m['final_mixed_groups']:.3f} "
                        f"({m['check_prompts']} of its held-out prompts x {m['check_samples']})")
         logger_rows.append(row)
         log.info("warm-up: %d steps, greedy held-out accuracy %.3f on the warm-up's own %d seed-drawn problems "
                  "(not the trainer's eval set)%s (teacher with a solution %.3f, with feedback %.3f), %.1fs",
                  m["steps_run"], m["final_accuracy"], m["check_problems"], sampled,
                  m["final_teacher_solution_accuracy"], m["final_teacher_feedback_accuracy"], m["wall_time_s"])
+        missed = warmup.miss_line(m, spec.task.name)
+        if missed:
+            log.warning("%s", missed)
         return params
     return qwen3.init_params(spec.model, jax.random.PRNGKey(config.seed))
+
+
+def _warmup_target_row(m: dict[str, Any]) -> dict[str, float]:
+    """The warm-up's targets for metrics.jsonl's row 0: `warmup_target_met` (1 / 0) and each target set
+    (`warmup_target_accuracy`, ...); nothing when no target was set."""
+    if m["target_met"] is None:
+        return {}
+    return {"warmup_target_met": float(m["target_met"]),
+            **{f"warmup_{name}": target for name, (target, _) in m["targets"].items()}}
 
 
 def _chunk_length(step: int, config: RunConfig) -> int:
@@ -350,7 +369,16 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """
     run = RunConfig.from_config(config)  # the one parse: everything below reads `run`; `config` is what is stored
     initialize_distributed(run.distributed)
-    spec = train_spec(config, run)
+    # The console's lines: process 0's, with log.progress (a run without them says only its errors).
+    with Heartbeat(run.log.heartbeat_s, quiet=not (run.log.progress and jax.process_index() == 0)) as hb:
+        return _train_with(config, run, workdir, hb)
+
+
+def _train_with(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, hb: Heartbeat) -> dict[str, Any]:
+    """`train` after the distributed start, with `hb` saying what runs (a refused config or workdir
+    prints its one error line and nothing before it: the phases until then announce nothing)."""
+    with hb.phase(f"building the {run.task.name} task and the {run.model.preset} model"):
+        spec = train_spec(config, run)
     if run.task.epochs:
         run = dataclasses.replace(run, iterations=run_iterations_of(spec, run))
         config = config.copy_and_resolve_references()
@@ -373,7 +401,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             lock.acquire()  # writes the holder's record at once
         try:
             with StopRequests() as stop:
-                return _train(config, run, workdir, spec, where, stop, lock)
+                return _train(config, run, workdir, spec, where, stop, lock, hb)
         finally:
             if lock is not None:
                 lock.release()  # a refused run leaves no directory it created
@@ -384,7 +412,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec: TrainSpec, where: Placement,
-           stop: StopRequests, lock: workdir_lib.WorkdirLock | None) -> dict[str, Any]:
+           stop: StopRequests, lock: workdir_lib.WorkdirLock | None, hb: Heartbeat) -> dict[str, Any]:
     """`config` is what is stored and compared (config.json), `run` its typed form the loop reads."""
     main = where.is_main_process
     # Nothing is written into the workdir before the config is validated, the
@@ -402,6 +430,9 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
                     workdir)
     elif existing or resuming_warmup:
         check_resume_config(config, run, spec, stored, os.path.abspath(ckpt_dir))
+    cache = compile_cache.current_dir()
+    hb.say(f"JAX compilation cache: {cache} ({compile_cache.describe_contents(cache)})" if cache else
+           "JAX compilation cache off: every run compiles its programs (experiments' commands turn it on)")
     evaluation = Evaluation(spec, run, where, None)
     ckpt = Checkpointer(ckpt_dir, keep=run.checkpoint.keep)
     warmup_ckpts = WarmupCheckpoints(workdir, spec, run, stop) if not spec.model_path else None
@@ -410,13 +441,17 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
     resume_step = None
     try:
         if existing:
-            state = where.restore(ckpt, spec)  # the newest checkpoint that reads
+            with hb.phase("restoring the checkpoint", announce=f"resuming: restoring the newest readable checkpoint "
+                          f"of {ckpt.directory} (of {existing})"):
+                state = where.restore(ckpt, spec)  # the newest checkpoint that reads
             resume_step = int(state.step)
             log.info("resumed from %s at iteration %d", ckpt.directory, resume_step)
         if main:
             _write_config(workdir, config, stored, str(resume_step) if resume_step is not None else "superseded")
         if not existing:
-            state = where.init_state(spec, base_params(spec, run, pre_rows, warmup_ckpts), run.seed)
+            params = base_params(spec, run, pre_rows, warmup_ckpts, hb)
+            with hb.phase("setting up the RL state"):
+                state = where.init_state(spec, params, run.seed)
     except BaseException:
         ckpt.close()
         if warmup_ckpts is not None:
@@ -427,64 +462,78 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
     reward = host_task_reward(spec)
     evaluation.reward = reward
     logger = None
-    summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe()}
+    summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe(),
+                               "heldout_problems": evaluation.problems}
     try:
         logger = observe.RunLogger(workdir, total=run.iterations, tensorboard=run.log.tensorboard,
                                    wandb=run.log.wandb, wandb_project=run.log.wandb_project,
                                    progress=run.log.progress, run_config=config.to_dict(), start_step=resume_step,
                                    enabled=main)
         if resume_step is None:
-            scores = evaluation(state.params, 0)
+            with hb.phase("evaluating the base model", announce=f"evaluating the base model (iteration 0) on "
+                          f"{describe_heldout(evaluation.problems, run.eval.n)}", report_builds=True):
+                scores = evaluation(state.params, 0)
             logger.log(0, dict(pre_rows[0] if pre_rows else {}, **scores))
             summary.update(_initial_figures(dict(pre_rows[0] if pre_rows else {}, **scores)))
             if run.log.progress:  # beside the progress bar; the figures are in metrics.jsonl either way
-                log.info("iteration 0 evaluation on the trainer's eval.n=%d fixed held-out problems (EVAL_SEED): %s",
-                         run.eval.n, _describe_scores(scores, run))
+                log.info("iteration 0 evaluation on %s (EVAL_SEED): %s",
+                         describe_heldout(evaluation.problems, run.eval.n), _describe_scores(scores, run))
             if run.warmup.enabled and not spec.model_path:  # the warm-up is not redone after a kill
-                ckpt.save(0, state)
-                ckpt.wait()
-                warmup_ckpts.remove()
+                with hb.phase("saving checkpoint 0"):
+                    ckpt.save(0, state)
+                    ckpt.wait()
+                    warmup_ckpts.remove()
         elif resume_step == 0 and main:
             row0 = next((r for r in observe.read_metrics(logger.jsonl_path) if r.get("step") == 0), {})
             summary.update(_initial_figures(row0))
+        first_chunk = True
         while step < run.iterations:
             if _any_process(stop.requested is not None):
                 _save_and_stop(ckpt, step, state, stop)
             n = _chunk_length(step, run)
             t0 = time.perf_counter()
-            state, metrics = run_iterations(spec, state, n, run.log.jit_loop, reward, where=where)
-            jax.block_until_ready(state.params)
+            span = f"iteration {step + 1}" if n == 1 else f"iterations {step + 1}-{step + n}"
+            with hb.phase(f"running RL {span}", announce=f"RL: {span}, the first chunk builds the iteration program"
+                          if first_chunk else None, report_builds=first_chunk):
+                state, metrics = run_iterations(spec, state, n, run.log.jit_loop, reward, where=where)
+                jax.block_until_ready(state.params)
+            first_chunk = False
             dt = time.perf_counter() - t0
             # One chunk is timed as a whole: each iteration gets the chunk's mean time.
             metrics["tokens_per_s"] = np.asarray(metrics["tokens"], np.float64) / (dt / n)
             extra = {"iteration_time_s": dt / n}
             step += n
             if run.eval.every and step % run.eval.every == 0 or step == run.iterations:
-                extra.update(evaluation(state.params, step))
+                with hb.phase(f"evaluating iteration {step}"):
+                    extra.update(evaluation(state.params, step))
             logger.log_many(step - n, metrics, extra)
             if run.checkpoint.every and step % run.checkpoint.every == 0 and step < run.iterations:
                 ckpt.save(step, state)
         # A finished run resumed again has its last checkpoint already, unless it was unreadable.
         if step not in ckpt.all_steps() or step in ckpt.unreadable:
             ckpt.save(step, state)
-        ckpt.wait()
-        final = evaluation(state.params, step)
+        with hb.phase("saving the final checkpoint"):
+            ckpt.wait()
+        with hb.phase("the final evaluation"):
+            final = evaluation(state.params, step)
         summary["final_accuracy"] = final["heldout_accuracy"]
-        if "heldout_pass@1" in final:
-            summary["final_pass@1"] = final["heldout_pass@1"]
+        if "heldout_pass_at_1" in final:
+            summary["final_pass_at_1"] = final["heldout_pass_at_1"]
         summary["final_eval"] = final
         if run.log.progress:
-            log.info("final evaluation (iteration %d) on the trainer's eval.n=%d fixed held-out problems: %s", step,
-                     run.eval.n, _describe_scores(final, run))
+            log.info("final evaluation (iteration %d) on %s: %s", step,
+                     describe_heldout(evaluation.problems, run.eval.n), _describe_scores(final, run))
         if run.checkpoint.export_hf:
             export = os.path.join(workdir, "hf_export")
             params = where.to_host(state.params)  # every process takes part in the gather
-            if main and _written_or_warned("hf_export", export, ckpt.step_path(step), lambda: _export_whole(
-                    export, lambda out: export_lib.write_export(
-                        out, spec.model, params, spec=spec, run_config=config, step=step,
-                        metrics=export_lib.metrics_at(workdir, step), source=os.path.abspath(workdir),
-                        tokenizer_dir=export_lib.run_tokenizer_dir(config)))):
-                summary["hf_export"] = export  # weights, tokenizer, generation config, model card (`run/export.py`)
+            with hb.phase("writing the Hugging Face export", announce=f"writing the Hugging Face export to {export}"
+                          if main else None):
+                if main and _written_or_warned("hf_export", export, ckpt.step_path(step), lambda: _export_whole(
+                        export, lambda out: export_lib.write_export(
+                            out, spec.model, params, spec=spec, run_config=config, step=step,
+                            metrics=export_lib.metrics_at(workdir, step), source=os.path.abspath(workdir),
+                            tokenizer_dir=export_lib.run_tokenizer_dir(config)))):
+                    summary["hf_export"] = export  # weights, tokenizer, generation config, model card (`run/export.py`)
     finally:
         ckpt.close()
         if warmup_ckpts is not None:
@@ -530,18 +579,28 @@ def _written_or_warned(what: str, path: str, checkpoint: str, write) -> bool:
 
 
 WARMUP_SUMMARY = {"warmup_steps": "steps", "warmup_accuracy": "greedy_accuracy_on_its_check_set",
-                  "warmup_pass@1": "pass@1_on_its_check_set", "warmup_mixed_groups": "mixed_groups_on_its_check_set"}
+                  "warmup_pass_at_1": "pass_at_1_on_its_check_set",
+                  "warmup_mixed_groups": "mixed_groups_on_its_check_set"}
+# metrics.jsonl keys of runs written before the TensorBoard-safe names (TensorBoard renames '@'): read as the new ones.
+LEGACY_METRIC_KEYS = {"heldout_pass@1": "heldout_pass_at_1", "warmup_pass@1": "warmup_pass_at_1"}
 
 
 def _initial_figures(row0: dict[str, Any]) -> dict[str, Any]:
     """summary.json's figures of iteration 0 (docs/results.md "summary.json"): the trainer's evaluation of
     the base model and, after a warm-up, the warm-up's last check on its own check set."""
+    row0 = {LEGACY_METRIC_KEYS.get(k, k): v for k, v in row0.items()}
     out = {}
     if "heldout_accuracy" in row0:
         out["initial_accuracy"] = row0["heldout_accuracy"]
-    if "heldout_pass@1" in row0:
-        out["initial_pass@1"] = row0["heldout_pass@1"]
+    if "heldout_pass_at_1" in row0:
+        out["initial_pass_at_1"] = row0["heldout_pass_at_1"]
     warm = {name: row0[k] for k, name in WARMUP_SUMMARY.items() if k in row0}
+    if "warmup_target_met" in row0:  # each target set, and what the last check reached of it
+        targets = {name: row0[f"warmup_{name}"] for name, _ in warmup.TARGET_CURVES if f"warmup_{name}" in row0}
+        reached = {"target_accuracy": "warmup_accuracy", "target_pass_rate": "warmup_pass_at_1",
+                   "target_mixed_groups": "warmup_mixed_groups"}
+        warm.update(target_met=bool(row0["warmup_target_met"]), target=targets,
+                    reached={name: row0.get(reached[name]) for name in targets})
     if warm:
         out["warmup"] = warm
     return out
@@ -549,10 +608,27 @@ def _initial_figures(row0: dict[str, Any]) -> dict[str, Any]:
 
 def _describe_scores(scores: dict[str, float], run: RunConfig) -> str:
     text = f"greedy heldout_accuracy {scores['heldout_accuracy']:.3f}"
-    if "heldout_pass@1" in scores:
-        text += (f", sampled heldout_pass@1 {scores['heldout_pass@1']:.3f} ({run.eval.heldout_samples} per problem at "
-                 f"rollout.temperature={run.rollout.temperature:g})")
+    if "heldout_pass_at_1" in scores:
+        text += (f", sampled heldout_pass_at_1 {scores['heldout_pass_at_1']:.3f} ({run.eval.heldout_samples} per "
+                 f"problem at rollout.temperature={run.rollout.temperature:g})")
     return text
+
+
+def heldout_count(spec: TrainSpec, n: int) -> int:
+    """How many held-out problems the evaluation scores: `n` (`eval.n`), or all of a held-out split that
+    has fewer (`Task.heldout_problems`' leading dimension)."""
+    problems = jax.eval_shape(lambda: spec.task.heldout_problems(spec.task.prompt_table(), n,
+                                                                 jax.random.PRNGKey(EVAL_SEED)))
+    return int(jax.tree.leaves(problems)[0].shape[0])
+
+
+def describe_heldout(problems: int, n: int) -> str:
+    """The evaluation's problems for the log: "the trainer's 73 fixed held-out problems (the whole held-out
+    split: eval.n=512 asks for more)", or "... 512 fixed held-out problems (eval.n)"."""
+    if problems < n:
+        return (f"the trainer's {problems} fixed held-out problems (the whole held-out split: eval.n={n} asks for "
+                "more)")
+    return f"the trainer's {problems} fixed held-out problems (eval.n)"
 
 
 def _save_and_stop(ckpt: Checkpointer, step: int, state: TrainState, stop: StopRequests) -> None:

@@ -250,6 +250,32 @@ class WarmupSettings:
                                            max_new_tokens=r.max_new_tokens or task.answer_len))
 
 
+# Each target (a `WarmupSettings` field, `config.warmup.<name>`) and the check's curve it is reached on.
+TARGET_CURVES = (("target_accuracy", "accuracy"), ("target_pass_rate", "pass@1"),
+                 ("target_mixed_groups", "mixed_groups"))
+TARGET_MEASURES = {"target_accuracy": "greedy held-out accuracy", "target_pass_rate": "sampled pass@1",
+                   "target_mixed_groups": "share of mixed groups"}
+# The keys that make a task's problems smaller (fewer digits, a smaller dataset config): the advice of `miss_line`.
+SMALLER_PROBLEMS = {"arithmetic": "--config.task.arithmetic.max_digits=<fewer digits>",
+                    "digit_sum": "--config.task.digit_sum.max_digits=<fewer digits>",
+                    "reasoning_gym": "--config.task.reasoning_gym.config='{...}' with smaller values (the dataset's "
+                                     "own size settings)"}
+
+
+def miss_line(metrics: dict[str, Any], task_name: str) -> str | None:
+    """One line for a warm-up that ended without reaching its targets (`warmup`'s `metrics`): what it
+    reached against each target missed, and what to change; None when they hold or none was set."""
+    if metrics.get("target_met") is not False:
+        return None
+    missed = [f"{TARGET_MEASURES[name]} {value:.3f} < warmup.{name}={target:g}"
+              for name, (target, value) in metrics["targets"].items() if not value >= target]
+    steps = metrics["steps_run"]
+    smaller = SMALLER_PROBLEMS.get(task_name, "an easier task")
+    return (f"warm-up missed its target after all {steps} steps: {'; '.join(missed)}. RL starts from this base model "
+            f"anyway; to reach the target give it more steps (--config.warmup.steps={2 * steps}) or a smaller "
+            f"problem ({smaller})")
+
+
 def abstract_progress(model_config: qwen3.Qwen3Config, settings: WarmupSettings, *,
                       legacy: bool = False) -> WarmupProgress | LegacyWarmupProgress:
     """The `WarmupProgress` of a `warmup(model_config, task, settings, ...)` as `jax.ShapeDtypeStruct`s
@@ -298,11 +324,13 @@ def warmup(
     Returns (params, metrics) with metrics:
       loss: float array `[steps_run]` (train loss of each step's batch, before its update),
       eval_steps / heldout_accuracy: lists (the greedy accuracy curve on the warm-up's check set),
-      heldout_pass@1 / mixed_groups: lists, the sampled check (NaN where not measured),
+      heldout_pass_at_1 / mixed_groups: lists, the sampled check (NaN where not measured),
       teacher_solution_accuracy / teacher_feedback_accuracy: lists, the same problems with a context,
-      initial_accuracy, final_accuracy, final_pass@1, final_mixed_groups, final_teacher_solution_accuracy,
+      initial_accuracy, final_accuracy, final_pass_at_1, final_mixed_groups, final_teacher_solution_accuracy,
       final_teacher_feedback_accuracy, check_problems (eval_n), check_prompts, check_samples (group_size),
-      steps_run, stopped_early, wall_time_s.
+      steps_run, stopped_early, wall_time_s,
+      targets: {target name (`WarmupSettings`' field, e.g. "target_accuracy"): (target, value at the last check)}
+        of the targets set, target_met: whether they all hold at the last check (None: no target set).
     """
     s = settings
     steps, eval_every, eval_n, check_prompts, group_size = (s.steps, s.eval_every, s.eval_n, s.check_prompts,
@@ -388,9 +416,7 @@ def warmup(
         done = 0
 
     def reached() -> bool:
-        targets = ((s.target_accuracy, "accuracy"), (s.target_pass_rate, "pass@1"),
-                   (s.target_mixed_groups, "mixed_groups"))
-        set_ = [(t, curves[name][-1]) for t, name in targets if t is not None]
+        set_ = [(getattr(s, t), curves[name][-1]) for t, name in TARGET_CURVES if getattr(s, t) is not None]
         return bool(set_) and all(value >= t for t, value in set_)  # NaN (not measured) never reaches
 
     def progress() -> WarmupProgress:
@@ -412,15 +438,19 @@ def warmup(
         report()
         if after_chunk is not None:
             after_chunk(progress())
+    targets = {name: (getattr(s, name), curves[curve][-1]) for name, curve in TARGET_CURVES
+                if getattr(s, name) is not None}
     metrics = {
+        "targets": targets,
+        "target_met": reached() if targets else None,
         "loss": np.concatenate(losses),
         "eval_steps": eval_steps,
         "heldout_accuracy": curves["accuracy"],
-        "heldout_pass@1": curves["pass@1"],
+        "heldout_pass_at_1": curves["pass@1"],
         "mixed_groups": curves["mixed_groups"],
         "initial_accuracy": curves["accuracy"][0],
         "final_accuracy": curves["accuracy"][-1],
-        "final_pass@1": curves["pass@1"][-1],
+        "final_pass_at_1": curves["pass@1"][-1],
         "final_mixed_groups": curves["mixed_groups"][-1],
         "teacher_solution_accuracy": curves["teacher_solution"],
         "teacher_feedback_accuracy": curves["teacher_feedback"],

@@ -91,15 +91,19 @@ def summarize(rewards_by_benchmark: Mapping[str, Sequence[Sequence[float]]], ks:
     return rows + [avg]
 
 
-def format_table(rows: Sequence[BenchmarkScore], percent: bool = True) -> str:
-    """Markdown table: benchmark, problems, n, pass@k columns (in % by default)."""
+def format_table(rows: Sequence[BenchmarkScore], greedy: dict[str, float] | None = None) -> str:
+    """Markdown table: benchmark, problems, n, pass@k columns and the mean reward, as fractions (0-1,
+    3 decimals, as the trainer logs them); with `greedy` ({benchmark: greedy accuracy}) a "greedy acc"
+    column ("-" for a benchmark it lacks)."""
     ks = list(rows[0].pass_at)
-    scale, fmt = (100.0, "{:.1f}") if percent else (1.0, "{:.4f}")
     header = ["benchmark", "problems", "n"] + [f"pass@{k}" for k in ks] + ["mean reward"]
+    header += ["greedy acc"] if greedy else []
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         cells = [r.name, str(r.num_problems), str(r.samples_per_problem)]
-        cells += [fmt.format(scale * r.pass_at[k]) for k in ks] + [f"{r.mean_reward:.4f}"]
+        cells += [f"{r.pass_at[k]:.3f}" for k in ks] + [f"{r.mean_reward:.3f}"]
+        if greedy:
+            cells.append(f"{greedy[r.name]:.3f}" if r.name in greedy else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -14,7 +14,7 @@ from pipo_jax.data import tokenizer as tk
 from pipo_jax.models import hf
 from pipo_jax.rl import rollout
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.run import evaluate
+from pipo_jax.run import evaluate, trainer
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import train
 from pipo_jax.tasks import dataset
@@ -78,6 +78,17 @@ def test_prompt_table_and_splits(model_dir, math_file):
     np.testing.assert_array_equal(probs.prompt_mask_bp.sum(1), task.prompt_lengths_np[np.asarray(probs.index_b)])
     held = dataset.sample_problems(table, jax.random.PRNGKey(1), 16, split="heldout")
     assert set(np.asarray(held.index_b)) <= set(task.heldout_rows_np)
+
+
+def test_the_evaluation_names_its_real_number_of_problems(model_dir, math_file):
+    """eval.n larger than the held-out split: the trainer scores the whole split and says its size."""
+    spec = train_spec(math_config(model_dir, math_file))
+    assert trainer.heldout_count(spec, 512) == len(spec.task.heldout_rows_np) == 3
+    assert trainer.heldout_count(spec, 2) == 2
+    assert trainer.describe_heldout(3, 512) == ("the trainer's 3 fixed held-out problems (the whole held-out split: "
+                                                "eval.n=512 asks for more)")
+    assert trainer.describe_heldout(512, 512) == "the trainer's 512 fixed held-out problems (eval.n)"
+    assert trainer.heldout_count(train_spec(grpo.get_config("micro")), 16) == 16  # a generated task: eval.n
 
 
 def constructed_rollout(spec, tok, rows, texts):
@@ -189,15 +200,15 @@ def test_trainer_on_a_math_file_with_benchmarks_then_eval_cli(model_dir, math_fi
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows:
-        for key in ("heldout_accuracy", "mini_pass@1", "mini_pass@2", "average_pass@1"):
+        for key in ("heldout_accuracy", "mini_pass_at_1", "mini_pass_at_2", "average_pass_at_1"):
             assert 0.0 <= r[key] <= 1.0
-            assert r["mini_pass@1"] <= r["mini_pass@2"]
+            assert r["mini_pass_at_1"] <= r["mini_pass_at_2"]
     for r in rows[1:]:
         assert r["tokens"] > 0 and np.isfinite(r["train/loss"]) and 0 <= r["reward_mean"] <= 1
         # The math scorer's counts reach the metrics (nothing here is near the 60 s budget).
         assert (r["reward/unscored"], r["reward/check_timeouts"]) == (0, 0)
     assert all(r["mini_unscored"] == 0 for r in rows)
-    assert out["final_eval"]["mini_pass@1"] == rows[-1]["mini_pass@1"]
+    assert out["final_eval"]["mini_pass_at_1"] == rows[-1]["mini_pass_at_1"]
     # The held-out accuracy is the shared harness on the exported policy (greedy, same rows).
     spec = train_spec(c)
     _, params = hf.load(out["hf_export"])

@@ -1,4 +1,4 @@
-"""What RL will see, reported beside the greedy figures: the trainer's `heldout_pass@1` (responses
+"""What RL will see, reported beside the greedy figures: the trainer's `heldout_pass_at_1` (responses
 sampled as the rollout samples, on the greedy accuracy's fixed problems, with a key of their own),
 the warm-up's sampled-check keys refused in one line naming them where they cannot apply, the
 warm-up checkpoint of the former layout read by the trainer, and the default run's training
@@ -93,8 +93,8 @@ def test_heldout_pass_at_1_is_the_mean_success_of_rollout_samples_on_the_eval_pr
     assert evaluation.pass_at_1(params) == pytest.approx(float(np.mean(direct >= 1.0)))
     assert 0.0 < float(np.mean(direct)) and np.unique(direct).size > 1  # graded per-token rewards: real samples
     scores = evaluation(params, 0)
-    assert set(scores) == {"heldout_accuracy", "heldout_pass@1"}
-    assert scores["heldout_pass@1"] == evaluation.pass_at_1(params)
+    assert set(scores) == {"heldout_accuracy", "heldout_pass_at_1"}
+    assert scores["heldout_pass_at_1"] == evaluation.pass_at_1(params)
     off = Evaluation(spec, RunConfig.from_config(micro(**{"eval.heldout_samples": 0})), Placement(), None)
     assert set(off(params, 0)) == {"heldout_accuracy"}
 
@@ -138,7 +138,7 @@ def rows(workdir):
 
 
 def test_the_extra_evaluation_leaves_the_training_unchanged(tmp_path):
-    """A micro run with heldout_pass@1 at every evaluation and the warm-up's sampled check (the main
+    """A micro run with heldout_pass_at_1 at every evaluation and the warm-up's sampled check (the main
     job's defaults; the micro preset turns both off) and the same run with both off train identically:
     every training metric and the final params."""
     kw = {"iterations": 2, "eval.every": 1, "log.every": 1}
@@ -148,16 +148,17 @@ def test_the_extra_evaluation_leaves_the_training_unchanged(tmp_path):
     timing = ("time", "tokens_per_s")
     assert len(a) == len(b) == 3
     for ra, rb in zip(a, b):
-        extra = {k for k in ra if "pass@1" in k or "mixed" in k and k.startswith("warmup")}
-        assert extra == ({"heldout_pass@1", "warmup_pass@1", "warmup_mixed_groups"} if ra["step"] == 0
-                         else {"heldout_pass@1"})
+        extra = {k for k in ra if "pass_at_1" in k or "mixed" in k and k.startswith("warmup")}
+        assert extra == ({"heldout_pass_at_1", "warmup_pass_at_1", "warmup_mixed_groups"} if ra["step"] == 0
+                         else {"heldout_pass_at_1"})
         assert {k: v for k, v in ra.items() if k not in extra and not any(t in k for t in timing)} == \
                {k: v for k, v in rb.items() if not any(t in k for t in timing)}
     assert "reward_mean" in a[1] and "heldout_accuracy" in a[2]
     jax.tree.map(np.testing.assert_array_equal, on["state"].params, off["state"].params)
     summary = json.loads((tmp_path / "on" / "summary.json").read_text())
-    assert summary["initial_pass@1"] == a[0]["heldout_pass@1"] and summary["final_pass@1"] == a[-1]["heldout_pass@1"]
+    assert summary["initial_pass_at_1"] == a[0]["heldout_pass_at_1"]
+    assert summary["final_pass_at_1"] == a[-1]["heldout_pass_at_1"]
     assert summary["warmup"] == {"steps": 2, "greedy_accuracy_on_its_check_set": a[0]["warmup_accuracy"],
-                                 "pass@1_on_its_check_set": a[0]["warmup_pass@1"],
+                                 "pass_at_1_on_its_check_set": a[0]["warmup_pass_at_1"],
                                  "mixed_groups_on_its_check_set": a[0]["warmup_mixed_groups"]}
-    assert "final_pass@1" not in json.loads((tmp_path / "off" / "summary.json").read_text())
+    assert "final_pass_at_1" not in json.loads((tmp_path / "off" / "summary.json").read_text())

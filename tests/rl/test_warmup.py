@@ -174,13 +174,13 @@ def test_pass_and_mixed_by_hand():
 @pytest.mark.parametrize("targets", [dict(target_pass_rate=0.1), dict(target_pass_rate=0.1, target_mixed_groups=0.3)])
 def test_stops_at_the_first_check_where_the_sampled_targets_hold(targets):
     params, m = warmup.warmup(MODEL, TASK, settings(steps=400, **CHECK, **targets), seed=0)
-    pass1, mixed = m["heldout_pass@1"], m["mixed_groups"]
+    pass1, mixed = m["heldout_pass_at_1"], m["mixed_groups"]
     print(f"steps {m['eval_steps']}: greedy {m['heldout_accuracy']}, pass@1 {pass1}, mixed {mixed}")
     holds = [p >= targets["target_pass_rate"] and mx >= targets.get("target_mixed_groups", 0.0)
              for p, mx in zip(pass1, mixed)]
     assert holds[-1] and not any(holds[:-1])
     assert m["stopped_early"] and m["steps_run"] == m["eval_steps"][-1] < 400
-    assert m["final_pass@1"] == pass1[-1] and m["final_mixed_groups"] == mixed[-1]
+    assert m["final_pass_at_1"] == pass1[-1] and m["final_mixed_groups"] == mixed[-1]
     assert len(pass1) == len(mixed) == len(m["heldout_accuracy"]) == len(m["eval_steps"])
     # the figures at the stop are those of a direct computation on the same params and keys
     assert direct_pass_and_mixed(params) == pytest.approx((pass1[-1], mixed[-1]), abs=1e-6)
@@ -188,14 +188,14 @@ def test_stops_at_the_first_check_where_the_sampled_targets_hold(targets):
     plain, pm = warmup.warmup(MODEL, TASK, settings(steps=m["steps_run"]), seed=0)
     assert tree_equal(params, plain)
     np.testing.assert_array_equal(m["loss"], pm["loss"])
-    assert pm["heldout_accuracy"] == m["heldout_accuracy"] and all(math.isnan(p) for p in pm["heldout_pass@1"])
+    assert pm["heldout_accuracy"] == m["heldout_accuracy"] and all(math.isnan(p) for p in pm["heldout_pass_at_1"])
 
 
 def test_greedy_and_sampled_targets_must_all_hold():
     targets = dict(target_accuracy=0.05, target_pass_rate=0.1)
     _, m = warmup.warmup(MODEL, TASK, settings(steps=400, **CHECK, **targets), seed=0)
-    holds = [a >= 0.05 and p >= 0.1 for a, p in zip(m["heldout_accuracy"], m["heldout_pass@1"])]
-    print(f"steps {m['eval_steps']}: greedy {m['heldout_accuracy']}, pass@1 {m['heldout_pass@1']}")
+    holds = [a >= 0.05 and p >= 0.1 for a, p in zip(m["heldout_accuracy"], m["heldout_pass_at_1"])]
+    print(f"steps {m['eval_steps']}: greedy {m['heldout_accuracy']}, pass@1 {m['heldout_pass_at_1']}")
     assert holds[-1] and not any(holds[:-1]) and m["stopped_early"]
 
 
@@ -216,12 +216,12 @@ def test_resume_with_the_sampled_targets_equals_the_uninterrupted_run():
         warmup.warmup(MODEL, TASK, run, seed=0, after_chunk=stop_after_first)
     progress = saved[0]
     assert int(progress.done) == 20 and progress.evals_6e.shape == (6, warmup.max_evals(60, 20))
-    np.testing.assert_array_equal(progress.evals_6e[4:, :2], [full["heldout_pass@1"][:2], full["mixed_groups"][:2]])
+    np.testing.assert_array_equal(progress.evals_6e[4:, :2], [full["heldout_pass_at_1"][:2], full["mixed_groups"][:2]])
     template = warmup.abstract_progress(MODEL, run)
     assert jax.tree.structure(template) == jax.tree.structure(progress)
     params, resumed = warmup.warmup(MODEL, TASK, run, seed=0, resume=progress)
     assert tree_equal(full_params, params)
-    for key in ("loss", "eval_steps", "heldout_accuracy", "heldout_pass@1", "mixed_groups", "steps_run",
+    for key in ("loss", "eval_steps", "heldout_accuracy", "heldout_pass_at_1", "mixed_groups", "steps_run",
                 "stopped_early"):
         np.testing.assert_array_equal(full[key], resumed[key])
 
@@ -232,8 +232,8 @@ def test_resume_with_the_sampled_targets_equals_the_uninterrupted_run():
     plain_params, plain_full = warmup.warmup(MODEL, TASK, plain, seed=0)
     params, resumed = warmup.warmup(MODEL, TASK, plain, seed=0, resume=legacy)
     assert tree_equal(plain_params, params)
-    assert all(math.isnan(p) for p in resumed["heldout_pass@1"][:2])
-    assert resumed["heldout_pass@1"][2:] == plain_full["heldout_pass@1"][2:]
+    assert all(math.isnan(p) for p in resumed["heldout_pass_at_1"][:2])
+    assert resumed["heldout_pass_at_1"][2:] == plain_full["heldout_pass_at_1"][2:]
     assert resumed["heldout_accuracy"] == plain_full["heldout_accuracy"]
 
 

@@ -84,10 +84,13 @@ def test_summarize_table_and_json(tmp_path):
     assert (avg.num_problems, avg.samples_per_problem) == (3, 4)
     assert m.mean_reward == pytest.approx(0.25)
 
-    table = passk.format_table(rows)
+    table = passk.format_table(rows)  # fractions, as the trainer logs them
     assert table.splitlines()[0] == "| benchmark | problems | n | pass@1 | pass@2 | mean reward |"
-    assert table.splitlines()[2] == "| MATH500 | 2 | 4 | 25.0 | 41.7 | 0.2500 |"
-    assert table.splitlines()[4] == "| average | 3 | 4 | 25.0 | 45.8 | 0.2500 |"
+    assert table.splitlines()[2] == "| MATH500 | 2 | 4 | 0.250 | 0.417 | 0.250 |"
+    assert table.splitlines()[4] == "| average | 3 | 4 | 0.250 | 0.458 | 0.250 |"
+    table = passk.format_table(rows, greedy={"AIME25": 0.5})
+    assert table.splitlines()[0].endswith("| mean reward | greedy acc |")
+    assert table.splitlines()[2].endswith("| 0.250 | - |") and table.splitlines()[3].endswith("| 0.250 | 0.500 |")
 
     path = tmp_path / "out" / "eval.json"
     path.parent.mkdir()
