@@ -113,13 +113,13 @@ def blended_advantages(adv_br, global_adv_b, weight_b, mask_br):
 
 @jit_clip()
 def copo_loss(logp_br, logp_old_br, adv_br, global_adv_b, weight_b, mask_br, *, agg: Aggregation,
-              eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio_c: float = 3.0):
+              ratio_low: float = 1 - 0.2, ratio_high: float = 1 + 0.2, clip_ratio_c: float = 3.0):
     """(loss, metrics): w L_clip(A^l) + (1 - w) L_clip(A^g) per token (`adv_br` [B, R] the local advantage,
     `global_adv_b`, `weight_b` [B]), aggregated with `agg`. Metrics as `losses/policy.py`'s (token means over
     `agg.num_tokens`, the clip fractions the local loss's), plus "copo_global_clipfrac" and "copo_local_weight"."""
     m = as_mask(mask_br)
     log_ratio = token_log_ratio(logp_br, logp_old_br)
-    clip = dict(eps_low=eps_low, eps_high=eps_high, clip_ratio_c=clip_ratio_c)
+    clip = dict(ratio_low=ratio_low, ratio_high=ratio_high, clip_ratio_c=clip_ratio_c)
     local_br, clipped_br, dual_br = clipped_surrogate(log_ratio, adv_br, **clip)
     global_br = jnp.broadcast_to(global_adv_b[:, None], adv_br.shape)
     glob_br, glob_clipped_br, _ = clipped_surrogate(log_ratio, global_br, **clip)

@@ -92,14 +92,14 @@ def kl_cov_loss(logp_br, logp_old_br, adv_br, mask_br, *, agg: Aggregation = Agg
 
 @jit_clip(static_argnames=("ratio", "cov_low", "cov_high"))
 def clip_cov_loss(logp_br, logp_old_br, adv_br, mask_br, *, key, agg: Aggregation = Aggregation("token-mean"),
-                  eps_low: float = 0.2, eps_high: float = 0.2, ratio: float = 2e-4, cov_low: float = 1.0,
+                  ratio_low: float = 1 - 0.2, ratio_high: float = 1 + 0.2, ratio: float = 2e-4, cov_low: float = 1.0,
                   cov_high: float = 5.0):
     """Clip-Cov: the token clip (no dual clip) with max(floor(ratio N), 1) unclipped tokens of
     covariance in [cov_low, cov_high], drawn uniformly with `key`, left out. (loss, metrics)."""
-    check_clip_config(eps_low, eps_high, 0.0)
+    check_clip_config(ratio_low, ratio_high, 0.0)
     check_cov_config(ratio, cov_low, cov_high)
-    loss_br, clipped_br, _ = clipped_surrogate(token_log_ratio(logp_br, logp_old_br), adv_br, eps_low=eps_low,
-                                               eps_high=eps_high, clip_ratio_c=0.0)
+    loss_br, clipped_br, _ = clipped_surrogate(token_log_ratio(logp_br, logp_old_br), adv_br, ratio_low=ratio_low,
+                                               ratio_high=ratio_high, clip_ratio_c=0.0)
     valid = as_mask(mask_br) > 0
     cov = token_covariance(logp_br, adv_br, mask_br)
     candidates = valid & ~clipped_br & (cov >= cov_low) & (cov <= cov_high)

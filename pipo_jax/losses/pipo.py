@@ -95,7 +95,7 @@ def signal_rows(attr_br, mask_br):
     return jnp.any((as_mask(mask_br) > 0) & (attr_br != 0), axis=-1).astype(jnp.float32)
 
 
-@jit_clip(static_argnames=("ratio", "no_lower_clip", "symmetric_clip"))
+@jit_clip(static_argnames=("ratio", "no_lower_clip"))
 def pi_surrogate_loss(
     logp_br,
     logp_old_br,
@@ -103,11 +103,10 @@ def pi_surrogate_loss(
     mask_br,
     *,
     ratio: str = "token",
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
+    ratio_low: float = 1 - 0.2,
+    ratio_high: float = 1 + 0.2,
     clip_ratio_c: float = 0.0,
     no_lower_clip: bool = False,
-    symmetric_clip: bool = False,
     agg: Aggregation,
 ):
     """PI surrogate (paper Eq. 11) on B_{t-1}: -min(nu rhat, clip(nu) rhat), aggregated. (loss, metrics).
@@ -115,14 +114,15 @@ def pi_surrogate_loss(
     `ratio="token"`: nu = exp(logp - logp_old) per token (PPO/GRPO/DAPO/SDPO);
     `ratio="sequence"`: GSPO's sequence ratio in token form. `logp_old_br` are the stored
     behaviour log-probs of B_{t-1}. Eq. 11 has no dual clip (`clip_ratio_c=0`); pass the base
-    value to mirror a dual-clipped base loss. Authors' code, token ratio only (their GSPO PI loss
-    keeps both clips): `no_lower_clip` gives -min(nu, clip(nu)) * rhat, `symmetric_clip` clips
-    nu to [1 - eps_low, 1 + eps_low].
+    value to mirror a dual-clipped base loss. `ratio_low`, `ratio_high`: the clip's bounds
+    1 - eps_low, 1 + eps_high (the authors' symmetric clip is `ratio_high` 1 + eps_low,
+    `rl/hyper.py:pi_ratio_bounds`). Authors' code, token ratio only (their GSPO PI loss keeps both
+    clips): `no_lower_clip` gives -min(nu, clip(nu)) * rhat.
     """
     token = ratio == "token"
     common = {
-        "eps_low": eps_low,
-        "eps_high": eps_low if symmetric_clip and token else eps_high,
+        "ratio_low": ratio_low,
+        "ratio_high": ratio_high,
         "lower_clip_negative_adv": not (no_lower_clip and token),
         "agg": agg,
     }

@@ -3,6 +3,11 @@
 Inputs: `logp_br`, `logp_old_br` [B, R] log-probs of the sampled tokens under the current and
 the behaviour policy, `adv_br` [B, R] advantages (or PI rewards), `mask_br` [B, R].
 
+The clipped losses take the clip's bounds, not eps: `ratio_low` = 1 - eps_low and `ratio_high` =
+1 + eps_high (`ratio_bounds`: folded in float64 on the host, then rounded once to float32 where they are
+data, `rl/hyper.py`), so a bound is the float32 nearest to 1 - eps_low / 1 + eps_high whether it is a
+Python constant of the program or a traced float32 value.
+
 Token clip (PPO/GRPO/DAPO), with r = exp(clip(logp - logp_old, -20, 20)):
     L = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)); for A < 0 and clip_ratio_c > 0 (dual
     clip) L = min(L, -A c). clip_ratio_c = 0 disables dual clip.
@@ -39,12 +44,18 @@ from pipo_jax.losses.aggregation import Aggregation, aggregate, token_mean
 from pipo_jax.losses.masking import as_mask
 
 
-def check_clip_config(eps_low, eps_high, clip_ratio_c) -> None:
+def ratio_bounds(eps_low: float, eps_high: float) -> tuple[float, float]:
+    """The ratio clip's bounds (1 - eps_low, 1 + eps_high) as Python floats (float64: each rounded once
+    where it becomes float32)."""
+    return 1.0 - float(eps_low), 1.0 + float(eps_high)
+
+
+def check_clip_config(ratio_low, ratio_high, clip_ratio_c) -> None:
     """Raise a ValueError naming the field when a clip setting is out of range (Python numbers only)."""
-    if isinstance(eps_low, numbers.Real) and not 0.0 <= eps_low < 1.0:
-        raise ValueError(f"clip eps_low={eps_low} must be in [0, 1)")
-    if isinstance(eps_high, numbers.Real) and eps_high < 0.0:
-        raise ValueError(f"clip eps_high={eps_high} must be >= 0")
+    if isinstance(ratio_low, numbers.Real) and not 0.0 < ratio_low <= 1.0:
+        raise ValueError(f"clip ratio_low={ratio_low} (1 - eps_low) must be in (0, 1]")
+    if isinstance(ratio_high, numbers.Real) and ratio_high < 1.0:
+        raise ValueError(f"clip ratio_high={ratio_high} (1 + eps_high) must be >= 1")
     if isinstance(clip_ratio_c, numbers.Real) and clip_ratio_c != 0.0 and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c={clip_ratio_c} must be 0 (dual clip off) or > 1")
 
@@ -58,20 +69,20 @@ def dual_clip(clip_ratio_c):
 
 
 def jit_clip(static_argnames: tuple[str, ...] = ()):
-    """`jax.jit` of a clipped loss whose clip settings (`eps_low`, `eps_high`, `clip_ratio_c` where it has one)
+    """`jax.jit` of a clipped loss whose clip settings (`ratio_low`, `ratio_high`, `clip_ratio_c` where it has one)
     are traced: Python numbers or float32 arrays (hyperparameters as data, `rl/hyper.py`). Python numbers are
     checked first (`check_clip_config`: a ValueError naming the field); a Python 0 `clip_ratio_c` becomes None
     before the jit (`dual_clip`), so a dual clip that is off stays structure."""
 
     def wrap(fn):
         params = inspect.signature(fn).parameters
-        default = {name: params[name].default for name in ("eps_low", "eps_high", "clip_ratio_c") if name in params}
+        default = {name: params[name].default for name in ("ratio_low", "ratio_high", "clip_ratio_c") if name in params}
         jitted = jax.jit(fn, static_argnames=static_argnames)
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
             clip = {name: kwargs.get(name, value) for name, value in default.items()}
-            check_clip_config(clip.get("eps_low"), clip.get("eps_high"), clip.get("clip_ratio_c", 0.0))
+            check_clip_config(clip.get("ratio_low"), clip.get("ratio_high"), clip.get("clip_ratio_c", 0.0))
             if "clip_ratio_c" in clip:
                 kwargs["clip_ratio_c"] = dual_clip(clip["clip_ratio_c"])
             return jitted(*args, **kwargs)
@@ -104,18 +115,19 @@ def clipped_surrogate(
     log_ratio_br,
     adv_br,
     *,
-    eps_low: float,
-    eps_high: float,
+    ratio_low: float,
+    ratio_high: float,
     clip_ratio_c: float = 0.0,
     lower_clip_negative_adv: bool = True,
 ):
     """Per-token clipped surrogate from a log ratio. Returns (loss_br, clipped_br, dual_clipped_br).
 
-    `eps_low`, `eps_high`, `clip_ratio_c`: Python numbers (constants of the program) or float32 arrays
-    (hyperparameters as data, `rl/hyper.py`); `clip_ratio_c` 0 or None: no dual clip (`dual_clip`)."""
-    check_clip_config(eps_low, eps_high, clip_ratio_c)
+    `ratio_low`, `ratio_high` (the bounds 1 - eps_low, 1 + eps_high), `clip_ratio_c`: Python numbers
+    (constants of the program) or float32 arrays (hyperparameters as data, `rl/hyper.py`); `clip_ratio_c`
+    0 or None: no dual clip (`dual_clip`)."""
+    check_clip_config(ratio_low, ratio_high, clip_ratio_c)
     ratio_br = jnp.exp(log_ratio_br)
-    clipped_ratio_br = jnp.clip(ratio_br, 1.0 - eps_low, 1.0 + eps_high)
+    clipped_ratio_br = jnp.clip(ratio_br, ratio_low, ratio_high)
     unclipped_loss_br = -adv_br * ratio_br
     clipped_loss_br = -adv_br * clipped_ratio_br
     loss_br = jnp.maximum(unclipped_loss_br, clipped_loss_br)
@@ -154,8 +166,8 @@ def token_clip_loss(
     mask_br,
     *,
     agg: Aggregation,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
+    ratio_low: float = 1 - 0.2,
+    ratio_high: float = 1 + 0.2,
     clip_ratio_c: float = 3.0,
     lower_clip_negative_adv: bool = True,
 ):
@@ -163,8 +175,8 @@ def token_clip_loss(
     loss_br, clipped_br, dual_br = clipped_surrogate(
         token_log_ratio(logp_br, logp_old_br),
         adv_br,
-        eps_low=eps_low,
-        eps_high=eps_high,
+        ratio_low=ratio_low,
+        ratio_high=ratio_high,
         clip_ratio_c=clip_ratio_c,
         lower_clip_negative_adv=lower_clip_negative_adv,
     )
@@ -179,16 +191,16 @@ def gspo_loss(
     mask_br,
     *,
     agg: Aggregation = Aggregation("seq-mean-token-mean"),
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
+    ratio_low: float = 1 - 3e-4,
+    ratio_high: float = 1 + 4e-4,
     lower_clip_negative_adv: bool = True,
 ):
     """GSPO sequence-ratio clipped loss in the stop-gradient token form, no dual clip. (loss, metrics)."""
     loss_br, clipped_br, dual_br = clipped_surrogate(
         gspo_token_log_ratio(logp_br, logp_old_br, mask_br),
         adv_br,
-        eps_low=eps_low,
-        eps_high=eps_high,
+        ratio_low=ratio_low,
+        ratio_high=ratio_high,
         clip_ratio_c=0.0,
         lower_clip_negative_adv=lower_clip_negative_adv,
     )
@@ -203,13 +215,13 @@ def cispo_loss(
     mask_br,
     *,
     agg: Aggregation = Aggregation("token-mean"),
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
+    ratio_low: float = 1 - 0.2,
+    ratio_high: float = 1 + 0.28,
 ):
-    """CISPO: -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp per token, aggregated. (loss, metrics)."""
-    check_clip_config(eps_low, eps_high, 0.0)
+    """CISPO: -sg(clip(r, ratio_low, ratio_high)) A logp per token, aggregated. (loss, metrics)."""
+    check_clip_config(ratio_low, ratio_high, 0.0)
     ratio_br = jnp.exp(token_log_ratio(logp_br, logp_old_br))
-    weight_br = jax.lax.stop_gradient(jnp.clip(ratio_br, 1.0 - eps_low, 1.0 + eps_high))
+    weight_br = jax.lax.stop_gradient(jnp.clip(ratio_br, ratio_low, ratio_high))
     loss_br = -weight_br * adv_br * logp_br
-    clipped_br = (ratio_br < 1.0 - eps_low) | (ratio_br > 1.0 + eps_high)
+    clipped_br = (ratio_br < ratio_low) | (ratio_br > ratio_high)
     return finish_clipped(loss_br, clipped_br, jnp.zeros_like(clipped_br), logp_br, logp_old_br, mask_br, agg)

@@ -222,7 +222,7 @@ def joint_hybrid_loss(logp_br, logp_old_br, adv_br, mask_br, *, weight: float, d
                       logp_teacher_br=None, student_distill_logp_brn=None, teacher_distill_logp_brn=None,
                       alpha: float = 0.5, is_clip: float | None = 2.0, sd_mask_b=None,
                       agg: Aggregation = Aggregation("seq-mean-token-mean"), distill_agg_mode: str = "token-mean",
-                      eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio_c: float = 3.0):
+                      ratio_low: float = 1 - 0.2, ratio_high: float = 1 + 0.2, clip_ratio_c: float = 3.0):
     """Joint-loss hybrid: L = L_clip(A_GRPO) + w * L_SDPO. (loss, metrics).
 
     L_clip is the token clip loss aggregated by `agg`; L_SDPO is SDPO's
@@ -232,8 +232,8 @@ def joint_hybrid_loss(logp_br, logp_old_br, adv_br, mask_br, *, weight: float, d
     Both terms use `agg`'s global counts. Metrics: both terms' metrics plus "joint_loss".
     """
     _check_choice(distill_form, "distill_form", DISTILL_FORMS)
-    pg, pg_metrics = token_clip_loss(logp_br, logp_old_br, adv_br, mask_br, agg=agg, eps_low=eps_low,
-                                     eps_high=eps_high, clip_ratio_c=clip_ratio_c)
+    pg, pg_metrics = token_clip_loss(logp_br, logp_old_br, adv_br, mask_br, agg=agg, ratio_low=ratio_low,
+                                     ratio_high=ratio_high, clip_ratio_c=clip_ratio_c)
     common = {"is_clip": is_clip, "sd_mask_b": sd_mask_b, "agg": agg.replace(mode=distill_agg_mode)}
     if distill_form == "token":
         if logp_teacher_br is None:

@@ -23,7 +23,7 @@ capabilities (a critic, a teacher), never on a name. The pure loss math lives in
 `spec` is an `rl/spec.py:TrainSpec` (not imported: the spec imports this table).
 `counts` are a mini-batch's global counts (`steps.response_counts`), so micro-batching
 never changes a loss. `hyper` is the state's `rl/hyper.py:Hyperparameters`: a loss reads its clip
-range and dual clip's c there (data), never from the spec.
+bounds (1 - eps_low, 1 + eps_high) and dual clip's c there (data), never from the spec.
 """
 
 from __future__ import annotations
@@ -384,8 +384,8 @@ def estimate(spec, x: AdvantageInputs, state: Any = None):
 def _clip_loss(loss, spec, hyper, params, mb: TrainBatch, counts: dict, **kw):
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
-    value, metrics = loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=hyper.clip_low,
-                          eps_high=hyper.clip_high, **kw, agg=aggregation(spec, counts))
+    value, metrics = loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio_low=hyper.ratio_low,
+                          ratio_high=hyper.ratio_high, **kw, agg=aggregation(spec, counts))
     return value, metrics, logp, ent
 
 
@@ -441,7 +441,7 @@ def _clip_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyp
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     loss, metrics = cov.clip_cov_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, key=counts["rng"],
-                                      eps_low=hyper.clip_low, eps_high=hyper.clip_high,
+                                      ratio_low=hyper.ratio_low, ratio_high=hyper.ratio_high,
                                       ratio=spec.loss.clip_cov_ratio, cov_low=spec.loss.clip_cov_low,
                                       cov_high=spec.loss.clip_cov_high, agg=aggregation(spec, counts))
     return loss, metrics, logp, ent
@@ -514,8 +514,8 @@ def _copo_loss(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hy
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     loss, metrics = copo.copo_loss(logp, mb.logp_old_br, mb.adv_br, mb.global_adv_b, mb.local_weight_b, mb.mask_br,
-                                   agg=aggregation(spec, counts), eps_low=hyper.clip_low,
-                                   eps_high=hyper.clip_high, clip_ratio_c=base_clip_ratio_c(spec, hyper))
+                                   agg=aggregation(spec, counts), ratio_low=hyper.ratio_low,
+                                   ratio_high=hyper.ratio_high, clip_ratio_c=base_clip_ratio_c(spec, hyper))
     return loss, metrics, logp, ent
 
 
@@ -565,8 +565,8 @@ def _vpd_joint(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hy
     logp_t = teacher_logprobs(spec, teacher_params, mb.teacher_tokens_bq, mb.teacher_mask_bq)
     loss, metrics = vpd_loss.joint_hybrid_loss(
         logp, mb.logp_old_br, mb.adv_br, mb.mask_br, weight=spec.vpd.hybrid_weight, logp_teacher_br=logp_t,
-        sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip, eps_low=hyper.clip_low, eps_high=hyper.clip_high,
-        clip_ratio_c=dual_clip_c(spec, hyper), agg=aggregation(spec, counts))
+        sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip, ratio_low=hyper.ratio_low,
+        ratio_high=hyper.ratio_high, clip_ratio_c=dual_clip_c(spec, hyper), agg=aggregation(spec, counts))
     return loss, metrics, logp, ent
 
 

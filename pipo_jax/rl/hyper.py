@@ -10,6 +10,11 @@ What of a key is structure stays static: whether the dual clip, the KL term and 
 (`loss.clip_ratio_c`, `loss.kl_coef`, `loss.entropy_coef` nonzero) is part of the spec's equality, their
 value is data. `rollout.temperature` stays static: the sampler's `SamplingParams` and the fused log-prob
 kernel's `KernelConfig` take it as a jit-static setting.
+
+The clip's eps are carried as the bounds the losses take, 1 - eps_low and 1 + eps_high, computed here on
+the host in float64 and rounded once to float32 (`losses/policy.py:ratio_bounds`): each is the float32
+nearest to the exact bound, the constant the same config gave when the bounds were folded from Python
+floats into the program (float32 arithmetic on a float32 eps is one ulp off for some values, e.g. 0.18).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from pipo_jax.losses.policy import ratio_bounds
 
 # The dotted config keys whose values are data (`Hyperparameters`), the spec's equality leaving them out.
 HYPER_KEYS = ("train.lr", "critic.lr", "pipo.lr", "vpd.lr", "pipo.lam", "loss.clip_low", "loss.clip_high",
@@ -37,26 +44,37 @@ class Hyperparameters:
     pi_lr: jax.Array  # pipo.lr: alpha_PI, the PI step's learning rate
     vpd_lr: jax.Array  # vpd.lr: VPD's teacher's learning rate in its E-step (0 without VPD)
     lam: jax.Array  # pipo.lam: the PI step's scale when the improvement signal is negative
-    clip_low: jax.Array  # loss.clip_low: eps_low of the ratio clip
-    clip_high: jax.Array  # loss.clip_high: eps_high
-    pi_clip_low: jax.Array  # pipo.pi_clip_low, unset: loss.clip_low (the PI step's eps_low)
-    pi_clip_high: jax.Array  # pipo.pi_clip_high, unset: loss.clip_high
+    ratio_low: jax.Array  # 1 - loss.clip_low: the ratio clip's lower bound
+    ratio_high: jax.Array  # 1 + loss.clip_high: its upper bound
+    pi_ratio_low: jax.Array  # the PI step's lower bound (`pi_ratio_bounds`)
+    pi_ratio_high: jax.Array  # the PI step's upper bound
     clip_ratio_c: jax.Array  # loss.clip_ratio_c: the dual clip's c (read only where it is on)
     kl_coef: jax.Array  # loss.kl_coef: the reference KL term's weight (or the KL-in-reward beta)
     entropy_coef: jax.Array  # loss.entropy_coef: the entropy bonus's weight
 
 
+def pi_ratio_bounds(spec: Any) -> tuple[float, float]:
+    """The PI step's clip bounds (1 - eps_low, 1 + eps_high) as Python floats: its eps `pipo.pi_clip_low` /
+    `pi_clip_high`, unset the base loss's; the authors' symmetric clip (`pipo.authors.pi_symmetric_clip`, on
+    a token ratio of an algorithm with `authors_pi_token_loss`) has 1 + eps_low as its upper bound."""
+    loss, pipo = spec.loss, spec.pipo
+    eps_low = loss.clip_low if pipo.pi_clip_low is None else pipo.pi_clip_low
+    eps_high = loss.clip_high if pipo.pi_clip_high is None else pipo.pi_clip_high
+    if pipo.options.pi_symmetric_clip and spec.algorithm.authors_pi_token_loss and spec.pi_ratio == "token":
+        eps_high = eps_low
+    return ratio_bounds(eps_low, eps_high)
+
+
 def hyperparameters_of(spec: Any) -> Hyperparameters:
     """The `Hyperparameters` of a `TrainSpec` (its `train`, `critic`, `loss`, `pipo` and `vpd` sections;
-    `vpd` None without VPD), each value float32."""
+    `vpd` None without VPD), each value float32, the clip bounds computed in float64 and rounded once."""
     loss, pipo = spec.loss, spec.pipo
     f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
+    (ratio_low, ratio_high), (pi_low, pi_high) = ratio_bounds(loss.clip_low, loss.clip_high), pi_ratio_bounds(spec)
     return Hyperparameters(
         lr=f32(spec.train.lr), critic_lr=f32(spec.critic.lr), pi_lr=f32(pipo.lr),
         vpd_lr=f32(0.0 if spec.vpd is None else spec.vpd.lr), lam=f32(pipo.lam),
-        clip_low=f32(loss.clip_low), clip_high=f32(loss.clip_high),
-        pi_clip_low=f32(loss.clip_low if pipo.pi_clip_low is None else pipo.pi_clip_low),
-        pi_clip_high=f32(loss.clip_high if pipo.pi_clip_high is None else pipo.pi_clip_high),
+        ratio_low=f32(ratio_low), ratio_high=f32(ratio_high), pi_ratio_low=f32(pi_low), pi_ratio_high=f32(pi_high),
         clip_ratio_c=f32(loss.clip_ratio_c), kl_coef=f32(loss.kl_coef), entropy_coef=f32(loss.entropy_coef))
 
 

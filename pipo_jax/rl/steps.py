@@ -222,16 +222,16 @@ def pi_loss_fn(spec: TrainSpec, *, hyper: Hyperparameters) -> LossFn:
 
     The ratio is the base loss's (`spec.pi_ratio`: GSPO's sequence ratio, else per token;
     `pipo.pi_ratio=token` per token), the clip the base loss's unless `pipo.pi_clip_low` /
-    `pi_clip_high` are set (`hyper.pi_clip_low` / `pi_clip_high` hold the resolved values). The
+    `pi_clip_high` are set (`hyper.pi_ratio_low` / `pi_ratio_high` hold the resolved bounds). The
     surrogate averages over all tokens of B_{t-1} (paper Eq. 11), with
     `pipo.sdpo_pi_denominator=signal_tokens` over the tokens of rows with a signal.
-    The authors' token-ratio PI loss (`pi_no_lower_clip`, `pi_symmetric_clip`) is their
-    `grpo_layback`; algorithms declaring `authors_pi_token_loss=False` (PPO, whose PI
-    step is their `ppo_layback`, the ordinary clip) keep the plain clip.
+    The authors' token-ratio PI loss (`pi_no_lower_clip`, and `pi_symmetric_clip`: the upper bound
+    1 + eps_low, resolved in `hyper.pi_ratio_bounds`) is their `grpo_layback`; algorithms declaring
+    `authors_pi_token_loss=False` (PPO, whose PI step is their `ppo_layback`, the ordinary clip) keep
+    the plain clip.
     """
     options = spec.pipo.options
     authors_token_loss = spec.algorithm.authors_pi_token_loss
-    eps_low, eps_high = hyper.pi_clip_low, hyper.pi_clip_high
     signal_tokens = spec.pipo.sdpo_pi_denominator == "signal_tokens"
 
     def loss_fn(params, mb: TrainBatch, counts: dict):
@@ -241,9 +241,9 @@ def pi_loss_fn(spec: TrainSpec, *, hyper: Hyperparameters) -> LossFn:
         # marks them in sd_mask_b); the KL term below stays over every token
         surrogate_counts = counts["sd"] if signal_tokens else counts
         loss, metrics = pipo.pi_surrogate_loss(
-            logp, mb.logp_old_br, mb.rhat_br, mb.mask_br, ratio=spec.pi_ratio, eps_low=eps_low,
-            eps_high=eps_high, no_lower_clip=options.pi_no_lower_clip and authors_token_loss,
-            symmetric_clip=options.pi_symmetric_clip and authors_token_loss,
+            logp, mb.logp_old_br, mb.rhat_br, mb.mask_br, ratio=spec.pi_ratio,
+            ratio_low=hyper.pi_ratio_low, ratio_high=hyper.pi_ratio_high,
+            no_lower_clip=options.pi_no_lower_clip and authors_token_loss,
             agg=algorithms.aggregation(spec, surrogate_counts))
         reg, reg_metrics = _regularisers(spec, hyper, logp, ent, mb, counts)
         loss = loss + reg

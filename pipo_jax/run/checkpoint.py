@@ -13,7 +13,7 @@ that reads is used, each skipped one is named in one log line and left on disk (
 (`LEGACY_NAMES`) is read by its stored names and laid out like the template; one written before a
 field of `ADDED_FIELDS` existed restores with that field fresh (zeros, its initial value), said in
 one log line (nothing said for `SET_FROM_CONFIG`: `TrainState.hyper` is set from the run's config on
-every restore).
+every restore, so one saved with other hyperparameter fields restores too).
 
 A save the disk refuses (full, read-only, quota) leaves no partial step behind: its
 `<step>.orbax-checkpoint-tmp` directory is removed (and any such leftover of a killed run is
@@ -352,27 +352,32 @@ class Checkpointer:
 
     def _restore_legacy(self, step: int, abstract):
         """(state, renamed, added fields) of a checkpoint that stored some fields under their
-        `LEGACY_NAMES` or lacks some `ADDED_FIELDS` of `abstract`, laid out like `abstract` (each
-        leaf by its path, renamed where the new path is absent; a missing added field's leaves zeros);
-        None when it has neither or another leaf of `abstract` is missing or of another shape / dtype."""
+        `LEGACY_NAMES`, lacks some `ADDED_FIELDS` of `abstract` or holds a `SET_FROM_CONFIG` field with
+        other leaves (older code's `TrainState.hyper`), laid out like `abstract` (each leaf by its path,
+        renamed where the new path is absent; a missing added field's leaves, and the leaves of a
+        `SET_FROM_CONFIG` field that the checkpoint lacks, zeros); None when it has none of these or
+        another leaf of `abstract` is missing or of another shape / dtype."""
         raw = self._manager.restore(step, args=ocp.args.StandardRestore())
         stored = _flat_by_path(raw)
         added = tuple(f for f in ADDED_FIELDS if hasattr(abstract, f) and isinstance(raw, dict) and f not in raw)
         paths, treedef = jax.tree_util.tree_flatten_with_path(abstract)
-        leaves, renamed = [], False
+        leaves, renamed, replaced = [], False, False
         for path, want in paths:
             key = tuple(_key_name(k) for k in path)
             sharding = getattr(want, "sharding", None)
-            if key[0] in added:
-                have = np.zeros(want.shape, want.dtype)
-            else:
+            have = None
+            if key[0] not in added:
                 if key not in stored and key[-1] in LEGACY_NAMES:
                     key, renamed = key[:-1] + (LEGACY_NAMES[key[-1]],), True
                 have = stored.get(key)
-                if have is None or have.shape != want.shape or have.dtype != want.dtype:
+            if have is None or have.shape != want.shape or have.dtype != want.dtype:
+                if key[0] not in added and key[0] not in SET_FROM_CONFIG:
                     return None
+                # an added field, or one the caller sets from the config (saved with other leaves): zeros
+                replaced = replaced or key[0] not in added
+                have = np.zeros(want.shape, want.dtype)
             leaves.append(jax.device_put(have, sharding) if sharding is not None else jax.numpy.asarray(have))
-        if not (renamed or added):
+        if not (renamed or added or replaced):
             return None
         return jax.tree_util.tree_unflatten(treedef, leaves), renamed, added
 

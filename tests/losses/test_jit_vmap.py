@@ -49,7 +49,7 @@ def state(rng):
     return s
 
 
-CLIP = {"eps_low": 0.2, "eps_high": 0.28, "clip_ratio_c": 3.0}
+CLIP = {"ratio_low": 1 - 0.2, "ratio_high": 1 + 0.28, "clip_ratio_c": 3.0}
 CASES = {
     # name: (function of arrays only, argument factory)
     "masking.as_mask": (masking.as_mask, lambda r: (mask(r) > 0,)),

@@ -201,7 +201,8 @@ def test_pi_surrogate_loss_is_eq11():
     chex.assert_trees_all_close(loss_c, jnp.float32((-0.48 - 0.2 + 0.15 + 0.33) / 4), rtol=1e-5)
     ref, _ = token_clip_loss(logp, logp_old, rhat, mask, clip_ratio_c=0.0, agg=Aggregation("token-mean"))
     chex.assert_trees_all_close(loss, ref)
-    seq, _ = pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, ratio="sequence", eps_low=3e-4, eps_high=4e-4,
+    seq, _ = pipo.pi_surrogate_loss(logp, logp_old, rhat, mask, ratio="sequence", ratio_low=1 - 3e-4,
+                                    ratio_high=1 + 4e-4,
                                     agg=Aggregation("seq-mean-token-mean"))
     chex.assert_trees_all_close(seq, gspo_loss(logp, logp_old, rhat, mask)[0])
     with pytest.raises(ValueError, match="ratio='seq'"):

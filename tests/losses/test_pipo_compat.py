@@ -114,21 +114,21 @@ def test_pi_clip_for_negative_rhat():
     grad = jax.grad(lambda lp: loss(lp, no_lower_clip=True))(LOGP)
     chex.assert_trees_all_close(grad, jnp.array([[0.15, 0.33, 0.0, 0.0]]) / 4, atol=1e-6)
     # GSPO's PI step (sequence ratio) keeps both clips in the authors' code
-    seq = dict(ratio="sequence", eps_low=3e-4, eps_high=4e-4)
+    seq = dict(ratio="sequence", ratio_low=1 - 3e-4, ratio_high=1 + 4e-4)
     chex.assert_trees_all_close(loss(LOGP, no_lower_clip=True, **seq), loss(LOGP, **seq))
 
 
 def test_dapo_pi_step_symmetric_clip():
+    """The authors' symmetric PI clip is the upper bound 1 + eps_low (`rl/hyper.py:pi_ratio_bounds`, tested in
+    tests/rl/test_hyper.py): with it the loss clips nu = 1.25 at 1.2, with DAPO's 1 + 0.28 it does not."""
     rhat = jnp.array([[0.0, 0.0, 0.0, 1.0]])  # only the nu = 1.25 token counts
 
-    def loss(**kw):
-        return float(pipo.pi_surrogate_loss(LOGP, LOGP_OLD, rhat, MASK, eps_low=0.2, eps_high=0.28,
+    def loss(high, **kw):
+        return float(pipo.pi_surrogate_loss(LOGP, LOGP_OLD, rhat, MASK, ratio_low=1 - 0.2, ratio_high=1 + high,
                                             agg=Aggregation("token-mean"), **kw)[0])
 
     # 0.2 / 0.28: 1.25 is inside [0.8, 1.28] -> -1.25; symmetric 0.2: clipped to 1.2
-    np.testing.assert_allclose([loss(), loss(symmetric_clip=True)], [-1.25 / 4, -1.2 / 4], rtol=1e-6)
-    seq = dict(ratio="sequence")
-    assert loss(symmetric_clip=True, **seq) == loss(**seq)  # GSPO keeps clip_ratio_low / high
+    np.testing.assert_allclose([loss(0.28), loss(0.2)], [-1.25 / 4, -1.2 / 4], rtol=1e-6)
 
 
 def test_rhat_clamp_before_the_rectifier():

@@ -24,12 +24,12 @@ from pipo_jax.losses.masking import as_mask
 from pipo_jax.losses.value import clipped_value_loss
 
 
-def gspo_sequence_loss_reference(logp_br, logp_old_br, adv_b, mask_br, *, eps_low=3e-4, eps_high=4e-4):
+def gspo_sequence_loss_reference(logp_br, logp_old_br, adv_b, mask_br, *, ratio_low=1 - 3e-4, ratio_high=1 + 4e-4):
     """Plain sequence form of GSPO, the spec of `gspo_loss`: mean over non-empty rows of
     max(-A s_i, -A clip(s_i)). Scalar."""
     log_s_b = jnp.minimum(sequence_log_ratio(logp_br, logp_old_br, mask_br), 10.0)
     s_b = jnp.exp(log_s_b)
-    loss_b = jnp.maximum(-adv_b * s_b, -adv_b * jnp.clip(s_b, 1.0 - eps_low, 1.0 + eps_high))
+    loss_b = jnp.maximum(-adv_b * s_b, -adv_b * jnp.clip(s_b, ratio_low, ratio_high))
     nonempty_b = jnp.sum(as_mask(mask_br), axis=-1) > 0
     return jnp.sum(jnp.where(nonempty_b, loss_b, 0.0)) / jnp.maximum(jnp.sum(nonempty_b.astype(jnp.float32)), 1.0)
 
@@ -39,23 +39,24 @@ RATIO = np.array([[1.5, 0.5, 0.5, 1.5, 5.0, 1.0]])
 LOGP_OLD = jnp.array([[-1.0, -2.0, -0.5, -1.5, -3.0, -0.7]])
 LOGP = LOGP_OLD + jnp.asarray(np.log(RATIO), jnp.float32)
 ONES = jnp.ones((1, 6))
-CLIP_CFG = {"eps_low": 0.2, "eps_high": 0.28, "clip_ratio_c": 3.0, "agg": Aggregation("token-mean")}
+CLIP_CFG = {"ratio_low": 1 - 0.2, "ratio_high": 1 + 0.28, "clip_ratio_c": 3.0, "agg": Aggregation("token-mean")}
 
 
 def test_cispo_hand_computed_every_token_keeps_its_gradient():
     # weights sg(clip(r, 0.8, 1.28)): 1.28, 0.8, 0.8, 1.28, 1.28, 1; per token -w A logp
     w = np.array([1.28, 0.8, 0.8, 1.28, 1.28, 1.0])
     a, logp = np.asarray(ADV[0]), np.asarray(LOGP[0], np.float64)
-    loss, metrics = cispo_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.28, agg=Aggregation("token-mean"))
+    loss, metrics = cispo_loss(LOGP, LOGP_OLD, ADV, ONES, ratio_low=1 - 0.2, ratio_high=1 + 0.28,
+                               agg=Aggregation("token-mean"))
     chex.assert_trees_all_close(loss, jnp.float32(np.mean(-w * a * logp)), rtol=1e-5)
     chex.assert_trees_all_close(metrics["pg_clipfrac"], jnp.float32(5 / 6), rtol=1e-6)  # all but r = 1
     # d loss / d logp_t = -w_t A_t / 6: the clipped tokens keep a gradient (the token clip's is 0 there)
-    grad = jax.grad(lambda x: cispo_loss(x, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.28,
+    grad = jax.grad(lambda x: cispo_loss(x, LOGP_OLD, ADV, ONES, ratio_low=1 - 0.2, ratio_high=1 + 0.28,
                                          agg=Aggregation("token-mean"))[0])(LOGP)
     chex.assert_trees_all_close(grad[0], jnp.asarray(-w * a / 6, jnp.float32), rtol=1e-5)
     clip_grad = jax.grad(lambda x: token_clip_loss(x, LOGP_OLD, ADV, ONES, **CLIP_CFG)[0])(LOGP)
     assert float(clip_grad[0, 0]) == 0.0 and float(grad[0, 0]) != 0.0
-    half, _ = cispo_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.28, 
+    half, _ = cispo_loss(LOGP, LOGP_OLD, ADV, ONES, ratio_low=1 - 0.2, ratio_high=1 + 0.28, 
                          agg=Aggregation("token-mean", num_tokens=12.0))
     chex.assert_trees_all_close(half, loss / 2, rtol=1e-6)  # the global count is honoured
 
@@ -91,16 +92,18 @@ def test_token_clip_compat_no_lower_clip_for_negative_adv():
 
 def test_token_clip_ratio_log_clamp():
     loss, _ = token_clip_loss(jnp.array([[50.0]]), jnp.array([[0.0]]), jnp.array([[-1.0]]), jnp.ones((1, 1)),
-                              eps_low=0.2, eps_high=0.2, clip_ratio_c=0.0, agg=Aggregation("token-mean"))
+                              ratio_low=1 - 0.2, ratio_high=1 + 0.2, clip_ratio_c=0.0, agg=Aggregation("token-mean"))
     chex.assert_trees_all_close(loss, jnp.float32(np.exp(20.0)), rtol=1e-5)
 
 
 def test_clip_config_errors():
     with pytest.raises(ValueError, match="clip_ratio_c=0.5"):
-        token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=0.2, eps_high=0.2, clip_ratio_c=0.5,
+        token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, ratio_low=1 - 0.2, ratio_high=1 + 0.2, clip_ratio_c=0.5,
                         agg=Aggregation("token-mean"))
-    with pytest.raises(ValueError, match="eps_low=1.5"):
-        token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, eps_low=1.5, eps_high=0.2, agg=Aggregation("token-mean"))
+    with pytest.raises(ValueError, match=r"ratio_low=-0\.5 \(1 - eps_low\) must be in \(0, 1\]"):
+        token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, ratio_low=1 - 1.5, ratio_high=1 + 0.2, agg=Aggregation("token-mean"))
+    with pytest.raises(ValueError, match=r"ratio_high=0\.9 \(1 \+ eps_high\) must be >= 1"):
+        token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, ratio_low=0.8, ratio_high=0.9, agg=Aggregation("token-mean"))
 
 
 def test_log_ratios_hand_computed():
@@ -142,7 +145,7 @@ def test_gspo_token_form_matches_sequence_form_value_and_gradient():
                         [0, 0, 0, 0, 0]], jnp.float32)
     adv_b = jnp.array([1.0, -1.0, 0.5, -2.0, 1.5, 3.0])
     adv_bt = adv_b[:, None] * jnp.ones((1, 5))
-    cfg = {"eps_low": 0.03, "eps_high": 0.04}
+    cfg = {"ratio_low": 1 - 0.03, "ratio_high": 1 + 0.04}
 
     def token_form(d):
         return gspo_loss(logp_old + d, logp_old, adv_bt, mask, agg=Aggregation("seq-mean-token-mean"), **cfg)[0]
@@ -169,7 +172,8 @@ def test_micro_batch_invariance_of_loss_and_gradient(mode, loss_name):
     adv = jnp.asarray(rng.normal(size=(b, 1)) * jnp.ones((1, t)), jnp.float32)
     mask = jnp.asarray(rng.random((b, t)) < 0.7, jnp.float32).at[5].set(0.0)
     fn = token_clip_loss if loss_name == "token_clip" else gspo_loss
-    cfg = {"eps_low": 0.2, "eps_high": 0.28} if loss_name == "token_clip" else {"eps_low": 0.003, "eps_high": 0.004}
+    cfg = ({"ratio_low": 1 - 0.2, "ratio_high": 1 + 0.28} if loss_name == "token_clip"
+           else {"ratio_low": 1 - 0.003, "ratio_high": 1 + 0.004})
 
     def loss(th, sl, counts):
         logp = logp_old[sl] + feats[sl] @ th

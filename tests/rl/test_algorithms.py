@@ -362,26 +362,28 @@ def test_registered_policy_loss_equals_its_loss_math(name):
                                         mb.teacher_tokens_bq.shape[1] - spec.rollout.max_new_tokens, temperature=t)
     sd_agg = dict(agg=agg["agg"].replace(num_tokens=counts["sd"]["num_tokens"], num_seqs=counts["sd"]["num_seqs"]))
     if name == "token_clip":
-        want, _ = token_clip_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=lo.clip_low,
-                                  eps_high=lo.clip_high, clip_ratio_c=lo.clip_ratio_c, **agg)
+        want, _ = token_clip_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio_low=1 - lo.clip_low,
+                                  ratio_high=1 + lo.clip_high, clip_ratio_c=lo.clip_ratio_c, **agg)
     elif name == "gspo":
-        want, _ = gspo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=3e-4, eps_high=4e-4, **agg)
+        want, _ = gspo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio_low=1 - 3e-4,
+                            ratio_high=1 + 4e-4, **agg)
     elif name == "cispo":
-        want, _ = cispo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, eps_low=lo.clip_low,
-                             eps_high=lo.clip_high, **agg)
+        want, _ = cispo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio_low=1 - lo.clip_low,
+                             ratio_high=1 + lo.clip_high, **agg)
     elif name == "sdpo_token":
         want, _ = distill.sdpo_token_loss(want_logp, mb.logp_old_br, None, mb.mask_br, logp_teacher_br=teacher_logp,
                                           is_clip=spec.sdpo.is_clip, sd_mask_b=mb.sd_mask_b, **sd_agg)
     elif name == "vpd_joint":
         want, _ = vpd_loss.joint_hybrid_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br,
                                              weight=spec.vpd.hybrid_weight, logp_teacher_br=teacher_logp,
-                                             sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip, eps_low=lo.clip_low,
-                                             eps_high=lo.clip_high, clip_ratio_c=lo.clip_ratio_c, **agg)
+                                             sd_mask_b=mb.sd_mask_b, is_clip=spec.sdpo.is_clip,
+                                             ratio_low=1 - lo.clip_low, ratio_high=1 + lo.clip_high,
+                                             clip_ratio_c=lo.clip_ratio_c, **agg)
     elif name == "kl_cov":
         want, _ = cov.kl_cov_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio=0.1, coef=0.5, **agg)
     elif name == "clip_cov":
         want, m = cov.clip_cov_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, key=counts["rng"],
-                                    eps_low=lo.clip_low, eps_high=lo.clip_high, ratio=0.1, cov_low=-1.0,
+                                    ratio_low=1 - lo.clip_low, ratio_high=1 + lo.clip_high, ratio=0.1, cov_low=-1.0,
                                     cov_high=1.0, **agg)
         assert float(m["cov_frac"]) > 0  # tokens were left out, so the key and the settings matter
     elif name == "drpo":
@@ -403,7 +405,7 @@ def test_registered_policy_loss_equals_its_loss_math(name):
                              tau=lo.disco_tau, beta=lo.disco_beta, delta=0.0)
     elif name == "copo":
         want, m = copo.copo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.global_adv_b, mb.local_weight_b, mb.mask_br,
-                                 eps_low=0.2, eps_high=0.28, clip_ratio_c=2.0, **agg)
+                                 ratio_low=1 - 0.2, ratio_high=1 + 0.28, clip_ratio_c=2.0, **agg)
         chex.assert_trees_all_close(metrics["copo_local_weight"], m["copo_local_weight"], rtol=1e-6)
     else:  # sdpo_jsd: the full distributions; its top-k support is tested in tests/losses/test_distill.py
         want = None
@@ -482,7 +484,7 @@ def test_dr_grpo_is_grpo_without_its_normalisations():
     counts = steps.response_counts(mb)
     assert algorithms.aggregation(spec, counts).norm_length == spec.rollout.max_new_tokens
     loss, _, logp, _ = spec.policy.fn(spec, params, teacher, mb, counts, hyper=hyperparameters_of(spec))
-    clip = dict(eps_low=0.2, eps_high=0.2, clip_ratio_c=3.0)
+    clip = dict(ratio_low=1 - 0.2, ratio_high=1 + 0.2, clip_ratio_c=3.0)
     norm = Aggregation.of("seq-mean-token-sum-norm", counts, norm_length=spec.rollout.max_new_tokens)
     want, _ = token_clip_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, agg=norm, **clip)
     chex.assert_trees_all_close(loss, want, rtol=1e-6)

@@ -28,8 +28,8 @@ CHANGED = {"train.lr": 3e-4, "critic.lr": 2e-5, "pipo.lr": 2e-4, "vpd.lr": 5e-5,
            "loss.clip_high": 0.3, "pipo.pi_clip_low": 0.15, "pipo.pi_clip_high": 0.25, "loss.clip_ratio_c": 2.0,
            "loss.kl_coef": 0.01, "loss.entropy_coef": 0.002}
 FIELD = {"train.lr": "lr", "critic.lr": "critic_lr", "pipo.lr": "pi_lr", "vpd.lr": "vpd_lr", "pipo.lam": "lam",
-         "loss.clip_low": "clip_low", "loss.clip_high": "clip_high", "pipo.pi_clip_low": "pi_clip_low",
-         "pipo.pi_clip_high": "pi_clip_high", "loss.clip_ratio_c": "clip_ratio_c", "loss.kl_coef": "kl_coef",
+         "loss.clip_low": "ratio_low", "loss.clip_high": "ratio_high", "pipo.pi_clip_low": "pi_ratio_low",
+         "pipo.pi_clip_high": "pi_ratio_high", "loss.clip_ratio_c": "clip_ratio_c", "loss.kl_coef": "kl_coef",
          "loss.entropy_coef": "entropy_coef"}
 
 
@@ -55,15 +55,17 @@ def test_configs_differing_in_one_hyperparameter_have_equal_specs():
         section, name = key.split(".")
         assert getattr(getattr(spec, section), name) == value  # the spec still holds the config's value
         h0, h = hyper.hyperparameters_of(base), hyper.hyperparameters_of(spec)
-        # the changed key's field alone differs (and the PI step's clip, unset: the base loss's), float32
+        # the changed key's field alone differs (and the PI step's clip, unset: the base loss's), float32; a
+        # clip's eps as its bound 1 - eps_low / 1 + eps_high
         fields = {FIELD[key]} | ({"pi_" + FIELD[key]} if key in ("loss.clip_low", "loss.clip_high") else set())
+        bound = {"clip_low": 1 - value, "clip_high": 1 + value}.get(name.removeprefix("pi_"), value)
         for field in FIELD.values():
-            want = np.float32(value) if field in fields else np.asarray(getattr(h0, field))
+            want = np.float32(bound) if field in fields else np.asarray(getattr(h0, field))
             assert np.asarray(getattr(h, field)).dtype == np.float32
             assert np.asarray(getattr(h, field)) == want, (key, field)
     h0 = hyper.hyperparameters_of(train_spec(grpo_with_entropy()))
     # unset, the PI step's clip is the base loss's; no VPD teacher: its learning rate 0
-    assert float(h0.pi_clip_low) == np.float32(0.2) and float(h0.pi_clip_high) == np.float32(0.2)
+    assert h0.pi_ratio_low == np.float32(0.8) and h0.pi_ratio_high == np.float32(1.2)
     assert float(h0.vpd_lr) == 0.0
 
 
@@ -170,7 +172,23 @@ def test_a_vmapped_stack_of_hyperparameters_equals_separate_runs_on_one_program(
 
 def test_a_restore_sets_the_hyperparameters_from_the_runs_config(tmp_path):
     """A checkpoint saved under one config restores (`Placement.restore`) with the hyperparameters of the
-    config it resumes with, the rest as saved; one saved before `TrainState.hyper` existed restores the same."""
+    config it resumes with, the rest as saved; one saved before `TrainState.hyper` existed, or with the former
+    fields of `Hyperparameters` (the clip's eps, not its bounds), restores the same."""
+
+    @flax.struct.dataclass
+    class FormerHyperparameters:  # Hyperparameters' fields when they held the clip's eps
+        lr: Any
+        critic_lr: Any
+        pi_lr: Any
+        vpd_lr: Any
+        lam: Any
+        clip_low: Any
+        clip_high: Any
+        pi_clip_low: Any
+        pi_clip_high: Any
+        clip_ratio_c: Any
+        kl_coef: Any
+        entropy_coef: Any
 
     @flax.struct.dataclass
     class FormerTrainState:  # TrainState's fields before hyper
@@ -193,8 +211,12 @@ def test_a_restore_sets_the_hyperparameters_from_the_runs_config(tmp_path):
     resumed = train_spec(config(**{"train.lr": 3e-4, "pipo.lam": 0.5}))
     state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(1)), 1)
     state = state.replace(step=state.step + 4)
+    h = state.hyper
+    former_hyper = FormerHyperparameters(
+        **{f.name: getattr(h, f.name, np.float32(0.2)) for f in dataclasses.fields(FormerHyperparameters)})
     for name, saved in (("current", state), ("former", FormerTrainState(
-            **{f.name: getattr(state, f.name) for f in dataclasses.fields(FormerTrainState)}))):
+            **{f.name: getattr(state, f.name) for f in dataclasses.fields(FormerTrainState)})),
+            ("former hyper", state.replace(hyper=former_hyper))):
         ckpt = Checkpointer(str(tmp_path / name), keep=1)
         ckpt.save(4, saved)
         ckpt.wait()
@@ -205,31 +227,71 @@ def test_a_restore_sets_the_hyperparameters_from_the_runs_config(tmp_path):
         assert float(restored.hyper.lr) == np.float32(3e-4) and float(restored.hyper.lam) == np.float32(0.5), name
 
 
-def test_every_presets_clip_bounds_in_float32_equal_the_former_constants():
-    """The ratio clip's bounds 1 - eps_low and 1 + eps_high are computed in the program in float32 from the
-    float32 eps (data); as Python floats they were folded in float64 and then rounded. The two agree for every
-    clip value of every algorithm's presets, so their numerics are those of the constants (for some other
-    values, e.g. eps_high = 0.18, float32 gives the bound one ulp away)."""
-    from configs import base
-    from pipo_jax.rl import algorithms
+EPS = (0.18, 0.15, 0.1, 0.3, 1e-3, 0.2, 0.28, 3e-4, 4e-4)
 
+
+def test_the_clip_bounds_are_the_exact_bounds_rounded_once():
+    """Every bound the program reads is 1 - eps_low / 1 + eps_high computed in float64 and rounded once to
+    float32, the constant a Python float folded to, also where float32 arithmetic on the float32 eps is one
+    ulp off (0.18, 0.15, 0.1, 0.3, 1e-3: the check can fail)."""
     f32 = np.float32
-    assert f32(1) + f32(0.18) != f32(1 + 0.18)  # the difference exists: the check below can fail
-    checked = set()
-    for algo in algorithms.config_names():
-        module = importlib.import_module(f"configs.{algo}")
-        for preset in base.PRESETS + base.AUTHORS_PRESETS:
-            try:
-                c = module.get_config(preset)
-            except ValueError:  # an authors' preset of an algorithm without an authors' run
-                continue
-            for low in (c.loss.clip_low, c.pipo.pi_clip_low):
-                if low is not None:
-                    checked.add(low)
-                    assert f32(1) - f32(low) == f32(1 - low), (algo, preset, low)
-            symmetric = (c.loss.clip_low, c.pipo.pi_clip_low) if c.pipo.compat else ()  # the authors' PI clip
-            for high in (c.loss.clip_high, c.pipo.pi_clip_high) + symmetric:  # 1 + eps_high, or 1 + eps_low
-                if high is not None:
-                    checked.add(high)
-                    assert f32(1) + f32(high) == f32(1 + high), (algo, preset, high)
-    assert {0.2, 0.28, 3e-4, 4e-4} <= checked
+    assert {v for v in EPS if f32(1) + f32(v) != f32(1 + v) or f32(1) - f32(v) != f32(1 - v)} >= {0.18}
+    for v in EPS:
+        for h in (hyper.hyperparameters_of(train_spec(config(**{"loss.clip_low": v, "loss.clip_high": v}))),
+                  hyper.hyperparameters_of(train_spec(config(**{"pipo.pi_clip_low": v, "pipo.pi_clip_high": v})))):
+            low, high = (h.ratio_low, h.ratio_high) if h.ratio_low == f32(1 - v) else (h.pi_ratio_low,
+                                                                                        h.pi_ratio_high)
+            assert np.asarray(low).dtype == np.float32 and low == f32(1 - v) and high == f32(1 + v), v
+
+
+def test_the_authors_symmetric_pi_clip_bound_is_one_plus_eps_low():
+    """`pipo.authors.pi_symmetric_clip` (DAPO under compat: 0.2 / 0.28) gives the token-ratio PI step the
+    upper bound 1 + eps_low; GSPO's sequence-ratio PI step keeps 1 + eps_high, as the base loss does."""
+    dapo = hyper.hyperparameters_of(train_spec(config("dapo", **{"pipo.compat": True})))
+    assert dapo.ratio_high == np.float32(1 + 0.28) and dapo.pi_ratio_high == np.float32(1 + 0.2)
+    assert dapo.pi_ratio_low == np.float32(1 - 0.2)
+    plain = hyper.hyperparameters_of(train_spec(config("dapo")))
+    assert plain.pi_ratio_high == np.float32(1 + 0.28)
+    gspo = hyper.hyperparameters_of(train_spec(config("gspo", **{"pipo.compat": True})))
+    assert gspo.pi_ratio_high == gspo.ratio_high == np.float32(1 + 4e-4)
+
+
+def _per_token_clip_losses(ratio_low, ratio_high):
+    """(the token clip's per-token loss [8, 64] with dual clip, CISPO's per-token gradient -w A / N [8, 64]) on
+    fixed random inputs, many tokens clipped on either side; bounds: Python floats (constants of the
+    program) or float32 arrays (traced)."""
+    from pipo_jax.losses import policy
+    from pipo_jax.losses.aggregation import Aggregation
+
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+    logp_old = -jax.random.uniform(k1, (8, 64), minval=0.1, maxval=3.0)
+    logp = logp_old + 0.3 * jax.random.normal(k2, (8, 64))
+    adv = jax.random.normal(k3, (8, 64))
+    mask = np.ones((8, 64), np.float32)
+    agg = Aggregation("token-mean", num_tokens=float(mask.size))
+    bounds = {} if isinstance(ratio_low, float) else {"lo": ratio_low, "hi": ratio_high}
+
+    def run(lo=ratio_low, hi=ratio_high):
+        token = policy.clipped_surrogate(policy.token_log_ratio(logp, logp_old), adv, ratio_low=lo, ratio_high=hi,
+                                         clip_ratio_c=3.0)[0]
+        cispo = jax.grad(lambda lp: policy.cispo_loss(lp, logp_old, adv, mask, agg=agg, ratio_low=lo,
+                                                      ratio_high=hi)[0])(logp)
+        return token, cispo
+
+    return jax.jit(run)(**bounds)
+
+
+def test_clipped_losses_with_hyper_equal_their_python_constant_form_bit_for_bit():
+    """The per-token token-clip loss and CISPO's per-token gradient with the traced bounds of a config's
+    `Hyperparameters` equal, bit for bit, the same with the bounds folded from Python floats (1.0 - eps_low,
+    1.0 + eps_high: the program before hyperparameters were data); bounds computed in float32 from the
+    float32 eps (0.18) give other values (the check can fail)."""
+    for v in EPS:
+        h = hyper.hyperparameters_of(train_spec(config(**{"loss.clip_low": v, "loss.clip_high": v})))
+        got, want = _per_token_clip_losses(h.ratio_low, h.ratio_high), _per_token_clip_losses(1.0 - v, 1.0 + v)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w, err_msg=str(v))
+    f32 = np.float32
+    got = _per_token_clip_losses(jax.numpy.float32(1) - f32(0.18), jax.numpy.float32(1) + f32(0.18))
+    want = _per_token_clip_losses(1.0 - 0.18, 1.0 + 0.18)
+    assert not np.array_equal(got[0], want[0]) and not np.array_equal(got[1], want[1])
