@@ -16,10 +16,14 @@ one log line (nothing said for `SET_FROM_CONFIG`: `TrainState.hyper` is set from
 every restore, so one saved with other hyperparameter fields restores too).
 
 A save the disk refuses (full, read-only, quota) leaves no partial step behind: its
-`<step>.orbax-checkpoint-tmp` directory is removed (and any such leftover of a killed run is
-removed when the directory is opened; `saved_steps` never counts one), and the failure is raised
-once, without orbax's per-thread tracebacks in the log; the run reports it in one line
-(`atomic.StorageError`).
+`<step>.orbax-checkpoint-tmp` directory is removed, and the failure is raised once, without orbax's
+per-thread tracebacks in the log; the run reports it in one line (`atomic.StorageError`). What a
+killed run left (a partial save, a half-removed rotated-out step: `remove_partial_saves`) is removed
+by the next run before its first save, by this code alone (orbax's own clean-up of temporary
+directories is off: it ran in a background thread over the same directories and failed when an entry
+was already gone). `saved_steps` never counts a partial save. A `Checkpointer` that only reads (eval,
+export, serve, chat on a run's workdir) removes nothing: neither a live run's save in flight nor,
+beyond its own `keep`, the run's checkpoints.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import gc
 import glob
 import logging
 import os
+import re
 import shutil
 import sys
 
@@ -44,6 +49,9 @@ log = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step still being written
 REMOVING_SUFFIX = ".removing"  # `.<step>.removing`: a rotated-out step being removed
+# The leftovers of this code's saves: `<step>.orbax-checkpoint-tmp` (orbax versions that stamp it:
+# `-<timestamp>` after) and `.<step>.removing`; any other name is not the run's own.
+_PARTIAL_SAVE_NAME = re.compile(rf"\d+{re.escape(TMP_SUFFIX)}(-\d+)?|\.\d+{re.escape(REMOVING_SUFFIX)}")
 
 
 class NoReadableCheckpoint(RuntimeError):
@@ -101,17 +109,42 @@ def kept_checkpoints(directory: str) -> str:
     return f"checkpoints {steps} in {directory} kept" if steps else f"no checkpoint in {directory} yet"
 
 
-def remove_partial_saves(directory: str) -> list[str]:
+def remove_tree(path: str) -> None:
+    """Removes the directory tree at `path`; an entry already gone (or the whole tree) is fine, as when
+    another clean-up got there first. Any other failure raises, the rest of the tree removed."""
+    failures: list[OSError] = []
+
+    def gone_is_fine(_func, _path, exc) -> None:
+        e = exc[1] if isinstance(exc, tuple) else exc  # onerror's exc_info (3.11), onexc's exception (3.12+)
+        if not isinstance(e, FileNotFoundError):
+            failures.append(e)
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=gone_is_fine)
+    else:
+        shutil.rmtree(path, onerror=gone_is_fine)
+    if failures:
+        raise failures[0]
+
+
+def remove_partial_saves(directory: str) -> tuple[list[str], dict[str, str]]:
     """Removes the `<step>.orbax-checkpoint-tmp` directories (saves that never finished) and the
-    `.<step>.removing` ones (rotated-out steps whose removal a kill cut short) of `directory`;
-    returns their paths."""
+    `.<step>.removing` ones (rotated-out steps whose removal a kill cut short) of `directory`, nothing
+    else (`remove_tree`: one already gone is fine); returns (their paths removed, {path: reason} of
+    those that could not be)."""
     if not os.path.isdir(directory):
-        return []
-    partial = [os.path.join(directory, n) for n in sorted(os.listdir(directory))
-               if n.endswith(TMP_SUFFIX) or (n.startswith(".") and n.endswith(REMOVING_SUFFIX))]
-    for path in partial:
-        shutil.rmtree(path, ignore_errors=True)
-    return partial
+        return [], {}
+    removed, left = [], {}
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if not (_PARTIAL_SAVE_NAME.fullmatch(name) and os.path.isdir(path) and not os.path.islink(path)):
+            continue
+        try:
+            remove_tree(path)
+            removed.append(path)
+        except OSError as e:
+            left[path] = _reason(e)
+    return removed, left
 
 
 class _StorageFailuresReported(logging.Filter):
@@ -198,20 +231,19 @@ class Checkpointer:
             raise WorkdirError(f"{self.directory}: {atomic.file_kind(os.stat(self.directory).st_mode)}, not a "
                                "directory of checkpoints: move it aside")
         # Orbax keeps every step (max_to_keep=None): its rotation would remove any numbered directory,
-        # a foreign or an unreadable one too; `_rotate` removes only this code's complete steps. Saves
-        # are always asynchronous in orbax (its finalization hook writes the integrity record).
+        # a foreign or an unreadable one too; `_rotate` removes only this code's complete steps. Orbax's
+        # clean-up of temporary directories is off (`_remove_killed_runs_leftovers` does it, at the first
+        # save). Saves are always asynchronous in orbax (its finalization hook writes the integrity record).
         options = ocp.CheckpointManagerOptions(max_to_keep=None, enable_async_checkpointing=True, create=True,
-                                               cleanup_tmp_directories=True,
+                                               cleanup_tmp_directories=False,
                                                async_options=ocp.AsyncOptions(
                                                    post_finalization_callback=self._record_integrity))
         _quiet_failed_saves()
         self._manager = ocp.CheckpointManager(self.directory, options=options)
-        if jax.process_index() == 0:  # what a killed run left: a partial save, a half-removed rotated-out step
-            remove_partial_saves(self.directory)
         self.keep, self.async_save = keep, async_save
         self.unreadable: dict[int, str] = {}  # step -> reason, filled by `restore`
         self.failed: BaseException | None = None  # a save that did not finish
-        self._saving: int | None = None  # the step of the newest save
+        self._saving: int | None = None  # the step of the newest save; None: this Checkpointer has only read
         self._told_unrecorded: set[int] = set()  # steps without a record already named in a log line
 
     def _record_integrity(self) -> None:
@@ -226,8 +258,23 @@ class Checkpointer:
                                f"{self._saving}{TMP_SUFFIX} in {self.directory}, found {pending}")
         integrity.write_record(pending[0], self._saving)
 
+    def _remove_killed_runs_leftovers(self) -> None:
+        """Before this Checkpointer's first save (process 0): what a killed run left (`remove_partial_saves`)
+        goes, each path it could not remove named in one log line (left in place). Not when opened: a
+        reader of a live run's directory would remove that run's save in flight."""
+        if jax.process_index() != 0:
+            return
+        removed, left = remove_partial_saves(self.directory)
+        for path in removed:
+            log.info("checkpoint: %s, left by a run that was stopped while saving or rotating, removed", path)
+        for path, reason in left.items():
+            log.warning("checkpoint: %s, left by a run that was stopped while saving or rotating, could not be "
+                        "removed (%s): left in place", path, reason)
+
     def save(self, step: int, state) -> None:
         step = int(step)
+        if self._saving is None:
+            self._remove_killed_runs_leftovers()
         with self._cleaning_up():  # the previous save ends first: its failure is its own step's
             self._manager.wait_until_finished()
         self._rotate()
@@ -253,8 +300,9 @@ class Checkpointer:
     def _rotate(self) -> None:
         """Removes this run's oldest complete checkpoints beyond the newest `keep` (`own_steps`); a
         numbered directory that is not one (foreign, an older code's, or with a file missing or cut) is left
-        in place and not counted, named once in a log line; one `restore` found unreadable likewise."""
-        if not self.keep:
+        in place and not counted, named once in a log line; one `restore` found unreadable likewise. A
+        Checkpointer that has not saved (a reader, whose `keep` is not the run's) removes nothing."""
+        if not self.keep or self._saving is None:
             return
         own = self.own_steps()
         others = sorted(set(self.all_steps()) - set(own) - set(self.unreadable) - self._told_unrecorded)
@@ -279,9 +327,12 @@ class Checkpointer:
             yield
         except BaseException as e:
             self.failed = e
-            if jax.process_index() == 0:
-                for path in remove_partial_saves(self.directory):
+            if jax.process_index() == 0:  # writes still in flight may recreate it: `close` removes it again
+                removed, left = remove_partial_saves(self.directory)
+                for path in removed:
                     log.debug("checkpoint: the partial save %s removed", path)
+                for path, reason in left.items():
+                    log.debug("checkpoint: the partial save %s not yet removed (%s)", path, reason)
             found = atomic.storage_error(e)
             if found is None:
                 raise
@@ -397,5 +448,6 @@ class Checkpointer:
             return
         with contextlib.suppress(Exception):  # the failure was raised once already
             self._manager.close()
-        if jax.process_index() == 0:
-            remove_partial_saves(self.directory)  # what its last writes left after the failure
+        if jax.process_index() == 0:  # what its last writes left after the failure
+            for path, reason in remove_partial_saves(self.directory)[1].items():
+                log.warning("checkpoint: the partial save %s could not be removed (%s): left in place", path, reason)

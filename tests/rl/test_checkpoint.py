@@ -1,8 +1,11 @@
 """Orbax checkpoints: the whole TrainState round-trips (BNPO's carried state too); a save killed mid-write
-never replaces the last good checkpoint; older layouts (renamed fields, a field added since) still resume."""
+never replaces the last good checkpoint, and what it left is removed before the next run's first save (robustly: a
+path already gone is fine; nothing else is removed, and a reader removes nothing); older layouts (renamed fields, a
+field added since) still resume."""
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,7 +19,8 @@ from configs import grpo, ppo
 from pipo_jax.losses import bnpo
 from pipo_jax.models import qwen3
 from pipo_jax.rl.state import TrainState, init_train_state
-from pipo_jax.run.checkpoint import ADDED_FIELDS, Checkpointer
+from pipo_jax.run import integrity
+from pipo_jax.run.checkpoint import ADDED_FIELDS, Checkpointer, remove_partial_saves, remove_tree
 from pipo_jax.run.placement import Placement
 from pipo_jax.run.setup import train_spec
 
@@ -78,6 +82,131 @@ def test_killed_save_leaves_the_previous_checkpoint(tmp_path):
     restored = ckpt.restore(_state(grpo, 5))
     ckpt.close()
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), jax.device_get(state.params))
+
+
+def _killed_runs_leftovers(root) -> dict[str, object]:
+    """In `root` (step 1 saved there): what a run killed while saving step 2 (its integrity record written,
+    not yet renamed), saving step 3 (no record yet) and rotating out step 0 leaves, and things that look
+    alike but are not the run's own. Returns {name: what it is}."""
+    shutil.copytree(root / "1", root / "2.orbax-checkpoint-tmp")
+    integrity.write_record(str(root / "2.orbax-checkpoint-tmp"), 2)
+    shutil.copytree(root / "1", root / "3.orbax-checkpoint-tmp")
+    os.remove(root / "3.orbax-checkpoint-tmp" / integrity.RECORD_NAME)
+    shutil.copytree(root / "1", root / ".0.removing")
+    (root / "notes.orbax-checkpoint-tmp").mkdir()  # a user's directory: not a step's
+    (root / "notes.orbax-checkpoint-tmp" / "a.txt").write_text("mine")
+    (root / "4.orbax-checkpoint-tmp.bak").mkdir()
+    (root / "5.removing").mkdir()
+    outside = root.parent / "outside"
+    outside.mkdir()
+    (outside / "b.txt").write_text("mine")
+    os.symlink(outside, root / "6.orbax-checkpoint-tmp")  # a link: removing it or its target is not ours
+    return {"leftovers": ["2.orbax-checkpoint-tmp", "3.orbax-checkpoint-tmp", ".0.removing"],
+            "foreign": ["4.orbax-checkpoint-tmp.bak", "5.removing", "6.orbax-checkpoint-tmp",
+                        "notes.orbax-checkpoint-tmp"], "outside": outside}
+
+
+def test_a_killed_runs_leftovers_go_before_the_next_first_save_and_nothing_else(tmp_path, caplog):
+    root = tmp_path / "checkpoints"
+    w = np.arange(4096, dtype=np.float32)
+    ckpt = Checkpointer(str(root), keep=3)
+    ckpt.save(1, {"w": w + 1})
+    ckpt.close()
+    made = _killed_runs_leftovers(root)
+    everything = sorted(["1"] + made["leftovers"] + made["foreign"])
+    ckpt = Checkpointer(str(root), keep=3)
+    assert ckpt.all_steps() == [1] and int(ckpt.restore({"w": w})["w"][0]) == 1
+    assert sorted(os.listdir(root)) == everything  # opened and read: nothing removed yet
+    with caplog.at_level(logging.INFO, logger="pipo_jax.run.checkpoint"):
+        ckpt.save(2, {"w": w + 2})
+        ckpt.save(3, {"w": w + 3})
+        ckpt.close()
+    assert sorted(os.listdir(root)) == sorted(["1", "2", "3"] + made["foreign"])
+    assert (root / "notes.orbax-checkpoint-tmp" / "a.txt").read_text() == "mine"
+    assert os.listdir(made["outside"]) == ["b.txt"] and os.path.islink(root / "6.orbax-checkpoint-tmp")
+    told = [r.getMessage() for r in caplog.records if r.name == "pipo_jax.run.checkpoint"]
+    assert told == [f"checkpoint: {root / n}, left by a run that was stopped while saving or rotating, removed"
+                    for n in sorted(made["leftovers"])]
+    ckpt = Checkpointer(str(root), keep=3)
+    for step in (1, 2, 3):  # the new saves of steps 2 and 3 are whole and hold their own values
+        assert integrity.verify(ckpt.step_path(step), step)
+        np.testing.assert_array_equal(ckpt.restore({"w": w}, step=step)["w"], w + step)
+    ckpt.close()
+
+
+def test_a_reader_removes_nothing_of_a_live_runs_directory(tmp_path):
+    """eval / export / serve open a run's checkpoints with the default `keep` (3) while the run may be
+    saving: neither its save in flight nor its checkpoints beyond that `keep` are removed."""
+    root = tmp_path / "checkpoints"
+    w = np.arange(64, dtype=np.float32)
+    ckpt = Checkpointer(str(root), keep=5)
+    for step in range(1, 6):
+        ckpt.save(step, {"w": w + step})
+    ckpt.close()
+    shutil.copytree(root / "5", root / "6.orbax-checkpoint-tmp")  # the run's save of step 6, in flight
+    reader = Checkpointer(str(root))
+    assert int(reader.restore({"w": w})["w"][0]) == 5
+    reader.wait()
+    reader.close()
+    assert sorted(os.listdir(root)) == ["1", "2", "3", "4", "5", "6.orbax-checkpoint-tmp"]
+
+
+def test_a_partial_save_already_gone_is_removed_without_an_error(tmp_path, monkeypatch):
+    """Two clean-ups over one partial save (this code's and orbax's, in a thread, until orbax's was
+    turned off) each find entries the other removed first: every file and directory here is gone
+    when `rmtree` reaches it, as if the other was always faster."""
+    root = tmp_path / "checkpoints"
+    for sub in ("a", "a/b", "c"):
+        (root / "7.orbax-checkpoint-tmp" / sub).mkdir(parents=True)
+        for i in range(3):
+            (root / "7.orbax-checkpoint-tmp" / sub / f"{i}.bin").write_bytes(b"x" * 10)
+    unlink, rmdir, raced = os.unlink, os.rmdir, []
+
+    def faster_unlink(path, *, dir_fd=None):
+        unlink(path, dir_fd=dir_fd)
+        raced.append(path)
+        unlink(path, dir_fd=dir_fd)  # FileNotFoundError, as rmtree meets it after the other clean-up
+
+    def faster_rmdir(path, *, dir_fd=None):
+        rmdir(path, dir_fd=dir_fd)
+        raced.append(path)
+        rmdir(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "unlink", faster_unlink)
+    monkeypatch.setattr(os, "rmdir", faster_rmdir)
+    removed, left = remove_partial_saves(str(root))
+    monkeypatch.undo()
+    assert removed == [str(root / "7.orbax-checkpoint-tmp")] and left == {} and os.listdir(root) == []
+    assert len(raced) == 9 + 3 + 1  # every file, every subdirectory and the partial save itself raced
+
+
+def test_a_partial_save_that_cannot_be_removed_is_named_and_left(tmp_path, monkeypatch, caplog):
+    root = tmp_path / "checkpoints"
+    (root / "7.orbax-checkpoint-tmp").mkdir(parents=True)
+    (root / "7.orbax-checkpoint-tmp" / "d.bin").write_bytes(b"x")
+    (root / ".6.removing").mkdir()
+    unlink = os.unlink
+
+    def refused(path, *, dir_fd=None):
+        if path == "d.bin":
+            raise PermissionError(13, "Permission denied", path)
+        unlink(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "unlink", refused)
+    with pytest.raises(PermissionError):
+        remove_tree(str(root / "7.orbax-checkpoint-tmp"))
+    ckpt = Checkpointer(str(root), keep=3)
+    with caplog.at_level(logging.INFO, logger="pipo_jax.run.checkpoint"):
+        ckpt.save(1, {"w": np.arange(8, dtype=np.float32)})
+        ckpt.close()
+    monkeypatch.undo()
+    assert sorted(os.listdir(root)) == ["1", "7.orbax-checkpoint-tmp"]
+    told = [r.getMessage() for r in caplog.records if r.name == "pipo_jax.run.checkpoint"]
+    assert told == [f"checkpoint: {root / '.6.removing'}, left by a run that was stopped while saving or rotating, "
+                    "removed",
+                    f"checkpoint: {root / '7.orbax-checkpoint-tmp'}, left by a run that was stopped while saving or "
+                    "rotating, could not be removed (PermissionError: [Errno 13] Permission denied: 'd.bin'): left "
+                    "in place"]
 
 
 def test_a_checkpoint_saved_with_the_former_stored_batch_names_resumes(tmp_path):
