@@ -32,7 +32,6 @@ compare.png (mean curves with 95% bootstrap bands over seeds).
 from __future__ import annotations
 
 import ast
-import functools
 import importlib
 import json
 import os
@@ -40,22 +39,16 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import flags
 
-from experiments import cli, overfit, provenance, stats
+from experiments import cli, overfit, provenance, stats, study
+from experiments.overrides import set_key, with_overrides
 from experiments.runs import parse_seeds, warmed_up_model
+from experiments.vmapped import run_group, stack, unstack, vmapped_chunk, vmapped_sampled_rewards  # noqa: F401
 from pipo_jax.models import hf
-from pipo_jax import schema
-from pipo_jax.rl import loop
-from pipo_jax.rl.sections import RunConfig
-from pipo_jax.rl.spec import TrainSpec
-from pipo_jax.rl.state import TrainState, init_train_state
-from pipo_jax.run import atomic, teacher_forcing
-from pipo_jax.run.setup import train_spec
-from pipo_jax.run.trainer import EVAL_SEED, device_sampled_rewards
+from pipo_jax.run import atomic
 
 _ALGORITHMS = flags.DEFINE_list("algorithms", ["grpo"], "algorithms (configs/<name>.py) to compare")
 _PRESET = flags.DEFINE_string("preset", "tiny", "preset of the algorithm configs")
@@ -89,135 +82,14 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
     return algorithm, label, overrides
 
 
-def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> ml_collections.ConfigDict:
-    """A copy of `config` with dotted keys set, each value read as its key's type (`set_key`)."""
-    c = config.copy_and_resolve_references()
-    for key, value in overrides.items():
-        set_key(c, f"{key}={value}")
-    return c
-
-
-def stack(trees: list) -> Any:
-    """Stacks equal-structure pytrees along a new leading (seed) axis."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-def unstack(tree: Any, n: int) -> list:
-    return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(n)]
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2), donate_argnums=1)
-def vmapped_chunk(spec: TrainSpec, states: TrainState, length: int) -> tuple[TrainState, dict]:
-    """`length` iterations of every seed at once: `loop.scan_chunk` under `jax.vmap` over the
-    stacked states (metrics `[S, length]`)."""
-    return jax.vmap(lambda s: loop.scan_chunk(spec, s, length))(states)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2, 3))
-def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none") -> jax.Array:
-    """Greedy accuracy `[S]` of stacked params on the trainer's `n` fixed held-out problems
-    (kind: 'none' = the student; 'solution' / 'feedback' = shown a teacher context)."""
-    key, table = jax.random.PRNGKey(EVAL_SEED), spec.task.prompt_table()
-    return jax.vmap(lambda p: teacher_forcing.heldout_accuracy(spec.model, p, spec.task, table, n, key, kind))(params)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2, 3))
-def vmapped_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax.Array:
-    """Rewards `[S, m, samples]` of stacked params: per seed what the trainer's `heldout_pass_at_1` scores
-    (`run/trainer.py:device_sampled_rewards`: the greedy accuracy's held-out problems, sampled as the
-    rollout samples, the trainer's keys)."""
-    return jax.vmap(lambda p: device_sampled_rewards(spec, p, n, samples))(params)
-
-
 def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: list, eval_every: int
             ) -> list[dict[str, Any]]:
-    """Runs `config` for every seed (seed s from base_params[i]) as one vmapped program.
-
-    Returns per seed: steps / reward (batch reward per iteration), acc_steps / accuracy
-    (held-out greedy accuracy at 0 and every `eval_every`), teacher accuracies (SDPO / VPD),
-    initial / final accuracy, reward_auc (mean batch reward), heldout_auc and gap_flag
-    (`overfit.run_figures`), pi_steps; with `eval.heldout_samples`
-    > 0 also pass_at_1 / initial_pass_at_1 / final_pass_at_1 (the same problems, that many responses
-    each sampled at the rollout's temperature: the trainer's `heldout_pass_at_1`).
-    """
-    spec = train_spec(config)
-    if not spec.task.capabilities.device_reward:
-        raise ValueError(f"compare.run_arm: the {spec.task.name} task is scored on the host; the vmapped scan and "
-                         "evaluation need a JAX reward (the built-in task, reasoning-gym)")
-    states = stack([init_train_state(spec, p, s) for p, s in zip(base_params, seeds)])
-    n_eval, total = config.eval.n, config.iterations
-    kinds = ("none", "solution", "feedback") if spec.uses_teacher else ("none",)
-
-    samples = config.eval.heldout_samples
-
-    def evaluate(params):
-        out = {k: np.asarray(vmapped_accuracy(spec, params, n_eval, k)) for k in kinds}
-        if samples:
-            rewards = np.asarray(vmapped_sampled_rewards(spec, params, n_eval, samples))
-            out["pass_at_1"] = np.array([teacher_forcing.pass_and_mixed(r)[0] for r in rewards])
-        return out
-
-    evals, acc_steps, chunks = [evaluate(states.params)], [0], []
-    step = 0
-    while step < total:
-        n = min(eval_every or total, total - step)
-        states, metrics = vmapped_chunk(spec, states, n)
-        chunks.append(jax.device_get({k: metrics[k] for k in ("reward_mean", "pi_step_applied") if k in metrics}))
-        step += n
-        evals.append(evaluate(states.params))
-        acc_steps.append(step)
-    reward = np.concatenate([c["reward_mean"] for c in chunks], axis=1)  # [S, total]
-    pi = np.concatenate([c.get("pi_step_applied", np.zeros_like(c["reward_mean"])) for c in chunks], axis=1)
-    out = []
-    for i, seed in enumerate(seeds):
-        acc = [float(e["none"][i]) for e in evals]
-        row = {"seed": seed, "steps": list(range(1, total + 1)), "reward": reward[i].tolist(),
-               "acc_steps": acc_steps, "accuracy": acc, "initial_accuracy": acc[0], "final_accuracy": acc[-1],
-               "reward_auc": float(reward[i].mean()), "pi_steps": int(pi[i].sum())}
-        for kind in kinds[1:]:
-            row[f"teacher_accuracy_{kind}"] = [float(e[kind][i]) for e in evals]
-        if samples:
-            row["pass_at_1"] = [float(e["pass_at_1"][i]) for e in evals]
-            row["initial_pass_at_1"], row["final_pass_at_1"] = row["pass_at_1"][0], row["pass_at_1"][-1]
-        row.update(overfit.run_figures(row))  # held-out AUC beside reward_auc; the train / held-out gap
-        out.append(row)
-    return out
-
-
-def set_key(c: ml_collections.ConfigDict, assignment: str) -> None:
-    """Applies 'KEY=VALUE' (dotted key) to `c`, VALUE read as the key's current type;
-    ValueError naming the key."""
-    key, sep, text = assignment.partition("=")
-    if not sep:
-        raise ValueError(f"{assignment!r}: expected KEY=VALUE")
-    *parents, leaf = key.strip().split(".")
-    node = c
-    for part in parents:
-        if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
-            raise ValueError(f"{assignment!r}: config has no section {part!r}")
-        node = node[part]
-    if leaf not in node:
-        close = schema.closest_keys(RunConfig, key.strip())
-        raise ValueError(f"{assignment!r}: config has no key {key!r}"
-                         + (f"; did you mean {' or '.join(close)}?" if close else ""))
-    old = node[leaf]
-    try:
-        if isinstance(old, bool):
-            if text.lower() not in ("true", "false"):
-                raise ValueError("expected true or false")
-            value = text.lower() == "true"
-        elif isinstance(old, int):
-            value = int(text)
-        elif isinstance(old, float):
-            value = float(text)
-        elif old is None:  # an unset `X | None` key: its declared type X
-            value = None if text.lower() in ("none", "") else schema.read_text(RunConfig, key.strip(), text)
-        else:
-            value = text
-    except ValueError as e:
-        what = type(old).__name__ if old is not None else schema.type_name(RunConfig, key.strip())
-        raise ValueError(f"{assignment!r}: {key} is a {what}: {e}") from e
-    node[leaf] = value
+    """Runs `config` for every seed (seed s from base_params[i]) as one vmapped program: the arm is the
+    sweep engine's group of points that differ in their seed alone (`vmapped.run_group`, whose rows it
+    returns)."""
+    configs = [with_overrides(config, {"seed": s}) for s in seeds]
+    rows, _ = run_group(configs, base_params, eval_every)
+    return rows
 
 
 def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple[str, ...] = ()
