@@ -14,9 +14,11 @@ for the trainer (the value read as the key's type).
 
 Each seed has its own warmed-up base model (`experiments.runs.warmed_up_model`); both arms
 of an algorithm start from it and see the same RNG stream, so within a seed the two runs
-differ by PIPO's verification step alone. All seeds of one arm run as ONE program: the
-`TrainState`s of the seeds are stacked and `jax.vmap(loop.scan_chunk)` advances them
-together (`run_arm`; equal to separate runs, tests/test_compare.py).
+differ by PIPO's verification step alone. An arm is a sweep point at every seed (`experiments.study`):
+the points whose jit-static specs are equal (all seeds of an arm, and arms that differ only in values
+the train state carries) run as ONE program: their `TrainState`s are stacked and
+`jax.vmap(loop.scan_chunk)` advances them together (`vmapped.run_group`; equal to separate runs,
+tests/test_compare.py).
 
 Per algorithm it reports the paired difference (with PIPO minus without, same seed and
 base model) of final held-out greedy accuracy and of reward AUC (mean batch reward over
@@ -80,16 +82,6 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
     if not (algorithm and label and overrides):
         raise ValueError(f"--variant={text!r}: expected ALGO:LABEL:key=value[;key=value]")
     return algorithm, label, overrides
-
-
-def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: list, eval_every: int
-            ) -> list[dict[str, Any]]:
-    """Runs `config` for every seed (seed s from base_params[i]) as one vmapped program: the arm is the
-    sweep engine's group of points that differ in their seed alone (`vmapped.run_group`, whose rows it
-    returns)."""
-    configs = [with_overrides(config, {"seed": s}) for s in seeds]
-    rows, _ = run_group(configs, base_params, eval_every)
-    return rows
 
 
 def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple[str, ...] = ()
@@ -161,8 +153,9 @@ PARTIAL = "compare.partial.json"
 
 
 def arm_fingerprint(config: ml_collections.ConfigDict) -> dict:
-    """An arm's whole config as plain JSON values (what a stored arm must equal to be reused)."""
-    return json.loads(json.dumps(config.to_dict(), default=str, sort_keys=True))
+    """An arm's whole config as plain JSON values (what a stored arm must equal to be reused: the sweep
+    engine's point fingerprint)."""
+    return study.fingerprint(config)
 
 
 def stored_arms(out: str, origin: dict, seeds: list[int]) -> dict[str, dict]:
@@ -177,8 +170,7 @@ def stored_arms(out: str, origin: dict, seeds: list[int]) -> dict[str, dict]:
             stored = json.load(f)
     except ValueError:
         stored = {}
-    same = (stored.get("commit") == origin["commit"] and not origin["commit"].endswith("+dirty")
-            and origin["commit"] != "unknown" and stored.get("seeds") == seeds and "arms" in stored)
+    same = study.same_code(stored.get("commit"), origin["commit"]) and stored.get("seeds") == seeds and "arms" in stored
     if same:
         return stored["arms"]
     k = 1
@@ -228,26 +220,33 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
     for seed in seeds:  # one base model per seed, shared by every arm
         _, params = hf.load(warmed_up_model(first, seed, base_dir or out))
         bases.append(params)
-    results: dict[str, list[dict]] = {}
     stored, done, resumed = stored_arms(out, origin, seeds), {}, []
+    arms = []  # (label, config, overrides) of every arm, in the table's order
     for name, config in configs.items():
-        arms = [("", False, {}), ("+PIPO", True, {})]
-        arms += [(f"+PIPO[{label}]", True, o) for algorithm, label, o in parsed if algorithm == name]
-        for arm, enabled, overrides in arms:
-            c = arm_config(config, enabled, overrides)
-            label, fingerprint = name + arm, arm_fingerprint(c)
-            if stored.get(label, {}).get("config") == fingerprint:
-                results[label] = stored[label]["runs"]
-                resumed.append(label)
-                print(f"{label}: reused from {os.path.join(out, PARTIAL)}", flush=True)
-            else:
-                t0 = time.perf_counter()
-                results[label] = run_arm(c, seeds, bases, eval_every or c.eval.every)
-                print(f"{label}: {len(seeds)} seeds in {time.perf_counter() - t0:.0f}s", flush=True)
-                jax.clear_caches()
-            done[label] = {"config": fingerprint, "runs": results[label]}
-            # a kill or a full disk while writing leaves the last whole file
-            atomic.write_json_atomic(os.path.join(out, PARTIAL), {"seeds": seeds, **origin, "arms": done}, indent=None)
+        kinds = [("", False, {}), ("+PIPO", True, {})]
+        kinds += [(f"+PIPO[{label}]", True, o) for algorithm, label, o in parsed if algorithm == name]
+        arms += [(name + arm, arm_config(config, enabled, o), o) for arm, enabled, o in kinds]
+    runs: dict[str, dict[int, dict]] = {}
+    pending = []  # an arm is a sweep point at every seed; arms of one jit-static spec run as one program
+    for label, c, overrides in arms:
+        if stored.get(label, {}).get("config") == arm_fingerprint(c):
+            runs[label] = dict(zip(seeds, stored[label]["runs"]))
+            resumed.append(label)
+            print(f"{label}: reused from {os.path.join(out, PARTIAL)}", flush=True)
+        else:
+            pending += [study.Point(label, s, overrides, with_overrides(c, {"seed": s})) for s in seeds]
+    for group in study.group_points(pending):
+        rows, timing = study.run_group_points(group, [bases[seeds.index(p.seed)] for p in group],
+                                              eval_every or group[0].config.eval.every)
+        for p, row in zip(group, rows):
+            runs.setdefault(p.label, {})[p.seed] = row
+        labels = list(dict.fromkeys(p.label for p in group))
+        print(f"{', '.join(labels)}: {len(seeds)} seeds in {timing['wall_s']:.0f}s (one program)", flush=True)
+        for label, c, _ in arms:  # every arm finished so far; a kill or a full disk leaves the last whole file
+            if label in runs and len(runs[label]) == len(seeds):
+                done[label] = {"config": arm_fingerprint(c), "runs": [runs[label][s] for s in seeds]}
+        atomic.write_json_atomic(os.path.join(out, PARTIAL), {"seeds": seeds, **origin, "arms": done}, indent=None)
+    results = {label: [runs[label][s] for s in seeds] for label, _, _ in arms}
     summary = summarise(results, algorithms)
     record = {"script": "experiments/compare.py", "algorithms": algorithms, "preset": preset, "seeds": seeds,
               "settings": list(assignments), "task": first.task.name,

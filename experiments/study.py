@@ -182,12 +182,21 @@ def _move_aside(path: str, entries: dict | None, stale: dict[str, dict]) -> None
         os.remove(path)
 
 
-def run_points(group: list[Point], out: str, base_root: str, commit: str) -> dict[str, dict]:
-    """Runs one group's points as one vmapped program from their seeds' warmed-up bases; writes their
-    entries to the group's own file (atomic) and returns them by name."""
-    bases = [hf.load(warmed_up_model(p.config, p.seed, base_dir_of(base_root, p.config)))[1] for p in group]
-    rows, timing = run_group([p.config for p in group], bases, group[0].config.eval.every)
+def run_group_points(group: list[Point], bases: list, eval_every: int | None = None
+                     ) -> tuple[list[dict], dict[str, float]]:
+    """One group's points as one vmapped program, member i from `bases[i]` (evaluated every `eval_every`
+    iterations, default the points' eval.every): their rows and the group's {wall_s, compile_s}."""
+    rows, timing = run_group([p.config for p in group], bases,
+                             group[0].config.eval.every if eval_every is None else eval_every)
     jax.clear_caches()  # many groups in one process: drop this one's programs (see tests/conftest.py)
+    return rows, timing
+
+
+def run_points(group: list[Point], out: str, base_root: str, commit: str) -> dict[str, dict]:
+    """Runs one group's points from their seeds' warmed-up bases (`base_dir_of`); writes their entries to
+    the group's own file (atomic) and returns them by name."""
+    bases = [hf.load(warmed_up_model(p.config, p.seed, base_dir_of(base_root, p.config)))[1] for p in group]
+    rows, timing = run_group_points(group, bases)
     entries = {p.name: {"label": p.label, "seed": p.seed, "overrides": p.overrides, "config": fingerprint(p.config),
                         "commit": commit, "result": row,
                         "group": {"size": len(group), "wall_s": timing["wall_s"], "compile_s": timing["compile_s"]}}

@@ -111,21 +111,23 @@ def _as_number(v: Any) -> float | None:
 
 def plot(rows: list[dict], swept: list[str], summary: dict, path: str) -> None:
     """A panel per metric (rows) and swept key (columns): the metric's mean over seeds against the key's
-    value, one line per combination of the other swept keys, with its 95% bootstrap band."""
+    value, one line per combination of the other swept keys, with its 95% bootstrap band; a baseline
+    point that does not set the key is a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = summary["metrics"]
+    metrics, base = summary["metrics"], summary["baseline"]
     keys = swept or ["(none)"]
     fig, axes = plt.subplots(len(metrics), len(keys), figsize=(4.2 * len(keys), 3.2 * len(metrics)), squeeze=False)
     overrides = {r["label"]: r["overrides"] for r in rows}
     for j, key in enumerate(keys):
         lines: dict[str, list[tuple[Any, str]]] = {}
         for lab, o in overrides.items():
-            rest = ",".join(f"{k}={v}" for k, v in o.items() if k != key) or "all"
-            lines.setdefault(rest, []).append((o.get(key, "base"), lab))
+            if key in o or key == "(none)":
+                rest = ",".join(f"{k}={v}" for k, v in o.items() if k != key) or key
+                lines.setdefault(rest, []).append((o.get(key, lab), lab))
         for i, m in enumerate(metrics):
             ax = axes[i][j]
             for rest, members in lines.items():
@@ -134,19 +136,19 @@ def plot(rows: list[dict], swept: list[str], summary: dict, path: str) -> None:
                 order = sorted(range(len(members)), key=lambda k: _as_number(values[k]) if numeric else k)
                 x = [_as_number(values[k]) if numeric else k for k in order]
                 stat = [summary["per_label"][m][members[k][1]] for k in order]
-                mean = [s["mean"] for s in stat]
-                ax.plot(x, mean, marker="o", label=rest)
+                ax.plot(x, [s["mean"] for s in stat], marker="o", label=rest)
                 if all(s["ci95"] for s in stat):
                     ax.fill_between(x, [s["ci95"][0] for s in stat], [s["ci95"][1] for s in stat], alpha=0.2)
                 if not numeric:
                     ax.set_xticks(x, [str(values[k]) for k in order])
-            if numeric and len(set(x)) > 1 and min(x) > 0 and max(x) / min(x) >= 10:
-                ax.set_xscale("log")
+                elif len(set(x)) > 1 and min(x) > 0 and max(x) / min(x) >= 10:
+                    ax.set_xscale("log")
+            if base is not None and key not in overrides.get(base, {}):
+                ax.axhline(summary["per_label"][m][base]["mean"], color="gray", linestyle="--", label=base)
             ax.set_xlabel(key)
             ax.set_title(METRICS[m], fontsize=9)
             ax.grid(alpha=0.3)
-            if len(lines) > 1:
-                ax.legend(fontsize=7)
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

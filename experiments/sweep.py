@@ -76,6 +76,11 @@ def parse_baseline(text: str) -> dict[str, Any] | None:
     return out
 
 
+def config_file(text: str) -> str:
+    """The config flag's file ('file.py:preset' as the flag holds its default -> 'file.py')."""
+    return text if os.path.isfile(text) else (text.rpartition(":")[0] or text)
+
+
 def study_grid(config_path: str) -> list[dict[str, Any]] | None:
     """The config file's own sweep (`get_hyper(hyper_grid)`), or None if it declares none."""
     spec = importlib.util.spec_from_file_location("_study_config", config_path)
@@ -188,11 +193,13 @@ def main(argv):
     start, cpu_start = time.perf_counter(), time.process_time()
     origin = provenance.record()
     base = _CONFIG.value
-    config_path = config_flags.get_config_filename(flags.FLAGS["config"])
+    config_path = config_file(config_flags.get_config_filename(flags.FLAGS["config"]))
     if _WORKERS.value < 1:
         raise cli.UsageError(f"--workers={_WORKERS.value}: must be >= 1")
     seeds = parse_seeds(",".join(_SEEDS.value))
     grid, baseline_overrides = the_grid(config_path)
+    keys = list(dict.fromkeys(k for o in grid for k in o if k != "seed"))
+    swept = [k for k in keys if len({str(o.get(k)) for o in grid}) > 1] or keys  # the keys that vary
     if baseline_overrides is not None and baseline_overrides not in grid:
         grid = grid + [baseline_overrides]
     points = study.make_points(base, grid, seeds)  # every point validated before anything runs
@@ -201,6 +208,7 @@ def main(argv):
         want = study.fingerprint(with_overrides(base, dict(baseline_overrides, seed=seeds[0])))
         baseline = next(p.label for p in points if study.fingerprint(p.config) == want)
     groups = study.group_points(points)
+    indices = select_groups(len(groups))
     print(f"{len(points)} points in {len(groups)} programs (groups of equal jit-static spec)", flush=True)
     if _DRY_RUN.value:
         for g, members in enumerate(groups):
@@ -215,7 +223,6 @@ def main(argv):
         return
     os.makedirs(out, exist_ok=True)
     base_root = _BASE_DIR.value or os.path.join(out, "bases")
-    indices = select_groups(len(groups))
     entries = study.stored_points(out, points, origin["commit"])
     reused = [p.name for g in indices for p in groups[g] if p.name in entries]
     if reused:
@@ -239,7 +246,6 @@ def main(argv):
         return  # one task of a job array: the collecting run writes sweep.json
     rows = point_rows(points, entries, base, groups)
     summary = study_report.summarise(rows, baseline)
-    swept = list(dict.fromkeys(k for o in grid for k in o if k != "seed"))
     cpu = time.process_time() - cpu_start
     children = os.times()
     record = {"script": "experiments/sweep.py", "argv": argv[1:], "config_file": config_path, "swept_keys": swept,

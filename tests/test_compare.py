@@ -146,10 +146,12 @@ def test_a_stopped_comparison_reuses_the_arms_it_finished(tmp_path, monkeypatch)
     with open(partial_path, "w") as f:
         json.dump(partial, f)
     ran = []
-    run_arm = compare.run_arm
-    monkeypatch.setattr(compare, "run_arm", lambda c, *a: ran.append(c.pipo.enabled) or run_arm(c, *a))
+    run_group_points = compare.study.run_group_points  # the sweep engine runs each program of arms
+    monkeypatch.setattr(compare.study, "run_group_points",
+                        lambda group, *a: ran.append(sorted({(p.label, p.config.pipo.enabled) for p in group}))
+                        or run_group_points(group, *a))
     resumed = compare.compare(["grpo"], "micro", [0, 1], out, iterations=2)
-    assert ran == [True] and resumed["reused_arms"] == ["grpo"]
+    assert ran == [[("grpo+PIPO", True)]] and resumed["reused_arms"] == ["grpo"]
     assert resumed["runs"] == json.loads(json.dumps(whole["runs"])) and resumed["summary"] == whole["summary"]
     assert compare.stored_arms(out, origin, [0, 2]) == {}  # other seeds: moved aside, kept
     assert not os.path.exists(partial_path) and os.path.exists(os.path.join(out, "compare.partial.1.json"))
