@@ -6,8 +6,9 @@
 
 `sweep(key, values)` is one axis; `product(axes)` every combination (the last axis varying fastest);
 `zip(axes)` the i-th values of every axis together (equal lengths); a key set for every point belongs
-in the study's `get_config`. A 'config.' prefix on a key (big_vision's spelling) is dropped. On the command line, `--sweep=pipo.lam=0.05,0.1` is `sweep("pipo.lam", ["0.05", "0.1"])`
-(values as text, read as the key's type when set).
+in the study's `get_config`. A 'config.' prefix on a key (big_vision's spelling) is dropped. On the
+command line, `--sweep=pipo.lam=0.05,0.1` is `sweep("pipo.lam", ["0.05", "0.1"])` (values as text, read
+as the key's type when set).
 """
 
 from __future__ import annotations

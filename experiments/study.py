@@ -6,9 +6,10 @@ a `UsageError` naming the point and the key). Points whose jit-static specs (`tr
 frozen, hashable `TrainSpec`) and loop shape (iterations, evaluation) are equal form a group, which
 runs as ONE vmapped program (`vmapped.run_group`): the seeds of a point always do, and every other
 value the train state carries. Each group's results go to their own file under `<out>/groups/`
-(atomic write); a point stored there with the same config (`fingerprint`) and the same code (a clean
-checkout at one commit, `same_code`) is read back, not rerun, so a stopped sweep continues where it
-stopped; a stored point of another config or code is reported and moved aside to `groups/stale/`.
+(atomic write); a point stored there with the same config (`fingerprint`) and the same code
+(`code_version`: the commit, and for an edited tree the hash of its sources) is read back, not rerun,
+so a stopped sweep continues where it stopped; a stored point of another config or code is reported
+and moved aside to `groups/stale/`.
 """
 
 from __future__ import annotations
@@ -65,10 +66,32 @@ def config_diff(base: ml_collections.ConfigDict, config: ml_collections.ConfigDi
     return {k: [a.get(k), b.get(k)] for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
-def same_code(stored_commit: str | None, commit: str) -> bool:
-    """Whether a stored result was made by this code: the same commit of a clean checkout (a dirty or
-    unknown tree is never the same code)."""
-    return stored_commit == commit and commit != "unknown" and not commit.endswith("+dirty")
+def same_code(stored: str | None, current: str) -> bool:
+    """Whether a stored result was made by this code: equal code versions (a commit, or `code_version`'s
+    commit and source hash), never an unknown one or a bare dirty commit (a tree whose changes are unknown)."""
+    return stored == current and current != "unknown" and not current.endswith("+dirty")
+
+
+SOURCES = ("pipo_jax", "experiments", "configs")  # the code a run executes
+
+
+def code_version(commit: str) -> str:
+    """`commit` for a clean checkout; for a dirty one `commit:<hash>` of every .py file under `SOURCES`
+    (path and bytes), so runs of the same edited tree (a sweep and the processes it starts) recognise
+    each other's results and an edit between them does not."""
+    if not commit.endswith("+dirty"):
+        return commit
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha1()
+    for top in SOURCES:
+        for folder, dirs, files in sorted(os.walk(os.path.join(root, top))):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as f:
+                    digest.update(f.read() + b"\0")
+    return f"{commit}:{digest.hexdigest()[:16]}"
 
 
 def make_points(base: ml_collections.ConfigDict, grid: list[dict[str, Any]], seeds: list[int]) -> list[Point]:
@@ -130,7 +153,7 @@ def group_file(out: str, names: list[str]) -> str:
     return os.path.join(out, GROUPS, hashlib.sha1("\n".join(names).encode()).hexdigest()[:12] + ".json")
 
 
-def stored_points(out: str, points: list[Point], commit: str) -> dict[str, dict]:
+def stored_points(out: str, points: list[Point], code: str) -> dict[str, dict]:
     """The points of `points` finished in `out` (`{name: entry}`: entry["result"] the run's row), read
     from the group files. A stored point whose config or code differs is reported, moved aside to
     `groups/stale/` (its file rewritten without it) and not reused; other stored points are left alone."""
@@ -152,8 +175,8 @@ def stored_points(out: str, points: list[Point], commit: str) -> dict[str, dict]
                 print(f"{name}: stored in {path} with another config (differs in {', '.join(diff[:6])}); rerun",
                       flush=True)
                 stale[name] = entry
-            elif not same_code(entry.get("commit"), commit):
-                print(f"{name}: stored in {path} by other code (commit {entry.get('commit')}, now {commit}); rerun",
+            elif not same_code(entry.get("code"), code):
+                print(f"{name}: stored in {path} by other code ({entry.get('code')}, now {code}); rerun",
                       flush=True)
                 stale[name] = entry
             else:
@@ -192,13 +215,13 @@ def run_group_points(group: list[Point], bases: list, eval_every: int | None = N
     return rows, timing
 
 
-def run_points(group: list[Point], out: str, base_root: str, commit: str) -> dict[str, dict]:
+def run_points(group: list[Point], out: str, base_root: str, code: str) -> dict[str, dict]:
     """Runs one group's points from their seeds' warmed-up bases (`base_dir_of`); writes their entries to
     the group's own file (atomic) and returns them by name."""
     bases = [hf.load(warmed_up_model(p.config, p.seed, base_dir_of(base_root, p.config)))[1] for p in group]
     rows, timing = run_group_points(group, bases)
     entries = {p.name: {"label": p.label, "seed": p.seed, "overrides": p.overrides, "config": fingerprint(p.config),
-                        "commit": commit, "result": row,
+                        "code": code, "result": row,
                         "group": {"size": len(group), "wall_s": timing["wall_s"], "compile_s": timing["compile_s"]}}
                for p, row in zip(group, rows)}
     path = group_file(out, [p.name for p in group])

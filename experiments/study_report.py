@@ -60,7 +60,8 @@ def summarise(rows: list[dict], baseline: str | None) -> dict[str, Any]:
     labels = list(dict.fromkeys(r["label"] for r in rows))
     metrics = [m for m in METRICS if all(m in r["metrics"] for r in rows)]
     by = {m: {lab: {r["seed"]: r["metrics"][m] for r in rows if r["label"] == lab} for lab in labels} for m in metrics}
-    out: dict[str, Any] = {"metrics": metrics, "labels": labels, "baseline": baseline, "per_label": {}, "vs_baseline": {}}
+    out: dict[str, Any] = {"metrics": metrics, "labels": labels, "baseline": baseline, "per_label": {},
+                           "vs_baseline": {}}
     for m in metrics:
         out["per_label"][m] = {lab: mean_ci(list(by[m][lab].values())) for lab in labels}
         if baseline is not None:

@@ -39,7 +39,6 @@ from experiments.overrides import with_overrides
 from experiments.runs import parse_seeds
 from pipo_jax.run import atomic
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/grpo.py:tiny", "run config file:preset")
 _SWEEP = flags.DEFINE_multi_string("sweep", [], "KEY=V1,V2,...: an axis of the sweep (repeatable)")
 _MODE = flags.DEFINE_enum("sweep_mode", "product", ["product", "zip"], "how the --sweep axes combine")
@@ -119,19 +118,20 @@ def the_grid(config_path: str) -> tuple[list[dict[str, Any]], dict[str, Any] | N
     return grid, baseline
 
 
-def select_groups(n: int) -> list[int]:
-    """The group indices this process runs: --group_index, --group_shard=I/N, or all."""
-    if _GROUP_INDEX.value >= 0:
-        if _GROUP_INDEX.value >= n:
-            raise cli.UsageError(f"--group_index={_GROUP_INDEX.value}: the sweep has {n} groups (0-{n - 1})")
-        return [_GROUP_INDEX.value]
-    if _GROUP_SHARD.value:
+def select_groups(n: int, index: int, shard: str) -> list[int]:
+    """The group indices this process runs: `index` (>= 0, --group_index), `shard` 'I/N' (--group_shard: those
+    equal to I modulo N), or all `n`."""
+    if index >= 0:
+        if index >= n:
+            raise cli.UsageError(f"--group_index={index}: the sweep has {n} groups (0-{n - 1})")
+        return [index]
+    if shard:
         try:
-            i, k = (int(x) for x in _GROUP_SHARD.value.split("/"))
+            i, k = (int(x) for x in shard.split("/"))
             if not 0 <= i < k:
                 raise ValueError
         except ValueError:
-            raise cli.UsageError(f"--group_shard={_GROUP_SHARD.value}: expected I/N with 0 <= I < N") from None
+            raise cli.UsageError(f"--group_shard={shard}: expected I/N with 0 <= I < N") from None
         return [g for g in range(n) if g % k == i]
     return list(range(n))
 
@@ -147,7 +147,7 @@ def slurm_script(argv: list[str], n_groups: int, out: str, options: list[str]) -
     command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "experiments.sweep", *child_argv(argv)])
     lines = ["#!/usr/bin/env bash", "#SBATCH --job-name=pipo_sweep", f"#SBATCH --array=0-{n_groups - 1}",
              f"#SBATCH --output={os.path.abspath(out)}/slurm-%A_%a.log", *(f"#SBATCH {o}" for o in options),
-             "set -euo pipefail", f"cd {shlex.quote(ROOT)}",
+             "set -euo pipefail", f"cd {shlex.quote(os.getcwd())}",  # where the flags' relative paths point
              f'{command} --group_index="${{SLURM_ARRAY_TASK_ID}}"',
              f"# when every task is done: {command} --collect_only"]
     return "\n".join(lines) + "\n"
@@ -155,25 +155,32 @@ def slurm_script(argv: list[str], n_groups: int, out: str, options: list[str]) -
 
 def run_workers(argv: list[str], indices: list[int], workers: int, out: str) -> None:
     """Runs each group of `indices` as its own process (`--group_index`), `workers` at a time; logs go to
-    <out>/logs/group<i>.log. A failed group is one line naming it and its log."""
+    <out>/logs/group<i>.log. A failed group stops the others (SIGTERM: each saves nothing half-done) and
+    is one line naming it and its log."""
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     pending, running = list(indices), {}
-    while pending or running:
-        while pending and len(running) < workers:
-            g = pending.pop(0)
-            log = open(os.path.join(out, "logs", f"group{g}.log"), "w")
-            proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", *child_argv(argv, group_index=g)],
-                                    stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-            running[proc.pid] = (g, log)
-        pid, status = os.waitpid(-1, 0)
-        if pid not in running:
-            continue
-        g, log = running.pop(pid)
-        log.close()
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            raise RuntimeError(f"group {g}: its process exited with {code}; see {log.name}")
-        print(f"group {g}: done ({log.name})", flush=True)
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                g = pending.pop(0)
+                log = open(os.path.join(out, "logs", f"group{g}.log"), "w")
+                proc = subprocess.Popen([sys.executable, "-m", "experiments.sweep", *child_argv(argv, group_index=g)],
+                                        stdout=log, stderr=subprocess.STDOUT)  # this cwd: relative paths hold
+                running[proc.pid] = (g, log, proc)
+            pid, status = os.waitpid(-1, 0)
+            if pid not in running:
+                continue
+            g, log, _ = running.pop(pid)
+            log.close()
+            code = os.waitstatus_to_exitcode(status)
+            if code != 0:
+                raise RuntimeError(f"group {g}: its process exited with {code}; see {log.name}")
+            print(f"group {g}: done ({log.name})", flush=True)
+    finally:
+        for g, log, proc in running.values():  # a failure or an interrupt here: no orphaned group
+            proc.terminate()
+            proc.wait()
+            log.close()
 
 
 def point_rows(points: list[study.Point], entries: dict[str, dict], base: ml_collections.ConfigDict,
@@ -190,6 +197,8 @@ def point_rows(points: list[study.Point], entries: dict[str, dict], base: ml_col
 
 
 def main(argv):
+    if len(argv) > 1:
+        raise cli.UsageError(f"unexpected arguments {argv[1:]}: give the sweep as flags")
     start, cpu_start = time.perf_counter(), time.process_time()
     origin = provenance.record()
     base = _CONFIG.value
@@ -208,7 +217,7 @@ def main(argv):
         want = study.fingerprint(with_overrides(base, dict(baseline_overrides, seed=seeds[0])))
         baseline = next(p.label for p in points if study.fingerprint(p.config) == want)
     groups = study.group_points(points)
-    indices = select_groups(len(groups))
+    indices = select_groups(len(groups), _GROUP_INDEX.value, _GROUP_SHARD.value)
     print(f"{len(points)} points in {len(groups)} programs (groups of equal jit-static spec)", flush=True)
     if _DRY_RUN.value:
         for g, members in enumerate(groups):
@@ -218,12 +227,13 @@ def main(argv):
     if _EMIT_SLURM.value:
         os.makedirs(out, exist_ok=True)
         with open(_EMIT_SLURM.value, "w") as f:
-            f.write(slurm_script(argv[1:], len(groups), out, _SLURM_OPTIONS.value))
+            f.write(slurm_script(sys.argv[1:], len(groups), out, _SLURM_OPTIONS.value))
         print(f"wrote {_EMIT_SLURM.value}: sbatch it ({len(groups)} tasks), then rerun with --collect_only")
         return
     os.makedirs(out, exist_ok=True)
+    code = study.code_version(origin["commit"])
     base_root = _BASE_DIR.value or os.path.join(out, "bases")
-    entries = study.stored_points(out, points, origin["commit"])
+    entries = study.stored_points(out, points, code)
     reused = [p.name for g in indices for p in groups[g] if p.name in entries]
     if reused:
         print(f"{len(reused)} point(s) finished earlier: read from {os.path.join(out, study.GROUPS)}", flush=True)
@@ -232,12 +242,12 @@ def main(argv):
         missing = [p.name for g in todo for p in groups[g] if p.name not in entries]
         raise cli.UsageError(f"--collect_only: {len(missing)} point(s) not finished in {out}, e.g. {missing[0]}")
     if _WORKERS.value > 1 and len(todo) > 1:
-        run_workers(argv[1:], todo, _WORKERS.value, out)
-        entries = study.stored_points(out, points, origin["commit"])
+        run_workers(sys.argv[1:], todo, _WORKERS.value, out)
+        entries = study.stored_points(out, points, code)
     else:
         for g in todo:
             pending = [p for p in groups[g] if p.name not in entries]
-            done = study.run_points(pending, out, base_root, origin["commit"])
+            done = study.run_points(pending, out, base_root, code)
             entries.update(done)
             timing = next(iter(done.values()))["group"]
             print(f"group {g}: {len(pending)} point(s) in {timing['wall_s']:.0f}s "
@@ -248,8 +258,8 @@ def main(argv):
     summary = study_report.summarise(rows, baseline)
     cpu = time.process_time() - cpu_start
     children = os.times()
-    record = {"script": "experiments/sweep.py", "argv": argv[1:], "config_file": config_path, "swept_keys": swept,
-              "sweep_mode": _MODE.value, "seeds": seeds, "baseline": baseline, **origin,
+    record = {"script": "experiments/sweep.py", "argv": sys.argv[1:], "config_file": config_path, "swept_keys": swept,
+              "sweep_mode": _MODE.value, "seeds": seeds, "baseline": baseline, **origin, "code_version": code,
               "groups": [[p.name for p in members] for members in groups],
               "reused_points": reused,
               "wall_time_s": time.perf_counter() - start, "cpu_time_s": cpu + children.children_user

@@ -22,7 +22,8 @@ def test_product_zip_and_sweep_build_the_grid():
     assert h.zip([h.sweep("a", [1, 2]), h.sweep("b", ["x", "y"])]) == [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
     # a zip inside a product: (lr, warm-up) pairs at every lam
     assert h.product([h.sweep("lam", [0, 1]), h.zip([h.sweep("lr", [1, 2]), h.sweep("w", [3, 4])])]) == [
-        {"lam": 0, "lr": 1, "w": 3}, {"lam": 0, "lr": 2, "w": 4}, {"lam": 1, "lr": 1, "w": 3}, {"lam": 1, "lr": 2, "w": 4}]
+        {"lam": 0, "lr": 1, "w": 3}, {"lam": 0, "lr": 2, "w": 4},
+        {"lam": 1, "lr": 1, "w": 3}, {"lam": 1, "lr": 2, "w": 4}]
     assert h.from_flags(["pipo.lam=0.05,0.1", "train.lr=1e-4"], "product") == [
         {"pipo.lam": "0.05", "train.lr": "1e-4"}, {"pipo.lam": "0.1", "train.lr": "1e-4"}]
     assert h.from_flags([], "product") == [{}]
@@ -95,7 +96,7 @@ def test_a_bad_point_is_one_line_naming_the_point_and_key(capsys):
 def _entry(point, commit, final):
     row = {"final_accuracy": final, "reward_auc": 0.5, "acc_steps": [0, 2], "accuracy": [0.0, final]}
     return {"label": point.label, "seed": point.seed, "overrides": point.overrides,
-            "config": study.fingerprint(point.config), "commit": commit, "result": row,
+            "config": study.fingerprint(point.config), "code": commit, "result": row,
             "group": {"size": 1, "wall_s": 1.0, "compile_s": 0.5}}
 
 
@@ -120,6 +121,10 @@ def test_stored_points_are_read_back_only_for_the_same_config_and_code(tmp_path,
     assert study.stored_points(str(tmp_path), [a, b], commit + "+dirty") == {}
     assert "by other code" in capsys.readouterr().out
     assert not study.same_code("unknown", "unknown") and study.same_code(commit, commit)
+    # an edited tree is known by its sources' hash: the same sources, the same code
+    edited = study.code_version(commit + "+dirty")
+    assert edited.startswith(commit + "+dirty:") and edited == study.code_version(commit + "+dirty")
+    assert study.same_code(edited, edited) and study.code_version(commit) == commit
 
 
 def test_heldout_auc_and_the_paired_summary():
@@ -153,3 +158,84 @@ def test_the_slurm_array_runs_one_group_per_task():
     assert "#SBATCH --array=0-3\n" in text and "#SBATCH --gpus-per-task=1\n" in text
     assert "--sweep=pipo.window=2,4 --seeds=0-2 --group_index=\"${SLURM_ARRAY_TASK_ID}\"" in text
     assert "--workers" not in text and "--emit_slurm" not in text
+
+
+@pytest.mark.slow  # a vmapped group of two seeds and the trainer alone, each compiled once
+def test_a_group_equals_its_separate_runs_and_is_read_back_not_rerun(tmp_path, monkeypatch):
+    """The seeds of one point run as one vmapped program (`study.run_points`) give each seed's separate
+    trainer run (`experiments.runs.run` from the same base: the main job's RL part): the same batch
+    rewards and held-out accuracies. The stored group is then read back, never rerun."""
+    from experiments import runs
+
+    base = grpo_configs.get_config("micro")
+    base.pipo.enabled, base.iterations = True, 2
+    points = study.make_points(base, [{"pipo.lam": 0.2}], [0, 1])
+    (group,) = study.group_points(points)
+    commit = "0" * 40
+    entries = study.run_points(group, str(tmp_path), str(tmp_path / "bases"), commit)
+    assert [e["group"]["size"] for e in entries.values()] == [2, 2]
+    assert all(0 < e["group"]["compile_s"] < e["group"]["wall_s"] for e in entries.values())
+    for p in points:
+        alone = runs.run(p.config, str(tmp_path / f"alone{p.seed}"),
+                         runs.warmed_up_model(p.config, p.seed, study.base_dir_of(str(tmp_path / "bases"), p.config)))
+        got = entries[p.name]["result"]
+        assert got["reward"] == alone["reward"] and got["accuracy"] == alone["accuracy"]
+        assert got["acc_steps"] == alone["acc_steps"] == [0, 2] and got["final_accuracy"] == alone["final_accuracy"]
+    assert entries[points[0].name]["result"]["reward"] != entries[points[1].name]["result"]["reward"]
+    monkeypatch.setattr(study, "run_group_points", lambda *a: pytest.fail("a stored point was rerun"))
+    assert study.stored_points(str(tmp_path), points, commit) == json.loads(json.dumps(entries))
+
+
+def test_group_selection_for_array_tasks_and_tpu_vms():
+    from experiments import sweep
+
+    assert sweep.select_groups(5, -1, "") == [0, 1, 2, 3, 4]
+    assert sweep.select_groups(5, 3, "") == [3]
+    assert sweep.select_groups(5, -1, "1/2") == [1, 3]
+    with pytest.raises(cli.UsageError, match=r"--group_index=5: the sweep has 5 groups \(0-4\)"):
+        sweep.select_groups(5, 5, "")
+    with pytest.raises(cli.UsageError, match="--group_shard=2/2: expected I/N with 0 <= I < N"):
+        sweep.select_groups(5, -1, "2/2")
+
+
+def test_the_tpu_launcher_gives_each_vm_its_shard(tmp_path):
+    """experiments/launch/tpu_sweep.sh with a stand-in `gcloud` that records its arguments."""
+    import subprocess
+
+    log = tmp_path / "calls"
+    fake = tmp_path / "gcloud"
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" >> {log}\necho ---- >> {log}\n')
+    fake.chmod(0o755)
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "launch",
+                          "tpu_sweep.sh")
+    res = subprocess.run(["bash", script, "us-east5-a", "vm-a,vm-b", "--out=/gcs/runs/x", "--sweep=pipo.lam=0.1,0.2"],
+                         env=dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}"), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    calls = [c.strip().splitlines() for c in log.read_text().split("----") if c.strip()]
+    assert sorted(c[4] for c in calls) == ["vm-a", "vm-b"]
+    for c in calls:
+        shard = "0/2" if c[4] == "vm-a" else "1/2"
+        assert "--zone=us-east5-a" in c and "--worker=0" in c
+        command = " ".join(c[c.index(next(x for x in c if x.startswith("--command="))):])
+        # the flags shell-quoted for the VM's shell (printf %q: the comma escaped)
+        assert f"python -m experiments.sweep  --out=/gcs/runs/x --sweep=pipo.lam=0.1\\,0.2 --group_shard={shard}" \
+            in command
+
+
+def test_reproduce_renders_a_sweep_like_its_other_tables():
+    from experiments import reproduce
+
+    rows = [{"label": lab, "seed": s, "overrides": {"pipo.lam": lam},
+             "metrics": {"final_accuracy": v, "reward_auc": v, "heldout_auc": v}}
+            for lab, lam, vals in (("pipo.lam=0.1", 0.1, [0.5, 0.25]), ("pipo.lam=0.2", 0.2, [0.75, 0.5]))
+            for s, v in enumerate(vals)]
+    rec = {"json_name": "x.json", "commit": "0123456789abcdef", "cpu_model": "CPU X", "cpu_count": 2,
+           "versions": {"jax": "0.10.2"}, "points": rows, "swept_keys": ["pipo.lam"], "seeds": [0, 1],
+           "groups": [["a"], ["b"]], "wall_time_s": 100.4, "cpu_time_s": 180.6,
+           "summary": study_report.summarise(rows, "pipo.lam=0.1")}
+    text = reproduce.render_sweep([rec, {"json_name": "y.json", "missing": True}])
+    assert text.startswith("Measured with CPU X, 2 cores, jax 0.10.2, commit `0123456789ab`: 4 points (pipo.lam x "
+                           "seeds 0,1) in 2 programs, 100 s wall / 181 s CPU (JSON: `experiments/results/x.json`).")
+    assert "| pipo.lam=0.2 | 2 | 0.625 [" in text and "| +0.250 [+0.250, +0.250], p = 0.5 |" in text
+    assert text.endswith("Not run yet (no `experiments/results/y.json`).")
+    assert reproduce.TABLES["sweep_lam_lr"].runs[0].argv[0] == "experiments.sweep"
