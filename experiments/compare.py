@@ -84,6 +84,14 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
     return algorithm, label, overrides
 
 
+def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: list, eval_every: int
+            ) -> list[dict[str, Any]]:
+    """`config` at every seed (seed s from base_params[i]) as one vmapped program: its rows
+    (`vmapped.run_group`, the sweep engine's runner of one group)."""
+    rows, _ = run_group([with_overrides(config, {"seed": s}) for s in seeds], base_params, eval_every)
+    return rows
+
+
 def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple[str, ...] = ()
                      ) -> ml_collections.ConfigDict:
     """configs/<name>.py's `preset`; an unknown algorithm or preset is a `UsageError` naming the flag."""

@@ -215,10 +215,15 @@ def run_group_points(group: list[Point], bases: list, eval_every: int | None = N
     return rows, timing
 
 
+def base_of(point: Point, base_root: str) -> str:
+    """The warmed-up base of the point's seed and warm-up settings (made once, then read from disk)."""
+    return warmed_up_model(point.config, point.seed, base_dir_of(base_root, point.config))
+
+
 def run_points(group: list[Point], out: str, base_root: str, code: str) -> dict[str, dict]:
     """Runs one group's points from their seeds' warmed-up bases (`base_dir_of`); writes their entries to
     the group's own file (atomic) and returns them by name."""
-    bases = [hf.load(warmed_up_model(p.config, p.seed, base_dir_of(base_root, p.config)))[1] for p in group]
+    bases = [hf.load(base_of(p, base_root))[1] for p in group]
     rows, timing = run_group_points(group, bases)
     entries = {p.name: {"label": p.label, "seed": p.seed, "overrides": p.overrides, "config": fingerprint(p.config),
                         "code": code, "result": row,

@@ -39,25 +39,30 @@ from experiments.overrides import with_overrides
 from experiments.runs import parse_seeds
 from pipo_jax.run import atomic
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/grpo.py:tiny", "run config file:preset")
-_SWEEP = flags.DEFINE_multi_string("sweep", [], "KEY=V1,V2,...: an axis of the sweep (repeatable)")
-_MODE = flags.DEFINE_enum("sweep_mode", "product", ["product", "zip"], "how the --sweep axes combine")
-_SEEDS = flags.DEFINE_list("seeds", ["0"], "seeds: 'a-b' (inclusive) or a comma list")
-_LAMS = flags.DEFINE_list("lams", [], "pipo.lam values (PIPO on; the PIPO-off point is the baseline)")
-_WINDOWS = flags.DEFINE_list("windows", [], "pipo.window (K) values (PIPO on; as --lams)")
-_BASELINE = flags.DEFINE_string("baseline", "", "KEY=VALUE[;KEY=VALUE]: the point (added if not swept) the "
-                                "others are paired against; 'none' = no baseline")
-_OUT = flags.DEFINE_string("out", "runs/sweep", "output directory")
-_BASE_DIR = flags.DEFINE_string("base_dir", "", "where the per-seed warmed-up bases are cached; '' = <out>/bases")
-_WORKERS = flags.DEFINE_integer("workers", 1, "groups run at a time, each its own process")
-_GROUP_INDEX = flags.DEFINE_integer("group_index", -1, "run only this group (0-based; a job array's task id)")
-_GROUP_SHARD = flags.DEFINE_string("group_shard", "", "I/N: run only the groups whose index is I modulo N")
-_COLLECT_ONLY = flags.DEFINE_bool("collect_only", False, "run nothing: write sweep.json from the stored groups")
-_EMIT_SLURM = flags.DEFINE_string("emit_slurm", "", "write a SLURM job-array script (one group per task) here "
-                                  "and exit")
-_SLURM_OPTIONS = flags.DEFINE_multi_string("slurm_option", [], "an #SBATCH option of --emit_slurm's script, "
-                                           "e.g. --gpus-per-task=1 (repeatable)")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "validate every point, print the groups and exit")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command's flags, defined when it runs (tests import this module beside other commands')."""
+    config_flags.DEFINE_config_file("config", "configs/grpo.py:tiny", "run config file:preset")
+    flags.DEFINE_multi_string("sweep", [], "KEY=V1,V2,...: an axis of the sweep (repeatable)")
+    flags.DEFINE_enum("sweep_mode", "product", ["product", "zip"], "how the --sweep axes combine")
+    flags.DEFINE_list("seeds", ["0"], "seeds: 'a-b' (inclusive) or a comma list")
+    flags.DEFINE_list("lams", [], "pipo.lam values (PIPO on; the PIPO-off point is the baseline)")
+    flags.DEFINE_list("windows", [], "pipo.window (K) values (PIPO on; as --lams)")
+    flags.DEFINE_string("baseline", "", "KEY=VALUE[;KEY=VALUE]: the point (added if not swept) the others are "
+                        "paired against; 'none' = no baseline")
+    flags.DEFINE_string("out", "runs/sweep", "output directory")
+    flags.DEFINE_string("base_dir", "", "where the per-seed warmed-up bases are cached; '' = <out>/bases")
+    flags.DEFINE_integer("workers", 1, "groups run at a time, each its own process")
+    flags.DEFINE_integer("group_index", -1, "run only this group (0-based; a job array's task id)")
+    flags.DEFINE_string("group_shard", "", "I/N: run only the groups whose index is I modulo N")
+    flags.DEFINE_bool("collect_only", False, "run nothing: write sweep.json from the stored groups")
+    flags.DEFINE_string("emit_slurm", "", "write a SLURM job-array script (one group per task) here and exit")
+    flags.DEFINE_multi_string("slurm_option", [], "an #SBATCH option of --emit_slurm's script, e.g. "
+                              "--gpus-per-task=1 (repeatable)")
+    flags.DEFINE_bool("dry_run", False, "validate every point, print the groups and exit")
+
 
 LAUNCH_FLAGS = ("workers", "group_index", "group_shard", "emit_slurm", "slurm_option", "collect_only", "dry_run")
 
@@ -93,22 +98,23 @@ def study_grid(config_path: str) -> list[dict[str, Any]] | None:
         raise cli.UsageError(f"--config={config_path}: get_hyper: {e}") from None
 
 
-def the_grid(config_path: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def the_grid(config_path: str, sweeps: list[str], mode: str, lams: list[str], windows: list[str],
+             baseline_text: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """(the sweep's grid, its baseline overrides) from the flags or the config file's get_hyper."""
-    baseline = parse_baseline(_BASELINE.value)
-    legacy = [("pipo.lam", cli.parse_list("lams", _LAMS.value, float)),
-              ("pipo.window", cli.parse_list("windows", _WINDOWS.value, int))]
+    baseline = parse_baseline(baseline_text)
+    legacy = [("pipo.lam", cli.parse_list("lams", lams, float)),
+              ("pipo.window", cli.parse_list("windows", windows, int))]
     legacy = [(k, v) for k, v in legacy if v]
     try:
         if legacy:
-            if _SWEEP.value:
+            if sweeps:
                 raise cli.UsageError("--lams / --windows: give the grid with --sweep alone (e.g. --sweep=pipo.lam=...)")
             grid = hyper_grid.product([hyper_grid.sweep("pipo.enabled", [True])]
                                       + [hyper_grid.sweep(k, v) for k, v in legacy])
-            if not _BASELINE.value:
+            if not baseline_text:
                 baseline = {"pipo.enabled": "false"}
-        elif _SWEEP.value:
-            grid = hyper_grid.from_flags(_SWEEP.value, _MODE.value)
+        elif sweeps:
+            grid = hyper_grid.from_flags(sweeps, mode)
         else:
             grid = study_grid(config_path) or [{}]
     except ValueError as e:
@@ -201,12 +207,13 @@ def main(argv):
         raise cli.UsageError(f"unexpected arguments {argv[1:]}: give the sweep as flags")
     start, cpu_start = time.perf_counter(), time.process_time()
     origin = provenance.record()
-    base = _CONFIG.value
+    base = FLAGS.config
     config_path = config_file(config_flags.get_config_filename(flags.FLAGS["config"]))
-    if _WORKERS.value < 1:
-        raise cli.UsageError(f"--workers={_WORKERS.value}: must be >= 1")
-    seeds = parse_seeds(",".join(_SEEDS.value))
-    grid, baseline_overrides = the_grid(config_path)
+    if FLAGS.workers < 1:
+        raise cli.UsageError(f"--workers={FLAGS.workers}: must be >= 1")
+    seeds = parse_seeds(",".join(FLAGS.seeds))
+    grid, baseline_overrides = the_grid(config_path, FLAGS.sweep, FLAGS.sweep_mode, FLAGS.lams, FLAGS.windows,
+                                        FLAGS.baseline)
     keys = list(dict.fromkeys(k for o in grid for k in o if k != "seed"))
     swept = [k for k in keys if len({str(o.get(k)) for o in grid}) > 1] or keys  # the keys that vary
     if baseline_overrides is not None and baseline_overrides not in grid:
@@ -217,32 +224,34 @@ def main(argv):
         want = study.fingerprint(with_overrides(base, dict(baseline_overrides, seed=seeds[0])))
         baseline = next(p.label for p in points if study.fingerprint(p.config) == want)
     groups = study.group_points(points)
-    indices = select_groups(len(groups), _GROUP_INDEX.value, _GROUP_SHARD.value)
+    indices = select_groups(len(groups), FLAGS.group_index, FLAGS.group_shard)
     print(f"{len(points)} points in {len(groups)} programs (groups of equal jit-static spec)", flush=True)
-    if _DRY_RUN.value:
+    if FLAGS.dry_run:
         for g, members in enumerate(groups):
             print(f"group {g}: " + "; ".join(p.name for p in members))
         return
-    out = _OUT.value
-    if _EMIT_SLURM.value:
+    out = FLAGS.out
+    if FLAGS.emit_slurm:
         os.makedirs(out, exist_ok=True)
-        with open(_EMIT_SLURM.value, "w") as f:
-            f.write(slurm_script(sys.argv[1:], len(groups), out, _SLURM_OPTIONS.value))
-        print(f"wrote {_EMIT_SLURM.value}: sbatch it ({len(groups)} tasks), then rerun with --collect_only")
+        with open(FLAGS.emit_slurm, "w") as f:
+            f.write(slurm_script(sys.argv[1:], len(groups), out, FLAGS.slurm_option))
+        print(f"wrote {FLAGS.emit_slurm}: sbatch it ({len(groups)} tasks), then rerun with --collect_only")
         return
     os.makedirs(out, exist_ok=True)
     code = study.code_version(origin["commit"])
-    base_root = _BASE_DIR.value or os.path.join(out, "bases")
+    base_root = FLAGS.base_dir or os.path.join(out, "bases")
     entries = study.stored_points(out, points, code)
     reused = [p.name for g in indices for p in groups[g] if p.name in entries]
     if reused:
         print(f"{len(reused)} point(s) finished earlier: read from {os.path.join(out, study.GROUPS)}", flush=True)
     todo = [g for g in indices if any(p.name not in entries for p in groups[g])]
-    if _COLLECT_ONLY.value and todo:
+    if FLAGS.collect_only and todo:
         missing = [p.name for g in todo for p in groups[g] if p.name not in entries]
         raise cli.UsageError(f"--collect_only: {len(missing)} point(s) not finished in {out}, e.g. {missing[0]}")
-    if _WORKERS.value > 1 and len(todo) > 1:
-        run_workers(sys.argv[1:], todo, _WORKERS.value, out)
+    if FLAGS.workers > 1 and len(todo) > 1:
+        for p in {(p.seed, study.base_dir_of(base_root, p.config)): p for g in todo for p in groups[g]}.values():
+            study.base_of(p, base_root)  # each base warmed up once, here, before the groups' processes read it
+        run_workers(sys.argv[1:], todo, FLAGS.workers, out)
         entries = study.stored_points(out, points, code)
     else:
         for g in todo:
@@ -254,12 +263,16 @@ def main(argv):
                   f"({timing['compile_s']:.0f}s compiling)", flush=True)
     if len(indices) < len(groups):
         return  # one task of a job array: the collecting run writes sweep.json
+    missing = [p.name for p in points if p.name not in entries]
+    if missing:  # e.g. the sources changed while the groups' processes ran: their results are other code's
+        raise RuntimeError(f"{len(missing)} point(s) have no stored result after their groups ran, e.g. {missing[0]} "
+                           "(see the lines above)")
     rows = point_rows(points, entries, base, groups)
     summary = study_report.summarise(rows, baseline)
     cpu = time.process_time() - cpu_start
     children = os.times()
     record = {"script": "experiments/sweep.py", "argv": sys.argv[1:], "config_file": config_path, "swept_keys": swept,
-              "sweep_mode": _MODE.value, "seeds": seeds, "baseline": baseline, **origin, "code_version": code,
+              "sweep_mode": FLAGS.sweep_mode, "seeds": seeds, "baseline": baseline, **origin, "code_version": code,
               "groups": [[p.name for p in members] for members in groups],
               "reused_points": reused,
               "wall_time_s": time.perf_counter() - start, "cpu_time_s": cpu + children.children_user
@@ -272,4 +285,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run(main)

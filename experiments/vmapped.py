@@ -90,9 +90,10 @@ def group_spec(configs: list[ml_collections.ConfigDict]) -> TrainSpec:
     return spec
 
 
-def member_state(spec: TrainSpec, config: ml_collections.ConfigDict, params) -> TrainState:
-    """One member's fresh state: built from its own config (its seed's RNG) around its base params."""
-    return init_train_state(spec, params, config.seed)
+def member_state(config: ml_collections.ConfigDict, params) -> TrainState:
+    """One member's fresh state, built from its own config: its own spec's values (whatever the state
+    carries of them) and its seed's RNG, around its base params."""
+    return init_train_state(train_spec(config), params, config.seed)
 
 
 def run_group(configs: list[ml_collections.ConfigDict], base_params: list, eval_every: int
@@ -110,7 +111,7 @@ def run_group(configs: list[ml_collections.ConfigDict], base_params: list, eval_
     t_start = time.perf_counter()
     spec = group_spec(configs)
     config = configs[0]
-    states = stack([member_state(spec, c, p) for c, p in zip(configs, base_params)])
+    states = stack([member_state(c, p) for c, p in zip(configs, base_params)])
     n_eval, total, samples = config.eval.n, config.iterations, config.eval.heldout_samples
     kinds = ("none", "solution", "feedback") if spec.uses_teacher else ("none",)
     programs = CompiledPrograms()

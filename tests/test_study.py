@@ -177,7 +177,7 @@ def test_a_group_equals_its_separate_runs_and_is_read_back_not_rerun(tmp_path, m
     assert all(0 < e["group"]["compile_s"] < e["group"]["wall_s"] for e in entries.values())
     for p in points:
         alone = runs.run(p.config, str(tmp_path / f"alone{p.seed}"),
-                         runs.warmed_up_model(p.config, p.seed, study.base_dir_of(str(tmp_path / "bases"), p.config)))
+                         study.base_of(p, str(tmp_path / "bases")))
         got = entries[p.name]["result"]
         assert got["reward"] == alone["reward"] and got["accuracy"] == alone["accuracy"]
         assert got["acc_steps"] == alone["acc_steps"] == [0, 2] and got["final_accuracy"] == alone["final_accuracy"]
