@@ -16,16 +16,15 @@ from experiments import stats
 METRICS = {"final_accuracy": "final held-out greedy accuracy",
            "final_pass_at_1": "final held-out pass@1 (sampled)",
            "reward_auc": "training-reward AUC (mean batch reward)",
-           "heldout_auc": "held-out AUC (mean greedy accuracy over the run)"}
+           "heldout_auc": "held-out AUC (mean greedy accuracy of the run's evaluations)"}
 
 
 def heldout_auc(acc_steps: list[int], accuracy: list[float]) -> float:
-    """Area under the held-out accuracy curve (trapezoid over the evaluated iterations) divided by the
-    iterations it spans: the run's mean held-out accuracy; the one value when evaluated once."""
-    x, y = np.asarray(acc_steps, np.float64), np.asarray(accuracy, np.float64)
-    if len(x) < 2 or x[-1] == x[0]:
-        return float(y.mean())
-    return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / (x[-1] - x[0]))
+    """Area under the held-out greedy accuracy curve per iteration, as the training-reward AUC is under the
+    batch reward: the mean of the evaluations after iteration 0 (the base model's is not the run's; they
+    are `eval.every` apart but the last); NaN without one."""
+    after = [a for s, a in zip(acc_steps, accuracy) if s > 0]
+    return float(np.mean(after)) if after else float("nan")
 
 
 def point_metrics(row: dict) -> dict[str, float]:

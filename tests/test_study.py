@@ -128,8 +128,8 @@ def test_stored_points_are_read_back_only_for_the_same_config_and_code(tmp_path,
 
 
 def test_heldout_auc_and_the_paired_summary():
-    assert study_report.heldout_auc([0, 10, 30], [0.2, 0.4, 0.4]) == pytest.approx((0.3 * 10 + 0.4 * 20) / 30)
-    assert study_report.heldout_auc([5], [0.25]) == 0.25
+    assert study_report.heldout_auc([0, 10, 20, 25], [0.2, 0.3, 0.6, 0.75]) == pytest.approx(0.55)  # after 0
+    assert np.isnan(study_report.heldout_auc([0], [0.25]))
     rows = [{"label": lab, "seed": s, "overrides": {}, "metrics": {"final_accuracy": v, "reward_auc": v / 2,
                                                                   "heldout_auc": v}}
             for lab, vals in (("base", [0.1, 0.2, 0.3]), ("x", [0.3, 0.5, 0.4])) for s, v in enumerate(vals)]
