@@ -40,7 +40,6 @@ import os
 import time
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 from absl import flags
@@ -48,7 +47,7 @@ from absl import flags
 from experiments import cli, overfit, provenance, stats, study
 from experiments.overrides import set_key, with_overrides
 from experiments.runs import parse_seeds, warmed_up_model
-from experiments.vmapped import run_group, stack, unstack, vmapped_chunk, vmapped_sampled_rewards  # noqa: F401
+from experiments.vmapped import run_group
 from pipo_jax.models import hf
 from pipo_jax.run import atomic
 

@@ -32,10 +32,6 @@ def stack(trees: list) -> Any:
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-def unstack(tree: Any, n: int) -> list:
-    return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(n)]
-
-
 @functools.partial(jax.jit, static_argnums=(0, 2), donate_argnums=1)
 def vmapped_chunk(spec: TrainSpec, states: TrainState, length: int) -> tuple[TrainState, dict]:
     """`length` iterations of every member at once: `loop.scan_chunk` under `jax.vmap` over the
