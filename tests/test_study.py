@@ -202,16 +202,15 @@ def test_the_tpu_launcher_gives_each_vm_its_shard(tmp_path):
     """experiments/launch/tpu_sweep.sh with a stand-in `gcloud` that records its arguments."""
     import subprocess
 
-    log = tmp_path / "calls"
-    fake = tmp_path / "gcloud"
-    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" >> {log}\necho ---- >> {log}\n')
+    fake = tmp_path / "gcloud"  # each call to its own file: the VMs' calls run at once
+    fake.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$(mktemp {tmp_path}/call.XXXXXX)"\n')
     fake.chmod(0o755)
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "launch",
                           "tpu_sweep.sh")
     res = subprocess.run(["bash", script, "us-east5-a", "vm-a,vm-b", "--out=/gcs/runs/x", "--sweep=pipo.lam=0.1,0.2"],
                          env=dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}"), capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    calls = [c.strip().splitlines() for c in log.read_text().split("----") if c.strip()]
+    calls = [p.read_text().splitlines() for p in tmp_path.glob("call.*")]
     assert sorted(c[4] for c in calls) == ["vm-a", "vm-b"]
     for c in calls:
         shard = "0/2" if c[4] == "vm-a" else "1/2"
