@@ -68,8 +68,9 @@ def compare_point(row: dict, workdir: str) -> dict:
            "accuracy_equal": got["acc_steps"] == alone["acc_steps"] and got["accuracy"] == alone["accuracy"],
            "accuracy_max_abs_diff": largest_difference(got["accuracy"], alone["accuracy"]),
            "final_accuracy": [got["final_accuracy"], summary["final_accuracy"]]}
-    if "final_pass_at_1" in got and "final_pass@1" in summary:
-        out["final_pass_at_1"] = [got["final_pass_at_1"], summary["final_pass@1"]]
+    alone_pass = summary.get("final_pass_at_1", summary.get("final_pass@1"))  # summary.json's key, new or old
+    if "final_pass_at_1" in got and alone_pass is not None:
+        out["final_pass_at_1"] = [got["final_pass_at_1"], alone_pass]
     out["equal"] = (out["reward_equal"] and out["accuracy_equal"]
                     and out["final_accuracy"][0] == out["final_accuracy"][1]
                     and ("final_pass_at_1" not in out or out["final_pass_at_1"][0] == out["final_pass_at_1"][1]))
