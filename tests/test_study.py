@@ -238,3 +238,19 @@ def test_reproduce_renders_a_sweep_like_its_other_tables():
     assert "| pipo.lam=0.2 | 2 | 0.625 [" in text and "| +0.250 [+0.250, +0.250], p = 0.5 |" in text
     assert text.endswith("Not run yet (no `experiments/results/y.json`).")
     assert reproduce.TABLES["sweep_lam_lr"].runs[0].argv[0] == "experiments.sweep"
+
+
+def test_the_benchmark_checks_a_point_against_its_separate_run(tmp_path):
+    """experiments/benchmarks/sweep_vs_separate.py: equal curves and finals are equal; one reward off is not."""
+    from experiments.benchmarks import sweep_vs_separate as bench
+
+    rows = [{"step": 0, "heldout_accuracy": 0.25}, {"step": 1, "reward_mean": 0.5}, {"step": 2, "reward_mean": 0.75,
+                                                                                       "heldout_accuracy": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "summary.json").write_text(json.dumps({"final_accuracy": 0.5, "final_pass@1": 0.3}))
+    result = {"reward": [0.5, 0.75], "acc_steps": [0, 2], "accuracy": [0.25, 0.5], "final_accuracy": 0.5,
+              "final_pass_at_1": 0.3}
+    check = bench.compare_point({"result": result}, str(tmp_path))
+    assert check["equal"] and check["reward_max_abs_diff"] == 0 and check["final_pass_at_1"] == [0.3, 0.3]
+    check = bench.compare_point({"result": dict(result, reward=[0.5, 0.5])}, str(tmp_path))
+    assert not check["equal"] and check["reward_max_abs_diff"] == 0.25 and check["accuracy_equal"]
