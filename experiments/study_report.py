@@ -1,5 +1,5 @@
 """A sweep's results as a researcher reads them: per point and seed the final held-out accuracy,
-pass@1, the training-reward AUC and the held-out AUC; per metric a table (mean and 95% bootstrap CI
+pass@1, the training-reward AUC and the held-out AUC (`overfit.heldout_auc`); per metric a table (mean and 95% bootstrap CI
 over seeds, the paired difference against a baseline point with its Wilcoxon p where seeds pair),
 and a plot of each metric against each swept key with CI bands (`experiments.stats`)."""
 
@@ -10,26 +10,19 @@ from typing import Any
 
 import numpy as np
 
-from experiments import stats
+from experiments import overfit, stats
 
 # metric -> what it is (a row of `vmapped.run_group` holds them, pass@1 where eval.heldout_samples > 0)
 METRICS = {"final_accuracy": "final held-out greedy accuracy",
            "final_pass_at_1": "final held-out pass@1 (sampled)",
            "reward_auc": "training-reward AUC (mean batch reward)",
-           "heldout_auc": "held-out AUC (mean greedy accuracy of the run's evaluations)"}
-
-
-def heldout_auc(acc_steps: list[int], accuracy: list[float]) -> float:
-    """Area under the held-out greedy accuracy curve per iteration, as the training-reward AUC is under the
-    batch reward: the mean of the evaluations after iteration 0 (the base model's is not the run's; they
-    are `eval.every` apart but the last); NaN without one."""
-    after = [a for s, a in zip(acc_steps, accuracy) if s > 0]
-    return float(np.mean(after)) if after else float("nan")
+           "heldout_auc": "held-out AUC (mean greedy accuracy of the evaluations after iteration 0)"}
 
 
 def point_metrics(row: dict) -> dict[str, float]:
+    """The metrics of one run's row (`vmapped.run_group`); the held-out AUC from its curve (`overfit`)."""
     out = {"final_accuracy": row["final_accuracy"], "reward_auc": row["reward_auc"],
-           "heldout_auc": heldout_auc(row["acc_steps"], row["accuracy"])}
+           "heldout_auc": overfit.heldout_auc(row["acc_steps"], row["accuracy"])}
     if "final_pass_at_1" in row:
         out["final_pass_at_1"] = row["final_pass_at_1"]
     return out

@@ -34,7 +34,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli, hyper_grid, provenance, study, study_report
+from experiments import cli, hyper_grid, overfit, provenance, study, study_report
 from experiments.overrides import with_overrides
 from experiments.runs import parse_seeds
 from pipo_jax.run import atomic
@@ -198,6 +198,7 @@ def point_rows(points: list[study.Point], entries: dict[str, dict], base: ml_col
         rows.append({"name": p.name, "label": p.label, "seed": p.seed, "overrides": p.overrides,
                      "config_diff": study.config_diff(base, p.config), "group": group_of[p.name],
                      "metrics": study_report.point_metrics(e["result"]), "group_timing": e["group"],
+                     "gap_flag": overfit.heldout_gap_flag(e["result"]["reward"], e["result"]["accuracy"]),
                      "result": e["result"]})
     return rows
 
@@ -280,6 +281,9 @@ def main(argv):
     atomic.write_json_atomic(os.path.join(out, "sweep.json"), record, indent=1)
     study_report.plot(rows, swept, summary, os.path.join(out, "sweep.png"))
     print(study_report.format_tables(summary))
+    for r in rows:  # a training reward that rose while held-out accuracy did not (`overfit.heldout_gap_flag`)
+        if r["gap_flag"]:
+            print(f"{r['name']}: {r['gap_flag']}")
     print(f"wrote {os.path.join(out, 'sweep.json')} and sweep.png ({record['wall_time_s']:.0f}s wall, "
           f"{record['cpu_time_s']:.0f}s CPU)")
 

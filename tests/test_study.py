@@ -128,8 +128,9 @@ def test_stored_points_are_read_back_only_for_the_same_config_and_code(tmp_path,
 
 
 def test_heldout_auc_and_the_paired_summary():
-    assert study_report.heldout_auc([0, 10, 20, 25], [0.2, 0.3, 0.6, 0.75]) == pytest.approx(0.55)  # after 0
-    assert np.isnan(study_report.heldout_auc([0], [0.25]))
+    row = {"final_accuracy": 0.75, "reward_auc": 0.5, "acc_steps": [0, 10, 20, 25], "accuracy": [0.2, 0.3, 0.6, 0.75]}
+    assert study_report.point_metrics(row) == {"final_accuracy": 0.75, "reward_auc": 0.5,
+                                               "heldout_auc": pytest.approx(0.55)}  # the evaluations after 0
     rows = [{"label": lab, "seed": s, "overrides": {}, "metrics": {"final_accuracy": v, "reward_auc": v / 2,
                                                                   "heldout_auc": v}}
             for lab, vals in (("base", [0.1, 0.2, 0.3]), ("x", [0.3, 0.5, 0.4])) for s, v in enumerate(vals)]
