@@ -226,7 +226,8 @@ def main(argv):
         baseline = next(p.label for p in points if study.fingerprint(p.config) == want)
     groups = study.group_points(points)
     indices = select_groups(len(groups), FLAGS.group_index, FLAGS.group_shard)
-    print(f"{len(points)} points in {len(groups)} programs (groups of equal jit-static spec)", flush=True)
+    print(f"{len(points)} points in {len(groups)} program{'s' * (len(groups) != 1)} (groups of equal jit-static "
+          "spec)", flush=True)
     if FLAGS.dry_run:
         for g, members in enumerate(groups):
             print(f"group {g}: " + "; ".join(p.name for p in members))
