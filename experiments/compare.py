@@ -14,9 +14,11 @@ for the trainer (the value read as the key's type).
 
 Each seed has its own warmed-up base model (`experiments.runs.warmed_up_model`); both arms
 of an algorithm start from it and see the same RNG stream, so within a seed the two runs
-differ by PIPO's verification step alone. All seeds of one arm run as ONE program: the
-`TrainState`s of the seeds are stacked and `jax.vmap(loop.scan_chunk)` advances them
-together (`run_arm`; equal to separate runs, tests/test_compare.py).
+differ by PIPO's verification step alone. An arm is a sweep point at every seed (`experiments.study`):
+the points whose jit-static specs are equal (all seeds of an arm, and arms that differ only in values
+the train state carries) run as ONE program: their `TrainState`s are stacked and
+`jax.vmap(loop.scan_chunk)` advances them together (`vmapped.run_group`; equal to separate runs,
+tests/test_compare.py).
 
 Per algorithm it reports the paired difference (with PIPO minus without, same seed and
 base model) of final held-out greedy accuracy and of reward AUC (mean batch reward over
@@ -32,30 +34,22 @@ compare.png (mean curves with 95% bootstrap bands over seeds).
 from __future__ import annotations
 
 import ast
-import functools
 import importlib
 import json
 import os
 import time
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import flags
 
-from experiments import cli, overfit, provenance, stats
+from experiments import cli, overfit, provenance, stats, study
+from experiments.overrides import set_key, with_overrides
 from experiments.runs import parse_seeds, warmed_up_model
+from experiments.vmapped import run_group
 from pipo_jax.models import hf
-from pipo_jax import schema
-from pipo_jax.rl import loop
-from pipo_jax.rl.sections import RunConfig
-from pipo_jax.rl.spec import TrainSpec
-from pipo_jax.rl.state import TrainState, init_train_state
-from pipo_jax.run import atomic, teacher_forcing
-from pipo_jax.run.setup import train_spec
-from pipo_jax.run.trainer import EVAL_SEED, device_sampled_rewards
+from pipo_jax.run import atomic
 
 _ALGORITHMS = flags.DEFINE_list("algorithms", ["grpo"], "algorithms (configs/<name>.py) to compare")
 _PRESET = flags.DEFINE_string("preset", "tiny", "preset of the algorithm configs")
@@ -89,135 +83,12 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
     return algorithm, label, overrides
 
 
-def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> ml_collections.ConfigDict:
-    """A copy of `config` with dotted keys set, each value read as its key's type (`set_key`)."""
-    c = config.copy_and_resolve_references()
-    for key, value in overrides.items():
-        set_key(c, f"{key}={value}")
-    return c
-
-
-def stack(trees: list) -> Any:
-    """Stacks equal-structure pytrees along a new leading (seed) axis."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-def unstack(tree: Any, n: int) -> list:
-    return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(n)]
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2), donate_argnums=1)
-def vmapped_chunk(spec: TrainSpec, states: TrainState, length: int) -> tuple[TrainState, dict]:
-    """`length` iterations of every seed at once: `loop.scan_chunk` under `jax.vmap` over the
-    stacked states (metrics `[S, length]`)."""
-    return jax.vmap(lambda s: loop.scan_chunk(spec, s, length))(states)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2, 3))
-def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none") -> jax.Array:
-    """Greedy accuracy `[S]` of stacked params on the trainer's `n` fixed held-out problems
-    (kind: 'none' = the student; 'solution' / 'feedback' = shown a teacher context)."""
-    key, table = jax.random.PRNGKey(EVAL_SEED), spec.task.prompt_table()
-    return jax.vmap(lambda p: teacher_forcing.heldout_accuracy(spec.model, p, spec.task, table, n, key, kind))(params)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2, 3))
-def vmapped_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax.Array:
-    """Rewards `[S, m, samples]` of stacked params: per seed what the trainer's `heldout_pass_at_1` scores
-    (`run/trainer.py:device_sampled_rewards`: the greedy accuracy's held-out problems, sampled as the
-    rollout samples, the trainer's keys)."""
-    return jax.vmap(lambda p: device_sampled_rewards(spec, p, n, samples))(params)
-
-
 def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: list, eval_every: int
             ) -> list[dict[str, Any]]:
-    """Runs `config` for every seed (seed s from base_params[i]) as one vmapped program.
-
-    Returns per seed: steps / reward (batch reward per iteration), acc_steps / accuracy
-    (held-out greedy accuracy at 0 and every `eval_every`), teacher accuracies (SDPO / VPD),
-    initial / final accuracy, reward_auc (mean batch reward), heldout_auc and gap_flag
-    (`overfit.run_figures`), pi_steps; with `eval.heldout_samples`
-    > 0 also pass_at_1 / initial_pass_at_1 / final_pass_at_1 (the same problems, that many responses
-    each sampled at the rollout's temperature: the trainer's `heldout_pass_at_1`).
-    """
-    spec = train_spec(config)
-    if not spec.task.capabilities.device_reward:
-        raise ValueError(f"compare.run_arm: the {spec.task.name} task is scored on the host; the vmapped scan and "
-                         "evaluation need a JAX reward (the built-in task, reasoning-gym)")
-    states = stack([init_train_state(spec, p, s) for p, s in zip(base_params, seeds)])
-    n_eval, total = config.eval.n, config.iterations
-    kinds = ("none", "solution", "feedback") if spec.uses_teacher else ("none",)
-
-    samples = config.eval.heldout_samples
-
-    def evaluate(params):
-        out = {k: np.asarray(vmapped_accuracy(spec, params, n_eval, k)) for k in kinds}
-        if samples:
-            rewards = np.asarray(vmapped_sampled_rewards(spec, params, n_eval, samples))
-            out["pass_at_1"] = np.array([teacher_forcing.pass_and_mixed(r)[0] for r in rewards])
-        return out
-
-    evals, acc_steps, chunks = [evaluate(states.params)], [0], []
-    step = 0
-    while step < total:
-        n = min(eval_every or total, total - step)
-        states, metrics = vmapped_chunk(spec, states, n)
-        chunks.append(jax.device_get({k: metrics[k] for k in ("reward_mean", "pi_step_applied") if k in metrics}))
-        step += n
-        evals.append(evaluate(states.params))
-        acc_steps.append(step)
-    reward = np.concatenate([c["reward_mean"] for c in chunks], axis=1)  # [S, total]
-    pi = np.concatenate([c.get("pi_step_applied", np.zeros_like(c["reward_mean"])) for c in chunks], axis=1)
-    out = []
-    for i, seed in enumerate(seeds):
-        acc = [float(e["none"][i]) for e in evals]
-        row = {"seed": seed, "steps": list(range(1, total + 1)), "reward": reward[i].tolist(),
-               "acc_steps": acc_steps, "accuracy": acc, "initial_accuracy": acc[0], "final_accuracy": acc[-1],
-               "reward_auc": float(reward[i].mean()), "pi_steps": int(pi[i].sum())}
-        for kind in kinds[1:]:
-            row[f"teacher_accuracy_{kind}"] = [float(e[kind][i]) for e in evals]
-        if samples:
-            row["pass_at_1"] = [float(e["pass_at_1"][i]) for e in evals]
-            row["initial_pass_at_1"], row["final_pass_at_1"] = row["pass_at_1"][0], row["pass_at_1"][-1]
-        row.update(overfit.run_figures(row))  # held-out AUC beside reward_auc; the train / held-out gap
-        out.append(row)
-    return out
-
-
-def set_key(c: ml_collections.ConfigDict, assignment: str) -> None:
-    """Applies 'KEY=VALUE' (dotted key) to `c`, VALUE read as the key's current type;
-    ValueError naming the key."""
-    key, sep, text = assignment.partition("=")
-    if not sep:
-        raise ValueError(f"{assignment!r}: expected KEY=VALUE")
-    *parents, leaf = key.strip().split(".")
-    node = c
-    for part in parents:
-        if part not in node or not isinstance(node[part], ml_collections.ConfigDict):
-            raise ValueError(f"{assignment!r}: config has no section {part!r}")
-        node = node[part]
-    if leaf not in node:
-        close = schema.closest_keys(RunConfig, key.strip())
-        raise ValueError(f"{assignment!r}: config has no key {key!r}"
-                         + (f"; did you mean {' or '.join(close)}?" if close else ""))
-    old = node[leaf]
-    try:
-        if isinstance(old, bool):
-            if text.lower() not in ("true", "false"):
-                raise ValueError("expected true or false")
-            value = text.lower() == "true"
-        elif isinstance(old, int):
-            value = int(text)
-        elif isinstance(old, float):
-            value = float(text)
-        elif old is None:  # an unset `X | None` key: its declared type X
-            value = None if text.lower() in ("none", "") else schema.read_text(RunConfig, key.strip(), text)
-        else:
-            value = text
-    except ValueError as e:
-        what = type(old).__name__ if old is not None else schema.type_name(RunConfig, key.strip())
-        raise ValueError(f"{assignment!r}: {key} is a {what}: {e}") from e
-    node[leaf] = value
+    """`config` at every seed (seed s from base_params[i]) as one vmapped program: its rows
+    (`vmapped.run_group`, the sweep engine's runner of one group)."""
+    rows, _ = run_group([with_overrides(config, {"seed": s}) for s in seeds], base_params, eval_every)
+    return rows
 
 
 def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple[str, ...] = ()
@@ -289,8 +160,9 @@ PARTIAL = "compare.partial.json"
 
 
 def arm_fingerprint(config: ml_collections.ConfigDict) -> dict:
-    """An arm's whole config as plain JSON values (what a stored arm must equal to be reused)."""
-    return json.loads(json.dumps(config.to_dict(), default=str, sort_keys=True))
+    """An arm's whole config as plain JSON values (what a stored arm must equal to be reused: the sweep
+    engine's point fingerprint)."""
+    return study.fingerprint(config)
 
 
 def stored_arms(out: str, origin: dict, seeds: list[int]) -> dict[str, dict]:
@@ -305,8 +177,7 @@ def stored_arms(out: str, origin: dict, seeds: list[int]) -> dict[str, dict]:
             stored = json.load(f)
     except ValueError:
         stored = {}
-    same = (stored.get("commit") == origin["commit"] and not origin["commit"].endswith("+dirty")
-            and origin["commit"] != "unknown" and stored.get("seeds") == seeds and "arms" in stored)
+    same = study.same_code(stored.get("commit"), origin["commit"]) and stored.get("seeds") == seeds and "arms" in stored
     if same:
         return stored["arms"]
     k = 1
@@ -356,26 +227,33 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
     for seed in seeds:  # one base model per seed, shared by every arm
         _, params = hf.load(warmed_up_model(first, seed, base_dir or out))
         bases.append(params)
-    results: dict[str, list[dict]] = {}
     stored, done, resumed = stored_arms(out, origin, seeds), {}, []
+    arms = []  # (label, config, overrides) of every arm, in the table's order
     for name, config in configs.items():
-        arms = [("", False, {}), ("+PIPO", True, {})]
-        arms += [(f"+PIPO[{label}]", True, o) for algorithm, label, o in parsed if algorithm == name]
-        for arm, enabled, overrides in arms:
-            c = arm_config(config, enabled, overrides)
-            label, fingerprint = name + arm, arm_fingerprint(c)
-            if stored.get(label, {}).get("config") == fingerprint:
-                results[label] = stored[label]["runs"]
-                resumed.append(label)
-                print(f"{label}: reused from {os.path.join(out, PARTIAL)}", flush=True)
-            else:
-                t0 = time.perf_counter()
-                results[label] = run_arm(c, seeds, bases, eval_every or c.eval.every)
-                print(f"{label}: {len(seeds)} seeds in {time.perf_counter() - t0:.0f}s", flush=True)
-                jax.clear_caches()
-            done[label] = {"config": fingerprint, "runs": results[label]}
-            # a kill or a full disk while writing leaves the last whole file
-            atomic.write_json_atomic(os.path.join(out, PARTIAL), {"seeds": seeds, **origin, "arms": done}, indent=None)
+        kinds = [("", False, {}), ("+PIPO", True, {})]
+        kinds += [(f"+PIPO[{label}]", True, o) for algorithm, label, o in parsed if algorithm == name]
+        arms += [(name + arm, arm_config(config, enabled, o), o) for arm, enabled, o in kinds]
+    runs: dict[str, dict[int, dict]] = {}
+    pending = []  # an arm is a sweep point at every seed; arms of one jit-static spec run as one program
+    for label, c, overrides in arms:
+        if stored.get(label, {}).get("config") == arm_fingerprint(c):
+            runs[label] = dict(zip(seeds, stored[label]["runs"]))
+            resumed.append(label)
+            print(f"{label}: reused from {os.path.join(out, PARTIAL)}", flush=True)
+        else:
+            pending += [study.Point(label, s, overrides, with_overrides(c, {"seed": s})) for s in seeds]
+    for group in study.group_points(pending):
+        rows, timing = study.run_group_points(group, [bases[seeds.index(p.seed)] for p in group],
+                                              eval_every or group[0].config.eval.every)
+        for p, row in zip(group, rows):
+            runs.setdefault(p.label, {})[p.seed] = row
+        labels = list(dict.fromkeys(p.label for p in group))
+        print(f"{', '.join(labels)}: {len(seeds)} seeds in {timing['wall_s']:.0f}s (one program)", flush=True)
+        for label, c, _ in arms:  # every arm finished so far; a kill or a full disk leaves the last whole file
+            if label in runs and len(runs[label]) == len(seeds):
+                done[label] = {"config": arm_fingerprint(c), "runs": [runs[label][s] for s in seeds]}
+        atomic.write_json_atomic(os.path.join(out, PARTIAL), {"seeds": seeds, **origin, "arms": done}, indent=None)
+    results = {label: [runs[label][s] for s in seeds] for label, _, _ in arms}
     summary = summarise(results, algorithms)
     record = {"script": "experiments/compare.py", "algorithms": algorithms, "preset": preset, "seeds": seeds,
               "settings": list(assignments), "task": first.task.name,

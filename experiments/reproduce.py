@@ -8,6 +8,7 @@
     python -m experiments.reproduce rg_study             # the ten reasoning-gym datasets, then render
     python -m experiments.reproduce every_method_rg      # every method on one reasoning-gym dataset
     python -m experiments.reproduce both_tasks           # both runs of methods above: one row per method, both tasks
+    python -m experiments.reproduce sweep_lam_lr         # a sweep: 4 pipo.lam x 2 train.lr x 3 seeds (tiny task)
     python -m experiments.reproduce readiness_8b         # the 8B programs compiled for the host and TPU v5p
     python -m experiments.reproduce main_job --render    # run nothing: render the table from its JSON
     python -m experiments.reproduce --list               # the tables, their commands, JSONs and measured times
@@ -35,7 +36,7 @@ from typing import Callable
 
 from absl import flags
 
-from experiments import cli, overfit, provenance, rg_study, stats
+from experiments import cli, overfit, provenance, rg_study, stats, study_report
 from experiments.benchmarks import readiness_tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -367,6 +368,23 @@ def render_readiness(records: list[dict]) -> str:
         f"(JSON: `experiments/results/{rec['json_name']}`).", "", readiness_tables.markdown(rec)])
 
 
+def render_sweep(records: list[dict]) -> str:
+    """A sweep (`experiments.sweep`'s sweep.json): the machine line, points / programs / time, and its
+    table per metric (`study_report.format_tables`); a sweep not yet run says so."""
+    blocks = []
+    for rec in records:
+        if rec.get("missing"):
+            blocks.append(f"Not run yet (no `experiments/results/{rec['json_name']}`).")
+            continue
+        points = rec["points"]
+        blocks.append("\n".join([
+            f"Measured with {_machine(rec)}: {len(points)} points ({', '.join(rec['swept_keys'])} x seeds "
+            f"{','.join(map(str, rec['seeds']))}) in {len(rec['groups'])} programs, {rec['wall_time_s']:.0f} s wall / "
+            f"{rec['cpu_time_s']:.0f} s CPU (JSON: `experiments/results/{rec['json_name']}`).", "",
+            study_report.format_tables(rec["summary"])]))
+    return "\n\n".join(blocks)
+
+
 def _rg_study_runs() -> tuple[Run, ...]:
     return tuple(Run(("experiments.rg_study", f"--datasets={d.name}"), f"{d.name}/compare.json",
                      f"rg_study/{d.name}.json", optional=True) for d in rg_study.DATASETS)
@@ -429,6 +447,10 @@ TABLES = {t.name: t for t in (
           (Run(("experiments.benchmarks.readiness", "--parts=paper", "--models=qwen3_8b"), "readiness.json",
                "readiness_paper_8b.json", out_is_file=True),),
           render_readiness, ("docs/scaling.md",)),
+    Table("sweep_lam_lr",
+          (Run(("experiments.sweep", "--config=experiments/studies/pipo_lam_lr.py", "--seeds=0-2"), "sweep.json",
+               "sweep_pipo_lam_lr_3seeds.json", optional=True),),
+          render_sweep, ("docs/configs.md",)),
     Table("ablations",
           (Run(("experiments.compare", "--algorithms=sdpo,gspo", "--seeds=0-4",
                 "--variant=sdpo:norm:pipo.attribution_norm=mean_abs",

@@ -74,12 +74,20 @@ def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> 
     spec = train_spec(config, run_config)
     settings = warmup.WarmupSettings.from_config(run_config, spec.task)
     params, _ = warmup.warmup(spec.model, spec.task, settings, seed=seed)
-    partial = path + ".partial"  # a kill while saving leaves no base that looks whole
+    # a kill while saving leaves no base that looks whole; each process its own partial directory, so two
+    # processes warming up one seed at once (a sweep's parallel groups) never write into one another's
+    partial = f"{path}.partial.{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     hf.save(partial, spec.model, jax.device_get(params))
     with open(os.path.join(partial, WARMUP_RECORD), "w") as f:
         json.dump(want, f, indent=1)
-    os.replace(partial, path)
+    try:
+        os.rename(partial, path)
+    except OSError:
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise
+        shutil.rmtree(partial, ignore_errors=True)  # another process saved the same base first: keep theirs
+        return warmed_up_model(config, seed, root)  # (checked against `want` as any stored base is)
     return path
 
 

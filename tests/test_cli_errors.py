@@ -164,7 +164,14 @@ def test_eval_replaces_its_own_earlier_output_only_with_overwrite(tmp_path):
 
 @pytest.mark.parametrize("argv, fragments", [
     (("experiments.sweep", "--lams=0.1,abc"), ("--lams=0.1,abc: every entry must be a float",)),
-    (("experiments.sweep", "--seeds=0,x"), ("--seeds=0,x: every entry must be a int",)),
+    (("experiments.sweep", "--seeds=0,x"), ("--seeds='0,x': expected 'a-b' (inclusive) or a comma list",)),
+    (("experiments.sweep", "--sweep=pipo.lam=0.1,abc", "--seeds=0-1"),
+     ("sweep point pipo.lam=abc (seed 0): 'pipo.lam=abc': pipo.lam is a float",)),
+    (("experiments.sweep", "--sweep=train.mini_batch_prompts=3"),
+     ("sweep point train.mini_batch_prompts=3 (seed 0): config.train.mini_batch_prompts",)),
+    (("experiments.sweep", "--sweep=pipo.lam"), ("--sweep=pipo.lam: expected KEY=VALUE[,VALUE...]",)),
+    (("experiments.sweep", "--group_index=5"), ("--group_index=5: the sweep has 1 groups (0-0)",)),
+    (("experiments.sweep", "--workers=0"), ("--workers=0: must be >= 1",)),
     (("experiments.main_job_seeds", "--seeds=3-1"), ("--seeds='3-1': empty range",)),
     (("experiments.main_job_seeds", "--seeds=a-b"), ("--seeds='a-b': expected 'a-b'",)),
     (("experiments.main_job_seeds", "--workers=0"), ("--workers=0: must be >= 1",)),

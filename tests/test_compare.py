@@ -1,5 +1,5 @@
-"""experiments/compare.py: seeds stacked into one vmapped program equal separate runs; a stopped
-comparison resumes from the arms it finished."""
+"""experiments/compare.py (on experiments/vmapped.py): seeds stacked into one vmapped program equal
+separate runs; a stopped comparison resumes from the arms it finished."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import grpo as grpo_configs
-from experiments import compare, runs
+from experiments import compare, runs, vmapped
 from experiments.cli import UsageError
 from pipo_jax.models import qwen3
 from pipo_jax.rl import loop
@@ -76,8 +76,8 @@ def test_vmapped_seeds_equal_separate_runs():
     spec = train_spec(c)
     seeds = [0, 1]
     bases = [qwen3.init_params(spec.model, jax.random.PRNGKey(10 + s)) for s in seeds]
-    states = compare.stack([init_train_state(spec, p, s) for p, s in zip(bases, seeds)])
-    together, m_together = compare.vmapped_chunk(spec, states, 3)
+    states = vmapped.stack([init_train_state(spec, p, s) for p, s in zip(bases, seeds)])
+    together, m_together = vmapped.vmapped_chunk(spec, states, 3)
     for i, (p, s) in enumerate(zip(bases, seeds)):
         alone, m_alone = loop.scan_chunk(spec, init_train_state(spec, p, s), 3)
         # the same sampled tokens and rewards (exact); params differ only through float32
@@ -119,7 +119,7 @@ def test_vmapped_pass_at_1_is_the_trainers_heldout_pass_at_1_per_seed():
     # seeds 0 and 3: the near-uniform random policies sample with the same keys, and those of seeds 0-2 happen
     # to earn the same rewards; 0 and 3 differ somewhere
     params = [qwen3.init_params(spec.model, jax.random.PRNGKey(s)) for s in (0, 3)]
-    rewards = np.asarray(compare.vmapped_sampled_rewards(spec, compare.stack(params), 8, 3))
+    rewards = np.asarray(vmapped.vmapped_sampled_rewards(spec, vmapped.stack(params), 8, 3))
     assert rewards.shape == (2, 8, 3)
     evaluation = Evaluation(spec, RunConfig.from_config(c), Placement(), None)
     for i, p in enumerate(params):
@@ -146,10 +146,12 @@ def test_a_stopped_comparison_reuses_the_arms_it_finished(tmp_path, monkeypatch)
     with open(partial_path, "w") as f:
         json.dump(partial, f)
     ran = []
-    run_arm = compare.run_arm
-    monkeypatch.setattr(compare, "run_arm", lambda c, *a: ran.append(c.pipo.enabled) or run_arm(c, *a))
+    run_group_points = compare.study.run_group_points  # the sweep engine runs each program of arms
+    monkeypatch.setattr(compare.study, "run_group_points",
+                        lambda group, *a: ran.append(sorted({(p.label, p.config.pipo.enabled) for p in group}))
+                        or run_group_points(group, *a))
     resumed = compare.compare(["grpo"], "micro", [0, 1], out, iterations=2)
-    assert ran == [True] and resumed["reused_arms"] == ["grpo"]
+    assert ran == [[("grpo+PIPO", True)]] and resumed["reused_arms"] == ["grpo"]
     assert resumed["runs"] == json.loads(json.dumps(whole["runs"])) and resumed["summary"] == whole["summary"]
     assert compare.stored_arms(out, origin, [0, 2]) == {}  # other seeds: moved aside, kept
     assert not os.path.exists(partial_path) and os.path.exists(os.path.join(out, "compare.partial.1.json"))

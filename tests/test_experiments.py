@@ -2,6 +2,7 @@
 PNG + JSON table) and sweep (a lam x K grid with a baseline)."""
 
 import json
+import os
 import pathlib
 
 import pytest
@@ -44,12 +45,26 @@ def test_compare_writes_table_and_plot(tmp_path):
 
 
 def test_sweep_runs_the_grid_and_baseline(tmp_path):
-    out = run_module("experiments.sweep", "--config=configs/grpo.py:micro", "--seeds=0", "--lams=0.1,0.5",
-                     "--windows=2", f"--out={tmp_path}")
-    rows = json.loads((tmp_path / "sweep.json").read_text())
-    assert [r["name"] for r in rows] == ["seed0_lam0.1_K2", "seed0_lam0.5_K2", "seed0_baseline"]
-    assert rows[-1]["pi_steps"] == 0 and not rows[-1]["pipo"]
-    for r in rows:
-        assert 0 <= r["final_accuracy"] <= 1
-        assert (tmp_path / r["name"] / "metrics.jsonl").exists()
-    assert "| seed0_baseline |" in out
+    """The lam x K flags: each lam a PIPO point, the PIPO-off point the baseline; points of one jit-static
+    spec one program (a group), the groups side by side in their own processes (--workers=2)."""
+    out = run_module("experiments.sweep", "--config=configs/grpo.py:micro", "--seeds=0,1", "--lams=0.1,0.5",
+                     "--windows=2", "--config.iterations=2", "--workers=2", f"--out={tmp_path}")
+    record = json.loads((tmp_path / "sweep.json").read_text())
+    labels = ["pipo.enabled=True,pipo.lam=0.1,pipo.window=2", "pipo.enabled=True,pipo.lam=0.5,pipo.window=2",
+              "pipo.enabled=false"]
+    assert [p["name"] for p in record["points"]] == [f"{lab}/seed{s}" for lab in labels for s in (0, 1)]
+    # lam is data (rl/hyper.py): both PIPO points share one program; PIPO off is another
+    assert record["groups"] == [[f"{lab}/seed{s}" for lab in labels[:2] for s in (0, 1)],
+                                [f"{labels[2]}/seed0", f"{labels[2]}/seed1"]]
+    assert record["baseline"] == "pipo.enabled=false" and record["swept_keys"] == ["pipo.lam"]
+    for p in record["points"]:
+        assert 0 <= p["metrics"]["final_accuracy"] <= 1 and p["group_timing"]["size"] == (2 if p["group"] else 4)
+        assert p["label"] != "pipo.enabled=false" or p["result"]["pi_steps"] == 0  # PIPO off takes no PI step
+    # against the base config (micro: PIPO off, lam 0.1, K 2, seed 0): only what the point changes
+    assert record["points"][1]["config_diff"] == {"pipo.enabled": [False, True], "seed": [0, 1]}
+    assert record["points"][2]["config_diff"] == {"pipo.enabled": [False, True], "pipo.lam": [0.1, 0.5]}
+    vs = record["summary"]["vs_baseline"]["final_accuracy"]
+    assert sorted(vs) == labels[:2] and all(v["n"] == 2 and v["seeds"] == [0, 1] for v in vs.values())
+    assert sorted(os.listdir(tmp_path / "logs")) == ["group0.log", "group1.log"]
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"| {labels[0]} | 2 |" in out and "(baseline) |" in out

@@ -1,0 +1,148 @@
+"""A sweep against the same points run as separate main-job commands: wall and CPU time, and every
+point's result against its separate run.
+
+    python -m experiments.benchmarks.sweep_vs_separate --out=runs/sweep_vs_separate         # 4 lam x 2 lr x 3 seeds
+    python -m experiments.benchmarks.sweep_vs_separate --lams=0.05,0.1 --lrs=1e-4 --seeds=0-1 \
+        --iterations=4 --warmup_steps=100 --out=runs/sweep_vs_separate_small              # a reduced version
+
+The sweep: `python -m experiments.sweep --config=configs/grpo.py:tiny --config.pipo.enabled=true
+--sweep=pipo.lam=... --sweep=train.lr=... --seeds=...` (one process: the seeds' warm-ups once, each group
+of points one vmapped program). The separate runs: per point `python -m experiments.train` with the same
+config and `--config.pipo.lam / train.lr / seed` (each its own warm-up, as a user runs the main job), one
+after the other. Both get the same `--iterations` / `--warmup_steps` overrides. CPU time is the processes'
+user + system time (`os.wait4`). The sweep's time is kept in <out>/sweep_time.json: run again with the same
+flags and the sweep is read, not rerun. Per point: the batch reward of every iteration, the held-out greedy
+accuracy at every evaluation, the final pass@1 of the sweep against the separate run's metrics.jsonl /
+summary.json (exactly equal, or the largest difference). Prints a table; writes <out>/sweep_vs_separate.json
+with provenance. Timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+
+from experiments import provenance
+from experiments.runs import parse_seeds, summarise
+
+
+def timed(argv: list[str], log_path: str) -> dict[str, float]:
+    """Runs `python argv` (output to `log_path`); its wall and CPU seconds. A failure raises naming the log."""
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"`python {' '.join(argv)}` failed; see {log_path}")
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": usage.ru_utime + usage.ru_stime}
+
+
+def overrides(args) -> list[str]:
+    out = ["--config=configs/grpo.py:tiny", "--config.pipo.enabled=true"]
+    if args.iterations:
+        out.append(f"--config.iterations={args.iterations}")
+    if args.warmup_steps:
+        out.append(f"--config.warmup.steps={args.warmup_steps}")
+    return out
+
+
+def largest_difference(a: list[float], b: list[float]) -> float:
+    if len(a) != len(b):
+        return float("inf")
+    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+def compare_point(row: dict, workdir: str) -> dict:
+    """The sweep's `row` of a point against its separate run in `workdir`."""
+    alone = summarise(workdir)
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    got = row["result"]
+    out = {"reward_equal": got["reward"] == alone["reward"],
+           "reward_max_abs_diff": largest_difference(got["reward"], alone["reward"]),
+           "accuracy_equal": got["acc_steps"] == alone["acc_steps"] and got["accuracy"] == alone["accuracy"],
+           "accuracy_max_abs_diff": largest_difference(got["accuracy"], alone["accuracy"]),
+           "final_accuracy": [got["final_accuracy"], summary["final_accuracy"]]}
+    alone_pass = summary.get("final_pass_at_1", summary.get("final_pass@1"))  # summary.json's key, new or old
+    if "final_pass_at_1" in got and alone_pass is not None:
+        out["final_pass_at_1"] = [got["final_pass_at_1"], alone_pass]
+    out["equal"] = (out["reward_equal"] and out["accuracy_equal"]
+                    and out["final_accuracy"][0] == out["final_accuracy"][1]
+                    and ("final_pass_at_1" not in out or out["final_pass_at_1"][0] == out["final_pass_at_1"][1]))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lams", default="0.05,0.1,0.2,0.4")
+    parser.add_argument("--lrs", default="1e-4,3e-4")
+    parser.add_argument("--seeds", default="0-2")
+    parser.add_argument("--iterations", type=int, default=0, help="RL iterations; 0 = the tiny preset's")
+    parser.add_argument("--warmup_steps", type=int, default=0, help="warm-up steps; 0 = the tiny preset's")
+    parser.add_argument("--out", default="runs/sweep_vs_separate")
+    args = parser.parse_args()
+    seeds = parse_seeds(args.seeds)
+    lams, lrs = args.lams.split(","), args.lrs.split(",")
+    os.makedirs(args.out, exist_ok=True)
+    origin = provenance.record()
+
+    sweep_out = os.path.join(args.out, "sweep")
+    sweep_argv = ["-m", "experiments.sweep", *overrides(args), f"--sweep=pipo.lam={args.lams}",
+                  f"--sweep=train.lr={args.lrs}", f"--seeds={args.seeds}", f"--out={sweep_out}"]
+    print("sweep:", " ".join(sweep_argv[1:]), flush=True)
+    timing_path = os.path.join(args.out, "sweep_time.json")
+    stored = json.load(open(timing_path)) if os.path.exists(timing_path) else {}
+    if stored.get("argv") == sweep_argv and os.path.exists(os.path.join(sweep_out, "sweep.json")):
+        sweep_time = stored["time"]  # measured by an earlier run of this benchmark with the same command
+    else:
+        sweep_time = timed(sweep_argv, os.path.join(args.out, "sweep.log"))
+        with open(timing_path, "w") as f:
+            json.dump({"argv": sweep_argv, "time": sweep_time}, f)
+    with open(os.path.join(sweep_out, "sweep.json")) as f:
+        record = json.load(f)
+    rows = {r["name"]: r for r in record["points"]}
+    print(f"sweep: {sweep_time['wall_s']:.0f}s wall, {sweep_time['cpu_s']:.0f}s CPU, {len(rows)} points in "
+          f"{len(record['groups'])} programs", flush=True)
+
+    separate, points = {"wall_s": 0.0, "cpu_s": 0.0}, []
+    os.makedirs(os.path.join(args.out, "separate"), exist_ok=True)
+    for lam, lr, seed in itertools.product(lams, lrs, seeds):
+        name = f"pipo.lam={lam},train.lr={lr}/seed{seed}"
+        workdir = os.path.join(args.out, "separate", name.replace("/", "_"))
+        argv = ["-m", "experiments.train", *overrides(args), f"--config.pipo.lam={lam}", f"--config.train.lr={lr}",
+                f"--config.seed={seed}", "--config.log.progress=false", f"--workdir={workdir}"]
+        t = timed(argv, workdir + ".log")
+        separate["wall_s"] += t["wall_s"]
+        separate["cpu_s"] += t["cpu_s"]
+        check = compare_point(rows[name], workdir)
+        points.append({"name": name, **t, **check})
+        print(f"{name}: {t['wall_s']:.0f}s wall, {t['cpu_s']:.0f}s CPU; equal to the sweep's point: {check['equal']} "
+              f"(reward max |diff| {check['reward_max_abs_diff']:.3g}, accuracy max |diff| "
+              f"{check['accuracy_max_abs_diff']:.3g})", flush=True)
+
+    result = {"script": "experiments/benchmarks/sweep_vs_separate.py", "args": vars(args), **origin,
+              "sweep_command": "python " + " ".join(sweep_argv), "sweep": sweep_time | {
+                  "programs": len(record["groups"]), "points": len(rows),
+                  "compile_s": sum(rows[g[0]]["group_timing"]["compile_s"] for g in record["groups"])},
+              "separate": separate | {"processes": len(points)},
+              "speedup_wall": separate["wall_s"] / sweep_time["wall_s"],
+              "speedup_cpu": separate["cpu_s"] / sweep_time["cpu_s"],
+              "points_equal": sum(p["equal"] for p in points), "points": points}
+    with open(os.path.join(args.out, "sweep_vs_separate.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print("\n| form | programs / processes | wall s | CPU s |\n| --- | --- | --- | --- |")
+    print(f"| sweep | {result['sweep']['programs']} programs, 1 process | {sweep_time['wall_s']:.0f} | "
+          f"{sweep_time['cpu_s']:.0f} |")
+    print(f"| separate main-job commands | {len(points)} processes | {separate['wall_s']:.0f} | "
+          f"{separate['cpu_s']:.0f} |")
+    print(f"\nspeed-up: {result['speedup_wall']:.2f}x wall, {result['speedup_cpu']:.2f}x CPU; "
+          f"{result['points_equal']} of {len(points)} points equal to their separate run")
+
+
+if __name__ == "__main__":
+    main()
