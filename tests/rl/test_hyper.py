@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs import vpd
-from experiments import compare
+from experiments import vmapped
 from pipo_jax.models import qwen3
 from pipo_jax.rl import hyper, loop
 from pipo_jax.rl.spec import ConfigError
@@ -136,7 +136,7 @@ MEMBERS = [{}, {"train.lr": 3e-4, "loss.kl_coef": 0.01},
 @pytest.mark.slow  # the iteration compiled twice, vmapped and alone
 def test_a_vmapped_stack_of_hyperparameters_equals_separate_runs_on_one_program():
     """Three members from one base model and seed, differing in train.lr / kl_coef / lam / pipo.lr / clips /
-    dual clip, advance as one vmapped program (`compare.vmapped_chunk`, the spec of the first); each equals
+    dual clip, advance as one vmapped program (`vmapped.vmapped_chunk`, the spec of the first); each equals
     its own run alone, which reuses one compiled program for all three (no retrace)."""
     configs = [config(**{"pipo.window": 2, **m}) for m in MEMBERS]
     specs = [train_spec(c) for c in configs]
@@ -144,7 +144,7 @@ def test_a_vmapped_stack_of_hyperparameters_equals_separate_runs_on_one_program(
     params = jax.device_get(qwen3.init_params(specs[0].model, jax.random.PRNGKey(7)))  # host: never donated
     states = [init_train_state(s, jax.device_put(params), 3) for s in specs]
     n = 4
-    together, m_together = compare.vmapped_chunk(specs[0], compare.stack(states), n)
+    together, m_together = vmapped.vmapped_chunk(specs[0], vmapped.stack(states), n)
     before = loop.scan_chunk._cache_size()
     alone = []
     for i, spec in enumerate(specs):
