@@ -493,6 +493,8 @@ def measured_time(table: Table) -> str:
     if all(run.cpu_model for run in table.runs):
         return "; ".join(f"on {run.cpu_model}: {_times(*record_times(rec))}" for run, rec in zip(table.runs, records))
     made = [record_times(rec) for rec in records if not rec.get("missing")]
+    if not made:
+        return f"not run yet (0 of {len(records)} runs made)"
     walls, cpus = [w for w, _ in made], [c for _, c in made]
     text = _times(sum(walls) if None not in walls else None, sum(cpus) if made and None not in cpus else None)
     return text + (f" ({len(made)} of {len(records)} runs made)" if len(made) < len(records) else "")

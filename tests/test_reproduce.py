@@ -213,6 +213,8 @@ def test_each_tables_time_is_read_from_its_jsons(tmp_path, monkeypatch):
     assert reproduce.measured_time(table) == "1 h 18 min wall, 53 min CPU (2 of 3 runs made)"
     per_cpu = reproduce.Table("m", (reproduce.Run(("x",), "p", "a.json", cpu_model="CPU A"),), str, ())
     assert reproduce.measured_time(per_cpu) == "on CPU A: 1 h 17 min wall, 52 min CPU"
+    unmade = reproduce.Table("u", (reproduce.Run(("x",), "p", "c.json", optional=True),), str, ())
+    assert reproduce.measured_time(unmade) == "not run yet (0 of 1 runs made)"  # no zero-second total
 
 
 def test_help_exits_0_and_gives_every_tables_measured_time():
