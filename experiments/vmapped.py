@@ -23,6 +23,7 @@ from pipo_jax.rl import loop
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.run import teacher_forcing
+from pipo_jax.run.heartbeat import Heartbeat
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import EVAL_SEED, device_sampled_rewards
 
@@ -120,16 +121,23 @@ def run_group(configs: list[ml_collections.ConfigDict], base_params: list, eval_
             out["pass_at_1"] = np.array([teacher_forcing.pass_and_mixed(r)[0] for r in np.asarray(run(params))])
         return out
 
-    evals, acc_steps, chunks = [evaluate(states.params)], [0], []
-    step = 0
-    while step < total:
-        n = min(eval_every or total, total - step)
-        chunk = programs.get(("chunk", n), lambda n=n: vmapped_chunk.lower(spec, states, n))
-        states, metrics = chunk(states)
-        chunks.append(jax.device_get({k: metrics[k] for k in ("reward_mean", "pi_step_applied") if k in metrics}))
-        step += n
-        evals.append(evaluate(states.params))
-        acc_steps.append(step)
+    points = f"{len(configs)} points in one program"
+    with Heartbeat() as hb:  # never silent long: a chunk of a large group runs minutes on a CPU
+        with hb.phase("evaluating the group's bases", announce=f"{points}: evaluating iteration 0",
+                      report_builds=True):
+            evals, acc_steps, chunks = [evaluate(states.params)], [0], []
+        step = 0
+        while step < total:
+            n = min(eval_every or total, total - step)
+            span = (f"iterations {step + 1}-{step + n}" if n > 1 else f"iteration {step + 1}") + f" of {total}"
+            with hb.phase(f"running {span}", announce=f"{points}: {span}", report_builds=True):
+                chunk = programs.get(("chunk", n), lambda n=n: vmapped_chunk.lower(spec, states, n))
+                states, metrics = chunk(states)
+                chunks.append(jax.device_get({k: metrics[k] for k in ("reward_mean", "pi_step_applied")
+                                              if k in metrics}))
+                step += n
+                evals.append(evaluate(states.params))
+                acc_steps.append(step)
     reward = np.concatenate([c["reward_mean"] for c in chunks], axis=1)  # [S, total]
     pi = np.concatenate([c.get("pi_step_applied", np.zeros_like(c["reward_mean"])) for c in chunks], axis=1)
     out = []

@@ -168,3 +168,24 @@ def test_an_arm_leaves_the_warmup_targets_to_the_base():
     arm = compare.arm_config(c, True, {"pipo.lam": 0.5})
     assert train_spec(arm).pipo.enabled and arm.pipo.lam == 0.5
     assert (c.warmup.target_mixed_groups, arm.warmup.target_mixed_groups, arm.warmup.target_pass_rate) == (0.5, None, None)
+
+
+def test_a_group_says_what_it_runs(caplog):
+    """`vmapped.run_group` names each chunk of iterations it runs (a chunk of a large group runs minutes on a
+    CPU, and a heartbeat line follows every `log.heartbeat_s` inside one), and the programs it built."""
+    import logging
+    import re
+
+    c = grpo_configs.get_config("micro")
+    c.iterations = 3
+    spec = train_spec(c)
+    bases = [qwen3.init_params(spec.model, jax.random.PRNGKey(s)) for s in (0, 1)]
+    with caplog.at_level(logging.INFO, logger="pipo_jax.run.heartbeat"):
+        rows, _ = vmapped.run_group([compare.with_overrides(c, {"seed": s}) for s in (0, 1)], bases, 2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipo_jax.run.heartbeat"]
+    assert [x for x in lines if x.startswith("2 points")] == [
+        "2 points in one program: evaluating iteration 0", "2 points in one program: iterations 1-2 of 3",
+        "2 points in one program: iteration 3 of 3"]
+    # compiled here, or loaded from the compilation cache that an earlier test process filled
+    assert any(re.match(r"running iterations 1-2 of 3: (compiled|loaded) 1 ", x) for x in lines), lines
+    assert [r["acc_steps"] for r in rows] == [[0, 2, 3]] * 2
