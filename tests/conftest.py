@@ -188,24 +188,27 @@ def right_padded_batch():
 # the other worker has nothing left to do. Seconds per file as the previous run on this checkout
 # measured them (kept in the pytest cache, `FILE_SECONDS_KEY`); for a file it has not timed (a fresh
 # clone, as CI), `LONG_FILES`: the files over 10 s of a fresh clone's `.ci/run` (cold compilation cache,
-# the 2-core AMD EPYC machine, two workers; the mean of two runs on 2026-11-29; reasoning-gym's, which
+# the 2-core AMD EPYC machine, two workers; the latest run; reasoning-gym's, which
 # needs the `rg` extra, from a run with it). A long file missing here is handed out in collection order,
 # and one that comes last keeps one worker busy while the other has nothing left to do.
 FILE_SECONDS_KEY = "pipo_jax/file_seconds"
 LONG_FILES = {
-    "tests/rl/test_trainer.py": 179, "tests/test_main_job_reproduces.py": 164,
-    "tests/tasks/test_reasoning_gym.py": 100, "tests/test_experiments.py": 42,
-    "tests/parallel/test_sharded_training.py": 42, "tests/benchmarks/test_readiness.py": 39,
-    "tests/parallel/test_trainer_on_mesh.py": 35, "tests/models/test_layer_loop.py": 35, "tests/test_compare.py": 32,
-    "tests/test_preemption.py": 31, "tests/test_cli_errors.py": 27, "tests/rl/test_warmup.py": 27,
-    "tests/rl/test_dataset_task.py": 24, "tests/parallel/test_multiprocess.py": 23,
-    "tests/tasks/test_sandbox_escapes.py": 22, "tests/tasks/test_arithmetic.py": 21,
-    "tests/rl/test_algorithms.py": 20, "tests/rl/test_pipo_variants.py": 19, "tests/kernels/test_logprobs.py": 19,
-    "tests/rl/test_export.py": 18, "tests/sampling/test_engine.py": 17, "tests/rl/test_warmup_contexts.py": 16,
-    "tests/benchmarks/test_device_check.py": 16, "tests/tasks/test_code.py": 15, "tests/sampling/test_sampler.py": 15,
-    "tests/rl/test_run_guards.py": 15, "tests/rl/test_heldout_pass.py": 15,
-    "tests/tasks/test_math_batch_deadline.py": 12, "tests/sampling/test_decode.py": 11,
-    "tests/rl/test_sdpo_mask.py": 11, "tests/parallel/test_micro_batch_per_device.py": 10,
+    "tests/test_main_job_reproduces.py": 150, "tests/rl/test_trainer.py": 146,
+    "tests/tasks/test_reasoning_gym.py": 100, "tests/rl/test_hyper.py": 56, "tests/test_full_disk_during_a_run.py": 47,
+    "tests/test_experiments.py": 43, "tests/parallel/test_sharded_training.py": 41,
+    "tests/benchmarks/test_readiness.py": 36, "tests/test_cli_errors.py": 35, "tests/test_preemption.py": 35,
+    "tests/test_compare.py": 34, "tests/parallel/test_trainer_on_mesh.py": 29, "tests/rl/test_warmup.py": 26,
+    "tests/rl/test_dataset_task.py": 25, "tests/rl/test_run_guards.py": 25, "tests/kernels/test_logprobs.py": 23,
+    "tests/models/test_layer_loop.py": 23, "tests/tasks/test_sandbox_escapes.py": 23,
+    "tests/rl/test_algorithms.py": 22, "tests/rl/test_heldout_pass.py": 22, "tests/parallel/test_multiprocess.py": 21,
+    "tests/rl/test_sdpo_mask.py": 21, "tests/sampling/test_sampler.py": 20, "tests/rl/test_export.py": 20,
+    "tests/sampling/test_engine.py": 20, "tests/test_study.py": 19, "tests/tasks/test_arithmetic.py": 17,
+    "tests/rl/test_pipo_variants.py": 17, "tests/tasks/test_sandbox_reliability.py": 15,
+    "tests/benchmarks/test_device_check.py": 15, "tests/tasks/test_code.py": 14,
+    "tests/rl/test_warmup_contexts.py": 14, "tests/parallel/test_micro_batch_per_device.py": 14,
+    "tests/rl/test_mixed_precision.py": 14, "tests/test_compile_cache.py": 13, "tests/rl/test_vpd_steps.py": 12,
+    "tests/tasks/test_math_batch_deadline.py": 12, "tests/sampling/test_decode.py": 12, "tests/tasks/test_math.py": 10,
+    "tests/rl/test_teacher_forcing.py": 10,
 }
 
 
