@@ -248,6 +248,15 @@ def _dead_owner(name: str, prefix: str) -> bool:
     return sep == "_" and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
 
 
+def _sigkill(pids) -> None:
+    """SIGKILLs each of `pids`; one already gone (or no longer ours to signal) is skipped."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def _kill_cgroup(path: str) -> None:
     """SIGKILLs every task of the cgroup `path` until none is left (cgroup v2's cgroup.kill where
     there is one), then removes it."""
@@ -264,11 +273,7 @@ def _kill_cgroup(path: str) -> None:
             break
         if not pids:
             break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _sigkill(pids)
         time.sleep(0.01)
     _remove_cgroup(path)
 
@@ -466,11 +471,7 @@ def _kill_tree() -> None:
         if not live:
             _reap()
             return
-        for pid in live:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _sigkill(live)
 
 
 # seccomp (uapi <linux/seccomp.h>, <linux/filter.h>): the audit arch and process-creating
