@@ -47,7 +47,6 @@ from absl import flags
 from experiments import cli, overfit, provenance, stats, study
 from experiments.overrides import set_key, with_overrides
 from experiments.runs import parse_seeds, warmed_up_model
-from experiments.vmapped import run_group
 from pipo_jax.models import hf
 from pipo_jax.run import atomic
 
@@ -81,14 +80,6 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
     if not (algorithm and label and overrides):
         raise ValueError(f"--variant={text!r}: expected ALGO:LABEL:key=value[;key=value]")
     return algorithm, label, overrides
-
-
-def run_arm(config: ml_collections.ConfigDict, seeds: list[int], base_params: list, eval_every: int
-            ) -> list[dict[str, Any]]:
-    """`config` at every seed (seed s from base_params[i]) as one vmapped program: its rows
-    (`vmapped.run_group`, the sweep engine's runner of one group)."""
-    rows, _ = run_group([with_overrides(config, {"seed": s}) for s in seeds], base_params, eval_every)
-    return rows
 
 
 def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple[str, ...] = ()

@@ -4,7 +4,7 @@ with a small question space: reward 0.43 -> 0.74 over 200 iterations, held-out a
 
 `heldout_auc` is the held-out side of the training-reward AUC the tables report (the mean batch reward
 over the iterations); `heldout_gap_flag` says when the two part ways. `run_figures` reads both from a
-run's curves as `experiments/runs.py:summarise` and `experiments/compare.py:run_arm` store them
+run's curves as `experiments/runs.py:summarise` and `experiments/vmapped.py:run_group` store them
 (`reward`, `acc_steps`, `accuracy`), so the tables compute them for stored results too.
 """
 

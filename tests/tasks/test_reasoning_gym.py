@@ -302,7 +302,8 @@ def test_chain_sum_learns_with_grpo():
     chain sums, raises its held-out greedy accuracy (the share the library's verifier scores 1.0)
     under GRPO in 40 iterations by >= MIN_MEAN_GAIN on the mean of SEEDS (vmapped in one run, as
     `experiments.compare` runs them)."""
-    from experiments.compare import run_arm
+    from experiments.overrides import with_overrides
+    from experiments.vmapped import run_group
     from pipo_jax.run import warmup
 
     c = grpo.get_config("tiny")
@@ -318,7 +319,7 @@ def test_chain_sum_learns_with_grpo():
         assert 0.2 <= m["final_accuracy"] <= 0.6, (seed, m["heldout_accuracy"])
         bases.append(base)
         warmed.append(m["final_accuracy"])
-    rows = run_arm(c, list(SEEDS), bases, 10)
+    rows, _ = run_group([with_overrides(c, {"seed": s}) for s in SEEDS], bases, 10)
     gains = [row["final_accuracy"] - row["initial_accuracy"] for row in rows]
     for row, accuracy in zip(rows, warmed):  # vmapped: the same problems as the warm-up's last check
         assert row["initial_accuracy"] == pytest.approx(accuracy, abs=0.01)
