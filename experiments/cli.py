@@ -166,9 +166,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def _user_errors_of(main):
-    """`main` with absl's `app.UsageError` (which `app.run` would answer with the usage text and
-    exit 1) turned into our one-line `UsageError`."""
+    """`main` with the chatty libraries' logs quieted (`quiet_library_logs`) and absl's `app.UsageError`
+    (which `app.run` would answer with the usage text and exit 1) turned into our one-line `UsageError`."""
     def wrapped(argv):
+        quiet_library_logs()  # here, not before app.run: its logging set-up puts the absl logger back to NOTSET
         try:
             return main(argv)
         except app.UsageError as e:
@@ -190,7 +191,6 @@ def quiet_library_logs() -> None:
 
 def run(main) -> None:
     """`app.run(main)`, with `quiet_library_logs`; a user error exits with status 2 after one line on stderr."""
-    quiet_library_logs()
     try:
         app.run(_user_errors_of(main), flags_parser=_parse_flags)
     except USER_ERRORS as e:

@@ -39,8 +39,6 @@ def main(argv):
     if devices > 1:  # simulated CPU devices (docs/scaling.md): the thread pool their collectives need
         platforms.simulate_cpu_devices(devices)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for noisy in ("absl", "orbax", "jax._src"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     if _CHECK.value:
         train_spec(_CONFIG.value)
         print(check_config_listing(_CONFIG.value))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import pytest
 
 from configs import grpo
 from pipo_jax import native_banners
@@ -72,3 +73,21 @@ def test_tensorflows_load_banners_are_dropped_and_everything_else_kept():
     assert res.stderr == ("E0000 real error from a native library\npython warning\n"
                           "partial line before a failed import\nafter\n")
     assert native_banners.kept_lines("a\nCould not find cuda drivers on your machine, GPU will not be used.\nb") == "a\nb"
+
+
+def test_the_libraries_stay_quiet_inside_main(monkeypatch):
+    """`cli.run` quiets the chatty loggers where `main` runs: absl's `app.run` puts its own logger back to
+    NOTSET (the root's INFO) while it sets up, so quieting before it would let orbax's checkpoint notes
+    through to every command's console."""
+    import logging
+
+    from experiments import cli
+
+    levels = {}
+    monkeypatch.setattr(sys, "argv", ["command"])
+    for name in cli.CHATTY_LOGGERS:
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    with pytest.raises(SystemExit) as done:  # app.run exits with main's return
+        cli.run(lambda argv: levels.update({n: logging.getLogger(n).level for n in cli.CHATTY_LOGGERS}))
+    assert done.value.code in (0, None)
+    assert levels == {name: logging.WARNING for name in cli.CHATTY_LOGGERS}
