@@ -38,6 +38,7 @@ compare.png (mean curves with 95% bootstrap bands over seeds).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import os
 import time
@@ -47,7 +48,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from experiments import cli, overfit, provenance, schedule, stats, study
+from experiments import cli, overfit, provenance, schedule, stats, study, study_report
 from experiments.overrides import set_key, with_overrides
 from experiments.runs import parse_seeds, warmed_up_model
 from pipo_jax.run import atomic
@@ -262,7 +263,7 @@ def plot(results: dict, path: str) -> None:
 
 def format_table(record: dict) -> str:
     """Markdown: per arm the gain over the base; per algorithm PIPO's paired difference."""
-    s = record["summary"]
+    s, signed_ci = record["summary"], functools.partial(study_report.format_ci, signed=True)
     lines = ["| run | seeds | base acc | final acc | gain (95% CI) | seeds improved | training-reward AUC | "
              "held-out acc AUC | seeds whose training reward rose without held-out accuracy |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -272,24 +273,23 @@ def format_table(record: dict) -> str:
         gap = f"{flagged}/{a['n']}" if flagged else "-"
         heldout = f"{a['heldout_auc_mean']:.3f}" if "heldout_auc_mean" in a else "-"
         lines.append(f"| {label} | {a['n']} | {a['initial_accuracy_mean']:.3f} | {a['final_accuracy_mean']:.3f} | "
-                     f"{g['mean']:+.3f} [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] | {a['seeds_improved']}/{a['n']} | "
+                     f"{signed_ci(g)} | {a['seeds_improved']}/{a['n']} | "
                      f"{a['reward_auc_mean']:.3f} | {heldout} | "
                      f"{gap} |")
     lines += ["", "| algorithm | PIPO - base: final acc (95% CI), Wilcoxon p | reward AUC (95% CI), Wilcoxon p |",
               "| --- | --- | --- |"]
     for name, p in s["pipo_minus_base"].items():
         f, r = p["final_accuracy"], p["reward_auc"]
-        lines.append(f"| {name} | {f['mean']:+.3f} [{f['ci95'][0]:+.3f}, {f['ci95'][1]:+.3f}], p = {f['wilcoxon_p']:.3g} | "
-                     f"{r['mean']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}], p = {r['wilcoxon_p']:.3g} |")
+        lines.append(f"| {name} | {signed_ci(f)}, p = {f['wilcoxon_p']:.3g} | "
+                     f"{signed_ci(r, 4)}, p = {r['wilcoxon_p']:.3g} |")
     if s.get("variants"):
         lines += ["", "| variant | vs | final acc (95% CI), Wilcoxon p | reward AUC (95% CI), Wilcoxon p |",
                   "| --- | --- | --- | --- |"]
         for label, v in s["variants"].items():
             for vs, key in (("no PIPO", "minus_base"), ("paper PIPO", "minus_paper_pipo")):
                 f, r = v[key]["final_accuracy"], v[key]["reward_auc"]
-                lines.append(f"| {label} | {vs} | {f['mean']:+.3f} [{f['ci95'][0]:+.3f}, {f['ci95'][1]:+.3f}], "
-                             f"p = {f['wilcoxon_p']:.3g} | {r['mean']:+.4f} [{r['ci95'][0]:+.4f}, "
-                             f"{r['ci95'][1]:+.4f}], p = {r['wilcoxon_p']:.3g} |")
+                lines.append(f"| {label} | {vs} | {signed_ci(f)}, p = {f['wilcoxon_p']:.3g} | "
+                             f"{signed_ci(r, 4)}, p = {r['wilcoxon_p']:.3g} |")
     return "\n".join(lines)
 
 
