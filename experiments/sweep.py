@@ -17,7 +17,9 @@ config is validated before anything runs. `--lams` / `--windows` are `--sweep=pi
 `--sweep=pipo.window=...` with PIPO on, and then the PIPO-off point of each seed is the baseline
 (`--baseline=none`: no baseline). Writes <out>/sweep.json (provenance, every point's config diff and
 metrics, wall and compile time, per metric mean / CI and paired differences), sweep.png, and prints a
-table per metric. A finished point is read back from <out>/groups/, not rerun (`experiments.study`).
+table per metric. A finished point is read back from <out>/groups/, not rerun (`experiments.study`). The
+launch flags (`--workers`, `--emit_slurm`, `--group_index`, `--group_shard`, `--collect_only`, `--dry_run`)
+are `experiments.schedule`'s, which `experiments.compare` (a sweep with paired arms) takes too.
 """
 
 from __future__ import annotations
