@@ -14,11 +14,15 @@ for the trainer (the value read as the key's type).
 
 Each seed has its own warmed-up base model (`experiments.runs.warmed_up_model`); both arms
 of an algorithm start from it and see the same RNG stream, so within a seed the two runs
-differ by PIPO's verification step alone. An arm is a sweep point at every seed (`experiments.study`):
-the points whose jit-static specs are equal (all seeds of an arm, and arms that differ only in values
-the train state carries) run as ONE program: their `TrainState`s are stacked and
-`jax.vmap(loop.scan_chunk)` advances them together (`vmapped.run_group`; equal to separate runs,
-tests/test_compare.py).
+differ by PIPO's verification step alone. A comparison is a sweep with paired arms, on the sweep's
+engine: an arm is a point at every seed (`experiments.study`); the points whose jit-static specs are
+equal (all seeds of an arm, and arms that differ only in values the train state carries) run as ONE
+program: their `TrainState`s are stacked and `jax.vmap(loop.scan_chunk)` advances them together
+(`vmapped.run_group`; equal to separate runs, tests/test_compare.py). The groups run as a sweep's do
+(`experiments.schedule`): `--workers=N` side by side, `--emit_slurm=FILE` a job array of one group per
+task, `--group_index` / `--group_shard` (experiments/launch/tpu_sweep.sh) some of them, `--collect_only`
+the report from the stored ones, `--dry_run` the groups printed; each group writes its own file under
+<out>/groups/, and run again a finished group is read back, not rerun.
 
 Per algorithm it reports the paired difference (with PIPO minus without, same seed and
 base model) of final held-out greedy accuracy and of reward AUC (mean batch reward over
@@ -34,8 +38,8 @@ compare.png (mean curves with 95% bootstrap bands over seeds).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
-import json
 import os
 import time
 from typing import Any
@@ -44,23 +48,29 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from experiments import cli, overfit, provenance, stats, study
+from experiments import cli, overfit, provenance, schedule, stats, study, study_report
 from experiments.overrides import set_key, with_overrides
 from experiments.runs import parse_seeds, warmed_up_model
-from pipo_jax.models import hf
 from pipo_jax.run import atomic
 
-_ALGORITHMS = flags.DEFINE_list("algorithms", ["grpo"], "algorithms (configs/<name>.py) to compare")
-_PRESET = flags.DEFINE_string("preset", "tiny", "preset of the algorithm configs")
-_SEEDS = flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comma list")
-_ITERATIONS = flags.DEFINE_integer("iterations", 0, "RL iterations; 0 = the preset's")
-_EVAL_EVERY = flags.DEFINE_integer("eval_every", 0, "iterations between evaluations; 0 = the preset's eval.every")
-_OUT = flags.DEFINE_string("out", "runs/compare", "output directory (base models are cached here)")
-_SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE: a config key of every arm (e.g. task.reasoning_gym.dataset=gcd)")
-_BASE_DIR = flags.DEFINE_string("base_dir", "", "where the per-seed base models are cached; '' = --out "
-                                "(two runs may share one: a base model found there is not warmed up again)")
-_VARIANTS = flags.DEFINE_multi_string("variant", [], "ALGO:LABEL:key=value[;key=value]: an extra PIPO arm "
-                                      "ALGO+PIPO[LABEL] with these config overrides (repeatable)")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command's flags, defined when it runs (tests import this module beside other commands'): its own
+    and the sweep engine's launch flags (`experiments.schedule`)."""
+    flags.DEFINE_list("algorithms", ["grpo"], "algorithms (configs/<name>.py) to compare")
+    flags.DEFINE_string("preset", "tiny", "preset of the algorithm configs")
+    flags.DEFINE_string("seeds", "0-4", "seeds: 'a-b' (inclusive) or a comma list")
+    flags.DEFINE_integer("iterations", 0, "RL iterations; 0 = the preset's")
+    flags.DEFINE_integer("eval_every", 0, "iterations between evaluations; 0 = the preset's eval.every")
+    flags.DEFINE_string("out", "runs/compare", "output directory (base models are cached here)")
+    flags.DEFINE_multi_string("set", [], "KEY=VALUE: a config key of every arm (e.g. task.reasoning_gym.dataset=gcd)")
+    flags.DEFINE_string("base_dir", "", "where the per-seed base models are cached; '' = --out "
+                        "(two runs may share one: a base model found there is not warmed up again)")
+    flags.DEFINE_multi_string("variant", [], "ALGO:LABEL:key=value[;key=value]: an extra PIPO arm "
+                              "ALGO+PIPO[LABEL] with these config overrides (repeatable)")
+    schedule.define_flags()
 
 
 def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
@@ -82,9 +92,10 @@ def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
     return algorithm, label, overrides
 
 
-def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple[str, ...] = ()
+def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple[str, ...] = (), eval_every: int = 0
                      ) -> ml_collections.ConfigDict:
-    """configs/<name>.py's `preset`; an unknown algorithm or preset is a `UsageError` naming the flag."""
+    """configs/<name>.py's `preset` (with `iterations` and `eval_every` where > 0); an unknown algorithm or
+    preset is a `UsageError` naming the flag."""
     if not os.path.exists(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                                        f"{name}.py")):
         raise cli.UsageError(f"--algorithms: no config file configs/{name}.py for algorithm {name!r}")
@@ -99,6 +110,8 @@ def algorithm_config(name: str, preset: str, iterations: int, assignments: tuple
             raise cli.UsageError(f"--set: {e}") from None
     if iterations:
         c.iterations = iterations
+    if eval_every:
+        c.eval.every = eval_every
     return c
 
 
@@ -147,38 +160,6 @@ def summarise(results: dict[str, list[dict]], algorithms: list[str]) -> dict:
     return {"arms": arms, "pipo_minus_base": paired, "variants": variants}
 
 
-PARTIAL = "compare.partial.json"
-
-
-def arm_fingerprint(config: ml_collections.ConfigDict) -> dict:
-    """An arm's whole config as plain JSON values (what a stored arm must equal to be reused: the sweep
-    engine's point fingerprint)."""
-    return study.fingerprint(config)
-
-
-def stored_arms(out: str, origin: dict, seeds: list[int]) -> dict[str, dict]:
-    """The arms a stopped comparison in `out` finished (`PARTIAL`: {label: {"config", "runs"}}), reusable
-    when that run was the same code (a clean checkout at the same commit) with the same seeds. A partial
-    file of other code or seeds is moved aside (never overwritten), and nothing is reused."""
-    path = os.path.join(out, PARTIAL)
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path) as f:
-            stored = json.load(f)
-    except ValueError:
-        stored = {}
-    same = study.same_code(stored.get("commit"), origin["commit"]) and stored.get("seeds") == seeds and "arms" in stored
-    if same:
-        return stored["arms"]
-    k = 1
-    while os.path.exists(aside := os.path.join(out, f"compare.partial.{k}.json")):
-        k += 1
-    os.replace(path, aside)
-    print(f"{path}: made by other code or seeds (or unreadable), so no arm is reused; moved to {aside}", flush=True)
-    return {}
-
-
 def arm_config(config: ml_collections.ConfigDict, pipo: bool, overrides: dict) -> ml_collections.ConfigDict:
     """An arm's config: its algorithm's with the arm's overrides and PIPO on or off. An arm starts from
     its seed's base, warmed up once with the first algorithm's settings, so the warm-up's sampled targets
@@ -191,11 +172,13 @@ def arm_config(config: ml_collections.ConfigDict, pipo: bool, overrides: dict) -
 
 def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iterations: int = 0,
             eval_every: int = 0, assignments: tuple[str, ...] = (), variants: list[str] = (),
-            base_dir: str = "") -> dict:
-    """Runs every algorithm with PIPO off and on (and each `variants` arm) for all `seeds`
-    (`assignments`: 'KEY=VALUE' config settings of every arm); writes compare.json / .png (and
-    compare.partial.json, the arms so far, after every arm: run again with the same arguments, code and
-    seeds, a stopped comparison reuses the arms it finished, whose configs are unchanged)."""
+            base_dir: str = "", launch: schedule.Launch = schedule.Launch()) -> dict | None:
+    """Runs every algorithm with PIPO off and on (and each `variants` arm) for all `seeds` (`assignments`:
+    'KEY=VALUE' config settings of every arm) on the sweep engine: an arm is a point at every seed, the
+    points grouped into programs, which run as `launch` says (`schedule.run_study`: here, side by side, or
+    one per task of a cluster) and store their results in <out>/groups/, where a finished group is read
+    back, not rerun. Writes compare.json / .png from them and returns the record (None where this process
+    reports nothing: a dry run, an emitted SLURM script, some groups of many)."""
     origin = provenance.record()  # the code that runs (taken now: the tree may change while it runs)
     try:
         parsed = [parse_variant(v) for v in variants]
@@ -205,55 +188,42 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
         if algorithm not in algorithms:
             raise cli.UsageError(f"--variant {algorithm}:{label}: {algorithm!r} is not in --algorithms={algorithms}")
     # a bad flag fails before any write
-    configs = {a: algorithm_config(a, preset, iterations, tuple(assignments)) for a in algorithms}
+    configs = {a: algorithm_config(a, preset, iterations, tuple(assignments), eval_every) for a in algorithms}
     for algorithm, label, overrides in parsed:
         try:
             with_overrides(configs[algorithm], overrides)
         except ValueError as e:
             raise cli.UsageError(f"--variant {algorithm}:{label}: {e}") from None
-    os.makedirs(out, exist_ok=True)
     start, cpu_start = time.perf_counter(), time.process_time()
     first = next(iter(configs.values()))
-    bases = []
-    for seed in seeds:  # one base model per seed, shared by every arm
-        _, params = hf.load(warmed_up_model(first, seed, base_dir or out))
-        bases.append(params)
-    stored, done, resumed = stored_arms(out, origin, seeds), {}, []
     arms = []  # (label, config, overrides) of every arm, in the table's order
     for name, config in configs.items():
         kinds = [("", False, {}), ("+PIPO", True, {})]
         kinds += [(f"+PIPO[{label}]", True, o) for algorithm, label, o in parsed if algorithm == name]
         arms += [(name + arm, arm_config(config, enabled, o), o) for arm, enabled, o in kinds]
-    runs: dict[str, dict[int, dict]] = {}
-    pending = []  # an arm is a sweep point at every seed; arms of one jit-static spec run as one program
-    for label, c, overrides in arms:
-        if stored.get(label, {}).get("config") == arm_fingerprint(c):
-            runs[label] = dict(zip(seeds, stored[label]["runs"]))
-            resumed.append(label)
-            print(f"{label}: reused from {os.path.join(out, PARTIAL)}", flush=True)
-        else:
-            pending += [study.Point(label, s, overrides, with_overrides(c, {"seed": s})) for s in seeds]
-    for group in study.group_points(pending):
-        rows, timing = study.run_group_points(group, [bases[seeds.index(p.seed)] for p in group],
-                                              eval_every or group[0].config.eval.every)
-        for p, row in zip(group, rows):
-            runs.setdefault(p.label, {})[p.seed] = row
-        labels = list(dict.fromkeys(p.label for p in group))
-        print(f"{', '.join(labels)}: {len(seeds)} seeds in {timing['wall_s']:.0f}s (one program)", flush=True)
-        for label, c, _ in arms:  # every arm finished so far; a kill or a full disk leaves the last whole file
-            if label in runs and len(runs[label]) == len(seeds):
-                done[label] = {"config": arm_fingerprint(c), "runs": [runs[label][s] for s in seeds]}
-        atomic.write_json_atomic(os.path.join(out, PARTIAL), {"seeds": seeds, **origin, "arms": done}, indent=None)
-    results = {label: [runs[label][s] for s in seeds] for label, _, _ in arms}
+    points = [study.Point(label, s, o, study.checked_config(c, {"seed": s}, f"arm {label} (seed {s})"))
+              for label, c, o in arms for s in seeds]  # every point validated before anything runs
+    groups = study.group_points(points)
+    # one base model per seed, warmed up with the first algorithm's settings and shared by every arm
+    done = schedule.run_study("experiments.compare", points, groups, out,
+                              lambda p: warmed_up_model(first, p.seed, base_dir or out),
+                              study.code_version(origin["commit"]), launch)
+    if done is None:
+        return None
+    entries, reused = done
+    results = {label: [entries[p.name]["result"] for p in points if p.label == label] for label, _, _ in arms}
     summary = summarise(results, algorithms)
+    children = os.times()
     record = {"script": "experiments/compare.py", "algorithms": algorithms, "preset": preset, "seeds": seeds,
               "settings": list(assignments), "task": first.task.name,
               "variants": {f"{a}+PIPO[{label}]": o for a, label, o in parsed},
               "iterations": first.iterations, "wall_time_s": time.perf_counter() - start,
-              "cpu_time_s": time.process_time() - cpu_start, "reused_arms": resumed, **origin,
-              "summary": summary, "runs": results}
-    with open(os.path.join(out, "compare.json"), "w") as f:
-        json.dump(record, f, indent=1)
+              "cpu_time_s": time.process_time() - cpu_start + children.children_user + children.children_system,
+              "groups": [[p.name for p in members] for members in groups], "reused_points": reused,
+              "reused_arms": [label for label, _, _ in arms if all(p.name in reused for p in points
+                                                                   if p.label == label)],
+              **origin, "summary": summary, "runs": results}
+    atomic.write_json_atomic(os.path.join(out, "compare.json"), record, indent=1)
     plot(results, os.path.join(out, "compare.png"))
     return record
 
@@ -293,7 +263,7 @@ def plot(results: dict, path: str) -> None:
 
 def format_table(record: dict) -> str:
     """Markdown: per arm the gain over the base; per algorithm PIPO's paired difference."""
-    s = record["summary"]
+    s, signed_ci = record["summary"], functools.partial(study_report.format_ci, signed=True)
     lines = ["| run | seeds | base acc | final acc | gain (95% CI) | seeds improved | training-reward AUC | "
              "held-out acc AUC | seeds whose training reward rose without held-out accuracy |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -303,42 +273,44 @@ def format_table(record: dict) -> str:
         gap = f"{flagged}/{a['n']}" if flagged else "-"
         heldout = f"{a['heldout_auc_mean']:.3f}" if "heldout_auc_mean" in a else "-"
         lines.append(f"| {label} | {a['n']} | {a['initial_accuracy_mean']:.3f} | {a['final_accuracy_mean']:.3f} | "
-                     f"{g['mean']:+.3f} [{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}] | {a['seeds_improved']}/{a['n']} | "
+                     f"{signed_ci(g)} | {a['seeds_improved']}/{a['n']} | "
                      f"{a['reward_auc_mean']:.3f} | {heldout} | "
                      f"{gap} |")
     lines += ["", "| algorithm | PIPO - base: final acc (95% CI), Wilcoxon p | reward AUC (95% CI), Wilcoxon p |",
               "| --- | --- | --- |"]
     for name, p in s["pipo_minus_base"].items():
         f, r = p["final_accuracy"], p["reward_auc"]
-        lines.append(f"| {name} | {f['mean']:+.3f} [{f['ci95'][0]:+.3f}, {f['ci95'][1]:+.3f}], p = {f['wilcoxon_p']:.3g} | "
-                     f"{r['mean']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}], p = {r['wilcoxon_p']:.3g} |")
+        lines.append(f"| {name} | {signed_ci(f)}, p = {f['wilcoxon_p']:.3g} | "
+                     f"{signed_ci(r, 4)}, p = {r['wilcoxon_p']:.3g} |")
     if s.get("variants"):
         lines += ["", "| variant | vs | final acc (95% CI), Wilcoxon p | reward AUC (95% CI), Wilcoxon p |",
                   "| --- | --- | --- | --- |"]
         for label, v in s["variants"].items():
             for vs, key in (("no PIPO", "minus_base"), ("paper PIPO", "minus_paper_pipo")):
                 f, r = v[key]["final_accuracy"], v[key]["reward_auc"]
-                lines.append(f"| {label} | {vs} | {f['mean']:+.3f} [{f['ci95'][0]:+.3f}, {f['ci95'][1]:+.3f}], "
-                             f"p = {f['wilcoxon_p']:.3g} | {r['mean']:+.4f} [{r['ci95'][0]:+.4f}, "
-                             f"{r['ci95'][1]:+.4f}], p = {r['wilcoxon_p']:.3g} |")
+                lines.append(f"| {label} | {vs} | {signed_ci(f)}, p = {f['wilcoxon_p']:.3g} | "
+                             f"{signed_ci(r, 4)}, p = {r['wilcoxon_p']:.3g} |")
     return "\n".join(lines)
 
 
 def main(argv):
     del argv
-    for flag in (_ITERATIONS, _EVAL_EVERY):
-        if flag.value < 0:
-            raise cli.UsageError(f"--{flag.name}={flag.value}: must be >= 0")
-    record = compare(_ALGORITHMS.value, _PRESET.value, parse_seeds(_SEEDS.value), _OUT.value,
-                     _ITERATIONS.value, _EVAL_EVERY.value, tuple(_SET.value), _VARIANTS.value, _BASE_DIR.value)
+    for name in ("iterations", "eval_every"):
+        if FLAGS[name].value < 0:
+            raise cli.UsageError(f"--{name}={FLAGS[name].value}: must be >= 0")
+    record = compare(FLAGS.algorithms, FLAGS.preset, parse_seeds(FLAGS.seeds), FLAGS.out, FLAGS.iterations,
+                     FLAGS.eval_every, tuple(FLAGS.set), FLAGS.variant, FLAGS.base_dir, schedule.Launch.from_flags())
+    if record is None:
+        return
     print(format_table(record))
     for label, arm in record["summary"]["arms"].items():
         for seed, flag in zip(record["seeds"], arm.get("gap_flags", [])):
             if flag is not None:
                 print(f"{label} seed {seed}: {flag}")
-    print(f"wrote {os.path.join(_OUT.value, 'compare.json')} and compare.png "
+    print(f"wrote {os.path.join(FLAGS.out, 'compare.json')} and compare.png "
           f"({record['wall_time_s']:.0f}s wall, {record['cpu_time_s']:.0f}s CPU)")
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run(main)

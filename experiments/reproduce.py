@@ -26,6 +26,7 @@ this host's CPU model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -125,9 +126,7 @@ def _main_job_block(rec: dict) -> str:
     return "\n".join(lines)
 
 
-def _ci(stat: dict, digits: int = 3) -> str:
-    lo, hi = stat["ci95"]
-    return f"{_signed(stat['mean'], digits)} [{_signed(lo, digits)}, {_signed(hi, digits)}]"
+_ci = functools.partial(study_report.format_ci, signed=True)  # (stat, digits): a difference's mean and 95% CI
 
 
 def render_algorithms(records: list[dict]) -> str:

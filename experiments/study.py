@@ -19,7 +19,7 @@ import glob
 import hashlib
 import json
 import os
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
@@ -94,6 +94,18 @@ def code_version(commit: str) -> str:
     return f"{commit}:{digest.hexdigest()[:16]}"
 
 
+def checked_config(base: ml_collections.ConfigDict, overrides: dict[str, Any], where: str
+                   ) -> ml_collections.ConfigDict:
+    """`base` with `overrides` set, validated as `--check_config` does (`train_spec`); a bad key or value is a
+    `UsageError` naming `where` (the point) and the key."""
+    try:
+        c = with_overrides(base, overrides)
+        train_spec(c)
+    except (ValueError, OSError) as e:  # ConfigError is a ValueError naming the key
+        raise cli.UsageError(f"{where}: {cli.one_line(e)}") from None
+    return c
+
+
 def make_points(base: ml_collections.ConfigDict, grid: list[dict[str, Any]], seeds: list[int]) -> list[Point]:
     """Every grid entry at every seed (an entry that sets 'seed' itself is that one point), each
     config built and validated (`train_spec`) before any runs: a bad key or value is a `UsageError`
@@ -104,11 +116,7 @@ def make_points(base: ml_collections.ConfigDict, grid: list[dict[str, Any]], see
         for seed in ([None] if own_seed else seeds):
             label = point_label(overrides)
             where = f"sweep point {label}" + ("" if own_seed else f" (seed {seed})")
-            try:
-                c = with_overrides(base, overrides if own_seed else dict(overrides, seed=seed))
-                train_spec(c)
-            except (ValueError, OSError) as e:  # ConfigError is a ValueError naming the key
-                raise cli.UsageError(f"{where}: {cli.one_line(e)}") from None
+            c = checked_config(base, overrides if own_seed else dict(overrides, seed=seed), where)
             point = Point(label, int(c.seed), dict(overrides), c)
             key = json.dumps(fingerprint(c), sort_keys=True)
             if key in seen:
@@ -205,12 +213,10 @@ def _move_aside(path: str, entries: dict | None, stale: dict[str, dict]) -> None
         os.remove(path)
 
 
-def run_group_points(group: list[Point], bases: list, eval_every: int | None = None
-                     ) -> tuple[list[dict], dict[str, float]]:
-    """One group's points as one vmapped program, member i from `bases[i]` (evaluated every `eval_every`
-    iterations, default the points' eval.every): their rows and the group's {wall_s, compile_s}."""
-    rows, timing = run_group([p.config for p in group], bases,
-                             group[0].config.eval.every if eval_every is None else eval_every)
+def run_group_points(group: list[Point], bases: list) -> tuple[list[dict], dict[str, float]]:
+    """One group's points as one vmapped program, member i from `bases[i]` (evaluated every eval.every
+    iterations): their rows and the group's {wall_s, compile_s}."""
+    rows, timing = run_group([p.config for p in group], bases, group[0].config.eval.every)
     jax.clear_caches()  # many groups in one process: drop this one's programs (see tests/conftest.py)
     return rows, timing
 
@@ -220,11 +226,12 @@ def base_of(point: Point, base_root: str) -> str:
     return warmed_up_model(point.config, point.seed, base_dir_of(base_root, point.config))
 
 
-def run_points(group: list[Point], out: str, base_root: str, code: str) -> dict[str, dict]:
-    """Runs one group's points from their seeds' warmed-up bases (`base_dir_of`); writes their entries to
-    the group's own file (atomic) and returns them by name."""
-    bases = [hf.load(base_of(p, base_root))[1] for p in group]
-    rows, timing = run_group_points(group, bases)
+def run_points(group: list[Point], out: str, base_path: Callable[[Point], str], code: str) -> dict[str, dict]:
+    """Runs one group's points, each from its warmed-up base (`base_path(point)`: a HF directory, made on first
+    use; a sweep's `base_of`); writes their entries to the group's own file (atomic) and returns them by name."""
+    paths = [base_path(p) for p in group]
+    loaded = {path: hf.load(path)[1] for path in dict.fromkeys(paths)}  # a base shared by members read once
+    rows, timing = run_group_points(group, [loaded[path] for path in paths])
     entries = {p.name: {"label": p.label, "seed": p.seed, "overrides": p.overrides, "config": fingerprint(p.config),
                         "code": code, "result": row,
                         "group": {"size": len(group), "wall_s": timing["wall_s"], "compile_s": timing["compile_s"]}}

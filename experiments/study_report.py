@@ -61,18 +61,18 @@ def summarise(rows: list[dict], baseline: str | None) -> dict[str, Any]:
     return out
 
 
-def _ci(stat: dict, digits: int = 3) -> str:
-    text = f"{stat['mean']:.{digits}f}"
-    return text + (f" [{stat['ci95'][0]:.{digits}f}, {stat['ci95'][1]:.{digits}f}]" if stat["ci95"] else "")
+def format_ci(stat: dict, digits: int = 3, signed: bool = False) -> str:
+    """A {mean, ci95} statistic as '0.400 [0.300, 0.500]' (`signed`, for differences: '+0.400 [+0.300, +0.500]');
+    the mean alone where ci95 is None (one seed)."""
+    number = f"{{:{'+' if signed else ''}.{digits}f}}".format
+    text = number(stat["mean"])
+    return text + (f" [{number(stat['ci95'][0])}, {number(stat['ci95'][1])}]" if stat["ci95"] else "")
 
 
 def _diff(stat: dict | None, digits: int = 3) -> str:
     if stat is None:
         return "-"
-    text = f"{stat['mean']:+.{digits}f}"
-    if stat["ci95"]:
-        text += f" [{stat['ci95'][0]:+.{digits}f}, {stat['ci95'][1]:+.{digits}f}], p = {stat['wilcoxon_p']:.3g}"
-    return text
+    return format_ci(stat, digits, signed=True) + (f", p = {stat['wilcoxon_p']:.3g}" if stat["ci95"] else "")
 
 
 def format_tables(summary: dict) -> str:
@@ -86,7 +86,7 @@ def format_tables(summary: dict) -> str:
             sep += " --- |"
         lines = [head, sep]
         for lab, stat in summary["per_label"][m].items():
-            line = f"| {lab} | {stat['n']} | {_ci(stat)} |"
+            line = f"| {lab} | {stat['n']} | {format_ci(stat)} |"
             if base is not None:
                 line += " (baseline) |" if lab == base else f" {_diff(summary['vs_baseline'][m][lab])} |"
             lines.append(line)

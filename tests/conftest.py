@@ -193,11 +193,11 @@ def right_padded_batch():
 # and one that comes last keeps one worker busy while the other has nothing left to do.
 FILE_SECONDS_KEY = "pipo_jax/file_seconds"
 LONG_FILES = {
-    "tests/test_main_job_reproduces.py": 150, "tests/rl/test_trainer.py": 146,
+    "tests/test_main_job_reproduces.py": 150, "tests/rl/test_trainer.py": 146, "tests/test_compare.py": 127,
     "tests/tasks/test_reasoning_gym.py": 100, "tests/rl/test_hyper.py": 56, "tests/test_full_disk_during_a_run.py": 47,
     "tests/test_experiments.py": 43, "tests/parallel/test_sharded_training.py": 41,
     "tests/benchmarks/test_readiness.py": 36, "tests/test_cli_errors.py": 35, "tests/test_preemption.py": 35,
-    "tests/test_compare.py": 34, "tests/parallel/test_trainer_on_mesh.py": 29, "tests/rl/test_warmup.py": 26,
+    "tests/parallel/test_trainer_on_mesh.py": 29, "tests/rl/test_warmup.py": 26,
     "tests/rl/test_dataset_task.py": 25, "tests/rl/test_run_guards.py": 25, "tests/kernels/test_logprobs.py": 23,
     "tests/models/test_layer_loop.py": 23, "tests/tasks/test_sandbox_escapes.py": 23,
     "tests/rl/test_algorithms.py": 22, "tests/rl/test_heldout_pass.py": 22, "tests/parallel/test_multiprocess.py": 21,

@@ -170,7 +170,7 @@ def test_eval_replaces_its_own_earlier_output_only_with_overwrite(tmp_path):
     (("experiments.sweep", "--sweep=train.mini_batch_prompts=3"),
      ("sweep point train.mini_batch_prompts=3 (seed 0): config.train.mini_batch_prompts",)),
     (("experiments.sweep", "--sweep=pipo.lam"), ("--sweep=pipo.lam: expected KEY=VALUE[,VALUE...]",)),
-    (("experiments.sweep", "--group_index=5"), ("--group_index=5: the sweep has 1 groups (0-0)",)),
+    (("experiments.sweep", "--group_index=5"), ("--group_index=5: the study has 1 groups (0-0)",)),
     (("experiments.sweep", "--workers=0"), ("--workers=0: must be >= 1",)),
     (("experiments.main_job_seeds", "--seeds=3-1"), ("--seeds='3-1': empty range",)),
     (("experiments.main_job_seeds", "--seeds=a-b"), ("--seeds='a-b': expected 'a-b'",)),
@@ -180,6 +180,8 @@ def test_eval_replaces_its_own_earlier_output_only_with_overwrite(tmp_path):
     (("experiments.compare", "--preset=huge"), ("--preset=huge: unknown preset 'huge'",)),
     (("experiments.compare", "--seeds=x"), ("--seeds='x'",)),
     (("experiments.compare", "--iterations=-1"), ("--iterations=-1: must be >= 0",)),
+    (("experiments.compare", "--workers=0"), ("--workers=0: must be >= 1",)),
+    (("experiments.compare", "--group_index=2"), ("--group_index=2: the study has 2 groups (0-1)",)),
 ])
 def test_the_other_scripts_bad_flags_are_one_line(tmp_path, argv, fragments):
     res = _run(*argv, f"--out={tmp_path / 'out'}")

@@ -1,5 +1,6 @@
 """experiments/compare.py (on experiments/vmapped.py): seeds stacked into one vmapped program equal
-separate runs; a stopped comparison resumes from the arms it finished."""
+separate runs; a comparison is a sweep with paired arms on the sweep's engine (experiments/schedule.py):
+a stopped one reads the groups it finished, `--workers` and a SLURM array's tasks give the same results."""
 
 import json
 import os
@@ -127,34 +128,96 @@ def test_vmapped_pass_at_1_is_the_trainers_heldout_pass_at_1_per_seed():
     assert len({rewards[0].tobytes(), rewards[1].tobytes()}) == 2  # each seed's own policy
 
 
-@pytest.mark.slow  # two micro comparisons
-def test_a_stopped_comparison_reuses_the_arms_it_finished(tmp_path, monkeypatch):
-    """After every arm compare.partial.json holds the arms so far with their configs. Run again with the same
-    code (a clean checkout at one commit), seeds and arguments, a comparison stopped after its first arm
-    reruns only the second and writes the uninterrupted run's results; from other seeds (or code) the file
-    is moved aside, nothing reused."""
-    origin = dict(compare.provenance.record(), commit="0" * 40)  # as a clean checkout records it
-    monkeypatch.setattr(compare.provenance, "record", lambda: dict(origin))
+ARGV = ("--algorithms=grpo", "--preset=micro", "--seeds=0,1", "--iterations=2")
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """An uninterrupted micro comparison (GRPO without and with PIPO, seeds 0 and 1, 2 iterations) in this
+    process, one group after another: its --out (with the seeds' bases) and its record."""
+    out = str(tmp_path_factory.mktemp("whole"))
+    record = compare.compare(["grpo"], "micro", [0, 1], out, iterations=2)
+    assert record["reused_points"] == [] and record["reused_arms"] == []
+    assert record["groups"] == [["grpo/seed0", "grpo/seed1"], ["grpo+PIPO/seed0", "grpo+PIPO/seed1"]]
+    return out, record
+
+
+def _group_files(out: str) -> list[str]:
+    return sorted(os.listdir(os.path.join(out, compare.study.GROUPS)))
+
+
+@pytest.mark.slow  # one micro comparison, then one of its two groups again
+def test_a_stopped_comparison_reads_the_groups_it_finished(whole, tmp_path, monkeypatch):
+    """Each group of arms writes its own file under <out>/groups/. A comparison stopped before its second group
+    (that group's file missing) and run again reruns only that group, reads the first from its file (left
+    untouched) and writes the uninterrupted run's report; run once more, it reruns nothing."""
+    import shutil
+
+    done, record = whole
     out = str(tmp_path / "cmp")
-    whole = compare.compare(["grpo"], "micro", [0, 1], out, iterations=2)
-    assert whole["reused_arms"] == []
-    partial_path = os.path.join(out, compare.PARTIAL)
-    with open(partial_path) as f:
-        partial = json.load(f)
-    assert list(partial["arms"]) == ["grpo", "grpo+PIPO"] and partial["seeds"] == [0, 1]
-    del partial["arms"]["grpo+PIPO"]  # as if stopped during the second arm
-    with open(partial_path, "w") as f:
-        json.dump(partial, f)
+    shutil.copytree(done, out)
+    first, second = (compare.study.group_file(out, names) for names in record["groups"])
+    assert _group_files(out) == sorted(os.path.basename(f) for f in (first, second))
+    os.remove(second)  # as if stopped while the PIPO arm's group ran
+    stamp = os.stat(first).st_mtime_ns
     ran = []
-    run_group_points = compare.study.run_group_points  # the sweep engine runs each program of arms
+    run_group_points = compare.study.run_group_points  # the engine runs each program of arms through this
     monkeypatch.setattr(compare.study, "run_group_points",
-                        lambda group, *a: ran.append(sorted({(p.label, p.config.pipo.enabled) for p in group}))
-                        or run_group_points(group, *a))
+                        lambda group, *a: ran.append([p.name for p in group]) or run_group_points(group, *a))
     resumed = compare.compare(["grpo"], "micro", [0, 1], out, iterations=2)
-    assert ran == [[("grpo+PIPO", True)]] and resumed["reused_arms"] == ["grpo"]
-    assert resumed["runs"] == json.loads(json.dumps(whole["runs"])) and resumed["summary"] == whole["summary"]
-    assert compare.stored_arms(out, origin, [0, 2]) == {}  # other seeds: moved aside, kept
-    assert not os.path.exists(partial_path) and os.path.exists(os.path.join(out, "compare.partial.1.json"))
+    assert ran == [["grpo+PIPO/seed0", "grpo+PIPO/seed1"]] and os.stat(first).st_mtime_ns == stamp
+    assert resumed["reused_points"] == ["grpo/seed0", "grpo/seed1"] and resumed["reused_arms"] == ["grpo"]
+    assert resumed["runs"] == json.loads(json.dumps(record["runs"])) and resumed["summary"] == record["summary"]
+    again = compare.compare(["grpo"], "micro", [0, 1], out, iterations=2)
+    assert len(ran) == 1 and again["reused_arms"] == ["grpo", "grpo+PIPO"] and again["runs"] == resumed["runs"]
+    # another number of iterations is another config: every stored point is set aside, none reused
+    def refuse(*args):
+        raise RuntimeError("a group ran")
+
+    monkeypatch.setattr(compare.study, "run_group_points", refuse)
+    with pytest.raises(RuntimeError, match="a group ran"):
+        compare.compare(["grpo"], "micro", [0, 1], out, iterations=3)
+    assert len(os.listdir(os.path.join(out, compare.study.GROUPS, "stale"))) == 2
+
+
+@pytest.mark.slow  # two group processes
+def test_two_workers_give_the_results_of_one(whole, tmp_path):
+    """--workers=2: each group its own process (`python -m experiments.compare ... --group_index=g`) writing its
+    group file; the report read from those files equals the one-process run's."""
+    done, record = whole
+    out = str(tmp_path / "cmp")
+    argv = (*ARGV, f"--out={out}", f"--base_dir={done}", "--workers=2")
+    two = compare.compare(["grpo"], "micro", [0, 1], out, iterations=2, base_dir=done,
+                          launch=compare.schedule.Launch(argv=argv, workers=2))
+    assert sorted(os.listdir(os.path.join(out, "logs"))) == ["group0.log", "group1.log"]
+    assert _group_files(out) == _group_files(done) and two["reused_points"] == []
+    assert two["runs"] == json.loads(json.dumps(record["runs"])) and two["summary"] == record["summary"]
+
+
+@pytest.mark.slow  # one group process
+def test_the_slurm_array_has_a_task_per_group_and_each_runs_one(whole, tmp_path):
+    """--emit_slurm writes a job-array script with one task per group; a task's command (run here as SLURM runs
+    it, with its SLURM_ARRAY_TASK_ID) runs exactly that group, writes its file and no report."""
+    import subprocess
+
+    done, record = whole
+    out, script = str(tmp_path / "cmp"), str(tmp_path / "compare.sbatch")
+    argv = (*ARGV, f"--out={out}", f"--base_dir={done}", "--workers=2", f"--emit_slurm={script}")
+    assert compare.compare(["grpo"], "micro", [0, 1], out, iterations=2, base_dir=done,
+                           launch=compare.schedule.Launch(argv=argv, workers=2, emit_slurm=script)) is None
+    text = open(script).read()
+    assert f"#SBATCH --array=0-{len(record['groups']) - 1}\n" in text and "#SBATCH --job-name=pipo_compare\n" in text
+    (task,) = [line for line in text.splitlines() if "--group_index=" in line]
+    assert task.endswith(" -m experiments.compare " + " ".join(argv[:-2]) + ' --group_index="${SLURM_ARRAY_TASK_ID}"')
+    res = subprocess.run(["bash", script], env=dict(os.environ, SLURM_ARRAY_TASK_ID="1"), capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (name,) = _group_files(out)
+    assert os.path.join(out, compare.study.GROUPS, name) == compare.study.group_file(out, record["groups"][1])
+    with open(os.path.join(out, compare.study.GROUPS, name)) as f:
+        stored = json.load(f)["points"]
+    assert list(stored) == record["groups"][1] and not os.path.exists(os.path.join(out, "compare.json"))
+    assert [e["result"] for e in stored.values()] == json.loads(json.dumps(record["runs"]["grpo+PIPO"]))
 
 
 def test_an_arm_leaves_the_warmup_targets_to_the_base():

@@ -149,15 +149,17 @@ def test_heldout_auc_and_the_paired_summary():
 
 
 def test_the_slurm_array_runs_one_group_per_task():
-    from experiments import sweep
+    from experiments import schedule
 
     argv = ["--config=configs/grpo.py:micro", "--sweep=pipo.window=2,4", "--workers=2", "--emit_slurm=x.sbatch",
             "--slurm_option=--gpus-per-task=1", "--seeds=0-2"]
-    assert sweep.child_argv(argv, group_index=3) == ["--config=configs/grpo.py:micro", "--sweep=pipo.window=2,4",
-                                                     "--seeds=0-2", "--group_index=3"]
-    text = sweep.slurm_script(argv, 4, "/tmp/out", ["--gpus-per-task=1"])
+    assert schedule.child_argv(argv, group_index=3) == ["--config=configs/grpo.py:micro", "--sweep=pipo.window=2,4",
+                                                        "--seeds=0-2", "--group_index=3"]
+    text = schedule.slurm_script("experiments.sweep", argv, 4, "/tmp/out", ["--gpus-per-task=1"])
     assert "#SBATCH --array=0-3\n" in text and "#SBATCH --gpus-per-task=1\n" in text
-    assert "--sweep=pipo.window=2,4 --seeds=0-2 --group_index=\"${SLURM_ARRAY_TASK_ID}\"" in text
+    assert "#SBATCH --job-name=pipo_sweep\n" in text
+    assert "-m experiments.sweep --config=configs/grpo.py:micro --sweep=pipo.window=2,4 --seeds=0-2 " \
+           "--group_index=\"${SLURM_ARRAY_TASK_ID}\"" in text
     assert "--workers" not in text and "--emit_slurm" not in text
 
 
@@ -173,7 +175,7 @@ def test_a_group_equals_its_separate_runs_and_is_read_back_not_rerun(tmp_path, m
     points = study.make_points(base, [{"pipo.lam": 0.2}], [0, 1])
     (group,) = study.group_points(points)
     commit = "0" * 40
-    entries = study.run_points(group, str(tmp_path), str(tmp_path / "bases"), commit)
+    entries = study.run_points(group, str(tmp_path), lambda p: study.base_of(p, str(tmp_path / "bases")), commit)
     assert [e["group"]["size"] for e in entries.values()] == [2, 2]
     assert all(0 < e["group"]["compile_s"] < e["group"]["wall_s"] for e in entries.values())
     for p in points:
@@ -188,19 +190,21 @@ def test_a_group_equals_its_separate_runs_and_is_read_back_not_rerun(tmp_path, m
 
 
 def test_group_selection_for_array_tasks_and_tpu_vms():
-    from experiments import sweep
+    from experiments import schedule
 
-    assert sweep.select_groups(5, -1, "") == [0, 1, 2, 3, 4]
-    assert sweep.select_groups(5, 3, "") == [3]
-    assert sweep.select_groups(5, -1, "1/2") == [1, 3]
-    with pytest.raises(cli.UsageError, match=r"--group_index=5: the sweep has 5 groups \(0-4\)"):
-        sweep.select_groups(5, 5, "")
+    assert schedule.select_groups(5, -1, "") == [0, 1, 2, 3, 4]
+    assert schedule.select_groups(5, 3, "") == [3]
+    assert schedule.select_groups(5, -1, "1/2") == [1, 3]
+    with pytest.raises(cli.UsageError, match=r"--group_index=5: the study has 5 groups \(0-4\)"):
+        schedule.select_groups(5, 5, "")
     with pytest.raises(cli.UsageError, match="--group_shard=2/2: expected I/N with 0 <= I < N"):
-        sweep.select_groups(5, -1, "2/2")
+        schedule.select_groups(5, -1, "2/2")
 
 
-def test_the_tpu_launcher_gives_each_vm_its_shard(tmp_path):
-    """experiments/launch/tpu_sweep.sh with a stand-in `gcloud` that records its arguments."""
+@pytest.mark.parametrize("module", ["", "experiments.compare"])
+def test_the_tpu_launcher_gives_each_vm_its_shard(tmp_path, module):
+    """experiments/launch/tpu_sweep.sh with a stand-in `gcloud` that records its arguments: a sweep, or the
+    study command named before the flags (compare, on the same engine)."""
     import subprocess
 
     fake = tmp_path / "gcloud"  # each call to its own file: the VMs' calls run at once
@@ -208,8 +212,9 @@ def test_the_tpu_launcher_gives_each_vm_its_shard(tmp_path):
     fake.chmod(0o755)
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "launch",
                           "tpu_sweep.sh")
-    res = subprocess.run(["bash", script, "us-east5-a", "vm-a,vm-b", "--out=/gcs/runs/x", "--sweep=pipo.lam=0.1,0.2"],
-                         env=dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}"), capture_output=True, text=True)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
+    res = subprocess.run(["bash", script, "us-east5-a", "vm-a,vm-b", *filter(None, [module]), "--out=/gcs/runs/x",
+                          "--sweep=pipo.lam=0.1,0.2"], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     calls = [p.read_text().splitlines() for p in tmp_path.glob("call.*")]
     assert sorted(c[4] for c in calls) == ["vm-a", "vm-b"]
@@ -218,8 +223,12 @@ def test_the_tpu_launcher_gives_each_vm_its_shard(tmp_path):
         assert "--zone=us-east5-a" in c and "--worker=0" in c
         command = " ".join(c[c.index(next(x for x in c if x.startswith("--command="))):])
         # the flags shell-quoted for the VM's shell (printf %q: the comma escaped)
-        assert f"python -m experiments.sweep  --out=/gcs/runs/x --sweep=pipo.lam=0.1\\,0.2 --group_shard={shard}" \
-            in command
+        assert f"python -m {module or 'experiments.sweep'}  --out=/gcs/runs/x --sweep=pipo.lam=0.1\\,0.2 " \
+               f"--group_shard={shard}" in command
+    res = subprocess.run(["bash", script, "us-east5-a", "vm-a", "experiments.train", "--out=x"], env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.strip() == ("tpu_sweep.sh: experiments.train: expected "
+                                                          "experiments.sweep or experiments.compare before the flags")
 
 
 def test_reproduce_renders_a_sweep_like_its_other_tables():
