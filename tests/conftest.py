@@ -217,8 +217,8 @@ def _file(nodeid: str) -> str:
 
 
 # The edit-test tier (`-m quick`): every test that is neither marked `slow` nor in a file of `LONG_FILES`, so each
-# package keeps its cheap tests (`tests/test_quick_tier.py` holds that) and a fresh clone runs the tier in about
-# 2 minutes on 2 cores (docs/testing.md). A file over 10 s drops out of it once `LONG_FILES` lists it.
+# package keeps its cheap tests (`tests/test_quick_tier.py` holds that) and a fresh clone runs the tier in 2-2.5
+# minutes on 2 cores (docs/testing.md). A file over 10 s drops out of it once `LONG_FILES` lists it.
 QUICK = "quick"
 
 
