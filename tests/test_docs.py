@@ -154,12 +154,14 @@ def test_the_import_table_lists_packages_lowest_first_and_refuses_a_cycle():
 
 def test_architecture_wraps_at_120_columns():
     long = wrap_markdown.long_lines((ROOT / "ARCHITECTURE.md").read_text())
-    assert not long, f"ARCHITECTURE.md lines {long} pass 120 columns; run `python -m tests.wrap_markdown ARCHITECTURE.md`"
+    assert not long, (f"ARCHITECTURE.md lines {long} pass 120 columns; "
+                      "run `python -m tests.wrap_markdown ARCHITECTURE.md`")
 
 
 def test_the_wrapper_keeps_every_word_and_code_span_and_leaves_the_rest():
-    text = ("# A heading that is long " + "x " * 70 + "\n\n- item " + "word " * 30 + "`a code span with spaces` " +
-            "tail " * 10 + "\n  continued\n\n| a | " + "cell " * 40 + "|\n\n```\n" + "code " * 40 + "\n```\nshort line\n")
+    text = ("# A heading that is long " + "x " * 70 + "\n\n- item " + "word " * 30 + "`a code span with spaces` "
+            + "tail " * 10 + "\n  continued\n\n| a | " + "cell " * 40 + "|\n\n```\n" + "code " * 40
+            + "\n```\nshort line\n")
     wrapped = wrap_markdown.wrap(text, width=60)
     assert wrapped.split() == text.split() and wrap_markdown.wrap(wrapped, width=60) == wrapped
     assert wrap_markdown.long_lines(wrapped, width=60) == [] and wrap_markdown.long_lines(text, width=60) == [3]

@@ -45,7 +45,8 @@ def test_every_package_has_tests_in_the_quick_tier():
 
 def test_the_tier_is_what_conftest_marks():
     """`-m quick` keeps a cheap file's tests, leaves out a file of `LONG_FILES` and the tests marked `slow`."""
-    cheap, long, slow = "tests/test_docs.py", "tests/rl/test_trainer.py", "tests/kernels/test_logprobs_vocab_parallel.py"
+    cheap, long = "tests/test_docs.py", "tests/rl/test_trainer.py"
+    slow = "tests/kernels/test_logprobs_vocab_parallel.py"
     assert long in LONG_FILES and slow not in LONG_FILES and not _has_a_test_not_marked_slow(ROOT / slow)
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "quick", "-p",
                           "no:cacheprovider", cheap, long, slow], cwd=ROOT, capture_output=True, text=True,
