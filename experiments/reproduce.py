@@ -103,11 +103,10 @@ def vector_extensions(isa) -> str:
     """`provenance.cpu_isa()` in a few words, the widest first: 'AVX-512 with BF16 and VNNI, AVX2, FMA'; XLA:CPU
     generates code for them, so hosts with other extensions round differently."""
     isa = set(isa)
-    avx512 = sorted(x for x in isa if x.startswith("avx512"))
     parts = []
     if any(x.startswith("amx") for x in isa):
         parts.append("AMX")
-    if avx512:
+    if any(x.startswith("avx512") for x in isa):
         extras = [name for flag, name in (("avx512_bf16", "BF16"), ("avx512_fp16", "FP16"), ("avx512_vnni", "VNNI"))
                   if flag in isa]
         parts.append("AVX-512" + (f" with {' and '.join(extras)}" if extras else ""))
