@@ -93,9 +93,27 @@ def _signed(x: float, digits: int = 3) -> str:
 
 
 def _machine(record: dict) -> str:
-    commit = record["commit"][:12] + ("+dirty" if record["commit"].endswith("+dirty") else "")
-    return (f"{record['cpu_model']}, {record['cpu_count']} cores, jax {record['versions']['jax']}, "
-            f"commit `{commit}`")
+    """The CPU model, its vector extensions where recorded, cores and jax (the commit, date and the rest are in
+    the JSON the table cites)."""
+    isa = f" ({vector_extensions(record['cpu_isa'])})" if record.get("cpu_isa") else ""
+    return f"{record['cpu_model']}{isa}, {record['cpu_count']} cores, jax {record['versions']['jax']}"
+
+
+def vector_extensions(isa) -> str:
+    """`provenance.cpu_isa()` in a few words, the widest first: 'AVX-512 with BF16 and VNNI, AVX2, FMA'; XLA:CPU
+    generates code for them, so hosts with other extensions round differently."""
+    isa = set(isa)
+    parts = []
+    if any(x.startswith("amx") for x in isa):
+        parts.append("AMX")
+    if any(x.startswith("avx512") for x in isa):
+        extras = [name for flag, name in (("avx512_bf16", "BF16"), ("avx512_fp16", "FP16"), ("avx512_vnni", "VNNI"))
+                  if flag in isa]
+        parts.append("AVX-512" + (f" with {' and '.join(extras)}" if extras else ""))
+    parts += [name for flag, name in (("avx2", "AVX2"), ("fma", "FMA")) if flag in isa]
+    if not parts:
+        parts.append("AVX" if "avx" in isa else "no AVX")
+    return ", ".join(parts)
 
 
 def render_main_job(records: list[dict]) -> str:
@@ -106,7 +124,10 @@ def render_main_job(records: list[dict]) -> str:
 def _main_job_block(rec: dict) -> str:
     runs = rec["runs"]
     how = f"{rec['workers']} runs at a time" if rec["workers"] else "the runs collected from their workdirs"
-    lines = [f"Measured with {_machine(rec)}, {how} (JSON: `experiments/results/{rec['json_name']}`).", "",
+    isa = rec.get("cpu_isa") or _DECLARED_ISA.get(rec["json_name"])
+    vector = vector_extensions(isa) if isa else "vector extensions not recorded"
+    lines = [f"Measured with {rec['cpu_model']} ({vector}), {rec['cpu_count']} cores, jax {rec['versions']['jax']}, "
+             f"{how} (JSON: `experiments/results/{rec['json_name']}`).", "",
              "| seed | base acc (held out, greedy) | after 20 it. | after 100 it. | gain | teacher acc with a "
              "solution / feedback context (end of warm-up) | wall / CPU time |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -357,14 +378,14 @@ def render_both_tasks(records: list[dict]) -> str:
 
 def render_readiness(records: list[dict]) -> str:
     """The readiness report's tables (`experiments/benchmarks/readiness_tables.py`) under the line that
-    names its installed set, machine, commit and time."""
+    names its installed set, machine and time (its commit and date are in the JSON it cites)."""
     (rec,) = records
     pk = rec["packages"]
     return "\n".join([
-        f"Measured {rec['date'][:10]} on a {rec['machine']['cpus']}-core host ({rec['machine']['backend']}, "
+        f"Measured on a {rec['machine']['cpus']}-core host ({rec['machine']['backend']}, "
         f"{rec['machine']['host_devices']} simulated devices), installed set `jax=={pk['jax']} jaxlib=={pk['jaxlib']} "
-        f"libtpu=={pk['libtpu']}`, commit `{rec['commit'][:12]}`, {rec['seconds'] / 60:.0f} min "
-        f"(JSON: `experiments/results/{rec['json_name']}`).", "", readiness_tables.markdown(rec)])
+        f"libtpu=={pk['libtpu']}`, {rec['seconds'] / 60:.0f} min (JSON: `experiments/results/{rec['json_name']}`).",
+        "", readiness_tables.markdown(rec)])
 
 
 def render_sweep(records: list[dict]) -> str:
@@ -433,6 +454,8 @@ MAIN_JOB_RUNS = tuple(
         cpu_isa=isa, cpus=2)
     for cpu, isa, name in (("Intel(R) Xeon(R) Processor", None, "main_job_seeds.json"),
                            ("AMD EPYC", _AMD_EPYC_ISA, "main_job_seeds_amd_epyc.json")))
+# The vector extensions a run declares, for its render where its JSON predates `cpu_isa`.
+_DECLARED_ISA = {run.json: run.cpu_isa for run in MAIN_JOB_RUNS if run.cpu_isa}
 
 TABLES = {t.name: t for t in (
     Table("main_job", MAIN_JOB_RUNS, render_main_job, ("README.md", "docs/results.md")),

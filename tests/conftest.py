@@ -216,8 +216,24 @@ def _file(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+# The edit-test tier (`-m quick`): every test that is neither marked `slow` nor in a file of `LONG_FILES`, so each
+# package keeps its cheap tests (`tests/test_quick_tier.py` holds that) and a fresh clone runs the tier in 2-2.5
+# minutes on 2 cores (docs/testing.md). A file over 10 s drops out of it once `LONG_FILES` lists it.
+QUICK = "quick"
+
+
+def is_quick(item) -> bool:
+    """Whether `item` belongs to the edit-test tier: not marked `slow`, its file not in `LONG_FILES`."""
+    return item.get_closest_marker("slow") is None and _file(item.nodeid) not in LONG_FILES
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks
 def pytest_collection_modifyitems(config, items):
-    """Orders files by their seconds (longest first), the untimed rest after them in collection order."""
+    """Marks the edit-test tier `quick`; orders files by their seconds (longest first), the untimed rest after
+    them in collection order."""
+    for item in items:
+        if is_quick(item):
+            item.add_marker(QUICK)
     cache = getattr(config, "cache", None)
     seconds = dict(LONG_FILES, **(cache.get(FILE_SECONDS_KEY, {}) if cache is not None else {}))
     first_index = {}

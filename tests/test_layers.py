@@ -8,14 +8,14 @@ Imports are read with `ast` (module- and function-level), nothing is executed.
 """
 
 import ast
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("pipo_jax", "configs", "experiments")
+from tests.import_graph import IMPORTS, MODULES, ROOT
+from tests.import_graph import imports as _imports
+from tests.import_graph import package_edges as _package_edges
 
 LAYERS = ("models", "kernels", "losses", "sampling", "tasks", "rl", "run", "configs", "experiments")
 LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.schema", "pipo_jax.native_banners", "pipo_jax.data",
@@ -29,52 +29,6 @@ OPTIONAL_THIRD_PARTY = frozenset({"tunix", "pyarrow", "tensorflow_datasets", "tr
                                   "tokenizers", "reasoning_gym"})
 
 
-def _module_name(path: pathlib.Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
-
-
-def _is_package_module(name: str) -> bool:
-    return name.split(".")[0] in PACKAGES
-
-
-def _resolve(name: str) -> str:
-    """The module `name` refers to: itself if it is one, else its longest module prefix
-    (`from pipo_jax.models.qwen3 import forward` -> `pipo_jax.models.qwen3`)."""
-    while name not in MODULES and "." in name:
-        name = name.rsplit(".", 1)[0]
-    return name
-
-
-def _imports(module: str) -> list[tuple[str, int, bool]]:
-    """(imported module, line, function-level) of every import statement in `module`."""
-    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
-    out = []
-
-    def visit(node: ast.AST, in_function: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-            if isinstance(child, ast.Import):
-                out.extend((a.name, child.lineno, in_function) for a in child.names)
-            elif isinstance(child, ast.ImportFrom):
-                assert child.level == 0, f"{module}:{child.lineno}: relative import"
-                base = child.module or ""
-                for a in child.names:
-                    # `from pkg import sub` names the submodule `pkg.sub` when there is one.
-                    full = f"{base}.{a.name}"
-                    out.append((full if full in MODULES else base, child.lineno, in_function))
-            visit(child, nested)
-
-    visit(tree, False)
-    return out
-
-
-IMPORTS = {m: _imports(m) for m in MODULES}
-
-
 def _layer(module: str) -> int:
     """-1 for a leaf; else the index in LAYERS (configs and experiments are top-level packages)."""
     if any(module == leaf or module.startswith(leaf + ".") for leaf in LEAVES):
@@ -85,11 +39,6 @@ def _layer(module: str) -> int:
             return -1  # the package's __init__ (a docstring and __version__)
         return LAYERS.index(parts[1])
     return LAYERS.index(parts[0])
-
-
-def _package_edges(function_level: bool | None = None) -> list[tuple[str, str, int]]:
-    return [(m, _resolve(name), line) for m, imps in IMPORTS.items() for name, line, fn in imps
-            if _is_package_module(name) and (function_level is None or fn == function_level)]
 
 
 def test_every_module_is_placed_in_a_layer():

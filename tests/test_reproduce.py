@@ -35,8 +35,11 @@ def test_the_main_job_render_states_each_seed_and_the_machine():
                         "acc_steps": [0, 100], "accuracy": [0.4, 0.6], "warmup_teacher_solution_accuracy": None,
                         "warmup_teacher_feedback_accuracy": None, "wall_time_s": None, "cpu_time_s": None}]}
     text = reproduce.render_main_job([record])
-    assert "CPU X, 2 cores, jax 0.10.2, commit `0123456789ab+dirty`, 2 runs at a time (JSON: " \
+    assert "Measured with CPU X (vector extensions not recorded), 2 cores, jax 0.10.2, 2 runs at a time (JSON: " \
            "`experiments/results/x.json`)" in text
+    assert "0123456" not in text and "dirty" not in text  # the commit is the JSON's, not the table's
+    with_isa = reproduce.render_main_job([record | {"cpu_isa": ["avx", "avx2", "fma", "sse4_2"]}])
+    assert with_isa.startswith("Measured with CPU X (AVX2, FMA), 2 cores, ")
     assert "| 0 | 0.500 | 0.625 | 0.750 | +0.250 | 1.00 / 0.50 | 100 s / 91 s |" in text
     assert "| 1 | 0.400 | - | 0.600 | +0.200 | - | - |" in text
     assert "2 of 2 seeds gain held-out greedy accuracy (mean +0.250, least +0.200) from bases solving 40%-50%." in text
@@ -186,6 +189,14 @@ def test_a_missing_built_in_comparison_stops_the_both_tasks_table_but_a_missing_
     (tmp_path / "compare_methods_b_5seeds.json").unlink()
     with pytest.raises(reproduce.cli.UsageError, match="compare_methods_b_5seeds.json is missing; run"):
         reproduce.load_records(table)
+
+
+def test_the_vector_extensions_are_named_widest_first():
+    amd = reproduce.TABLES["main_job"].runs[1].cpu_isa
+    assert reproduce.vector_extensions(amd) == "AVX-512 with BF16 and VNNI, AVX2, FMA"
+    assert reproduce.vector_extensions(("amx_tile", "avx512f", "avx2")) == "AMX, AVX-512, AVX2"
+    assert reproduce.vector_extensions(("avx", "sse4_2")) == "AVX"
+    assert reproduce.vector_extensions(("sse4_1",)) == "no AVX"
 
 
 def test_the_cpu_isa_is_the_vector_and_matrix_extensions_of_cpuinfo(tmp_path):
