@@ -238,7 +238,8 @@ def test_bapo_variant_settings():
 
     c = importlib.import_module("configs.bapo").get_config("micro")
     assert (c.loss.bapo_variant, c.loss.clip_ratio_c) == ("paper", 0.0)
-    c.loss.bapo_variant, c.loss.bapo_rho, c.loss.clip_ratio_c, c.loss.bapo_prob_weight = "released_code", 0.5, 3.0, False
+    c.loss.bapo_variant, c.loss.bapo_rho, c.loss.clip_ratio_c = "released_code", 0.5, 3.0
+    c.loss.bapo_prob_weight = False
     c.loss.bapo_lower_start, c.loss.bapo_lower_max, c.loss.bapo_lower_step = 0.8, 0.95, 0.05
     c.loss.bapo_upper_start, c.loss.bapo_upper_max, c.loss.bapo_upper_step = 1.2, 2.0, 0.1
     spec = train_spec(c)

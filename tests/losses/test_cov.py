@@ -150,7 +150,10 @@ def test_clip_cov_at_the_released_scripts_clip():
     r / 4; token 3 (A = 2, r = e^0.8 ~ 2.23) is clipped at 2. Bounds no covariance meets: no token left out."""
     d = jnp.array([[0.1, -0.5, 0.0, 0.8]])
     kw = dict(key=jax.random.PRNGKey(0), agg=AGG, ratio=0.25, cov_low=10.0, cov_high=20.0)
-    loss_fn = lambda lp, low: cov.clip_cov_loss(lp, LOGP - d, ADV_CLIP, MASK, ratio_low=low, ratio_high=2.0, **kw)  # noqa: E731
+
+    def loss_fn(lp, low):
+        return cov.clip_cov_loss(lp, LOGP - d, ADV_CLIP, MASK, ratio_low=low, ratio_high=2.0, **kw)
+
     (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(LOGP, 1.0 - 1.0)
     np.testing.assert_allclose(float(loss), (-3 * np.exp(0.1) + np.exp(-0.5) - 2 * 2.0) / 4, rtol=1e-6)
     chex.assert_trees_all_close(grad, jnp.array([[-3 * np.exp(0.1) / 4, np.exp(-0.5) / 4, 0.0, 0.0]]), rtol=1e-6)
