@@ -20,7 +20,7 @@ import textwrap
 
 # kind -> what its value is (the column "kind" of the table)
 KINDS = {
-    "count": "a number of things (what, in the name), summed over the iteration",
+    "count": "a number of things, what it counts in the name",
     "fraction": "a share in [0, 1]",
     "mean": "a mean, its unit in the meaning",
     "value": "a scalar of its own (a loss, a statistic, a bound)",
@@ -114,9 +114,9 @@ _METRICS = [
     Metric("nonfinite_in_a_row", "count", "non-finite optimizer steps in a row at the iteration's end (the run "
                                           "stops at `train.max_bad_steps`)", "iteration"),
     Metric("mu_t", "mean", "mu_t: the batch's mean sequence reward after shaping (Eq. 7)", "pipo"),
-    Metric("mu_his", "mean", "mu_his: the window's mean of past mu_t (Eq. 8; NaN while the window is empty)",
+    Metric("mu_his", "mean", "mu_his: the window's mean of past mu_t (Eq. 8; absent while the window is empty)",
            "pipo"),
-    Metric("sigma_his", "value", "sigma_his: the window's standard deviation (Eq. 8; NaN while empty)", "pipo"),
+    Metric("sigma_his", "value", "sigma_his: the window's standard deviation (Eq. 8; absent while the window is empty)", "pipo"),
     Metric("xi", "value", "xi = (mu_t - mu_his) / sigma_his (Eq. 9), window standard deviations", "pipo"),
     Metric("c", "value", "c = phi_lam(xi), the scale of the PI rewards (docs/math.md §2)", "pipo"),
     Metric("pi_step_applied", "flag", "whether the PI step ran (a full window, a stored batch, c != 0)", "pipo"),
@@ -138,10 +138,10 @@ _METRICS += [
     Metric("advantage/bnpo_alpha", "value", "BNPO: the normaliser's alpha", "advantage"),
     Metric("advantage/bnpo_beta", "value", "BNPO: the normaliser's beta", "advantage"),
     Metric("advantage/bnpo_rate_mean", "mean", "BNPO: the pool's mean success rate", "advantage"),
-    Metric("advantage/bnpo_rate_var", "value", "BNPO: the pool's success-rate variance (NaN while undefined)",
+    Metric("advantage/bnpo_rate_var", "value", "BNPO: the pool's success-rate variance (absent while undefined)",
            "advantage"),
-    Metric("advantage/bnpo_a", "value", "BNPO: the Beta fit's a (NaN while undefined)", "advantage"),
-    Metric("advantage/bnpo_b", "value", "BNPO: the Beta fit's b (NaN while undefined)", "advantage"),
+    Metric("advantage/bnpo_a", "value", "BNPO: the Beta fit's a (absent while undefined)", "advantage"),
+    Metric("advantage/bnpo_b", "value", "BNPO: the Beta fit's b (absent while undefined)", "advantage"),
     Metric("vpd/e_step_applied", "flag", "whether the E-step ran this iteration", "vpd"),
     Metric("vpd/e_loss", "value", "the E-step's BCO loss", "vpd"),
     Metric("vpd/e_loss_pos", "value", "its term on the positive responses", "vpd"),
@@ -187,7 +187,7 @@ _METRICS += [
     Metric("warmup_mixed_groups_frac", "fraction", "groups with some but not all responses solved at that check",
            "warmup"),
     Metric("warmup_teacher_solution_accuracy", "fraction", "greedy accuracy on the check set shown a solution "
-                                                           "(NaN: the task has no teacher context)", "warmup"),
+                                                           "(absent: the task has no teacher context)", "warmup"),
     Metric("warmup_teacher_feedback_accuracy", "fraction", "the same, shown feedback", "warmup"),
     Metric("warmup_target_met", "flag", "with a warm-up target: whether every target held at the last check",
            "warmup"),
@@ -252,7 +252,8 @@ def current_name(key: str) -> str:
 
 def table() -> str:
     """docs/metrics.md's table: one row per key, by section."""
-    lines = []
+    lines = ["| kind | its value |", "| --- | --- |"] + [f"| {kind} | {what} |" for kind, what in KINDS.items()]
+    lines.append("")
     for section, what in SECTIONS:
         lines += textwrap.wrap(f"**{section}**: {what}.", 120) + ["", "| key | kind | meaning |", "| --- | --- | --- |"]
         lines += [f"| `{m.key}` | {m.kind} | {m.meaning.replace('|', chr(92) + '|')} |" for m in METRICS
