@@ -13,7 +13,7 @@ which is w A min(r, c_high) for A > 0 and -w |A| max(r, c_low) for A < 0, so
 Algorithm 1: start at (c_low, c_high) = (a-, a+); while rho < rho_0 and c_low + delta_2 <= b-, raise
 c_high by delta_1 while c_high + delta_1 <= b+, else raise c_low by delta_2. The states it can visit
 form one path (`bound_path`, fixed by the settings): the chosen bounds are the first state of the path
-with rho >= rho_0, else its last. The loss is then the token clip without dual clip,
+with rho >= rho_0, else its last. The loss is then the token clip (without dual clip unless `clip_ratio_c`),
     L_t = max(-A_t r_t, -A_t clip(r_t, c_low, c_high)),   aggregated with `agg`.
 
 `variant="released_code"`: the rule of the authors' released verl code instead (WooooDyy/BAPO,
@@ -23,8 +23,8 @@ meets the target when P / (N + 1e-8) >= `rho` (N = 0: always), `rho` read as the
 a bound on P / N (its script's 0.5 is a positive share of 1/3, its yaml's 1 the share 1/2). `clip_ratio_c`
 (either variant): the dual clip, min(L_t, -A_t c) for A_t < 0 (the released code's, c = 3); 0 / None: off.
 
-Shares `losses/policy.py`'s signature and its metrics "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", plus
-"bapo_clip_low", "bapo_clip_high" and "bapo_pos_share" (the chosen state's rho) as token means over
+Shares `losses/policy.py`'s signature and its metrics "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl",
+plus "bapo_clip_low", "bapo_clip_high" and "bapo_pos_share" (the chosen state's rho) as token means over
 `agg.num_tokens`, so they add up over micro-batches to the token-weighted mean of each one's value.
 """
 

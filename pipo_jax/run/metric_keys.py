@@ -116,7 +116,8 @@ _METRICS = [
     Metric("mu_t", "mean", "mu_t: the batch's mean sequence reward after shaping (Eq. 7)", "pipo"),
     Metric("mu_his", "mean", "mu_his: the window's mean of past mu_t (Eq. 8; absent while the window is empty)",
            "pipo"),
-    Metric("sigma_his", "value", "sigma_his: the window's standard deviation (Eq. 8; absent while the window is empty)", "pipo"),
+    Metric("sigma_his", "value", "sigma_his: the window's standard deviation (Eq. 8; absent while the window is "
+                                 "empty)", "pipo"),
     Metric("xi", "value", "xi = (mu_t - mu_his) / sigma_his (Eq. 9), window standard deviations", "pipo"),
     Metric("c", "value", "c = phi_lam(xi), the scale of the PI rewards (docs/math.md §2)", "pipo"),
     Metric("pi_step_applied", "flag", "whether the PI step ran (a full window, a stored batch, c != 0)", "pipo"),

@@ -59,7 +59,8 @@ def test_every_algorithms_update_emits_only_declared_keys():
     for c in configs:
         spec, state = fresh_state(c)
         batch = jax.eval_shape(lambda: sampled(spec, state.params, jax.random.PRNGKey(0)))  # noqa: B023
-        _, metrics = jax.eval_shape(lambda s, b: learn.learn(spec, s, b, jax.random.PRNGKey(1)), state, batch)  # noqa: B023
+        step = lambda s, b: learn.learn(spec, s, b, jax.random.PRNGKey(1))  # noqa: B023,E731
+        _, metrics = jax.eval_shape(step, state, batch)
         emitted |= set(metrics)
     assert metric_keys.undeclared(emitted) == []
     # every declared key of the update is emitted by one of them (none is declared for nothing)
