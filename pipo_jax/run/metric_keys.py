@@ -14,6 +14,7 @@ names, so a run resumed from one keeps its step-0 figures.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import re
 import sys
 import textwrap
@@ -274,8 +275,6 @@ def rendered_page(page: str) -> str:
 
 
 def main(argv: list[str]) -> None:
-    import pathlib
-
     if argv[1:] == ["--write"]:
         path = pathlib.Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
         path.write_text(rendered_page(path.read_text()))

@@ -1,6 +1,9 @@
 """BAPO (docs/math.md §1 "BAPO", `losses/bapo.py`): Algorithm 1's path of bounds, a batch computed by hand
 (with and without Eq. 8's pi_old(y_t) weight), and a numpy transcription of Eq. 8 and Algorithm 1's loop
-(a literal while loop) with the clipped surrogate at the bounds it stops at."""
+(a literal while loop) with the clipped surrogate at the bounds it stops at; the released code's search
+(`loss.bapo_variant=released_code`) by hand and against a transcription of its loops; the dual clip."""
+
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +12,8 @@ import pytest
 
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.bapo import bapo_loss, bound_path, released_code_path
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.run.setup import train_spec
 
 TOKEN_MEAN = Aggregation("token-mean")
 PAPER = dict(lower_start=0.6, lower_max=0.9, lower_step=0.02, upper_start=1.2, upper_max=3.0, upper_step=0.05)
@@ -231,11 +236,6 @@ def test_released_code_variant_equals_its_loop():
 def test_bapo_variant_settings():
     """The released code's setting is a config (its script's target 0.5 on P / N, the dual clip at 3, no
     pi_old weight, its ranges and steps); a target above 1 is a share only the released test can take."""
-    import importlib
-
-    from pipo_jax.rl.spec import ConfigError
-    from pipo_jax.run.setup import train_spec
-
     c = importlib.import_module("configs.bapo").get_config("micro")
     assert (c.loss.bapo_variant, c.loss.clip_ratio_c) == ("paper", 0.0)
     c.loss.bapo_variant, c.loss.bapo_rho, c.loss.clip_ratio_c = "released_code", 0.5, 3.0

@@ -3,6 +3,8 @@ and gradients, and a numpy transcription of the paper's selection (the authors' 
 covariance over the valid tokens, top max(floor(k N), 1) for KL-Cov; for Clip-Cov a uniform draw of
 max(floor(r N), 1) among the unclipped tokens with covariance in [omega_low, omega_high])."""
 
+import importlib
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,8 @@ import pytest
 
 from pipo_jax.losses import cov
 from pipo_jax.losses.aggregation import Aggregation
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.run.setup import train_spec
 
 AGG = Aggregation("token-mean")
 
@@ -170,11 +174,6 @@ def test_clip_cov_at_the_released_scripts_clip():
 
 def test_clip_cov_config_takes_the_released_clip():
     """`loss.clip_low=1` (eps_low = 1, the ratio bound 0) is a valid setting; above 1 it is refused."""
-    import importlib
-
-    from pipo_jax.rl.spec import ConfigError
-    from pipo_jax.run.setup import train_spec
-
     c = importlib.import_module("configs.clip_cov").get_config("micro")
     c.loss.clip_low, c.loss.clip_high = 1.0, 1.0
     spec = train_spec(c)

@@ -9,10 +9,14 @@ import jax
 import pytest
 
 from configs import grpo
+from configs import vpd as vpd_configs
+from pipo_jax.rl import learn
 from pipo_jax.run import metric_keys, observe
 from pipo_jax.run.metric_keys import METRICS, RENAMED, Metric
 from pipo_jax.run.trainer import train
 from tests.conftest import override
+from tests.rl.micro_trainer import fresh_state, micro, sampled
+from tests.rl.test_config import ALGOS
 from tests.rl.test_observe import read_events
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -45,11 +49,6 @@ def test_a_micro_run_emits_only_declared_keys_and_tensorboard_tags_equal_them(tm
 def test_every_algorithms_update_emits_only_declared_keys():
     """The metrics of `learn.learn` (traced, not run) of every algorithm with PIPO, and the variants that add
     keys: PIPO off, a separate PI optimizer, PPO's authors' gate, VPD's hybrids."""
-    from configs import vpd as vpd_configs
-    from pipo_jax.rl import learn
-    from tests.rl.micro_trainer import fresh_state, micro, sampled
-    from tests.rl.test_config import ALGOS
-
     configs = [micro(a, True) for a in ALGOS] + [
         micro("grpo", False), micro("grpo", True, **{"pipo.pi_optimizer": "separate"}),
         micro("ppo", True, **{"pipo.compat": True})]
