@@ -1,9 +1,9 @@
 """Every key a run writes to metrics.jsonl and TensorBoard, declared once: its kind and meaning.
 
 docs/metrics.md's table is rendered from `METRICS` (`python -m pipo_jax.run.metric_keys` prints it,
-`--write` puts it into the page) and tests/run/test_metric_keys.py holds the page, the declarations and
-a run's emitted keys together: no key is emitted without a declaration, and the TensorBoard tags equal
-the JSONL keys (every declared key is a tag TensorBoard keeps as it is).
+`--write` puts it into the page); tests/run/test_metric_keys.py holds the page to the declarations and
+tests/run/test_metric_keys_run.py a run's emitted keys: no key is emitted without a declaration, and the
+TensorBoard tags equal the JSONL keys (every declared key is a tag TensorBoard keeps as it is).
 
 A key's name says whether it is a count or a fraction (`NAMING`): a fraction ends in `_frac` (or is a
 clip fraction, a share, an accuracy, a pass rate); a count names what it counts. `RENAMED` maps the
