@@ -196,6 +196,7 @@ LONG_FILES = {
     "tests/test_main_job_reproduces.py": 150, "tests/rl/test_trainer.py": 146, "tests/test_compare.py": 127,
     "tests/tasks/test_reasoning_gym.py": 100, "tests/rl/test_hyper.py": 56, "tests/test_full_disk_during_a_run.py": 47,
     "tests/test_experiments.py": 43, "tests/parallel/test_sharded_training.py": 41,
+    "tests/run/test_metric_keys_run.py": 41,
     "tests/benchmarks/test_readiness.py": 36, "tests/test_cli_errors.py": 35, "tests/test_preemption.py": 35,
     "tests/parallel/test_trainer_on_mesh.py": 29, "tests/rl/test_warmup.py": 26,
     "tests/rl/test_dataset_task.py": 25, "tests/rl/test_run_guards.py": 25, "tests/kernels/test_logprobs.py": 23,

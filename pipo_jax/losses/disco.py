@@ -88,5 +88,5 @@ def disco_loss(logp_br, logp_old_br, adv_br, mask_br, *, group_size: int, num_pr
     constraint, kl = kl_penalty(logp_br, logp_old_br, mask_br, beta, delta)
     metrics = {"pg_loss": -objective, "disco_constraint": constraint, "ppo_kl": jax.lax.stop_gradient(kl),
                "pg_clipfrac": (kl > delta).astype(jnp.float32),
-               "disco_valid_groups": jnp.sum(valid.astype(jnp.float32)) / num_prompts}
+               "disco_valid_groups_frac": jnp.sum(valid.astype(jnp.float32)) / num_prompts}
     return -objective + constraint, metrics

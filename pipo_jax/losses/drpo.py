@@ -47,5 +47,5 @@ def drpo_loss(logp_br, logp_old_br, adv_br, mask_br, *, group_size: int, num_pro
     loss = -objective + constraint
     metrics = {"pg_loss": -objective, "drpo_constraint": constraint, "ppo_kl": jax.lax.stop_gradient(kl),
                "pg_clipfrac": (kl > delta).astype(jnp.float32),
-               "drpo_valid_groups": jnp.sum(valid.astype(jnp.float32)) / num_prompts}
+               "drpo_valid_groups_frac": jnp.sum(valid.astype(jnp.float32)) / num_prompts}
     return loss, metrics

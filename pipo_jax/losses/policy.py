@@ -6,7 +6,8 @@ the behaviour policy, `adv_br` [B, R] advantages (or PI rewards), `mask_br` [B, 
 The clipped losses take the clip's bounds, not eps: `ratio_low` = 1 - eps_low and `ratio_high` =
 1 + eps_high (`ratio_bounds`: folded in float64 on the host, then rounded once to float32 where they are
 data, `rl/hyper.py`), so a bound is the float32 nearest to 1 - eps_low / 1 + eps_high whether it is a
-Python constant of the program or a traced float32 value.
+Python constant of the program or a traced float32 value. eps_low = 1 (`ratio_low` = 0) is no lower
+clip: r = exp(clip(log r, -20, 20)) >= exp(-20) > 0 never falls below it (Clip-Cov's released scripts).
 
 Token clip (PPO/GRPO/DAPO), with r = exp(clip(logp - logp_old, -20, 20)):
     L = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)); for A < 0 and clip_ratio_c > 0 (dual
@@ -52,8 +53,8 @@ def ratio_bounds(eps_low: float, eps_high: float) -> tuple[float, float]:
 
 def check_clip_config(ratio_low, ratio_high, clip_ratio_c) -> None:
     """Raise a ValueError naming the field when a clip setting is out of range (Python numbers only)."""
-    if isinstance(ratio_low, numbers.Real) and not 0.0 < ratio_low <= 1.0:
-        raise ValueError(f"clip ratio_low={ratio_low} (1 - eps_low) must be in (0, 1]")
+    if isinstance(ratio_low, numbers.Real) and not 0.0 <= ratio_low <= 1.0:
+        raise ValueError(f"clip ratio_low={ratio_low} (1 - eps_low) must be in [0, 1]")
     if isinstance(ratio_high, numbers.Real) and ratio_high < 1.0:
         raise ValueError(f"clip ratio_high={ratio_high} (1 + eps_high) must be >= 1")
     if isinstance(clip_ratio_c, numbers.Real) and clip_ratio_c != 0.0 and clip_ratio_c <= 1.0:

@@ -473,12 +473,13 @@ def _drpo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     return loss, metrics, logp, ent
 
 
-@policy_loss("bapo", pi_ratio="token")
+@policy_loss("bapo", pi_ratio="token", dual_clip=True)
 def _bapo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
-    """BAPO (`losses/bapo.py:bapo_loss`): the token clip without dual clip at the ratio bounds Algorithm 1
-    chooses on the micro-batch at hand (`loss.bapo_*`: the positive tokens' share of Eq. 8 brought to
-    `bapo_rho` by raising c_high, then c_low, within their ranges); `loss.clip_low` / `clip_high` are
-    the PI step's clip only."""
+    """BAPO (`losses/bapo.py:bapo_loss`): the token clip at the ratio bounds chosen on the micro-batch at hand
+    (`loss.bapo_*`: `bapo_variant=paper`, Algorithm 1, brings the positive tokens' share of Eq. 8 to `bapo_rho`
+    by raising c_high, then c_low, within their ranges; `released_code` the authors' code's search), with
+    the dual clip `loss.clip_ratio_c` (0 in `configs/bapo.py`: the paper's objective); `loss.clip_low` /
+    `clip_high` are the PI step's clip only."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     lo = spec.loss
@@ -486,7 +487,8 @@ def _bapo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
                                    rho=lo.bapo_rho, lower_start=lo.bapo_lower_start, lower_max=lo.bapo_lower_max,
                                    lower_step=lo.bapo_lower_step, upper_start=lo.bapo_upper_start,
                                    upper_max=lo.bapo_upper_max, upper_step=lo.bapo_upper_step,
-                                   prob_weight=lo.bapo_prob_weight)
+                                   prob_weight=lo.bapo_prob_weight, variant=lo.bapo_variant,
+                                   clip_ratio_c=dual_clip_c(spec, hyper))
     return loss, metrics, logp, ent
 
 

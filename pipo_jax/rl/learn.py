@@ -133,8 +133,8 @@ def prepare_batch(spec: TrainSpec, state: TrainState, rollout: Rollout) -> tuple
         "response_length": jnp.mean(lengths_b), "entropy": masked_mean(entropy, mask_br),
         "kl_ref": masked_mean(kl_estimate(logp_old, logp_ref, "k3"), mask_br),
         "sampler_logp_gap": masked_mean(jnp.abs(rollout.sample_logp_br - logp_old), mask_br),
-        "groups_all_fail": groups["all_fail"], "groups_mixed": groups["mixed"],
-        "groups_all_success": groups["all_success"], "tokens": jnp.sum(mask_br),
+        "groups_all_fail_count": groups["all_fail"], "groups_mixed_count": groups["mixed"],
+        "groups_all_success_count": groups["all_success"], "tokens": jnp.sum(mask_br),
     }
     if spec.uses_teacher:  # share of responses the teacher sees a solution or feedback for
         metrics["teacher_context_frac"] = jnp.mean(batch.sd_mask_b)

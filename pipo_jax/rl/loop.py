@@ -138,10 +138,10 @@ def host_collect(spec: TrainSpec, params, rng, reward_fn: HostReward,
 def host_iteration(spec: TrainSpec, state: TrainState, reward_fn: HostReward,
                    programs: HostPrograms | None = None) -> tuple[TrainState, dict]:
     """One iteration with a Python reward: jitted generate -> host reward -> jitted learn; the
-    metrics include the reward's counts of the iteration (`TaskReward.take_counts`, e.g. `reward/unscored`)."""
+    metrics include the reward's counts of the iteration (`TaskReward.take_counts`, e.g. `reward/unscored_count`)."""
     programs = programs or single_device_programs(spec)
     rng, k_collect, k_learn = _iteration_keys(state)
-    take_counts = getattr(reward_fn, "take_counts", dict)  # the scorer's counts (reward/unscored, ...)
+    take_counts = getattr(reward_fn, "take_counts", dict)  # the scorer's counts (reward/unscored_count, ...)
     take_counts()  # what evaluation scored since the last iteration is not this iteration's
     batch, stats = host_collect(spec, state.params, k_collect, reward_fn, programs)
     stats = dict(stats, **take_counts())

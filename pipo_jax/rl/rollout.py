@@ -141,7 +141,7 @@ class TaskReward:
         return out
 
     def take_counts(self) -> dict[str, int]:
-        """The scorer's counts since the last call (e.g. `reward/unscored`; on several processes,
+        """The scorer's counts since the last call (e.g. `reward/unscored_count`; on several processes,
         this process's rows), or {} if it keeps none."""
         take = getattr(self.scorer, "take_counts", None)
         return take() if take is not None else {}

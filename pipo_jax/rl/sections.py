@@ -18,6 +18,7 @@ import dataclasses
 from pipo_jax import platforms
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import AGG_MODES
+from pipo_jax.losses.bapo import VARIANTS as BAPO_VARIANTS
 from pipo_jax.losses.copo import BLENDS as COPO_BLENDS
 from pipo_jax.losses.copo import OUTCOMES as COPO_OUTCOMES
 from pipo_jax.losses.disco import NEGATIVES as DISCO_NEGATIVES
@@ -271,7 +272,8 @@ class LossConfig(Section):
 
     _section = "loss"
     policy: str = key("token_clip", "the policy loss (it must fit the algorithm)", choices=policy_names)
-    clip_low: float = key(0.2, "eps_low of the ratio clip", within(0, 1, open_high=True))
+    clip_low: float = key(0.2, "eps_low of the ratio clip (1: no lower clip, the bound 0 a ratio never reaches)",
+                          within(0, 1))
     clip_high: float = key(0.2, "eps_high of the ratio clip", at_least(0))
     clip_ratio_c: float = key(3.0, "dual clip; 0 disables", _dual_clip)
     agg_mode: str = key("seq-mean-token-mean", "how token losses become a scalar (losses/aggregation.py)",
@@ -299,8 +301,12 @@ class LossConfig(Section):
     drpo_beta: float = key(1e3, "DRPO: beta, the penalty weight of the KL trust region", at_least(0))
     drpo_delta: float = key(1e-4, "DRPO: delta, the KL trust region's radius", at_least(0))
     bapo_rho: float = key(0.4, "BAPO (loss.policy=bapo): rho_0, the share of the loss's contribution the "
-                          "positive-advantage tokens must reach (Eq. 8) before the clip bounds stop moving",
-                          within(0, 1))
+                          "positive-advantage tokens must reach (Eq. 8) before the clip bounds stop moving; with "
+                          "bapo_variant=released_code the code's adv_ratio_target, a bound on their ratio P / N",
+                          at_least(0))
+    bapo_variant: str = key("paper", "BAPO: paper: Algorithm 1 (c_high rises first, the share P / (P + N) >= "
+                            "bapo_rho) | released_code: the authors' verl code (c_low rises first, P / N >= "
+                            "bapo_rho)", choices=BAPO_VARIANTS)
     bapo_lower_start: float = key(0.6, "BAPO: a-, the lower ratio bound c_low at the start of each update",
                                   within(0, 1, open_low=True))
     bapo_lower_max: float = key(0.9, "BAPO: b-, the most c_low may rise to", within(0, 1, open_low=True))
@@ -329,7 +335,12 @@ class LossConfig(Section):
              f"{self.clip_cov_low} must be <= loss.clip_cov_high={self.clip_cov_high}")
         # BAPO's Algorithm 1 moves the bounds only while c_low + delta_2 <= b-: a range without one lower
         # step would never adapt (the tolerance of `losses/bapo.py:bound_path`: exact in reals, not in floats)
-        need((self.bapo_lower_max - self.bapo_lower_start) / self.bapo_lower_step + 1e-9 >= 1, "loss.bapo_lower_max",
+        need(self.bapo_variant != "paper" or self.bapo_rho <= 1, "loss.bapo_rho",
+             f"{self.bapo_rho} must be <= 1: with loss.bapo_variant=paper it is a share of the contribution")
+        need(self.bapo_lower_start <= self.bapo_lower_max, "loss.bapo_lower_max",
+             f"{self.bapo_lower_max} must be >= loss.bapo_lower_start={self.bapo_lower_start}")
+        need(self.bapo_variant != "paper"
+             or (self.bapo_lower_max - self.bapo_lower_start) / self.bapo_lower_step + 1e-9 >= 1, "loss.bapo_lower_max",
              f"{self.bapo_lower_max} leaves no step of loss.bapo_lower_step={self.bapo_lower_step} above "
              f"loss.bapo_lower_start={self.bapo_lower_start} (Algorithm 1 would never move the bounds)")
         need(self.bapo_upper_start <= self.bapo_upper_max, "loss.bapo_upper_max",

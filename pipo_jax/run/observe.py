@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from pipo_jax.run import atomic
+from pipo_jax.run import atomic, metric_keys
 from pipo_jax.run.event_file import ScalarEventFile
 from pipo_jax.run.workdir import WorkdirError
 
@@ -76,12 +76,13 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl (one dict per iteration or event); a torn last line (a
+    """The rows of a metrics.jsonl (one dict per iteration or event), keys an earlier run wrote
+    under a name since renamed read under today's (`metric_keys.RENAMED`); a torn last line (a
     kill mid-write) is left out with a warning."""
     rows, torn = _parse_rows(path)
     if torn is not None:
         log.warning("%s: the last line is torn (a run killed mid-write), left out: %r", path, torn[:80])
-    return rows
+    return [{metric_keys.current_name(k): v for k, v in row.items()} for row in rows]
 
 
 class RunLogger:
@@ -97,6 +98,7 @@ class RunLogger:
         self.enabled = enabled
         self.workdir = workdir
         self._failing: dict[str, list[int]] = {}  # sink -> the steps of the rows it dropped since it failed
+        self._keys_seen: set[str] = set()  # keys checked against `metric_keys` (each once)
         if not enabled:
             return
         os.makedirs(workdir, exist_ok=True)
@@ -144,6 +146,16 @@ class RunLogger:
                         dropped[-1])
         return out
 
+    def _check_declared(self, row: dict[str, Any]) -> None:
+        """One warning naming the keys of `row` first seen here that `metric_keys` does not declare (so
+        docs/metrics.md does not explain them); the row is written whole either way."""
+        new = set(row) - self._keys_seen
+        if new:
+            self._keys_seen |= new
+            missing = metric_keys.undeclared(new)
+            if missing:
+                log.warning("metrics %s: not declared in pipo_jax/run/metric_keys.py (docs/metrics.md)", missing)
+
     def _truncate_after(self, step: int | None) -> None:
         """Keeps the rows up to `step` (none for a fresh run, `step` None); the rows after it
         and a torn last line (a kill mid-write) go to `metrics.superseded.jsonl`, with a warning.
@@ -167,6 +179,7 @@ class RunLogger:
             return
         row = {"step": int(step)}
         row.update({k: s for k, v in metrics.items() if (s := _scalar(v)) is not None})
+        self._check_declared(row)
         # A whole row or none: never a torn one.
         self._guarded(self.jsonl_path, step, lambda: atomic.append_line(self.jsonl_path, json.dumps(row)))
         if self._tb is not None:

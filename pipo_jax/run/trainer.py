@@ -31,7 +31,7 @@ from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterat
 from pipo_jax.rl.state import TrainState
 from pipo_jax.run import atomic, compile_cache, evaluate
 from pipo_jax.run import export as export_lib
-from pipo_jax.run import memory, observe, sharded_steps, teacher_forcing, warmup
+from pipo_jax.run import memory, metric_keys, observe, sharded_steps, teacher_forcing, warmup
 from pipo_jax.run import workdir as workdir_lib
 from pipo_jax.run.checkpoint import Checkpointer, kept_checkpoints, saved_steps
 from pipo_jax.run.heartbeat import Heartbeat
@@ -105,7 +105,7 @@ class Evaluation:
                 evaluate.task_sampling(spec, temperature=ec.temperature), batch_size=ec.batch_size)
             for row in rows:
                 out.update({f"{row.name}_pass_at_{k}": v for k, v in row.pass_at.items()})
-            out.update({f"{name}_unscored": i["unscored"] for name, i in info.items()})  # past the verify budget
+            out.update({f"{name}_unscored_count": i["unscored"] for name, i in info.items()})  # past the verify budget
         return out
 
     def sampled_rewards(self, params) -> np.ndarray:
@@ -219,7 +219,7 @@ def base_params(spec: TrainSpec, config: RunConfig, logger_rows: list,
                "warmup_time_s": m["wall_time_s"]}
         sampled = ""
         if m["check_prompts"]:
-            row.update({"warmup_pass_at_1": m["final_pass_at_1"], "warmup_mixed_groups": m["final_mixed_groups"]})
+            row.update({"warmup_pass_at_1": m["final_pass_at_1"], "warmup_mixed_groups_frac": m["final_mixed_groups"]})
             sampled = (f", sampled pass@1 {m['final_pass_at_1']:.3f} and mixed groups {m['final_mixed_groups']:.3f} "
                        f"({m['check_prompts']} of its held-out prompts x {m['check_samples']})")
         logger_rows.append(row)
@@ -240,7 +240,7 @@ def _warmup_target_row(m: dict[str, Any]) -> dict[str, float]:
     if m["target_met"] is None:
         return {}
     return {"warmup_target_met": float(m["target_met"]),
-            **{f"warmup_{name}": target for name, (target, _) in m["targets"].items()}}
+            **{WARMUP_TARGET_KEYS[name]: target for name, (target, _) in m["targets"].items()}}
 
 
 def _chunk_length(step: int, config: RunConfig) -> int:
@@ -580,15 +580,16 @@ def _written_or_warned(what: str, path: str, checkpoint: str, write) -> bool:
 
 WARMUP_SUMMARY = {"warmup_steps": "steps", "warmup_accuracy": "greedy_accuracy_on_its_check_set",
                   "warmup_pass_at_1": "pass_at_1_on_its_check_set",
-                  "warmup_mixed_groups": "mixed_groups_on_its_check_set"}
-# metrics.jsonl keys of runs written before the TensorBoard-safe names (TensorBoard renames '@'): read as the new ones.
-LEGACY_METRIC_KEYS = {"heldout_pass@1": "heldout_pass_at_1", "warmup_pass@1": "warmup_pass_at_1"}
+                  "warmup_mixed_groups_frac": "mixed_groups_on_its_check_set"}
+# metrics.jsonl's key of each warm-up target (`warmup.TARGET_CURVES`' names)
+WARMUP_TARGET_KEYS = {"target_accuracy": "warmup_target_accuracy", "target_pass_rate": "warmup_target_pass_rate",
+                      "target_mixed_groups": "warmup_target_mixed_groups_frac"}
 
 
 def _initial_figures(row0: dict[str, Any]) -> dict[str, Any]:
     """summary.json's figures of iteration 0 (docs/results.md "summary.json"): the trainer's evaluation of
     the base model and, after a warm-up, the warm-up's last check on its own check set."""
-    row0 = {LEGACY_METRIC_KEYS.get(k, k): v for k, v in row0.items()}
+    row0 = {metric_keys.current_name(k): v for k, v in row0.items()}  # a row an earlier run wrote
     out = {}
     if "heldout_accuracy" in row0:
         out["initial_accuracy"] = row0["heldout_accuracy"]
@@ -596,9 +597,10 @@ def _initial_figures(row0: dict[str, Any]) -> dict[str, Any]:
         out["initial_pass_at_1"] = row0["heldout_pass_at_1"]
     warm = {name: row0[k] for k, name in WARMUP_SUMMARY.items() if k in row0}
     if "warmup_target_met" in row0:  # each target set, and what the last check reached of it
-        targets = {name: row0[f"warmup_{name}"] for name, _ in warmup.TARGET_CURVES if f"warmup_{name}" in row0}
+        targets = {name: row0[WARMUP_TARGET_KEYS[name]] for name, _ in warmup.TARGET_CURVES
+                   if WARMUP_TARGET_KEYS[name] in row0}
         reached = {"target_accuracy": "warmup_accuracy", "target_pass_rate": "warmup_pass_at_1",
-                   "target_mixed_groups": "warmup_mixed_groups"}
+                   "target_mixed_groups": "warmup_mixed_groups_frac"}
         warm.update(target_met=bool(row0["warmup_target_met"]), target=targets,
                     reached={name: row0.get(reached[name]) for name in targets})
     if warm:

@@ -316,7 +316,7 @@ class DatasetReward:
     its row's reference with the math verifier (answers) or the code sandbox (tests).
     A context manager: the math verifier's worker processes stop on `close()`.
     `take_counts()`: the responses since the last call that a time budget left unscored, wholly or
-    partly (``reward/unscored``; code: `SandboxConfig.response_budget_s` / `batch_budget_s`), and
+    partly (``reward/unscored_count``; code: `SandboxConfig.response_budget_s` / `batch_budget_s`), and
     for a math task those whose own check timed out (``reward/check_timeouts``).
     """
 
@@ -325,8 +325,8 @@ class DatasetReward:
         self.tokenizer = task.tokenizer
         self.verifier = None
         self._sandbox = sandbox_config
-        self._counts = {"reward/unscored": 0, "reward/check_timeouts": 0} if task.kind == "math" else {
-            "reward/unscored": 0}
+        self._counts = {"reward/unscored_count": 0, "reward/check_timeouts": 0} if task.kind == "math" else {
+            "reward/unscored_count": 0}
         if task.kind == "math":
             self.verifier = MathVerifier(math_config or MathVerifyConfig())
         elif self._sandbox is None:
@@ -341,11 +341,11 @@ class DatasetReward:
         refs = [self.task.references[int(i)] for i in np.asarray(index_b)]
         if self.task.kind == "math":
             results = self.verifier.score_batch(list(texts), refs)
-            self._counts["reward/unscored"] += sum(r.unscored for r in results)
+            self._counts["reward/unscored_count"] += sum(r.unscored for r in results)
             self._counts["reward/check_timeouts"] += sum(r.status == "timeout" and not r.unscored for r in results)
         else:
             results = code.score_code_batch(list(texts), refs, self._sandbox)
-            self._counts["reward/unscored"] += sum(r.unscored for r in results)
+            self._counts["reward/unscored_count"] += sum(r.unscored for r in results)
         return np.asarray([r.reward for r in results], np.float32), [r.feedback for r in results]
 
     def __call__(self, tokens_br, mask_br, index_b) -> tuple[np.ndarray, list[str]]:

@@ -48,7 +48,7 @@ class DatasetSettings(Section):
     verify_timeout_s: float = key(5.0, "math: per answer (extraction + check); code: per test", above(0))
     verify_batch_budget_s: float = key(60.0, "wall-clock budget of one batch's checks (math answers, code tests); "
                                        "what is not checked by then scores 0 and is counted (metric "
-                                       "reward/unscored)", above(0))
+                                       "reward/unscored_count)", above(0))
     verify_workers: int = key(0, "math verifier processes / concurrent code sandboxes / reasoning-gym scoring "
                               "threads; 0 = one per CPU core (max 16)", at_least(0))
 

@@ -34,7 +34,7 @@ A batch is spread over ``num_workers`` processes (0, the default: one per CPU co
 process may use, at most `MAX_AUTO_WORKERS`) and has a wall-clock budget of its own,
 ``batch_budget_s``, whatever its size. Answers still unchecked (queued or in flight) when
 it runs out score 0 with status "timeout" and ``unscored=True`` (the trainer counts them:
-metric ``reward/unscored``); a killed worker's replacement starts in the background, so
+metric ``reward/unscored_count``); a killed worker's replacement starts in the background, so
 the pool is whole for the next batch. Answers are checked in batch order.
 """
 from __future__ import annotations

@@ -108,7 +108,7 @@ class Scored(NamedTuple):
 class HostScorer(Protocol):
     """A task's reward on the host (numpy in, numpy out); `close()` stops its workers. It may also
     have `take_counts() -> {metric: int}` (counts since the last call, e.g. the math scorer's
-    `reward/unscored`), which the host loop adds to each iteration's metrics. A host-reward task
+    `reward/unscored_count`), which the host loop adds to each iteration's metrics. A host-reward task
     with `teacher_contexts` gives `teacher_prompts(problems, tokens_br, mask_br, scored, choice,
     width) -> (tokens [b, width], mask [b, width], has_context float32 [b])` (left-padded); one with
     `answer_benchmarks` gives `benchmark_inputs() -> (tokenizer, PromptConfig, verifier)`."""

@@ -1,6 +1,9 @@
 """BAPO (docs/math.md §1 "BAPO", `losses/bapo.py`): Algorithm 1's path of bounds, a batch computed by hand
 (with and without Eq. 8's pi_old(y_t) weight), and a numpy transcription of Eq. 8 and Algorithm 1's loop
-(a literal while loop) with the clipped surrogate at the bounds it stops at."""
+(a literal while loop) with the clipped surrogate at the bounds it stops at; the released code's search
+(`loss.bapo_variant=released_code`) by hand and against a transcription of its loops; the dual clip."""
+
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +11,9 @@ import numpy as np
 import pytest
 
 from pipo_jax.losses.aggregation import Aggregation
-from pipo_jax.losses.bapo import bapo_loss, bound_path
+from pipo_jax.losses.bapo import bapo_loss, bound_path, released_code_path
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.run.setup import train_spec
 
 TOKEN_MEAN = Aggregation("token-mean")
 PAPER = dict(lower_start=0.6, lower_max=0.9, lower_step=0.02, upper_start=1.2, upper_max=3.0, upper_step=0.05)
@@ -129,3 +134,121 @@ def test_bapo_aggregation_and_an_empty_signal():
     loss, m = bapo_loss(logp, old, 0 * adv, mask, agg=TOKEN_MEAN, rho=0.6, **SMALL)
     assert float(loss) == 0.0 and float(m["bapo_pos_share"]) == pytest.approx(1.0)
     np.testing.assert_allclose([float(m["bapo_clip_low"]), float(m["bapo_clip_high"])], [0.6, 1.2], rtol=1e-6)
+
+
+def released_code_loop(ratio, adv, mask, target, lower_start, lower_max, lower_step, upper_start, upper_max,
+                       upper_step, eps=1e-8):
+    """The released verl code's search (WooooDyy/BAPO `recipe/bapo/policy_loss.py`) transcribed in float64:
+    c_low first, then c_high, each step min(c + delta, max); met when P / (N + eps) >= target (N <= 0: inf)."""
+    ratio, adv, mask = (np.asarray(x, np.float64) for x in (ratio, adv, mask))
+
+    def pos_neg(c_low, c_high):
+        eff = np.where(adv >= 0, np.minimum(ratio, c_high), np.maximum(ratio, c_low)) * adv * mask
+        pos, neg = np.clip(eff, 0, None).sum(), -np.clip(eff, None, 0).sum()
+        return np.inf if neg <= 0 else pos / (neg + eps)
+
+    low, high = lower_start, upper_start
+    value = pos_neg(low, high)
+    while value < target and low < lower_max:
+        low = min(low + lower_step, lower_max)
+        value = pos_neg(low, high)
+    while value < target and high < upper_max:
+        high = min(high + upper_step, upper_max)
+        value = pos_neg(low, high)
+    return low, high
+
+
+def test_released_code_path_lowers_first_in_python_floats():
+    """c_low first, then c_high; in floats 0.6 + 0.1 + 0.1 = 0.7999999999999999 < 0.8 and 1.2 + 0.2 + 0.2 =
+    1.5999999999999999 < 1.6, so the code takes one more clamped step on each (seven states where exact
+    steps give five)."""
+    lows, highs = released_code_path(**SMALL)
+    assert list(lows) == [0.6, 0.7, 0.7999999999999999, 0.8, 0.8, 0.8, 0.8]
+    assert list(highs) == [1.2, 1.2, 1.2, 1.2, 1.4, 1.5999999999999999, 1.6]
+    lows, highs = released_code_path(**dict(SMALL, lower_max=0.65))  # a partial step still moves, clamped
+    assert list(lows)[:2] == [0.6, 0.65] and list(highs)[-1] == 1.6
+
+
+@pytest.mark.parametrize("target, weighted, want_bounds, want_share, want_loss", [
+    # unweighted: P = c_high + 0.5, N = c_low + 1: P / N = 1.7 / 1.6 at the start, falling while c_low rises
+    (1.0, False, (0.6, 1.2), 1.7 / 3.3, (-1.2 - 0.5 + 0.6 + 1.0) / 4),  # the yaml's target: met at once
+    (1.1, False, (0.8, 1.6), 2.1 / 3.9, (-1.6 - 0.5 + 0.8 + 1.0) / 4),  # 1.9 / 1.8 < 1.1 <= 2.1 / 1.8: the end
+    (1.2, False, (0.8, 1.6), 2.1 / 3.9, (-1.6 - 0.5 + 0.8 + 1.0) / 4),  # never met: the path's last state
+    # weighted by pi_old: P = 0.5 (c_high + 0.5) = 0.85, N = 0.25 (c_low + 1) = 0.4 at the start
+    (2.1, True, (0.6, 1.2), 0.85 / 1.25, (-1.2 - 0.5 + 0.6 + 1.0) / 4),
+    (2.3, True, (0.8, 1.6), 1.05 / 1.5, (-1.6 - 0.5 + 0.8 + 1.0) / 4),  # 0.95 / 0.45 < 2.3 <= 1.05 / 0.45
+])
+def test_released_code_variant_by_hand(target, weighted, want_bounds, want_share, want_loss):
+    logp, old, adv, mask = _hand_batch()
+    loss, m = bapo_loss(logp, old, adv, mask, agg=TOKEN_MEAN, rho=target, prob_weight=weighted,
+                        variant="released_code", **SMALL)
+    np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose([float(m["bapo_clip_low"]), float(m["bapo_clip_high"])], want_bounds, rtol=1e-6)
+    np.testing.assert_allclose(float(m["bapo_pos_share"]), want_share, rtol=1e-6)
+
+
+def test_dual_clip_by_hand():
+    """Row 1's second token (A = -1, ratio 4) is capped at -A c = 3 by the dual clip (the released code's
+    c = 3), its gradient 0. Unweighted P = c_high + 0.5, N = c_low + 4: the script's target 0.5 is never met
+    (2.1 / 4.8 at the end), 0.35 at the start (1.7 / 4.6)."""
+    old = jnp.log(jnp.full((2, 2), 0.5))
+    logp = old + jnp.log(jnp.array([[2.0, 0.5], [0.5, 4.0]]))
+    adv, mask = jnp.array([[1.0, 1.0], [-1.0, -1.0]]), jnp.ones((2, 2))
+    kw = dict(agg=TOKEN_MEAN, prob_weight=False, variant="released_code", **SMALL)
+    for target, c, want in [(0.5, 3.0, (-1.6 - 0.5 + 0.8 + 3.0) / 4), (0.35, 3.0, (-1.2 - 0.5 + 0.6 + 3.0) / 4),
+                            (0.35, 0.0, (-1.2 - 0.5 + 0.6 + 4.0) / 4)]:
+        loss, m = bapo_loss(logp, old, adv, mask, rho=target, clip_ratio_c=c, **kw)
+        np.testing.assert_allclose(float(loss), want, rtol=1e-6)
+        np.testing.assert_allclose(float(m["pg_clipfrac_lower"]), 0.25 if c else 0.0)
+    grad = jax.grad(lambda lp: bapo_loss(lp, old, adv, mask, rho=0.5, clip_ratio_c=3.0, **kw)[0])(logp)
+    np.testing.assert_allclose(np.asarray(grad), [[0.0, -0.5 / 4], [0.0, 0.0]], atol=1e-7)
+    # the paper's search applies the same dual clip: rho_0 = 0.25 is met at the start (1.7 / 6.3 = 0.27)
+    loss, _ = bapo_loss(logp, old, adv, mask, agg=TOKEN_MEAN, rho=0.25, prob_weight=False, clip_ratio_c=3.0, **SMALL)
+    np.testing.assert_allclose(float(loss), (-1.2 - 0.5 + 0.6 + 3.0) / 4, rtol=1e-6)
+
+
+def test_released_code_variant_equals_its_loop():
+    """The random batch of `test_bapo_equals_numpy_transcription`, the released script's ranges and steps
+    ([0.8, 0.95] by 0.05, [1.2, 2.0] by 0.1): the bounds equal the transcribed loop's for targets across the
+    ratios P / N the path passes."""
+    k = jax.random.split(jax.random.PRNGKey(1), 3)
+    b, r = 12, 9
+    a_row = np.array([1.3, -0.4, 0.0, -1.1, 0.7, -0.9] * 2)
+    old = -jax.random.uniform(k[0], (b, r), minval=0.05, maxval=3.0)
+    noise = jax.random.normal(k[1], (b, r))
+    logp = old + jnp.where(jnp.asarray(a_row)[:, None] > 0, jnp.abs(noise), 0.6 * noise)
+    mask = jnp.ones((b, r))
+    adv = jnp.asarray(np.repeat(a_row[:, None], r, 1), jnp.float32)
+    ratio = np.exp(np.asarray(logp, np.float64) - np.asarray(old, np.float64))
+    script = dict(lower_start=0.8, lower_max=0.95, lower_step=0.05, upper_start=1.2, upper_max=2.0, upper_step=0.1)
+    seen = set()
+    for target in (0.3, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 1.0, 2.0):
+        c_low, c_high = released_code_loop(ratio, adv, mask, target, **script)
+        loss, m = bapo_loss(logp, old, adv, mask, agg=TOKEN_MEAN, rho=target, prob_weight=False,
+                            variant="released_code", **script)
+        np.testing.assert_allclose([float(m["bapo_clip_low"]), float(m["bapo_clip_high"])], [c_low, c_high],
+                                   rtol=1e-5)  # a token mean of the bound in float32
+        np.testing.assert_allclose(float(loss), clip_loss(ratio, adv, mask, c_low, c_high), rtol=1e-5, atol=1e-6)
+        seen.add((round(c_low, 6), round(c_high, 6)))
+    assert {(0.8, 1.2), (0.95, 2.0)} <= seen and any(1.2 < hi < 2.0 for _, hi in seen), seen
+
+
+def test_bapo_variant_settings():
+    """The released code's setting is a config (its script's target 0.5 on P / N, the dual clip at 3, no
+    pi_old weight, its ranges and steps); a target above 1 is a share only the released test can take."""
+    c = importlib.import_module("configs.bapo").get_config("micro")
+    assert (c.loss.bapo_variant, c.loss.clip_ratio_c) == ("paper", 0.0)
+    c.loss.bapo_variant, c.loss.bapo_rho, c.loss.clip_ratio_c = "released_code", 0.5, 3.0
+    c.loss.bapo_prob_weight = False
+    c.loss.bapo_lower_start, c.loss.bapo_lower_max, c.loss.bapo_lower_step = 0.8, 0.95, 0.05
+    c.loss.bapo_upper_start, c.loss.bapo_upper_max, c.loss.bapo_upper_step = 1.2, 2.0, 0.1
+    spec = train_spec(c)
+    assert (spec.loss.bapo_variant, spec.loss.clip_ratio_c) == ("released_code", 3.0)
+    c.loss.bapo_rho, c.loss.bapo_lower_max = 2.0, 0.82  # P / N >= 2; a partial lower step the code takes
+    train_spec(c)
+    c.loss.bapo_variant = "paper"
+    with pytest.raises(ConfigError, match=r"config\.loss\.bapo_rho: 2\.0 must be <= 1"):
+        train_spec(c)
+    c.loss.bapo_variant = "authors"
+    with pytest.raises(ConfigError, match=r"config\.loss\.bapo_variant: 'authors' is not one of"):
+        train_spec(c)

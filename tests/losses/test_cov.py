@@ -3,6 +3,8 @@ and gradients, and a numpy transcription of the paper's selection (the authors' 
 covariance over the valid tokens, top max(floor(k N), 1) for KL-Cov; for Clip-Cov a uniform draw of
 max(floor(r N), 1) among the unclipped tokens with covariance in [omega_low, omega_high])."""
 
+import importlib
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,8 @@ import pytest
 
 from pipo_jax.losses import cov
 from pipo_jax.losses.aggregation import Aggregation
+from pipo_jax.rl.spec import ConfigError
+from pipo_jax.run.setup import train_spec
 
 AGG = Aggregation("token-mean")
 
@@ -142,3 +146,38 @@ def test_cov_settings_are_checked():
         cov.kl_cov_loss(LOGP, LOGP, ADV_KL, MASK, agg=AGG, ratio=0.0)
     with pytest.raises(ValueError, match=r"cov bounds \[5.0, 1.0\]"):
         cov.clip_cov_loss(LOGP, LOGP, ADV_KL, MASK, key=jax.random.PRNGKey(0), agg=AGG, cov_low=5.0, cov_high=1.0)
+
+
+def test_clip_cov_at_the_released_scripts_clip():
+    """The authors' scripts' clip_ratio_low = clip_ratio_high = 1: ratio bounds [0, 2]. No ratio falls to 0,
+    so token 1 (A = -1, r = e^-0.5 ~ 0.61, clipped at 0.8 under eps_low 0.2) keeps -A r and its gradient
+    r / 4; token 3 (A = 2, r = e^0.8 ~ 2.23) is clipped at 2. Bounds no covariance meets: no token left out."""
+    d = jnp.array([[0.1, -0.5, 0.0, 0.8]])
+    kw = dict(key=jax.random.PRNGKey(0), agg=AGG, ratio=0.25, cov_low=10.0, cov_high=20.0)
+
+    def loss_fn(lp, low):
+        return cov.clip_cov_loss(lp, LOGP - d, ADV_CLIP, MASK, ratio_low=low, ratio_high=2.0, **kw)
+
+    (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(LOGP, 1.0 - 1.0)
+    np.testing.assert_allclose(float(loss), (-3 * np.exp(0.1) + np.exp(-0.5) - 2 * 2.0) / 4, rtol=1e-6)
+    chex.assert_trees_all_close(grad, jnp.array([[-3 * np.exp(0.1) / 4, np.exp(-0.5) / 4, 0.0, 0.0]]), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["pg_clipfrac"]), 0.25)  # token 3 only
+    (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(LOGP, 1.0 - 0.2)
+    np.testing.assert_allclose(float(loss), (-3 * np.exp(0.1) + 0.8 - 2 * 2.0) / 4, rtol=1e-6)
+    assert float(grad[0, 1]) == 0.0 and float(metrics["pg_clipfrac"]) == 0.5
+    # with [omega_low, omega_high] = [1, 5] token 1 (cov 2) is now a candidate beside token 0: each key
+    # leaves out one of the two
+    losses = {round(float(cov.clip_cov_loss(LOGP, LOGP - d, ADV_CLIP, MASK, key=jax.random.PRNGKey(s), agg=AGG,
+                                            ratio=0.25, ratio_low=0.0, ratio_high=2.0)[0]), 6) for s in range(16)}
+    assert losses == {round((np.exp(-0.5) - 4.0) / 4, 6), round((-3 * np.exp(0.1) - 4.0) / 4, 6)}
+
+
+def test_clip_cov_config_takes_the_released_clip():
+    """`loss.clip_low=1` (eps_low = 1, the ratio bound 0) is a valid setting; above 1 it is refused."""
+    c = importlib.import_module("configs.clip_cov").get_config("micro")
+    c.loss.clip_low, c.loss.clip_high = 1.0, 1.0
+    spec = train_spec(c)
+    assert (spec.loss.clip_low, spec.loss.clip_high) == (1.0, 1.0)
+    c.loss.clip_low = 1.5
+    with pytest.raises(ConfigError, match=r"config\.loss\.clip_low: 1\.5 must be in \[0, 1\]"):
+        train_spec(c)

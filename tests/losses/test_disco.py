@@ -57,7 +57,7 @@ def test_disco_log_likelihood_by_hand(negatives, want):
     loss, m = disco_loss(logp, logp, adv, mask, group_size=4, num_prompts=2, negatives=negatives, tau=1.0,
                          beta=10.0, delta=0.0)
     np.testing.assert_allclose(float(loss), -want / 2, rtol=1e-6)
-    assert float(m["disco_constraint"]) == 0.0 and float(m["disco_valid_groups"]) == 0.5
+    assert float(m["disco_constraint"]) == 0.0 and float(m["disco_valid_groups_frac"]) == 0.5
     # the gradient: d(-J/2)/d logp on a positive row's token = -1/2 (mean of 2) / |o_i| / 2; on a negative
     # row's token = w_j / |o_j| / 2 with w_j the softmax of the negatives' s / tau (log_sum_exp) or 1/2 (mean)
     grad = np.asarray(jax.grad(lambda lp: disco_loss(lp, logp, adv, mask, group_size=4, num_prompts=2,
@@ -108,7 +108,7 @@ def test_disco_equals_numpy_transcription(score, negatives):
                              negatives=negatives, tau=tau, beta=beta, delta=delta)
         want = disco_reference(logp, old, rewards, mask, g, score, negatives, tau, beta, delta)
         np.testing.assert_allclose(float(loss), want, rtol=1e-5, atol=1e-6)  # f32: s - tau lme nearly cancels
-        assert float(m["disco_valid_groups"]) == 0.5
+        assert float(m["disco_valid_groups_frac"]) == 0.5
     # the penalty's gradient is sg(beta (kl - delta)) d kl: on the KL part alone (no signal: A = 0)
     f = lambda lp: disco_loss(lp, old, 0 * adv, mask, group_size=g, num_prompts=b // g, score=score,  # noqa: E731
                               negatives=negatives, tau=tau, beta=1e3, delta=1e-4)[0]

@@ -44,7 +44,7 @@ def test_drpo_by_hand():
     loss, m = drpo_loss(logp, logp, adv, mask, group_size=3, num_prompts=1, tau=1.0, lam=1.0, beta=10.0, delta=0.0)
     e = np.exp(0.5)
     np.testing.assert_allclose(float(loss), -(e * 1.0 + 1.5) / (e + 1), rtol=1e-6)
-    assert float(m["drpo_constraint"]) == 0.0 and float(m["drpo_valid_groups"]) == 1.0
+    assert float(m["drpo_constraint"]) == 0.0 and float(m["drpo_valid_groups_frac"]) == 1.0
     # the gradient: d/ds_0 = -w_0 / sum w, pushed evenly onto row 0's two tokens
     grad = jax.grad(lambda lp: drpo_loss(lp, logp, adv, mask, group_size=3, num_prompts=1, tau=1.0, lam=1.0,
                                          beta=10.0, delta=0.0)[0])(logp)

@@ -100,7 +100,7 @@ def test_clip_config_errors():
     with pytest.raises(ValueError, match="clip_ratio_c=0.5"):
         token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, ratio_low=1 - 0.2, ratio_high=1 + 0.2, clip_ratio_c=0.5,
                         agg=Aggregation("token-mean"))
-    with pytest.raises(ValueError, match=r"ratio_low=-0\.5 \(1 - eps_low\) must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"ratio_low=-0\.5 \(1 - eps_low\) must be in \[0, 1\]"):
         token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, ratio_low=1 - 1.5, ratio_high=1 + 0.2, agg=Aggregation("token-mean"))
     with pytest.raises(ValueError, match=r"ratio_high=0\.9 \(1 \+ eps_high\) must be >= 1"):
         token_clip_loss(LOGP, LOGP_OLD, ADV, ONES, ratio_low=0.8, ratio_high=0.9, agg=Aggregation("token-mean"))

@@ -139,14 +139,14 @@ def test_answers_past_the_batch_budget_score_0_and_are_counted(model_dir, math_f
     batch, _, _ = constructed_rollout(spec, tok, rows, texts)
     with spec.task.scorer() as reward:
         task_reward = rollout.TaskReward(spec, reward)
-        assert task_reward.take_counts() == {"reward/unscored": 0, "reward/check_timeouts": 0}
+        assert task_reward.take_counts() == {"reward/unscored_count": 0, "reward/check_timeouts": 0}
         rewards = np.asarray(task_reward(batch))
         counts = task_reward.take_counts()
         assert rewards[0] == 1.0 and np.all(rewards[1:] == 0.0)  # the last, correct one was not reached
         # 2 s of budget, 1 s limit each: one or two slow answers time out on their own, the rest are unscored.
         assert counts["reward/check_timeouts"] in (1, 2)
-        assert counts["reward/unscored"] == 7 - counts["reward/check_timeouts"]
-        assert task_reward.take_counts() == {"reward/unscored": 0, "reward/check_timeouts": 0}  # reset
+        assert counts["reward/unscored_count"] == 7 - counts["reward/check_timeouts"]
+        assert task_reward.take_counts() == {"reward/unscored_count": 0, "reward/check_timeouts": 0}  # reset
     for key, value in (("verify_batch_budget_s", 0.0), ("verify_timeout_s", -1.0), ("verify_workers", -2)):
         with pytest.raises(ConfigError, match=rf"config.task.dataset.{key}: {value} must be"):
             train_spec(math_config(model_dir, math_file, **{f"task.dataset.{key}": value}))
@@ -206,8 +206,8 @@ def test_trainer_on_a_math_file_with_benchmarks_then_eval_cli(model_dir, math_fi
     for r in rows[1:]:
         assert r["tokens"] > 0 and np.isfinite(r["train/loss"]) and 0 <= r["reward_mean"] <= 1
         # The math scorer's counts reach the metrics (nothing here is near the 60 s budget).
-        assert (r["reward/unscored"], r["reward/check_timeouts"]) == (0, 0)
-    assert all(r["mini_unscored"] == 0 for r in rows)
+        assert (r["reward/unscored_count"], r["reward/check_timeouts"]) == (0, 0)
+    assert all(r["mini_unscored_count"] == 0 for r in rows)
     assert out["final_eval"]["mini_pass_at_1"] == rows[-1]["mini_pass_at_1"]
     # The held-out accuracy is the shared harness on the exported policy (greedy, same rows).
     spec = train_spec(c)

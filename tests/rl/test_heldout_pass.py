@@ -149,7 +149,7 @@ def test_the_extra_evaluation_leaves_the_training_unchanged(tmp_path):
     assert len(a) == len(b) == 3
     for ra, rb in zip(a, b):
         extra = {k for k in ra if "pass_at_1" in k or "mixed" in k and k.startswith("warmup")}
-        assert extra == ({"heldout_pass_at_1", "warmup_pass_at_1", "warmup_mixed_groups"} if ra["step"] == 0
+        assert extra == ({"heldout_pass_at_1", "warmup_pass_at_1", "warmup_mixed_groups_frac"} if ra["step"] == 0
                          else {"heldout_pass_at_1"})
         assert {k: v for k, v in ra.items() if k not in extra and not any(t in k for t in timing)} == \
                {k: v for k, v in rb.items() if not any(t in k for t in timing)}
@@ -160,5 +160,5 @@ def test_the_extra_evaluation_leaves_the_training_unchanged(tmp_path):
     assert summary["final_pass_at_1"] == a[-1]["heldout_pass_at_1"]
     assert summary["warmup"] == {"steps": 2, "greedy_accuracy_on_its_check_set": a[0]["warmup_accuracy"],
                                  "pass_at_1_on_its_check_set": a[0]["warmup_pass_at_1"],
-                                 "mixed_groups_on_its_check_set": a[0]["warmup_mixed_groups"]}
+                                 "mixed_groups_on_its_check_set": a[0]["warmup_mixed_groups_frac"]}
     assert "final_pass_at_1" not in json.loads((tmp_path / "off" / "summary.json").read_text())

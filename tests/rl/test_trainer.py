@@ -273,25 +273,25 @@ def test_resume_is_exact(tmp_path, algo):
 
 
 def test_the_host_loop_logs_the_rewards_counts_of_its_iteration():
-    """A host reward's counts (`take_counts`, e.g. a math batch's `reward/unscored`) become the
+    """A host reward's counts (`take_counts`, e.g. a math batch's `reward/unscored_count`) become the
     iteration's metrics; what was counted before the iteration (evaluation) is not included."""
     c = micro("grpo", False)
     spec, state = fresh_state(c)
 
     class CountingReward:
         def __init__(self):
-            self.pending = {"reward/unscored": 5}  # counted by an evaluation before the iteration
+            self.pending = {"reward/unscored_count": 5}  # counted by an evaluation before the iteration
 
         def __call__(self, r):
-            self.pending["reward/unscored"] += 3
+            self.pending["reward/unscored_count"] += 3
             return np.asarray(loop.rollout_lib.task_rewards(spec, r))
 
         def take_counts(self):
-            out, self.pending = self.pending, {"reward/unscored": 0}
+            out, self.pending = self.pending, {"reward/unscored_count": 0}
             return out
 
     _, m = loop.host_iteration(spec, state, CountingReward())
-    assert m["reward/unscored"] == 3
+    assert m["reward/unscored_count"] == 3
 
 
 def test_dapo_raises_when_no_informative_group_is_found():
