@@ -798,25 +798,47 @@ def roofline(flops: float, nbytes: float, kinds: tuple[str, ...] = HOST_KINDS) -
 
 def cost_kinds(target: str) -> tuple[str, ...]:
     """The device kinds `target`'s programs give a roofline for."""
-    return TPU_KINDS if target in TPU_TARGETS else HOST_KINDS
+    return TPU_KINDS if target in TPU_TARGETS else GPU_KINDS if target == GPU_FSDP8 else HOST_KINDS
 
 
 HOST_FSDP8 = "host fsdp=8"
+GPU_FSDP8 = "gpu fsdp=8"
 TPU_FSDP8 = "v5p-16 fsdp=8"
 TPU_TARGETS = ("v5p-8 fsdp=4", TPU_FSDP8)
+TARGETS = (HOST_FSDP8, GPU_FSDP8) + TPU_TARGETS
+# The GPU target's device kinds (its programs are compiled by XLA:CPU: no GPU compiler here).
+GPU_KINDS = ("H20", "H100")
+# A GPU target's attention: cuDNN's flash attention is a GPU library call that XLA:CPU cannot
+# compile, so the splash kernel (block-wise like it: no [T, T] scores), run by the Pallas
+# interpreter, stands in for it; every other choice is the cuda program's.
+GPU_ATTENTION_STAND_IN = "splash"
+
+
+def target_mesh(target: str) -> Mesh:
+    """The devices a paper-scale `target` compiles for: the host's 8 (host and GPU targets) or a TPU slice."""
+    return {HOST_FSDP8: lambda: host_mesh((1, 8, 1)), GPU_FSDP8: lambda: host_mesh((1, 8, 1)),
+            "v5p-8 fsdp=4": lambda: tpu_mesh((1, 4, 1), "v5p-8"),
+            "v5p-16 fsdp=8": lambda: tpu_mesh((1, 8, 1), "v5p-16")}[target]()
+
+
+def target_spec(spec: TrainSpec, target: str) -> TrainSpec:
+    """`spec` as built for `target`: the TPU programs for a TPU slice; for the host, XLA:CPU's own
+    program (its attention the `[T, T]` reference: GPU kernels do not compile for the CPU); for the
+    GPU target, the cuda program with `GPU_ATTENTION_STAND_IN` in place of cuDNN's attention."""
+    if target in TPU_TARGETS:
+        return for_target(spec, "tpu")
+    if target == GPU_FSDP8:
+        spec = for_target(spec, "cuda")
+        return dataclasses.replace(spec, model=spec.model.replace(attention_impl=GPU_ATTENTION_STAND_IN))
+    return for_target(spec, "cpu")
 
 
 def paper_row(model: str, target: str, program: str, prompts: int = 128, prompt_len: int = 512,
               response_len: int = 4096) -> dict:
     """One paper-scale program compiled for `target` (cached: the checks reuse the table's compiles)."""
     def build():
-        mesh = {HOST_FSDP8: lambda: host_mesh((1, 8, 1)), "v5p-8 fsdp=4": lambda: tpu_mesh((1, 4, 1), "v5p-8"),
-                "v5p-16 fsdp=8": lambda: tpu_mesh((1, 8, 1), "v5p-16")}[target]()
-        # The host compiles XLA:CPU programs: no GPU compiler here, and GPU kernels (cuDNN) do not
-        # compile for the CPU; the TPU targets get the TPU programs.
-        spec = for_target(paper_spec(model, prompts, prompt_len, response_len),
-                          "tpu" if target in TPU_TARGETS else "cpu")
-        return paper_programs(spec, mesh)[program]()
+        spec = target_spec(paper_spec(model, prompts, prompt_len, response_len), target)
+        return paper_programs(spec, target_mesh(target))[program]()
 
     return compile_program((model, target, program, prompts, prompt_len, response_len), build, cost_kinds(target))
 
@@ -857,10 +879,9 @@ TRAINER_PROGRAMS = ("learn", "generate_resident")
 
 
 def paper_trainer_row(model: str, target: str, name: str) -> dict:
-    mesh = {HOST_FSDP8: lambda: host_mesh((1, 8, 1)), "v5p-8 fsdp=4": lambda: tpu_mesh((1, 4, 1), "v5p-8"),
-            "v5p-16 fsdp=8": lambda: tpu_mesh((1, 8, 1), "v5p-16")}[target]()
-    spec = for_target(paper_spec(model), "tpu" if target in TPU_TARGETS else "cpu")
-    return trainer_program_row(spec, mesh, name, "TPU v5p" if target in TPU_TARGETS else None, cost_kinds(target))
+    chip = "TPU v5p" if target in TPU_TARGETS else "H20" if target == GPU_FSDP8 else None
+    return trainer_program_row(target_spec(paper_spec(model), target), target_mesh(target), name, chip,
+                               cost_kinds(target))
 
 
 def format_trainer_row(row: dict) -> str:
@@ -959,7 +980,7 @@ def main(argv=None) -> dict:
                     "any run ('^generate@', 'iteration_grpo', '@1x4x2', 'qwen3_8b:prepare', 'qwen3_4b:checks')")
     ap.add_argument("--parts", default="lowering,paper", help="which parts: lowering, paper")
     ap.add_argument("--models", default="qwen3_4b,qwen3_8b")
-    ap.add_argument("--targets", default=",".join((HOST_FSDP8,) + TPU_TARGETS),
+    ap.add_argument("--targets", default=",".join(TARGETS),
                     help="paper-scale targets (the TPU slices need libtpu)")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--markdown", default="", help="print the tables of this JSON report as Markdown and exit")
@@ -983,12 +1004,12 @@ def main(argv=None) -> dict:
           + ("libtpu present: TPU programs compiled for v5p" if not tpu_missing else
              f"libtpu ABSENT ({tpu_missing}): TPU compiles skipped (pip install -e \".[readiness]\")"))
     print(f"platform selection: {result['platform_selection']}")
-    targets = [t for t in args.targets.split(",") if t and (t == HOST_FSDP8 or not tpu_missing)]
+    targets = [t for t in args.targets.split(",") if t and (t not in TPU_TARGETS or not tpu_missing)]
     if args.quick:
         targets = [HOST_FSDP8]
-    unknown = set(targets) - {HOST_FSDP8, *TPU_TARGETS}
+    unknown = set(targets) - set(TARGETS)
     if unknown:
-        raise SystemExit(f"--targets: unknown {sorted(unknown)}; expected of {[HOST_FSDP8, *TPU_TARGETS]}")
+        raise SystemExit(f"--targets: unknown {sorted(unknown)}; expected of {list(TARGETS)}")
     t0 = time.perf_counter()
 
     def save():
