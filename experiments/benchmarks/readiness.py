@@ -743,11 +743,12 @@ def hbm_exceeded_bytes(message: str) -> float | None:
 
 
 def compile_program(key: tuple, build: Callable[[], Program], kinds: tuple[str, ...] = (),
-                    byte_terms: bool = False) -> dict:
+                    byte_terms: bool = False, decode_gathers: bool = False) -> dict:
     """Compiles `build()` once per `key` (model, target, program, shape): per-device memory, and for
     the device `kinds` FLOPs and bytes counted from the optimized HLO (`hlo_cost`: loop trip counts,
     on TPU read from the loops themselves; kernel custom calls' FLOPs not seen, `opaque_kernels`
-    says how many) and roofline times; with `byte_terms` the largest byte terms by source op."""
+    says how many) and roofline times; with `byte_terms` the largest byte terms by source op; with
+    `decode_gathers` the bytes one step of its decode loops all-gathers."""
     if key in _COMPILED:
         return _COMPILED[key]
     t0 = time.perf_counter()
@@ -769,6 +770,8 @@ def compile_program(key: tuple, build: Callable[[], Program], kinds: tuple[str, 
         if byte_terms:
             terms = sorted(hlo_cost.byte_terms(*module).items(), key=lambda kv: -kv[1])[:BYTE_TERMS]
             row["largest_byte_terms"] = [[label, b] for label, b in terms]
+    if row["ok"] and decode_gathers:
+        row["all_gather_bytes_per_decode_step"] = hlo_cost.all_gather_bytes_in_decode_loops(compiled.as_text())
     _COMPILED[key] = row
     return row
 
@@ -797,8 +800,9 @@ def roofline(flops: float, nbytes: float, kinds: tuple[str, ...] = HOST_KINDS) -
 
 
 def cost_kinds(target: str) -> tuple[str, ...]:
-    """The device kinds `target`'s programs give a roofline for."""
-    return TPU_KINDS if target in TPU_TARGETS else GPU_KINDS if target == GPU_FSDP8 else HOST_KINDS
+    """The device kinds `target`'s programs give a roofline for: none for the GPU target, whose
+    interpreted attention kernel (grid loops over whole buffers) is not the fused kernel's cost."""
+    return TPU_KINDS if target in TPU_TARGETS else () if target == GPU_FSDP8 else HOST_KINDS
 
 
 HOST_FSDP8 = "host fsdp=8"
@@ -869,6 +873,9 @@ def run_paper_scale(models: list[str], targets: list[str], only: list[str], out:
                 out.setdefault("trainer", []).append(row)
                 log(format_trainer_row(row))
                 save()
+            if target == GPU_FSDP8 and selected(f"{model}:decode_weights", only):
+                out.setdefault("decode_weights", []).extend(decode_weights_rows(model, target, log))
+                save()
         if selected(f"{model}:checks", only):
             out["checks"] += paper_checks(model, TPU_FSDP8 if TPU_FSDP8 in targets else HOST_FSDP8, log)
             save()
@@ -882,6 +889,39 @@ def paper_trainer_row(model: str, target: str, name: str) -> dict:
     chip = "TPU v5p" if target in TPU_TARGETS else "H20" if target == GPU_FSDP8 else None
     return trainer_program_row(target_spec(paper_spec(model), target), target_mesh(target), name, chip,
                                cost_kinds(target))
+
+
+def decode_weights_rows(model: str, target: str, log=print) -> list[dict]:
+    """Generate with the training state resident (`generate_resident`) compiled for `target` with each
+    `rollout.decode_weights` layout: its memory, the bytes one decode step all-gathers, and FLOPs and bytes
+    counted from its HLO (`hlo_cost`: the decode loops exit on EOS, so they are counted once); `auto`
+    marks the layout the paper preset's "auto" picks for the target's platform."""
+    base = target_spec(paper_spec(model), target)
+    chosen = rollout_lib.decode_weights_layout(base)
+    rows = []
+    for layout in ("gathered", "sharded"):
+        spec = base.with_section("rollout", decode_weights=layout)
+        build, resident = trainer_programs(spec, target_mesh(target))["generate_resident"]
+        row = compile_program(("decode_weights", model, target, layout), build, GPU_KINDS, decode_gathers=True)
+        row = dict(row, model=model, target=target, decode_weights=layout, auto=layout == chosen,
+                   resident_bytes=resident, limit_gb=MEMORY_LIMIT_GB[model])
+        row.pop("roofline_s", None)  # a lower bound of loops counted once: the table gives the counts
+        if row["ok"]:
+            row["resident_peak_bytes"] = row["peak_bytes"] + resident
+        rows.append(row)
+        log(format_decode_weights_row(row))
+    return rows
+
+
+def format_decode_weights_row(row: dict) -> str:
+    auto = " (auto)" if row["auto"] else ""
+    head = f"{row['model']:9} {row['target']:14} decode_weights={row['decode_weights']:8}{auto}"
+    if not row["ok"]:
+        return f"{head} <- {row['error']}"
+    gathers = row["all_gather_bytes_per_decode_step"] / GB
+    return (f"{head} peak {row['peak_bytes'] / GB:.2f} GB, state resident {row['resident_peak_bytes'] / GB:.2f} GB "
+            f"(limit {row['limit_gb']:.0f}); all-gathered per decode step {gathers:.2f} GB; counted "
+            f"{row['flops_per_device'] / 1e12:.0f} TFLOP, {row['bytes_per_device'] / 1e12:.1f} TB per device")
 
 
 def format_trainer_row(row: dict) -> str:
