@@ -15,19 +15,25 @@ With no accelerator (8 simulated CPU devices, `libtpu` for deviceless TPU compil
    512 prompt + 4096 response tokens, mini-batch 64 prompts, the config's micro-batch and
    epochs): prepare, PI step, base step, generate compiled with abstract sharded inputs
    (`jax.ShapeDtypeStruct`, nothing allocated) for fsdp=8 on the host's 8 devices
-   (XLA:CPU programs: there is no GPU compiler here) and for TPU v5p-8 (4 chips, fsdp=4) /
-   v5p-16 (8 chips, fsdp=8); per-device peak = arguments + outputs + temporaries - aliased.
+   (XLA:CPU programs: there is no GPU compiler here), for the GPU target on the same 8 devices
+   (`gpu fsdp=8`: the cuda programs, the splash kernel run by the Pallas interpreter standing in
+   for cuDNN's block-wise flash attention, compiled by XLA:CPU) and for TPU v5p-8 (4 chips,
+   fsdp=4) / v5p-16 (8 chips, fsdp=8); per-device peak = arguments + outputs + temporaries -
+   aliased (on TPU the buffer assignment's total). On the GPU target generate is also compiled
+   with each `rollout.decode_weights` layout (memory, bytes all-gathered per decode step).
 3. **flops**: per-device FLOPs and bytes of every program counted from its compiled HLO
    with loop trip counts (`hlo_cost`; XLA's own cost analysis counts a loop body once, and
    XLA:TPU writes no trip counts: they are read from the loops), the base step's against
    the model FLOPs, and a roofline time per program: a TPU program's for TPU v5p (its
    kernels' FLOPs, splash attention's, are not in the HLO: a lower bound), a host program's
-   for H20, H100 and TPU v5p (its attention the CPU form with `[T, T]` scores); the whole
+   for H20, H100 and TPU v5p (its attention the CPU form with `[T, T]` scores); none for a
+   GPU-target program (the interpreter's grid loops are not the kernel's cost); the whole
    update's largest byte terms by source op.
 
 Targets, each reported PASS / FAIL as measured:
 - every entry point exports for tpu and cuda, and its TPU program compiles;
-- 8B: every program's per-device peak <= 48 GB; 4B: <= 32 GB (each target);
+- 8B: every program's per-device peak <= 48 GB; 4B: <= 32 GB (each target; the GPU target's
+  rows are the figure a GPU user plans with until `device_check.py` runs on a GPU);
 - prepare's peak at 1024 rows within 10% of its peak at 128 rows (v5p-16, else the host);
 - temporaries of the base step grow linearly in sequence length: 4608 / 2304 tokens <= 2.1x
   (v5p-16, else the host);
@@ -748,7 +754,8 @@ def compile_program(key: tuple, build: Callable[[], Program], kinds: tuple[str, 
     the device `kinds` FLOPs and bytes counted from the optimized HLO (`hlo_cost`: loop trip counts,
     on TPU read from the loops themselves; kernel custom calls' FLOPs not seen, `opaque_kernels`
     says how many) and roofline times; with `byte_terms` the largest byte terms by source op; with
-    `decode_gathers` the bytes one step of its decode loops all-gathers."""
+    `decode_gathers` the bytes its decode loops all-gather in one step of each (every generation pass's loop:
+    `hlo_cost.all_gather_bytes_in_decode_loops`)."""
     if key in _COMPILED:
         return _COMPILED[key]
     t0 = time.perf_counter()
@@ -771,7 +778,7 @@ def compile_program(key: tuple, build: Callable[[], Program], kinds: tuple[str, 
             terms = sorted(hlo_cost.byte_terms(*module).items(), key=lambda kv: -kv[1])[:BYTE_TERMS]
             row["largest_byte_terms"] = [[label, b] for label, b in terms]
     if row["ok"] and decode_gathers:
-        row["all_gather_bytes_per_decode_step"] = hlo_cost.all_gather_bytes_in_decode_loops(compiled.as_text())
+        row["all_gather_bytes_decode_loops"] = hlo_cost.all_gather_bytes_in_decode_loops(compiled.as_text())
     _COMPILED[key] = row
     return row
 
@@ -893,7 +900,8 @@ def paper_trainer_row(model: str, target: str, name: str) -> dict:
 
 def decode_weights_rows(model: str, target: str, log=print) -> list[dict]:
     """Generate with the training state resident (`generate_resident`) compiled for `target` with each
-    `rollout.decode_weights` layout: its memory, the bytes one decode step all-gathers, and FLOPs and bytes
+    `rollout.decode_weights` layout: its memory, the bytes a decode step all-gathers (one step of each
+    generation pass's decode loop, `decode_passes` of them, summed), and FLOPs and bytes
     counted from its HLO (`hlo_cost`: the decode loops exit on EOS, so they are counted once); `auto`
     marks the layout the paper preset's "auto" picks for the target's platform."""
     base = target_spec(paper_spec(model), target)
@@ -903,8 +911,11 @@ def decode_weights_rows(model: str, target: str, log=print) -> list[dict]:
         spec = base.with_section("rollout", decode_weights=layout)
         build, resident = trainer_programs(spec, target_mesh(target))["generate_resident"]
         row = compile_program(("decode_weights", model, target, layout), build, GPU_KINDS, decode_gathers=True)
+        mesh = target_mesh(target)
+        shards = mesh.shape["data"] * mesh.shape["fsdp"]  # the batch axes
+        passes = max(1, spec.batch // (spec.rollout.generate_rows_per_device * shards))
         row = dict(row, model=model, target=target, decode_weights=layout, auto=layout == chosen,
-                   resident_bytes=resident, limit_gb=MEMORY_LIMIT_GB[model])
+                   resident_bytes=resident, limit_gb=MEMORY_LIMIT_GB[model], decode_passes=passes)
         row.pop("roofline_s", None)  # a lower bound of loops counted once: the table gives the counts
         if row["ok"]:
             row["resident_peak_bytes"] = row["peak_bytes"] + resident
@@ -918,7 +929,7 @@ def format_decode_weights_row(row: dict) -> str:
     head = f"{row['model']:9} {row['target']:14} decode_weights={row['decode_weights']:8}{auto}"
     if not row["ok"]:
         return f"{head} <- {row['error']}"
-    gathers = row["all_gather_bytes_per_decode_step"] / GB
+    gathers = row["all_gather_bytes_decode_loops"] / row["decode_passes"] / GB
     return (f"{head} peak {row['peak_bytes'] / GB:.2f} GB, state resident {row['resident_peak_bytes'] / GB:.2f} GB "
             f"(limit {row['limit_gb']:.0f}); all-gathered per decode step {gathers:.2f} GB; counted "
             f"{row['flops_per_device'] / 1e12:.0f} TFLOP, {row['bytes_per_device'] / 1e12:.1f} TB per device")

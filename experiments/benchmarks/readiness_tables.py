@@ -151,8 +151,8 @@ def byte_terms_table(rows: list[dict]) -> list[str]:
 
 def decode_weights_table(rows: list[dict]) -> list[str]:
     """Generate with the training state resident, per `rollout.decode_weights` layout: memory, the bytes a
-    decode step all-gathers, the counted FLOPs and bytes (the decode loops counted once), and which
-    layout `auto` picks for the target."""
+    decode step all-gathers (the decode loops' one step each, over the generation passes), the counted FLOPs
+    and bytes (the decode loops counted once), and which layout `auto` picks for the target."""
     lines = ["| model | target | decode_weights | peak GB/device | state resident GB | limit | fits | "
              "all-gathered per decode step GB | counted TFLOP/device | counted TB/device |",
              "|---|---|---|---:|---:|---:|---|---:|---:|---:|"]
@@ -165,6 +165,7 @@ def decode_weights_table(rows: list[dict]) -> list[str]:
         fits = "yes" if r["resident_peak_bytes"] <= r["limit_gb"] * GB else "no"
         lines.append(f"| {r['model']} | {r['target']} | {name} | {r['peak_bytes'] / GB:.1f} | "
                      f"{r['resident_peak_bytes'] / GB:.1f} | {r['limit_gb']:.0f} | {fits} | "
-                     f"{r['all_gather_bytes_per_decode_step'] / GB:.2f} | >= {r['flops_per_device'] / 1e12:,.0f} | "
+                     f"{r['all_gather_bytes_decode_loops'] / r['decode_passes'] / GB:.2f} | "
+                     f">= {r['flops_per_device'] / 1e12:,.0f} | "
                      f">= {r['bytes_per_device'] / 1e12:,.1f} |")
     return lines

@@ -63,7 +63,7 @@ def test_the_decode_weights_table_marks_the_auto_layout_and_whether_it_fits():
     def row(layout, auto, peak_gb, resident_gb, gathers_gb):
         return {"model": "qwen3_8b", "target": "gpu fsdp=8", "decode_weights": layout, "auto": auto, "ok": True,
                 "peak_bytes": peak_gb * GB, "resident_peak_bytes": resident_gb * GB, "limit_gb": 48.0,
-                "all_gather_bytes_per_decode_step": gathers_gb * GB, "flops_per_device": 939e12,
+                "all_gather_bytes_decode_loops": 16 * gathers_gb * GB, "decode_passes": 16, "flops_per_device": 939e12,
                 "bytes_per_device": 112.3e12}
 
     gathered, sharded = row("gathered", False, 53.14, 63.39, 0.01), row("sharded", True, 31.6, 41.9, 15)
