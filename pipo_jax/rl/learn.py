@@ -183,8 +183,8 @@ def pi_step(spec: TrainSpec, params, opt_state, pipo_state: controller.PipoState
       `pi_step_applied` (`minibatch_updates(compute=...)`), so a skipped iteration computes no
       gradients; its gated AdamW steps run (elementwise, state unchanged). Params and optimizer
       state never pass through the conditional: a `lax.cond` around the whole update returns them
-      as new buffers beside its operands, and the PI step then held them twice (8B at fsdp=8 on the
-      GPU target: 51.2 GB a device against the base step's 43.2; docs/scaling.md).
+      as new buffers beside its operands, which put 8.1 GB on the PI step's peak (8B at fsdp=8 on the
+      GPU target: 49.1 GB a device against the base step's 41.1; docs/scaling.md).
     * "cpu": the update runs every iteration (no conditional: XLA:CPU copies a conditional's
       operands).
 

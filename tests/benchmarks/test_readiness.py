@@ -363,7 +363,7 @@ def test_trainer_programs_count_the_resident_state_and_the_roofline():
 
 # The PI step's peak against the base step's (same shapes: the stored batch is the base step's batch
 # of the iteration before). A `lax.cond` returning params and optimizer state held them twice and put
-# the PI step 18% above the base step here (8B at fsdp=8 on the GPU target: 49.2 GB against 43.2).
+# the PI step 18% above the base step here (8B at fsdp=8 on the GPU target: 49.1 GB against 41.1).
 PI_STEP_PEAK_MARGIN = 1.05
 
 
