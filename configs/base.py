@@ -107,9 +107,10 @@ def apply_preset(c: ml_collections.ConfigDict, preset: str) -> ml_collections.Co
         c.rollout.group_size = 8
         c.rollout.max_new_tokens = 4096
         c.rollout.generate_rows_per_device = 8  # rows decoded per device per pass (KV cache 8 x 4608 positions)
-        # the bf16 weights gathered over fsdp once per generate call (8B: 16.4 GB a chip), not by every
-        # decode step (15 GB of all-gathers a step on v5p-16: docs/scaling.md)
-        c.rollout.decode_weights = "gathered"
+        # per target platform: on TPU the bf16 weights gathered over fsdp once per generate call (8B: 16.4 GB
+        # a chip), not by every decode step (15 GB of all-gathers a step on v5p-16); on a GPU sharded, where
+        # gathered runs past the 48 GB budget (docs/scaling.md)
+        c.rollout.decode_weights = "auto"
         c.train.mini_batch_prompts = 64
         c.train.micro_batch_size_per_device = 4
         c.train.lr = 1e-6

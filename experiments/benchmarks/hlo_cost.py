@@ -474,3 +474,11 @@ def byte_terms(comps: dict[str, _Computation], entry: str) -> dict[str, float]:
             label = f"{ins.op} {_op_name(ins)}".strip()
             terms[label] = terms.get(label, 0.0) + times * _charged_bytes(comps, comp, ins)
     return terms
+
+
+def all_gather_bytes_in_decode_loops(hlo_text: str) -> float:
+    """Bytes all-gathered by one step of the program's decode loops (the loops that exit on a
+    condition of the data: no trip count), their nested layer loops' trips counted."""
+    return sum(times * type_bytes(ins.type_text)
+               for _, ins, times, in_decode in top_level_ops(*parse(hlo_text))
+               if in_decode and ins.op in ("all-gather", "all-gather-start"))

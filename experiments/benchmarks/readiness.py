@@ -15,19 +15,25 @@ With no accelerator (8 simulated CPU devices, `libtpu` for deviceless TPU compil
    512 prompt + 4096 response tokens, mini-batch 64 prompts, the config's micro-batch and
    epochs): prepare, PI step, base step, generate compiled with abstract sharded inputs
    (`jax.ShapeDtypeStruct`, nothing allocated) for fsdp=8 on the host's 8 devices
-   (XLA:CPU programs: there is no GPU compiler here) and for TPU v5p-8 (4 chips, fsdp=4) /
-   v5p-16 (8 chips, fsdp=8); per-device peak = arguments + outputs + temporaries - aliased.
+   (XLA:CPU programs: there is no GPU compiler here), for the GPU target on the same 8 devices
+   (`gpu fsdp=8`: the cuda programs, the splash kernel run by the Pallas interpreter standing in
+   for cuDNN's block-wise flash attention, compiled by XLA:CPU) and for TPU v5p-8 (4 chips,
+   fsdp=4) / v5p-16 (8 chips, fsdp=8); per-device peak = arguments + outputs + temporaries -
+   aliased (on TPU the buffer assignment's total). On the GPU target generate is also compiled
+   with each `rollout.decode_weights` layout (memory, bytes all-gathered per decode step).
 3. **flops**: per-device FLOPs and bytes of every program counted from its compiled HLO
    with loop trip counts (`hlo_cost`; XLA's own cost analysis counts a loop body once, and
    XLA:TPU writes no trip counts: they are read from the loops), the base step's against
    the model FLOPs, and a roofline time per program: a TPU program's for TPU v5p (its
    kernels' FLOPs, splash attention's, are not in the HLO: a lower bound), a host program's
-   for H20, H100 and TPU v5p (its attention the CPU form with `[T, T]` scores); the whole
+   for H20, H100 and TPU v5p (its attention the CPU form with `[T, T]` scores); none for a
+   GPU-target program (the interpreter's grid loops are not the kernel's cost); the whole
    update's largest byte terms by source op.
 
 Targets, each reported PASS / FAIL as measured:
 - every entry point exports for tpu and cuda, and its TPU program compiles;
-- 8B: every program's per-device peak <= 48 GB; 4B: <= 32 GB (each target);
+- 8B: every program's per-device peak <= 48 GB; 4B: <= 32 GB (each target; the GPU target's
+  rows are the figure a GPU user plans with until `device_check.py` runs on a GPU);
 - prepare's peak at 1024 rows within 10% of its peak at 128 rows (v5p-16, else the host);
 - temporaries of the base step grow linearly in sequence length: 4608 / 2304 tokens <= 2.1x
   (v5p-16, else the host);
@@ -743,11 +749,13 @@ def hbm_exceeded_bytes(message: str) -> float | None:
 
 
 def compile_program(key: tuple, build: Callable[[], Program], kinds: tuple[str, ...] = (),
-                    byte_terms: bool = False) -> dict:
+                    byte_terms: bool = False, decode_gathers: bool = False) -> dict:
     """Compiles `build()` once per `key` (model, target, program, shape): per-device memory, and for
     the device `kinds` FLOPs and bytes counted from the optimized HLO (`hlo_cost`: loop trip counts,
     on TPU read from the loops themselves; kernel custom calls' FLOPs not seen, `opaque_kernels`
-    says how many) and roofline times; with `byte_terms` the largest byte terms by source op."""
+    says how many) and roofline times; with `byte_terms` the largest byte terms by source op; with
+    `decode_gathers` the bytes its decode loops all-gather in one step of each (every generation pass's loop:
+    `hlo_cost.all_gather_bytes_in_decode_loops`)."""
     if key in _COMPILED:
         return _COMPILED[key]
     t0 = time.perf_counter()
@@ -769,6 +777,8 @@ def compile_program(key: tuple, build: Callable[[], Program], kinds: tuple[str, 
         if byte_terms:
             terms = sorted(hlo_cost.byte_terms(*module).items(), key=lambda kv: -kv[1])[:BYTE_TERMS]
             row["largest_byte_terms"] = [[label, b] for label, b in terms]
+    if row["ok"] and decode_gathers:
+        row["all_gather_bytes_decode_loops"] = hlo_cost.all_gather_bytes_in_decode_loops(compiled.as_text())
     _COMPILED[key] = row
     return row
 
@@ -797,26 +807,49 @@ def roofline(flops: float, nbytes: float, kinds: tuple[str, ...] = HOST_KINDS) -
 
 
 def cost_kinds(target: str) -> tuple[str, ...]:
-    """The device kinds `target`'s programs give a roofline for."""
-    return TPU_KINDS if target in TPU_TARGETS else HOST_KINDS
+    """The device kinds `target`'s programs give a roofline for: none for the GPU target, whose
+    interpreted attention kernel (grid loops over whole buffers) is not the fused kernel's cost."""
+    return TPU_KINDS if target in TPU_TARGETS else () if target == GPU_FSDP8 else HOST_KINDS
 
 
 HOST_FSDP8 = "host fsdp=8"
+GPU_FSDP8 = "gpu fsdp=8"
 TPU_FSDP8 = "v5p-16 fsdp=8"
 TPU_TARGETS = ("v5p-8 fsdp=4", TPU_FSDP8)
+TARGETS = (HOST_FSDP8, GPU_FSDP8) + TPU_TARGETS
+# The GPU target's device kinds (its programs are compiled by XLA:CPU: no GPU compiler here).
+GPU_KINDS = ("H20", "H100")
+# A GPU target's attention: cuDNN's flash attention is a GPU library call that XLA:CPU cannot
+# compile, so the splash kernel (block-wise like it: no [T, T] scores), run by the Pallas
+# interpreter, stands in for it; every other choice is the cuda program's.
+GPU_ATTENTION_STAND_IN = "splash"
+
+
+def target_mesh(target: str) -> Mesh:
+    """The devices a paper-scale `target` compiles for: the host's 8 (host and GPU targets) or a TPU slice."""
+    return {HOST_FSDP8: lambda: host_mesh((1, 8, 1)), GPU_FSDP8: lambda: host_mesh((1, 8, 1)),
+            "v5p-8 fsdp=4": lambda: tpu_mesh((1, 4, 1), "v5p-8"),
+            "v5p-16 fsdp=8": lambda: tpu_mesh((1, 8, 1), "v5p-16")}[target]()
+
+
+def target_spec(spec: TrainSpec, target: str) -> TrainSpec:
+    """`spec` as built for `target`: the TPU programs for a TPU slice; for the host, XLA:CPU's own
+    program (its attention the `[T, T]` reference: GPU kernels do not compile for the CPU); for the
+    GPU target, the cuda program with `GPU_ATTENTION_STAND_IN` in place of cuDNN's attention."""
+    if target in TPU_TARGETS:
+        return for_target(spec, "tpu")
+    if target == GPU_FSDP8:
+        spec = for_target(spec, "cuda")
+        return dataclasses.replace(spec, model=spec.model.replace(attention_impl=GPU_ATTENTION_STAND_IN))
+    return for_target(spec, "cpu")
 
 
 def paper_row(model: str, target: str, program: str, prompts: int = 128, prompt_len: int = 512,
               response_len: int = 4096) -> dict:
     """One paper-scale program compiled for `target` (cached: the checks reuse the table's compiles)."""
     def build():
-        mesh = {HOST_FSDP8: lambda: host_mesh((1, 8, 1)), "v5p-8 fsdp=4": lambda: tpu_mesh((1, 4, 1), "v5p-8"),
-                "v5p-16 fsdp=8": lambda: tpu_mesh((1, 8, 1), "v5p-16")}[target]()
-        # The host compiles XLA:CPU programs: no GPU compiler here, and GPU kernels (cuDNN) do not
-        # compile for the CPU; the TPU targets get the TPU programs.
-        spec = for_target(paper_spec(model, prompts, prompt_len, response_len),
-                          "tpu" if target in TPU_TARGETS else "cpu")
-        return paper_programs(spec, mesh)[program]()
+        spec = target_spec(paper_spec(model, prompts, prompt_len, response_len), target)
+        return paper_programs(spec, target_mesh(target))[program]()
 
     return compile_program((model, target, program, prompts, prompt_len, response_len), build, cost_kinds(target))
 
@@ -847,6 +880,9 @@ def run_paper_scale(models: list[str], targets: list[str], only: list[str], out:
                 out.setdefault("trainer", []).append(row)
                 log(format_trainer_row(row))
                 save()
+            if target == GPU_FSDP8 and selected(f"{model}:decode_weights", only):
+                out.setdefault("decode_weights", []).extend(decode_weights_rows(model, target, log))
+                save()
         if selected(f"{model}:checks", only):
             out["checks"] += paper_checks(model, TPU_FSDP8 if TPU_FSDP8 in targets else HOST_FSDP8, log)
             save()
@@ -857,10 +893,46 @@ TRAINER_PROGRAMS = ("learn", "generate_resident")
 
 
 def paper_trainer_row(model: str, target: str, name: str) -> dict:
-    mesh = {HOST_FSDP8: lambda: host_mesh((1, 8, 1)), "v5p-8 fsdp=4": lambda: tpu_mesh((1, 4, 1), "v5p-8"),
-            "v5p-16 fsdp=8": lambda: tpu_mesh((1, 8, 1), "v5p-16")}[target]()
-    spec = for_target(paper_spec(model), "tpu" if target in TPU_TARGETS else "cpu")
-    return trainer_program_row(spec, mesh, name, "TPU v5p" if target in TPU_TARGETS else None, cost_kinds(target))
+    chip = "TPU v5p" if target in TPU_TARGETS else "H20" if target == GPU_FSDP8 else None
+    return trainer_program_row(target_spec(paper_spec(model), target), target_mesh(target), name, chip,
+                               cost_kinds(target))
+
+
+def decode_weights_rows(model: str, target: str, log=print) -> list[dict]:
+    """Generate with the training state resident (`generate_resident`) compiled for `target` with each
+    `rollout.decode_weights` layout: its memory, the bytes a decode step all-gathers (one step of each
+    generation pass's decode loop, `decode_passes` of them, summed), and FLOPs and bytes
+    counted from its HLO (`hlo_cost`: the decode loops exit on EOS, so they are counted once); `auto`
+    marks the layout the paper preset's "auto" picks for the target's platform."""
+    base = target_spec(paper_spec(model), target)
+    chosen = rollout_lib.decode_weights_layout(base)
+    rows = []
+    for layout in ("gathered", "sharded"):
+        spec = base.with_section("rollout", decode_weights=layout)
+        build, resident = trainer_programs(spec, target_mesh(target))["generate_resident"]
+        row = compile_program(("decode_weights", model, target, layout), build, GPU_KINDS, decode_gathers=True)
+        mesh = target_mesh(target)
+        shards = mesh.shape["data"] * mesh.shape["fsdp"]  # the batch axes
+        passes = max(1, spec.batch // (spec.rollout.generate_rows_per_device * shards))
+        row = dict(row, model=model, target=target, decode_weights=layout, auto=layout == chosen,
+                   resident_bytes=resident, limit_gb=MEMORY_LIMIT_GB[model], decode_passes=passes)
+        row.pop("roofline_s", None)  # a lower bound of loops counted once: the table gives the counts
+        if row["ok"]:
+            row["resident_peak_bytes"] = row["peak_bytes"] + resident
+        rows.append(row)
+        log(format_decode_weights_row(row))
+    return rows
+
+
+def format_decode_weights_row(row: dict) -> str:
+    auto = " (auto)" if row["auto"] else ""
+    head = f"{row['model']:9} {row['target']:14} decode_weights={row['decode_weights']:8}{auto}"
+    if not row["ok"]:
+        return f"{head} <- {row['error']}"
+    gathers = row["all_gather_bytes_decode_loops"] / row["decode_passes"] / GB
+    return (f"{head} peak {row['peak_bytes'] / GB:.2f} GB, state resident {row['resident_peak_bytes'] / GB:.2f} GB "
+            f"(limit {row['limit_gb']:.0f}); all-gathered per decode step {gathers:.2f} GB; counted "
+            f"{row['flops_per_device'] / 1e12:.0f} TFLOP, {row['bytes_per_device'] / 1e12:.1f} TB per device")
 
 
 def format_trainer_row(row: dict) -> str:
@@ -959,7 +1031,7 @@ def main(argv=None) -> dict:
                     "any run ('^generate@', 'iteration_grpo', '@1x4x2', 'qwen3_8b:prepare', 'qwen3_4b:checks')")
     ap.add_argument("--parts", default="lowering,paper", help="which parts: lowering, paper")
     ap.add_argument("--models", default="qwen3_4b,qwen3_8b")
-    ap.add_argument("--targets", default=",".join((HOST_FSDP8,) + TPU_TARGETS),
+    ap.add_argument("--targets", default=",".join(TARGETS),
                     help="paper-scale targets (the TPU slices need libtpu)")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--markdown", default="", help="print the tables of this JSON report as Markdown and exit")
@@ -983,12 +1055,12 @@ def main(argv=None) -> dict:
           + ("libtpu present: TPU programs compiled for v5p" if not tpu_missing else
              f"libtpu ABSENT ({tpu_missing}): TPU compiles skipped (pip install -e \".[readiness]\")"))
     print(f"platform selection: {result['platform_selection']}")
-    targets = [t for t in args.targets.split(",") if t and (t == HOST_FSDP8 or not tpu_missing)]
+    targets = [t for t in args.targets.split(",") if t and (t not in TPU_TARGETS or not tpu_missing)]
     if args.quick:
         targets = [HOST_FSDP8]
-    unknown = set(targets) - {HOST_FSDP8, *TPU_TARGETS}
+    unknown = set(targets) - set(TARGETS)
     if unknown:
-        raise SystemExit(f"--targets: unknown {sorted(unknown)}; expected of {[HOST_FSDP8, *TPU_TARGETS]}")
+        raise SystemExit(f"--targets: unknown {sorted(unknown)}; expected of {list(TARGETS)}")
     t0 = time.perf_counter()
 
     def save():

@@ -87,6 +87,8 @@ def markdown(result: dict) -> str:
         lines += trainer_table(paper["trainer"]) + [""]
         terms = byte_terms_table(paper["trainer"])
         lines += terms + [""] if terms else []
+    if paper.get("decode_weights"):
+        lines += decode_weights_table(paper["decode_weights"]) + [""]
     if paper.get("checks"):
         lines += ["| model | check | value | limit | status |", "|---|---|---:|---:|---|"]
         for c in paper["checks"]:
@@ -145,3 +147,25 @@ def byte_terms_table(rows: list[dict]) -> list[str]:
         return []
     return ["| model | program | target | HLO op | JAX op | GB/device | share of bytes |",
             "|---|---|---|---|---|---:|---:|"] + lines
+
+
+def decode_weights_table(rows: list[dict]) -> list[str]:
+    """Generate with the training state resident, per `rollout.decode_weights` layout: memory, the bytes a
+    decode step all-gathers (the decode loops' one step each, over the generation passes), the counted FLOPs
+    and bytes (the decode loops counted once), and which layout `auto` picks for the target."""
+    lines = ["| model | target | decode_weights | peak GB/device | state resident GB | limit | fits | "
+             "all-gathered per decode step GB | counted TFLOP/device | counted TB/device |",
+             "|---|---|---|---:|---:|---:|---|---:|---:|---:|"]
+    for r in rows:
+        name = r["decode_weights"] + (" (auto)" if r.get("auto") else "")
+        if not r["ok"]:
+            lines.append(f"| {r['model']} | {r['target']} | {name} | | | {r['limit_gb']:.0f} | "
+                         f"{r['error'][:90]} | | | |")
+            continue
+        fits = "yes" if r["resident_peak_bytes"] <= r["limit_gb"] * GB else "no"
+        lines.append(f"| {r['model']} | {r['target']} | {name} | {r['peak_bytes'] / GB:.1f} | "
+                     f"{r['resident_peak_bytes'] / GB:.1f} | {r['limit_gb']:.0f} | {fits} | "
+                     f"{r['all_gather_bytes_decode_loops'] / r['decode_passes'] / GB:.2f} | "
+                     f">= {r['flops_per_device'] / 1e12:,.0f} | "
+                     f">= {r['bytes_per_device'] / 1e12:,.1f} |")
+    return lines

@@ -18,8 +18,8 @@ Implementations (`IMPLS`; `resolve_impl` picks one for a target platform):
   output sliced back, so every length the trainer produces builds (jax's training path
   refuses odd lengths). cuDNN's kernel takes 16-bit inputs only, so fp32 compute on a GPU
   resolves to `xla`.
-* `splash` (TPU): the Pallas splash attention shipped with JAX
-  (`jax.experimental.pallas.ops.tpu.splash_attention`), causal mask plus segment ids
+* `splash` (TPU; on another target run by the Pallas interpreter): the Pallas splash
+  attention shipped with JAX (`jax.experimental.pallas.ops.tpu.splash_attention`), causal mask plus segment ids
   (valid tokens 1, padding 0: a valid query sees exactly the valid keys before it).
   Rows are padded to a multiple of the block size with padding tokens.
 
@@ -218,8 +218,9 @@ def self_attention(q_bthd, k_btkd, v_btkd, valid_bt, dtype, *, impl: str, platfo
         # exported program cannot carry: under a mesh it runs per device like splash.
         run = functools.partial(_grouped, cudnn, dtype=dtype)
     else:
-        # The Pallas interpreter only on a CPU target (tests); a TPU target gets Mosaic.
-        run = functools.partial(_grouped, functools.partial(splash_attention, interpret=platform == "cpu"),
+        # Mosaic on a TPU target; elsewhere (Mosaic is TPU-only) the Pallas interpreter: CPU tests, and the
+        # readiness report's GPU target, where it stands in for cuDNN's block-wise attention.
+        run = functools.partial(_grouped, functools.partial(splash_attention, interpret=platform != "tpu"),
                                 dtype=dtype)
     args = (q_bthd.reshape(b, t, kv, h // kv, dh), k_btkd, v_btkd, valid_bt)
     # Under a `sharding_context` each device runs the kernel on its own rows / kv heads.

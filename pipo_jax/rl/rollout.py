@@ -54,11 +54,24 @@ def generation_passes(spec: GenerationSpec, rows: int) -> tuple[int, int]:
     return rows // per_pass, shards
 
 
+# `rollout.decode_weights=auto` per target platform: gathered on TPU (v5p-16, 8B: generate 39.6 GB a chip
+# with the training state beside it, and no 15 GB of weight all-gathers per decode step); sharded elsewhere
+# (the GPU target, 8B at fsdp=8: gathered needs 63.4 GB a device with the state, over the 48 GB budget).
+# The measured costs of each: docs/scaling.md.
+DECODE_WEIGHTS_BY_PLATFORM = {"tpu": "gathered", "cuda": "sharded", "cpu": "sharded"}
+
+
+def decode_weights_layout(spec: GenerationSpec) -> str:
+    """"sharded" or "gathered": `rollout.decode_weights`, "auto" resolved by the target platform."""
+    choice = spec.rollout.decode_weights
+    return DECODE_WEIGHTS_BY_PLATFORM[spec.model.platform] if choice == "auto" else choice
+
+
 def decode_weights(spec: GenerationSpec, params):
-    """The policy's weights as a generate call decodes with them (`rollout.decode_weights`): as given
+    """The policy's weights as a generate call decodes with them (`decode_weights_layout`): as given
     ("sharded": on a mesh the decode loop gathers each layer's fsdp shards at every step), or
     ("gathered", under a sharding context) in the compute dtype, gathered over `fsdp` once per call."""
-    if spec.rollout.decode_weights == "sharded" or parallel.active_context() is None:
+    if decode_weights_layout(spec) == "sharded" or parallel.active_context() is None:
         return params
     params = decode.in_compute_dtype(spec.model, params)
     return parallel.gathered_over(params, qwen3.param_axes(spec.model), "fsdp")

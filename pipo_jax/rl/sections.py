@@ -73,7 +73,7 @@ def attribution_names() -> tuple[str, ...]:
 
 
 LOGPROB_IMPLS = ("auto", "reference", "chunked", "pallas")
-DECODE_WEIGHTS = ("sharded", "gathered")  # rollout.decode_weights: rl/rollout.py:decode_weights
+DECODE_WEIGHTS = ("auto", "sharded", "gathered")  # rollout.decode_weights: rl/rollout.py:decode_weights
 REMAT_POLICIES = ("none", "full", "dots_saveable")
 
 
@@ -156,7 +156,8 @@ class RolloutConfig(Section):
     decode_weights: str = key(
         "sharded", "the policy's weights in a generate call on a mesh: sharded (as trained: the decode loop gathers "
         "each layer's fsdp shards at every step) | gathered (gathered over fsdp once per call, in the compute dtype, "
-        "still split over tensor: the whole model per fsdp group in device memory, no weight traffic per step)",
+        "still split over tensor: the whole model per fsdp group in device memory, no weight traffic per step) | "
+        "auto (the target platform's choice, model.platform: gathered on tpu, sharded elsewhere; docs/scaling.md)",
         choices=DECODE_WEIGHTS)
     engine: str = key("sampler", "the rollout interface's implementation (sampling/generator.py): sampler (one jit, "
                       "inside the jitted iteration, any mesh) | slots (the slot engine, continuous batching, driven "

@@ -146,7 +146,8 @@ def accumulate_grads(spec: TrainSpec, loss_fn: LossFn, params, mini: Batch, coun
 
 
 def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.GradientTransformation, params, opt_state,
-                      batch: Batch, rng, counts_fn: Callable[[Batch], dict] = response_counts) -> tuple[Any, Any, dict]:
+                      batch: Batch, rng, counts_fn: Callable[[Batch], dict] = response_counts,
+                      compute=None) -> tuple[Any, Any, dict]:
     """Runs `epochs x (B / mini_batch)` optimizer steps of `loss_fn` on `batch`.
 
     `loss_fn(params, micro_batch, counts) -> (loss, metrics)` must aggregate with the
@@ -157,16 +158,31 @@ def minibatch_updates(spec: TrainSpec, loss_fn: LossFn, optimizer: optax.Gradien
     opt_state, metrics averaged over the optimizer steps, plus "grad_norm"). Each optimizer step's
     micro-batches get keys from `fold_in(rng, 1)` in `counts["rng"]` (`accumulate_grads`); `rng`
     itself orders the rows.
+
+    `compute` (a traced bool, or None = always): when false, each optimizer step's forward and
+    backward passes are skipped (`lax.cond`: zero gradients and metrics); an `optimizer` gated by
+    the same flag (`make_optimizer(applies=...)`) then leaves params and state unchanged. Only the
+    gradients leave the conditional: a `lax.cond` returning params and optimizer state holds them
+    twice (its results beside its operands), which is what the PI step on an accelerator avoids.
     """
     size = rows_of(batch)
     order = minibatch_order(spec, rng, size)
     step_keys = jax.random.split(jax.random.fold_in(rng, 1), order.shape[0])
 
+    def grads_of(p, mini, key):
+        return accumulate_grads(spec, loss_fn, p, mini, counts_fn(mini), counts_fn, rng=key)
+
+    def no_grads(p, mini, key):
+        return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(grads_of, p, mini, key))
+
     def mini_step(carry, xs):
         p, s = carry
         idx, key = xs
         mini = jax.tree.map(lambda x: parallel.constrain(x[idx], ("batch",) + (None,) * (x.ndim - 1)), batch)
-        grads, metrics = accumulate_grads(spec, loss_fn, p, mini, counts_fn(mini), counts_fn, rng=key)
+        if compute is None:
+            grads, metrics = grads_of(p, mini, key)
+        else:
+            grads, metrics = jax.lax.cond(compute, grads_of, no_grads, p, mini, key)
         metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
         updates, s = optimizer.update(grads, s, p)
         return (optax.apply_updates(p, updates), s), metrics

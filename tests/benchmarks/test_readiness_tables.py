@@ -57,3 +57,17 @@ def test_a_tpu_row_gives_the_tpu_roofline_and_the_largest_byte_terms():
     text = tables.markdown({"paper": {"memory": memory}})
     assert "| status | H20 / v5p roofline s |" in text
     assert text.splitlines()[-1].endswith("| PASS | >= - / 183 |")
+
+
+def test_the_decode_weights_table_marks_the_auto_layout_and_whether_it_fits():
+    def row(layout, auto, peak_gb, resident_gb, gathers_gb):
+        return {"model": "qwen3_8b", "target": "gpu fsdp=8", "decode_weights": layout, "auto": auto, "ok": True,
+                "peak_bytes": peak_gb * GB, "resident_peak_bytes": resident_gb * GB, "limit_gb": 48.0,
+                "all_gather_bytes_decode_loops": 16 * gathers_gb * GB, "decode_passes": 16, "flops_per_device": 939e12,
+                "bytes_per_device": 112.3e12}
+
+    gathered, sharded = row("gathered", False, 53.14, 63.39, 0.01), row("sharded", True, 31.6, 41.9, 15)
+    lines = tables.decode_weights_table([gathered, sharded])
+    assert lines[2] == "| qwen3_8b | gpu fsdp=8 | gathered | 53.1 | 63.4 | 48 | no | 0.01 | >= 939 | >= 112.3 |"
+    assert lines[3] == "| qwen3_8b | gpu fsdp=8 | sharded (auto) | 31.6 | 41.9 | 48 | yes | 15.00 | >= 939 | >= 112.3 |"
+    assert "| sharded (auto) |" in tables.markdown({"paper": {"decode_weights": [sharded]}})

@@ -180,3 +180,14 @@ def test_cudnn_forward_and_backward_export_for_cuda_at_any_length(monkeypatch, t
         for call in calls:
             assert call in text
         assert "tensor<2x64x4x128xbf16>" in text
+
+
+def test_splash_on_a_gpu_target_runs_interpreted_without_square_scores():
+    """The readiness report's GPU target (splash in place of cuDNN flash): the cuda program with the
+    splash kernel lowers through the Pallas interpreter (Mosaic is TPU-only), so XLA:CPU compiles
+    it, block-wise (`SPLASH_BLOCK` tiles): no `[T, T]` scores and no Mosaic call."""
+    config = qwen3.preset("tiny", dtype="bfloat16", platform="cuda").replace(attention_impl="splash")
+    t = 2 * attention.SPLASH_BLOCK
+    text = _model_grad_text(config, "cpu", t)
+    assert "tpu_custom_call" not in text and "cudnn" not in text
+    assert not _square_tensors(text, t) and _square_tensors(text, attention.SPLASH_BLOCK)

@@ -142,16 +142,8 @@ def gathered_decode_check(mesh) -> dict:
         rollout = steps.to_host(gen(params, table, rng))
         out[f"decode_{layout}/tokens"], out[f"decode_{layout}/logprobs"] = rollout.tokens_bl, rollout.sample_logp_br
         text = gen.lower(params, table, rng).compile().as_text()
-        out[f"decode_{layout}/gathered_in_decode_loops"] = np.asarray(all_gather_bytes_in_decode_loops(text))
+        out[f"decode_{layout}/gathered_in_decode_loops"] = np.asarray(hlo_cost.all_gather_bytes_in_decode_loops(text))
     return out
-
-
-def all_gather_bytes_in_decode_loops(hlo_text: str) -> float:
-    """Bytes all-gathered by one step of the program's decode loops (the loops that exit on a
-    condition of the data: no trip count), their nested layer loops' trips counted."""
-    return sum(times * hlo_cost.type_bytes(ins.type_text)
-               for _, ins, times, in_decode in hlo_cost.top_level_ops(*hlo_cost.parse(hlo_text))
-               if in_decode and ins.op in ("all-gather", "all-gather-start"))
 
 
 def init_check(out: str) -> None:

@@ -2,6 +2,7 @@
 pass's rows, and since row b samples with `fold_in(rng, b)` whatever the pass, the rollout is
 the one-pass rollout."""
 
+import dataclasses
 import importlib
 
 import jax
@@ -51,3 +52,15 @@ def test_negative_rows_per_pass_is_a_config_error():
     c.rollout.generate_rows_per_device = -1
     with pytest.raises(ConfigError, match=r"rollout\.generate_rows_per_device"):
         train_spec(c)
+
+
+@pytest.mark.parametrize("platform, auto", [("tpu", "gathered"), ("cuda", "sharded"), ("cpu", "sharded")])
+def test_decode_weights_auto_follows_the_target_platform(platform, auto):
+    """`rollout.decode_weights=auto` takes the target platform's layout (`model.platform`, never the
+    host's); an explicit layout is kept on every platform; the paper presets ask for auto."""
+    spec = micro_spec()
+    spec = dataclasses.replace(spec, model=spec.model.replace(platform=platform))
+    assert rollout.decode_weights_layout(spec.with_section("rollout", decode_weights="auto").generation) == auto
+    for layout in ("sharded", "gathered"):
+        assert rollout.decode_weights_layout(spec.with_section("rollout", decode_weights=layout).generation) == layout
+    assert importlib.import_module("configs.grpo").get_config("qwen3_8b").rollout.decode_weights == "auto"

@@ -1,7 +1,8 @@
-"""The PI step's two forms, chosen by the target platform: a `lax.cond` on cuda / tpu (a
-skipped iteration costs no update), the optimizer gate on cpu (no copies of the state on
-XLA:CPU). Both give the same params, optimizer state and metrics: exactly when the step is skipped,
-to float32 rounding when it is applied."""
+"""The PI step's two forms, chosen by the target platform, both with the optimizer gated: on cuda / tpu
+the gradients in a `lax.cond` (a skipped iteration computes no forward or backward pass; params and
+optimizer state stay out of the conditional, which would hold them twice), on cpu no conditional (no
+copies on XLA:CPU). Both give the same params, optimizer state and metrics: exactly when the step is
+skipped, to float32 rounding when it is applied."""
 
 import dataclasses
 import importlib
@@ -102,10 +103,10 @@ def test_cond_form_equals_gated_form(case, iteration):
         jax.tree.map(np.testing.assert_array_equal, o_cond, jax.device_get(state.opt_state))
 
 
-def _learn_step_text(platform: str) -> tuple[str, int]:
+def _learn_step_text(platform: str) -> tuple[str, int, int]:
     """The whole learn step (prepare, PI step, base step) of the micro GRPO + PIPO preset,
-    exported for `platform` from abstract inputs, and how many params + optimizer state
-    leaves it updates."""
+    exported for `platform` from abstract inputs, how many params + optimizer state leaves it
+    updates, and how many params leaves (the gradients) it has."""
     c = importlib.import_module("configs.grpo").get_config("micro")
     c.pipo.enabled = True
     spec = train_spec(c)
@@ -120,23 +121,26 @@ def _learn_step_text(platform: str) -> tuple[str, int]:
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
     fn = jax.jit(lambda s, ro, k: learn.learn(spec, s, ro, k))
     text = jax.export.export(fn, platforms=(platform,))(state, rollout, rng).mlir_module()
-    return text, len(jax.tree.leaves((state.params, state.opt_state)))
+    return text, len(jax.tree.leaves((state.params, state.opt_state))), len(jax.tree.leaves(state.params))
 
 
 def _state_conditionals(text: str, leaves: int) -> int:
     """Conditionals (`stablehlo.case` / `stablehlo.if`) whose results hold at least `leaves`
-    values: one around an update of params + optimizer state (the fused log-prob's small
-    conditionals over a chunk return a few values)."""
+    values: with the params + optimizer state's count, one around an update; with the params'
+    count, one around gradients too (the fused log-prob's small conditionals over a chunk return a
+    few values)."""
     results = re.findall(r'%[\w#]+:(\d+) = "?stablehlo\.(?:case|if)', text)
     assert len(results) <= text.count("stablehlo.case") + text.count("stablehlo.if")
     return sum(int(n) >= leaves for n in results)
 
 
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
-def test_accelerator_learn_step_skips_the_pi_update_in_a_conditional(platform):
-    assert _state_conditionals(*_learn_step_text(platform)) == 1
+def test_accelerator_learn_step_skips_the_pi_gradients_in_a_conditional_the_state_outside(platform):
+    text, state_leaves, param_leaves = _learn_step_text(platform)
+    assert _state_conditionals(text, state_leaves) == 0
+    assert _state_conditionals(text, param_leaves) == 1  # the PI step's gradients (one scan body)
 
 
 def test_cpu_learn_step_has_no_conditional_around_the_update():
-    text, leaves = _learn_step_text("cpu")
-    assert _state_conditionals(text, leaves) == 0
+    text, state_leaves, param_leaves = _learn_step_text("cpu")
+    assert _state_conditionals(text, param_leaves) == 0
