@@ -21,10 +21,10 @@ from configs import grpo
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.models import hf
 from pipo_jax.run import evaluate, export
-from pipo_jax.run.trainer import train
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from tests.scripts import run_script
+from tests.typed import train_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ def run(tmp_path_factory):
     c = grpo.get_config("micro")
     c.iterations = 2
     c.checkpoint.every = 1
-    summary = train(c, str(root))
+    summary = train_config(c, str(root))
     return root, summary
 
 
