@@ -51,6 +51,7 @@ from absl import flags
 from experiments import cli, overfit, provenance, schedule, stats, study, study_report
 from experiments.overrides import set_key, with_overrides
 from experiments.runs import parse_seeds, warmed_up_model
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run import atomic
 
 FLAGS = flags.FLAGS
@@ -206,7 +207,7 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
     groups = study.group_points(points)
     # one base model per seed, warmed up with the first algorithm's settings and shared by every arm
     done = schedule.run_study("experiments.compare", points, groups, out,
-                              lambda p: warmed_up_model(first, p.seed, base_dir or out),
+                              lambda p: warmed_up_model(RunConfig.from_config(first), p.seed, base_dir or out),
                               study.code_version(origin["commit"]), launch)
     if done is None:
         return None

@@ -37,7 +37,7 @@ from pipo_jax import provenance
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig
 from pipo_jax.data.sources import SourceConfig
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
-from pipo_jax.run import evaluate
+from pipo_jax.run import evaluate, export
 from pipo_jax.run.checkpoint import saved_steps
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import passk
@@ -139,8 +139,7 @@ def tokenizer_path(policy: str, spec, explicit: str | None) -> str:
         return explicit
     if spec is None:
         return policy
-    run = evaluate.load_run_config(policy)
-    path = run.task.get("tokenizer_path", "") or run.model.path
+    path = export.run_tokenizer_dir(evaluate.load_run_config(policy))
     if not path:
         raise cli.UsageError(f"{policy}: the run trained the built-in task's model, which has no tokenizer; "
                              "math benchmarks need --tokenizer=DIR (and a model that uses it)")

@@ -3,19 +3,19 @@ summaries (final held-out accuracy, area under the reward curve) read from metri
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import os
 import shutil
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from experiments import overfit
 from experiments.cli import UsageError
 from pipo_jax.models import hf
+from pipo_jax.schema import to_config
 from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run import observe, warmup
 from pipo_jax.run.setup import train_spec
@@ -45,14 +45,14 @@ def parse_seeds(text: str) -> list[int]:
 WARMUP_RECORD = "warmup.json"
 
 
-def warmup_record(config: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
+def warmup_record(config: RunConfig, seed: int) -> dict[str, Any]:
     """What a warmed-up base depends on: the model, the task, the warm-up and its evaluation size."""
-    return json.loads(json.dumps({"seed": seed, "model": config.model.to_dict(), "task": config.task.to_dict(),
-                                  "warmup": config.warmup.to_dict(), "eval_n": config.eval.n}, default=str))
+    return json.loads(json.dumps({"seed": seed, "model": to_config(config.model), "task": to_config(config.task),
+                                  "warmup": to_config(config.warmup), "eval_n": config.eval.n}, default=str))
 
 
-def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> str:
-    """Runs the supervised warm-up of `config` once for `seed` and saves it as a HF directory
+def warmed_up_model(config: RunConfig, seed: int, root: str) -> str:
+    """Runs the supervised warm-up of the typed `config` once for `seed` and saves it as a HF directory
     with the settings it was made with (`warmup.json`); a stored base made with other settings
     is refused (`UsageError` naming the keys), never reused."""
     path = os.path.join(root, f"base_seed{seed}")
@@ -70,9 +70,8 @@ def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> 
             raise UsageError(f"{path} was warmed up with other settings ({', '.join(diff[:8])}); "
                              "remove it or pass another --base_dir")
         return path
-    run_config = RunConfig.from_config(config)
-    spec = train_spec(config, run_config)
-    settings = warmup.WarmupSettings.from_config(run_config, spec.task)
+    spec = train_spec(config)
+    settings = warmup.WarmupSettings.from_config(config, spec.task)
     params, _ = warmup.warmup(spec.model, spec.task, settings, seed=seed)
     # a kill while saving leaves no base that looks whole; each process its own partial directory, so two
     # processes warming up one seed at once (a sweep's parallel groups) never write into one another's
@@ -91,13 +90,12 @@ def warmed_up_model(config: ml_collections.ConfigDict, seed: int, root: str) -> 
     return path
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, base_model: str | None) -> dict[str, Any]:
-    """Trains `config` from `base_model` (a HF dir; None keeps the config's own base) and summarises."""
-    config = copy.deepcopy(config)
+def run(config: RunConfig, workdir: str, base_model: str | None) -> dict[str, Any]:
+    """Trains the typed `config` from `base_model` (a HF dir; None keeps the config's own base) and summarises."""
     if base_model:
-        config.model.path = base_model
-        config.warmup.enabled = False
-    config.log.progress = False
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, path=base_model),
+                                     warmup=dataclasses.replace(config.warmup, enabled=False))
+    config = dataclasses.replace(config, log=dataclasses.replace(config.log, progress=False))
     out = train(config, workdir)
     # Many runs in one process: drop this run's compiled programs (their code mappings count
     # against the kernel's per-process map limit; see tests/conftest.py).

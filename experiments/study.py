@@ -1,8 +1,9 @@
 """The sweep engine: a study's points, grouped into programs, run, stored and read back.
 
-A point is a base config with some dotted keys set (`overrides`, e.g. {"pipo.lam": 0.1}) and a seed.
-Every point is validated before anything runs (`train_spec`, as `--check_config` does; a bad value is
-a `UsageError` naming the point and the key). Points whose jit-static specs (`train_spec(config)`, a
+A point is a base config with some dotted keys set (`overrides`, e.g. {"pipo.lam": 0.1}) and a seed,
+held typed (`RunConfig`). Every point is validated before anything runs (`train_spec`, as
+`--check_config` does; a bad value is a `UsageError` naming the point and the key). Points whose
+jit-static specs (`train_spec(config)`, a
 frozen, hashable `TrainSpec`) and loop shape (iterations, evaluation) are equal form a group, which
 runs as ONE vmapped program (`vmapped.run_group`): the seeds of a point always do, and every other
 value the train state carries. Each group's results go to their own file under `<out>/groups/`
@@ -30,21 +31,22 @@ from experiments.overrides import with_overrides
 from experiments.runs import warmed_up_model, warmup_record
 from experiments.vmapped import run_group
 from pipo_jax.models import hf
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run import atomic
 from pipo_jax.run.setup import train_spec
-from pipo_jax.run.workdir import flat_config
+from pipo_jax.run.workdir import flat_config, stored_form
 
 GROUPS = "groups"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Point:
-    """One run of a study: `config` is the base with `overrides` set and `seed`."""
+    """One run of a study: `config` is the base with `overrides` set and `seed`, typed."""
 
     label: str  # the swept values, 'pipo.lam=0.1,train.lr=0.0003' ('base' when nothing is set)
     seed: int
     overrides: dict[str, Any]
-    config: ml_collections.ConfigDict
+    config: RunConfig
 
     @property
     def name(self) -> str:
@@ -55,14 +57,14 @@ def point_label(overrides: dict[str, Any]) -> str:
     return ",".join(f"{k}={v}" for k, v in overrides.items()) or "base"
 
 
-def fingerprint(config: ml_collections.ConfigDict) -> dict:
-    """A config as plain JSON values (what a stored result must equal to be reused)."""
-    return json.loads(json.dumps(config.to_dict(), default=str, sort_keys=True))
+def fingerprint(config: RunConfig) -> dict:
+    """A config as plain JSON values, keys sorted (what a stored result must equal to be reused)."""
+    return json.loads(json.dumps(stored_form(config), sort_keys=True))
 
 
-def config_diff(base: ml_collections.ConfigDict, config: ml_collections.ConfigDict) -> dict[str, list]:
+def config_diff(base: RunConfig, config: RunConfig) -> dict[str, list]:
     """{key: [base value, point value]} for every leaf where `config` differs from `base`."""
-    a, b = flat_config(base), flat_config(config)
+    a, b = flat_config(fingerprint(base)), flat_config(fingerprint(config))
     return {k: [a.get(k), b.get(k)] for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
@@ -94,16 +96,15 @@ def code_version(commit: str) -> str:
     return f"{commit}:{digest.hexdigest()[:16]}"
 
 
-def checked_config(base: ml_collections.ConfigDict, overrides: dict[str, Any], where: str
-                   ) -> ml_collections.ConfigDict:
-    """`base` with `overrides` set, validated as `--check_config` does (`train_spec`); a bad key or value is a
-    `UsageError` naming `where` (the point) and the key."""
+def checked_config(base: ml_collections.ConfigDict, overrides: dict[str, Any], where: str) -> RunConfig:
+    """`base` (the command's config) with `overrides` set, parsed and validated as `--check_config` does
+    (`train_spec`); a bad key or value is a `UsageError` naming `where` (the point) and the key."""
     try:
-        c = with_overrides(base, overrides)
-        train_spec(c)
+        config = RunConfig.from_config(with_overrides(base, overrides))
+        train_spec(config)
     except (ValueError, OSError) as e:  # ConfigError is a ValueError naming the key
         raise cli.UsageError(f"{where}: {cli.one_line(e)}") from None
-    return c
+    return config
 
 
 def make_points(base: ml_collections.ConfigDict, grid: list[dict[str, Any]], seeds: list[int]) -> list[Point]:
@@ -117,7 +118,7 @@ def make_points(base: ml_collections.ConfigDict, grid: list[dict[str, Any]], see
             label = point_label(overrides)
             where = f"sweep point {label}" + ("" if own_seed else f" (seed {seed})")
             c = checked_config(base, overrides if own_seed else dict(overrides, seed=seed), where)
-            point = Point(label, int(c.seed), dict(overrides), c)
+            point = Point(label, c.seed, dict(overrides), c)
             key = json.dumps(fingerprint(c), sort_keys=True)
             if key in seen:
                 dropped.append(f"{point.name} (= {seen[key]})")
@@ -130,7 +131,7 @@ def make_points(base: ml_collections.ConfigDict, grid: list[dict[str, Any]], see
     return points
 
 
-def group_key(config: ml_collections.ConfigDict) -> Hashable:
+def group_key(config: RunConfig) -> Hashable:
     """What the points of one program share: the jit-static spec and the loop's length and evaluation."""
     return (train_spec(config), config.iterations, config.eval.n, config.eval.every, config.eval.heldout_samples)
 
@@ -148,7 +149,7 @@ def group_points(points: list[Point]) -> list[list[Point]]:
     return [[points[i] for i in idx] for idx in group_indices([group_key(p.config) for p in points])]
 
 
-def base_dir_of(root: str, config: ml_collections.ConfigDict) -> str:
+def base_dir_of(root: str, config: RunConfig) -> str:
     """Where the warmed-up bases of `config`'s warm-up settings live: `root/warmup-<hash>/base_seed<s>`
     (points whose warm-up settings differ get their own bases, never one another's)."""
     record = warmup_record(config, 0)

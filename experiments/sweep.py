@@ -30,13 +30,13 @@ import sys
 import time
 from typing import Any
 
-import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli, hyper_grid, overfit, provenance, schedule, study, study_report
 from experiments.overrides import with_overrides
 from experiments.runs import parse_seeds
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run import atomic
 
 FLAGS = flags.FLAGS
@@ -114,7 +114,7 @@ def the_grid(config_path: str, sweeps: list[str], mode: str, lams: list[str], wi
     return grid, baseline
 
 
-def point_rows(points: list[study.Point], entries: dict[str, dict], base: ml_collections.ConfigDict,
+def point_rows(points: list[study.Point], entries: dict[str, dict], base: RunConfig,
                groups: list[list[study.Point]]) -> list[dict]:
     group_of = {p.name: g for g, members in enumerate(groups) for p in members}
     rows = []
@@ -146,7 +146,8 @@ def main(argv):
     points = study.make_points(base, grid, seeds)  # every point validated before anything runs
     baseline = None
     if baseline_overrides is not None:
-        want = study.fingerprint(with_overrides(base, dict(baseline_overrides, seed=seeds[0])))
+        baseline_config = with_overrides(base, dict(baseline_overrides, seed=seeds[0]))
+        want = study.fingerprint(RunConfig.from_config(baseline_config))
         baseline = next(p.label for p in points if study.fingerprint(p.config) == want)
     groups = study.group_points(points)
     out = FLAGS.out
@@ -157,7 +158,7 @@ def main(argv):
     if done is None:
         return
     entries, reused = done
-    rows = point_rows(points, entries, base, groups)
+    rows = point_rows(points, entries, RunConfig.from_config(base), groups)
     summary = study_report.summarise(rows, baseline)
     cpu = time.process_time() - cpu_start
     children = os.times()

@@ -39,13 +39,14 @@ def main(argv):
     if devices > 1:  # simulated CPU devices (docs/scaling.md): the thread pool their collectives need
         platforms.simulate_cpu_devices(devices)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    run = RunConfig.from_config(_CONFIG.value)  # the one parse: below it, only typed sections are read
     if _CHECK.value:
-        train_spec(_CONFIG.value)
+        train_spec(run)
         print(check_config_listing(_CONFIG.value))
         return
     if not _WORKDIR.value.strip():
         raise cli.UsageError("--workdir: empty; give the run's output directory")
-    summary = train(_CONFIG.value, _WORKDIR.value)
+    summary = train(run, _WORKDIR.value)
     print(f"\nworkdir: {summary['workdir']}")
     if "initial_accuracy" in summary:
         print(f"held-out accuracy: {summary['initial_accuracy']:.3f} (base model) -> {summary['final_accuracy']:.3f}")

@@ -2,8 +2,8 @@
 `jax.vmap(loop.scan_chunk)` advancing them together, evaluated the same way (`run_group`).
 
 The runs of a group differ only in what the state holds (the seed's RNG and base model today; every
-value the train state carries): `train_spec` of every member config must be equal. Each member equals
-its separate run (tests/test_compare.py, tests/test_study.py).
+value the train state carries): `train_spec` of every member's typed config (`RunConfig`) must be equal.
+Each member equals its separate run (tests/test_compare.py, tests/test_study.py).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from experiments import overfit
 from pipo_jax.rl import loop
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.run import teacher_forcing
@@ -72,7 +72,7 @@ class CompiledPrograms:
         return self._compiled[key]
 
 
-def group_spec(configs: list[ml_collections.ConfigDict]) -> TrainSpec:
+def group_spec(configs: list[RunConfig]) -> TrainSpec:
     """The one `TrainSpec` of `configs`; ValueError if two members differ in it (or in the loop's length
     and evaluation, which the group shares)."""
     spec = train_spec(configs[0])
@@ -87,15 +87,15 @@ def group_spec(configs: list[ml_collections.ConfigDict]) -> TrainSpec:
     return spec
 
 
-def member_state(config: ml_collections.ConfigDict, params) -> TrainState:
+def member_state(config: RunConfig, params) -> TrainState:
     """One member's fresh state, built from its own config: its own spec's values (whatever the state
     carries of them) and its seed's RNG, around its base params."""
     return init_train_state(train_spec(config), params, config.seed)
 
 
-def run_group(configs: list[ml_collections.ConfigDict], base_params: list, eval_every: int
+def run_group(configs: list[RunConfig], base_params: list, eval_every: int
               ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Runs every config of `configs` (member i from base_params[i]) as one vmapped program.
+    """Runs every typed config of `configs` (member i from base_params[i]) as one vmapped program.
 
     Returns per member: steps / reward (batch reward per iteration), acc_steps / accuracy (held-out
     greedy accuracy at 0 and every `eval_every`), teacher accuracies (SDPO / VPD), initial / final

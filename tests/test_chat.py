@@ -26,10 +26,11 @@ import pytest
 from configs import grpo
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.models import qwen3
-from pipo_jax.run.setup import train_spec
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic
+from tests.typed import spec_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LONG = "1" * 100_000 + "+1"  # a 100k-character problem
@@ -37,7 +38,7 @@ LONG = "1" * 100_000 + "+1"  # a 100k-character problem
 
 def tiny_task() -> arithmetic.ArithmeticTask:
     """The main job's task (configs/grpo.py:tiny: 2-digit operands, + and -)."""
-    task = arithmetic.from_config(grpo.get_config("tiny"))
+    task = arithmetic.from_config(RunConfig.from_config(grpo.get_config("tiny")))
     assert (task.min_digits, task.max_digits, task.ops) == (2, 2, ("+", "-"))
     return task
 
@@ -47,7 +48,7 @@ def chat():
     from experiments.conversation import Chat
     from pipo_jax.tasks.arithmetic_chat import ArithmeticPrompts
 
-    model = train_spec(grpo.get_config("micro")).model
+    model = spec_of(grpo.get_config("micro")).model
     params = qwen3.init_params(model, jax.random.PRNGKey(3), std=0.3)
     task = tiny_task()
     return Chat(model, params, ArithmeticPrompts(task, max_prompt_tokens=64), stop_ids=task.stop_token_ids,
@@ -149,13 +150,12 @@ _CHAT_SCRIPT = textwrap.dedent("""
     from configs import grpo
     from experiments import conversation
     from pipo_jax.models import qwen3
-    from pipo_jax.run.setup import train_spec
-    from pipo_jax.tasks import arithmetic
     from pipo_jax.tasks.arithmetic_chat import ArithmeticPrompts
+    from tests.typed import spec_of, task_of
 
     def make_chat(policy, step=None, **kw):  # a random tiny policy on the main job's task
-        model = train_spec(grpo.get_config("micro")).model
-        task = arithmetic.from_config(grpo.get_config("tiny"))
+        model = spec_of(grpo.get_config("micro")).model
+        task = task_of(grpo.get_config("tiny"))
         params = qwen3.init_params(model, jax.random.PRNGKey(3), std=0.3)
         return conversation.Chat(model, params, ArithmeticPrompts(task, kw["max_prompt_tokens"]),
                                  stop_ids=task.stop_token_ids, pad_id=task.pad_id, max_new_tokens=task.answer_len)
@@ -223,7 +223,7 @@ def test_each_task_without_a_tokenizer_chats_through_its_registered_renderer_or_
     from pipo_jax.tasks.arithmetic_chat import ArithmeticPrompts
     from pipo_jax.tasks.protocol import TaskConfigError
 
-    prompts = registry.chat_prompts(arithmetic.from_config(grpo.get_config("tiny")), 12)
+    prompts = registry.chat_prompts(arithmetic.from_config(RunConfig.from_config(grpo.get_config("tiny"))), 12)
     assert isinstance(prompts, ArithmeticPrompts) and prompts.max_prompt_tokens == 12
     tokens, mask, answer = prompts.render("47+85")
     assert answer == 132 and cv.TOKENS[int(tokens[mask == 1][0])] == "<bos>"
@@ -231,4 +231,4 @@ def test_each_task_without_a_tokenizer_chats_through_its_registered_renderer_or_
     c.task.name = "digit_sum"
     with pytest.raises(TaskConfigError, match=r"^the digit_sum task has no chat rendering \(tasks with one: "
                                               r"arithmetic; a text policy's chat uses its tokenizer\)$"):
-        registry.chat_prompts(digit_sum.from_config(c))
+        registry.chat_prompts(digit_sum.from_config(RunConfig.from_config(c)))

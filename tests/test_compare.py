@@ -14,9 +14,10 @@ from experiments import compare, runs, vmapped
 from experiments.cli import UsageError
 from pipo_jax.models import qwen3
 from pipo_jax.rl import loop
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.state import init_train_state
-from pipo_jax.run.setup import train_spec
+from tests.typed import spec_of
 
 
 def test_parse_seeds():
@@ -74,7 +75,7 @@ def test_variants_parse_and_override():
 def test_vmapped_seeds_equal_separate_runs():
     c = grpo_configs.get_config("micro")
     c.pipo.enabled = True
-    spec = train_spec(c)
+    spec = spec_of(c)
     seeds = [0, 1]
     bases = [qwen3.init_params(spec.model, jax.random.PRNGKey(10 + s)) for s in seeds]
     states = vmapped.stack([init_train_state(spec, p, s) for p, s in zip(bases, seeds)])
@@ -93,36 +94,34 @@ def test_vmapped_seeds_equal_separate_runs():
 
 def test_a_stored_base_is_reused_only_for_the_settings_it_was_warmed_up_with(tmp_path):
     c = grpo_configs.get_config("micro")
-    path = runs.warmed_up_model(c, 0, str(tmp_path))
+    path = runs.warmed_up_model(RunConfig.from_config(c), 0, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["base_seed0"]  # no partial left behind
     stamp = os.path.getmtime(os.path.join(path, "model.safetensors"))
-    assert runs.warmed_up_model(c, 0, str(tmp_path)) == path
+    assert runs.warmed_up_model(RunConfig.from_config(c), 0, str(tmp_path)) == path
     assert os.path.getmtime(os.path.join(path, "model.safetensors")) == stamp  # reused, not redone
     c.warmup.steps, c.warmup.eval_every = 3, 1
     with pytest.raises(UsageError, match=r"base_seed0 was warmed up with other settings "
                                          r"\(warmup\.eval_every, warmup\.steps\); remove it or pass another"):
-        runs.warmed_up_model(c, 0, str(tmp_path))
+        runs.warmed_up_model(RunConfig.from_config(c), 0, str(tmp_path))
     os.remove(os.path.join(path, "warmup.json"))
     with pytest.raises(UsageError, match=r"base_seed0: a base model without a readable warmup.json"):
-        runs.warmed_up_model(grpo_configs.get_config("micro"), 0, str(tmp_path))
+        runs.warmed_up_model(RunConfig.from_config(grpo_configs.get_config("micro")), 0, str(tmp_path))
 
 
 def test_vmapped_pass_at_1_is_the_trainers_heldout_pass_at_1_per_seed():
     """compare's held-out pass@1 (samples at the rollout temperature, vmapped over seeds) equals what the
     trainer's evaluation reports for each seed's params alone (`Evaluation.pass_at_1`)."""
-    from pipo_jax.rl.sections import RunConfig
-    from pipo_jax.run.placement import Placement
-    from pipo_jax.run.trainer import Evaluation
+    from tests.rl.micro_trainer import evaluation_of
 
     c = grpo_configs.get_config("micro")
     c.eval.n, c.eval.heldout_samples = 8, 3
-    spec = train_spec(c)
+    spec = spec_of(c)
     # seeds 0 and 3: the near-uniform random policies sample with the same keys, and those of seeds 0-2 happen
     # to earn the same rewards; 0 and 3 differ somewhere
     params = [qwen3.init_params(spec.model, jax.random.PRNGKey(s)) for s in (0, 3)]
     rewards = np.asarray(vmapped.vmapped_sampled_rewards(spec, vmapped.stack(params), 8, 3))
     assert rewards.shape == (2, 8, 3)
-    evaluation = Evaluation(spec, RunConfig.from_config(c), Placement(), None)
+    evaluation = evaluation_of(spec, RunConfig.from_config(c))
     for i, p in enumerate(params):
         np.testing.assert_array_equal(rewards[i], evaluation.sampled_rewards(p))
     assert len({rewards[0].tobytes(), rewards[1].tobytes()}) == 2  # each seed's own policy
@@ -227,9 +226,9 @@ def test_an_arm_leaves_the_warmup_targets_to_the_base():
                                                      "warmup.check_prompts=8"))
     assert c.rollout.group_size == 1
     with pytest.raises(ConfigError, match=r"config\.warmup\.target_mixed_groups: 0\.5: a group of rollout\.group_size=1"):
-        train_spec(c)
+        spec_of(c)
     arm = compare.arm_config(c, True, {"pipo.lam": 0.5})
-    assert train_spec(arm).pipo.enabled and arm.pipo.lam == 0.5
+    assert spec_of(arm).pipo.enabled and arm.pipo.lam == 0.5
     assert (c.warmup.target_mixed_groups, arm.warmup.target_mixed_groups, arm.warmup.target_pass_rate) == (0.5, None, None)
 
 
@@ -241,10 +240,11 @@ def test_a_group_says_what_it_runs(caplog):
 
     c = grpo_configs.get_config("micro")
     c.iterations = 3
-    spec = train_spec(c)
+    spec = spec_of(c)
     bases = [qwen3.init_params(spec.model, jax.random.PRNGKey(s)) for s in (0, 1)]
     with caplog.at_level(logging.INFO, logger="pipo_jax.run.heartbeat"):
-        rows, _ = vmapped.run_group([compare.with_overrides(c, {"seed": s}) for s in (0, 1)], bases, 2)
+        members = [RunConfig.from_config(compare.with_overrides(c, {"seed": s})) for s in (0, 1)]
+        rows, _ = vmapped.run_group(members, bases, 2)
     lines = [r.getMessage() for r in caplog.records if r.name == "pipo_jax.run.heartbeat"]
     assert [x for x in lines if x.startswith("2 points")] == [
         "2 points in one program: evaluating iteration 0", "2 points in one program: iterations 1-2 of 3",

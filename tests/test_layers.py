@@ -128,8 +128,9 @@ heavy = ("pipo_jax.tasks.code", "pipo_jax.tasks.math", "pipo_jax.tasks.dataset",
          "pipo_jax.tasks.arithmetic", "pipo_jax.run.warmup", "pipo_jax.run.task_config")
 print(sorted(m for m in heavy if m in sys.modules))
 from configs import grpo
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run.task_config import make_task
-make_task(grpo.get_config("micro"))
+make_task(RunConfig.from_config(grpo.get_config("micro")))
 print(sorted(m for m in heavy[:4] if m in sys.modules))
 """
 
@@ -198,6 +199,14 @@ def test_imports_are_read_at_module_and_function_level(source, expected, tmp_pat
     assert _imports("probe") == expected
 
 
+def test_the_graph_holds_the_imports_made_by_importlib():
+    """child.py imports the judge and the runner with `importlib.import_module`: edges the cycle test sees."""
+    edges = {(m, t) for m, t, _ in _package_edges()}
+    assert {("pipo_jax.tasks.code.child", "pipo_jax.tasks.code.judge"),
+            ("pipo_jax.tasks.code.child", "pipo_jax.tasks.code.runner")} <= edges
+    assert ("pipo_jax.tasks.code.judge", "pipo_jax.tasks.code.child") not in edges  # the circle that was
+
+
 def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
@@ -238,3 +247,45 @@ def test_config_keys_are_declared_only_in_sections():
     body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "base_config")
     sets = [n.lineno for n in ast.walk(body) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))]
     assert not sets, f"configs/base.py:base_config sets defaults itself (lines {sets}); declare them in rl/sections.py"
+
+
+# The ml-collections config stops at the entry points (`experiments/*.py`, `configs/`): they parse it once
+# (`RunConfig.from_config(c)`) and everything under pipo_jax/ reads the typed sections. Only the schema,
+# which builds the ml-collections defaults from the declarations (`schema.defaults`), touches it.
+CONFIG_DICT_BUILDER = "pipo_jax.schema"
+# ConfigDict's own names: a module that calls them reads a ConfigDict, imported or not.
+CONFIG_DICT_NAMES = frozenset({"ConfigDict", "FrozenConfigDict", "FieldReference", "config_dict", "placeholder",
+                               "copy_and_resolve_references", "to_json_best_effort", "get_ref", "get_oneway_ref",
+                               "ignore_type", "unlocked"})
+
+
+def _config_dict_uses(module: str) -> list[str]:
+    """'<line>: <what>' for each import of ml_collections and each use of a ConfigDict name in `module`."""
+    out = [f"{line}: imports {name}" for name, line, _ in IMPORTS[module] if name.split(".")[0] == "ml_collections"]
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        if name in CONFIG_DICT_NAMES:
+            out.append(f"{node.lineno}: {name}")
+    return out
+
+
+def test_no_module_below_the_entry_points_reads_the_config_dict():
+    bad = [f"{m}:{use}" for m in MODULES if m.startswith("pipo_jax.") and m != CONFIG_DICT_BUILDER
+           for use in _config_dict_uses(m)]
+    assert not bad, "modules under pipo_jax/ reading the ml-collections config (take typed sections):\n" + \
+        "\n".join(bad)
+    assert _config_dict_uses(CONFIG_DICT_BUILDER)  # the builder is where it is said to be
+
+
+@pytest.mark.parametrize("source, found", [
+    ("import ml_collections\n", ["1: imports ml_collections"]),
+    ("from ml_collections import config_dict\n", ["1: imports ml_collections"]),
+    ("def f(c):\n    return c.copy_and_resolve_references()\n", ["2: copy_and_resolve_references"]),
+    ("def f(run):\n    return run.task.name\n", []),
+])
+def test_the_config_dict_check_sees_imports_and_reads(source, found, tmp_path, monkeypatch):
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    monkeypatch.setitem(MODULES, "probe", path)
+    monkeypatch.setitem(IMPORTS, "probe", _imports("probe"))
+    assert _config_dict_uses("probe") == found

@@ -21,11 +21,11 @@ import pytest
 from configs import grpo
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.models import qwen3
-from pipo_jax.run.setup import train_spec
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic
 from tests import test_startup_noise
+from tests.typed import spec_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEXTS = ["3+4", "12+5", "9-7", "40+40", "1+1", "99+99", "50-25", "7+0"]
@@ -42,7 +42,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def policy():
-    spec = train_spec(grpo.get_config("micro"))
+    spec = spec_of(grpo.get_config("micro"))
     params = qwen3.init_params(spec.model, jax.random.PRNGKey(3), std=0.3)
     return spec, params
 

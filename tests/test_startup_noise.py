@@ -14,7 +14,7 @@ from configs import grpo
 from pipo_jax import native_banners
 from pipo_jax.models import qwen3
 from pipo_jax.run import export
-from pipo_jax.run.setup import train_spec
+from tests.typed import spec_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOISE = ("Unable to initialize backend", "PyTorch was not found", "Could not find cuda drivers",
@@ -29,7 +29,7 @@ def _user_env() -> dict[str, str]:
 
 
 def test_export_starts_quietly_without_torch(tmp_path):
-    spec = train_spec(grpo.get_config("micro"))
+    spec = spec_of(grpo.get_config("micro"))
     policy = export.write_export(str(tmp_path / "policy"), spec.model,
                                  qwen3.init_params(spec.model, jax.random.PRNGKey(0), std=0.3), spec=spec)
     # torch hidden: the package's own install (`pip install -e .`) has none

@@ -11,7 +11,9 @@ import pytest
 
 from configs import grpo as grpo_configs
 from experiments import cli, hyper_grid, stats, study, study_report
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run.setup import train_spec
+from tests.typed import spec_of
 
 
 def test_product_zip_and_sweep_build_the_grid():
@@ -45,7 +47,7 @@ def test_the_example_study_is_4_lams_by_2_lrs():
 
 def test_group_indices_group_equal_keys_in_order_of_first_appearance():
     assert study.group_indices(["a", "b", "a", "c", "b"]) == [[0, 2], [1, 4], [3]]
-    spec = train_spec(grpo_configs.get_config("micro"))
+    spec = spec_of(grpo_configs.get_config("micro"))
     other = dataclasses.replace(spec, pipo=dataclasses.replace(spec.pipo, window=4))
     same = dataclasses.replace(spec)  # an equal spec built apart
     assert same is not spec and same == spec and hash(same) == hash(spec)
@@ -90,7 +92,7 @@ def test_a_bad_point_is_one_line_naming_the_point_and_key(capsys):
     points = study.make_points(base, [{}, {"pipo.lam": base.pipo.lam}, {"pipo.lam": 0.3}], [0])
     assert [p.name for p in points] == ["base/seed0", "pipo.lam=0.3/seed0"]
     assert "1 sweep point(s) dropped" in capsys.readouterr().out
-    assert study.config_diff(base, points[1].config) == {"pipo.lam": [base.pipo.lam, 0.3]}
+    assert study.config_diff(RunConfig.from_config(base), points[1].config) == {"pipo.lam": [base.pipo.lam, 0.3]}
 
 
 def _entry(point, commit, final):

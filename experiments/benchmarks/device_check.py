@@ -215,11 +215,12 @@ def train_spec_for(sizes: Sizes, platform: str):
     c.seed = 1  # graded rewards with variance at the micro scale (tests/rl/test_trainer.py)
     c.rollout.prompts_per_batch, c.rollout.group_size = sizes.prompts, sizes.group
     c.train.mini_batch_prompts = sizes.prompts // 2
-    base = train_spec(c)
+    run = RunConfig.from_config(c)
+    base = train_spec(run)
     if sizes.model == "task_tiny":
         return c, base
     model = base.model.replace(**{k: getattr(qwen3.preset(sizes.model), k) for k in SHAPE_FIELDS})
-    return c, spec_from_config(RunConfig.from_config(c), model, base.task)
+    return c, spec_from_config(run, model, base.task)
 
 
 class TimedProgram:
@@ -254,7 +255,7 @@ def check_training(sizes: Sizes, platform: str, device: dict) -> tuple[list[dict
     rows, counts, windows = [], [], []
     t0 = time.perf_counter()
     for _ in range(sizes.iterations):
-        state, m = loop.host_iteration(spec, state, reward, programs)
+        state, m = loop.host_iteration(spec, state, loop.RewardFunction(reward), programs)
         rows.append(jax.device_get(m))
         counts.append(int(state.pipo.count))
         windows.append(np.asarray(state.pipo.mu_window_k))

@@ -256,7 +256,7 @@ def small_spec(algorithm: str, pipo: bool, dtype: str = "") -> TrainSpec:
     c.pipo.enabled = pipo
     if dtype:
         c.model.dtype = dtype
-    return train_spec(c)
+    return train_spec(RunConfig.from_config(c))
 
 
 def _params(spec: TrainSpec, mesh: Mesh, rules=None):

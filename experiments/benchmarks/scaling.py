@@ -46,6 +46,7 @@ from pipo_jax.models import qwen3  # noqa: E402
 from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
 from pipo_jax.rl.spec import TrainSpec  # noqa: E402
 from pipo_jax.run import sharded_steps  # noqa: E402
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run.setup import train_spec
 
 DEFAULT_MESHES = "1x1x1,1x2x1,1x2x2,2x2x2"
@@ -58,7 +59,7 @@ def model_spec(size: str) -> TrainSpec:
     """GRPO + PIPO on the built-in task (tiny preset batch: 16 prompts x 8) with the `size` model."""
     c = grpo.get_config("tiny")
     c.pipo.enabled = True
-    spec = train_spec(c)
+    spec = train_spec(RunConfig.from_config(c))
     if size == "mid":
         spec = dataclasses.replace(spec, model=spec.model.replace(
             hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import jax
 import numpy as np
@@ -20,7 +20,44 @@ from pipo_jax.rl.learn import learn
 from pipo_jax.rl.spec import GenerationSpec, TrainSpec
 from pipo_jax.rl.state import TrainState
 
-HostReward = Callable[[Rollout], np.ndarray]
+
+@runtime_checkable
+class HostReward(Protocol):
+    """The host loop's reward: numpy on the host, between the jitted generate and learn.
+
+    `reward(rollout)`: the rewards float32 `[B]` of the rollout's rows (on a mesh each process calls it on
+    its own rows, `parallel.host_data.process_local_reward`). `score_rollout(rollout)`: the rollout with
+    its rewards and what else the reward renders on the host (a host-reward task's SDPO / VPD teacher
+    prompts, `rollout.TaskReward`). `take_counts()`: `{metric: int}` counted since the last call (e.g.
+    `reward/unscored_count`), added to the iteration's metrics; `{}` for a reward that counts nothing.
+    Implemented by `rollout.TaskReward` (the task's scorer) and `RewardFunction` (a plain function).
+    """
+
+    def __call__(self, rollout: Rollout) -> np.ndarray: ...
+
+    def score_rollout(self, rollout: Rollout) -> Rollout: ...
+
+    def take_counts(self) -> dict[str, int]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardFunction:
+    """A plain function `rollout -> rewards [B]` as a `HostReward`: the rollout scored by it alone
+    (its shape checked), nothing counted."""
+
+    fn: Callable[[Rollout], np.ndarray]
+
+    def __call__(self, rollout: Rollout) -> np.ndarray:
+        return self.fn(rollout)
+
+    def score_rollout(self, rollout: Rollout) -> Rollout:
+        rewards = np.asarray(self.fn(rollout), np.float32)
+        if rewards.shape != (rollout.size,):
+            raise ValueError(f"reward function returned shape {rewards.shape}, expected ({rollout.size},)")
+        return with_rewards(rollout, rewards)
+
+    def take_counts(self) -> dict[str, int]:
+        return {}
 
 
 class DynamicSamplingExhausted(RuntimeError):
@@ -86,12 +123,7 @@ def _host_learn(spec: TrainSpec, state: TrainState, batch: Rollout, rng) -> tupl
 
 
 def _scored(rollout: Rollout, reward_fn: HostReward) -> Rollout:
-    if hasattr(reward_fn, "score_rollout"):  # a dataset task's scorer (rewards + SDPO teacher prompts)
-        return reward_fn.score_rollout(rollout)
-    rewards = np.asarray(reward_fn(rollout), np.float32)
-    if rewards.shape != (rollout.size,):
-        raise ValueError(f"reward function returned shape {rewards.shape}, expected ({rollout.size},)")
-    return with_rewards(rollout, rewards)
+    return reward_fn.score_rollout(rollout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,14 +169,13 @@ def host_collect(spec: TrainSpec, params, rng, reward_fn: HostReward,
 
 def host_iteration(spec: TrainSpec, state: TrainState, reward_fn: HostReward,
                    programs: HostPrograms | None = None) -> tuple[TrainState, dict]:
-    """One iteration with a Python reward: jitted generate -> host reward -> jitted learn; the
-    metrics include the reward's counts of the iteration (`TaskReward.take_counts`, e.g. `reward/unscored_count`)."""
+    """One iteration with a Python reward: jitted generate -> host reward -> jitted learn; the metrics
+    include the reward's counts of the iteration (`HostReward.take_counts`, e.g. `reward/unscored_count`)."""
     programs = programs or single_device_programs(spec)
     rng, k_collect, k_learn = _iteration_keys(state)
-    take_counts = getattr(reward_fn, "take_counts", dict)  # the scorer's counts (reward/unscored_count, ...)
-    take_counts()  # what evaluation scored since the last iteration is not this iteration's
+    reward_fn.take_counts()  # what evaluation scored since the last iteration is not this iteration's
     batch, stats = host_collect(spec, state.params, k_collect, reward_fn, programs)
-    stats = dict(stats, **take_counts())
+    stats = dict(stats, **reward_fn.take_counts())
     check_dynamic_sampling(spec, stats)
     state, metrics = programs.learn(state.replace(rng=rng), batch, k_learn)
     return state, dict(metrics, **stats)

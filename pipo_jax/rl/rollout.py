@@ -128,8 +128,8 @@ def task_rewards(spec: TrainSpec, rollout: Rollout) -> jax.Array:
 
 
 class TaskReward:
-    """The task's host scorer (`Task.scorer()`) as the host loop's reward: `reward(rollout)`
-    gives the rewards `[B]` (what each process computes for its rows on a mesh);
+    """The task's host scorer (`Task.scorer()`) as the host loop's reward (`loop.HostReward`):
+    `reward(rollout)` gives the rewards `[B]` (what each process computes for its rows on a mesh);
     `reward.score_rollout(rollout)` returns the rollout with its rewards and, for SDPO / VPD
     on a task that builds them on the host, the teacher prompts."""
 
@@ -155,9 +155,8 @@ class TaskReward:
 
     def take_counts(self) -> dict[str, int]:
         """The scorer's counts since the last call (e.g. `reward/unscored_count`; on several processes,
-        this process's rows), or {} if it keeps none."""
-        take = getattr(self.scorer, "take_counts", None)
-        return take() if take is not None else {}
+        this process's rows); {} for a scorer that counts nothing."""
+        return self.scorer.take_counts()
 
     def close(self) -> None:
         self.scorer.close()

@@ -1,8 +1,8 @@
-"""`TrainSpec`: the validated, hashable (jit-static) view of an ml-collections run config.
+"""`TrainSpec`: the validated, hashable (jit-static) view of a typed run config (`RunConfig`).
 
 Pure: no file is read here and no task module is imported (`tests/test_layers.py` checks that
 importing this module loads neither the math verifier, the code sandbox nor the warm-up).
-`run/setup.py:train_spec(config)` loads what the config points at (the model's `config.json`,
+`run/setup.py:train_spec(run)` loads what the typed config points at (the model's `config.json`,
 the task) and then validates: `spec_from_config(run, model, task)` takes the typed run config
 (`rl/sections.py:RunConfig`, parsed once at the entry point) and builds the `TrainSpec` that ties its sections together
 and resolves the algorithm's registered pieces (`rl/algorithms.py`).

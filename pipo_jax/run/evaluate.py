@@ -10,13 +10,13 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from pipo_jax import platforms
 from pipo_jax.data.prompts import build_prompts
 from pipo_jax.data.sources import Example, SourceConfig, load_examples
 from pipo_jax.models import hf, qwen3
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.run.checkpoint import Checkpointer
 from pipo_jax.run.placement import Placement
@@ -30,12 +30,13 @@ from pipo_jax.tasks.dataset import check_math_references
 from pipo_jax.tasks.protocol import HostScorer
 
 
-def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-    """The config a training run saved in `workdir/config.json` (keys a release moved at their new place)."""
+def load_run_config(workdir: str) -> RunConfig:
+    """The typed config a training run saved in `workdir/config.json` (keys a release moved at their new
+    place, keys it lacks at their defaults); `ConfigError` naming a key that is no longer valid."""
     path = os.path.join(workdir, "config.json")
     if not os.path.lexists(path):
         raise FileNotFoundError(f"{workdir}: no config.json (not a pipo_jax training run directory)")
-    return ml_collections.ConfigDict(read_config_json(path))
+    return RunConfig.from_config(read_config_json(path))
 
 
 def restore_run(workdir: str, step: int | None = None) -> tuple[TrainSpec, Any]:

@@ -31,6 +31,7 @@ from pipo_jax.data import char_vocab as cv
 from pipo_jax.data import text_vocab
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
 from pipo_jax.models import hf, qwen3
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.run import atomic, evaluate, observe
 from pipo_jax.run.checkpoint import saved_steps
@@ -133,7 +134,7 @@ def _fmt(v: Any) -> str:
 
 
 def model_card(model: qwen3.Qwen3Config, dtype: str, *, source: str, step: int | None,
-               run_config: Any = None, metrics: dict[str, Any] | None = None,
+               run_config: RunConfig | None = None, metrics: dict[str, Any] | None = None,
                tokenizer_note: str = "") -> str:
     """README.md of an export: what it is, its model config, the metrics at its step, provenance."""
     rec = provenance.record()
@@ -170,7 +171,7 @@ def model_card(model: qwen3.Qwen3Config, dtype: str, *, source: str, step: int |
 
 
 def write_export(out: str, model: qwen3.Qwen3Config, params: Any, *, spec: TrainSpec | None = None,
-                 run_config: Any = None, tokenizer_dir: str | None = None, step: int | None = None,
+                 run_config: RunConfig | None = None, tokenizer_dir: str | None = None, step: int | None = None,
                  metrics: dict[str, Any] | None = None, dtype: str | None = None, source: str = "") -> str:
     """Writes the export of (`model`, `params`) into `out`; returns `out`.
 
@@ -199,7 +200,7 @@ def write_export(out: str, model: qwen3.Qwen3Config, params: Any, *, spec: Train
         note = _builtin_note(spec.task) if vocab == cv.TOKENS else _text_vocab_note()
     else:
         tokenizer = spec.task.tokenizer if spec is not None else load_tokenizer(tokenizer_dir)
-        max_new = run_config.rollout.get("max_new_tokens") if run_config is not None else None
+        max_new = run_config.rollout.max_new_tokens if run_config is not None else None
         _write_tokenizer(out, tokenizer, tokenizer_dir, max_new)
     atomic.write_text_atomic(os.path.join(out, "README.md"), model_card(
         model, dtype, source=source or out, step=step, run_config=run_config, metrics=metrics, tokenizer_note=note))
@@ -207,9 +208,10 @@ def write_export(out: str, model: qwen3.Qwen3Config, params: Any, *, spec: Train
     return out
 
 
-def run_tokenizer_dir(run_config: Any) -> str | None:
-    """The directory of a dataset run's tokenizer (`task.dataset.tokenizer_path`, else `model.path`)."""
-    return run_config.task.dataset.get("tokenizer_path", "") or run_config.model.get("path", "") or None
+def run_tokenizer_dir(run_config: RunConfig) -> str | None:
+    """The directory of a dataset run's tokenizer (`task.dataset.tokenizer_path`, else `model.path`;
+    `DatasetSettings.tokenizer_dir`), None for a run with neither."""
+    return run_config.task.dataset.tokenizer_dir(run_config.model.path) or None
 
 
 def export_policy(policy: str, out: str, step: int | None = None, dtype: str | None = None) -> str:

@@ -76,8 +76,9 @@ class Placement:
         return state.replace(hyper=jax.tree.map(sharded_steps.place, hyperparameters_of(spec), layout.hyper))
 
     def run(self, spec: TrainSpec, state: TrainState, n: int, jit_loop: bool,
-            reward_fn: loop.HostReward) -> tuple[TrainState, dict[str, np.ndarray]]:
-        """`n` iterations (one scan chunk, or the host loop with `reward_fn`); metrics `[n]` on host."""
+            reward_fn: loop.HostReward | None) -> tuple[TrainState, dict[str, np.ndarray]]:
+        """`n` iterations (one scan chunk, or the host loop with `reward_fn`: None only with `jit_loop`);
+        metrics `[n]` on host."""
         if jit_loop:
             chunk = (lambda s: loop.scan_chunk(spec, s, n)) if self.mesh is None else \
                 sharded_steps.sharded_scan_chunk(spec, self.mesh, n, self.rules)

@@ -1,4 +1,4 @@
-"""`train_spec(config)`: a run config's `TrainSpec`, after loading what it points at.
+"""`train_spec(run)`: a typed run config's `TrainSpec`, after loading what it points at.
 
 The one entry callers use: it reads the model's shapes (the HF directory's `config.json`, or the
 built-in task model sized for the task's vocabulary) and builds the task (`task_config.make_task`:
@@ -12,7 +12,6 @@ import json
 import os
 
 import jax
-import ml_collections
 
 from pipo_jax import platforms
 from pipo_jax.models import hf, qwen3
@@ -51,13 +50,12 @@ def make_model_config(mc: ModelConfig, task: Task | None = None) -> qwen3.Qwen3C
         raise ConfigError(f"config.model: {e}") from e
 
 
-def train_spec(c: ml_collections.ConfigDict, run: RunConfig | None = None) -> TrainSpec:
-    """Loads the model config and the task `c` points at, validates `c` and returns its `TrainSpec`;
-    raises `ConfigError` naming the key. `run`: `c` already parsed (`RunConfig.from_config(c)`, the
-    entry point's); the task reads its own section from `c` (`config.task.<name>`)."""
-    run = run or RunConfig.from_config(c)  # every key's own constraint
+def train_spec(run: RunConfig) -> TrainSpec:
+    """Loads the model config and the task the typed run config `run` (`RunConfig.from_config(c)`, the
+    entry point's parse of its ml-collections config) points at, validates `run` and returns its
+    `TrainSpec`; raises `ConfigError` naming the key. The task reads its own section (`run.task.<name>`)."""
     model = make_model_config(run.model)  # its errors first: a paper preset without model.path says so
-    task = make_task(c)
+    task = make_task(run)
     if not run.model.path and run.model.preset in warmup.TASK_MODEL_LAYERS:
         model = make_model_config(run.model, task)  # the task model's vocabulary covers the task's tokens
     _need(task.token_id_bound <= model.vocab_size, "task.dataset.tokenizer_path" if task.tokenizer is not None else "task",

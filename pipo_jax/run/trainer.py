@@ -1,13 +1,16 @@
-"""`train(config, workdir)`: the main job. Base model (HF weights, or the built-in task's
-supervised warm-up), then RL iterations in jitted `lax.scan` chunks (or the host loop),
-with held-out evaluation, metrics, orbax checkpoints / exact resume and a final HF export.
+"""`train(run, workdir)`: the main job of a typed run config (`rl/sections.py:RunConfig`). Base model
+(HF weights, or the built-in task's supervised warm-up), then RL iterations in jitted `lax.scan` chunks
+(or the host loop), with held-out evaluation, metrics, orbax checkpoints / exact resume and a final HF
+export.
 On several devices or processes the same job runs sharded over `config.mesh`
-(`pipo_jax.run.placement`). The run-level sections are read typed (`rl/sections.py:RunConfig`).
+(`pipo_jax.run.placement`). `TrainingRun` is one run as the loop reads it (config, spec, placement,
+workdir); the ml-collections config stays with the entry point that parsed it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -17,7 +20,6 @@ import time
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -39,6 +41,7 @@ from pipo_jax.run.placement import Placement, placement_from_config
 from pipo_jax.run.preemption import RunInterrupted, StopRequests
 from pipo_jax.run.setup import train_spec
 from pipo_jax.sampling.sampling_params import SamplingParams
+from pipo_jax.tasks.protocol import HostScorer
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +60,36 @@ def device_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax
                                            jax.random.PRNGKey(EVAL_SEED), jax.random.PRNGKey(PASS_SEED), sampling)
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalBenchmarks:
+    """`config.eval.benchmarks` loaded (math tasks): {name: its rows} and the pass@k's `ks`; read before
+    the run writes anything, so a missing or malformed file is one line naming it."""
+
+    rows: dict[str, list]
+    ks: tuple[int, ...]
+
+    @classmethod
+    def load(cls, config: RunConfig) -> EvalBenchmarks:
+        if not config.eval.benchmarks:
+            return cls({}, ())
+        paths, ks = eval_benchmarks(config.eval)
+        tc = config.task
+        return cls({name: evaluate.load_math_benchmark(
+            SourceConfig(path, prompt_field=tc.dataset.prompt_field, answer_field=tc.math.answer_field))
+                    for name, path in paths.items()}, ks)
+
+
 class Evaluation:
     """The trainer's evaluation: held-out greedy accuracy and sampled pass@1 on `eval.n` fixed
     problems, plus `config.eval.benchmarks` (math tasks: pass@1 / pass@k through
-    `evaluate.math_benchmarks`, as experiments/eval.py)."""
+    `evaluate.math_benchmarks`, as experiments/eval.py). `scorer`: the task's host scorer (what a task
+    without `device_reward` is scored by; the trainer's `TaskReward.scorer`)."""
 
-    def __init__(self, spec: TrainSpec, config: RunConfig, where: Placement, reward: rollout.TaskReward | None):
-        self.spec, self.config, self.where, self.reward = spec, config, where, reward
+    def __init__(self, spec: TrainSpec, config: RunConfig, where: Placement, scorer: HostScorer,
+                 benchmarks: EvalBenchmarks):
+        self.spec, self.config, self.where, self.scorer = spec, config, where, scorer
         self.problems = heldout_count(spec, config.eval.n)  # eval.n, or a smaller held-out split's size
-        self.benchmarks, self.ks = {}, ()
-        if config.eval.benchmarks:
-            paths, self.ks = eval_benchmarks(config.eval)
-            tc = config.task
-            self.benchmarks = {name: evaluate.load_math_benchmark(
-                SourceConfig(path, prompt_field=tc.dataset.prompt_field, answer_field=tc.math.answer_field))
-                               for name, path in paths.items()}
+        self.benchmarks, self.ks = benchmarks.rows, benchmarks.ks
 
     def __call__(self, params, step: int) -> dict[str, float]:
         """Greedy accuracy on `eval.n` fixed held-out problems: teacher-forced for a task with
@@ -94,11 +112,11 @@ class Evaluation:
                 out["heldout_pass_at_1"] = self.pass_at_1(params)
             return out
         params = self.where.to_host(params)  # gathered once for every evaluation below
-        out = {"heldout_accuracy": evaluate.decoded_heldout_accuracy(spec, params, self.reward.scorer, ec.n)}
+        out = {"heldout_accuracy": evaluate.decoded_heldout_accuracy(spec, params, self.scorer, ec.n)}
         if ec.heldout_samples:
             out["heldout_pass_at_1"] = self.pass_at_1(params)
         if self.benchmarks:
-            tokenizer, prompt_config, verifier = self.reward.scorer.benchmark_inputs()
+            tokenizer, prompt_config, verifier = self.scorer.benchmark_inputs()
             rows, info = evaluate.math_benchmarks(
                 spec.model, params, tokenizer, self.benchmarks, prompt_config, verifier, ec.samples, self.ks,
                 jax.random.fold_in(jax.random.PRNGKey(EVAL_SEED), step),
@@ -119,7 +137,7 @@ class Evaluation:
             host = self.where.mesh is not None  # one device: the program is small (eval.n x samples rows)
             return np.asarray(device_sampled_rewards(spec, self.where.to_host(params) if host else params, ec.n,
                                                      ec.heldout_samples))
-        return evaluate.sampled_heldout_rewards(spec, params, self.reward.scorer, ec.n, ec.heldout_samples,
+        return evaluate.sampled_heldout_rewards(spec, params, self.scorer, ec.n, ec.heldout_samples,
                                                 jax.random.PRNGKey(PASS_SEED), batch_size=ec.batch_size)
 
     def pass_at_1(self, params) -> float:
@@ -272,43 +290,44 @@ def host_task_reward(spec: TrainSpec) -> rollout.TaskReward:
     return rollout.TaskReward(spec, spec.task.scorer())
 
 
-def _abstract_state(config: ml_collections.ConfigDict, spec: TrainSpec, keys: Any) -> Any:
-    """Shapes and dtypes of the `TrainState` of `config` (built like `spec`, but loading the
-    model / task again when one of `keys` is theirs); None if `config` is not valid."""
+def _abstract_state(tree: dict[str, Any], spec: TrainSpec, keys: Any) -> Any:
+    """Shapes and dtypes of the `TrainState` of the config `tree` (`workdir.stored_form`; built like
+    `spec`, but loading the model / task again when one of `keys` is theirs); None if it is not valid."""
     try:
+        run = RunConfig.from_config(tree)
         if any(k.startswith(("model.", "task.")) for k in keys):
-            other = train_spec(config)
+            other = train_spec(run)
         else:
-            other = spec_from_config(RunConfig.from_config(config), spec.model, spec.task)
-        tree = sharded_steps.abstract_train_state(other)
+            other = spec_from_config(run, spec.model, spec.task)
+        state = sharded_steps.abstract_train_state(other)
     except Exception:  # noqa: BLE001 - an invalid combination tells nothing about shapes
         return None
-    return jax.tree.structure(tree), [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
+    return jax.tree.structure(state), [(x.shape, x.dtype) for x in jax.tree.leaves(state)]
 
 
-def _with_values(config: ml_collections.ConfigDict, values: dict[str, Any]) -> ml_collections.ConfigDict | None:
-    """`config` with `values` (`{"pipo.window": 8}`) set; None where one cannot be set."""
-    out = config.copy_and_resolve_references()
-    try:
-        for key, value in values.items():
-            *parents, leaf = key.split(".")
-            node = out
-            for part in parents:
-                node = node[part]
-            node[leaf] = tuple(value) if isinstance(node[leaf], tuple) and isinstance(value, list) else value
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
+def _with_values(tree: dict[str, Any], values: dict[str, Any]) -> dict[str, Any] | None:
+    """A copy of the config `tree` with `values` (`{"pipo.window": 8}`) set; None where one cannot be set."""
+    out = json.loads(json.dumps(tree))
+    for key, value in values.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or leaf not in node:
+            return None
+        node[leaf] = value
     return out
 
 
-def check_resume_config(config: ml_collections.ConfigDict, run: RunConfig, spec: TrainSpec, stored: dict[str, Any],
+def check_resume_config(run: RunConfig, spec: TrainSpec, stored: dict[str, Any],
                         checkpoint_dir: str) -> dict[str, tuple[Any, Any]]:
-    """Compares `config` (typed: `run`) with the `stored` one of the run it resumes; returns the changes.
+    """Compares `run` with the `stored` config of the run it resumes (flat); returns the changes.
 
     A change of the saved state's shapes is refused naming the keys that cause it; any other
     change of a key outside `workdir.FREE_PREFIXES` needs `checkpoint.allow_config_change`.
     """
-    flat = workdir_lib.flat_config(config)
+    tree = workdir_lib.stored_form(run)
+    flat = workdir_lib.flat_config(tree)
     added, removed = workdir_lib.schema_drift(stored, flat)
     if added or removed:
         log.warning("the stored config predates this code: keys added %s (their values apply from now), "
@@ -316,13 +335,12 @@ def check_resume_config(config: ml_collections.ConfigDict, run: RunConfig, spec:
     changes = workdir_lib.config_changes(stored, flat)
     if not changes:
         return changes
-    new_shapes = _abstract_state(config, spec, ())
-    old_shapes = _abstract_state(_with_values(config, {k: v[0] for k, v in changes.items()}) or config, spec,
-                                 changes)
+    new_shapes = _abstract_state(tree, spec, ())
+    old_shapes = _abstract_state(_with_values(tree, {k: v[0] for k, v in changes.items()}) or tree, spec, changes)
     if old_shapes is not None and old_shapes != new_shapes:
         shape_keys = []
         for key in changes:
-            single = _with_values(config, {key: changes[key][0]})
+            single = _with_values(tree, {key: changes[key][0]})
             if single is not None and _abstract_state(single, spec, (key,)) not in (None, new_shapes):
                 shape_keys.append(key)
         workdir_lib.refuse_shape_changes(shape_keys or [k for k in changes if not workdir_lib.is_free(k)],
@@ -336,16 +354,16 @@ def check_resume_config(config: ml_collections.ConfigDict, run: RunConfig, spec:
     return changes
 
 
-def _write_config(workdir: str, config: ml_collections.ConfigDict, stored: dict[str, Any] | None,
-                  kept_as: str) -> None:
-    """Writes config.json (atomically: a full disk keeps the old one); a stored one that differs
-    is copied first to `config.<kept_as>.json`."""
+def _write_config(workdir: str, run: RunConfig, stored: dict[str, Any] | None, kept_as: str) -> None:
+    """Writes config.json (`workdir.stored_form(run)`, atomically: a full disk keeps the old one); a
+    stored one that differs is copied first to `config.<kept_as>.json`."""
+    tree = workdir_lib.stored_form(run)
     if stored is not None:
-        flat = workdir_lib.flat_config(config)
+        flat = workdir_lib.flat_config(tree)
         if not workdir_lib.config_changes(stored, flat) and not any(workdir_lib.schema_drift(stored, flat)):
             return
         log.warning("the earlier config.json kept as %s", workdir_lib.keep_config(workdir, kept_as))
-    workdir_lib.write_config(workdir, config.to_json_best_effort(indent=2))
+    workdir_lib.write_config(workdir, json.dumps(tree, indent=2))
 
 
 def _any_process(flag: bool) -> bool:
@@ -355,34 +373,46 @@ def _any_process(flag: bool) -> bool:
     return bool(np.any(multihost_utils.process_allgather(np.int32(flag))))
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Runs `config` in `workdir`; returns a summary (initial/final held-out accuracy, paths).
+@dataclasses.dataclass(frozen=True)
+class TrainingRun:
+    """One training run as `_train` runs it: its typed config (`iterations` resolved from `task.epochs`;
+    what config.json stores), the `TrainSpec` built from it, where it runs, its directory, and the
+    process's stop requests and console heartbeat it answers to."""
+
+    config: RunConfig
+    spec: TrainSpec
+    where: Placement
+    workdir: str
+    stop: StopRequests
+    hb: Heartbeat
+
+
+def train(run: RunConfig, workdir: str) -> dict[str, Any]:
+    """Runs the typed config `run` (an entry point's `RunConfig.from_config(c)`) in `workdir`; returns a
+    summary (initial/final held-out accuracy, paths).
 
     One run at a time holds `workdir` (`workdir.WorkdirLock`). SIGTERM / SIGINT stop the run
     after the iteration chunk (or warm-up chunk) in flight with a checkpoint on disk
     (`preemption.RunInterrupted`); checkpoints are also saved every `checkpoint.every`
     iterations and, after a warm-up, at iteration 0.
 
-    Multi-process: `initialize_distributed(config.distributed)` joins the processes first
+    Multi-process: `initialize_distributed(run.distributed)` joins the processes first
     (a no-op for a single process); every process runs this function on the same
     (shared) `workdir`, and only process 0 writes logs, plots, the summary and the export.
     """
-    run = RunConfig.from_config(config)  # the one parse: everything below reads `run`; `config` is what is stored
     initialize_distributed(run.distributed)
     # The console's lines: process 0's, with log.progress (a run without them says only its errors).
     with Heartbeat(run.log.heartbeat_s, quiet=not (run.log.progress and jax.process_index() == 0)) as hb:
-        return _train_with(config, run, workdir, hb)
+        return _train_with(run, workdir, hb)
 
 
-def _train_with(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, hb: Heartbeat) -> dict[str, Any]:
+def _train_with(run: RunConfig, workdir: str, hb: Heartbeat) -> dict[str, Any]:
     """`train` after the distributed start, with `hb` saying what runs (a refused config or workdir
     prints its one error line and nothing before it: the phases until then announce nothing)."""
     with hb.phase(f"building the {run.task.name} task and the {run.model.preset} model"):
-        spec = train_spec(config, run)
+        spec = train_spec(run)
     if run.task.epochs:
         run = dataclasses.replace(run, iterations=run_iterations_of(spec, run))
-        config = config.copy_and_resolve_references()
-        config.iterations = run.iterations
         log.info("task.epochs=%g over %d training rows: %d iterations", run.task.epochs,
                  spec.task.train_size, run.iterations)
     where = placement_from_config(run.mesh)
@@ -401,7 +431,7 @@ def _train_with(config: ml_collections.ConfigDict, run: RunConfig, workdir: str,
             lock.acquire()  # writes the holder's record at once
         try:
             with StopRequests() as stop:
-                return _train(config, run, workdir, spec, where, stop, lock, hb)
+                return _train(TrainingRun(run, spec, where, workdir, stop, hb))
         finally:
             if lock is not None:
                 lock.release()  # a refused run leaves no directory it created
@@ -411,9 +441,9 @@ def _train_with(config: ml_collections.ConfigDict, run: RunConfig, workdir: str,
         raise atomic.storage_failure(e, workdir, kept_checkpoints(os.path.join(workdir, "checkpoints"))) from e
 
 
-def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec: TrainSpec, where: Placement,
-           stop: StopRequests, lock: workdir_lib.WorkdirLock | None, hb: Heartbeat) -> dict[str, Any]:
-    """`config` is what is stored and compared (config.json), `run` its typed form the loop reads."""
+def _train(job: TrainingRun) -> dict[str, Any]:
+    """The run `job` in its (locked) workdir: resume or start, the RL loop, evaluations, checkpoints, export."""
+    run, spec, where, workdir, stop, hb = job.config, job.spec, job.where, job.workdir, job.stop, job.hb
     main = where.is_main_process
     # Nothing is written into the workdir before the config is validated, the
     # evaluation files are read and the resume decision is made: a refused run leaves it as it was.
@@ -429,11 +459,11 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
         log.warning("%s holds no config.json: the resumed run's config cannot be compared with the earlier one",
                     workdir)
     elif existing or resuming_warmup:
-        check_resume_config(config, run, spec, stored, os.path.abspath(ckpt_dir))
+        check_resume_config(run, spec, stored, os.path.abspath(ckpt_dir))
     cache = compile_cache.current_dir()
     hb.say(f"JAX compilation cache: {cache} ({compile_cache.describe_contents(cache)})" if cache else
            "JAX compilation cache off: every run compiles its programs (experiments' commands turn it on)")
-    evaluation = Evaluation(spec, run, where, None)
+    benchmarks = EvalBenchmarks.load(run)
     ckpt = Checkpointer(ckpt_dir, keep=run.checkpoint.keep)
     warmup_ckpts = WarmupCheckpoints(workdir, spec, run, stop) if not spec.model_path else None
 
@@ -447,7 +477,7 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
             resume_step = int(state.step)
             log.info("resumed from %s at iteration %d", ckpt.directory, resume_step)
         if main:
-            _write_config(workdir, config, stored, str(resume_step) if resume_step is not None else "superseded")
+            _write_config(workdir, run, stored, str(resume_step) if resume_step is not None else "superseded")
         if not existing:
             params = base_params(spec, run, pre_rows, warmup_ckpts, hb)
             with hb.phase("setting up the RL state"):
@@ -460,15 +490,15 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
     step = int(state.step)
 
     reward = host_task_reward(spec)
-    evaluation.reward = reward
     logger = None
-    summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe(),
-                               "heldout_problems": evaluation.problems}
+    summary: dict[str, Any] = {"workdir": workdir, "resumed_from": resume_step, "devices": where.describe()}
     try:
+        evaluation = Evaluation(spec, run, where, reward.scorer, benchmarks)
+        summary["heldout_problems"] = evaluation.problems
         logger = observe.RunLogger(workdir, total=run.iterations, tensorboard=run.log.tensorboard,
                                    wandb=run.log.wandb, wandb_project=run.log.wandb_project,
-                                   progress=run.log.progress, run_config=config.to_dict(), start_step=resume_step,
-                                   enabled=main)
+                                   progress=run.log.progress, run_config=workdir_lib.stored_form(run),
+                                   start_step=resume_step, enabled=main)
         if resume_step is None:
             with hb.phase("evaluating the base model", announce=f"evaluating the base model (iteration 0) on "
                           f"{describe_heldout(evaluation.problems, run.eval.n)}", report_builds=True):
@@ -530,9 +560,9 @@ def _train(config: ml_collections.ConfigDict, run: RunConfig, workdir: str, spec
                           if main else None):
                 if main and _written_or_warned("hf_export", export, ckpt.step_path(step), lambda: _export_whole(
                         export, lambda out: export_lib.write_export(
-                            out, spec.model, params, spec=spec, run_config=config, step=step,
+                            out, spec.model, params, spec=spec, run_config=run, step=step,
                             metrics=export_lib.metrics_at(workdir, step), source=os.path.abspath(workdir),
-                            tokenizer_dir=export_lib.run_tokenizer_dir(config)))):
+                            tokenizer_dir=export_lib.run_tokenizer_dir(run)))):
                     summary["hf_export"] = export  # weights, tokenizer, generation config, model card (`run/export.py`)
     finally:
         ckpt.close()

@@ -24,11 +24,9 @@ import socket
 import sys
 from typing import Any, Iterable
 
-import ml_collections
-
-from pipo_jax.rl.sections import ConfigError
+from pipo_jax.rl.sections import ConfigError, RunConfig
 from pipo_jax.run import atomic
-from pipo_jax.schema import moved_keys
+from pipo_jax.schema import moved_keys, to_config
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +160,14 @@ class WorkdirLock:
         self.release()
 
 
-def flat_config(config: ml_collections.ConfigDict | dict) -> dict[str, Any]:
-    """`{"pipo.window": 8, ...}`: the leaves of a config as its JSON file holds them."""
-    tree = json.loads(config.to_json_best_effort()) if isinstance(config, ml_collections.ConfigDict) else config
+def stored_form(run: RunConfig) -> dict[str, Any]:
+    """The typed run config as its config.json holds it: nested dicts of JSON values, in the schema's
+    key order (`schema.to_config`; `RunConfig.from_config` reads it back)."""
+    return json.loads(json.dumps(to_config(run)))
+
+
+def flat_config(tree: dict[str, Any]) -> dict[str, Any]:
+    """`{"pipo.window": 8, ...}`: the leaves of a nested config `tree` (a config.json's, `stored_form`)."""
     out: dict[str, Any] = {}
 
     def walk(node: dict, prefix: str) -> None:

@@ -224,14 +224,15 @@ class ArithmeticTask(Task):
                 "then `<eos>`.")
 
 
-def from_config(c) -> ArithmeticTask:
-    """The task of run config `c`: its own section `config.task.arithmetic` (digits, ops, answer format,
-    reward, feedback, warm-up demonstrations) and the shared split keys."""
-    s = ArithmeticSettings.from_config(c.task.arithmetic)
+def from_config(run) -> ArithmeticTask:
+    """The task of the typed run config `run` (`RunConfig`): its own section `task.arithmetic`
+    (`ArithmeticSettings`: digits, ops, answer format, reward, feedback, warm-up demonstrations) and the
+    shared split keys."""
+    s: ArithmeticSettings = run.task.arithmetic
     return ArithmeticTask(
         min_digits=s.min_digits, max_digits=s.max_digits, ops=tuple(s.ops), answer_format=s.answer_format,
-        reward_mode=s.reward_mode, feedback_style=s.feedback_style, heldout_fraction=c.task.heldout_fraction,
-        split_seed=c.task.split_seed, warmup_mistake_rate=s.warmup_mistake_rate,
+        reward_mode=s.reward_mode, feedback_style=s.feedback_style, heldout_fraction=run.task.heldout_fraction,
+        split_seed=run.task.split_seed, warmup_mistake_rate=s.warmup_mistake_rate,
         warmup_context_fraction=s.warmup_context_fraction)
 
 
@@ -686,6 +687,9 @@ class ArithmeticScorer:
 
     def score(self, problems: Problems, tokens_br, mask_br) -> Scored:
         return Scored(np.asarray(reward(self.task, problems, tokens_br, mask_br), np.float32))
+
+    def take_counts(self) -> dict[str, int]:
+        return {}  # it counts nothing
 
     def close(self) -> None:
         pass

@@ -251,7 +251,7 @@ class CountdownTask(RowSampling, Task):
         return RowScorer(self)
 
 
-def from_config(c) -> CountdownTask:
-    """`task.name=countdown`: the split from `task.heldout_fraction` / `task.split_seed` (the
-    other settings keep their defaults)."""
-    return CountdownTask(heldout_fraction=c.task.heldout_fraction, split_seed=c.task.split_seed)
+def from_config(run) -> CountdownTask:
+    """`task.name=countdown` of the typed run config `run` (`RunConfig`): the split from
+    `task.heldout_fraction` / `task.split_seed` (the other settings keep their defaults)."""
+    return CountdownTask(heldout_fraction=run.task.heldout_fraction, split_seed=run.task.split_seed)

@@ -27,7 +27,7 @@ from pipo_jax.data import tokenizer as tok_lib
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig, build_prompts, render_prompt
 from pipo_jax.data.sources import DataError, Example, SourceConfig, load_examples
 from pipo_jax.tasks import code
-from pipo_jax.tasks.dataset_settings import CodeSettings, DatasetSettings, MathSettings
+from pipo_jax.tasks.dataset_settings import DatasetSettings
 from pipo_jax.tasks.math import MathVerifier, MathVerifyConfig, gold_answer, resolve_workers
 from pipo_jax.tasks.protocol import ContextChoice, Scored, Task, TaskCapabilities, TaskConfigError
 
@@ -404,52 +404,52 @@ def prompt_config(ds, auto_instruction: str) -> PromptConfig:
         raise TaskConfigError(f"config.task.dataset: {e}") from e
 
 
-def settings_missing(c) -> list[str]:
-    """What a text task (math / code / reasoning-gym with a tokenizer) needs and run config `c`
-    lacks, one `--config...` hint each."""
+def settings_missing(run) -> list[str]:
+    """What a text task (math / code / reasoning-gym with a tokenizer) needs and the typed run config
+    `run` (`RunConfig`) lacks, one `--config...` hint each."""
     out = []
-    if not c.model.path:
+    if not run.model.path:
         out.append("--config.model.path=/path/to/hf_model (a Hugging Face model and its tokenizer)")
-    if not c.task.dataset.path:
+    if not run.task.dataset.path:
         out.append("--config.task.dataset.path=FILE (a JSONL / parquet file or tfds name)")
-    if c.log.jit_loop:
+    if run.log.jit_loop:
         out.append("--config.log.jit_loop=false (the reward is computed on the host)")
-    if c.rollout.max_new_tokens < 1:
+    if run.rollout.max_new_tokens < 1:
         out.append("--config.rollout.max_new_tokens=N (the response budget; there is no task default)")
-    if c.warmup.enabled:
+    if run.warmup.enabled:
         out.append("--config.warmup.enabled=false (the warm-up trains the built-in task's model)")
     return out
 
 
-def math_from_config(c) -> DatasetTask:
+def math_from_config(run) -> DatasetTask:
     """`task.name=math`: `dataset_from_config`."""
-    return dataset_from_config(c)
+    return dataset_from_config(run)
 
 
-def code_from_config(c) -> DatasetTask:
+def code_from_config(run) -> DatasetTask:
     """`task.name=code`: the sandbox checked first (`check_sandbox`), then `dataset_from_config`."""
-    missing = settings_missing(c)
+    missing = settings_missing(run)
     if not missing:
-        check_sandbox(c.task)
-    return dataset_from_config(c)
+        check_sandbox(run.task)
+    return dataset_from_config(run)
 
 
-def dataset_from_config(c) -> DatasetTask:
-    """Loads `config.task.dataset.path` with the tokenizer of `task.dataset.tokenizer_path` (default
-    `model.path`); math reads `config.task.math`, code `config.task.code`."""
-    tc = c.task
-    ds = DatasetSettings.from_config(tc.dataset)
-    missing = settings_missing(c)
+def dataset_from_config(run) -> DatasetTask:
+    """Loads `task.dataset.path` of the typed run config `run` (`RunConfig`) with the tokenizer of
+    `task.dataset.tokenizer_path` (default `model.path`); math reads `task.math`, code `task.code`."""
+    tc = run.task
+    ds: DatasetSettings = tc.dataset
+    missing = settings_missing(run)
     if missing:  # every one at once, not one per start
         raise TaskConfigError(f"config: task.name={tc.name!r} needs " + "; ".join(missing))
-    tok_path = ds.tokenizer_path or c.model.path
+    tok_path = ds.tokenizer_dir(run.model.path)
     is_math = tc.name == "math"
-    tests_field = CodeSettings.from_config(tc.code).tests_field
+    tests_field = tc.code.tests_field
     prompts = prompt_config(ds, DEFAULT_INSTRUCTION if is_math else CODE_INSTRUCTION)
     try:
         tokenizer = tok_lib.load_tokenizer(tok_path)
         source = SourceConfig(ds.path, format=ds.format, prompt_field=ds.prompt_field,
-                              answer_field=MathSettings.from_config(tc.math).answer_field if is_math else None,
+                              answer_field=tc.math.answer_field if is_math else None,
                               extra_fields=() if is_math else (tests_field,),
                               split=ds.tfds_split, limit=ds.limit or None,
                               data_dir=ds.data_dir or None, tfds_download=ds.tfds_download)
@@ -464,15 +464,15 @@ def dataset_from_config(c) -> DatasetTask:
 
 
 def math_verify_config(tc) -> MathVerifyConfig:
-    """The math verifier's settings from `config.task` (its `dataset` and `math` sections)."""
-    ds, ms = DatasetSettings.from_config(tc.dataset), MathSettings.from_config(tc.math)
+    """The math verifier's settings from the typed `config.task` (its `dataset` and `math` sections)."""
+    ds, ms = tc.dataset, tc.math
     return MathVerifyConfig(answer_pattern=ms.answer_pattern or None, timeout_s=ds.verify_timeout_s,
                             batch_budget_s=ds.verify_batch_budget_s, num_workers=ds.verify_workers)
 
 
 def sandbox_config(tc) -> code.SandboxConfig:
-    """The code sandbox's settings from `config.task` (its `dataset` and `code` sections)."""
-    ds, cs = DatasetSettings.from_config(tc.dataset), CodeSettings.from_config(tc.code)
+    """The code sandbox's settings from the typed `config.task` (its `dataset` and `code` sections)."""
+    ds, cs = tc.dataset, tc.code
     try:
         return code.SandboxConfig(timeout_s=ds.verify_timeout_s, memory_mb=cs.sandbox_memory_mb,
                                   allow_unconfined=cs.sandbox_allow_unconfined,

@@ -52,6 +52,11 @@ class DatasetSettings(Section):
     verify_workers: int = key(0, "math verifier processes / concurrent code sandboxes / reasoning-gym scoring "
                               "threads; 0 = one per CPU core (max 16)", at_least(0))
 
+    def tokenizer_dir(self, model_path: str) -> str:
+        """The directory of a text task's tokenizer: `tokenizer_path`, else the model's (`model.path`);
+        "" when neither is set."""
+        return self.tokenizer_path or model_path
+
 
 @dataclasses.dataclass(frozen=True)
 class MathSettings(Section):

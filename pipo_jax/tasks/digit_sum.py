@@ -163,6 +163,9 @@ class DigitSumScorer:
     def score(self, problems: Problems, tokens_br, mask_br) -> Scored:
         return Scored(np.asarray(self.task.reward(problems, jnp.asarray(tokens_br), jnp.asarray(mask_br))))
 
+    def take_counts(self) -> dict[str, int]:
+        return {}  # it counts nothing
+
     def close(self) -> None:
         pass
 
@@ -190,8 +193,9 @@ def _problems_of(task: DigitSumTask, n_b: jax.Array) -> Problems:
                     target_mask_ba=(pos_a <= n_ans).astype(jnp.int32))
 
 
-def from_config(c) -> DigitSumTask:
-    """The task of run config `c`: its own section `config.task.digit_sum` and the shared split keys."""
-    s = DigitSumSettings.from_config(c.task.digit_sum)
-    return DigitSumTask(min_digits=s.min_digits, max_digits=s.max_digits, heldout_fraction=c.task.heldout_fraction,
-                        split_seed=c.task.split_seed)
+def from_config(run) -> DigitSumTask:
+    """The task of the typed run config `run` (`RunConfig`): its own section `task.digit_sum`
+    (`DigitSumSettings`) and the shared split keys."""
+    s: DigitSumSettings = run.task.digit_sum
+    return DigitSumTask(min_digits=s.min_digits, max_digits=s.max_digits, heldout_fraction=run.task.heldout_fraction,
+                        split_seed=run.task.split_seed)

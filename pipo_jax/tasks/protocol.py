@@ -106,14 +106,16 @@ class Scored(NamedTuple):
 
 @runtime_checkable
 class HostScorer(Protocol):
-    """A task's reward on the host (numpy in, numpy out); `close()` stops its workers. It may also
-    have `take_counts() -> {metric: int}` (counts since the last call, e.g. the math scorer's
-    `reward/unscored_count`), which the host loop adds to each iteration's metrics. A host-reward task
+    """A task's reward on the host (numpy in, numpy out); `take_counts() -> {metric: int}`: counts since
+    the last call (e.g. the math scorer's `reward/unscored_count`; {} for a scorer that counts nothing),
+    which the host loop adds to each iteration's metrics; `close()` stops its workers. A host-reward task
     with `teacher_contexts` gives `teacher_prompts(problems, tokens_br, mask_br, scored, choice,
     width) -> (tokens [b, width], mask [b, width], has_context float32 [b])` (left-padded); one with
     `answer_benchmarks` gives `benchmark_inputs() -> (tokenizer, PromptConfig, verifier)`."""
 
     def score(self, problems: Any, tokens_br: np.ndarray, mask_br: np.ndarray) -> Scored: ...
+
+    def take_counts(self) -> dict[str, int]: ...
 
     def close(self) -> None: ...
 

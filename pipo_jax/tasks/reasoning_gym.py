@@ -445,6 +445,9 @@ class ReasoningGymReward:
         return dataset_lib.teacher_prompts(self.task, np.asarray(problems.index_b), texts, [""] * len(texts), choice,
                                            width)
 
+    def take_counts(self) -> dict[str, int]:
+        return {}  # it counts nothing
+
     def close(self) -> None:
         pass
 
@@ -476,13 +479,13 @@ def text_task(name: str, source: Entries, tokenizer: Any, prompt_config: PromptC
 # ----------------------------------------------------------------------------- construction from a run config
 
 
-def from_config(c) -> ReasoningGymTask | ReasoningGymTextTask:
+def from_config(run) -> ReasoningGymTask | ReasoningGymTextTask:
     """A reasoning-gym dataset (`config.task.reasoning_gym`): in the character vocabulary for the task
     model, or rendered with `model.path`'s tokenizer and chat template (`task.dataset.*`'s prompt keys;
-    `task.dataset.tokenizer_path` overrides the tokenizer)."""
-    tc = c.task
-    rg = ReasoningGymSettings.from_config(tc.reasoning_gym)
-    ds = DatasetSettings.from_config(tc.dataset)
+    `task.dataset.tokenizer_path` overrides the tokenizer); `run`: the typed run config (`RunConfig`)."""
+    tc = run.task
+    rg: ReasoningGymSettings = tc.reasoning_gym
+    ds: DatasetSettings = tc.dataset
     if not rg.dataset:
         raise TaskConfigError("config.task.reasoning_gym.dataset: name a reasoning-gym dataset (e.g. chain_sum, gcd, "
                               "spell_backward)")
@@ -495,16 +498,16 @@ def from_config(c) -> ReasoningGymTask | ReasoningGymTextTask:
     except ValueError as e:
         raise TaskConfigError(f"config.task.reasoning_gym: {e}") from e
     workers = resolve_workers(ds.verify_workers)
-    if not c.model.path:
+    if not run.model.path:
         try:
             return char_task(rg.dataset, source, prompt_form=rg.prompt, max_prompt_chars=rg.max_prompt_chars,
                              max_answer_chars=rg.max_answer_chars, overlong=rg.overlong, workers=workers)
         except ValueError as e:
             raise TaskConfigError(f"config.task.reasoning_gym: {e}") from e
-    missing = [hint for hint in dataset_lib.settings_missing(c) if "task.dataset.path" not in hint]
+    missing = [hint for hint in dataset_lib.settings_missing(run) if "task.dataset.path" not in hint]
     if missing:
         raise TaskConfigError("config: task.name='reasoning_gym' with model.path needs " + "; ".join(missing))
-    tok_path = ds.tokenizer_path or c.model.path
+    tok_path = ds.tokenizer_dir(run.model.path)
     try:
         tokenizer = tok_lib.load_tokenizer(tok_path)
         return text_task(rg.dataset, source, tokenizer, dataset_lib.prompt_config(ds, TEXT_INSTRUCTION),

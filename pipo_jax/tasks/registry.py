@@ -1,10 +1,10 @@
 """The registered tasks: `config.task.name` -> the module that builds it, imported only when chosen.
 
-Each entry names a module of `pipo_jax/tasks/` and its constructor `from_config(config) -> Task`
-(the whole run config; it raises `protocol.TaskConfigError` naming the key, or ValueError, which
-`run/task_config.py:make_task` reports as `config.task: ...`). Naming the module instead of
-importing it keeps this table light: choosing the arithmetic task never loads the math verifier,
-the code sandbox or reasoning-gym. A task whose module needs an optional dependency names its
+Each entry names a module of `pipo_jax/tasks/` and its constructor `from_config(run) -> Task`
+(`run`: the whole typed run config, `rl/sections.py:RunConfig`; it raises `protocol.TaskConfigError`
+naming the key, or ValueError, which `run/task_config.py:make_task` reports as `config.task: ...`).
+Naming the module instead of importing it keeps this table light: choosing the arithmetic task never
+loads the math verifier, the code sandbox or reasoning-gym. A task whose module needs an optional dependency names its
 extra (a missing package is one line naming it). Each entry also names the config sections of the
 task's own keys (`settings_sections`: `config.task` is the shared keys plus one section per name),
 declared in light modules beside the task's code.

@@ -12,8 +12,8 @@ import pytest
 from configs import adora as adora_config
 from pipo_jax.losses import adora, advantages, pipo
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.run.setup import train_spec
 from tests.rl.test_config import check_config_run
+from tests.typed import spec_of
 
 G = 4
 # prompt 0: longest correct 5 > the incorrect ones' mean 3: advantageous
@@ -111,7 +111,7 @@ def test_bad_keys_are_one_line_errors(key, value, message):
     c = adora_config.get_config("micro")
     c.advantage[key] = value
     with pytest.raises(ConfigError, match=message):
-        train_spec(c)
+        spec_of(c)
 
 
 def test_check_config_prints_the_adora_keys():

@@ -13,7 +13,7 @@ import pytest
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.bapo import bapo_loss, bound_path, released_code_path
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.run.setup import train_spec
+from tests.typed import spec_of
 
 TOKEN_MEAN = Aggregation("token-mean")
 PAPER = dict(lower_start=0.6, lower_max=0.9, lower_step=0.02, upper_start=1.2, upper_max=3.0, upper_step=0.05)
@@ -242,13 +242,13 @@ def test_bapo_variant_settings():
     c.loss.bapo_prob_weight = False
     c.loss.bapo_lower_start, c.loss.bapo_lower_max, c.loss.bapo_lower_step = 0.8, 0.95, 0.05
     c.loss.bapo_upper_start, c.loss.bapo_upper_max, c.loss.bapo_upper_step = 1.2, 2.0, 0.1
-    spec = train_spec(c)
+    spec = spec_of(c)
     assert (spec.loss.bapo_variant, spec.loss.clip_ratio_c) == ("released_code", 3.0)
     c.loss.bapo_rho, c.loss.bapo_lower_max = 2.0, 0.82  # P / N >= 2; a partial lower step the code takes
-    train_spec(c)
+    spec_of(c)
     c.loss.bapo_variant = "paper"
     with pytest.raises(ConfigError, match=r"config\.loss\.bapo_rho: 2\.0 must be <= 1"):
-        train_spec(c)
+        spec_of(c)
     c.loss.bapo_variant = "authors"
     with pytest.raises(ConfigError, match=r"config\.loss\.bapo_variant: 'authors' is not one of"):
-        train_spec(c)
+        spec_of(c)

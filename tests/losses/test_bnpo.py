@@ -17,8 +17,8 @@ from configs import bnpo as bnpo_config
 from pipo_jax.losses import advantages, bnpo
 from pipo_jax.rl import algorithms
 from pipo_jax.rl.algorithms import AdvantageInputs
-from pipo_jax.run.setup import train_spec
 from tests.rl.test_config import check_config_run
+from tests.typed import spec_of
 
 
 def _pool(*batches, decay):
@@ -261,7 +261,7 @@ def test_registered_estimator_folds_each_batch_into_the_pool():
 def test_config_file_and_its_keys():
     """configs/bnpo.py: the estimator and algorithm, the authors' script's loss; its keys' checks name them;
     `--check_config` lists them with their values."""
-    spec = train_spec(bnpo_config.get_config("micro"))
+    spec = spec_of(bnpo_config.get_config("micro"))
     assert (spec.algorithm.name, spec.estimator.name, spec.policy.name, spec.attribution.name) == (
         "bnpo", "bnpo", "token_clip", "group")
     assert (spec.advantage.bnpo_decay, spec.loss.clip_low, spec.loss.clip_high, spec.loss.clip_ratio_c,

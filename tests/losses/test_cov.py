@@ -14,7 +14,7 @@ import pytest
 from pipo_jax.losses import cov
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.run.setup import train_spec
+from tests.typed import spec_of
 
 AGG = Aggregation("token-mean")
 
@@ -176,8 +176,8 @@ def test_clip_cov_config_takes_the_released_clip():
     """`loss.clip_low=1` (eps_low = 1, the ratio bound 0) is a valid setting; above 1 it is refused."""
     c = importlib.import_module("configs.clip_cov").get_config("micro")
     c.loss.clip_low, c.loss.clip_high = 1.0, 1.0
-    spec = train_spec(c)
+    spec = spec_of(c)
     assert (spec.loss.clip_low, spec.loss.clip_high) == (1.0, 1.0)
     c.loss.clip_low = 1.5
     with pytest.raises(ConfigError, match=r"config\.loss\.clip_low: 1\.5 must be in \[0, 1\]"):
-        train_spec(c)
+        spec_of(c)

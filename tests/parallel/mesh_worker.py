@@ -34,8 +34,8 @@ from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.run import sharded_steps as steps
 from pipo_jax.run.checkpoint import Checkpointer
-from pipo_jax.run.setup import train_spec
 from tests.parallel import scenario
+from tests.typed import spec_of
 
 # (data, fsdp, tensor); with tensor > 1 the trainer's log-probs run vocab-parallel
 # The jitted scan loop on pure data parallelism and on all three axes at once; 1x2x4 (tensor 4)
@@ -113,8 +113,8 @@ def host_loop_run(out: str) -> None:
     state = steps.shard_train_state(state, spec, mesh)
     rows = []
     for _ in range(scenario.ITERATIONS):
-        state, metrics = loop.host_iteration(spec, state, lambda local: np.asarray(rollout_lib.task_rewards(spec, local)),
-                                             programs)
+        state, metrics = loop.host_iteration(
+            spec, state, loop.RewardFunction(lambda local: np.asarray(rollout_lib.task_rewards(spec, local))), programs)
         rows.append(steps.to_host(metrics))
     metrics = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
     summary = scenario.run_summary(steps.to_host(state), metrics)
@@ -133,7 +133,7 @@ def gathered_decode_check(mesh) -> dict:
     one-layer model's decode loops all-gather as much with the weights gathered once as without)."""
     c = scenario.config()
     c.model.preset = "task_tiny"
-    spec = train_spec(c)
+    spec = spec_of(c)
     params = steps.init_sharded_train_state(spec, mesh, None, c.seed).params
     out, rng, n = {}, jax.random.PRNGKey(11), spec.rollout.prompts_per_batch
     table = steps.mesh_prompt_table(spec, mesh)

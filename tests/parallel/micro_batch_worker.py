@@ -31,7 +31,7 @@ from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.hyper import hyperparameters_of
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.run import sharded_steps as sharded
-from pipo_jax.run.setup import train_spec
+from tests.typed import spec_of
 
 SEED = 1
 
@@ -46,7 +46,7 @@ def make_spec(prompts: int, per_device: int = 1):
     # its layers: `qwen3.layers_unrolled`), so that their FLOPs compare (`cost_analysis` counts a
     # loop body once).
     c.model.layer_loop = "scan"
-    return train_spec(c)
+    return spec_of(c)
 
 
 def flops(compiled) -> float:

@@ -10,6 +10,7 @@ setting their XLA flags).
 from __future__ import annotations
 
 import numpy as np
+from tests.typed import spec_of
 
 ITERATIONS = 2
 SEED = 1
@@ -35,9 +36,8 @@ def initial_state():
     from pipo_jax.rl import controller
     from pipo_jax.rl.batch import TrainBatch
     from pipo_jax.rl.state import init_train_state
-    from pipo_jax.run.setup import train_spec
 
-    spec = train_spec(config())
+    spec = spec_of(config())
     state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(SEED)), SEED)
     b, L, r = spec.batch, spec.seq_len, spec.rollout.max_new_tokens
     rng = np.random.RandomState(SEED)

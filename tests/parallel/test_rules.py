@@ -18,6 +18,7 @@ from pipo_jax.parallel.mesh import MeshSpec, mesh_spec_from_config, resolve_size
 from pipo_jax.rl import controller
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.sampling import decode
+from tests.typed import spec_of
 
 MESH = AbstractMesh((2, 2, 2), parallel.AXES)
 
@@ -135,11 +136,10 @@ def test_train_state_shardings_cover_every_algorithm(algo):
     import importlib
 
     from pipo_jax.run import sharded_steps as steps
-    from pipo_jax.run.setup import train_spec
 
     c = importlib.import_module(f"configs.{algo}").get_config("micro")
     c.pipo.enabled = True
-    spec = train_spec(c)
+    spec = spec_of(c)
     abstract = steps.abstract_train_state(spec)
     sh = steps.state_shardings(spec, MESH)
     ok = jax.tree.leaves(jax.tree.map(lambda a, s: isinstance(s, NamedSharding) and len(s.spec) <= a.ndim,

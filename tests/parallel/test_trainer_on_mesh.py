@@ -21,11 +21,11 @@ from safetensors.numpy import load_file
 
 from pipo_jax.models import hf
 from pipo_jax.rl.sections import RunConfig
-from pipo_jax.run.setup import train_spec
-from pipo_jax.run.trainer import base_params, train
+from pipo_jax.run.trainer import base_params
 from tests.parallel.equivalence import UPDATE_RTOL
 from tests.rl.micro_trainer import micro
 from tests.xla_flags import sharded_subprocess_env
+from tests.typed import spec_of, train_config
 
 pytestmark = pytest.mark.slow  # the main job three times, twice in a 4-device subprocess
 
@@ -54,7 +54,7 @@ def test_job_on_two_meshes_with_resume_equals_one_device(tmp_path):
     assert "mesh: data=4 fsdp=1 tensor=1 (4 devices, 1 process)" in log2 and "resumed from" in log2
 
     c = micro("grpo", iterations=4)
-    train(c, str(tmp_path / "single"))
+    train_config(c, str(tmp_path / "single"))
     single, sharded = _rows(tmp_path / "single"), _rows(tmp_path / "mesh")
     assert sorted(sharded) == sorted(single) == [0, 1, 2, 3, 4]
     compared = 0
@@ -74,7 +74,7 @@ def test_job_on_two_meshes_with_resume_equals_one_device(tmp_path):
     a, b = weights("single"), weights("mesh")
     assert sorted(a) == sorted(b)
     # The RL starting point (the warm-up's weights), to measure the update against.
-    spec = train_spec(c)
+    spec = spec_of(c)
     hf.save(str(tmp_path / "base"), spec.model, base_params(spec, RunConfig.from_config(c), []))
     base = load_file(str(tmp_path / "base" / "model.safetensors"))
     # Sharding reorders float32 sums, and AdamW turns an element's rounding-level gradient into a

@@ -14,8 +14,9 @@ from pipo_jax.rl import loop
 from pipo_jax.rl.experience import Rollout
 from pipo_jax.rl.state import TrainState
 from pipo_jax.run.placement import Placement
-from pipo_jax.run.setup import train_spec
+from pipo_jax.run.trainer import EvalBenchmarks, Evaluation
 from tests.conftest import override
+from tests.typed import spec_of
 
 
 def micro(algo: str, pipo_on: bool = True, **overrides):
@@ -30,9 +31,15 @@ def initial_state(spec, seed: int) -> TrainState:
     return Placement().init_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(seed)), seed)
 
 
+def evaluation_of(spec, run) -> Evaluation:
+    """The trainer's `Evaluation` of `spec` and its typed config `run` on one device (the task's scorer,
+    `run`'s benchmarks)."""
+    return Evaluation(spec, run, Placement(), spec.task.scorer(), EvalBenchmarks.load(run))
+
+
 def fresh_state(c):
     """(spec, initial state) of config `c`."""
-    spec = train_spec(c)
+    spec = spec_of(c)
     return spec, initial_state(spec, c.seed)
 
 
@@ -43,7 +50,7 @@ def sampled(spec, params, rng) -> Rollout:
 
 def task_reward(spec):
     """The task's JAX reward `[B]` as a host reward (what the host loop calls on each rollout)."""
-    return lambda r: np.asarray(loop.rollout_lib.task_rewards(spec, r))
+    return loop.RewardFunction(lambda r: np.asarray(loop.rollout_lib.task_rewards(spec, r)))
 
 
 def collected(spec, params, rng) -> Rollout:

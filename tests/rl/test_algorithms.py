@@ -27,8 +27,8 @@ from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.hyper import hyperparameters_of
 from pipo_jax.rl.response_logprobs import response_logprobs
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.run.setup import train_spec
 from pipo_jax.tasks.protocol import RewardComponent
+from tests.typed import spec_of
 
 B, T = 4, 3
 MASK = jnp.array([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], jnp.float32)
@@ -177,38 +177,38 @@ def test_rloo_and_reinforce_pp_estimators_by_hand():
 def test_rloo_and_reinforce_pp_configs_resolve_their_pieces():
     """The algorithm files: RLOO takes only its estimator and the group attribution (G >= 2);
     REINFORCE++ both of its estimators, the advantages as attribution, and G = 1."""
-    r = train_spec(rloo.get_config("micro"))
+    r = spec_of(rloo.get_config("micro"))
     assert (r.algorithm.name, r.estimator.name, r.policy.name, r.attribution.name, r.loss.kl_in_reward,
             r.loss.kl_estimator) == ("rloo", "rloo", "token_clip", "group", True, "k1")
-    p = train_spec(reinforce_pp.get_config("micro"))
+    p = spec_of(reinforce_pp.get_config("micro"))
     assert (p.algorithm.name, p.estimator.name, p.policy.name, p.attribution.name, p.loss.kl_in_reward,
             p.advantage.gamma) == ("reinforce_pp", "reinforce_pp", "token_clip", "gae", True, 1.0)
     c = reinforce_pp.get_config("micro")
     c.rollout.group_size = 1  # REINFORCE++ samples k >= 1 responses per prompt
-    assert train_spec(c).rollout.group_size == 1
+    assert spec_of(c).rollout.group_size == 1
     c.advantage.estimator = "reinforce_pp_baseline"
     with pytest.raises(ConfigError, match=r"config\.rollout\.group_size: G=1 with a group method "
                                           r"\(advantage\.estimator='reinforce_pp_baseline'"):
-        train_spec(c)
+        spec_of(c)
     c.rollout.group_size = 4
-    assert train_spec(c).estimator.name == "reinforce_pp_baseline"
+    assert spec_of(c).estimator.name == "reinforce_pp_baseline"
     c = rloo.get_config("micro")
     c.advantage.estimator = "grpo"
     with pytest.raises(ConfigError, match=r"config\.advantage\.estimator: 'grpo' does not fit algorithm='rloo' "
                                           r"\(expected one of \('rloo',\)\)"):
-        train_spec(c)
+        spec_of(c)
     c = rloo.get_config("micro")
     c.rollout.group_size = 1
     with pytest.raises(ConfigError, match=r"config\.rollout\.group_size: G=1 with a group method "
                                           r"\(advantage\.estimator='rloo'"):
-        train_spec(c)
+        spec_of(c)
     # REINFORCE++'s attribution is its advantages; the authors' PPO sign switch is PPO's only
     batch = TrainBatch(tokens_bl=jnp.zeros((B, 5), jnp.int32), mask_bl=jnp.ones((B, 5), jnp.int32), mask_br=MASK,
                        logp_old_br=jnp.zeros((B, T)), logp_ref_br=jnp.zeros((B, T)),
                        adv_br=jnp.array([[0.5, 1.0, 2.0], [-1.0, -0.5, 3.0], [0.2, 9.0, 9.0], [1.0, 1.0, 1.0]]))
     c = reinforce_pp.get_config("micro")
     c.pipo.compat = True
-    compat = train_spec(c)
+    compat = spec_of(c)
     assert compat.pipo.options.ppo_sign_attribution
     chex.assert_trees_all_close(algorithms.attribute(compat, batch), batch.adv_br * MASK)
 
@@ -322,7 +322,7 @@ def test_whole_group_losses_refuse_shuffled_rows_and_split_mini_batches(name):
     """DRPO and DisCO read each prompt's G responses together and a KL penalty over the mini-batch: with
     `train.shuffle=true`, or handed a micro-batch smaller than the mini-batch, the loss names the key."""
     c = _configs()[name]()
-    spec = train_spec(c)
+    spec = spec_of(c)
     params, teacher, mb = _micro_batch(spec)
     counts = steps.response_counts(mb)
     half = jax.tree.map(lambda x: x[: spec.batch // 2], mb)
@@ -330,7 +330,7 @@ def test_whole_group_losses_refuse_shuffled_rows_and_split_mini_batches(name):
                                           rf"needs the mini-batch of {spec.mini_batch} rows in one micro-batch"):
         spec.policy.fn(spec, params, teacher, half, counts, hyper=hyperparameters_of(spec))
     c.train.shuffle = True
-    spec = train_spec(c)
+    spec = spec_of(c)
     with pytest.raises(ConfigError, match=rf"config\.train\.shuffle: loss\.policy='{name}' reads each prompt's G "
                                           "responses together; set it to false"):
         spec.policy.fn(spec, params, teacher, mb, counts, hyper=hyperparameters_of(spec))
@@ -344,7 +344,7 @@ def test_every_registered_policy_loss_has_a_case():
 def test_registered_policy_loss_equals_its_loss_math(name):
     """`spec.policy.fn` on a micro model = the pure loss of `pipo_jax.losses` on log-probs computed
     directly, with the spec's settings; the global counts are honoured (twice the tokens, half the loss)."""
-    spec = train_spec(_configs()[name]())
+    spec = spec_of(_configs()[name]())
     assert spec.policy.name == name
     params, teacher, mb = _micro_batch(spec)
     counts = dict(steps.response_counts(mb), rng=jax.random.PRNGKey(3))  # the key `steps.accumulate_grads` adds
@@ -438,7 +438,7 @@ def test_unregistered_or_unfitting_names_are_config_errors(key, value, match):
     section, _, field = key.rpartition(".")
     (c[section] if section else c)[field] = value
     with pytest.raises(ConfigError, match=match):
-        train_spec(c)
+        spec_of(c)
 
 
 @pytest.mark.parametrize("compat, want_loss", [(True, 4.0), (False, 3.0)])
@@ -449,7 +449,7 @@ def test_ppo_base_loss_under_compat_is_the_authors_without_dual_clip(compat, wan
     GRPO under compat keeps the dual clip (their GRPO actor is verl's)."""
     c = ppo.get_config("micro")
     c.pipo.compat = compat
-    spec = train_spec(c)
+    spec = spec_of(c)
     assert algorithms.base_clip_ratio_c(spec, hyperparameters_of(spec)) == (0.0 if compat else 3.0)
     params, teacher, mb = _micro_batch(spec)
     logp, _ = response_logprobs(spec.model, params, mb.tokens_bl, mb.mask_bl, spec.prompt_len,
@@ -466,7 +466,7 @@ def test_ppo_base_loss_under_compat_is_the_authors_without_dual_clip(compat, wan
     assert (grad_norm > 1e-3) if compat else (grad_norm == 0.0)
     g = grpo.get_config("micro")
     g.pipo.compat = True
-    g_spec = train_spec(g)
+    g_spec = spec_of(g)
     assert algorithms.base_clip_ratio_c(g_spec, hyperparameters_of(g_spec)) == 3.0
 
 
@@ -474,7 +474,7 @@ def test_dr_grpo_is_grpo_without_its_normalisations():
     """The registered `dr_grpo` with configs/dr_grpo.py's defaults: advantages r - group mean (hand
     values, one group of G = 4), and its policy loss the token clip summed over tokens over the
     constant max_new_tokens, averaged over responses (not GRPO's per-response token mean)."""
-    spec = train_spec(dr_grpo.get_config("micro"))
+    spec = spec_of(dr_grpo.get_config("micro"))
     assert (spec.algorithm.name, spec.advantage.norm_by_std, spec.loss.agg_mode, spec.policy.name) == (
         "dr_grpo", False, "seq-mean-token-sum-norm", "token_clip")
     rewards = jnp.array([1.0, 0.0, 0.75, 0.25])
@@ -497,9 +497,9 @@ def test_loss_norm_length_is_the_constant_divisor():
     """`loss.norm_length` replaces max_new_tokens as seq-mean-token-sum-norm's divisor: twice the
     length, half the policy loss."""
     c = dr_grpo.get_config("micro")
-    spec = train_spec(c)
+    spec = spec_of(c)
     c.loss.norm_length = 2 * spec.rollout.max_new_tokens
-    longer = train_spec(c)
+    longer = spec_of(c)
     assert algorithms.aggregation(longer, {"num_tokens": 1.0, "num_seqs": 1.0}).norm_length == c.loss.norm_length
     params, teacher, mb = _micro_batch(spec)
     counts = steps.response_counts(mb)
@@ -512,16 +512,16 @@ def test_declared_capabilities_make_the_checks():
     c = grpo.get_config("micro")
     c.loss.policy = "cispo"  # no dual clip: the default clip_ratio_c = 3 would have no effect
     with pytest.raises(ConfigError, match=r"config\.loss\.clip_ratio_c: loss.policy='cispo' has no dual clip"):
-        train_spec(c)
+        spec_of(c)
     c.loss.clip_ratio_c = 0.0
-    assert train_spec(c).pi_ratio == "token"
+    assert spec_of(c).pi_ratio == "token"
     c = vpd.hybrid("micro", "joint")
     c.loss.policy, c.loss.clip_ratio_c = "gspo", 0.0  # the joint hybrid trains the token clip loss only
     with pytest.raises(ConfigError, match=r"config\.loss\.policy: 'gspo' does not fit algorithm='vpd' with "
                                           r"vpd\.hybrid='joint' \(expected one of \('token_clip',\)\)"):
-        train_spec(c)
-    assert train_spec(vpd.hybrid("micro", "joint")).policy.name == "vpd_joint"
-    reshape = train_spec(vpd.hybrid("micro", "reshape"))
+        spec_of(c)
+    assert spec_of(vpd.hybrid("micro", "joint")).policy.name == "vpd_joint"
+    reshape = spec_of(vpd.hybrid("micro", "reshape"))
     assert reshape.advantage_shaping is algorithms.ADVANTAGE_SHAPINGS["vpd_reshape"] and reshape.uses_teacher
 
 
@@ -534,7 +534,7 @@ def test_group_estimators_are_declared_and_need_two_samples():
     c.rollout.group_size = 1
     with pytest.raises(ConfigError, match=r"config\.rollout\.group_size: G=1 with a group method "
                                           r"\(advantage\.estimator='grpo'"):
-        train_spec(c)
+        spec_of(c)
 
 
 def test_registration_rejects_duplicates_and_unknown_pieces():

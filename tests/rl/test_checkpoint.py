@@ -22,13 +22,13 @@ from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.run import integrity
 from pipo_jax.run.checkpoint import ADDED_FIELDS, Checkpointer, remove_partial_saves, remove_tree
 from pipo_jax.run.placement import Placement
-from pipo_jax.run.setup import train_spec
+from tests.typed import spec_of
 
 
 def _state(cfg_module, seed):
     c = cfg_module.get_config("micro")
     c.pipo.enabled = True
-    spec = train_spec(c)
+    spec = spec_of(c)
     return init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(seed)), seed)
 
 
@@ -67,10 +67,10 @@ def test_killed_save_leaves_the_previous_checkpoint(tmp_path):
         from configs import grpo
         from pipo_jax.models import qwen3
         from pipo_jax.run.checkpoint import Checkpointer
-        from pipo_jax.run.setup import train_spec
         from pipo_jax.rl.state import init_train_state
+        from tests.typed import spec_of
         c = grpo.get_config("micro")
-        spec = train_spec(c)
+        spec = spec_of(c)
         state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(1)), 1)
         ckpt = Checkpointer({str(tmp_path)!r}, keep=3)
         ckpt.save(2, state)
@@ -296,7 +296,7 @@ def test_a_checkpoint_saved_before_the_estimator_state_resumes_with_it_fresh(mod
     c = module.get_config("micro")
     c.pipo.enabled = True
     with caplog.at_level(logging.INFO, logger="pipo_jax.run.checkpoint"):
-        restored = Placement().restore(ckpt, train_spec(c))
+        restored = Placement().restore(ckpt, spec_of(c))
     ckpt.close()
     fresh = None if module is grpo else bnpo.init_bnpo_state()
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored),

@@ -22,14 +22,13 @@ from pipo_jax.rl.state import init_train_state
 from pipo_jax.run import integrity
 from pipo_jax.run.checkpoint import Checkpointer, NoReadableCheckpoint
 from pipo_jax.run.placement import Placement
-from pipo_jax.run.setup import train_spec
-from pipo_jax.run.trainer import train
+from tests.typed import spec_of, train_config
 
 
 def _spec_and_states():
     c = grpo.get_config("micro")
     c.pipo.enabled = True
-    spec = train_spec(c)
+    spec = spec_of(c)
     base = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), 0)
     # Three distinguishable states: step s has every params leaf shifted by s.
     return spec, {s: base.replace(step=base.step + s, params=jax.tree.map(lambda x: x + s, base.params))
@@ -210,7 +209,7 @@ def test_refused_run_leaves_the_workdir_byte_for_byte(saved, tmp_path):
     refused.checkpoint.resume = False
     refused.rollout.max_new_tokens = 7  # a different config, which must not land in config.json
     with pytest.raises(ConfigError, match=r"config\.checkpoint\.resume: false, but .* holds checkpoints \[1, 2, 3\]"):
-        train(refused, str(tmp_path))
+        train_config(refused, str(tmp_path))
     assert _file_digests(tmp_path) == before
     assert {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(tmp_path, "**"), recursive=True)} == mtimes
 
@@ -219,5 +218,5 @@ def test_invalid_config_creates_no_workdir(tmp_path):
     c = grpo.get_config("micro")
     c.pipo.enabled, c.pipo.window = True, 1
     with pytest.raises(ConfigError, match=r"config\.pipo\.window"):
-        train(c, str(tmp_path / "run"))
+        train_config(c, str(tmp_path / "run"))
     assert not os.path.exists(tmp_path / "run")

@@ -8,8 +8,8 @@ import pytest
 
 from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.run.setup import train_spec
 from tests.scripts import run_script
+from tests.typed import spec_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ALGOS = ("ppo", "grpo", "gspo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco",
@@ -42,13 +42,13 @@ def test_every_algorithm_config_validates(algo):
     for enabled in (False, True):
         c = config(algo)
         c.pipo.enabled = enabled
-        spec = train_spec(c)
+        spec = spec_of(c)
         assert spec.algorithm.name == algo and spec.pipo.enabled == enabled
         assert spec.batch == c.rollout.prompts_per_batch * c.rollout.group_size
 
 
 def test_algorithm_settings_follow_the_paper():
-    grpo, gspo, dapo, ppo, sdpo = (train_spec(config(a)) for a in ("grpo", "gspo", "dapo", "ppo", "sdpo"))
+    grpo, gspo, dapo, ppo, sdpo = (spec_of(config(a)) for a in ("grpo", "gspo", "dapo", "ppo", "sdpo"))
     assert (gspo.loss.clip_low, gspo.loss.clip_high, gspo.loss.clip_ratio_c, gspo.pi_ratio) == (
         3e-4, 4e-4, 0.0, "sequence")
     assert (dapo.loss.clip_low, dapo.loss.clip_high, dapo.loss.agg_mode, dapo.dapo.dynamic_sampling) == (
@@ -110,9 +110,9 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
     if algo == "gdpo":  # the math task's reward is one verdict per answer: no components to normalise
         with pytest.raises(ConfigError, match=r"^config\.advantage\.estimator: 'gdpo' normalises each component "
                                               r"of the reward, which the math task does not expose"):
-            train_spec(c)
+            spec_of(c)
         return
-    spec = train_spec(c)
+    spec = spec_of(c)
     assert spec.model.hidden_size == 32 and spec.rollout.max_new_tokens == 4096
     assert spec.task.name == "math" and spec.task.train_size == len(spec.task.train_rows_np) == 196  # 2% of 200 held out
     row = TABLE5.get(algo, TABLE5["grpo"])  # SDPO / VPD keep the base (GRPO) run size
@@ -180,16 +180,16 @@ def test_invalid_settings_name_the_key(edit, message):
     c = config("grpo")
     edit(c)
     with pytest.raises(ConfigError, match=message):
-        train_spec(c)
+        spec_of(c)
 
 
 def test_real_model_presets_need_a_model_path(tmp_path):
     c = config("grpo", "qwen3_4b")
     with pytest.raises(ConfigError, match=r"config\.model\.path: model\.preset='qwen3_4b' needs the Hugging Face"):
-        train_spec(c)
+        spec_of(c)
     c.model.path = str(tmp_path / "missing")
     with pytest.raises(ConfigError, match=r"config\.model\.path: .*missing' is not a directory"):
-        train_spec(c)
+        spec_of(c)
 
 
 def test_unknown_preset():

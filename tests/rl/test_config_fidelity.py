@@ -7,9 +7,9 @@ from configs import base, dapo, grpo, gspo, ppo, sdpo
 from pipo_jax.rl import controller
 from pipo_jax.rl.sections import PipoConfig
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.run.setup import train_spec
 from tests.rl.test_config import check_config_values
 from tests.scripts import run_script
+from tests.typed import spec_of
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -32,24 +32,24 @@ def test_bad_values_name_the_key(key, value, message):
         target = target[section]
     target[name] = value
     with pytest.raises(ConfigError, match=message):
-        train_spec(c)
+        spec_of(c)
 
 
 def test_dapo_generation_batch_follows_a_batch_override():
     c = dapo.get_config("micro")
     c.rollout.prompts_per_batch = 8  # as --config.rollout.prompts_per_batch=8 would
-    assert train_spec(c).dapo.gen_prompts_per_batch == 8
+    assert spec_of(c).dapo.gen_prompts_per_batch == 8
     c.dapo.gen_prompts_per_batch = 12
-    assert train_spec(c).dapo.gen_prompts_per_batch == 12
+    assert spec_of(c).dapo.gen_prompts_per_batch == 12
 
 
 def test_authors_behaviours_one_by_one_and_all():
     c = grpo.get_config("micro")
-    assert train_spec(c).pipo.options == controller.PipoOptions()
+    assert spec_of(c).pipo.options == controller.PipoOptions()
     c.pipo.authors.rhat_clamp = True
-    assert train_spec(c).pipo.options == controller.PipoOptions(rhat_clamp=True)
+    assert spec_of(c).pipo.options == controller.PipoOptions(rhat_clamp=True)
     c.pipo.compat = True
-    assert all(train_spec(c).pipo.options)
+    assert all(spec_of(c).pipo.options)
     assert sorted(c.pipo.authors) == sorted(controller.AUTHORS_BEHAVIOURS)
 
 
@@ -91,7 +91,7 @@ def test_a_named_authors_behaviour_wins_over_compat(compat, named, expected_off)
     c.pipo.compat = compat
     for k, v in named.items():
         c.pipo.authors[k] = v
-    options = train_spec(c).pipo.options
+    options = spec_of(c).pipo.options
     assert {k for k, v in options._asdict().items() if not v} == expected_off
 
 

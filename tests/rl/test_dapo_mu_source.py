@@ -11,14 +11,14 @@ from pipo_jax.models import qwen3
 from pipo_jax.rl import learn, loop, rollout
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.state import init_train_state
-from pipo_jax.run.setup import train_spec
+from tests.typed import spec_of
 
 
 def _spec(mu_source):
     c = dapo.get_config("micro")
     c.pipo.enabled = True
     c.pipo.mu_source = mu_source
-    return c, train_spec(c)
+    return c, spec_of(c)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_raw_mean_is_over_every_sampled_group(setup):
     expected = np.mean(np.concatenate(rewards))
     np.testing.assert_allclose(float(ro.mu_raw), expected, rtol=1e-6)  # float32 sum of <= 160 rewards in [0, 1]
     assert float(ro.mu_raw) > float(jnp.mean(ro.rewards_b))  # the dropped groups were all-correct
-    host, _ = loop.host_collect(spec, state.params, rng, lambda r: np.asarray(reward_fn(r)))
+    host, _ = loop.host_collect(spec, state.params, rng, loop.RewardFunction(lambda r: np.asarray(reward_fn(r))))
     np.testing.assert_allclose(float(host.mu_raw), float(ro.mu_raw), rtol=1e-6)
 
 
@@ -64,4 +64,4 @@ def test_mu_source_is_validated():
     c = dapo.get_config("micro")
     c.pipo.mu_source = "sampled"
     with pytest.raises(ConfigError, match=r"config.pipo.mu_source: 'sampled' is not one of \('filtered', 'raw'\)"):
-        train_spec(c)
+        spec_of(c)

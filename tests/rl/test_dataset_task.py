@@ -15,12 +15,11 @@ from pipo_jax.models import hf
 from pipo_jax.rl import rollout
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run import evaluate, trainer
-from pipo_jax.run.setup import train_spec
-from pipo_jax.run.trainer import train
 from pipo_jax.tasks import dataset
 from tests.conftest import override
 from tests.data.tiny_tokenizer import save_tiny_model_dir
 from tests.scripts import run_script
+from tests.typed import spec_of, train_config
 
 QUESTIONS = [(f"What is {a} + {b}?", str(a + b)) for a, b in
              [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2), (9, 9), (4, 5), (6, 3), (8, 1), (2, 7), (3, 3), (5, 5)]]
@@ -53,7 +52,7 @@ def math_config(model_dir, math_file, **overrides):
 
 
 def test_prompt_table_and_splits(model_dir, math_file):
-    spec = train_spec(math_config(model_dir, math_file))
+    spec = spec_of(math_config(model_dir, math_file))
     task = spec.task
     assert not spec.task.capabilities.device_reward and task.kind == "math" and task.size == 12
     tok = tk.load_tokenizer(model_dir)
@@ -82,13 +81,13 @@ def test_prompt_table_and_splits(model_dir, math_file):
 
 def test_the_evaluation_names_its_real_number_of_problems(model_dir, math_file):
     """eval.n larger than the held-out split: the trainer scores the whole split and says its size."""
-    spec = train_spec(math_config(model_dir, math_file))
+    spec = spec_of(math_config(model_dir, math_file))
     assert trainer.heldout_count(spec, 512) == len(spec.task.heldout_rows_np) == 3
     assert trainer.heldout_count(spec, 2) == 2
     assert trainer.describe_heldout(3, 512) == ("the trainer's 3 fixed held-out problems (the whole held-out split: "
                                                 "eval.n=512 asks for more)")
     assert trainer.describe_heldout(512, 512) == "the trainer's 512 fixed held-out problems (eval.n)"
-    assert trainer.heldout_count(train_spec(grpo.get_config("micro")), 16) == 16  # a generated task: eval.n
+    assert trainer.heldout_count(spec_of(grpo.get_config("micro")), 16) == 16  # a generated task: eval.n
 
 
 def constructed_rollout(spec, tok, rows, texts):
@@ -109,7 +108,7 @@ def constructed_rollout(spec, tok, rows, texts):
 
 
 def test_host_reward_verifies_each_response_against_its_row(model_dir, math_file):
-    spec = train_spec(math_config(model_dir, math_file))
+    spec = spec_of(math_config(model_dir, math_file))
     tok = tk.load_tokenizer(model_dir)
     rows = np.asarray([0, 0, 1, 2], np.int32)  # answers 3, 3, 7, 11
     texts = ["so \\boxed{3}", "\\boxed{4}", "\\boxed{7}", "\\boxed{11}"]
@@ -128,7 +127,7 @@ def test_host_reward_verifies_each_response_against_its_row(model_dir, math_file
 
 
 def test_answers_past_the_batch_budget_score_0_and_are_counted(model_dir, math_file):
-    spec = train_spec(math_config(model_dir, math_file, **{
+    spec = spec_of(math_config(model_dir, math_file, **{
         "task.dataset.verify_timeout_s": 1.0, "task.dataset.verify_batch_budget_s": 2.0, "task.dataset.verify_workers": 1,
         "rollout.max_new_tokens": 64}))
     assert spec.task.math_config.batch_budget_s == 2.0 and spec.task.math_config.num_workers == 1
@@ -149,7 +148,7 @@ def test_answers_past_the_batch_budget_score_0_and_are_counted(model_dir, math_f
         assert task_reward.take_counts() == {"reward/unscored_count": 0, "reward/check_timeouts": 0}  # reset
     for key, value in (("verify_batch_budget_s", 0.0), ("verify_timeout_s", -1.0), ("verify_workers", -2)):
         with pytest.raises(ConfigError, match=rf"config.task.dataset.{key}: {value} must be"):
-            train_spec(math_config(model_dir, math_file, **{f"task.dataset.{key}": value}))
+            spec_of(math_config(model_dir, math_file, **{f"task.dataset.{key}": value}))
 
 
 def test_code_task_scores_with_the_sandbox(model_dir, tmp_path):
@@ -158,7 +157,7 @@ def test_code_task_scores_with_the_sandbox(model_dir, tmp_path):
             {"problem": "Write g(s) returning s reversed.", "tests": ["assert g('ab') == 'ba'"]}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     c = math_config(model_dir, str(path), **{"task.name": "code", "task.heldout_fraction": 0.0})
-    spec = train_spec(c)
+    spec = spec_of(c)
     assert spec.task.kind == "code" and len(spec.task.references[0]) == 2
     with spec.task.scorer() as reward:
         rewards, feedback = reward.score_texts(
@@ -180,15 +179,15 @@ def test_dataset_task_config_errors_name_the_key(model_dir, math_file, tmp_path)
     ]
     for overrides, match in cases:
         with pytest.raises(ConfigError, match=match):
-            train_spec(math_config(model_dir, math_file, **overrides))
+            spec_of(math_config(model_dir, math_file, **overrides))
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"problem": "q", "answer": "1"}) + "\n{not json\n")
     with pytest.raises(ConfigError, match=r"bad\.jsonl:2"):
-        train_spec(math_config(model_dir, str(bad)))
+        spec_of(math_config(model_dir, str(bad)))
     c = grpo.get_config("micro")
     c.eval.benchmarks = f"B={math_file}"
     with pytest.raises(ConfigError, match="config.eval.benchmarks: math benchmarks need a math task"):
-        train_spec(c)
+        spec_of(c)
 
 
 @pytest.mark.slow  # the trainer end to end on a Hugging Face model and a math file
@@ -196,7 +195,7 @@ def test_trainer_on_a_math_file_with_benchmarks_then_eval_cli(model_dir, math_fi
     c = math_config(model_dir, math_file, **{"iterations": 2, "log.every": 1, "eval.every": 1,
                                                "eval.benchmarks": f"mini={math_file}", "eval.samples": 2,
                                                "eval.ks": "1,2", "checkpoint.export_hf": True})
-    out = train(c, str(tmp_path / "run"))
+    out = train_config(c, str(tmp_path / "run"))
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows:
@@ -210,7 +209,7 @@ def test_trainer_on_a_math_file_with_benchmarks_then_eval_cli(model_dir, math_fi
     assert all(r["mini_unscored_count"] == 0 for r in rows)
     assert out["final_eval"]["mini_pass_at_1"] == rows[-1]["mini_pass_at_1"]
     # The held-out accuracy is the shared harness on the exported policy (greedy, same rows).
-    spec = train_spec(c)
+    spec = spec_of(c)
     _, params = hf.load(out["hf_export"])
     with spec.task.scorer() as reward:
         assert evaluate.decoded_heldout_accuracy(spec, params, reward, c.eval.n) == out["final_accuracy"]
@@ -240,7 +239,7 @@ def test_sdpo_teacher_prompts_show_a_sibling_solution_or_feedback(model_dir, mat
 
     c = sdpo_config(model_dir, math_file, **{"rollout.group_size": 2, "rollout.prompts_per_batch": 2,
                                               "train.mini_batch_prompts": 1})
-    spec = train_spec(c)
+    spec = spec_of(c)
     tok = tk.load_tokenizer(model_dir)
     rows = np.asarray([0, 0, 1, 1], np.int32)  # answers 3, 3, 7, 7
     batch, resp, mask = constructed_rollout(spec, tok, rows, ["\\boxed{3}", "\\boxed{5}", "\\boxed{1}", "\\boxed{2}"])
@@ -265,7 +264,7 @@ def test_sdpo_teacher_prompts_show_a_sibling_solution_or_feedback(model_dir, mat
     np.testing.assert_array_equal(t_mask[:, :spec.teacher_prompt_len], ctx_mask)
     np.testing.assert_array_equal(sd_mask, has)
     # Without feedback only the row with a successful sibling gets a teacher prompt.
-    spec_nofb = train_spec(sdpo_config(model_dir, math_file, **{"rollout.group_size": 2, "rollout.prompts_per_batch": 2,
+    spec_nofb = spec_of(sdpo_config(model_dir, math_file, **{"rollout.group_size": 2, "rollout.prompts_per_batch": 2,
                                                                 "train.mini_batch_prompts": 1,
                                                                 "sdpo.use_feedback": False}))
     with spec_nofb.task.scorer() as reward:
@@ -288,7 +287,7 @@ def test_teacher_prompt_cuts_a_context_that_does_not_fit(model_dir):
 @pytest.mark.slow  # the trainer end to end on a Hugging Face model and a math file
 def test_sdpo_trains_on_a_math_file(model_dir, math_file, tmp_path):
     c = sdpo_config(model_dir, math_file, **{"iterations": 2, "log.every": 1})
-    train(c, str(tmp_path / "run"))
+    train_config(c, str(tmp_path / "run"))
     rows = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows[1:]:

@@ -11,6 +11,7 @@ import pytest
 from pipo_jax.run import atomic
 from pipo_jax.run.checkpoint import Checkpointer, saved_steps
 from tests import disk
+from tests.typed import spec_of
 
 
 def _enospc_after(limit):
@@ -138,9 +139,8 @@ def test_an_export_the_full_disk_refuses_is_one_warning_and_leaves_no_half_direc
     from pipo_jax.models import qwen3
     from pipo_jax.run import export as export_lib
     from pipo_jax.run import trainer
-    from pipo_jax.run.setup import train_spec
 
-    spec = train_spec(grpo.get_config("micro"))
+    spec = spec_of(grpo.get_config("micro"))
     params = qwen3.init_params(spec.model, jax.random.PRNGKey(0))
     with disk.tmpfs(tmp_path / "fs", "64k") as fs:  # the weights (~0.7 MB) do not fit
         export = str(fs / "hf_export")

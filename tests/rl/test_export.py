@@ -18,13 +18,18 @@ import pytest
 from safetensors import safe_open
 
 from configs import grpo
+from experiments import cli
+from experiments import eval as eval_cli
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.models import hf
+from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run import evaluate, export
-from pipo_jax.run.trainer import train
+from pipo_jax.run.workdir import stored_form
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
+from tests.conftest import override
 from tests.scripts import run_script
+from tests.typed import train_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -36,7 +41,7 @@ def run(tmp_path_factory):
     c = grpo.get_config("micro")
     c.iterations = 2
     c.checkpoint.every = 1
-    summary = train(c, str(root))
+    summary = train_config(c, str(root))
     return root, summary
 
 
@@ -299,3 +304,24 @@ def test_chat_on_a_hf_directory_renders_its_chat_template(text_model_dir):
     assert chat.reply(question) == tok.decode(expected, skip_special_tokens=True)
     raw = conversation.make_chat(str(text_model_dir), max_new_tokens=6, prompt_style="raw")
     assert raw.prompts.config is None
+
+
+def test_a_runs_tokenizer_is_its_dataset_tokenizer_path_else_its_model_path(tmp_path):
+    """One rule for export and eval (`DatasetSettings.tokenizer_dir`): `task.dataset.tokenizer_path`, else
+    `model.path`, read from the run's stored config.json; neither set: None (export) / a usage error (eval)."""
+    def stored(name, **overrides):
+        workdir = tmp_path / name
+        workdir.mkdir()
+        run = RunConfig.from_config(override(grpo.get_config("micro"), overrides))
+        (workdir / "config.json").write_text(json.dumps(stored_form(run)))
+        return str(workdir)
+
+    both = stored("both", **{"model.path": "/models/base", "task.dataset.tokenizer_path": "/models/tok"})
+    model_only = stored("model_only", **{"model.path": "/models/base"})
+    neither = stored("neither")
+    assert export.run_tokenizer_dir(evaluate.load_run_config(both)) == "/models/tok"
+    assert eval_cli.tokenizer_path(both, object(), None) == "/models/tok"
+    assert eval_cli.tokenizer_path(model_only, object(), None) == "/models/base"
+    assert export.run_tokenizer_dir(evaluate.load_run_config(neither)) is None
+    with pytest.raises(cli.UsageError, match="the run trained the built-in task's model, which has no tokenizer"):
+        eval_cli.tokenizer_path(neither, object(), None)

@@ -9,9 +9,9 @@ import pathlib
 import pytest
 
 from pipo_jax.data.tokenizer import load_tokenizer, stop_token_ids
-from pipo_jax.run.trainer import train
 from tests.rl.test_dataset_task import QUESTIONS, math_config, math_file, model_dir  # noqa: F401 (fixtures)
 from tests.scripts import run_script
+from tests.typed import train_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.mark.slow  # one dataset-task iteration plus an eval subprocess (~1 min on a loaded 2-core CPU)
 def test_hf_export_carries_the_tokenizer_and_eval_writes_beside_it(model_dir, math_file, tmp_path):  # noqa: F811
     c = math_config(model_dir, math_file, **{"iterations": 1, "log.every": 1, "checkpoint.export_hf": True})
-    export = train(c, str(tmp_path / "run"))["hf_export"]
+    export = train_config(c, str(tmp_path / "run"))["hf_export"]
     source, exported = load_tokenizer(model_dir), load_tokenizer(export)
     for question, _ in QUESTIONS:
         assert exported.encode(question) == source.encode(question)

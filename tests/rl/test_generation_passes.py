@@ -12,13 +12,13 @@ import pytest
 from pipo_jax.models import qwen3
 from pipo_jax.rl import rollout
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.run.setup import train_spec
+from tests.typed import spec_of
 
 
 def micro_spec(**overrides):
     c = importlib.import_module("configs.grpo").get_config("micro")
     c.rollout.temperature = 1.0  # sampled, not greedy: the per-row keys must line up across passes
-    return train_spec(c).with_section("rollout", **overrides)
+    return spec_of(c).with_section("rollout", **overrides)
 
 
 def test_generation_in_passes_equals_one_pass():
@@ -51,7 +51,7 @@ def test_negative_rows_per_pass_is_a_config_error():
     c = importlib.import_module("configs.grpo").get_config("micro")
     c.rollout.generate_rows_per_device = -1
     with pytest.raises(ConfigError, match=r"rollout\.generate_rows_per_device"):
-        train_spec(c)
+        spec_of(c)
 
 
 @pytest.mark.parametrize("platform, auto", [("tpu", "gathered"), ("cuda", "sharded"), ("cpu", "sharded")])

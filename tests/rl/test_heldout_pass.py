@@ -19,15 +19,15 @@ from pipo_jax.rl.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError, check_run_config
 from pipo_jax.run import warmup
 from pipo_jax.run.checkpoint import Checkpointer
-from pipo_jax.run.placement import Placement
 from pipo_jax.run.preemption import StopRequests
-from pipo_jax.run.setup import train_spec
-from pipo_jax.run.trainer import EVAL_SEED, PASS_SEED, Evaluation, WarmupCheckpoints, train
+from pipo_jax.run.trainer import EVAL_SEED, PASS_SEED, WarmupCheckpoints
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks.arithmetic import ArithmeticTask
 from pipo_jax.tasks.protocol import TaskCapabilities
 from tests.conftest import override
+from tests.rl.micro_trainer import evaluation_of
+from tests.typed import spec_of, train_config
 
 
 def micro(**overrides):
@@ -75,9 +75,9 @@ def test_the_new_keys_errors_are_one_line_naming_the_key(overrides, message):
 
 def test_heldout_pass_at_1_is_the_mean_success_of_rollout_samples_on_the_eval_problems():
     c = micro(**{"rollout.temperature": 0.7, "eval.heldout_samples": 3})
-    spec, run = train_spec(c), RunConfig.from_config(c)
+    spec, run = spec_of(c), RunConfig.from_config(c)
     params = qwen3.init_params(spec.model, jax.random.PRNGKey(3), std=0.3)
-    evaluation = Evaluation(spec, run, Placement(), None)
+    evaluation = evaluation_of(spec, run)
     rewards = evaluation.sampled_rewards(params)
     assert rewards.shape == (16, 3)
     # by hand: the greedy accuracy's problems, each repeated 3 times, sampled at the rollout's T with PASS_SEED
@@ -95,7 +95,7 @@ def test_heldout_pass_at_1_is_the_mean_success_of_rollout_samples_on_the_eval_pr
     scores = evaluation(params, 0)
     assert set(scores) == {"heldout_accuracy", "heldout_pass_at_1"}
     assert scores["heldout_pass_at_1"] == evaluation.pass_at_1(params)
-    off = Evaluation(spec, RunConfig.from_config(micro(**{"eval.heldout_samples": 0})), Placement(), None)
+    off = evaluation_of(spec, RunConfig.from_config(micro(**{"eval.heldout_samples": 0})))
     assert set(off(params, 0)) == {"heldout_accuracy"}
 
 
@@ -103,9 +103,9 @@ def test_a_heldout_split_smaller_than_eval_n_is_sampled_whole():
     """A dataset-like task gives the greedy accuracy all of a held-out split smaller than `eval.n`; the
     sampled pass@1 takes the same problems (digit sums 0..9 hold out 1 number: 1 x 3 rewards, not 16 x 3)."""
     c = micro(**{"task.name": "digit_sum", "task.digit_sum.max_digits": 1, "eval.heldout_samples": 3})
-    spec = train_spec(c)
+    spec = spec_of(c)
     assert spec.task.heldout_problems(rollout.prompt_table(spec), 16, None).number_b.shape == (1,)
-    evaluation = Evaluation(spec, RunConfig.from_config(c), Placement(), None)
+    evaluation = evaluation_of(spec, RunConfig.from_config(c))
     rewards = evaluation.sampled_rewards(qwen3.init_params(spec.model, jax.random.PRNGKey(3), std=0.3))
     assert rewards.shape == (1, 3) and set(np.unique(rewards)) <= {0.0, 1.0}
 
@@ -142,8 +142,8 @@ def test_the_extra_evaluation_leaves_the_training_unchanged(tmp_path):
     job's defaults; the micro preset turns both off) and the same run with both off train identically:
     every training metric and the final params."""
     kw = {"iterations": 2, "eval.every": 1, "log.every": 1}
-    on = train(micro(**kw, **{"eval.heldout_samples": 4, "warmup.check_prompts": 64}), str(tmp_path / "on"))
-    off = train(micro(**kw, **{"eval.heldout_samples": 0, "warmup.check_prompts": 0}), str(tmp_path / "off"))
+    on = train_config(micro(**kw, **{"eval.heldout_samples": 4, "warmup.check_prompts": 64}), str(tmp_path / "on"))
+    off = train_config(micro(**kw, **{"eval.heldout_samples": 0, "warmup.check_prompts": 0}), str(tmp_path / "off"))
     a, b = rows(tmp_path / "on"), rows(tmp_path / "off")
     timing = ("time", "tokens_per_s")
     assert len(a) == len(b) == 3

@@ -20,8 +20,8 @@ from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.run import sharded_steps
 from pipo_jax.run.checkpoint import Checkpointer
 from pipo_jax.run.placement import Placement
-from pipo_jax.run.setup import train_spec
 from tests.conftest import override
+from tests.typed import spec_of
 
 # A value for every hyperparameter key other than configs/grpo.py:micro's (with loss.entropy_coef 0.001 there).
 CHANGED = {"train.lr": 3e-4, "critic.lr": 2e-5, "pipo.lr": 2e-4, "vpd.lr": 5e-5, "pipo.lam": 0.5, "loss.clip_low": 0.1,
@@ -49,8 +49,8 @@ def test_configs_differing_in_one_hyperparameter_have_equal_specs():
     assert set(CHANGED) == set(hyper.HYPER_KEYS) == set(FIELD)
     for key, value in CHANGED.items():
         make = (lambda **o: config("vpd", **o)) if key == "vpd.lr" else grpo_with_entropy
-        base = train_spec(make())
-        spec = train_spec(make(**{key: value}))
+        base = spec_of(make())
+        spec = spec_of(make(**{key: value}))
         assert spec == base and hash(spec) == hash(base), key
         section, name = key.split(".")
         assert getattr(getattr(spec, section), name) == value  # the spec still holds the config's value
@@ -63,7 +63,7 @@ def test_configs_differing_in_one_hyperparameter_have_equal_specs():
             want = np.float32(bound) if field in fields else np.asarray(getattr(h0, field))
             assert np.asarray(getattr(h, field)).dtype == np.float32
             assert np.asarray(getattr(h, field)) == want, (key, field)
-    h0 = hyper.hyperparameters_of(train_spec(grpo_with_entropy()))
+    h0 = hyper.hyperparameters_of(spec_of(grpo_with_entropy()))
     # unset, the PI step's clip is the base loss's; no VPD teacher: its learning rate 0
     assert h0.pi_ratio_low == np.float32(0.8) and h0.pi_ratio_high == np.float32(1.2)
     assert float(h0.vpd_lr) == 0.0
@@ -72,17 +72,17 @@ def test_configs_differing_in_one_hyperparameter_have_equal_specs():
 @pytest.mark.parametrize("key", hyper.SWITCHED_BY_ZERO)
 def test_switching_a_term_off_is_structure(key):
     """0 switches the dual clip, the KL term or the entropy bonus off: a different program, a different spec."""
-    assert train_spec(grpo_with_entropy(**{key: 0.0})) != train_spec(grpo_with_entropy())
+    assert spec_of(grpo_with_entropy(**{key: 0.0})) != spec_of(grpo_with_entropy())
 
 
 def test_other_keys_stay_static_and_values_are_still_checked():
-    base = train_spec(config())
+    base = spec_of(config())
     for key, value in (("pipo.window", 3), ("rollout.temperature", 0.7), ("rollout.group_size", 2)):
-        assert train_spec(config(**{key: value})) != base, key
+        assert spec_of(config(**{key: value})) != base, key
     with pytest.raises(ConfigError, match=r"^config\.loss\.clip_low: 1\.5 must be in \[0, 1\)$"):
-        train_spec(config(**{"loss.clip_low": 1.5}))
+        spec_of(config(**{"loss.clip_low": 1.5}))
     with pytest.raises(ConfigError, match=r"^config\.pipo\.lam: 2\.0 must be in \[0, 1\]$"):
-        train_spec(config(**{"pipo.lam": 2.0}))
+        spec_of(config(**{"pipo.lam": 2.0}))
 
 
 def _every_value_changed(algo: str, **overrides):
@@ -109,7 +109,7 @@ def test_no_hyperparameter_value_is_read_from_the_spec(algo, overrides):
     """One whole iteration (sample, reward, PIPO's PI step, the base and critic steps) lowered for two specs
     whose hyperparameters all differ is the same program, constant for constant: nothing reads a value from
     the spec. Every policy loss that takes a clip, the critic, the PI step's two optimizer forms."""
-    a, b = (train_spec(c) for c in _every_value_changed(algo, **overrides))
+    a, b = (spec_of(c) for c in _every_value_changed(algo, **overrides))
     assert a == b and a.train.lr != b.train.lr
     state = sharded_steps.abstract_train_state(a)
     assert _iteration_program(a, state) == _iteration_program(b, state)
@@ -118,7 +118,7 @@ def test_no_hyperparameter_value_is_read_from_the_spec(algo, overrides):
 def test_the_lowered_program_shows_a_value_read_from_the_spec():
     """The check above can fail: with the hyperparameters taken from each spec as constants, the two
     lowered iterations differ."""
-    a, b = (train_spec(c) for c in _every_value_changed("grpo"))
+    a, b = (spec_of(c) for c in _every_value_changed("grpo"))
     state = sharded_steps.abstract_train_state(a)
 
     def baked(spec):
@@ -139,7 +139,7 @@ def test_a_vmapped_stack_of_hyperparameters_equals_separate_runs_on_one_program(
     dual clip, advance as one vmapped program (`vmapped.vmapped_chunk`, the spec of the first); each equals
     its own run alone, which reuses one compiled program for all three (no retrace)."""
     configs = [config(**{"pipo.window": 2, **m}) for m in MEMBERS]
-    specs = [train_spec(c) for c in configs]
+    specs = [spec_of(c) for c in configs]
     assert all(s == specs[0] for s in specs)
     params = jax.device_get(qwen3.init_params(specs[0].model, jax.random.PRNGKey(7)))  # host: never donated
     states = [init_train_state(s, jax.device_put(params), 3) for s in specs]
@@ -207,8 +207,8 @@ def test_a_restore_sets_the_hyperparameters_from_the_runs_config(tmp_path):
 
     assert [f.name for f in dataclasses.fields(TrainState)] == [
         f.name for f in dataclasses.fields(FormerTrainState)] + ["hyper"]
-    spec = train_spec(config())
-    resumed = train_spec(config(**{"train.lr": 3e-4, "pipo.lam": 0.5}))
+    spec = spec_of(config())
+    resumed = spec_of(config(**{"train.lr": 3e-4, "pipo.lam": 0.5}))
     state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(1)), 1)
     state = state.replace(step=state.step + 4)
     h = state.hyper
@@ -237,8 +237,8 @@ def test_the_clip_bounds_are_the_exact_bounds_rounded_once():
     f32 = np.float32
     assert {v for v in EPS if f32(1) + f32(v) != f32(1 + v) or f32(1) - f32(v) != f32(1 - v)} >= {0.18}
     for v in EPS:
-        for h in (hyper.hyperparameters_of(train_spec(config(**{"loss.clip_low": v, "loss.clip_high": v}))),
-                  hyper.hyperparameters_of(train_spec(config(**{"pipo.pi_clip_low": v, "pipo.pi_clip_high": v})))):
+        for h in (hyper.hyperparameters_of(spec_of(config(**{"loss.clip_low": v, "loss.clip_high": v}))),
+                  hyper.hyperparameters_of(spec_of(config(**{"pipo.pi_clip_low": v, "pipo.pi_clip_high": v})))):
             low, high = (h.ratio_low, h.ratio_high) if h.ratio_low == f32(1 - v) else (h.pi_ratio_low,
                                                                                         h.pi_ratio_high)
             assert np.asarray(low).dtype == np.float32 and low == f32(1 - v) and high == f32(1 + v), v
@@ -247,12 +247,12 @@ def test_the_clip_bounds_are_the_exact_bounds_rounded_once():
 def test_the_authors_symmetric_pi_clip_bound_is_one_plus_eps_low():
     """`pipo.authors.pi_symmetric_clip` (DAPO under compat: 0.2 / 0.28) gives the token-ratio PI step the
     upper bound 1 + eps_low; GSPO's sequence-ratio PI step keeps 1 + eps_high, as the base loss does."""
-    dapo = hyper.hyperparameters_of(train_spec(config("dapo", **{"pipo.compat": True})))
+    dapo = hyper.hyperparameters_of(spec_of(config("dapo", **{"pipo.compat": True})))
     assert dapo.ratio_high == np.float32(1 + 0.28) and dapo.pi_ratio_high == np.float32(1 + 0.2)
     assert dapo.pi_ratio_low == np.float32(1 - 0.2)
-    plain = hyper.hyperparameters_of(train_spec(config("dapo")))
+    plain = hyper.hyperparameters_of(spec_of(config("dapo")))
     assert plain.pi_ratio_high == np.float32(1 + 0.28)
-    gspo = hyper.hyperparameters_of(train_spec(config("gspo", **{"pipo.compat": True})))
+    gspo = hyper.hyperparameters_of(spec_of(config("gspo", **{"pipo.compat": True})))
     assert gspo.pi_ratio_high == gspo.ratio_high == np.float32(1 + 4e-4)
 
 
@@ -287,7 +287,7 @@ def test_clipped_losses_with_hyper_equal_their_python_constant_form_bit_for_bit(
     1.0 + eps_high: the program before hyperparameters were data); bounds computed in float32 from the
     float32 eps (0.18) give other values (the check can fail)."""
     for v in EPS:
-        h = hyper.hyperparameters_of(train_spec(config(**{"loss.clip_low": v, "loss.clip_high": v})))
+        h = hyper.hyperparameters_of(spec_of(config(**{"loss.clip_low": v, "loss.clip_high": v})))
         got, want = _per_token_clip_losses(h.ratio_low, h.ratio_high), _per_token_clip_losses(1.0 - v, 1.0 + v)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w, err_msg=str(v))

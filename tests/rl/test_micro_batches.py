@@ -15,7 +15,7 @@ from pipo_jax.rl import response_logprobs as logprobs
 from pipo_jax.rl import rollout, steps
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.state import init_train_state
-from pipo_jax.run.setup import train_spec
+from tests.typed import spec_of
 
 
 def test_split_micro_takes_rows_of_every_device_block_and_merge_inverts_it():
@@ -29,7 +29,7 @@ def test_split_micro_takes_rows_of_every_device_block_and_merge_inverts_it():
 
 
 def test_micro_batch_settings_that_do_not_divide_name_the_key():
-    spec = train_spec(importlib.import_module("configs.grpo").get_config("micro"))  # mini-batch of 8
+    spec = spec_of(importlib.import_module("configs.grpo").get_config("micro"))  # mini-batch of 8
     steps.check_micro_batching(spec.with_section("train", micro_batch_size_per_device=2), 4)
     with pytest.raises(ConfigError, match=r"config\.train\.micro_batch_size_per_device: 2 x 8 batch shards"):
         steps.check_micro_batching(spec.with_section("train", micro_batch_size_per_device=2), 8)
@@ -54,7 +54,7 @@ def synthetic_rollout(spec) -> rollout.Rollout:
 def test_rollout_passes_equal_the_full_batch_computation(algo):
     c = importlib.import_module(f"configs.{algo}").get_config("micro")
     c.train.micro_batch_size_per_device = 2  # 8 micro-batches over the 16 rows
-    spec = train_spec(c)
+    spec = spec_of(c)
     state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), 0)
     # distinct reference / teacher / critic weights, so a mix-up would show
     state = state.replace(ref_params=jax.tree.map(lambda x: x * 1.1, state.ref_params))

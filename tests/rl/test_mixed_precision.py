@@ -16,9 +16,9 @@ from pipo_jax.parallel import shardings
 from pipo_jax.rl import controller, learn, rollout
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.state import init_train_state
-from pipo_jax.run.setup import train_spec
 from tests.conftest import override
 from tests.rl.micro_trainer import collected, learned
+from tests import typed
 
 STEPS = 3
 SEED = 1
@@ -29,7 +29,7 @@ def spec_of(algo: str, dtype: str, **overrides):
     c.pipo.enabled = True
     c.seed = SEED
     c.model.dtype = dtype
-    return train_spec(override(c, overrides))
+    return typed.spec_of(override(c, overrides))
 
 
 def primed_state(spec):

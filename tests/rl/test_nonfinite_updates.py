@@ -8,19 +8,19 @@ import pytest
 
 from configs import grpo
 from pipo_jax.models import qwen3
-from pipo_jax.rl.loop import NonFiniteUpdates
+from pipo_jax.rl.loop import NonFiniteUpdates, RewardFunction
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.run.placement import Placement
-from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import host_task_reward
+from tests.typed import spec_of
 
 
 def _setup():
     c = grpo.get_config("micro")  # 4 prompts, mini-batches of 2 prompts, 1 epoch: 2 updates per iteration
     c.log.jit_loop = False
     c.train.max_bad_steps = 3  # one spec for both tests: the second reuses the first's compiled programs
-    spec = train_spec(c)
+    spec = spec_of(c)
     return spec, init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), 0)
 
 
@@ -34,9 +34,11 @@ def test_nan_iteration_is_skipped_counted_and_the_next_one_applies():
     task_reward = host_task_reward(spec)
     poisoned = {"on": False}
 
-    def reward_fn(rollout):
+    def poisonable(rollout):
         r = np.asarray(task_reward(rollout), np.float32)
         return np.full_like(r, np.nan) if poisoned["on"] else r
+
+    reward_fn = RewardFunction(poisonable)
 
     where = Placement()
     state, m1 = where.run(spec, state, 1, False, reward_fn)
@@ -63,11 +65,12 @@ def test_max_bad_steps_in_a_row_stop_the_run():
     spec, state = _setup()
     with pytest.raises(NonFiniteUpdates, match=r"train\.max_bad_steps=3: 4 policy optimizer updates in a row had "
                                                 r"non-finite .* up to iteration 2;"):
-        Placement().run(spec, state, 3, False, lambda rollout: np.full((rollout.size,), np.nan, np.float32))
+        Placement().run(spec, state, 3, False,
+                        RewardFunction(lambda rollout: np.full((rollout.size,), np.nan, np.float32)))
 
 
 def test_max_bad_steps_is_validated():
     c = grpo.get_config("micro")
     c.train.max_bad_steps = 0
     with pytest.raises(ConfigError, match=r"config\.train\.max_bad_steps: 0 must be >= 1"):
-        train_spec(c)
+        spec_of(c)

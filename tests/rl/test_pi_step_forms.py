@@ -20,8 +20,8 @@ from pipo_jax.rl import rollout as rollout_lib
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.experience import Rollout
 from pipo_jax.rl.state import init_train_state
-from pipo_jax.run.setup import train_spec
 from tests.parallel.equivalence import UPDATE_RTOL
+from tests.typed import spec_of
 
 # Compiled once per form (spec and platform static; count and mu_t are array inputs).
 _pi_step = jax.jit(learn.pi_step, static_argnums=(0, 6))
@@ -32,7 +32,7 @@ def case():
     c = importlib.import_module("configs.grpo").get_config("micro")
     c.pipo.enabled = True
     c.pipo.window, c.pipo.lr, c.train.mini_batch_prompts = 4, 1e-4, 2  # two mini-batches: two updates
-    spec = train_spec(c)
+    spec = spec_of(c)
     state = init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), 0)
     b, L, r = spec.batch, spec.seq_len, spec.rollout.max_new_tokens
     rng = np.random.RandomState(0)
@@ -109,7 +109,7 @@ def _learn_step_text(platform: str) -> tuple[str, int, int]:
     updates, and how many params leaves (the gradients) it has."""
     c = importlib.import_module("configs.grpo").get_config("micro")
     c.pipo.enabled = True
-    spec = train_spec(c)
+    spec = spec_of(c)
     spec = dataclasses.replace(spec, model=spec.model.replace(platform=platform))
     state = jax.eval_shape(lambda: init_train_state(spec, qwen3.init_params(spec.model, jax.random.PRNGKey(0)), 0))
     b, L, r = spec.batch, spec.seq_len, spec.rollout.max_new_tokens

@@ -15,8 +15,8 @@ from pipo_jax.rl import algorithms, learn, rollout, steps
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.hyper import hyperparameters_of
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.run.setup import train_spec
 from tests.rl.micro_trainer import fresh_state, learned, sampled
+from tests.typed import spec_of
 
 
 def _stored(spec, attr_br, logp_shift=0.0):
@@ -37,7 +37,7 @@ def test_sdpo_pi_denominator(denominator):
     c = sdpo.get_config("micro")  # token-mean, no KL term
     c.pipo.enabled = True
     c.pipo.sdpo_pi_denominator = denominator
-    spec = train_spec(c)
+    spec = spec_of(c)
     b, r = spec.batch, spec.rollout.max_new_tokens
     # rhat = 1 on every token of row 0 (the one row with a teacher signal), 0 elsewhere; ratio 1:
     # the surrogate is -sum(rhat) / denominator = -r / (b * r) = -1 / b over all tokens, -r / r = -1 over the signal row's
@@ -53,7 +53,7 @@ def test_signal_tokens_needs_a_teacher_attribution():
     c = grpo.get_config("micro")
     c.pipo.sdpo_pi_denominator = "signal_tokens"
     with pytest.raises(ConfigError, match="config.pipo.sdpo_pi_denominator: 'signal_tokens' is for a teacher"):
-        train_spec(c)
+        spec_of(c)
 
 
 @pytest.mark.parametrize("overrides, clipfrac", [
@@ -66,7 +66,7 @@ def test_gspo_pi_clip_and_ratio(overrides, clipfrac):
     c.pipo.enabled = True
     for k, v in overrides.items():
         c.pipo[k] = v
-    spec = train_spec(c)
+    spec = spec_of(c)
     assert spec.pi_ratio == overrides.get("pi_ratio", "sequence")
     params, mb = _stored(spec, jnp.ones((spec.batch, spec.rollout.max_new_tokens)), logp_shift=0.1)
     loss, metrics = steps.pi_loss_fn(spec, hyper=hyperparameters_of(spec))(params, mb, steps.response_counts(mb))
@@ -84,7 +84,7 @@ def test_micro_token_mean(per_micro, grad):
     c = grpo.get_config("micro")
     c.train.micro_batch_size_per_device = 1
     c.pipo.authors.micro_token_mean = per_micro
-    spec = train_spec(c)
+    spec = spec_of(c)
     mini = {"x": jnp.array([[1.0, 1.0, 1.0], [5.0, 9.0, 9.0]]), "m": jnp.array([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])}
     counts_fn = lambda b: {"num_tokens": jnp.sum(b["m"])}  # noqa: E731
 

@@ -7,13 +7,13 @@ import numpy as np
 
 from pipo_jax.models import hf
 from pipo_jax.rl import loop, rollout
-from pipo_jax.run.setup import train_spec
 from pipo_jax.tasks import dataset
 from tests.rl.test_dataset_task import math_config, math_file, model_dir  # noqa: F401 (fixtures)
+from tests.typed import spec_of
 
 
 def test_generate_takes_the_prompt_table_as_an_argument(model_dir, math_file):  # noqa: F811
-    spec = train_spec(math_config(model_dir, math_file))
+    spec = spec_of(math_config(model_dir, math_file))
     _, params = hf.load(model_dir)
     table = rollout.prompt_table(spec)
     n, p = table.tokens_np.shape

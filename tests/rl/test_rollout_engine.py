@@ -11,7 +11,7 @@ from pipo_jax.rl import loop
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run import warmup
 from pipo_jax.run.placement import Placement
-from pipo_jax.run.setup import train_spec
+from tests.typed import spec_of
 
 
 def micro(**rollout):
@@ -24,8 +24,8 @@ def micro(**rollout):
 
 @pytest.mark.parametrize("steps", [1, 3])
 def test_host_loop_rollout_is_the_same_with_the_slot_engine(steps):
-    ref_spec = train_spec(micro())
-    slots_spec = train_spec(micro(engine="slots", engine_slots=5, engine_steps=steps))
+    ref_spec = spec_of(micro())
+    slots_spec = spec_of(micro(engine="slots", engine_slots=5, engine_steps=steps))
     assert slots_spec.generator.steps_per_call == steps
     params = warmup.initial_params(ref_spec.model, 0)
     rng = jax.random.PRNGKey(3)
@@ -46,14 +46,14 @@ def test_slot_engine_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="config.log.jit_loop: rollout.engine=slots is driven from the host"):
         c = micro(engine="slots")
         c.log.jit_loop = True
-        train_spec(c)
+        spec_of(c)
     with pytest.raises(ConfigError, match="config.rollout.engine"):
-        train_spec(micro(engine="vllm"))
+        spec_of(micro(engine="vllm"))
     with pytest.raises(ConfigError, match="config.rollout.engine_slots: 4 slots are for rollout.engine=slots"):
-        train_spec(micro(engine_slots=4))
+        spec_of(micro(engine_slots=4))
     with pytest.raises(ConfigError, match="config.rollout.engine_steps: 2 steps per call are for rollout.engine=slots"):
-        train_spec(micro(engine_steps=2))
+        spec_of(micro(engine_steps=2))
     with pytest.raises(ConfigError, match="config.rollout.engine_steps: 0 must be >= 1"):
-        train_spec(micro(engine="slots", engine_steps=0))
+        spec_of(micro(engine="slots", engine_steps=0))
     with pytest.raises(ConfigError, match="config.rollout.generate_rows_per_device: generation passes"):
-        train_spec(micro(engine="slots", generate_rows_per_device=2))
+        spec_of(micro(engine="slots", generate_rows_per_device=2))

@@ -19,9 +19,9 @@ from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run import observe, warmup
 from pipo_jax.run.checkpoint import saved_steps
 from pipo_jax.run.preemption import RunInterrupted, StopRequests
-from pipo_jax.run.trainer import train
 from pipo_jax.run.workdir import WorkdirError, WorkdirLock
 from pipo_jax.tasks import arithmetic
+from tests.typed import spec_of, train_config
 
 
 def micro(**overrides):
@@ -41,7 +41,7 @@ def micro(**overrides):
 def finished(tmp_path_factory):
     """A finished 2-iteration micro run (checkpoints 0 and 2) to copy per test."""
     root = tmp_path_factory.mktemp("finished")
-    summary = train(micro(iterations=2), str(root))
+    summary = train_config(micro(iterations=2), str(root))
     return root, summary
 
 
@@ -59,7 +59,7 @@ def test_a_held_workdir_refuses_a_second_run_naming_the_holder(tmp_path):
     held.record()
     try:
         with pytest.raises(WorkdirError, match=rf"{tmp_path} is in use by another run: pid {os.getpid()} on host "):
-            train(micro(iterations=1), str(tmp_path))
+            train_config(micro(iterations=1), str(tmp_path))
     finally:
         held.release()
     assert sorted(os.listdir(tmp_path)) == []  # the refused run wrote nothing
@@ -69,7 +69,7 @@ def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, caplog):
     (tmp_path / ".lock").write_text(json.dumps({"pid": 999999999, "host": "gone", "started": "then",
                                                 "command": "python -m experiments.train"}) + "\n")
     with caplog.at_level(logging.WARNING):
-        train(micro(iterations=1), str(tmp_path))
+        train_config(micro(iterations=1), str(tmp_path))
     assert any("taking over the stale lock of pid 999999999 on host gone" in r.getMessage() for r in caplog.records)
     assert not (tmp_path / ".lock").exists()  # released at the end
     assert saved_steps(str(tmp_path / "checkpoints")) == [0, 1]
@@ -88,20 +88,20 @@ def test_resume_refuses_a_shape_change_naming_the_key(finished, tmp_path):
     run, _ = _copy(finished, tmp_path)
     before = (run / "config.json").read_text()
     with pytest.raises(ConfigError, match=r"another shape; these changed keys change it: pipo\.window: 2 -> 3"):
-        train(micro(iterations=3, **{"pipo.window": 3}), str(run))
+        train_config(micro(iterations=3, **{"pipo.window": 3}), str(run))
     assert (run / "config.json").read_text() == before
     # Two changes, one of which changes shapes: only that one is named as the cause.
     with pytest.raises(ConfigError, match=r"change it: rollout\.group_size: 4 -> 2 \("):
-        train(micro(iterations=3, **{"rollout.group_size": 2, "train.lr": 3e-4}), str(run))
+        train_config(micro(iterations=3, **{"rollout.group_size": 2, "train.lr": 3e-4}), str(run))
 
 
 def test_resume_with_another_lr_needs_the_key_and_keeps_the_old_config(finished, tmp_path):
     run, _ = _copy(finished, tmp_path)
     before = (run / "config.json").read_text()
     with pytest.raises(ConfigError, match=r"config\.checkpoint\.allow_config_change: .*train\.lr: 0\.0001 -> 0\.0003"):
-        train(micro(iterations=3, **{"train.lr": 3e-4}), str(run))
+        train_config(micro(iterations=3, **{"train.lr": 3e-4}), str(run))
     assert (run / "config.json").read_text() == before and not list(run.glob("config.*.json"))
-    summary = train(micro(iterations=3, **{"train.lr": 3e-4, "checkpoint.allow_config_change": True}), str(run))
+    summary = train_config(micro(iterations=3, **{"train.lr": 3e-4, "checkpoint.allow_config_change": True}), str(run))
     assert summary["resumed_from"] == 2
     assert (run / "config.2.json").read_text() == before  # the config in force up to iteration 2
     assert json.loads((run / "config.json").read_text())["train"]["lr"] == 3e-4
@@ -114,14 +114,14 @@ def test_a_start_parses_the_run_config_once(tmp_path, monkeypatch):
     parse = RunConfig.from_config.__func__
     monkeypatch.setattr(RunConfig, "from_config",
                         classmethod(lambda cls, c, **kw: parses.append(cls) or parse(cls, c, **kw)))
-    summary = train(micro(iterations=1), str(tmp_path))
+    summary = train_config(micro(iterations=1), str(tmp_path))
     assert int(summary["state"].step) == 1 and parses == [RunConfig]
 
 
 def test_resume_extending_iterations_is_free_and_logged(finished, tmp_path, caplog):
     run, _ = _copy(finished, tmp_path)
     with caplog.at_level(logging.WARNING):
-        summary = train(micro(iterations=3), str(run))
+        summary = train_config(micro(iterations=3), str(run))
     assert summary["resumed_from"] == 2
     assert any("resuming with a changed config: iterations: 2 -> 3" in r.getMessage() for r in caplog.records)
     assert json.loads((run / "config.2.json").read_text())["iterations"] == 2
@@ -137,7 +137,7 @@ def test_a_config_stored_by_older_code_resumes_with_its_new_keys_logged(finished
     stored["task"]["retired_key"] = 1
     (run / "config.json").write_text(json.dumps(stored))
     with caplog.at_level(logging.WARNING):
-        summary = train(micro(iterations=3), str(run))
+        summary = train_config(micro(iterations=3), str(run))
     assert summary["resumed_from"] == 2
     drift = [r.getMessage() for r in caplog.records if "predates this code" in r.getMessage()]
     assert drift and "task.dataset.verify_batch_budget_s" in drift[0] and "task.retired_key" in drift[0]
@@ -149,10 +149,10 @@ def test_a_damaged_final_checkpoint_is_saved_again(finished, tmp_path):
     run, full = _copy(finished, tmp_path)
     step_dir = run / "checkpoints" / "2"
     os.remove(step_dir / "default" / "_METADATA")
-    again = train(micro(iterations=2), str(run))
+    again = train_config(micro(iterations=2), str(run))
     assert again["resumed_from"] == 0  # 2 unreadable: the newest that reads
     assert (run / "checkpoints.unreadable" / "2").is_dir()  # moved aside, not deleted
-    third = train(micro(iterations=2), str(run))  # the final step now reads: nothing recomputed
+    third = train_config(micro(iterations=2), str(run))  # the final step now reads: nothing recomputed
     assert third["resumed_from"] == 2
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(full["state"].params),
                  jax.device_get(third["state"].params))
@@ -171,7 +171,7 @@ def test_bytes_written_into_the_newest_checkpoint_make_the_resume_skip_it(finish
         f.seek(os.path.getsize(damaged) // 2)
         f.write(np.random.default_rng(0).bytes(4096))
     with caplog.at_level(logging.WARNING, logger="pipo_jax.run.checkpoint"):
-        again = train(micro(iterations=2), str(run))
+        again = train_config(micro(iterations=2), str(run))
     assert again["resumed_from"] == 0
     assert [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()][0] == (
         f"checkpoint step 2 at {run / 'checkpoints' / '2'} is unreadable (CheckpointDamaged: {damaged}: its bytes "
@@ -244,11 +244,11 @@ def test_a_stop_request_saves_the_state_and_ends_the_run(tmp_path):
     trainer.StopRequests = StopAtOnce
     try:
         with pytest.raises(RunInterrupted, match=r"stopped by SIGTERM at warm-up step 2, checkpoint saved in "):
-            train(micro(iterations=3), str(tmp_path))
+            train_config(micro(iterations=3), str(tmp_path))
     finally:
         trainer.StopRequests = original
     assert saved_steps(str(tmp_path / "warmup_checkpoints")) == [2]
-    summary = train(micro(iterations=3), str(tmp_path))  # resumes the warm-up, then runs through
+    summary = train_config(micro(iterations=3), str(tmp_path))  # resumes the warm-up, then runs through
     assert summary["resumed_from"] is None and saved_steps(str(tmp_path / "checkpoints")) == [0, 3]
     assert not (tmp_path / "warmup_checkpoints").exists()  # dropped once iteration 0 is saved
 
@@ -269,13 +269,13 @@ def test_warmup_eval_every_sets_the_checks_and_the_stored_progress_it_resumes(tm
     trainer.StopRequests = StopAtOnce
     try:
         with pytest.raises(RunInterrupted, match=r"at warm-up step 2, "):
-            train(micro(**c), str(tmp_path / "stopped"))
+            train_config(micro(**c), str(tmp_path / "stopped"))
     finally:
         trainer.StopRequests = original
     with caplog.at_level(logging.INFO):
-        resumed = train(micro(**c), str(tmp_path / "stopped"))
+        resumed = train_config(micro(**c), str(tmp_path / "stopped"))
     assert "warm-up resumed at step 2" in caplog.text
-    through = train(micro(**c), str(tmp_path / "through"))
+    through = train_config(micro(**c), str(tmp_path / "through"))
     jax.tree.map(np.testing.assert_array_equal, through["state"].params, resumed["state"].params)
 
 
@@ -296,12 +296,12 @@ def test_a_full_disk_during_resume_keeps_config_json_and_the_resume_works_once_s
         changed = micro(iterations=2, **{"train.lr": 3e-3, "checkpoint.allow_config_change": True})
         with pytest.raises(StorageError, match=rf"^{run}/config\.2\.json: no space left on device \(checkpoints "
                                                rf"\[0, 2\] in {run}/checkpoints kept; "):
-            train(changed, str(run))
+            train_config(changed, str(run))
         assert (run / "config.json").read_text() == stored  # whole, and still parses
         json.loads(stored)
         assert not [n for n in os.listdir(run) if n.endswith(".tmp")]
         filler.unlink()
-        again = train(changed, str(run))
+        again = train_config(changed, str(run))
         assert again["resumed_from"] == 2
         assert (run / "config.2.json").read_text() == stored
         assert json.loads((run / "config.json").read_text())["train"]["lr"] == 3e-3
@@ -310,16 +310,15 @@ def test_a_full_disk_during_resume_keeps_config_json_and_the_resume_works_once_s
 def test_a_batch_larger_than_the_memory_is_refused_before_the_workdir_gets_a_file(tmp_path):
     with pytest.raises(ConfigError, match=r"^config\.rollout\.prompts_per_batch=100000000: a batch of "
                                           r"\d+ sequences x \d+ tokens needs at least [\d.]+ TiB .* more than the "):
-        train(micro(**{"rollout.prompts_per_batch": 100_000_000, "train.mini_batch_prompts": 1}),
+        train_config(micro(**{"rollout.prompts_per_batch": 100_000_000, "train.mini_batch_prompts": 1}),
               str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
 
 def test_the_batch_memory_bound_counts_the_rollout_arrays_and_the_kv_cache():
     from pipo_jax.run import memory
-    from pipo_jax.run.setup import train_spec
 
-    spec = train_spec(micro())
+    spec = spec_of(micro())
     m, tokens = spec.model, spec.prompt_len + spec.rollout.max_new_tokens
     kv = 2 * m.num_hidden_layers * spec.batch * tokens * m.num_key_value_heads * m.head_dim * 4  # float32
     need = memory.batch_memory_bytes(spec)
@@ -354,7 +353,7 @@ def test_a_run_started_while_another_holds_the_lock_names_its_pid(finished, tmp_
     try:
         assert holder.stdout.readline().strip() == "held"  # it took the lock and did nothing else yet
         with pytest.raises(WorkdirError, match=rf"{run} is in use by another run: pid {holder.pid} on host "):
-            train(micro(iterations=2), str(run))
+            train_config(micro(iterations=2), str(run))
     finally:
         holder.kill()
         holder.wait()

@@ -12,15 +12,15 @@ from configs import base
 from pipo_jax import schema
 from pipo_jax.rl import algorithms, sections
 from pipo_jax.rl.sections import ConfigError, RunConfig
-from pipo_jax.run.setup import train_spec
 from pipo_jax.run.workdir import flat_config
+from tests.typed import spec_of
 
 ALGOS = sections.algorithm_names()  # each registered algorithm has its configs/<name>.py
 
 
 def test_every_key_has_exactly_one_declaration_with_a_description():
     declared = schema.declarations(RunConfig)
-    keys = list(flat_config(base.base_config()))
+    keys = list(flat_config(json.loads(base.base_config().to_json_best_effort())))
     assert keys == list(declared)  # the same keys, once each, in declaration order
     assert len(keys) == len(set(keys)) > 150
     missing = [k for k, f in declared.items() if not f.metadata.get("doc")]
@@ -28,7 +28,7 @@ def test_every_key_has_exactly_one_declaration_with_a_description():
 
 
 def test_base_config_defaults_are_the_declared_defaults():
-    flat = flat_config(base.base_config())
+    flat = flat_config(json.loads(base.base_config().to_json_best_effort()))
     for name, f in schema.declarations(RunConfig).items():
         assert flat[name] == f.default and type(flat[name]) is type(f.default), name
     c = base.base_config()
@@ -46,14 +46,14 @@ def test_from_config_round_trips(algo):
     assert schema.to_config(run) == json.loads(c.to_json())
     assert RunConfig.from_config(ml_collections.ConfigDict(schema.to_config(run))) == run
     assert hash(run) == hash(RunConfig.from_config(c))  # frozen and hashable (jit-static)
-    spec = train_spec(c)
+    spec = spec_of(c)
     for name in ("rollout", "train", "advantage", "loss", "critic", "dapo", "sdpo", "pipo"):
         section = getattr(spec, name)
         assert type(section).from_config(schema.to_config(section)) == section, name
 
 
 def test_fields_are_named_as_their_keys():
-    spec = train_spec(importlib.import_module("configs.dapo").get_config("micro"))
+    spec = spec_of(importlib.import_module("configs.dapo").get_config("micro"))
     c = importlib.import_module("configs.dapo").get_config("micro")
     # the spec resolves the "0 = default" keys; every other field is its key's value
     assert spec.rollout.max_new_tokens == spec.task.answer_len and c.rollout.max_new_tokens == 0
@@ -100,7 +100,7 @@ def test_run_level_keys_are_checked_by_their_declaration(key, value, message):
         node = node[part]
     node[name] = value
     with pytest.raises(ConfigError, match=message):
-        train_spec(c)
+        spec_of(c)
 
 
 def test_choices_come_from_the_registries():

@@ -6,8 +6,8 @@ download switch is a one-line config error naming the directory and the switch."
 import pytest
 
 from pipo_jax.rl.spec import ConfigError
-from pipo_jax.run.setup import train_spec
 from tests.rl.test_dataset_task import math_config, model_dir  # noqa: F401 (fixture)
+from tests.typed import spec_of
 
 
 def _gsm8k_config(model_dir, data_dir, **overrides):  # noqa: F811
@@ -28,7 +28,7 @@ def test_a_catalogue_dataset_becomes_the_task(model_dir, tmp_path, monkeypatch):
 
     with tfds.testing.mock_data(num_examples=12):
         monkeypatch.setattr(tfds, "load", spy)
-        spec = train_spec(_gsm8k_config(model_dir, tmp_path, **{"task.dataset.tfds_download": True}))
+        spec = spec_of(_gsm8k_config(model_dir, tmp_path, **{"task.dataset.tfds_download": True}))
     assert calls == [("gsm8k", "train", str(tmp_path), True)]
     task = spec.task
     assert len(task.train_rows_np) + len(task.heldout_rows_np) == 12 and len(task.heldout_rows_np) >= 1
@@ -42,7 +42,7 @@ def test_a_catalogue_dataset_becomes_the_task(model_dir, tmp_path, monkeypatch):
 def test_an_unprepared_dataset_without_download_names_the_directory(model_dir, tmp_path):  # noqa: F811
     pytest.importorskip("tensorflow_datasets", reason="the [data] extra is not installed")
     with pytest.raises(ConfigError, match=rf"cannot load .* from data_dir={tmp_path}; .*task.dataset.tfds_download=true"):
-        train_spec(_gsm8k_config(model_dir, tmp_path))
+        spec_of(_gsm8k_config(model_dir, tmp_path))
 
 
 def test_without_tensorflow_datasets_the_config_error_names_the_extra(model_dir, tmp_path, monkeypatch):  # noqa: F811
@@ -51,4 +51,4 @@ def test_without_tensorflow_datasets_the_config_error_names_the_extra(model_dir,
     monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
     with pytest.raises(ConfigError, match=r"config.task.dataset \(path='gsm8k'.*needs tensorflow-datasets and tensorflow: "
                                           r"pip install -e \"\.\[data\]\""):
-        train_spec(_gsm8k_config(model_dir, tmp_path))
+        spec_of(_gsm8k_config(model_dir, tmp_path))

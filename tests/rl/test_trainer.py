@@ -12,11 +12,10 @@ from pipo_jax.rl import response_logprobs as logprobs
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run.placement import Placement
-from pipo_jax.run.setup import train_spec
-from pipo_jax.run.trainer import train
 from tests.parallel import scenario
 from tests.parallel.equivalence import assert_run_matches
 from tests.rl.micro_trainer import fresh_state, host_iterations, micro
+from tests.typed import spec_of, train_config
 
 ALGOS = ("ppo", "grpo", "gspo", "dapo", "sdpo", "vpd")
 
@@ -249,10 +248,10 @@ def test_jitted_scan_loop_equals_host_loop(algo, chunk):
 @pytest.mark.parametrize("algo", ["grpo", "bnpo"])  # BNPO: its pool of success rates is resumed too
 def test_resume_is_exact(tmp_path, algo):
     c = micro(algo, True, iterations=4, **{"checkpoint.every": 2, "checkpoint.export_hf": False})
-    full = train(c, str(tmp_path / "full"))
+    full = train_config(c, str(tmp_path / "full"))
     c_stop = micro(algo, True, iterations=2, **{"checkpoint.every": 2, "checkpoint.export_hf": False})
-    train(c_stop, str(tmp_path / "resumed"))
-    resumed = train(c, str(tmp_path / "resumed"))
+    train_config(c_stop, str(tmp_path / "resumed"))
+    resumed = train_config(c, str(tmp_path / "resumed"))
     assert resumed["resumed_from"] == 2
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(full["state"]), jax.device_get(resumed["state"]))
     rows_full = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
@@ -263,13 +262,13 @@ def test_resume_is_exact(tmp_path, algo):
                            if k not in wall_clock} for r in rows]
     assert strip(rows_full) == strip(rows_resumed)
     # Running a finished workdir again resumes at its end: nothing to train, no second save.
-    again = train(c, str(tmp_path / "resumed"))
+    again = train_config(c, str(tmp_path / "resumed"))
     assert again["resumed_from"] == 4 and again["final_accuracy"] == resumed["final_accuracy"]
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(full["state"]), jax.device_get(again["state"]))
     assert strip((tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()) == strip(rows_full)
     c.checkpoint.resume = False  # a fresh run never overwrites another run's checkpoints
     with pytest.raises(ConfigError, match=r"config.checkpoint.resume: false, but .*holds checkpoints \[0, 2, 4\]"):
-        train(c, str(tmp_path / "resumed"))
+        train_config(c, str(tmp_path / "resumed"))
 
 
 def test_the_host_loop_logs_the_rewards_counts_of_its_iteration():
@@ -286,10 +285,14 @@ def test_the_host_loop_logs_the_rewards_counts_of_its_iteration():
             self.pending["reward/unscored_count"] += 3
             return np.asarray(loop.rollout_lib.task_rewards(spec, r))
 
+        def score_rollout(self, r):
+            return loop.RewardFunction(self).score_rollout(r)
+
         def take_counts(self):
             out, self.pending = self.pending, {"reward/unscored_count": 0}
             return out
 
+    assert isinstance(CountingReward(), loop.HostReward)
     _, m = loop.host_iteration(spec, state, CountingReward())
     assert m["reward/unscored_count"] == 3
 
@@ -299,7 +302,7 @@ def test_dapo_raises_when_no_informative_group_is_found():
     c = micro("dapo", False, **{"task.arithmetic.reward_mode": "exact", "dapo.max_num_gen_batches": 2})
     spec, state = fresh_state(c)
     with pytest.raises(loop.DynamicSamplingExhausted, match=r"kept only 0 of 4 .*max_num_gen_batches=2"):
-        loop.host_iteration(spec, state, lambda r: np.zeros(r.size, np.float32))
+        loop.host_iteration(spec, state, loop.RewardFunction(lambda r: np.zeros(r.size, np.float32)))
 
 
 @pytest.mark.slow  # compiles the scan loop of its own DAPO variant
@@ -317,7 +320,7 @@ def test_sdpo_teacher_context_shows_a_successful_sibling_or_feedback():
 
     c = micro("sdpo", False, **{"rollout.group_size": 2, "rollout.prompts_per_batch": 1,
                                 "train.mini_batch_prompts": 1, "task.arithmetic.answer_format": "plain"})
-    spec = train_spec(c)
+    spec = spec_of(c)
     problems = arithmetic.make_problems(spec.task, jnp.array([12, 12]), jnp.array([0, 0]), jnp.array([30, 30]))
     responses = ["42<eos>", "41<eos>"]
     resp = jnp.array([cv.encode(r) + [cv.PAD_ID] * (spec.rollout.max_new_tokens - len(cv.encode(r))) for r in responses])

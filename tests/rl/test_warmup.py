@@ -13,6 +13,7 @@ from pipo_jax.models import qwen3
 from pipo_jax.run import teacher_forcing, warmup
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic as ar
+from tests.typed import spec_of
 
 TASK = ar.ArithmeticTask(max_digits=1, heldout_fraction=0.3)  # 1-digit '+'/'-', reversed answers
 MODEL = warmup.task_model_config(hidden_size=64, head_dim=16, intermediate_size=128)
@@ -42,13 +43,12 @@ def test_the_task_model_presets_differ_in_their_layers_only():
     """`model.preset=task_tiny` (the main job's) has 2 layers, `task_micro` (the micro preset's) 1; shapes
     otherwise equal, the vocabulary sized by the task either way."""
     from configs import grpo
-    from pipo_jax.run.setup import train_spec
 
     c = grpo.get_config("micro")
     assert c.model.preset == "task_micro" and grpo.get_config("tiny").model.preset == "task_tiny"
-    micro = train_spec(c).model
+    micro = spec_of(c).model
     c.model.preset = "task_tiny"
-    tiny = train_spec(c).model
+    tiny = spec_of(c).model
     assert (tiny.num_hidden_layers, micro.num_hidden_layers) == (2, 1)
     assert tiny.replace(num_hidden_layers=1) == micro and micro.vocab_size == 32
 

@@ -13,8 +13,8 @@ from pipo_jax.rl import learn
 from pipo_jax.rl.experience import Rollout
 from pipo_jax.rl.sections import RunConfig
 from pipo_jax.run import teacher_forcing, warmup
-from pipo_jax.run.setup import train_spec
 from pipo_jax.tasks import arithmetic as ar
+from tests.typed import spec_of, train_config
 
 TASK = ar.ArithmeticTask(min_digits=2, max_digits=2, answer_format="reversed", feedback_style="reveal")
 
@@ -46,7 +46,7 @@ def test_context_prompts_match_the_sdpo_teacher_contexts():
     c = sdpo_configs.get_config("micro")
     c.task.arithmetic.min_digits, c.task.arithmetic.max_digits, c.task.arithmetic.feedback_style, c.task.arithmetic.reward_mode = 2, 2, "reveal", "exact"
     c.rollout.group_size, c.rollout.prompts_per_batch, c.train.mini_batch_prompts = 2, 2, 1
-    spec = train_spec(c)
+    spec = spec_of(c)
     lhs, op, rhs = np.array([47, 47, 52, 52]), np.array([0, 0, 1, 1]), np.array([85, 85, 38, 38])
     problems = ar.make_problems(spec.task, lhs, op, rhs)
     # group 0: row 0 right (row 1 sees it as a solution, row 0 gets feedback <correct>);
@@ -87,14 +87,14 @@ def test_demonstrations_flaw_only_plain_rows(rate):
 @pytest.mark.slow  # the main job end to end (warm-up, trainer, evaluation)
 def test_trainer_logs_the_teacher_accuracy_with_a_context(tmp_path):
     from pipo_jax.run import observe
-    from pipo_jax.run.trainer import EVAL_SEED, train
+    from pipo_jax.run.trainer import EVAL_SEED
 
     c = sdpo_configs.get_config("micro")
     c.iterations, c.log.every = 1, 1
     c.checkpoint.export_hf = False
-    train(c, str(tmp_path))
+    train_config(c, str(tmp_path))
     row = observe.read_metrics(str(tmp_path / "metrics.jsonl"))[0]
-    spec = train_spec(c)
+    spec = spec_of(c)
     base, m = warmup.warmup(spec.model, spec.task, warmup.WarmupSettings.from_config(RunConfig.from_config(c), spec.task),
                             seed=c.seed)  # deterministic: the run's base
     assert row["warmup_teacher_solution_accuracy"] == m["final_teacher_solution_accuracy"]

@@ -5,8 +5,8 @@ import json
 import logging
 
 from pipo_jax.run import warmup
-from pipo_jax.run.trainer import train
 from tests.rl.micro_trainer import micro
+from tests.typed import train_config
 
 
 def test_miss_line_names_what_was_reached_and_what_to_change():
@@ -29,7 +29,7 @@ def _rows(workdir):
 def test_a_missed_and_a_met_target_in_the_run_records(tmp_path, caplog):
     kw = {"iterations": 1, "checkpoint.export_hf": False}
     with caplog.at_level(logging.WARNING, logger="pipo_jax.run.trainer"):
-        train(micro("grpo", **kw, **{"warmup.target_accuracy": 0.99}), str(tmp_path / "missed"))
+        train_config(micro("grpo", **kw, **{"warmup.target_accuracy": 0.99}), str(tmp_path / "missed"))
     missed = [r.getMessage() for r in caplog.records if "warm-up missed its target" in r.getMessage()]
     row0 = _rows(tmp_path / "missed")[0]
     assert missed == [f"warm-up missed its target after all 2 steps: greedy held-out accuracy "
@@ -43,11 +43,12 @@ def test_a_missed_and_a_met_target_in_the_run_records(tmp_path, caplog):
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="pipo_jax.run.trainer"):
-        train(micro("grpo", **kw, **{"warmup.target_accuracy": 0.0}), str(tmp_path / "met"))  # holds at the step-0 check
+        # holds at the step-0 check
+        train_config(micro("grpo", **kw, **{"warmup.target_accuracy": 0.0}), str(tmp_path / "met"))
     assert not [r for r in caplog.records if "warm-up missed" in r.getMessage()]
     summary = json.loads((tmp_path / "met" / "summary.json").read_text())["warmup"]
     assert summary["target_met"] is True and summary["steps"] == 0 and summary["target"] == {"target_accuracy": 0.0}
 
-    train(micro("grpo", **kw), str(tmp_path / "none"))  # no target set: nothing recorded about one
+    train_config(micro("grpo", **kw), str(tmp_path / "none"))  # no target set: nothing recorded about one
     assert "warmup_target_met" not in _rows(tmp_path / "none")[0]
     assert "target_met" not in json.loads((tmp_path / "none" / "summary.json").read_text())["warmup"]

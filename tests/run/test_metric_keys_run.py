@@ -10,11 +10,11 @@ from configs import vpd as vpd_configs
 from pipo_jax.rl import learn
 from pipo_jax.run import metric_keys, observe
 from pipo_jax.run.metric_keys import METRICS
-from pipo_jax.run.trainer import train
 from tests.conftest import override
 from tests.rl.micro_trainer import fresh_state, micro, sampled
 from tests.rl.test_config import ALGOS
 from tests.rl.test_observe import read_events
+from tests.typed import train_config
 
 
 def test_a_micro_run_emits_only_declared_keys_and_tensorboard_tags_equal_them(tmp_path):
@@ -24,7 +24,7 @@ def test_a_micro_run_emits_only_declared_keys_and_tensorboard_tags_equal_them(tm
         "iterations": 2, "eval.every": 1, "log.every": 1, "log.tensorboard": True, "eval.heldout_samples": 2,
         "warmup.check_prompts": 16, "warmup.target_accuracy": 0.01, "warmup.target_mixed_groups": 0.01,
         "checkpoint.export_hf": False, "pipo.enabled": True})
-    train(c, str(tmp_path))
+    train_config(c, str(tmp_path))
     rows = observe.read_metrics(str(tmp_path / "metrics.jsonl"))
     assert [r["step"] for r in rows] == [0, 1, 2]
     keys = {k for r in rows for k in r} - {"step"}

@@ -14,9 +14,9 @@ from configs import grpo, sdpo
 from pipo_jax.data import text_vocab
 from pipo_jax.rl import rollout
 from pipo_jax.rl.sections import ConfigError
-from pipo_jax.run.setup import train_spec
 from pipo_jax.tasks import countdown as cd
 from tests.conftest import override
+from tests.typed import spec_of, train_config
 
 TASK = cd.CountdownTask()
 
@@ -79,7 +79,7 @@ def responses(texts, width, eos=True):
 
 
 def test_reward_by_hand_through_the_trainers_path():
-    spec = train_spec(config())
+    spec = spec_of(config())
     t = spec.task.tables
     row = {(tuple(n), int(x)): i for i, (n, x) in enumerate(zip(t.numbers_nk.tolist(), t.target_n))}
     rows = [row[(3, 5, 7), 56]] * 5 + [row[(2, 4, 8), 16]] * 3
@@ -98,16 +98,14 @@ def test_reward_by_hand_through_the_trainers_path():
 def test_capabilities_it_lacks_are_config_errors_naming_the_key():
     assert cd.CountdownTask.capabilities.device_reward and not cd.CountdownTask.capabilities.teacher_contexts
     with pytest.raises(ConfigError, match=r"^config\.algorithm: sdpo needs teacher contexts .* the countdown task"):
-        train_spec(config(sdpo))
-    assert train_spec(config(**{"task.arithmetic.warmup_mistake_rate": 0.5})).task.name == "countdown"  # not its key
+        spec_of(config(sdpo))
+    assert spec_of(config(**{"task.arithmetic.warmup_mistake_rate": 0.5})).task.name == "countdown"  # not its key
     with pytest.raises(ConfigError, match=r"^config\.task: CountdownTask\.heldout_fraction=0\.0 must be in \(0, 1\)"):
-        train_spec(config(**{"task.heldout_fraction": 0.0}))
+        spec_of(config(**{"task.heldout_fraction": 0.0}))
     with pytest.raises(ValueError, match=r"count=5 must be in \[2, 4\]"):
         cd.CountdownTask(count=5)
 
 
 def test_short_run_with_warmup(tmp_path):
-    from pipo_jax.run.trainer import train
-
-    out = train(config(), str(tmp_path / "run"))
+    out = train_config(config(), str(tmp_path / "run"))
     assert out["state"].step == 3 and 0.0 <= out["final_accuracy"] <= 1.0

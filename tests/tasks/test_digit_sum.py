@@ -13,10 +13,10 @@ from configs import grpo, sdpo
 from pipo_jax.data import char_vocab
 from pipo_jax.rl import rollout
 from pipo_jax.rl.sections import ConfigError
-from pipo_jax.run.setup import train_spec
 from pipo_jax.tasks import digit_sum as ds
 from tests.conftest import override
 from tests.scripts import run_script
+from tests.typed import spec_of, train_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TASK = ds.DigitSumTask()  # 0..999, 100 held out
@@ -88,7 +88,7 @@ def responses(texts_, width, eos=True):
 
 
 def test_reward_by_hand_through_the_trainers_path():
-    spec = train_spec(config())
+    spec = spec_of(config())
     assert spec.task == TASK and spec.rollout.max_new_tokens == 3
     numbers = [45, 45, 45, 45, 999, 999, 19, 0]
     answers = ["9", "09", "18", "99", "27", "72", "10", "0"]
@@ -106,7 +106,7 @@ def test_reward_by_hand_through_the_trainers_path():
 
 
 def test_its_two_keys_are_read_and_their_errors_name_them():
-    assert train_spec(config(**{"task.digit_sum.min_digits": 2, "task.digit_sum.max_digits": 4,
+    assert spec_of(config(**{"task.digit_sum.min_digits": 2, "task.digit_sum.max_digits": 4,
                                 "task.split_seed": 3})).task == ds.DigitSumTask(2, 4, 0.1, 3)
     for overrides, message in [
         ({"task.digit_sum.min_digits": 0}, r"^config\.task\.digit_sum\.min_digits: 0 must be in \[1, 5\]$"),
@@ -115,9 +115,9 @@ def test_its_two_keys_are_read_and_their_errors_name_them():
          r"^config\.task\.digit_sum\.min_digits: 3 > task\.digit_sum\.max_digits=2$"),
     ]:
         with pytest.raises(ConfigError, match=message):
-            train_spec(config(**overrides))
+            spec_of(config(**overrides))
     with pytest.raises(ConfigError, match=r"^config\.algorithm: sdpo needs teacher contexts .* the digit_sum task"):
-        train_spec(config(sdpo))
+        spec_of(config(sdpo))
 
 
 def test_check_config_lists_its_two_keys():
@@ -133,7 +133,5 @@ def test_check_config_lists_its_two_keys():
 
 @pytest.mark.slow
 def test_short_run_with_warmup(tmp_path):
-    from pipo_jax.run.trainer import train
-
-    out = train(config(), str(tmp_path / "run"))
+    out = train_config(config(), str(tmp_path / "run"))
     assert out["state"].step == 3 and 0.0 <= out["final_accuracy"] <= 1.0

@@ -13,10 +13,10 @@ import pytest
 from configs import gdpo, grpo, sdpo
 from pipo_jax.rl import spec as spec_lib
 from pipo_jax.rl.sections import ConfigError, RunConfig
-from pipo_jax.run.setup import make_model_config, train_spec
-from pipo_jax.run.task_config import make_task
+from pipo_jax.run.setup import make_model_config
 from pipo_jax.tasks import registry
 from pipo_jax.tasks.protocol import Task, TaskCapabilities, missing_attributes, missing_members
+from tests.typed import spec_of, task_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,13 +94,13 @@ def test_registry_errors_are_one_line_naming_the_key(monkeypatch):
     assert names.startswith(re.escape("('arithmetic', 'countdown', 'math', 'code', 'reasoning_gym'"))
     with pytest.raises(ConfigError, match=r"^config\.task\.name: 'no_such_task' is not a registered task; expected "
                                           rf"one of {names}$"):
-        make_task(c)
+        task_of(c)
     monkeypatch.setitem(registry.TASKS, "needs_extra", registry.TaskEntry(
         "needs_extra", "pipo_jax.tasks.no_such_module", ("X",), extra="xyz"))
     c.task.name = "needs_extra"
     with pytest.raises(ConfigError, match=r"^config\.task\.name: task\.name=needs_extra needs the optional extra: "
                                           r"pip install -e \"\.\[xyz\]\""):
-        make_task(c)
+        task_of(c)
     with pytest.raises(ValueError, match="registered twice"):
         registry.register_task(registry.TASKS["arithmetic"])
 
@@ -136,6 +136,6 @@ def test_a_config_needing_a_capability_the_task_lacks_names_the_key():
 
 
 def test_the_built_in_tasks_declare_their_capabilities():
-    arithmetic = train_spec(grpo.get_config("micro")).task
+    arithmetic = spec_of(grpo.get_config("micro")).task
     assert arithmetic.capabilities == TaskCapabilities(device_reward=True, exact_answers=True, teacher_contexts=True,
                                                        warmup=True, reward_components=True)

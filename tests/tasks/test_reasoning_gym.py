@@ -21,12 +21,11 @@ from pipo_jax.models import qwen3
 from pipo_jax.rl import rollout
 from pipo_jax.rl.sections import ConfigError, RunConfig
 from pipo_jax.run import teacher_forcing
-from pipo_jax.run.setup import train_spec
-from pipo_jax.run.task_config import make_task
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import reasoning_gym as rgt
 from tests.conftest import override
 from tests.data.tiny_tokenizer import save_tiny_model_dir
+from tests.typed import spec_of, task_of, train_config
 
 rg = pytest.importorskip("reasoning_gym", reason="reasoning-gym is an optional extra: pip install -e \".[rg]\"")
 
@@ -74,7 +73,7 @@ def x_before(answer):  # gcd credits a response holding the answer by its share 
 
 @pytest.mark.parametrize("dataset,config,wrong_of", [("spell_backward", SPELL, last_changed), ("gcd", GCD, x_before)])
 def test_reward_is_the_librarys_score_through_the_trainer_path(dataset, config, wrong_of):
-    spec = train_spec(rg_config(dataset, config))
+    spec = spec_of(rg_config(dataset, config))
     task = spec.task
     rows = list(task.source.heldout_rows[:4])
     entries = [task.source.entries[r] for r in rows]
@@ -93,7 +92,7 @@ def test_reward_is_the_librarys_score_through_the_trainer_path(dataset, config, 
 def test_reward_components_are_full_and_partial_credit_summing_to_the_reward():
     """gcd: the answer scores full credit [1, 0]; "x" + answer the library's partial credit
     [0, len(answer) / (len(answer) + 1)]; a wrong one [0, 0]; each row sums to the trainer's reward."""
-    spec = train_spec(rg_config("gcd", GCD))
+    spec = spec_of(rg_config("gcd", GCD))
     task = spec.task
     assert [c.name for c in task.reward_weights()] == ["full_credit", "partial_credit"]
     rows = list(task.source.heldout_rows[:2])
@@ -108,7 +107,7 @@ def test_reward_components_are_full_and_partial_credit_summing_to_the_reward():
 
 
 def test_vmapped_seeds_score_every_batch_in_one_host_call():
-    task = train_spec(rg_config()).task
+    task = spec_of(rg_config()).task
     problems = task.problems_at(task.source.heldout_rows[:3])
     right, mask = responses([task.source.entries[r]["answer"] for r in task.source.heldout_rows[:3]], task.answer_len)
     wrong, wmask = responses(["zz", "zz", "zz"], task.answer_len)
@@ -168,7 +167,7 @@ def test_compact_prompts_cut_the_shared_text_only():
                                   "Find the GCD of: 41, 23. Give it."]) == ["49, 29", "6, 6", "41, 23"]
     # the shared '4' of '41' / '49' stays: a number is never cut
     assert rgt.compact_questions(["sum: 41 + 1 =", "sum: 49 + 2 ="]) == ["41 + 1", "49 + 2"]
-    task = train_spec(rg_config()).task
+    task = spec_of(rg_config()).task
     assert all(e["question"].endswith(p) for p, e in zip(task.prompts, task.source.entries))
     prompt = text_vocab.decode(task.prompt_tokens_np[0][task.prompt_tokens_np[0] != text_vocab.PAD_ID])
     assert prompt == "<bos>" + task.prompts[0] + "<answer>"
@@ -177,9 +176,9 @@ def test_compact_prompts_cut_the_shared_text_only():
 def test_length_and_vocabulary_errors_name_the_row():
     with pytest.raises(ConfigError, match=r"config\.task\.reasoning_gym: dataset 'spell_backward' row \d+: prompt .* "
                                           r"over task\.reasoning_gym\.max_prompt_chars=3"):
-        make_task(rg_config(**{"task.reasoning_gym.max_prompt_chars": 3}))
+        task_of(rg_config(**{"task.reasoning_gym.max_prompt_chars": 3}))
     c = rg_config(**{"task.reasoning_gym.max_prompt_chars": 4, "task.reasoning_gym.overlong": "drop"})
-    task = make_task(c)
+    task = task_of(c)
     every = rgt.generate_entries("spell_backward", json.loads(SPELL), 400, 0, 0.1)
     assert task.num_dropped == sum(len(e["question"].split()[-1]) > 4 for e in every.entries) > 0
     assert len(task.source.entries) == len(every.entries) - task.num_dropped
@@ -194,17 +193,17 @@ def test_length_and_vocabulary_errors_name_the_row():
 
 def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"config\.task\.reasoning_gym\.dataset: name a reasoning-gym dataset"):
-        make_task(rg_config(dataset=""))
+        task_of(rg_config(dataset=""))
     with pytest.raises(ConfigError, match=r"config\.task\.reasoning_gym\.config: '\{' is not JSON"):
-        train_spec(rg_config(config="{"))
+        spec_of(rg_config(config="{"))
     with pytest.raises(ConfigError, match=r"dataset='no_such_dataset'"):
-        make_task(rg_config(dataset="no_such_dataset", config=""))
+        task_of(rg_config(dataset="no_such_dataset", config=""))
     # the character form declares no teacher contexts: refused at start-up naming the key
-    assert not make_task(rg_config()).capabilities.teacher_contexts
+    assert not task_of(rg_config()).capabilities.teacher_contexts
     with pytest.raises(ConfigError, match=r"config\.algorithm: sdpo needs teacher contexts"):
-        train_spec(rg_config(algorithm="sdpo"))
+        spec_of(rg_config(algorithm="sdpo"))
     # the built-in task's warm-up demonstrations are its own: set there, they leave this task's warm-up alone
-    shaped = train_spec(rg_config(**{"task.arithmetic.warmup_mistake_rate": 0.5,
+    shaped = spec_of(rg_config(**{"task.arithmetic.warmup_mistake_rate": 0.5,
                                      "task.arithmetic.warmup_context_fraction": 0.5}))
     assert not hasattr(shaped.task, "warmup_mistake_rate")
 
@@ -220,13 +219,13 @@ def test_missing_package_names_the_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_rg)
     with pytest.raises(ConfigError, match=r"^config\.task\.name: task\.name=reasoning_gym needs the reasoning-gym "
                                           r"package \(the optional extra\): pip install -e \"\.\[rg\]\"$"):
-        make_task(rg_config())
+        task_of(rg_config())
 
 
 def test_heldout_accuracy_is_the_verifiers_on_greedy_responses():
     """A model trained to say the answer is solved by the verifier; the decoded accuracy is
     the share scored 1.0 (not the mean partial credit)."""
-    spec = train_spec(rg_config())
+    spec = spec_of(rg_config())
     task = spec.task
     params = qwen3.init_params(spec.model, jax.random.PRNGKey(0))
     acc = float(teacher_forcing.heldout_accuracy(spec.model, params, task, None, 8, jax.random.PRNGKey(0)))
@@ -239,9 +238,8 @@ def test_heldout_accuracy_is_the_verifiers_on_greedy_responses():
 
 
 def test_short_run_with_warmup_in_the_character_vocabulary(tmp_path):
-    from pipo_jax.run.trainer import train
-
-    out = train(rg_config(**{"task.arithmetic.warmup_mistake_rate": 0.0, "task.arithmetic.warmup_context_fraction": 0.0}), str(tmp_path / "run"))
+    out = train_config(rg_config(**{"task.arithmetic.warmup_mistake_rate": 0.0,
+                                    "task.arithmetic.warmup_context_fraction": 0.0}), str(tmp_path / "run"))
     assert np.isfinite(out["final_accuracy"])
     assert out["state"].step == 3
 
@@ -257,7 +255,7 @@ def text_config(model_dir, **overrides):
 
 
 def test_tokenizer_form_renders_the_chat_template_and_scores_tagged_answers(model_dir):
-    spec = train_spec(text_config(model_dir))
+    spec = spec_of(text_config(model_dir))
     task, tok = spec.task, tk.load_tokenizer(model_dir)
     assert task.name == "reasoning_gym" and task.tokenizer is not None
     row = int(task.heldout_rows_np[0])
@@ -278,9 +276,7 @@ def test_tokenizer_form_renders_the_chat_template_and_scores_tagged_answers(mode
 
 
 def test_tokenizer_form_short_run(model_dir, tmp_path):
-    from pipo_jax.run.trainer import train
-
-    out = train(text_config(model_dir, iterations=2), str(tmp_path / "run"))
+    out = train_config(text_config(model_dir, iterations=2), str(tmp_path / "run"))
     assert out["state"].step == 2 and 0.0 <= out["final_accuracy"] <= 1.0
 
 
@@ -311,7 +307,7 @@ def test_chain_sum_learns_with_grpo():
                  "task.reasoning_gym.config": '{"min_terms":3,"max_terms":3,"min_digits":1,"max_digits":1}',
                  "task.arithmetic.warmup_mistake_rate": 0.0, "task.arithmetic.warmup_context_fraction": 0.0, "warmup.steps": 600,
                  "warmup.target_accuracy": 0.3, "iterations": ITERATIONS})
-    spec = train_spec(c)
+    spec = spec_of(c)
     settings = warmup.WarmupSettings.from_config(RunConfig.from_config(c), spec.task)
     bases, warmed = [], []
     for seed in SEEDS:
@@ -319,7 +315,7 @@ def test_chain_sum_learns_with_grpo():
         assert 0.2 <= m["final_accuracy"] <= 0.6, (seed, m["heldout_accuracy"])
         bases.append(base)
         warmed.append(m["final_accuracy"])
-    rows, _ = run_group([with_overrides(c, {"seed": s}) for s in SEEDS], bases, 10)
+    rows, _ = run_group([RunConfig.from_config(with_overrides(c, {"seed": s})) for s in SEEDS], bases, 10)
     gains = [row["final_accuracy"] - row["initial_accuracy"] for row in rows]
     for row, accuracy in zip(rows, warmed):  # vmapped: the same problems as the warm-up's last check
         assert row["initial_accuracy"] == pytest.approx(accuracy, abs=0.01)
@@ -333,7 +329,7 @@ def test_every_method_rg_runs_the_methods_the_task_can_and_names_those_it_cannot
 
     for group in reproduce.RG_METHOD_GROUPS:
         for algo in group:
-            assert train_spec(rg_config(algo=algo)).algorithm.name == algo
+            assert spec_of(rg_config(algo=algo)).algorithm.name == algo
     for algo, why in reproduce.RG_NOT_APPLICABLE.items():
         with pytest.raises(ConfigError, match=why.split()[0]):
-            train_spec(rg_config(algo=algo))
+            spec_of(rg_config(algo=algo))

@@ -11,6 +11,7 @@ import pytest
 
 from pipo_jax.tasks import code as cd
 from tests.tasks.test_code import processes_named
+from tests.typed import task_of
 
 SANDBOX_REFUSAL_TESTED = True  # tests/conftest.py: no "run unconfined" stand-in here
 
@@ -192,11 +193,10 @@ def test_without_landlock_the_sandbox_refuses_unless_allowed(monkeypatch):
 def test_a_code_task_without_landlock_is_a_config_error(monkeypatch):
     from configs import grpo
     from pipo_jax.rl.spec import ConfigError
-    from pipo_jax.run.task_config import make_task
 
     monkeypatch.setattr(cd, "landlock_abi", lambda: 0)
     c = grpo.get_config("micro")
     c.task.name, c.model.path, c.task.dataset.path = "code", "/nonexistent", "x.jsonl"
     c.log.jit_loop, c.warmup.enabled, c.rollout.max_new_tokens = False, False, 16
     with pytest.raises(ConfigError, match=r"config\.task\.code\.sandbox_allow_unconfined: this kernel offers no Landlock"):
-        make_task(c)  # before any file is read
+        task_of(c)  # before any file is read

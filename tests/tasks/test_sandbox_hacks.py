@@ -16,6 +16,7 @@ import pytest
 
 from pipo_jax.tasks import code as cd
 from tests.tasks.test_code import processes_named
+from tests.typed import task_of
 
 SANDBOX_REFUSAL_TESTED = True  # tests/conftest.py: the network refusal is tested here
 
@@ -366,7 +367,6 @@ def test_the_audit_mode_needs_allow_network():
 def test_a_code_task_without_network_namespaces_is_a_config_error(monkeypatch):
     from configs import grpo
     from pipo_jax.rl.spec import ConfigError
-    from pipo_jax.run.task_config import make_task
 
     monkeypatch.setattr(cd, "namespaces_available", lambda: False)
     c = grpo.get_config("micro")
@@ -374,10 +374,10 @@ def test_a_code_task_without_network_namespaces_is_a_config_error(monkeypatch):
     c.log.jit_loop, c.warmup.enabled, c.rollout.max_new_tokens = False, False, 16
     c.task.code.sandbox_allow_unconfined = NO_LANDLOCK
     with pytest.raises(ConfigError, match=r"config\.task\.code\.sandbox_allow_network: the code sandbox cannot keep"):
-        make_task(c)  # before any file is read
+        task_of(c)  # before any file is read
     c.task.code.sandbox_allow_network = True
     with pytest.raises(ConfigError) as e:
-        make_task(c)  # past the sandbox checks, to the missing tokenizer
+        task_of(c)  # past the sandbox checks, to the missing tokenizer
     assert "sandbox" not in str(e.value)
 
 

@@ -110,7 +110,8 @@ Modules: `kinds` (the test kinds, `tests_from_spec`), `names` (whose a test's na
 `config` (`SandboxConfig`), `extract` (the response's program), `scoring` (`run_tests`,
 `score_code`, `score_code_batch`), `launch` (the trainer's side of one run), `sandbox`
 (Landlock, namespaces, cgroups, seccomp, rlimits), `protocol` (the plain-data codec and
-pipes), `judge` and `runner` (the two children's mains), `child` (their entry script), `timer`, `feedback`.
+pipes), `judge` and `runner` (the two children's mains), `child` (their entry script; its path is
+`child_script.CHILD_SCRIPT`, apart so that the judge need not import it), `timer`, `feedback`.
 """
 from __future__ import annotations
 

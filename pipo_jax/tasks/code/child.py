@@ -13,12 +13,11 @@ import os
 import sys
 import types
 
-SCRIPT = os.path.abspath(__file__)
-
 
 def _this_package_only() -> None:
     """Registers the package chain with this directory as the only place of its modules."""
-    for name, path in (("pipo_jax", []), ("pipo_jax.tasks", []), ("pipo_jax.tasks.code", [os.path.dirname(SCRIPT)])):
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name, path in (("pipo_jax", []), ("pipo_jax.tasks", []), ("pipo_jax.tasks.code", [here])):
         module = types.ModuleType(name)
         module.__path__ = path
         sys.modules[name] = module

@@ -19,7 +19,8 @@ import threading
 import time
 from typing import Any
 
-from pipo_jax.tasks.code import child, sandbox
+from pipo_jax.tasks.code import sandbox
+from pipo_jax.tasks.code.child_script import CHILD_SCRIPT
 from pipo_jax.tasks.code.feedback import _clip, _clip_text, _ended_badly, _error_message, _safe_repr
 from pipo_jax.tasks.code.names import unimported_helpers, unimported_message
 from pipo_jax.tasks.code.protocol import NotPlain, _Broken, _decode, _encode, _memfd_with, _Pipe
@@ -44,7 +45,7 @@ class _Runner:
     def __init__(self, limits: dict):
         request_r, request_w = os.pipe()
         reply_r, reply_w = os.pipe()
-        cmd = [sys.executable, "-I", "-X", "utf8", child.SCRIPT, "--runner", str(request_r), str(reply_w)]
+        cmd = [sys.executable, "-I", "-X", "utf8", CHILD_SCRIPT, "--runner", str(request_r), str(reply_w)]
         # A fresh interpreter (not a fork of this one: nothing of the tests is in its memory);
         # it inherits stdin / stdout and the two pipe ends, never the report fd.
         self.proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, pass_fds=(request_r, reply_w))

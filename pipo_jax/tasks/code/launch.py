@@ -14,7 +14,8 @@ import tempfile
 import threading
 import time
 
-from pipo_jax.tasks.code import child, sandbox
+from pipo_jax.tasks.code import sandbox
+from pipo_jax.tasks.code.child_script import CHILD_SCRIPT
 from pipo_jax.tasks.code.config import SandboxConfig
 from pipo_jax.tasks.code.protocol import _memfd_with, _read_all
 
@@ -140,7 +141,7 @@ def _launch(spec: dict, config: SandboxConfig, budget: float = math.inf
     """
     remove_leftovers()
     confine, bound = sandbox.check_confinement(config), sandbox.check_process_bound(config)
-    cmd = [config.python, "-I", "-X", "utf8", child.SCRIPT, "--harness"]
+    cmd = [config.python, "-I", "-X", "utf8", CHILD_SCRIPT, "--harness"]
     namespaced = sandbox.check_network_isolation(config)
     if namespaced:
         cmd = [shutil.which("unshare"), *sandbox._UNSHARE_FLAGS, *cmd]
