@@ -5,7 +5,7 @@ the algorithm's estimator / loss / attribution, then a preset (`tiny`, `qwen3_4b
 `qwen3_8b`). Every key is overridable on the command line, e.g.
 `--config=configs/grpo.py:tiny --config.pipo.enabled=true --config.pipo.lam=0.2`.
 The keys, their defaults, descriptions and constraints are declared once, in
-`pipo_jax/rl/sections.py`; `base_config` builds the ml-collections config from them.
+`pipo_jax/config/sections.py`; `base_config` builds the ml-collections config from them.
 `pipo_jax.run.setup.train_spec` checks a config at start-up and names the key.
 """
 
@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import ml_collections
 
-from pipo_jax import schema
-from pipo_jax.rl import sections
+from pipo_jax.config import schema, sections
+# The learner's registries: importing them pushes their names and settings sections into the schema
+# (`pipo_jax/config/registry.py`), which imports none of them.
+from pipo_jax.rl import algorithms, spec  # noqa: F401
+from pipo_jax.tasks import registry  # noqa: F401
 
 PRESETS = ("tiny", "micro", "qwen3_4b", "qwen3_8b")
 # The authors' runs (JacckMa/pipo_verl, verl/trainer/config/experiments/math/*_pipo.yaml) on top of
@@ -23,7 +26,7 @@ AUTHORS_PRESETS = ("authors_qwen3_4b", "authors_qwen3_8b")
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """Every key's default, from its one declaration in `pipo_jax/rl/sections.py` (type, default,
+    """Every key's default, from its one declaration in `pipo_jax/config/sections.py` (type, default,
     description, constraint; `--check_config` prints the descriptions)."""
     return schema.defaults(sections.RunConfig)
 

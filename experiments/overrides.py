@@ -7,8 +7,8 @@ from typing import Any
 
 import ml_collections
 
-from pipo_jax import schema
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config import schema
+from pipo_jax.config.sections import RunConfig
 
 
 def set_key(c: ml_collections.ConfigDict, assignment: str) -> None:

@@ -110,7 +110,7 @@ def test_a_stored_base_is_reused_only_for_the_settings_it_was_warmed_up_with(tmp
 def test_vmapped_pass_at_1_is_the_trainers_heldout_pass_at_1_per_seed():
     """compare's held-out pass@1 (samples at the rollout temperature, vmapped over seeds) equals what the
     trainer's evaluation reports for each seed's params alone (`Evaluation.pass_at_1`)."""
-    from pipo_jax.rl.sections import RunConfig
+    from pipo_jax.config.sections import RunConfig
     from pipo_jax.run.placement import Placement
     from pipo_jax.run.trainer import Evaluation
 

@@ -36,12 +36,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipo_jax.config.registry import register_names
 from pipo_jax.losses.aggregation import Aggregation, aggregate, token_mean
 from pipo_jax.losses.masking import as_mask
 from pipo_jax.losses.policy import clipped_surrogate, jit_clip, token_log_ratio
 
 _STEPS_EPS = 1e-9  # Algorithm 1 compares sums of steps with the range's end: exact in reals, not in floats
 VARIANTS = ("paper", "released_code")
+register_names("bapo_variant", *VARIANTS)  # `config/registry.py`: the schema's choices
 RELEASED_EPS = 1e-8  # the released code's P / (N + eps) (its `policy_loss.eps`)
 
 

@@ -25,12 +25,15 @@ import math
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.registry import register_names
 from pipo_jax.losses.aggregation import Aggregation, token_mean
 from pipo_jax.losses.masking import as_mask
 from pipo_jax.losses.policy import clipped_surrogate, finish_clipped, jit_clip, token_log_ratio
 
 OUTCOMES = ("response", "reward")
+register_names("copo_outcome", *OUTCOMES)  # `config/registry.py`: the schema's choices
 BLENDS = ("soft_with_zero", "soft_with_forced", "soft")
+register_names("copo_blend", *BLENDS)  # `config/registry.py`: the schema's choices
 STD_EPS = 1e-6  # the authors' epsilon of both standardisations
 
 

@@ -21,11 +21,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.registry import register_names
 from pipo_jax.losses.masking import as_mask
 from pipo_jax.losses.policy import token_log_ratio
 
 SCORES = ("log_likelihood", "likelihood_ratio")
+register_names("disco_score", *SCORES)  # `config/registry.py`: the schema's choices
 NEGATIVES = ("log_sum_exp", "mean")
+register_names("disco_negatives", *NEGATIVES)  # `config/registry.py`: the schema's choices
 
 
 def sequence_scores(logp_br, logp_old_br, mask_br, score: str):

@@ -25,7 +25,11 @@ import math
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.registry import register_names
+
+
 CREDITS = ("uniform", "std", "sum_mean")
+register_names("riskpo_credit", *CREDITS)  # `config/registry.py`: the schema's choices
 STD_EPS = 1e-6  # the authors' epsilon of the standardisations
 FLAT_STD = 1e-3  # credit=std: a question whose reward std is at most this counts as std 1 (the authors')
 FLAT_SUM = 1e-6  # credit=sum_mean: a paper whose deviations sum to within this is shared equally

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from pipo_jax.rl.sections import ConfigError
+from pipo_jax.config.sections import ConfigError
 from pipo_jax.tasks import registry
 from pipo_jax.tasks.protocol import Task, TaskConfigError, missing_attributes
 

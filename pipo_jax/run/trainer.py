@@ -2,7 +2,7 @@
 supervised warm-up), then RL iterations in jitted `lax.scan` chunks (or the host loop),
 with held-out evaluation, metrics, orbax checkpoints / exact resume and a final HF export.
 On several devices or processes the same job runs sharded over `config.mesh`
-(`pipo_jax.run.placement`). The run-level sections are read typed (`rl/sections.py:RunConfig`).
+(`pipo_jax.run.placement`). The run-level sections are read typed (`config/sections.py:RunConfig`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pipo_jax.models import hf, qwen3
 from pipo_jax.parallel import mesh_batch_shards
 from pipo_jax.parallel.distributed import initialize_distributed
 from pipo_jax.rl import loop, rollout, steps
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config
 from pipo_jax.rl.state import TrainState
 from pipo_jax.run import atomic, compile_cache, evaluate

@@ -26,9 +26,9 @@ from typing import Any, Iterable
 
 import ml_collections
 
-from pipo_jax.rl.sections import ConfigError
+from pipo_jax.config.sections import ConfigError
 from pipo_jax.run import atomic
-from pipo_jax.schema import moved_keys
+from pipo_jax.config.schema import moved_keys
 
 log = logging.getLogger(__name__)
 

@@ -209,7 +209,7 @@ def test_rloo_and_reinforce_pp_configs_resolve_their_pieces():
     c = reinforce_pp.get_config("micro")
     c.pipo.compat = True
     compat = train_spec(c)
-    assert compat.pipo.options.ppo_sign_attribution
+    assert compat.pipo_options.ppo_sign_attribution
     chex.assert_trees_all_close(algorithms.attribute(compat, batch), batch.adv_br * MASK)
 
 
@@ -219,13 +219,14 @@ def test_attributions_bind_the_pure_functions():
                        logp_old_br=2 * adv, logp_ref_br=jnp.zeros((B, T)), adv_br=adv, logp_teacher_br=adv,
                        sd_mask_b=jnp.array([1.0, 0.0, 1.0, 1.0]))
     for eps_add in (False, True):
-        spec = _spec_ns(rollout=dict(group_size=2), pipo=dict(options=controller.PipoOptions(attribution_eps_add=eps_add)))
+        spec = SimpleNamespace(rollout=SimpleNamespace(group_size=2),
+                               pipo_options=controller.PipoOptions(attribution_eps_add=eps_add))
         chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["group"].fn(spec, batch),
                                     pipo.group_attribution(adv, MASK, 2, eps_add))
     gae = algorithms.ATTRIBUTIONS["gae"]
-    plain = SimpleNamespace(pipo=SimpleNamespace(options=controller.PipoOptions()), algorithm=SimpleNamespace(authors_ppo=True))
+    plain = SimpleNamespace(pipo_options=controller.PipoOptions(), algorithm=SimpleNamespace(authors_ppo=True))
     chex.assert_trees_all_close(gae.fn(plain, batch), adv * MASK)
-    signed = SimpleNamespace(pipo=SimpleNamespace(options=controller.PipoOptions(ppo_sign_attribution=True)),
+    signed = SimpleNamespace(pipo_options=controller.PipoOptions(ppo_sign_attribution=True),
                              algorithm=SimpleNamespace(authors_ppo=True), rollout=SimpleNamespace(group_size=1))
     # the authors' PPO attribution with G = 1: each response's mean advantage over |mean| (+) 1e-6, on its tokens
     sign = jnp.array([1.0, -1.0, 1.0, 1.0])[:, None] * MASK
@@ -246,7 +247,7 @@ def test_attributions_bind_the_pure_functions():
     want = jnp.array([[1.0] * 3, [-1.0] * 3, [2.0, 0.0, 0.0], [0.5] * 3]) * MASK
     chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["copo"].fn(None, weighted), want)
     # ADORA: the group attribution times the prompt's weight
-    spec = _spec_ns(rollout=dict(group_size=2), pipo=dict(options=controller.PipoOptions()))
+    spec = SimpleNamespace(rollout=SimpleNamespace(group_size=2), pipo_options=controller.PipoOptions())
     weighted = batch.replace(adora_weight_b=jnp.array([1.0, 1.0, 0.1, 0.1]))
     chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["adora"].fn(spec, weighted),
                                 jnp.array([1.0, 1.0, 0.1, 0.1])[:, None] * pipo.group_attribution(adv, MASK, 2))

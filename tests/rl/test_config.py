@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run.setup import train_spec
 from tests.scripts import run_script

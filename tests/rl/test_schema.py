@@ -1,4 +1,4 @@
-"""The config schema (`schema.py`, `rl/sections.py`): every key declared once with its type,
+"""The config schema (`config/schema.py`, `config/sections.py`): every key declared once with its type,
 default, description and constraint; `base_config` built from the declarations; the generic
 `from_config` round-trips; choices read from the registries."""
 
@@ -9,13 +9,13 @@ import ml_collections
 import pytest
 
 from configs import base
-from pipo_jax import schema
-from pipo_jax.rl import algorithms, sections
-from pipo_jax.rl.sections import ConfigError, RunConfig
+from pipo_jax.config import registry, schema, sections
+from pipo_jax.config.sections import ConfigError, RunConfig
+from pipo_jax.rl import algorithms
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.workdir import flat_config
 
-ALGOS = sections.algorithm_names()  # each registered algorithm has its configs/<name>.py
+ALGOS = registry.names("algorithm")  # each registered algorithm has its configs/<name>.py
 
 
 def test_every_key_has_exactly_one_declaration_with_a_description():
@@ -105,12 +105,22 @@ def test_run_level_keys_are_checked_by_their_declaration(key, value, message):
 
 def test_choices_come_from_the_registries():
     docs = {name: doc for name, _, doc in schema.describe(RunConfig, base.base_config())}
-    assert docs["algorithm"].endswith(f"[{' | '.join(sections.algorithm_names())}]")
-    assert "dr_grpo" in sections.algorithm_names() and "vpd+joint" not in sections.algorithm_names()
+    assert docs["algorithm"].endswith(f"[{' | '.join(registry.names('algorithm'))}]")
+    assert "dr_grpo" in registry.names("algorithm") and "vpd+joint" not in registry.names("algorithm")
     assert {"rloo", "reinforce_pp", "kl_cov", "clip_cov", "bnpo", "copo", "riskpo", "gdpo",
-            "adora"} <= set(sections.algorithm_names())
-    assert {"kl_cov", "clip_cov", "drpo", "bapo", "disco", "copo"} <= set(sections.policy_names())
-    assert "cispo" in docs["loss.policy"] and set(sections.policy_names()) >= {"token_clip", "gspo", "cispo"}
+            "adora"} <= set(registry.names("algorithm"))
+    assert {"kl_cov", "clip_cov", "drpo", "bapo", "disco", "copo"} <= set(registry.names("policy"))
+    assert "cispo" in docs["loss.policy"] and set(registry.names("policy")) >= {"token_clip", "gspo", "cispo"}
     assert docs["advantage.estimator"].endswith(f"[{' | '.join(list(algorithms.ADVANTAGE_ESTIMATORS) + ['none'])}]")
     assert docs["pipo.attribution"].endswith("[group | gae | copo | adora | sdpo_token]")
     assert docs["pipo.authors.window_twice"].startswith("mu_t enters the window before xi is computed")
+
+
+def test_a_registered_choice_is_checked_when_the_config_is_validated(monkeypatch):
+    # the schema imports no registry: a name pushed after its sections were declared is a valid choice
+    with pytest.raises(ConfigError, match=r"^config\.model\.attention_impl: 'ring' is not one of \('auto', "):
+        sections.ModelConfig(attention_impl="ring")
+    monkeypatch.setitem(registry._NAMES, "attention_impl", {**registry._NAMES["attention_impl"], "ring": None})
+    assert sections.ModelConfig(attention_impl="ring").attention_impl == "ring"
+    with pytest.raises(RuntimeError, match=r"^no no_such_kind is registered: import the module that registers"):
+        registry.names("no_such_kind")

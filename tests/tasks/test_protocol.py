@@ -12,7 +12,7 @@ import pytest
 
 from configs import gdpo, grpo, sdpo
 from pipo_jax.rl import spec as spec_lib
-from pipo_jax.rl.sections import ConfigError, RunConfig
+from pipo_jax.config.sections import ConfigError, RunConfig
 from pipo_jax.run.setup import make_model_config, train_spec
 from pipo_jax.run.task_config import make_task
 from pipo_jax.tasks import registry
