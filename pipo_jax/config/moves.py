@@ -33,4 +33,19 @@ RENAMED: dict[str, str] = {
                                    "sandbox_allow_network")),
     **_moved("task", "task.reasoning_gym", ("dataset", "config", "size", "prompt", "max_prompt_chars",
                                             "max_answer_chars", "overlong"), prefix="rg_"),
+    # Each method's own keys moved from config.loss / config.advantage into its settings section
+    # (config.<loss | advantage>.<method>.<key>, declared beside the method's math in pipo_jax/losses/).
+    **_moved("loss", "loss.kl_cov", ("ratio", "coef"), prefix="kl_cov_"),
+    **_moved("loss", "loss.clip_cov", ("ratio", "low", "high"), prefix="clip_cov_"),
+    **_moved("loss", "loss.drpo", ("tau", "beta", "delta"), prefix="drpo_"),
+    "loss.drpo_lambda": "loss.drpo.lam",
+    **_moved("loss", "loss.bapo", ("rho", "variant", "lower_start", "lower_max", "lower_step", "upper_start", "upper_max",
+                                   "upper_step", "prob_weight"), prefix="bapo_"),
+    **_moved("loss", "loss.disco", ("score", "negatives", "tau", "beta", "delta"), prefix="disco_"),
+    **_moved("advantage", "advantage.bnpo", ("decay", "reward_min", "reward_max"), prefix="bnpo_"),
+    **_moved("advantage", "advantage.copo", ("gamma", "rho", "blend", "outcome", "consistency_reward"),
+             prefix="copo_"),
+    **_moved("advantage", "advantage.riskpo", ("bundle_size", "alpha", "beta", "omega", "credit",
+                                               "natural_baseline"), prefix="riskpo_"),
+    **_moved("advantage", "advantage.adora", ("tds_weight", "success_threshold", "max_length"), prefix="adora_"),
 }

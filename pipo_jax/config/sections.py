@@ -143,7 +143,8 @@ class TrainConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig(Section):
-    """config.advantage: the estimator (`rl/algorithms.py:ADVANTAGE_ESTIMATORS`) and its settings."""
+    """config.advantage: the estimator (`rl/registry.py:ADVANTAGE_ESTIMATORS`) and the settings estimators share; an
+    estimator's own keys are its settings section (`config.advantage.<estimator>.<key>`), registered with it."""
 
     _section = "advantage"
     estimator: str = key("grpo", "the advantage estimator (none: no advantages, SDPO's distillation)",
@@ -155,50 +156,6 @@ class AdvantageConfig(Section):
                             "per-component group advantages")
     gamma: float = key(1.0, "discount of GAE and of REINFORCE++'s return", within(0, 1))
     lam: float = key(1.0, "GAE lambda", within(0, 1))
-    bnpo_decay: float = key(0.9, "BNPO (advantage.estimator=bnpo): each earlier batch's weight in the pool of "
-                            "success rates whose moments set the Beta normaliser is multiplied by this every "
-                            "iteration (0: the current batch only, the authors' code)", within(0, 1, open_high=True))
-    bnpo_reward_min: float = key(0.0, "BNPO: the reward mapped to 0 (rewards are put on [0, 1] before the success "
-                                 "rates; the authors' min_value)")
-    bnpo_reward_max: float = key(1.0, "BNPO: the reward mapped to 1 (the authors' max_value)")
-    copo_gamma: float = key(5.0, "COPO (advantage.estimator=copo): gamma, the slope of the local loss's weight "
-                            "sigmoid(gamma (H - rho)) in the entropy H (bits) of a group's outcomes", at_least(0))
-    copo_rho: float = key(1.0, "COPO: rho, the outcome entropy (bits) at which the local and global losses weigh the "
-                          "same", at_least(0))
-    copo_blend: str = key("soft_with_zero", "COPO: where the local weight applies: soft_with_zero (responses of "
-                          "nonzero reward; the others take the global loss only: the authors' COPO) | "
-                          "soft_with_forced (responses of a nonzero group advantage) | soft (every response)",
-                          choices=registered("copo_blend"))
-    copo_outcome: str = key("response", "COPO: what one outcome of the entropy is: response (the same valid tokens; "
-                            "the answer for tasks whose response is the answer) | reward (the same reward)",
-                            choices=registered("copo_outcome"))
-    copo_consistency_reward: bool = key(False, "COPO: the global reward is the group's mean reward times "
-                                        "1 - (1 - 1/G) H / log2 G (false: the mean reward, the authors' script)")
-    riskpo_bundle_size: int = key(5, "RiskPO (advantage.estimator=riskpo): K, consecutive prompts per bundle; a "
-                                  "bundle's g-th paper sums the rewards of each prompt's g-th response", at_least(1))
-    riskpo_alpha: float = key(0.2, "RiskPO: alpha, the lower quantile level (CVaR_alpha and RVaR's lower end)",
-                              within(0, 1, open_low=True, open_high=True))
-    riskpo_beta: float = key(0.8, "RiskPO: beta, RVaR_{alpha,beta}'s upper quantile level",
-                             within(0, 1, open_low=True))
-    riskpo_omega: float = key(1.5, "RiskPO: omega, CVaR's weight in the mixed objective (omega CVaR + RVaR) / "
-                              "(omega + 1); 0: RVaR alone", at_least(0))
-    riskpo_credit: str = key("uniform", "RiskPO: how a paper's advantage reaches its responses: uniform (each the "
-                             "paper's: the bundle objective's gradient) | std (over the question's reward std) | "
-                             "sum_mean (shared in proportion to r - the question's mean)", choices=registered("riskpo_credit"))
-    riskpo_natural_baseline: bool = key(True, "RiskPO: RVaR's term clip(S, q_alpha, q_beta) - q_beta (false: "
-                                        "- q_alpha)")
-    adora_tds_weight: float = key(0.1, "ADORA (advantage.estimator=adora): lambda, the weight of the advantages of "
-                                  "a temporarily disadvantageous prompt (no correct response longer than its "
-                                  "incorrect ones' mean length); 1: GRPO", within(0, 1))
-    adora_success_threshold: float = key(0.5, "ADORA: a response is correct when its reward exceeds this")
-    adora_max_length: int = key(0, "ADORA: an incorrect response this many tokens long or longer (cut off) is left "
-                                "out of the incorrect ones' mean length; 0 = rollout.max_new_tokens", at_least(0))
-
-    def check(self):
-        need(self.bnpo_reward_max > self.bnpo_reward_min, "advantage.bnpo_reward_max",
-             f"{self.bnpo_reward_max} must be > advantage.bnpo_reward_min={self.bnpo_reward_min}")
-        need(self.riskpo_alpha < self.riskpo_beta, "advantage.riskpo_beta",
-             f"{self.riskpo_beta} must be > advantage.riskpo_alpha={self.riskpo_alpha}")
 
 
 def _dual_clip(value):
@@ -207,7 +164,8 @@ def _dual_clip(value):
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig(Section):
-    """config.loss: the policy loss (`rl/algorithms.py:POLICY_LOSSES`), clipping, aggregation, regularisers."""
+    """config.loss: the policy loss (`rl/registry.py:POLICY_LOSSES`), clipping, aggregation, regularisers; a loss's
+    own keys are its settings section (`config.loss.<loss>.<key>`), registered with it."""
 
     _section = "loss"
     policy: str = key("token_clip", "the policy loss (it must fit the algorithm)", choices=registered("policy"))
@@ -224,66 +182,10 @@ class LossConfig(Section):
     kl_in_reward: bool = key(False, "-kl_coef x loss.kl_estimator in the token rewards instead of a loss term "
                              "(PPO, RLOO, REINFORCE++)")
     entropy_coef: float = key(0.0, "entropy bonus weight", at_least(0))
-    kl_cov_ratio: float = key(2e-3, "KL-Cov (loss.policy=kl_cov): k, the share of the batch's tokens, those of "
-                              "largest covariance of log-prob and advantage, that get the |log ratio| penalty",
-                              within(0, 1, open_low=True))
-    kl_cov_coef: float = key(1.0, "KL-Cov: beta, the weight of |logp - logp_old| on the selected tokens", at_least(0))
-    clip_cov_ratio: float = key(2e-4, "Clip-Cov (loss.policy=clip_cov): r, the share of the batch's tokens drawn "
-                                "among those of covariance in [clip_cov_low, clip_cov_high] and left out of the loss",
-                                within(0, 1, open_low=True))
-    clip_cov_low: float = key(1.0, "Clip-Cov: omega_low, the covariance's lower bound")
-    clip_cov_high: float = key(5.0, "Clip-Cov: omega_high, the covariance's upper bound")
-    drpo_tau: float = key(10.0, "DRPO (loss.policy=drpo): tau, the temperature of the incorrect responses' "
-                          "log-mean-exp", above(0))
-    drpo_lambda: float = key(0.1, "DRPO: lambda, the KL weight of the positive distribution: length weight "
-                             "exp((1 - |o| / R) / lambda)", above(0))
-    drpo_beta: float = key(1e3, "DRPO: beta, the penalty weight of the KL trust region", at_least(0))
-    drpo_delta: float = key(1e-4, "DRPO: delta, the KL trust region's radius", at_least(0))
-    bapo_rho: float = key(0.4, "BAPO (loss.policy=bapo): rho_0, the share of the loss's contribution the "
-                          "positive-advantage tokens must reach (Eq. 8) before the clip bounds stop moving; with "
-                          "bapo_variant=released_code the code's adv_ratio_target, a bound on their ratio P / N",
-                          at_least(0))
-    bapo_variant: str = key("paper", "BAPO: paper: Algorithm 1 (c_high rises first, the share P / (P + N) >= "
-                            "bapo_rho) | released_code: the authors' verl code (c_low rises first, P / N >= "
-                            "bapo_rho)", choices=registered("bapo_variant"))
-    bapo_lower_start: float = key(0.6, "BAPO: a-, the lower ratio bound c_low at the start of each update",
-                                  within(0, 1, open_low=True))
-    bapo_lower_max: float = key(0.9, "BAPO: b-, the most c_low may rise to", within(0, 1, open_low=True))
-    bapo_lower_step: float = key(0.02, "BAPO: delta_2, c_low's step", above(0))
-    bapo_upper_start: float = key(1.2, "BAPO: a+, the upper ratio bound c_high at the start of each update",
-                                  at_least(1))
-    bapo_upper_max: float = key(3.0, "BAPO: b+, the most c_high may rise to", at_least(1))
-    bapo_upper_step: float = key(0.05, "BAPO: delta_1, c_high's step", above(0))
-    bapo_prob_weight: bool = key(True, "BAPO: each token's contribution in Eq. 8 weighted by its behaviour "
-                                 "probability pi_old(y_t), as the paper writes it (false: unweighted, the "
-                                 "authors' released verl code)")
-    disco_score: str = key("log_likelihood", "DisCO (loss.policy=disco): the non-clipping score of a response, the "
-                           "token mean of logp or of the ratio to the behaviour policy", choices=registered("disco_score"))
-    disco_negatives: str = key("log_sum_exp", "DisCO: log_sum_exp: tau x the log-mean-exp of the negative responses' "
-                               "scores / tau (DisCO) | mean: their mean (DisCO-b)", choices=registered("disco_negatives"))
-    disco_tau: float = key(10.0, "DisCO: tau of log_sum_exp (the authors: 10 with log_likelihood, 1 with "
-                           "likelihood_ratio)", above(0))
-    disco_beta: float = key(1e3, "DisCO: beta, the squared-hinge penalty's weight on KL(pi_old || pi) above delta",
-                            at_least(0))
-    disco_delta: float = key(1e-4, "DisCO: delta, the KL trust region's radius", at_least(0))
 
     def check(self):
         need(not self.norm_length or self.agg_mode == "seq-mean-token-sum-norm", "loss.norm_length",
              f"{self.norm_length} is seq-mean-token-sum-norm's divisor, not {self.agg_mode!r}'s: set it to 0")
-        need(self.clip_cov_low <= self.clip_cov_high, "loss.clip_cov_low",
-             f"{self.clip_cov_low} must be <= loss.clip_cov_high={self.clip_cov_high}")
-        # BAPO's Algorithm 1 moves the bounds only while c_low + delta_2 <= b-: a range without one lower
-        # step would never adapt (the tolerance of `losses/bapo.py:bound_path`: exact in reals, not in floats)
-        need(self.bapo_variant != "paper" or self.bapo_rho <= 1, "loss.bapo_rho",
-             f"{self.bapo_rho} must be <= 1: with loss.bapo_variant=paper it is a share of the contribution")
-        need(self.bapo_lower_start <= self.bapo_lower_max, "loss.bapo_lower_max",
-             f"{self.bapo_lower_max} must be >= loss.bapo_lower_start={self.bapo_lower_start}")
-        need(self.bapo_variant != "paper"
-             or (self.bapo_lower_max - self.bapo_lower_start) / self.bapo_lower_step + 1e-9 >= 1, "loss.bapo_lower_max",
-             f"{self.bapo_lower_max} leaves no step of loss.bapo_lower_step={self.bapo_lower_step} above "
-             f"loss.bapo_lower_start={self.bapo_lower_start} (Algorithm 1 would never move the bounds)")
-        need(self.bapo_upper_start <= self.bapo_upper_max, "loss.bapo_upper_max",
-             f"{self.bapo_upper_max} must be >= loss.bapo_upper_start={self.bapo_upper_start}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -107,18 +107,19 @@ def _reinforce_pp_baseline(spec: TrainSpec, x: AdvantageInputs):
 
 
 def _bnpo_rewards(spec: TrainSpec) -> dict:
-    return dict(reward_min=spec.advantage.bnpo_reward_min, reward_max=spec.advantage.bnpo_reward_max)
+    return dict(reward_min=spec.advantage.bnpo.reward_min, reward_max=spec.advantage.bnpo.reward_max)
 
 
 def _bnpo_update(spec: TrainSpec, state: bnpo.BnpoState, x: AdvantageInputs):
-    """This batch's success rates into BNPO's pool (`advantage.bnpo_decay`); the pool's Beta parameters as
+    """This batch's success rates into BNPO's pool (`advantage.bnpo.decay`); the pool's Beta parameters as
     metrics."""
     rates = bnpo.success_rates(x.seq_rewards_b, spec.rollout.group_size, **_bnpo_rewards(spec))
-    state = bnpo.update_bnpo_state(state, rates, decay=spec.advantage.bnpo_decay)
+    state = bnpo.update_bnpo_state(state, rates, decay=spec.advantage.bnpo.decay)
     return state, {f"bnpo_{k}": v for k, v in bnpo.beta_parameters(state).items()}
 
 
-@advantage_estimator("bnpo", group=True, carried=CarriedState(lambda spec: bnpo.init_bnpo_state(), _bnpo_update))
+@advantage_estimator("bnpo", group=True, carried=CarriedState(lambda spec: bnpo.init_bnpo_state(), _bnpo_update),
+                     settings=bnpo.BnpoSettings)
 def _bnpo(spec: TrainSpec, x: AdvantageInputs):
     """BNPO: (r~ - p_q) / f_N(p_q; alpha, beta) on every token, alpha and beta from the pool of recent success
     rates `x.state` (this batch's included), `losses/bnpo.py` (docs/math.md §1 "BNPO")."""
@@ -128,30 +129,30 @@ def _bnpo(spec: TrainSpec, x: AdvantageInputs):
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
 
-@advantage_estimator("copo", group=True)
+@advantage_estimator("copo", group=True, settings=copo.CopoSettings)
 def _copo(spec: TrainSpec, x: AdvantageInputs):
     """COPO (`losses/copo.py`, docs/math.md §1 "COPO"): GRPO's group advantage as the local one, and for the
     `copo` loss each row's global advantage (its prompt's mean reward standardised over the batch's prompts)
-    and the weight of its local loss (from its group's outcome entropy, `advantage.copo_*`), as the batch
+    and the weight of its local loss (from its group's outcome entropy, `advantage.copo.*`), as the batch
     fields `global_adv_b` and `local_weight_b`."""
     a, g = spec.advantage, spec.rollout.group_size
     local_b = advantages.group_relative_advantages(x.seq_rewards_b, g, std_ddof=a.std_ddof, norm_by_std=a.norm_by_std)
     global_b, weight_b, _ = copo.copo_advantages(
-        x.seq_rewards_b, local_b, x.tokens_br, x.mask_br, group_size=g, outcome=a.copo_outcome, gamma=a.copo_gamma,
-        rho=a.copo_rho, blend=a.copo_blend, consistency_reward=a.copo_consistency_reward, std_ddof=a.std_ddof,
+        x.seq_rewards_b, local_b, x.tokens_br, x.mask_br, group_size=g, outcome=a.copo.outcome, gamma=a.copo.gamma,
+        rho=a.copo.rho, blend=a.copo.blend, consistency_reward=a.copo.consistency_reward, std_ddof=a.std_ddof,
         norm_by_std=a.norm_by_std)
     return (advantages.broadcast_over_tokens(local_b, x.mask_br), None,
             {"global_adv_b": global_b, "local_weight_b": weight_b})
 
 
-@advantage_estimator("riskpo", group=True)
+@advantage_estimator("riskpo", group=True, settings=riskpo.RiskpoSettings)
 def _riskpo(spec: TrainSpec, x: AdvantageInputs):
     """RiskPO (`losses/riskpo.py`, docs/math.md §1 "RiskPO"): the Mixed Value-at-Risk advantages of bundles of
-    `advantage.riskpo_bundle_size` consecutive prompts, on every token of each response."""
+    `advantage.riskpo.bundle_size` consecutive prompts, on every token of each response."""
     a = spec.advantage
-    adv_b = riskpo.riskpo_advantages(x.seq_rewards_b, spec.rollout.group_size, bundle_size=a.riskpo_bundle_size,
-                                     alpha=a.riskpo_alpha, beta=a.riskpo_beta, omega=a.riskpo_omega,
-                                     natural_baseline=a.riskpo_natural_baseline, credit=a.riskpo_credit,
+    adv_b = riskpo.riskpo_advantages(x.seq_rewards_b, spec.rollout.group_size, bundle_size=a.riskpo.bundle_size,
+                                     alpha=a.riskpo.alpha, beta=a.riskpo.beta, omega=a.riskpo.omega,
+                                     natural_baseline=a.riskpo.natural_baseline, credit=a.riskpo.credit,
                                      norm_by_std=a.norm_by_std, std_ddof=a.std_ddof)
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
@@ -178,17 +179,17 @@ def _gdpo(spec: TrainSpec, x: AdvantageInputs):
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
 
-@advantage_estimator("adora", group=True)
+@advantage_estimator("adora", group=True, settings=adora.AdoraSettings)
 def _adora(spec: TrainSpec, x: AdvantageInputs):
     """ADORA (`losses/adora.py`, docs/math.md §1 "ADORA"): GRPO's group advantage, times 1 on the prompts whose
     longest correct response is longer than their incorrect ones' mean length this iteration and
-    `advantage.adora_tds_weight` on the others; the weights as the batch field `adora_weight_b` (the
+    `advantage.adora.tds_weight` on the others; the weights as the batch field `adora_weight_b` (the
     attribution's)."""
     a = spec.advantage
     adv_b, weight_b = adora.adora_advantages(
         x.seq_rewards_b, jnp.sum(x.mask_br, axis=1), spec.rollout.group_size,
-        success_threshold=a.adora_success_threshold, max_length=a.adora_max_length or spec.rollout.max_new_tokens,
-        tds_weight=a.adora_tds_weight, std_ddof=a.std_ddof, norm_by_std=a.norm_by_std)
+        success_threshold=a.adora.success_threshold, max_length=a.adora.max_length or spec.rollout.max_new_tokens,
+        tds_weight=a.adora.tds_weight, std_ddof=a.std_ddof, norm_by_std=a.norm_by_std)
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None, {"adora_weight_b": weight_b}
 
 
@@ -249,28 +250,28 @@ def _cispo(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict
     return _clip_loss(cispo_loss, spec, hyper, params, mb, counts)
 
 
-@policy_loss("kl_cov", pi_ratio="token")
+@policy_loss("kl_cov", pi_ratio="token", settings=cov.KlCovSettings)
 def _kl_cov(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
-    """KL-Cov (`losses/cov.py:kl_cov_loss`): -A r, + `loss.kl_cov_coef` |log ratio| on the
-    `loss.kl_cov_ratio` tokens of largest covariance in the micro-batch at hand; no clip."""
+    """KL-Cov (`losses/cov.py:kl_cov_loss`): -A r, + `loss.kl_cov.coef` |log ratio| on the
+    `loss.kl_cov.ratio` tokens of largest covariance in the micro-batch at hand; no clip."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
-    loss, metrics = cov.kl_cov_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio=spec.loss.kl_cov_ratio,
-                                    coef=spec.loss.kl_cov_coef, agg=aggregation(spec, counts))
+    loss, metrics = cov.kl_cov_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio=spec.loss.kl_cov.ratio,
+                                    coef=spec.loss.kl_cov.coef, agg=aggregation(spec, counts))
     return loss, metrics, logp, ent
 
 
-@policy_loss("clip_cov", pi_ratio="token")
+@policy_loss("clip_cov", pi_ratio="token", settings=cov.ClipCovSettings)
 def _clip_cov(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
-    """Clip-Cov (`losses/cov.py:clip_cov_loss`): the token clip without dual clip, `loss.clip_cov_ratio`
-    unclipped tokens of covariance in [`clip_cov_low`, `clip_cov_high`] drawn with `counts["rng"]`
+    """Clip-Cov (`losses/cov.py:clip_cov_loss`): the token clip without dual clip, `loss.clip_cov.ratio`
+    unclipped tokens of covariance in [`loss.clip_cov.low`, `high`] drawn with `counts["rng"]`
     (`steps.accumulate_grads`: one key per micro-batch) and left out."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     loss, metrics = cov.clip_cov_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, key=counts["rng"],
                                       ratio_low=hyper.ratio_low, ratio_high=hyper.ratio_high,
-                                      ratio=spec.loss.clip_cov_ratio, cov_low=spec.loss.clip_cov_low,
-                                      cov_high=spec.loss.clip_cov_high, agg=aggregation(spec, counts))
+                                      ratio=spec.loss.clip_cov.ratio, cov_low=spec.loss.clip_cov.low,
+                                      cov_high=spec.loss.clip_cov.high, agg=aggregation(spec, counts))
     return loss, metrics, logp, ent
 
 
@@ -285,7 +286,7 @@ def _check_whole_groups(spec: TrainSpec, mb: TrainBatch, policy: str) -> None:
                           f"{spec.mini_batch} rows in one micro-batch (its KL penalty is over the mini-batch); set 0")
 
 
-@policy_loss("drpo", pi_ratio="token")
+@policy_loss("drpo", pi_ratio="token", settings=drpo.DrpoSettings)
 def _drpo(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """DRPO (`losses/drpo.py:drpo_loss`): the decoupled, length-weighted discriminative objective over
     each group of the mini-batch, with the KL penalty. It reads whole groups, so the mini-batch must be
@@ -295,43 +296,43 @@ def _drpo(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict,
     _check_loss_inputs(logp, mb)
     g = spec.rollout.group_size
     loss, metrics = drpo.drpo_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g,
-                                   num_prompts=spec.mini_batch // g, tau=spec.loss.drpo_tau, lam=spec.loss.drpo_lambda,
-                                   beta=spec.loss.drpo_beta, delta=spec.loss.drpo_delta)
+                                   num_prompts=spec.mini_batch // g, tau=spec.loss.drpo.tau, lam=spec.loss.drpo.lam,
+                                   beta=spec.loss.drpo.beta, delta=spec.loss.drpo.delta)
     return loss, metrics, logp, ent
 
 
-@policy_loss("bapo", pi_ratio="token", dual_clip=True)
+@policy_loss("bapo", pi_ratio="token", dual_clip=True, settings=bapo.BapoSettings)
 def _bapo(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """BAPO (`losses/bapo.py:bapo_loss`): the token clip at the ratio bounds chosen on the micro-batch at hand
-    (`loss.bapo_*`: `bapo_variant=paper`, Algorithm 1, brings the positive tokens' share of Eq. 8 to `bapo_rho`
-    by raising c_high, then c_low, within their ranges; `released_code` the authors' code's search), with
-    the dual clip `loss.clip_ratio_c` (0 in `configs/bapo.py`: the paper's objective); `loss.clip_low` /
-    `clip_high` are the PI step's clip only."""
+    (`loss.bapo.*`: `variant=paper`, Algorithm 1, brings the positive tokens' share of Eq. 8 to `rho` by raising
+    c_high, then c_low, within their ranges; `released_code` the authors' code's search), with the dual clip
+    `loss.clip_ratio_c` (0 in `configs/bapo.py`: the paper's objective); `loss.clip_low` / `clip_high` are the
+    PI step's clip only."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
-    lo = spec.loss
+    lo = spec.loss.bapo
     loss, metrics = bapo.bapo_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, agg=aggregation(spec, counts),
-                                   rho=lo.bapo_rho, lower_start=lo.bapo_lower_start, lower_max=lo.bapo_lower_max,
-                                   lower_step=lo.bapo_lower_step, upper_start=lo.bapo_upper_start,
-                                   upper_max=lo.bapo_upper_max, upper_step=lo.bapo_upper_step,
-                                   prob_weight=lo.bapo_prob_weight, variant=lo.bapo_variant,
+                                   rho=lo.rho, lower_start=lo.lower_start, lower_max=lo.lower_max,
+                                   lower_step=lo.lower_step, upper_start=lo.upper_start,
+                                   upper_max=lo.upper_max, upper_step=lo.upper_step,
+                                   prob_weight=lo.prob_weight, variant=lo.variant,
                                    clip_ratio_c=dual_clip_c(spec, hyper))
     return loss, metrics, logp, ent
 
 
-@policy_loss("disco", pi_ratio="token")
+@policy_loss("disco", pi_ratio="token", settings=disco.DiscoSettings)
 def _disco(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """DisCO (`losses/disco.py:disco_loss`): each group's positive responses' mean score against its
-    negative ones' (`loss.disco_score`, `disco_negatives`, `disco_tau`) with the squared-hinge KL penalty
-    (`disco_beta`, `disco_delta`); whole groups, one micro-batch per mini-batch, as DRPO."""
+    negative ones' (`loss.disco.score`, `negatives`, `tau`) with the squared-hinge KL penalty
+    (`beta`, `delta`); whole groups, one micro-batch per mini-batch, as DRPO."""
     _check_whole_groups(spec, mb, "disco")
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
-    g, lo = spec.rollout.group_size, spec.loss
+    g, lo = spec.rollout.group_size, spec.loss.disco
     loss, metrics = disco.disco_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g,
-                                     num_prompts=spec.mini_batch // g, score=lo.disco_score,
-                                     negatives=lo.disco_negatives, tau=lo.disco_tau, beta=lo.disco_beta,
-                                     delta=lo.disco_delta)
+                                     num_prompts=spec.mini_batch // g, score=lo.score,
+                                     negatives=lo.negatives, tau=lo.tau, beta=lo.beta,
+                                     delta=lo.delta)
     return loss, metrics, logp, ent
 
 

@@ -10,7 +10,8 @@ shapings and the algorithms that combine them, each declared once and looked up 
                                                          -> (loss, metrics, logp_br, entropy_br | None)
     ATTRIBUTIONS[name]:         Attribution          fn(spec, TrainBatch) -> attr_br
     ADVANTAGE_SHAPINGS[name]:   fn(spec, TrainBatch) -> adv_br
-    ALGORITHMS[key]:            Algorithm            which of the above an algorithm may use
+    ALGORITHMS[key]:            Algorithm            which of the above an algorithm may use (the first of each:
+                                                     its defaults, `Algorithm.defaults`)
 
 Register with the decorators (`@policy_loss("name", pi_ratio="token")`, ...) and
 `register_algorithm(Algorithm(...))`; each also pushes its name into the config schema
@@ -113,6 +114,12 @@ class Algorithm:
         if not self.config_name:
             object.__setattr__(self, "config_name", self.name)
 
+    @property
+    def defaults(self) -> dict[str, str]:
+        """The config keys its registration sets: {dotted key: value} (`configs/base.py:algorithm_config`)."""
+        return {"algorithm": self.config_name, "advantage.estimator": self.estimators[0],
+                "loss.policy": self.policy_losses[0][0], "pipo.attribution": self.attribution}
+
     def loss_for(self, policy: str) -> str | None:
         """The registered loss `loss.policy = policy` trains with, or None if it does not fit."""
         return dict(self.policy_losses).get(policy)
@@ -132,25 +139,45 @@ def _register(table: dict, name: str, entry):
     return entry
 
 
+def _register_settings(settings: type | None, parent: str, name: str) -> None:
+    """Pushes a method's settings section (`config.<parent>.<name>`) into the config schema, used by the runs whose
+    `config.<parent>.<key>` names it (`estimator` / `policy`)."""
+    if settings is None:
+        return
+    if getattr(settings, "_section", "") != f"{parent}.{name}":
+        raise ValueError(f"{parent} {name!r}: settings {settings.__name__} declare _section="
+                         f"{getattr(settings, '_section', '')!r}, not {parent}.{name!r}")
+    chooser = "advantage.estimator" if parent == "advantage" else "loss.policy"
+    config_registry.register_section(settings, used_when=(chooser, name))
+
+
 def advantage_estimator(*names: str, critic: bool = False, group: bool = False, carried: CarriedState | None = None,
-                        reward_components: bool = False):
+                        reward_components: bool = False, settings: type | None = None):
     """Registers `fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)` under each of `names`;
-    `critic`: reads the critic's values; `group`: group-relative (G >= 2 checked by `TrainSpec`);
-    `carried`: the state it keeps across iterations (`CarriedState`); `reward_components`: reads the task's
-    reward components (`AdvantageInputs.reward_components_bc`; `TrainSpec` checks the task has them)."""
+    `critic`: reads the critic's values (the `critic` section is then this estimator's runs'); `group`:
+    group-relative (G >= 2 checked by `TrainSpec`); `carried`: the state it keeps across iterations
+    (`CarriedState`); `reward_components`: reads the task's reward components
+    (`AdvantageInputs.reward_components_bc`; `TrainSpec` checks the task has them); `settings`: its own keys, a
+    `config.schema.Section` at `advantage.<name>` (read as `spec.advantage.<name>.<key>`)."""
     def register(fn):
         entry = AdvantageEstimator(names[0], fn, critic, group, carried, reward_components)
         for name in names:
             _register(ADVANTAGE_ESTIMATORS, name, entry)
+            if critic:
+                config_registry.register_use("critic", "advantage.estimator", name)
         config_registry.register_names("estimator", *names)
+        _register_settings(settings, "advantage", names[0])
         return fn
     return register
 
 
-def policy_loss(name: str, *, pi_ratio: str = "token", distills: bool = False, dual_clip: bool = False):
-    """Registers `fn(spec, params, teacher_params, mb, counts) -> (loss, metrics, logp_br, entropy_br)`."""
+def policy_loss(name: str, *, pi_ratio: str = "token", distills: bool = False, dual_clip: bool = False,
+                settings: type | None = None):
+    """Registers `fn(spec, params, teacher_params, mb, counts) -> (loss, metrics, logp_br, entropy_br)`;
+    `settings`: its own keys, a `config.schema.Section` at `loss.<name>` (read as `spec.loss.<name>.<key>`)."""
     if pi_ratio not in ("token", "sequence"):
         raise ValueError(f"policy loss {name!r}: pi_ratio {pi_ratio!r} is not 'token' or 'sequence'")
+    _register_settings(settings, "loss", name)
     return lambda fn: _register(POLICY_LOSSES, name, PolicyLoss(name, fn, pi_ratio, distills, dual_clip)) and fn
 
 
@@ -182,6 +209,11 @@ def register_algorithm(algorithm: Algorithm) -> Algorithm:
     config_registry.register_names("algorithm", algorithm.config_name)
     config_registry.register_names("policy", *(name for name, _ in algorithm.policy_losses))
     config_registry.register_names("estimator", *(e for e in algorithm.estimators if e == "none"))
+    # the sections only some algorithms' runs read (`--check_config` lists them for those)
+    if algorithm.teacher:
+        config_registry.register_use("sdpo", "algorithm", algorithm.config_name)
+    if algorithm.vpd_settings:
+        config_registry.register_use("vpd", "algorithm", algorithm.config_name)
     return algorithm
 
 

@@ -4,6 +4,7 @@ default, description and constraint; `base_config` built from the declarations; 
 
 import importlib
 import json
+import pathlib
 
 import ml_collections
 import pytest
@@ -12,6 +13,7 @@ from configs import base
 from pipo_jax.config import registry, schema, sections
 from pipo_jax.config.sections import ConfigError, RunConfig
 from pipo_jax.rl import algorithms
+from experiments.train import check_config_listing
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.workdir import flat_config
 
@@ -124,3 +126,60 @@ def test_a_registered_choice_is_checked_when_the_config_is_validated(monkeypatch
     assert sections.ModelConfig(attention_impl="ring").attention_impl == "ring"
     with pytest.raises(RuntimeError, match=r"^no no_such_kind is registered: import the module that registers"):
         registry.names("no_such_kind")
+
+
+# The sections only some runs read: each method's own settings, PPO's critic, the teacher's and VPD's, each task's.
+METHOD_SECTIONS = ("loss.kl_cov", "loss.clip_cov", "loss.drpo", "loss.bapo", "loss.disco", "advantage.bnpo",
+                   "advantage.copo", "advantage.riskpo", "advantage.adora")
+RUN_SECTIONS = ("critic", "sdpo", "vpd") + tuple(f"task.{t}" for t in ("arithmetic", "dataset", "math", "code",
+                                                                         "reasoning_gym", "digit_sum"))
+
+
+def _listed(algo: str) -> set[str]:
+    c = importlib.import_module(f"configs.{algo}").get_config("micro")
+    train_spec(c)
+    return {line.split(" = ", 1)[0] for line in check_config_listing(c).splitlines()}
+
+
+def _sections_of(keys) -> set[str]:
+    return {s for s in METHOD_SECTIONS + RUN_SECTIONS for k in keys if k.startswith(s + ".")}
+
+
+def test_check_config_lists_the_shared_keys_and_the_runs_own():
+    declared = schema.declarations(RunConfig)
+    assert _sections_of(declared) == set(METHOD_SECTIONS + RUN_SECTIONS)  # every one of them is declared
+    shared = {k for k in declared if not _sections_of([k])}
+    grpo = _listed("grpo")  # GRPO on the arithmetic task: the shared keys and the arithmetic task's, nothing else
+    assert grpo == shared | {k for k in declared if k.startswith("task.arithmetic.")}
+    assert len(grpo) < len(declared) - 60
+    for algo, own in [("bapo", {"loss.bapo"}), ("kl_cov", {"loss.kl_cov"}), ("clip_cov", {"loss.clip_cov"}),
+                      ("drpo", {"loss.drpo"}), ("disco", {"loss.disco"}), ("bnpo", {"advantage.bnpo"}),
+                      ("copo", {"advantage.copo"}), ("riskpo", {"advantage.riskpo"}), ("adora", {"advantage.adora"}),
+                      ("ppo", {"critic"}), ("sdpo", {"sdpo"}), ("vpd", {"sdpo", "vpd"})]:
+        listed = _listed(algo)
+        assert _sections_of(listed) == own | {"task.arithmetic"}, algo
+        assert {k for k in declared if any(k.startswith(s + ".") for s in own)} <= listed, algo
+
+
+def test_a_methods_settings_are_checked_where_declared_and_old_keys_are_moved():
+    c = importlib.import_module("configs.bapo").get_config("micro")
+    assert train_spec(c).loss.bapo.rho == 0.4  # the declared default, not restated by configs/bapo.py
+    c.loss.bapo.upper_max = 1.1
+    with pytest.raises(ConfigError, match=r"^config\.loss\.bapo\.upper_max: 1\.1 must be >= loss\.bapo\.upper_start"):
+        train_spec(c)
+    # a run config stored before the move is read with the keys at their new place
+    stored = {"loss": {"bapo_rho": 0.3, "drpo_lambda": 0.2}, "advantage": {"copo_blend": "soft"}}
+    assert schema.moved_keys(stored) == {"loss": {"bapo": {"rho": 0.3}, "drpo": {"lam": 0.2}},
+                                         "advantage": {"copo": {"blend": "soft"}}}
+    assert schema.unknown_key(RunConfig, "loss.bapo_rho", prefix="--config.") == "moved: set --config.loss.bapo.rho"
+
+
+def test_an_algorithm_config_states_only_what_differs_from_its_registration():
+    for algo in ALGOS:
+        source = (pathlib.Path(base.__file__).parent / f"{algo}.py").read_text()
+        assert f'base.algorithm_config("{algo}"' in source, algo
+        defaults = algorithms.plain_algorithm(algo).defaults
+        for dotted, value in defaults.items():
+            assert f'c.{dotted} = "{value}"' not in source, (algo, dotted)  # the registration says it
+        c = importlib.import_module(f"configs.{algo}").get_config("micro")
+        assert (c.algorithm, c.pipo.attribution) == (algo, defaults["pipo.attribution"])
