@@ -203,7 +203,7 @@ def test_command_line_overrides():
     c, lines = check_config_run("--config=configs/dapo.py:tiny", "--config.pipo.enabled=true", "--config.pipo.lam=0.2",
                                 "--config.rollout.group_size=4")
     assert (c["algorithm"], c["pipo.enabled"], c["pipo.lam"], c["rollout.group_size"]) == ("dapo", True, 0.2, 4)
-    # every key with its description, from its one declaration (rl/sections.py)
+    # every key the run uses with its description, from its one declaration (config/sections.py)
     assert lines["pipo.lam"] == "0.2  # lambda: the PI step's scale when the improvement signal is negative"
     assert lines["loss.policy"].endswith("[token_clip | gspo | cispo | kl_cov | clip_cov | drpo | bapo | disco | "
                                          "copo | sdpo_token | sdpo_jsd]")
