@@ -79,7 +79,7 @@ def test_other_keys_stay_static_and_values_are_still_checked():
     base = train_spec(config())
     for key, value in (("pipo.window", 3), ("rollout.temperature", 0.7), ("rollout.group_size", 2)):
         assert train_spec(config(**{key: value})) != base, key
-    with pytest.raises(ConfigError, match=r"^config\.loss\.clip_low: 1\.5 must be in \[0, 1\)$"):
+    with pytest.raises(ConfigError, match=r"^config\.loss\.clip_low: 1\.5 must be in \[0, 1\]$"):
         train_spec(config(**{"loss.clip_low": 1.5}))
     with pytest.raises(ConfigError, match=r"^config\.pipo\.lam: 2\.0 must be in \[0, 1\]$"):
         train_spec(config(**{"pipo.lam": 2.0}))
