@@ -39,6 +39,7 @@ def test_set_reads_the_value_as_the_keys_type():
                          ("task.no_key=1", "config has no key 'task.no_key'; did you mean task.name\\?$"),
                          ("nosection.a=1", "no section"),
                          ("pipo.lamb=1", "config has no key 'pipo.lamb'; did you mean pipo.lam\\?$"),
+                         ("loss.bapo_rho=0.5", "loss.bapo_rho moved: set loss.bapo.rho$"),  # a moved key
                          ("pipo.authors.window_twice=1", "expected true or false"),
                          ("warmup.steps", "expected KEY=VALUE")):
         with pytest.raises(ValueError, match=message):
