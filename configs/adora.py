@@ -12,17 +12,10 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "adora"
-    c.advantage.estimator = "adora"
+    c = base.algorithm_config("adora", preset)
     c.advantage.std_ddof = 1  # torch.std in their GRPO advantage
-    c.advantage.adora_tds_weight = 0.1  # Length_weight.lamda
-    c.advantage.adora_success_threshold = 0.5  # the rewards' midpoint (their 1.01 is for Logic-RL's -3..3 scale)
-    c.advantage.adora_max_length = 0  # rollout.max_new_tokens: responses cut off at the budget
-    c.loss.policy = "token_clip"
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.2, 0.0  # clip_ratio 0.2, no dual clip
     c.loss.agg_mode = "token-mean"  # verl_F.masked_mean over the micro-batch's tokens
     c.loss.kl_estimator, c.loss.kl_coef = "k3", 0.001  # use_kl_loss, low_var_kl, kl_loss_coef
     c.loss.entropy_coef = 0.001  # entropy_coeff
-    c.pipo.attribution = "adora"
     return c

@@ -4,7 +4,7 @@ whose ratio bounds [c_low, c_high] are chosen on each update (Algorithm 1): from
 delta_1 up to b+, then c_low by delta_2 up to b-, until the positive-advantage tokens' share of the
 loss's contribution (Eq. 8, each token weighted by pi_old(y_t)) reaches rho_0 (docs/math.md §1 "BAPO").
 rho_0 = 0.4, [a-, b-] = [0.6, 0.9], [a+, b+] = [1.2, 3.0], delta_1 = 0.05, delta_2 = 0.02: the paper's
-§5.1; no dual clip (the paper's objective); Algorithm 1's search (loss.bapo_variant=paper; the authors'
+§5.1; no dual clip (the paper's objective); Algorithm 1's search (loss.bapo.variant=paper; the authors'
 released code's search: released_code). PIPO: the group attribution; the PI step (Eq. 11) clips at
 BAPO's start bounds [a-, a+] (`loss.clip_low` = 1 - a-, `loss.clip_high` = a+ - 1).
 """
@@ -13,15 +13,7 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "bapo"
-    c.advantage.estimator = "grpo"
-    c.loss.policy = "bapo"
-    c.loss.bapo_rho = 0.4
-    c.loss.bapo_lower_start, c.loss.bapo_lower_max, c.loss.bapo_lower_step = 0.6, 0.9, 0.02
-    c.loss.bapo_upper_start, c.loss.bapo_upper_max, c.loss.bapo_upper_step = 1.2, 3.0, 0.05
-    c.loss.bapo_prob_weight = True
+    c = base.algorithm_config("bapo", preset)
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.4, 0.2, 0.0
     c.loss.agg_mode = "seq-mean-token-mean"  # GRPO's (the paper builds BAPO on GRPO)
-    c.pipo.attribution = "group"
     return c

@@ -1,11 +1,13 @@
 """The base ml-collections config every algorithm file starts from.
 
-An algorithm is a config: `configs/<algo>.py:get_config(preset)` takes this base, sets
-the algorithm's estimator / loss / attribution, then a preset (`tiny`, `qwen3_4b`,
-`qwen3_8b`). Every key is overridable on the command line, e.g.
+An algorithm is a config: `configs/<algo>.py:get_config(preset)` starts from
+`algorithm_config(name, preset)` (this base at a size preset, `tiny`, `micro`, `qwen3_4b`,
+`qwen3_8b`, with the estimator / loss / attribution the algorithm's registration declares) and
+sets only what differs from those defaults (a method's own settings are declared with their
+defaults beside its code, `config.loss.<method>` / `config.advantage.<method>`). Every key is overridable on the command line, e.g.
 `--config=configs/grpo.py:tiny --config.pipo.enabled=true --config.pipo.lam=0.2`.
 The keys, their defaults, descriptions and constraints are declared once, in
-`pipo_jax/rl/sections.py`; `base_config` builds the ml-collections config from them.
+`pipo_jax/config/sections.py`; `base_config` builds the ml-collections config from them.
 `pipo_jax.run.setup.train_spec` checks a config at start-up and names the key.
 """
 
@@ -13,8 +15,11 @@ from __future__ import annotations
 
 import ml_collections
 
-from pipo_jax import schema
-from pipo_jax.rl import sections
+from pipo_jax.config import schema, sections
+# The learner's registries: importing them pushes their names and settings sections into the schema
+# (`pipo_jax/config/registry.py`), which imports none of them.
+from pipo_jax.rl import algorithms, registry, spec  # noqa: F401
+from pipo_jax.tasks import registry as task_registry  # noqa: F401
 
 PRESETS = ("tiny", "micro", "qwen3_4b", "qwen3_8b")
 # The authors' runs (JacckMa/pipo_verl, verl/trainer/config/experiments/math/*_pipo.yaml) on top of
@@ -23,9 +28,23 @@ AUTHORS_PRESETS = ("authors_qwen3_4b", "authors_qwen3_8b")
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """Every key's default, from its one declaration in `pipo_jax/rl/sections.py` (type, default,
+    """Every key's default, from its one declaration in `pipo_jax/config/sections.py` (type, default,
     description, constraint; `--check_config` prints the descriptions)."""
     return schema.defaults(sections.RunConfig)
+
+
+def algorithm_config(name: str, preset: str, variant: str = "none") -> ml_collections.ConfigDict:
+    """The base config at the size `preset` (`apply_preset`) for the registered algorithm `name` (and its variant):
+    `algorithm` and the estimator, policy loss and attribution its registration declares first
+    (`rl/registry.py:Algorithm.defaults`); a `configs/<name>.py` then sets only what differs."""
+    c = apply_preset(base_config(), preset)
+    for dotted, value in registry.algorithm_variant(name, variant).defaults.items():
+        *parents, leaf = dotted.split(".")
+        node = c
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return c
 
 
 def paper_preset(preset: str, algorithm: str) -> tuple[str, bool]:

@@ -3,7 +3,7 @@ responses per prompt, each advantaged by its reward minus the prompt's success r
 reward on [0, 1]), divided by the Beta(alpha, beta) density at p; alpha = 1 + a / 3, beta = 1 + b / 3
 minimise the gradient's variance when the success rates follow Beta(a, b), whose a, b come from the
 moments of a pool of recent success rates carried across iterations (`TrainState.estimator_state`;
-`advantage.bnpo_decay`: each earlier batch's weight times 0.9 per iteration, 0 = the current batch alone,
+`advantage.bnpo.decay`: each earlier batch's weight times 0.9 per iteration, 0 = the current batch alone,
 the authors' code) (docs/math.md §1 "BNPO"). The loss is the token clip of the authors' script
 (changyi7231/BNPO `recipe/bnpo/run.sh`: clip 0.2 / 0.28, dual clip 10, seq-mean-token-sum, no KL loss).
 PIPO: the group attribution (BNPO's advantage is a positive multiple of r - mean in each group).
@@ -13,14 +13,8 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "bnpo"
-    c.advantage.estimator = "bnpo"
-    c.advantage.bnpo_decay = 0.9
-    c.advantage.bnpo_reward_min, c.advantage.bnpo_reward_max = 0.0, 1.0  # the task rewards' range
-    c.loss.policy = "token_clip"
+    c = base.algorithm_config("bnpo", preset)
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.28, 10.0
     c.loss.agg_mode = "seq-mean-token-sum"  # their actor.loss_agg_mode
     c.loss.kl_coef = 0.0  # use_kl_loss=False, use_kl_in_reward=False in their script
-    c.pipo.attribution = "group"
     return c

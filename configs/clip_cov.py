@@ -11,13 +11,8 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "clip_cov"
-    c.advantage.estimator = "grpo"
-    c.loss.policy = "clip_cov"
+    c = base.algorithm_config("clip_cov", preset)
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.2, 0.0
-    c.loss.clip_cov_ratio, c.loss.clip_cov_low, c.loss.clip_cov_high = 2e-4, 1.0, 5.0
     c.loss.agg_mode = "token-mean"
     c.loss.kl_coef = 0.0
-    c.pipo.attribution = "group"
     return c

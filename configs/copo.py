@@ -12,17 +12,9 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "copo"
-    c.advantage.estimator = "copo"
+    c = base.algorithm_config("copo", preset)
     c.advantage.std_ddof = 1  # torch.std in their advantage code
-    c.advantage.copo_gamma, c.advantage.copo_rho = 5.0, 1.0
-    c.advantage.copo_blend = "soft_with_zero"  # "soft-with-zero represents our COPO method" (their README)
-    c.advantage.copo_outcome = "response"
-    c.advantage.copo_consistency_reward = False  # reward_coef_flg=false in run_copo.sh
-    c.loss.policy = "copo"
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.2, 3.0
     c.loss.agg_mode = "seq-mean-token-mean"
     c.loss.kl_coef = 0.0  # use_kl_loss=false
-    c.pipo.attribution = "copo"
     return c

@@ -11,12 +11,8 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "dr_grpo"
-    c.advantage.estimator = "grpo"
+    c = base.algorithm_config("dr_grpo", preset)
     c.advantage.norm_by_std = False  # A_i = R_i - mean_g
-    c.loss.policy = "token_clip"
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.2, 3.0
     c.loss.agg_mode = "seq-mean-token-sum-norm"  # sum over tokens / max_new_tokens, mean over responses
-    c.pipo.attribution = "group"
     return c

@@ -11,14 +11,9 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "drpo"
-    c.advantage.estimator = "grpo"
-    c.loss.policy = "drpo"
+    c = base.algorithm_config("drpo", preset)
     c.loss.clip_ratio_c = 0.0
-    c.loss.drpo_tau, c.loss.drpo_lambda, c.loss.drpo_beta, c.loss.drpo_delta = 10.0, 0.1, 1e3, 1e-4
     c.loss.kl_coef = 0.0  # use_kl_loss=False in their scripts
     c.train.shuffle = False  # whole groups in each mini-batch, as their (unshuffled) split
     c.train.micro_batch_size_per_device = 0
-    c.pipo.attribution = "group"
     return c

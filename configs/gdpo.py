@@ -12,13 +12,9 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "gdpo"
-    c.advantage.estimator = "gdpo"
+    c = base.algorithm_config("gdpo", preset)
     c.advantage.std_ddof = 1  # torch.std in both of GDPO's normalisations
-    c.loss.policy = "token_clip"
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.2, 0.0  # epsilon 0.2, delta None
     c.loss.agg_mode = "token-mean"  # loss_type="bnpo", trl 0.18's default
     c.loss.kl_estimator, c.loss.kl_coef = "k3", 0.04  # beta, trl 0.18's default
-    c.pipo.attribution = "group"
     return c

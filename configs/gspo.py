@@ -5,13 +5,10 @@ from configs import base
 
 def get_config(preset: str = "tiny"):
     size, authors = base.paper_preset(preset, "gspo")
-    c = base.apply_preset(base.base_config(), size)
-    c.algorithm = "gspo"
-    c.advantage.estimator = "grpo"
+    c = base.algorithm_config("gspo", size)
     c.loss.policy = "gspo"
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 3e-4, 4e-4, 0.0
     c.loss.agg_mode = "seq-mean-token-mean"
-    c.pipo.attribution = "group"
     if authors:  # experiments/math/gspo_pipo.yaml: temperature 1.0, top-p 1.0, seq-mean-token-mean
         base.apply_authors(c)
         c.loss.kl_coef = 0.0  # use_kl_loss: False

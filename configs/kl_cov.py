@@ -10,13 +10,8 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "kl_cov"
-    c.advantage.estimator = "grpo"
-    c.loss.policy = "kl_cov"
+    c = base.algorithm_config("kl_cov", preset)
     c.loss.clip_ratio_c = 0.0  # no clip at all, so no dual clip
-    c.loss.kl_cov_ratio, c.loss.kl_cov_coef = 2e-3, 1.0
     c.loss.agg_mode = "token-mean"
     c.loss.kl_coef = 0.0
-    c.pipo.attribution = "group"
     return c

@@ -4,15 +4,11 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "ppo"
-    c.advantage.estimator = "gae"
-    c.loss.policy = "token_clip"
+    c = base.algorithm_config("ppo", preset)
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.2, 3.0
     c.loss.agg_mode = "seq-mean-token-mean"
     c.loss.kl_in_reward = True
     c.loss.kl_estimator = "k1"
-    c.pipo.attribution = "gae"
     # PPO samples one response per prompt; the paper's batch is 1024 prompts.
     c.rollout.group_size = 1
     if preset in ("tiny",):

@@ -14,14 +14,10 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "reinforce_pp"
-    c.advantage.estimator = "reinforce_pp"
+    c = base.algorithm_config("reinforce_pp", preset)
     c.advantage.gamma = 1.0
-    c.loss.policy = "token_clip"
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.2, 3.0
     c.loss.agg_mode = "token-mean"  # the loss over the batch's tokens, as its advantages are normalised
     c.loss.kl_in_reward = True  # r_t = -beta * KL_t (+ the outcome reward at the last token)
     c.loss.kl_estimator = "k1"
-    c.pipo.attribution = "gae"  # the (whitened) token advantages, as PPO
     return c

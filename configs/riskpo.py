@@ -12,17 +12,9 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "riskpo"
-    c.advantage.estimator = "riskpo"
+    c = base.algorithm_config("riskpo", preset)
     c.advantage.std_ddof, c.advantage.norm_by_std = 1, True  # torch.std of the bundle scores
-    c.advantage.riskpo_bundle_size = 5
-    c.advantage.riskpo_alpha, c.advantage.riskpo_beta, c.advantage.riskpo_omega = 0.2, 0.8, 1.5
-    c.advantage.riskpo_credit = "uniform"
-    c.advantage.riskpo_natural_baseline = True
-    c.loss.policy = "token_clip"
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.2, 3.0
     c.loss.agg_mode = "token-mean"  # verl's actor.loss_agg_mode default
     c.loss.kl_coef = 0.0  # use_kl_loss=False
-    c.pipo.attribution = "gae"
     return c

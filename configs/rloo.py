@@ -11,13 +11,9 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "rloo"
-    c.advantage.estimator = "rloo"
-    c.loss.policy = "token_clip"
+    c = base.algorithm_config("rloo", preset)
     c.loss.clip_low, c.loss.clip_high, c.loss.clip_ratio_c = 0.2, 0.2, 3.0
     c.loss.agg_mode = "token-mean"  # verl's actor.loss_agg_mode default
     c.loss.kl_in_reward = True  # R_i = r_i - beta * log(pi_old(y|x) / pi_ref(y|x)), the paper's reward
     c.loss.kl_estimator = "k1"
-    c.pipo.attribution = "group"
     return c

@@ -11,23 +11,15 @@ from configs import base
 
 
 def get_config(preset: str = "tiny"):
-    c = base.apply_preset(base.base_config(), preset)
-    c.algorithm = "vpd"
-    c.advantage.estimator = "none"
-    c.loss.policy = "sdpo_token"  # docs/math.md §4: the M-step is SDPO's token-level KL toward the teacher
+    c = base.algorithm_config("vpd", preset)
     c.loss.agg_mode = "token-mean"
     c.loss.kl_coef = 0.0
-    c.pipo.attribution = "sdpo_token"
     return c
 
 
 def hybrid(preset: str, mode: str):
-    """A GRPO + SDPO hybrid ablation (`joint` loss or advantage `reshape`) as a full config."""
-    c = get_config(preset)
+    """A GRPO + SDPO hybrid ablation (`joint` loss or advantage `reshape`) as a full config: the variant's registered
+    estimator, loss and attribution (GRPO's), the base's aggregation and KL."""
+    c = base.algorithm_config("vpd", preset, variant=mode)
     c.vpd.hybrid = mode
-    c.advantage.estimator = "grpo"
-    c.loss.policy = "token_clip"
-    c.loss.agg_mode = "seq-mean-token-mean"
-    c.loss.kl_coef = 0.001
-    c.pipo.attribution = "group"
     return c

@@ -49,8 +49,8 @@ from absl import app, flags  # noqa: E402
 from pipo_jax.data.sources import DataError  # noqa: E402
 from pipo_jax.models.hf import CheckpointError  # noqa: E402
 from pipo_jax.rl.loop import DynamicSamplingExhausted, NonFiniteUpdates  # noqa: E402
-from pipo_jax import schema  # noqa: E402
-from pipo_jax.rl.sections import RunConfig  # noqa: E402
+from pipo_jax.config import schema  # noqa: E402
+from pipo_jax.config.sections import RunConfig  # noqa: E402
 from pipo_jax.rl.spec import ConfigError  # noqa: E402
 from pipo_jax.run import compile_cache  # noqa: E402
 from pipo_jax.run.atomic import NotRegularFile, StorageError, storage_error  # noqa: E402

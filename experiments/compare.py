@@ -51,7 +51,7 @@ from absl import flags
 from experiments import cli, overfit, provenance, schedule, stats, study, study_report
 from experiments.overrides import set_key, with_overrides
 from experiments.runs import parse_seeds, warmed_up_model
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run import atomic
 
 FLAGS = flags.FLAGS

@@ -7,8 +7,9 @@ from typing import Any
 
 import ml_collections
 
-from pipo_jax import schema
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config import schema
+from pipo_jax.config.moves import RENAMED
+from pipo_jax.config.sections import RunConfig
 
 
 def set_key(c: ml_collections.ConfigDict, assignment: str) -> None:
@@ -24,6 +25,8 @@ def set_key(c: ml_collections.ConfigDict, assignment: str) -> None:
             raise ValueError(f"{assignment!r}: config has no section {part!r}")
         node = node[part]
     if leaf not in node:
+        if key.strip() in RENAMED:  # a key a release moved: its new place, in one line
+            raise ValueError(f"{assignment!r}: {key.strip()} moved: set {RENAMED[key.strip()]}")
         close = schema.closest_keys(RunConfig, key.strip())
         raise ValueError(f"{assignment!r}: config has no key {key!r}"
                          + (f"; did you mean {' or '.join(close)}?" if close else ""))

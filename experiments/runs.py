@@ -15,8 +15,8 @@ import numpy as np
 from experiments import overfit
 from experiments.cli import UsageError
 from pipo_jax.models import hf
-from pipo_jax.schema import to_config
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.schema import to_config
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run import observe, warmup
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import train

@@ -31,7 +31,7 @@ from experiments.overrides import with_overrides
 from experiments.runs import warmed_up_model, warmup_record
 from experiments.vmapped import run_group
 from pipo_jax.models import hf
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run import atomic
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.workdir import flat_config, stored_form

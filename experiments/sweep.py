@@ -36,7 +36,7 @@ from ml_collections import config_flags
 from experiments import cli, hyper_grid, overfit, provenance, schedule, study, study_report
 from experiments.overrides import with_overrides
 from experiments.runs import parse_seeds
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run import atomic
 
 FLAGS = flags.FLAGS

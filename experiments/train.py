@@ -15,8 +15,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli
-from pipo_jax import platforms, schema
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax import platforms
+from pipo_jax.config import schema
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import train
 
@@ -28,7 +29,7 @@ _CHECK = flags.DEFINE_bool("check_config", False,
 
 def check_config_listing(config) -> str:
     """One line per key: `key = value  # description` (the value as JSON; the description and
-    choices from its declaration in `pipo_jax/rl/sections.py`)."""
+    choices from its declaration in `pipo_jax/config/sections.py`)."""
     return "\n".join(f"{name} = {json.dumps(value)}  # {doc}"
                      for name, value, doc in schema.describe(RunConfig, config))
 

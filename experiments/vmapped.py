@@ -19,7 +19,7 @@ import numpy as np
 
 from experiments import overfit
 from pipo_jax.rl import loop
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.run import teacher_forcing

@@ -26,7 +26,7 @@ import pytest
 from configs import grpo
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.models import qwen3
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.sampling import sampler
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import arithmetic

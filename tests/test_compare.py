@@ -14,7 +14,7 @@ from experiments import compare, runs, vmapped
 from experiments.cli import UsageError
 from pipo_jax.models import qwen3
 from pipo_jax.rl import loop
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.state import init_train_state
 from tests.typed import spec_of
@@ -40,6 +40,7 @@ def test_set_reads_the_value_as_the_keys_type():
                          ("task.no_key=1", "config has no key 'task.no_key'; did you mean task.name\\?$"),
                          ("nosection.a=1", "no section"),
                          ("pipo.lamb=1", "config has no key 'pipo.lamb'; did you mean pipo.lam\\?$"),
+                         ("loss.bapo_rho=0.5", "loss.bapo_rho moved: set loss.bapo.rho$"),  # a moved key
                          ("pipo.authors.window_twice=1", "expected true or false"),
                          ("warmup.steps", "expected KEY=VALUE")):
         with pytest.raises(ValueError, match=message):

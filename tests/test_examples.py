@@ -97,7 +97,7 @@ def test_every_example_runs_against_the_main_jobs_workdir_and_kept_checkpoints()
 
 
 def test_the_problems_the_docs_have_you_type_are_inside_the_main_jobs_task():
-    from pipo_jax.rl.sections import RunConfig
+    from pipo_jax.config.sections import RunConfig
     from pipo_jax.tasks.arithmetic_chat import ArithmeticPrompts
     from pipo_jax.tasks import arithmetic
 

@@ -1,8 +1,9 @@
 """The import graph of `pipo_jax/`, `configs/` and `experiments/` points one way (ARCHITECTURE.md 1).
 
 Layers, lowest first: models -> kernels -> losses -> sampling -> tasks -> rl -> run -> configs -> experiments.
-A module imports only from its own layer or lower ones. `platforms.py`, `data/` and `parallel/` are
-leaves anything may import; `parallel/` itself imports nothing of the package but `platforms`.
+A module imports only from its own layer or lower ones. `platforms.py`, `config/` (the config schema), `data/`
+and `parallel/` are leaves anything may import; `config/` imports nothing of the package but `platforms`, and
+`parallel/` nothing but `platforms` and `config/` (its typed sections).
 No module cycles; no function-level imports except of the optional third-party packages below.
 Imports are read with `ast` (module- and function-level), nothing is executed.
 """
@@ -18,8 +19,9 @@ from tests.import_graph import imports as _imports
 from tests.import_graph import package_edges as _package_edges
 
 LAYERS = ("models", "kernels", "losses", "sampling", "tasks", "rl", "run", "configs", "experiments")
-LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.schema", "pipo_jax.native_banners", "pipo_jax.data",
+LEAVES = ("pipo_jax.platforms", "pipo_jax.provenance", "pipo_jax.config", "pipo_jax.native_banners", "pipo_jax.data",
           "pipo_jax.parallel")
+LEARNER = ("rl", "losses", "models", "kernels", "sampling", "tasks", "run")  # what the config schema never imports
 
 # Imported inside the function that needs them, so the package runs without them installed (or, for
 # math-verify and the sympy / latex2sympy2 it brings, so only the verifier's worker processes pay their
@@ -53,23 +55,52 @@ def test_no_import_points_to_a_higher_layer():
     assert not bad, "imports pointing up a layer:\n" + "\n".join(bad)
 
 
-def test_leaves_import_only_leaves_and_parallel_only_platforms():
+def test_leaves_import_only_leaves_and_parallel_only_platforms_and_the_config():
     bad = []
     for m, target, line in _package_edges():
         if m.startswith("pipo_jax.parallel"):
-            if not (target.startswith("pipo_jax.parallel") or target == "pipo_jax.platforms"):
+            if not target.startswith(("pipo_jax.parallel", "pipo_jax.config")) and target != "pipo_jax.platforms":
+                bad.append(f"{m}:{line} imports {target}")
+        elif m.startswith("pipo_jax.config"):
+            if not target.startswith("pipo_jax.config") and target != "pipo_jax.platforms":
                 bad.append(f"{m}:{line} imports {target}")
         elif _layer(m) == -1 and _layer(target) != -1:
             bad.append(f"{m}:{line} imports {target}")
     assert not bad, "leaf modules importing the package:\n" + "\n".join(bad)
 
 
+# The config schema is on the ground floor: the learner's registries push their names and settings
+# sections into it (`config/registry.py`); it imports none of them, read from the code and when imported.
+_SCHEMA_PROBE = """
+import sys
+import pipo_jax.config.registry, pipo_jax.config.schema, pipo_jax.config.sections, pipo_jax.config.moves
+print(sorted(m for m in sys.modules if m.split(".")[:2] in [["pipo_jax", p] for p in %r]))
+""" % (LEARNER,)
+
+
+def test_the_config_schema_imports_no_learner_module():
+    config_modules = [m for m in MODULES if m.startswith("pipo_jax.config")]
+    assert {"pipo_jax.config.schema", "pipo_jax.config.sections", "pipo_jax.config.registry"} <= set(config_modules)
+    bad = [f"{m}:{line} imports {target}" for m, target, line in _package_edges() if m in config_modules
+           and target.startswith(tuple(f"pipo_jax.{p}" for p in LEARNER))]
+    assert not bad, "the config schema importing the learner:\n" + "\n".join(bad)
+    out = subprocess.run([sys.executable, "-c", _SCHEMA_PROBE], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_probe_sees_a_learner_import():
+    # the probe above can fail: importing a learner module shows in its list
+    probe = _SCHEMA_PROBE.replace("import sys\n", "import sys\nimport pipo_jax.losses.kl\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "pipo_jax.losses.kl" in out.stdout, out.stdout + out.stderr
+
+
 # The learner reaches a task through the Task protocol (ARCHITECTURE.md 3): besides the protocol and
 # pass@k it imports no task module; the config -> task factory reads the registry, which names the
-# task modules by path (imported only when chosen) and imports nothing but the protocol; the config
-# schema reads it too, for each task's settings section (light modules of the schema alone).
+# task modules by path (imported only when chosen) and imports nothing but the protocol and the config
+# registry it pushes each task's name and settings section into (light modules of the schema alone).
 TASK_INTERFACE = ("pipo_jax.tasks.protocol", "pipo_jax.tasks.passk")
-READS_REGISTRY = ("pipo_jax.run.task_config", "pipo_jax.rl.sections")
+READS_REGISTRY = ("pipo_jax.run.task_config",)
 
 
 def test_the_learner_imports_no_task_but_the_protocol():
@@ -81,15 +112,15 @@ def test_the_learner_imports_no_task_but_the_protocol():
 
 def test_the_task_registry_is_light_and_names_existing_modules():
     bad = [f"{m}:{line} imports {target}" for m, target, line in _package_edges()
-           if m == "pipo_jax.tasks.registry" and target != "pipo_jax.tasks.protocol"]
-    assert not bad, "the registry must import only the protocol:\n" + "\n".join(bad)
+           if m == "pipo_jax.tasks.registry" and target not in ("pipo_jax.tasks.protocol", "pipo_jax.config.registry")]
+    assert not bad, "the registry must import only the protocol and the config registry:\n" + "\n".join(bad)
     from pipo_jax.tasks import registry
 
     for entry in registry.TASKS.values():
         assert entry.module in MODULES, f"task {entry.name!r}: no module {entry.module}"
         for path in entry.settings:  # a task's settings: a module of the schema alone, beside the task's
             module = path.partition(":")[0]
-            assert module in MODULES and {t for m, t, _ in _package_edges() if m == module} <= {"pipo_jax.schema"}, path
+            assert module in MODULES and {t for m, t, _ in _package_edges() if m == module} <= {"pipo_jax.config.schema"}, path
         tree = ast.parse(MODULES[entry.module].read_text())
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
         assert entry.constructor in defined and set(entry.task_classes) <= defined, entry
@@ -128,7 +159,7 @@ heavy = ("pipo_jax.tasks.code", "pipo_jax.tasks.math", "pipo_jax.tasks.dataset",
          "pipo_jax.tasks.arithmetic", "pipo_jax.run.warmup", "pipo_jax.run.task_config")
 print(sorted(m for m in heavy if m in sys.modules))
 from configs import grpo
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run.task_config import make_task
 make_task(RunConfig.from_config(grpo.get_config("micro")))
 print(sorted(m for m in heavy[:4] if m in sys.modules))
@@ -213,24 +244,26 @@ def test_cycle_finder_finds_a_cycle():
 
 
 # The config schema (ARCHITECTURE.md 3 "A config key"): a key's type, default, description and
-# constraint are declared once, with `schema.key(...)`, in `rl/sections.py`, or for a task's own keys in
-# the settings module its registry entry names (beside its code); `configs/base.py:base_config` builds
-# the ml-collections defaults from those declarations and sets none itself.
-KEY_DECLARATIONS = "pipo_jax.rl.sections"
+# constraint are declared once, with `schema.key(...)`, in `config/sections.py`, or for a method's or a
+# task's own keys in the settings section registered beside its code; `configs/base.py:base_config`
+# builds the ml-collections defaults from those declarations and sets none itself.
+KEY_DECLARATIONS = "pipo_jax.config.sections"
 
 
-def _task_settings_modules() -> set[str]:
-    from pipo_jax.tasks import registry
+def _settings_modules() -> set[str]:
+    """The modules of every registered settings section (`configs.base` imports every registry)."""
+    import configs.base  # noqa: F401
+    from pipo_jax.config import registry
 
-    return {path.partition(":")[0] for entry in registry.TASKS.values() for path in entry.settings}
+    return {cls.__module__ for cls in registry.sections().values()}
 
 
 def _declares_keys(module: str) -> list[int]:
-    """Lines of `module` that import or call `pipo_jax.schema.key`."""
+    """Lines of `module` that import or call `pipo_jax.config.schema.key`."""
     tree = ast.parse(MODULES[module].read_text())
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == "pipo_jax.schema":
+        if isinstance(node, ast.ImportFrom) and node.module == "pipo_jax.config.schema":
             lines += [node.lineno for a in node.names if a.name == "key"]
         elif isinstance(node, ast.Attribute) and node.attr == "key" and isinstance(node.value, ast.Name) \
                 and node.value.id == "schema":
@@ -239,20 +272,22 @@ def _declares_keys(module: str) -> list[int]:
 
 
 def test_config_keys_are_declared_only_in_sections():
-    declaring = {KEY_DECLARATIONS} | _task_settings_modules()
+    settings = _settings_modules()
+    assert {"pipo_jax.tasks.arithmetic_settings", "pipo_jax.tasks.dataset_settings"} <= settings
+    declaring = {KEY_DECLARATIONS} | settings
     bad = [f"{m}:{line}" for m in MODULES if m not in declaring for line in _declares_keys(m)]
-    assert not bad, "config keys declared outside rl/sections.py and the tasks' settings:\n" + "\n".join(bad)
+    assert not bad, "config keys declared outside config/sections.py and the settings sections:\n" + "\n".join(bad)
     assert _declares_keys(KEY_DECLARATIONS)
     tree = ast.parse(MODULES["configs.base"].read_text())
     body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "base_config")
     sets = [n.lineno for n in ast.walk(body) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))]
-    assert not sets, f"configs/base.py:base_config sets defaults itself (lines {sets}); declare them in rl/sections.py"
+    assert not sets, f"configs/base.py:base_config sets defaults itself (lines {sets}); declare them in a section"
 
 
 # The ml-collections config stops at the entry points (`experiments/*.py`, `configs/`): they parse it once
 # (`RunConfig.from_config(c)`) and everything under pipo_jax/ reads the typed sections. Only the schema,
 # which builds the ml-collections defaults from the declarations (`schema.defaults`), touches it.
-CONFIG_DICT_BUILDER = "pipo_jax.schema"
+CONFIG_DICT_BUILDER = "pipo_jax.config.schema"
 # ConfigDict's own names: a module that calls them reads a ConfigDict, imported or not.
 CONFIG_DICT_NAMES = frozenset({"ConfigDict", "FrozenConfigDict", "FieldReference", "config_dict", "placeholder",
                                "copy_and_resolve_references", "to_json_best_effort", "get_ref", "get_oneway_ref",

@@ -11,7 +11,7 @@ import pytest
 
 from configs import grpo as grpo_configs
 from experiments import cli, hyper_grid, stats, study, study_report
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run.setup import train_spec
 from tests.typed import spec_of
 

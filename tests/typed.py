@@ -4,7 +4,7 @@ take typed sections only."""
 
 from typing import Any
 
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.run.setup import train_spec
 from pipo_jax.run.task_config import make_task

@@ -53,7 +53,7 @@ from pipo_jax.models import attention, qwen3
 from pipo_jax.rl import learn as learn_lib
 from pipo_jax.rl import loop
 from pipo_jax.rl import rollout as rollout_lib
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import spec_from_config
 from pipo_jax.rl.state import init_train_state
 from pipo_jax.run.setup import train_spec

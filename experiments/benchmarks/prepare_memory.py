@@ -33,7 +33,7 @@ from pipo_jax import parallel  # noqa: E402
 from pipo_jax.models import qwen3  # noqa: E402
 from pipo_jax.parallel.shardings import batch_shardings  # noqa: E402
 from pipo_jax.rl import learn  # noqa: E402
-from pipo_jax.rl.sections import RunConfig  # noqa: E402
+from pipo_jax.config.sections import RunConfig  # noqa: E402
 from pipo_jax.rl.spec import spec_from_config  # noqa: E402
 from pipo_jax.run import sharded_steps  # noqa: E402
 from pipo_jax.tasks.dataset import DatasetTask  # noqa: E402

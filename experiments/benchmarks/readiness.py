@@ -100,7 +100,7 @@ from pipo_jax.rl import rollout as rollout_lib  # noqa: E402
 from pipo_jax.rl import steps as rl_steps  # noqa: E402
 from pipo_jax.rl.hyper import hyperparameters_of  # noqa: E402
 from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
-from pipo_jax.rl.sections import RunConfig  # noqa: E402
+from pipo_jax.config.sections import RunConfig  # noqa: E402
 from pipo_jax.rl.spec import TrainSpec, spec_from_config  # noqa: E402
 from pipo_jax.rl.state import make_optimizer  # noqa: E402
 from pipo_jax.run import sharded_steps  # noqa: E402

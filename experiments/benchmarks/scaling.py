@@ -46,7 +46,7 @@ from pipo_jax.models import qwen3  # noqa: E402
 from pipo_jax.rl.response_logprobs import response_logprobs  # noqa: E402
 from pipo_jax.rl.spec import TrainSpec  # noqa: E402
 from pipo_jax.run import sharded_steps  # noqa: E402
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run.setup import train_spec
 
 DEFAULT_MESHES = "1x1x1,1x2x1,1x2x2,2x2x2"

@@ -53,7 +53,7 @@ from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.models import hf, qwen3
 from pipo_jax.rl import controller, learn, steps
 from pipo_jax.rl.batch import TrainBatch, stored
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import spec_from_config
 from pipo_jax.rl.state import init_train_state, make_optimizer
 from pipo_jax.sampling.engine import Engine

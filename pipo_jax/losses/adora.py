@@ -16,13 +16,30 @@ average: the group shows that reasoning longer pays; the others' advantages are 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.schema import Section, at_least, key, within
 from pipo_jax.losses.advantages import group_relative_advantages
 from pipo_jax.losses.pipo import group_attribution
+
+
+@dataclasses.dataclass(frozen=True)
+class AdoraSettings(Section):
+    """config.advantage.adora: ADORA's weight of the temporarily disadvantageous prompts (advantage.estimator=adora)."""
+
+    _section = "advantage.adora"
+    tds_weight: float = key(0.1, "lambda (the authors' Length_weight.lamda), the weight of the advantages of a "
+                            "temporarily disadvantageous prompt (no correct response longer than its incorrect ones' "
+                            "mean length); 1: GRPO", within(0, 1))
+    success_threshold: float = key(0.5, "a response is correct when its reward exceeds this (the rewards' midpoint; "
+                                   "the authors' 1.01 is for Logic-RL's -3..3 scale)")
+    max_length: int = key(0, "an incorrect response this many tokens long or longer (cut off) is left out of the "
+                          "incorrect ones' mean length; 0 = rollout.max_new_tokens", at_least(0))
+
 
 
 @functools.partial(jax.jit, static_argnames=("group_size", "max_length"))

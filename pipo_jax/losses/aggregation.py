@@ -32,9 +32,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from pipo_jax.config.registry import register_names
 from pipo_jax.losses.masking import as_mask
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+register_names("agg_mode", *AGG_MODES)  # `config/registry.py`: the schema's choices
 
 
 def check_agg_mode(mode: str) -> str:

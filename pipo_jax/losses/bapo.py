@@ -30,12 +30,14 @@ plus "bapo_clip_low", "bapo_clip_high" and "bapo_pos_share" (the chosen state's 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipo_jax.config.schema import Section, above, at_least, key, need, within
 from pipo_jax.losses.aggregation import Aggregation, aggregate, token_mean
 from pipo_jax.losses.masking import as_mask
 from pipo_jax.losses.policy import clipped_surrogate, jit_clip, token_log_ratio
@@ -43,6 +45,42 @@ from pipo_jax.losses.policy import clipped_surrogate, jit_clip, token_log_ratio
 _STEPS_EPS = 1e-9  # Algorithm 1 compares sums of steps with the range's end: exact in reals, not in floats
 VARIANTS = ("paper", "released_code")
 RELEASED_EPS = 1e-8  # the released code's P / (N + eps) (its `policy_loss.eps`)
+
+
+@dataclasses.dataclass(frozen=True)
+class BapoSettings(Section):
+    """config.loss.bapo: BAPO's bound search (loss.policy=bapo): the clip bounds' start, range and steps, and the
+    target rho_0 of the positive-advantage tokens' contribution; defaults the paper's §5.1 and Algorithm 1."""
+
+    _section = "loss.bapo"
+    rho: float = key(0.4, "rho_0, the share of the loss's contribution the positive-advantage tokens must reach "
+                     "(Eq. 8) before the clip bounds stop moving; with variant=released_code the code's "
+                     "adv_ratio_target, a bound on their ratio P / N", at_least(0))
+    variant: str = key("paper", "paper: Algorithm 1 (c_high rises first, the share P / (P + N) >= rho) | "
+                       "released_code: the authors' verl code (c_low rises first, P / N >= rho)", choices=VARIANTS)
+    lower_start: float = key(0.6, "a-, the lower ratio bound c_low at the start of each update",
+                             within(0, 1, open_low=True))
+    lower_max: float = key(0.9, "b-, the most c_low may rise to", within(0, 1, open_low=True))
+    lower_step: float = key(0.02, "delta_2, c_low's step", above(0))
+    upper_start: float = key(1.2, "a+, the upper ratio bound c_high at the start of each update", at_least(1))
+    upper_max: float = key(3.0, "b+, the most c_high may rise to", at_least(1))
+    upper_step: float = key(0.05, "delta_1, c_high's step", above(0))
+    prob_weight: bool = key(True, "each token's contribution in Eq. 8 weighted by its behaviour probability "
+                            "pi_old(y_t), as the paper writes it (false: unweighted, the authors' released verl code)")
+
+    def check(self):
+        need(self.variant != "paper" or self.rho <= 1, "loss.bapo.rho",
+             f"{self.rho} must be <= 1: with loss.bapo.variant=paper it is a share of the contribution")
+        need(self.lower_start <= self.lower_max, "loss.bapo.lower_max",
+             f"{self.lower_max} must be >= loss.bapo.lower_start={self.lower_start}")
+        # Algorithm 1 moves the bounds only while c_low + delta_2 <= b-: a range without one lower step would
+        # never adapt (the tolerance of `bound_path`: exact in reals, not in floats)
+        need(self.variant != "paper" or (self.lower_max - self.lower_start) / self.lower_step + _STEPS_EPS >= 1,
+             "loss.bapo.lower_max", f"{self.lower_max} leaves no step of loss.bapo.lower_step={self.lower_step} above "
+             f"loss.bapo.lower_start={self.lower_start} (Algorithm 1 would never move the bounds)")
+        need(self.upper_start <= self.upper_max, "loss.bapo.upper_max",
+             f"{self.upper_max} must be >= loss.bapo.upper_start={self.upper_start}")
+
 
 
 def bound_path(lower_start: float, lower_max: float, lower_step: float, upper_start: float, upper_max: float,

@@ -30,6 +30,7 @@ advantage r~ - p, REINFORCE with the prompt's baseline (what the authors' code g
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -37,7 +38,27 @@ import jax.numpy as jnp
 from flax import struct
 from jax.scipy.stats import beta as beta_distribution
 
+from pipo_jax.config.schema import Section, key, need, within
+
 MAX_WEIGHT = 1e6  # the clip of 1 / f_N (the authors' `torch.clamp(1 / weight, max=1e6)`)
+
+
+@dataclasses.dataclass(frozen=True)
+class BnpoSettings(Section):
+    """config.advantage.bnpo: BNPO's pool of success rates and reward range (advantage.estimator=bnpo)."""
+
+    _section = "advantage.bnpo"
+    decay: float = key(0.9, "each earlier batch's weight in the pool of success rates whose moments set the Beta "
+                       "normaliser is multiplied by this every iteration (0: the current batch only, the authors' "
+                       "code)", within(0, 1, open_high=True))
+    reward_min: float = key(0.0, "the reward mapped to 0 (rewards are put on [0, 1] before the success rates; the "
+                            "authors' min_value)")
+    reward_max: float = key(1.0, "the reward mapped to 1 (the authors' max_value)")
+
+    def check(self):
+        need(self.reward_max > self.reward_min, "advantage.bnpo.reward_max",
+             f"{self.reward_max} must be > advantage.bnpo.reward_min={self.reward_min}")
+
 MAX_SHAPE = 1e4  # alpha, beta at most this: a near-constant pool of rates (sigma^2 -> 0) would send them to
 # infinity; float32 keeps the Beta log-density to ~1e-3 up to here
 VAR_FLOOR = 1e-12  # sigma^2 at least this: a pool of equal rates divides by it, not by 0

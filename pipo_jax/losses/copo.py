@@ -19,12 +19,14 @@ agree; the extracted answer for tasks whose response is the answer) or its rewar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.schema import Section, at_least, key
 from pipo_jax.losses.aggregation import Aggregation, token_mean
 from pipo_jax.losses.masking import as_mask
 from pipo_jax.losses.policy import clipped_surrogate, finish_clipped, jit_clip, token_log_ratio
@@ -32,6 +34,25 @@ from pipo_jax.losses.policy import clipped_surrogate, finish_clipped, jit_clip, 
 OUTCOMES = ("response", "reward")
 BLENDS = ("soft_with_zero", "soft_with_forced", "soft")
 STD_EPS = 1e-6  # the authors' epsilon of both standardisations
+
+
+@dataclasses.dataclass(frozen=True)
+class CopoSettings(Section):
+    """config.advantage.copo: COPO's local / global blend (advantage.estimator=copo)."""
+
+    _section = "advantage.copo"
+    gamma: float = key(5.0, "gamma, the slope of the local loss's weight sigmoid(gamma (H - rho)) in the entropy H "
+                       "(bits) of a group's outcomes", at_least(0))
+    rho: float = key(1.0, "rho, the outcome entropy (bits) at which the local and global losses weigh the same",
+                     at_least(0))
+    blend: str = key("soft_with_zero", "where the local weight applies: soft_with_zero (responses of nonzero reward; "
+                     "the others take the global loss only: the authors' COPO) | soft_with_forced (responses of a "
+                     "nonzero group advantage) | soft (every response)", choices=BLENDS)
+    outcome: str = key("response", "what one outcome of the entropy is: response (the same valid tokens; the answer "
+                       "for tasks whose response is the answer) | reward (the same reward)", choices=OUTCOMES)
+    consistency_reward: bool = key(False, "the global reward is the group's mean reward times 1 - (1 - 1/G) H / "
+                                   "log2 G (false: the mean reward, the authors' script)")
+
 
 
 def same_outcome(tokens_br, mask_br, rewards_b, group_size: int, outcome: str):

@@ -20,14 +20,41 @@ selected tokens over `agg.num_tokens`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.schema import Section, at_least, key, need, within
 from pipo_jax.losses.aggregation import Aggregation, aggregate, token_mean
 from pipo_jax.losses.masking import as_mask
 from pipo_jax.losses.policy import check_clip_config, clipped_surrogate, jit_clip, token_log_ratio
+
+
+@dataclasses.dataclass(frozen=True)
+class KlCovSettings(Section):
+    """config.loss.kl_cov: KL-Cov's share of penalised tokens and penalty weight (loss.policy=kl_cov)."""
+
+    _section = "loss.kl_cov"
+    ratio: float = key(2e-3, "k, the share of the batch's tokens, those of largest covariance of log-prob and "
+                       "advantage, that get the |log ratio| penalty", within(0, 1, open_low=True))
+    coef: float = key(1.0, "beta, the weight of |logp - logp_old| on the selected tokens", at_least(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipCovSettings(Section):
+    """config.loss.clip_cov: Clip-Cov's share of detached tokens and their covariance range (loss.policy=clip_cov)."""
+
+    _section = "loss.clip_cov"
+    ratio: float = key(2e-4, "r, the share of the batch's tokens drawn among those of covariance in [low, high] and "
+                       "left out of the loss", within(0, 1, open_low=True))
+    low: float = key(1.0, "omega_low, the covariance's lower bound")
+    high: float = key(5.0, "omega_high, the covariance's upper bound")
+
+    def check(self):
+        need(self.low <= self.high, "loss.clip_cov.low", f"{self.low} must be <= loss.clip_cov.high={self.high}")
+
 
 
 def check_cov_config(ratio, low=None, high=None) -> None:

@@ -16,16 +16,34 @@ the squared-hinge penalty in the form of the authors' code,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.schema import Section, above, at_least, key
 from pipo_jax.losses.masking import as_mask
 from pipo_jax.losses.policy import token_log_ratio
 
 SCORES = ("log_likelihood", "likelihood_ratio")
 NEGATIVES = ("log_sum_exp", "mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscoSettings(Section):
+    """config.loss.disco: DisCO's score, negatives' aggregation and KL trust region (loss.policy=disco)."""
+
+    _section = "loss.disco"
+    score: str = key("log_likelihood", "the non-clipping score of a response, the token mean of logp or of the "
+                     "ratio to the behaviour policy", choices=SCORES)
+    negatives: str = key("log_sum_exp", "log_sum_exp: tau x the log-mean-exp of the negative responses' scores / tau "
+                         "(DisCO) | mean: their mean (DisCO-b)", choices=NEGATIVES)
+    tau: float = key(10.0, "tau of log_sum_exp (the authors: 10 with log_likelihood, 1 with likelihood_ratio)",
+                     above(0))
+    beta: float = key(1e3, "beta, the squared-hinge penalty's weight on KL(pi_old || pi) above delta", at_least(0))
+    delta: float = key(1e-4, "delta, the KL trust region's radius", at_least(0))
+
 
 
 def sequence_scores(logp_br, logp_old_br, mask_br, score: str):

@@ -12,12 +12,27 @@ groups without both kinds contribute 0. The KL trust region is the penalty of th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.schema import Section, above, at_least, key
 from pipo_jax.losses.masking import as_mask
+
+
+@dataclasses.dataclass(frozen=True)
+class DrpoSettings(Section):
+    """config.loss.drpo: DRPO's temperature, length weight and KL trust region (loss.policy=drpo)."""
+
+    _section = "loss.drpo"
+    tau: float = key(10.0, "tau, the temperature of the incorrect responses' log-mean-exp", above(0))
+    lam: float = key(0.1, "lambda, the KL weight of the positive distribution: length weight exp((1 - |o| / R) / "
+                     "lambda)", above(0))
+    beta: float = key(1e3, "beta, the penalty weight of the KL trust region", at_least(0))
+    delta: float = key(1e-4, "delta, the KL trust region's radius", at_least(0))
+
 
 
 @functools.partial(jax.jit, static_argnames=("group_size", "num_prompts", "tau", "lam", "beta", "delta"))

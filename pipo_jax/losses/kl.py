@@ -18,6 +18,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.registry import register_names
 from pipo_jax.losses.aggregation import Aggregation, aggregate
 
 
@@ -38,6 +39,7 @@ def kl_k3(logp_br, logp_ref_br):
 
 
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+register_names("kl_estimator", *KL_ESTIMATORS)  # `config/registry.py`: the schema's choices
 
 
 @functools.partial(jax.jit, static_argnames=("estimator",))

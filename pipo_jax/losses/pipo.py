@@ -15,6 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.registry import register_names
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.masking import as_mask, masked_mean
 from pipo_jax.losses.policy import dual_clip, gspo_loss, jit_clip, token_clip_loss
@@ -22,6 +23,7 @@ from pipo_jax.losses.policy import dual_clip, gspo_loss, jit_clip, token_clip_lo
 ATTRIBUTION_DENOM_FLOOR = 1e-6
 RHAT_CLAMP = 10.0  # authors: torch.clamp(coefficients, -10, 10)
 ATTRIBUTION_NORMS = ("none", "mean_abs")
+register_names("attribution_norm", *ATTRIBUTION_NORMS)  # `config/registry.py`: the schema's choices
 
 
 @functools.partial(jax.jit, static_argnames=("group_size", "additive_eps"))

@@ -19,16 +19,42 @@ proportion to r_pg - mean_p over the paper; equally when that sum is within 1e-6
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.schema import Section, at_least, key, need, within
+
 CREDITS = ("uniform", "std", "sum_mean")
 STD_EPS = 1e-6  # the authors' epsilon of the standardisations
 FLAT_STD = 1e-3  # credit=std: a question whose reward std is at most this counts as std 1 (the authors')
 FLAT_SUM = 1e-6  # credit=sum_mean: a paper whose deviations sum to within this is shared equally
+
+
+@dataclasses.dataclass(frozen=True)
+class RiskpoSettings(Section):
+    """config.advantage.riskpo: RiskPO's bundles and Mixed Value-at-Risk objective (advantage.estimator=riskpo)."""
+
+    _section = "advantage.riskpo"
+    bundle_size: int = key(5, "K, consecutive prompts per bundle; a bundle's g-th paper sums the rewards of each "
+                           "prompt's g-th response", at_least(1))
+    alpha: float = key(0.2, "alpha, the lower quantile level (CVaR_alpha and RVaR's lower end)",
+                       within(0, 1, open_low=True, open_high=True))
+    beta: float = key(0.8, "beta, RVaR_{alpha,beta}'s upper quantile level", within(0, 1, open_low=True))
+    omega: float = key(1.5, "omega, CVaR's weight in the mixed objective (omega CVaR + RVaR) / (omega + 1); 0: RVaR "
+                       "alone", at_least(0))
+    credit: str = key("uniform", "how a paper's advantage reaches its responses: uniform (each the paper's: the "
+                      "bundle objective's gradient) | std (over the question's reward std) | sum_mean (shared in "
+                      "proportion to r - the question's mean)", choices=CREDITS)
+    natural_baseline: bool = key(True, "RVaR's term clip(S, q_alpha, q_beta) - q_beta (false: - q_alpha)")
+
+    def check(self):
+        need(self.alpha < self.beta, "advantage.riskpo.beta",
+             f"{self.beta} must be > advantage.riskpo.alpha={self.alpha}")
+
 
 
 def _bundled(rewards_b, group_size: int, bundle_size: int):

@@ -35,13 +35,16 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from pipo_jax.config.registry import register_names
 from pipo_jax.losses import distill
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.masking import as_mask
 from pipo_jax.losses.policy import jit_clip, token_clip_loss
 
 SEQ_LOGPROB_MODES = ("sum", "mean")
+register_names("vpd_seq_logprob", *SEQ_LOGPROB_MODES)  # `config/registry.py`: the schema's choices
 DELTA_MODES = ("cumulative", "ema", "batch")
+register_names("vpd_delta_mode", *DELTA_MODES)  # `config/registry.py`: the schema's choices
 DISTILL_FORMS = ("token", "jsd")
 
 

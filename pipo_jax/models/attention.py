@@ -39,9 +39,11 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
 from pipo_jax import platforms
+from pipo_jax.config.registry import register_names
 from pipo_jax.parallel.context import shard_kernel
 
 IMPLS = ("auto", "xla", "cudnn", "splash")
+register_names("attention_impl", *IMPLS)  # `config/registry.py`: the schema's choices
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 # Splash block sizes (query and key/value tiles). 512 x 512: the splash kernel's tiles

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from pipo_jax import platforms
+from pipo_jax.config.registry import register_names
 from pipo_jax.models import attention as attention_lib
 from pipo_jax.parallel.context import active_context, constrain
 
@@ -35,7 +36,9 @@ Params = dict[str, Any]
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _REMAT_POLICIES = ("none", "full", "dots_saveable")
 LAYER_LOOPS = ("auto", "scan", "unroll")
+register_names("layer_loop", *LAYER_LOOPS)  # `config/registry.py`: the schema's choices
 DENSE_FORMS = ("auto", "flat", "batched")
+register_names("dense_form", *DENSE_FORMS)  # `config/registry.py`: the schema's choices
 
 
 @dataclasses.dataclass(frozen=True)

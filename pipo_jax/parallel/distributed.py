@@ -1,7 +1,8 @@
 """Multi-host start-up: `jax.distributed.initialize` from a config node or the environment.
 
-Call `initialize_distributed(config.distributed)` first thing in the job, before any
-other JAX call. Where the coordinator, process count and process id come from, in order:
+Call `initialize_distributed(run.distributed)` (the typed `config/sections.py:DistributedConfig`)
+first thing in the job, before any other JAX call. Where the coordinator, process count and
+process id come from, in order:
 
 1. the config: `coordinator_address`, `num_processes`, `process_id`
    (`local_device_ids`, `port` optional);
@@ -24,17 +25,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 from jax._src import distributed as jax_distributed  # `_is_initialized`: no public query exists
 
-from pipo_jax.parallel.mesh import config_get
+from pipo_jax.config.sections import DistributedConfig
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "on", "off")
 SLURM_VARS = ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NODELIST")
 
 
@@ -93,10 +93,8 @@ def _int(value: Any, where: str) -> int:
         raise ValueError(f"{where}={value!r} must be an integer") from e
 
 
-def _from_config(cfg: Any) -> DistributedSettings | None:
-    addr = config_get(cfg, "coordinator_address", "") or ""
-    n = _int(config_get(cfg, "num_processes", 0) or 0, "config.distributed.num_processes")
-    pid = _int(config_get(cfg, "process_id", -1), "config.distributed.process_id")
+def _from_config(cfg: DistributedConfig) -> DistributedSettings | None:
+    addr, n, pid = cfg.coordinator_address, cfg.num_processes, cfg.process_id
     given = {"coordinator_address": bool(addr), "num_processes": n > 0, "process_id": pid >= 0}
     if not any(given.values()):
         return None
@@ -119,12 +117,12 @@ def _from_env(env: Mapping[str, str]) -> DistributedSettings | None:
                                _int(env["JAX_PROCESS_ID"], "JAX_PROCESS_ID"))
 
 
-def _from_slurm(cfg: Any, env: Mapping[str, str]) -> DistributedSettings | None:
+def _from_slurm(cfg: DistributedConfig, env: Mapping[str, str]) -> DistributedSettings | None:
     if not all(k in env for k in SLURM_VARS) or _int(env["SLURM_NTASKS"], "SLURM_NTASKS") < 2:
         return None
     addr = env.get("JAX_COORDINATOR_ADDRESS")
     if not addr:
-        port = config_get(cfg, "port", 0) or env.get("JAX_COORDINATOR_PORT") or slurm_default_port(
+        port = cfg.port or env.get("JAX_COORDINATOR_PORT") or slurm_default_port(
             env.get("SLURM_JOB_ID", "0"))
         addr = f"{first_slurm_host(env['SLURM_STEP_NODELIST'])}:{int(port)}"
     # Several tasks per node that all see every GPU: one GPU each (SLURM_LOCALID). One task
@@ -144,22 +142,20 @@ def _is_tpu_pod(env: Mapping[str, str]) -> bool:
     return len(hosts) > 1
 
 
-def distributed_settings(cfg: Any = None, env: Mapping[str, str] | None = None) -> DistributedSettings | None:
-    """What `initialize_distributed` would do (None: stay single-process). Pure; see the module doc."""
+def distributed_settings(cfg: DistributedConfig, env: Mapping[str, str] | None = None) -> DistributedSettings | None:
+    """What `initialize_distributed` would do with the typed `config.distributed` section `cfg` (None: stay
+    single-process). Pure; see the module doc."""
     env = os.environ if env is None else env
-    mode = config_get(cfg, "mode", "auto")
-    if mode not in MODES:
-        raise ValueError(f"config.distributed.mode={mode!r}; expected one of {MODES}")
-    if mode == "off":
+    if cfg.mode == "off":
         return None
     settings = _from_config(cfg) or _from_env(env) or _from_slurm(cfg, env)
     if settings is None and _is_tpu_pod(env):
         settings = DistributedSettings("tpu")
-    if settings is None and mode == "on":
+    if settings is None and cfg.mode == "on":
         settings = DistributedSettings("jax-auto")
     if settings is None:
         return None
-    local = _device_ids(config_get(cfg, "local_device_ids", ""), "config.distributed.local_device_ids")
+    local = _device_ids(cfg.local_device_ids, "config.distributed.local_device_ids")
     local = local or _device_ids(env.get("JAX_LOCAL_DEVICE_IDS", ""), "JAX_LOCAL_DEVICE_IDS")
     if local is not None:
         settings = dataclasses.replace(settings, local_device_ids=local)
@@ -173,7 +169,7 @@ def _is_initialized() -> bool:
     return jax_distributed.global_state.client is not None
 
 
-def initialize_distributed(cfg: Any = None, env: Mapping[str, str] | None = None) -> DistributedSettings | None:
+def initialize_distributed(cfg: DistributedConfig, env: Mapping[str, str] | None = None) -> DistributedSettings | None:
     """Initialises JAX's multi-controller runtime per `distributed_settings`; returns the settings used.
 
     Idempotent: a second call (or one after someone else initialised) does nothing. Must
@@ -183,8 +179,8 @@ def initialize_distributed(cfg: Any = None, env: Mapping[str, str] | None = None
     if settings is None or _is_initialized():
         return settings
     # Only the CPU client reads this; it must be set before the backends start.
-    jax.config.update("jax_cpu_collectives_implementation", config_get(cfg, "cpu_collectives", "gloo") or "gloo")
-    timeout = int(config_get(cfg, "initialization_timeout", 300) or 300)
+    jax.config.update("jax_cpu_collectives_implementation", cfg.cpu_collectives)
+    timeout = cfg.initialization_timeout
     if settings.source in ("tpu", "jax-auto"):
         jax.distributed.initialize(local_device_ids=settings.local_device_ids, initialization_timeout=timeout)
     else:

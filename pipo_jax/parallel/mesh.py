@@ -11,9 +11,7 @@ the mesh is built by `mesh_utils.create_hybrid_device_mesh`.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
 from collections.abc import Sequence
 
 import jax
@@ -21,38 +19,15 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 
+from pipo_jax.config.sections import MeshConfig
+
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the mesh axes the batch is split over
 
 
-@dataclasses.dataclass(frozen=True)
-class MeshSpec:
-    """Requested mesh sizes (`-1`: whatever is left of the devices; at most one -1)."""
-
-    data: int = -1
-    fsdp: int = 1
-    tensor: int = 1
-    dcn_data: int = 1
-    dcn_fsdp: int = 1
-
-
-def config_get(cfg: Any, key: str, default):
-    """`cfg[key]` of a ConfigDict / dict / plain object, `default` when absent or cfg is None."""
-    if cfg is None:
-        return default
-    if hasattr(cfg, "get"):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
-def mesh_spec_from_config(cfg: Any = None) -> MeshSpec:
-    """A `MeshSpec` from a `config.mesh`-like node (ConfigDict, dict or object; missing keys default)."""
-    d = MeshSpec()
-    return MeshSpec(**{f.name: int(config_get(cfg, f.name, getattr(d, f.name))) for f in dataclasses.fields(MeshSpec)})
-
-
-def resolve_sizes(spec: MeshSpec, num_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) whose product is `num_devices`; raises naming the bad field."""
+def resolve_sizes(spec: MeshConfig, num_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) of the requested sizes `spec` (`-1`: whatever is left of the devices; at most one
+    -1) whose product is `num_devices`; raises naming the bad field."""
     sizes = {"data": spec.data, "fsdp": spec.fsdp, "tensor": spec.tensor}
     for name, n in sizes.items():
         if n != -1 and n < 1:
@@ -76,12 +51,13 @@ def resolve_sizes(spec: MeshSpec, num_devices: int) -> tuple[int, int, int]:
     return sizes["data"], sizes["fsdp"], sizes["tensor"]
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, dcn_data: int = 1, dcn_fsdp: int = 1,
+def make_mesh(data: int, fsdp: int = 1, tensor: int = 1, *, dcn_data: int = 1, dcn_fsdp: int = 1,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A `Mesh` with axes `AXES` over `devices` (default: all devices of all processes)."""
+    """A `Mesh` with axes `AXES` over `devices` (default: all devices of all processes), sizes as
+    `resolve_sizes` reads them (the run's are `config.mesh`'s: `mesh_from_config`)."""
     devices = list(jax.devices() if devices is None else devices)
-    spec = MeshSpec(data, fsdp, tensor, dcn_data, dcn_fsdp)
-    shape = resolve_sizes(spec, len(devices))
+    shape = resolve_sizes(MeshConfig(data=data, fsdp=fsdp, tensor=tensor, dcn_data=dcn_data, dcn_fsdp=dcn_fsdp),
+                          len(devices))
     if dcn_data > 1 or dcn_fsdp > 1:
         dcn = (dcn_data, dcn_fsdp, 1)
         ici = tuple(s // d for s, d in zip(shape, dcn))
@@ -95,10 +71,9 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, dcn_data: int =
     return Mesh(grid, AXES)
 
 
-def mesh_from_config(cfg: Any = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """The mesh of a `config.mesh` node (keys data, fsdp, tensor, dcn_data, dcn_fsdp)."""
-    s = mesh_spec_from_config(cfg)
-    return make_mesh(s.data, s.fsdp, s.tensor, dcn_data=s.dcn_data, dcn_fsdp=s.dcn_fsdp, devices=devices)
+def mesh_from_config(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The mesh of the typed `config.mesh` section (its sizes data, fsdp, tensor, dcn_data, dcn_fsdp)."""
+    return make_mesh(cfg.data, cfg.fsdp, cfg.tensor, dcn_data=cfg.dcn_data, dcn_fsdp=cfg.dcn_fsdp, devices=devices)
 
 
 def mesh_sizes(mesh: Mesh) -> dict[str, int]:

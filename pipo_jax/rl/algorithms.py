@@ -1,26 +1,14 @@
-"""Algorithms as registered objects: advantage estimators, policy losses, attributions and
-the algorithms that combine them, each declared once and looked up by name.
+"""The registered methods' implementations: each advantage estimator, policy loss, attribution,
+advantage shaping and algorithm, bound to the spec's settings and the model, and registered in the
+tables of `rl/registry.py` (importing this module fills them; they are imported here under their
+names, `algorithms.ALGORITHMS` is `registry.ALGORITHMS`).
 
-    ADVANTAGE_ESTIMATORS[name]: AdvantageEstimator   fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)
-                                                     (+ `carried`: a state across iterations, `estimate`)
-                                                     (or + {TrainBatch field: array}: what its loss or attribution
-                                                      reads, COPO's, ADORA's)
-                                                     (+ `reward_components`: reads the task's, GDPO's)
-    POLICY_LOSSES[name]:        PolicyLoss           fn(spec, params, teacher_params, mb, counts, *, hyper)
-                                                         -> (loss, metrics, logp_br, entropy_br | None)
-    ATTRIBUTIONS[name]:         Attribution          fn(spec, TrainBatch) -> attr_br
-    ADVANTAGE_SHAPINGS[name]:   fn(spec, TrainBatch) -> adv_br
-    ALGORITHMS[key]:            Algorithm            which of the above an algorithm may use
+`rl/spec.py:TrainSpec` validates the config's names against those tables (a `ConfigError` naming the
+key and the choices) and resolves them, so the learner (`rl/learn.py`, `rl/steps.py`) calls
+`spec.policy.fn(...)`, `spec.estimator.fn(...)`, `spec.attribution.fn(...)` and branches only on
+declared capabilities (a critic, a teacher), never on a name. The pure loss math, and each method's
+settings section, live in `pipo_jax/losses/`; the entries here bind them to the spec and the model.
 
-Register with the decorators (`@policy_loss("name", pi_ratio="token")`, ...) and
-`register_algorithm(Algorithm(...))`; `rl/spec.py:TrainSpec` validates the config's names
-against these tables (a `ConfigError` naming the key and the choices) and resolves them,
-so the learner (`rl/learn.py`, `rl/steps.py`) calls `spec.policy.fn(...)`,
-`spec.estimator.fn(...)`, `spec.attribution.fn(...)` and branches only on declared
-capabilities (a critic, a teacher), never on a name. The pure loss math lives in
-`pipo_jax/losses/`; the entries here bind it to the spec's settings and the model.
-
-`spec` is an `rl/spec.py:TrainSpec` (not imported: the spec imports this table).
 `counts` are a mini-batch's global counts (`steps.response_counts`), so micro-batching
 never changes a loss. `hyper` is the state's `rl/hyper.py:Hyperparameters`: a loss reads its clip
 bounds (1 - eps_low, 1 + eps_high) and dual clip's c there (data), never from the spec.
@@ -28,199 +16,38 @@ bounds (1 - eps_low, 1 + eps_high) and dual clip's c there (data), never from th
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any
 
 import chex
 import jax
 import jax.numpy as jnp
 
+from pipo_jax.config.schema import ConfigError
 from pipo_jax.losses import adora, advantages, bapo, bnpo, copo, cov, disco, distill, drpo, gdpo, pipo, riskpo
 from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.losses.aggregation import Aggregation
 from pipo_jax.losses.policy import cispo_loss, gspo_loss, token_clip_loss
 from pipo_jax.rl.batch import TrainBatch
+from pipo_jax.rl.hyper import Hyperparameters
+from pipo_jax.rl.registry import (  # noqa: F401 (the tables, read as `algorithms.<TABLE>`)
+    ADVANTAGE_ESTIMATORS, ADVANTAGE_SHAPINGS, ALGORITHMS, ATTRIBUTIONS, POLICY_LOSSES, AdvantageEstimator,
+    AdvantageInputs, Algorithm, Attribution, CarriedState, PolicyLoss, advantage_estimator, advantage_shaping,
+    algorithm_variant, attribution, config_names, group_estimators, plain_algorithm, policy_loss, register_algorithm)
 from pipo_jax.rl.response_logprobs import response_log_softmax, response_logprobs
-from pipo_jax.schema import ConfigError
-
-
-class AdvantageInputs(NamedTuple):
-    """What an estimator may read: `[B, R]` float32 unless named."""
-
-    mask_br: jax.Array
-    token_rewards_br: jax.Array  # outcome (+ KL penalty) reward on each response token
-    seq_rewards_b: jax.Array  # [B]: the sum of the token rewards
-    values_br: Any = None  # the critic's values (estimators with `critic=True`)
-    state: Any = None  # an estimator with `carried`: its state with this batch folded in (`estimate`)
-    tokens_br: Any = None  # int32 [B, R]: the response tokens (COPO's outcomes)
-    reward_components_bc: Any = None  # [B, C]: the task's reward components (estimators with `reward_components`)
-
-
-class CarriedState(NamedTuple):
-    """What an estimator carries across iterations, in `TrainState.estimator_state` (replicated):
-    `init(spec)` its fresh pytree, every leaf zero (a checkpoint saved before the field existed restores
-    it so, `run/checkpoint.py:ADDED_FIELDS`); `update(spec, state, AdvantageInputs) -> (state, metrics)`
-    this batch folded in, before `fn` reads the result as `AdvantageInputs.state` (`estimate`)."""
-
-    init: Callable
-    update: Callable
-
-
-@dataclasses.dataclass(frozen=True)
-class AdvantageEstimator:
-    name: str
-    fn: Callable
-    critic: bool = False  # reads `values_br` and trains PPO's value model
-    group: bool = False  # normalises within each prompt's group of G responses (needs G >= 2)
-    carried: CarriedState | None = None  # a state across iterations (BNPO's pool of success rates)
-    reward_components: bool = False  # reads the task's reward components (`TaskCapabilities.reward_components`)
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyLoss:
-    name: str
-    fn: Callable
-    pi_ratio: str = "token"  # the ratio of PIPO's PI surrogate when this loss is the base loss: token | sequence
-    distills: bool = False  # a distillation toward the teacher, averaged over teacher-signal rows (`counts["sd"]`)
-    dual_clip: bool = False  # reads `loss.clip_ratio_c` (a policy-gradient loss without it requires 0)
-
-
-@dataclasses.dataclass(frozen=True)
-class Attribution:
-    name: str
-    fn: Callable
-    teacher: bool = False  # reads `logp_teacher_br` (recomputed after VPD's E-step changes the teacher)
-
-
-@dataclasses.dataclass(frozen=True)
-class Algorithm:
-    """An algorithm: the names it may combine.
-
-    estimators / policy_losses: the `advantage.estimator` / `loss.policy` values it accepts
-    ("none": no advantages). A policy loss maps to the registered loss it trains with
-    (`policy_losses` pairs), so a variant can swap the loss behind a config name (VPD's
-    joint hybrid trains "token_clip" plus the distillation). attribution: the only
-    `pipo.attribution` that fits. teacher: builds feedback-conditioned teacher contexts.
-    authors_pi_token_loss: the authors' PI-loss variants (`pipo.authors.pi_no_lower_clip`,
-    `pi_symmetric_clip`, their `grpo_layback`) apply; their PPO PI step is the plain clip.
-    authors_ppo: the authors' PPO path (`ppo_layback`): `pipo.authors.ppo_pi_no_lam`,
-    `ppo_sign_attribution` and `ppo_adv_gate` apply.
-    config_name: the `config.algorithm` value it answers to ("" = `name`); variant: which of that
-    name's registered variants it is, chosen by `vpd.hybrid` ("none": the plain one).
-    vpd_settings: reads the `vpd` section (VPD's E-step and hybrids; `TrainSpec.vpd`).
-    """
-
-    name: str
-    estimators: tuple[str, ...]
-    policy_losses: tuple[tuple[str, str], ...]
-    attribution: str
-    teacher: bool = False
-    advantage_shaping: str | None = None
-    authors_pi_token_loss: bool = True
-    authors_ppo: bool = False
-    config_name: str = ""
-    variant: str = "none"
-    vpd_settings: bool = False
-
-    def __post_init__(self):
-        if not self.config_name:
-            object.__setattr__(self, "config_name", self.name)
-
-    def loss_for(self, policy: str) -> str | None:
-        """The registered loss `loss.policy = policy` trains with, or None if it does not fit."""
-        return dict(self.policy_losses).get(policy)
-
-
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
-ATTRIBUTIONS: dict[str, Attribution] = {}
-ADVANTAGE_SHAPINGS: dict[str, Callable] = {}
-ALGORITHMS: dict[str, Algorithm] = {}
-
-
-def _register(table: dict, name: str, entry):
-    if name in table:
-        raise ValueError(f"{name!r} is registered twice")
-    table[name] = entry
-    return entry
-
-
-def advantage_estimator(*names: str, critic: bool = False, group: bool = False, carried: CarriedState | None = None,
-                        reward_components: bool = False):
-    """Registers `fn(spec, AdvantageInputs) -> (adv_br, returns_br | None)` under each of `names`;
-    `critic`: reads the critic's values; `group`: group-relative (G >= 2 checked by `TrainSpec`);
-    `carried`: the state it keeps across iterations (`CarriedState`); `reward_components`: reads the task's
-    reward components (`AdvantageInputs.reward_components_bc`; `TrainSpec` checks the task has them)."""
-    def register(fn):
-        entry = AdvantageEstimator(names[0], fn, critic, group, carried, reward_components)
-        for name in names:
-            _register(ADVANTAGE_ESTIMATORS, name, entry)
-        return fn
-    return register
-
-
-def policy_loss(name: str, *, pi_ratio: str = "token", distills: bool = False, dual_clip: bool = False):
-    """Registers `fn(spec, params, teacher_params, mb, counts) -> (loss, metrics, logp_br, entropy_br)`."""
-    if pi_ratio not in ("token", "sequence"):
-        raise ValueError(f"policy loss {name!r}: pi_ratio {pi_ratio!r} is not 'token' or 'sequence'")
-    return lambda fn: _register(POLICY_LOSSES, name, PolicyLoss(name, fn, pi_ratio, distills, dual_clip)) and fn
-
-
-def attribution(name: str, *, teacher: bool = False):
-    """Registers `fn(spec, TrainBatch) -> attr_br` (zero at padding)."""
-    return lambda fn: _register(ATTRIBUTIONS, name, Attribution(name, fn, teacher)) and fn
-
-
-def advantage_shaping(name: str):
-    """Registers `fn(spec, TrainBatch) -> adv_br`, applied to the estimator's advantages."""
-    return lambda fn: _register(ADVANTAGE_SHAPINGS, name, fn)
-
-
-def register_algorithm(algorithm: Algorithm) -> Algorithm:
-    for est in algorithm.estimators:
-        if est != "none" and est not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"algorithm {algorithm.name!r}: unknown estimator {est!r}")
-    for _, loss in algorithm.policy_losses:
-        if loss not in POLICY_LOSSES:
-            raise ValueError(f"algorithm {algorithm.name!r}: unknown policy loss {loss!r}")
-    if algorithm.attribution not in ATTRIBUTIONS:
-        raise ValueError(f"algorithm {algorithm.name!r}: unknown attribution {algorithm.attribution!r}")
-    if algorithm.advantage_shaping is not None and algorithm.advantage_shaping not in ADVANTAGE_SHAPINGS:
-        raise ValueError(f"algorithm {algorithm.name!r}: unknown advantage shaping {algorithm.advantage_shaping!r}")
-    return _register(ALGORITHMS, algorithm.name, algorithm)
-
-
-def group_estimators() -> tuple[str, ...]:
-    """The names of the registered estimators declared `group=True`."""
-    return tuple(name for name, est in ADVANTAGE_ESTIMATORS.items() if est.group)
-
-
-def config_names() -> tuple[str, ...]:
-    """The `config.algorithm` values: each registered algorithm's `config_name`, once."""
-    return tuple(dict.fromkeys(a.config_name for a in ALGORITHMS.values()))
-
-
-def plain_algorithm(config_name: str) -> Algorithm:
-    """The registered algorithm `config.algorithm = config_name` names without a variant."""
-    return next(a for a in ALGORITHMS.values() if a.config_name == config_name and a.variant == "none")
-
-
-def algorithm_variant(config_name: str, variant: str = "none") -> Algorithm:
-    """The registered algorithm of `config.algorithm` and its variant (VPD's hybrids: `vpd.hybrid`)."""
-    return next(a for a in ALGORITHMS.values() if a.config_name == config_name and a.variant == variant)
+from pipo_jax.rl.spec import TrainSpec
 
 
 # ----------------------------------------------------------------------------- model passes
 
 
-def student_logprobs(spec, params, mb: TrainBatch):
+def student_logprobs(spec: TrainSpec, params, mb: TrainBatch):
     """(log pi(y_t) `[B, R]`, entropy `[B, R]` or None) of the batch's responses under `params`."""
     return response_logprobs(spec.model, params, mb.tokens_bl, mb.mask_bl, spec.prompt_len,
                              temperature=spec.rollout.temperature, impl=spec.logprob_impl,
                              with_entropy=spec.loss.entropy_coef > 0)
 
 
-def teacher_logprobs(spec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
+def teacher_logprobs(spec: TrainSpec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
     """Teacher log-probs `[B, R]` of the response tokens in the teacher context (no gradient)."""
     q = tokens_bq.shape[1] - spec.rollout.max_new_tokens
     logp, _ = response_logprobs(spec.model, jax.lax.stop_gradient(teacher_params), tokens_bq, mask_bq, q,
@@ -228,7 +55,7 @@ def teacher_logprobs(spec, teacher_params, tokens_bq, mask_bq) -> jax.Array:
     return jax.lax.stop_gradient(logp)
 
 
-def aggregation(spec, counts: dict) -> Aggregation:
+def aggregation(spec: TrainSpec, counts: dict) -> Aggregation:
     """The `agg=` of every loss in `pipo_jax.losses`: `loss.agg_mode` with a mini-batch's global
     counts (`steps.response_counts`), normalised by the configured response length."""
     return Aggregation.of(spec.loss.agg_mode, counts, norm_length=spec.loss.norm_length or spec.rollout.max_new_tokens)
@@ -243,7 +70,7 @@ def _check_loss_inputs(logp_br, mb: TrainBatch) -> None:
 
 
 @advantage_estimator("gae", critic=True)
-def _gae(spec, x: AdvantageInputs):
+def _gae(spec: TrainSpec, x: AdvantageInputs):
     """PPO: GAE(gamma, lambda) on the critic's values, whitened; returns are never whitened."""
     adv_br, returns_br = advantages.gae(x.token_rewards_br, x.values_br, x.mask_br, gamma=spec.advantage.gamma,
                                         lam=spec.advantage.lam)
@@ -251,7 +78,7 @@ def _gae(spec, x: AdvantageInputs):
 
 
 @advantage_estimator("grpo", "group_relative", group=True)
-def _group_relative(spec, x: AdvantageInputs):
+def _group_relative(spec: TrainSpec, x: AdvantageInputs):
     """GRPO / GSPO / DAPO / Dr. GRPO (`norm_by_std=False`): (r - group mean) / group std on every token."""
     adv_b = advantages.group_relative_advantages(x.seq_rewards_b, spec.rollout.group_size,
                                                  std_ddof=spec.advantage.std_ddof,
@@ -260,39 +87,40 @@ def _group_relative(spec, x: AdvantageInputs):
 
 
 @advantage_estimator("rloo", group=True)
-def _rloo(spec, x: AdvantageInputs):
+def _rloo(spec: TrainSpec, x: AdvantageInputs):
     """RLOO: r_i - mean_{j != i} r_j over the group, on every token of response i (docs/math.md §1)."""
     adv_b = advantages.leave_one_out_advantages(x.seq_rewards_b, spec.rollout.group_size)
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
 
 @advantage_estimator("reinforce_pp")
-def _reinforce_pp(spec, x: AdvantageInputs):
+def _reinforce_pp(spec: TrainSpec, x: AdvantageInputs):
     """REINFORCE++: the discounted return of the token rewards (`advantage.gamma`), whitened over
     the batch's valid tokens (docs/math.md §1); no group, any G."""
     return advantages.reinforce_pp_advantages(x.token_rewards_br, x.mask_br, gamma=spec.advantage.gamma), None
 
 
 @advantage_estimator("reinforce_pp_baseline", group=True)
-def _reinforce_pp_baseline(spec, x: AdvantageInputs):
+def _reinforce_pp_baseline(spec: TrainSpec, x: AdvantageInputs):
     """REINFORCE++-baseline: r_i - group mean on every token, whitened over the batch's valid tokens."""
     return advantages.reinforce_pp_baseline_advantages(x.seq_rewards_b, x.mask_br, spec.rollout.group_size), None
 
 
-def _bnpo_rewards(spec) -> dict:
-    return dict(reward_min=spec.advantage.bnpo_reward_min, reward_max=spec.advantage.bnpo_reward_max)
+def _bnpo_rewards(spec: TrainSpec) -> dict:
+    return dict(reward_min=spec.advantage.bnpo.reward_min, reward_max=spec.advantage.bnpo.reward_max)
 
 
-def _bnpo_update(spec, state: bnpo.BnpoState, x: AdvantageInputs):
-    """This batch's success rates into BNPO's pool (`advantage.bnpo_decay`); the pool's Beta parameters as
+def _bnpo_update(spec: TrainSpec, state: bnpo.BnpoState, x: AdvantageInputs):
+    """This batch's success rates into BNPO's pool (`advantage.bnpo.decay`); the pool's Beta parameters as
     metrics."""
     rates = bnpo.success_rates(x.seq_rewards_b, spec.rollout.group_size, **_bnpo_rewards(spec))
-    state = bnpo.update_bnpo_state(state, rates, decay=spec.advantage.bnpo_decay)
+    state = bnpo.update_bnpo_state(state, rates, decay=spec.advantage.bnpo.decay)
     return state, {f"bnpo_{k}": v for k, v in bnpo.beta_parameters(state).items()}
 
 
-@advantage_estimator("bnpo", group=True, carried=CarriedState(lambda spec: bnpo.init_bnpo_state(), _bnpo_update))
-def _bnpo(spec, x: AdvantageInputs):
+@advantage_estimator("bnpo", group=True, carried=CarriedState(lambda spec: bnpo.init_bnpo_state(), _bnpo_update),
+                     settings=bnpo.BnpoSettings)
+def _bnpo(spec: TrainSpec, x: AdvantageInputs):
     """BNPO: (r~ - p_q) / f_N(p_q; alpha, beta) on every token, alpha and beta from the pool of recent success
     rates `x.state` (this batch's included), `losses/bnpo.py` (docs/math.md §1 "BNPO")."""
     params = bnpo.beta_parameters(x.state)
@@ -301,35 +129,35 @@ def _bnpo(spec, x: AdvantageInputs):
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
 
-@advantage_estimator("copo", group=True)
-def _copo(spec, x: AdvantageInputs):
+@advantage_estimator("copo", group=True, settings=copo.CopoSettings)
+def _copo(spec: TrainSpec, x: AdvantageInputs):
     """COPO (`losses/copo.py`, docs/math.md §1 "COPO"): GRPO's group advantage as the local one, and for the
     `copo` loss each row's global advantage (its prompt's mean reward standardised over the batch's prompts)
-    and the weight of its local loss (from its group's outcome entropy, `advantage.copo_*`), as the batch
+    and the weight of its local loss (from its group's outcome entropy, `advantage.copo.*`), as the batch
     fields `global_adv_b` and `local_weight_b`."""
     a, g = spec.advantage, spec.rollout.group_size
     local_b = advantages.group_relative_advantages(x.seq_rewards_b, g, std_ddof=a.std_ddof, norm_by_std=a.norm_by_std)
     global_b, weight_b, _ = copo.copo_advantages(
-        x.seq_rewards_b, local_b, x.tokens_br, x.mask_br, group_size=g, outcome=a.copo_outcome, gamma=a.copo_gamma,
-        rho=a.copo_rho, blend=a.copo_blend, consistency_reward=a.copo_consistency_reward, std_ddof=a.std_ddof,
+        x.seq_rewards_b, local_b, x.tokens_br, x.mask_br, group_size=g, outcome=a.copo.outcome, gamma=a.copo.gamma,
+        rho=a.copo.rho, blend=a.copo.blend, consistency_reward=a.copo.consistency_reward, std_ddof=a.std_ddof,
         norm_by_std=a.norm_by_std)
     return (advantages.broadcast_over_tokens(local_b, x.mask_br), None,
             {"global_adv_b": global_b, "local_weight_b": weight_b})
 
 
-@advantage_estimator("riskpo", group=True)
-def _riskpo(spec, x: AdvantageInputs):
+@advantage_estimator("riskpo", group=True, settings=riskpo.RiskpoSettings)
+def _riskpo(spec: TrainSpec, x: AdvantageInputs):
     """RiskPO (`losses/riskpo.py`, docs/math.md §1 "RiskPO"): the Mixed Value-at-Risk advantages of bundles of
-    `advantage.riskpo_bundle_size` consecutive prompts, on every token of each response."""
+    `advantage.riskpo.bundle_size` consecutive prompts, on every token of each response."""
     a = spec.advantage
-    adv_b = riskpo.riskpo_advantages(x.seq_rewards_b, spec.rollout.group_size, bundle_size=a.riskpo_bundle_size,
-                                     alpha=a.riskpo_alpha, beta=a.riskpo_beta, omega=a.riskpo_omega,
-                                     natural_baseline=a.riskpo_natural_baseline, credit=a.riskpo_credit,
+    adv_b = riskpo.riskpo_advantages(x.seq_rewards_b, spec.rollout.group_size, bundle_size=a.riskpo.bundle_size,
+                                     alpha=a.riskpo.alpha, beta=a.riskpo.beta, omega=a.riskpo.omega,
+                                     natural_baseline=a.riskpo.natural_baseline, credit=a.riskpo.credit,
                                      norm_by_std=a.norm_by_std, std_ddof=a.std_ddof)
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
 
-def _gdpo_components(spec, x: AdvantageInputs) -> tuple[jax.Array, tuple[float, ...]]:
+def _gdpo_components(spec: TrainSpec, x: AdvantageInputs) -> tuple[jax.Array, tuple[float, ...]]:
     """GDPO's reward components [B, C] and their weights: the task's (`Task.reward_weights`), and when the
     learner shapes the reward (`loss.kl_in_reward`, `dapo.overlong_buffer`) one more, weight 1, the sequence
     reward minus the task's weighted sum, so that the components sum to the reward the other estimators read."""
@@ -342,7 +170,7 @@ def _gdpo_components(spec, x: AdvantageInputs) -> tuple[jax.Array, tuple[float, 
 
 
 @advantage_estimator("gdpo", group=True, reward_components=True)
-def _gdpo(spec, x: AdvantageInputs):
+def _gdpo(spec: TrainSpec, x: AdvantageInputs):
     """GDPO (`losses/gdpo.py`, docs/math.md §1 "GDPO"): each reward component normalised within its group, the
     weighted sum normalised over the batch, on every token of each response."""
     comps_bc, weights = _gdpo_components(spec, x)
@@ -351,21 +179,21 @@ def _gdpo(spec, x: AdvantageInputs):
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None
 
 
-@advantage_estimator("adora", group=True)
-def _adora(spec, x: AdvantageInputs):
+@advantage_estimator("adora", group=True, settings=adora.AdoraSettings)
+def _adora(spec: TrainSpec, x: AdvantageInputs):
     """ADORA (`losses/adora.py`, docs/math.md §1 "ADORA"): GRPO's group advantage, times 1 on the prompts whose
     longest correct response is longer than their incorrect ones' mean length this iteration and
-    `advantage.adora_tds_weight` on the others; the weights as the batch field `adora_weight_b` (the
+    `advantage.adora.tds_weight` on the others; the weights as the batch field `adora_weight_b` (the
     attribution's)."""
     a = spec.advantage
     adv_b, weight_b = adora.adora_advantages(
         x.seq_rewards_b, jnp.sum(x.mask_br, axis=1), spec.rollout.group_size,
-        success_threshold=a.adora_success_threshold, max_length=a.adora_max_length or spec.rollout.max_new_tokens,
-        tds_weight=a.adora_tds_weight, std_ddof=a.std_ddof, norm_by_std=a.norm_by_std)
+        success_threshold=a.adora.success_threshold, max_length=a.adora.max_length or spec.rollout.max_new_tokens,
+        tds_weight=a.adora.tds_weight, std_ddof=a.std_ddof, norm_by_std=a.norm_by_std)
     return advantages.broadcast_over_tokens(adv_b, x.mask_br), None, {"adora_weight_b": weight_b}
 
 
-def estimate(spec, x: AdvantageInputs, state: Any = None):
+def estimate(spec: TrainSpec, x: AdvantageInputs, state: Any = None):
     """`spec.estimator` on `x`: (adv_br, returns_br | None, the estimator's state after this batch, metrics,
     the further `TrainBatch` fields it fills: {} but for COPO's and ADORA's). An estimator with `carried` folds the
     batch into `state` (`TrainState.estimator_state`) first and reads the result; the others pass `state` through
@@ -381,7 +209,7 @@ def estimate(spec, x: AdvantageInputs, state: Any = None):
 # ----------------------------------------------------------------------------- policy losses
 
 
-def _clip_loss(loss, spec, hyper, params, mb: TrainBatch, counts: dict, **kw):
+def _clip_loss(loss, spec: TrainSpec, hyper, params, mb: TrainBatch, counts: dict, **kw):
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     value, metrics = loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio_low=hyper.ratio_low,
@@ -389,12 +217,12 @@ def _clip_loss(loss, spec, hyper, params, mb: TrainBatch, counts: dict, **kw):
     return value, metrics, logp, ent
 
 
-def dual_clip_c(spec, hyper):
+def dual_clip_c(spec: TrainSpec, hyper: Hyperparameters):
     """The dual clip's c: 0.0 (off: structure, `loss.clip_ratio_c=0`) or `hyper.clip_ratio_c` (data)."""
     return 0.0 if spec.loss.clip_ratio_c == 0 else hyper.clip_ratio_c
 
 
-def base_clip_ratio_c(spec, hyper):
+def base_clip_ratio_c(spec: TrainSpec, hyper: Hyperparameters):
     """The token clip's dual clip in the base step: `loss.clip_ratio_c` (`dual_clip_c`), but 0 for PPO under
     `pipo.compat=true`: the authors' PPO actor loss (`ppo_layback`, also their PPO PI loss) is
     max(-A r, -A clip(r)) with the +-20 log-ratio clamp and no dual clip (docs/pipo_vs_authors.md)."""
@@ -404,50 +232,50 @@ def base_clip_ratio_c(spec, hyper):
 
 
 @policy_loss("token_clip", pi_ratio="token", dual_clip=True)
-def _token_clip(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
+def _token_clip(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """PPO-style token clip with dual clip `clip_ratio_c` (`losses/policy.py:token_clip_loss`);
     PPO under `pipo.compat`: without the dual clip (`base_clip_ratio_c`)."""
     return _clip_loss(token_clip_loss, spec, hyper, params, mb, counts, clip_ratio_c=base_clip_ratio_c(spec, hyper))
 
 
 @policy_loss("gspo", pi_ratio="sequence")
-def _gspo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
+def _gspo(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """GSPO's sequence-ratio clip (`losses/policy.py:gspo_loss`); its PI step uses the sequence ratio."""
     return _clip_loss(gspo_loss, spec, hyper, params, mb, counts)
 
 
 @policy_loss("cispo", pi_ratio="token")
-def _cispo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
+def _cispo(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """CISPO: the clipped, detached importance weight times A log pi (`losses/policy.py:cispo_loss`)."""
     return _clip_loss(cispo_loss, spec, hyper, params, mb, counts)
 
 
-@policy_loss("kl_cov", pi_ratio="token")
-def _kl_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
-    """KL-Cov (`losses/cov.py:kl_cov_loss`): -A r, + `loss.kl_cov_coef` |log ratio| on the
-    `loss.kl_cov_ratio` tokens of largest covariance in the micro-batch at hand; no clip."""
+@policy_loss("kl_cov", pi_ratio="token", settings=cov.KlCovSettings)
+def _kl_cov(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
+    """KL-Cov (`losses/cov.py:kl_cov_loss`): -A r, + `loss.kl_cov.coef` |log ratio| on the
+    `loss.kl_cov.ratio` tokens of largest covariance in the micro-batch at hand; no clip."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
-    loss, metrics = cov.kl_cov_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio=spec.loss.kl_cov_ratio,
-                                    coef=spec.loss.kl_cov_coef, agg=aggregation(spec, counts))
+    loss, metrics = cov.kl_cov_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, ratio=spec.loss.kl_cov.ratio,
+                                    coef=spec.loss.kl_cov.coef, agg=aggregation(spec, counts))
     return loss, metrics, logp, ent
 
 
-@policy_loss("clip_cov", pi_ratio="token")
-def _clip_cov(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
-    """Clip-Cov (`losses/cov.py:clip_cov_loss`): the token clip without dual clip, `loss.clip_cov_ratio`
-    unclipped tokens of covariance in [`clip_cov_low`, `clip_cov_high`] drawn with `counts["rng"]`
+@policy_loss("clip_cov", pi_ratio="token", settings=cov.ClipCovSettings)
+def _clip_cov(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
+    """Clip-Cov (`losses/cov.py:clip_cov_loss`): the token clip without dual clip, `loss.clip_cov.ratio`
+    unclipped tokens of covariance in [`loss.clip_cov.low`, `high`] drawn with `counts["rng"]`
     (`steps.accumulate_grads`: one key per micro-batch) and left out."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
     loss, metrics = cov.clip_cov_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, key=counts["rng"],
                                       ratio_low=hyper.ratio_low, ratio_high=hyper.ratio_high,
-                                      ratio=spec.loss.clip_cov_ratio, cov_low=spec.loss.clip_cov_low,
-                                      cov_high=spec.loss.clip_cov_high, agg=aggregation(spec, counts))
+                                      ratio=spec.loss.clip_cov.ratio, cov_low=spec.loss.clip_cov.low,
+                                      cov_high=spec.loss.clip_cov.high, agg=aggregation(spec, counts))
     return loss, metrics, logp, ent
 
 
-def _check_whole_groups(spec, mb: TrainBatch, policy: str) -> None:
+def _check_whole_groups(spec: TrainSpec, mb: TrainBatch, policy: str) -> None:
     """A loss over each prompt's G responses together and a KL penalty over the mini-batch (DRPO, DisCO)
     needs unshuffled rows and the mini-batch in one micro-batch."""
     if spec.train.shuffle:
@@ -458,8 +286,8 @@ def _check_whole_groups(spec, mb: TrainBatch, policy: str) -> None:
                           f"{spec.mini_batch} rows in one micro-batch (its KL penalty is over the mini-batch); set 0")
 
 
-@policy_loss("drpo", pi_ratio="token")
-def _drpo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
+@policy_loss("drpo", pi_ratio="token", settings=drpo.DrpoSettings)
+def _drpo(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """DRPO (`losses/drpo.py:drpo_loss`): the decoupled, length-weighted discriminative objective over
     each group of the mini-batch, with the KL penalty. It reads whole groups, so the mini-batch must be
     one micro-batch of unshuffled rows (`train.shuffle=false`, `train.micro_batch_size_per_device=0`)."""
@@ -468,48 +296,48 @@ def _drpo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
     _check_loss_inputs(logp, mb)
     g = spec.rollout.group_size
     loss, metrics = drpo.drpo_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g,
-                                   num_prompts=spec.mini_batch // g, tau=spec.loss.drpo_tau, lam=spec.loss.drpo_lambda,
-                                   beta=spec.loss.drpo_beta, delta=spec.loss.drpo_delta)
+                                   num_prompts=spec.mini_batch // g, tau=spec.loss.drpo.tau, lam=spec.loss.drpo.lam,
+                                   beta=spec.loss.drpo.beta, delta=spec.loss.drpo.delta)
     return loss, metrics, logp, ent
 
 
-@policy_loss("bapo", pi_ratio="token", dual_clip=True)
-def _bapo(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
+@policy_loss("bapo", pi_ratio="token", dual_clip=True, settings=bapo.BapoSettings)
+def _bapo(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """BAPO (`losses/bapo.py:bapo_loss`): the token clip at the ratio bounds chosen on the micro-batch at hand
-    (`loss.bapo_*`: `bapo_variant=paper`, Algorithm 1, brings the positive tokens' share of Eq. 8 to `bapo_rho`
-    by raising c_high, then c_low, within their ranges; `released_code` the authors' code's search), with
-    the dual clip `loss.clip_ratio_c` (0 in `configs/bapo.py`: the paper's objective); `loss.clip_low` /
-    `clip_high` are the PI step's clip only."""
+    (`loss.bapo.*`: `variant=paper`, Algorithm 1, brings the positive tokens' share of Eq. 8 to `rho` by raising
+    c_high, then c_low, within their ranges; `released_code` the authors' code's search), with the dual clip
+    `loss.clip_ratio_c` (0 in `configs/bapo.py`: the paper's objective); `loss.clip_low` / `clip_high` are the
+    PI step's clip only."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
-    lo = spec.loss
+    lo = spec.loss.bapo
     loss, metrics = bapo.bapo_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, agg=aggregation(spec, counts),
-                                   rho=lo.bapo_rho, lower_start=lo.bapo_lower_start, lower_max=lo.bapo_lower_max,
-                                   lower_step=lo.bapo_lower_step, upper_start=lo.bapo_upper_start,
-                                   upper_max=lo.bapo_upper_max, upper_step=lo.bapo_upper_step,
-                                   prob_weight=lo.bapo_prob_weight, variant=lo.bapo_variant,
+                                   rho=lo.rho, lower_start=lo.lower_start, lower_max=lo.lower_max,
+                                   lower_step=lo.lower_step, upper_start=lo.upper_start,
+                                   upper_max=lo.upper_max, upper_step=lo.upper_step,
+                                   prob_weight=lo.prob_weight, variant=lo.variant,
                                    clip_ratio_c=dual_clip_c(spec, hyper))
     return loss, metrics, logp, ent
 
 
-@policy_loss("disco", pi_ratio="token")
-def _disco(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
+@policy_loss("disco", pi_ratio="token", settings=disco.DiscoSettings)
+def _disco(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """DisCO (`losses/disco.py:disco_loss`): each group's positive responses' mean score against its
-    negative ones' (`loss.disco_score`, `disco_negatives`, `disco_tau`) with the squared-hinge KL penalty
-    (`disco_beta`, `disco_delta`); whole groups, one micro-batch per mini-batch, as DRPO."""
+    negative ones' (`loss.disco.score`, `negatives`, `tau`) with the squared-hinge KL penalty
+    (`beta`, `delta`); whole groups, one micro-batch per mini-batch, as DRPO."""
     _check_whole_groups(spec, mb, "disco")
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
-    g, lo = spec.rollout.group_size, spec.loss
+    g, lo = spec.rollout.group_size, spec.loss.disco
     loss, metrics = disco.disco_loss(logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g,
-                                     num_prompts=spec.mini_batch // g, score=lo.disco_score,
-                                     negatives=lo.disco_negatives, tau=lo.disco_tau, beta=lo.disco_beta,
-                                     delta=lo.disco_delta)
+                                     num_prompts=spec.mini_batch // g, score=lo.score,
+                                     negatives=lo.negatives, tau=lo.tau, beta=lo.beta,
+                                     delta=lo.delta)
     return loss, metrics, logp, ent
 
 
 @policy_loss("copo", pi_ratio="token", dual_clip=True)
-def _copo_loss(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
+def _copo_loss(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """COPO (`losses/copo.py:copo_loss`): per token, the token clip (dual clip `loss.clip_ratio_c`) on the local
     advantage weighted by `mb.local_weight_b` plus the same clip on the global advantage `mb.global_adv_b`
     weighted by the rest (the `copo` estimator's batch fields)."""
@@ -521,12 +349,12 @@ def _copo_loss(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hy
     return loss, metrics, logp, ent
 
 
-def _distill_kwargs(spec, mb: TrainBatch, counts: dict) -> dict:
+def _distill_kwargs(spec: TrainSpec, mb: TrainBatch, counts: dict) -> dict:
     return dict(is_clip=spec.sdpo.is_clip, sd_mask_b=mb.sd_mask_b, agg=aggregation(spec, counts["sd"]))
 
 
 @policy_loss("sdpo_token", distills=True)
-def _sdpo_token(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
+def _sdpo_token(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """SDPO's token-level reverse KL toward the teacher (`losses/distill.py:sdpo_token_loss`)."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
@@ -537,7 +365,7 @@ def _sdpo_token(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, h
 
 
 @policy_loss("sdpo_jsd", distills=True)
-def _sdpo_jsd(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
+def _sdpo_jsd(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """SDPO's generalised JSD on the student's top-k tokens + tail (`losses/distill.py:sdpo_jsd_loss`)."""
     p, r = spec.prompt_len, spec.rollout.max_new_tokens
     q = mb.teacher_tokens_bq.shape[1] - r
@@ -560,7 +388,7 @@ def _sdpo_jsd(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyp
 
 
 @policy_loss("vpd_joint", pi_ratio="token", dual_clip=True)
-def _vpd_joint(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper):
+def _vpd_joint(spec: TrainSpec, params, teacher_params, mb: TrainBatch, counts: dict, *, hyper: Hyperparameters):
     """VPD's joint hybrid: the token clip loss on GRPO advantages + w x SDPO's token distillation."""
     logp, ent = student_logprobs(spec, params, mb)
     _check_loss_inputs(logp, mb)
@@ -576,47 +404,47 @@ def _vpd_joint(spec, params, teacher_params, mb: TrainBatch, counts: dict, *, hy
 
 
 @attribution("group")
-def _group_attribution(spec, batch: TrainBatch):
+def _group_attribution(spec: TrainSpec, batch: TrainBatch):
     """G x abar_i / sum_j |abar_j| over each group (docs/math.md §1)."""
     return pipo.group_attribution(batch.adv_br, batch.mask_br, spec.rollout.group_size,
-                                  spec.pipo.options.attribution_eps_add)
+                                  spec.pipo_options.attribution_eps_add)
 
 
 @attribution("gae")
-def _gae_attribution(spec, batch: TrainBatch):
+def _gae_attribution(spec: TrainSpec, batch: TrainBatch):
     """The estimator's token advantages themselves (PPO's whitened GAE, REINFORCE++'s whitened
     returns); PPO with `pipo.authors.ppo_sign_attribution`: the group attribution of the stored
     advantages over each prompt's G responses, G abar_i / (sum_j |abar_j| (+) 1e-6) (their PPO PI
     step groups by prompt; with G = 1, PPO's default, abar_i / (|abar_i| (+) 1e-6), about the sign)."""
-    if spec.pipo.options.ppo_sign_attribution and spec.algorithm.authors_ppo:
+    if spec.pipo_options.ppo_sign_attribution and spec.algorithm.authors_ppo:
         return pipo.group_attribution(batch.adv_br, batch.mask_br, spec.rollout.group_size,
-                                      spec.pipo.options.attribution_eps_add)
+                                      spec.pipo_options.attribution_eps_add)
     return pipo.gae_attribution(batch.adv_br, batch.mask_br)
 
 
 @attribution("copo")
-def _copo_attribution(spec, batch: TrainBatch):
+def _copo_attribution(spec: TrainSpec, batch: TrainBatch):
     """COPO: each response's blended advantage w A_local + (1 - w) A_global on its tokens, the advantage COPO's
     two clipped losses amount to at ratio 1 (`losses/copo.py:blended_advantages`, docs/math.md §1 "COPO")."""
     return copo.blended_advantages(batch.adv_br, batch.global_adv_b, batch.local_weight_b, batch.mask_br)
 
 
 @attribution("adora")
-def _adora_attribution(spec, batch: TrainBatch):
+def _adora_attribution(spec: TrainSpec, batch: TrainBatch):
     """ADORA: the group attribution times the prompt's ADORA weight `batch.adora_weight_b`, so the PI step keeps
     ADORA's split into advantageous and disadvantageous prompts (`losses/adora.py:adora_attribution`,
     docs/math.md §1 "ADORA")."""
     return adora.adora_attribution(batch.adv_br, batch.adora_weight_b, batch.mask_br, spec.rollout.group_size,
-                                   spec.pipo.options.attribution_eps_add)
+                                   spec.pipo_options.attribution_eps_add)
 
 
 @attribution("sdpo_token", teacher=True)
-def _sdpo_attribution(spec, batch: TrainBatch):
+def _sdpo_attribution(spec: TrainSpec, batch: TrainBatch):
     """SDPO: log p_T - log p_S on tokens of rows with teacher signal."""
     return distill.token_attribution(batch.logp_teacher_br, batch.logp_old_br, batch.mask_br, batch.sd_mask_b)
 
 
-def attribute(spec, batch: TrainBatch):
+def attribute(spec: TrainSpec, batch: TrainBatch):
     """The stored attribution a_t of `batch`: `spec.attribution`, then `pipo.attribution_norm`."""
     attr = spec.attribution.fn(spec, batch)
     if spec.pipo.attribution_norm == "mean_abs":
@@ -628,7 +456,7 @@ def attribute(spec, batch: TrainBatch):
 
 
 @advantage_shaping("vpd_reshape")
-def _vpd_reshape(spec, batch: TrainBatch):
+def _vpd_reshape(spec: TrainSpec, batch: TrainBatch):
     """A' = A + w (log p_T - log p_S) on rows with teacher signal (VPD's reshape hybrid)."""
     return vpd_loss.reshaped_advantages(batch.adv_br, batch.logp_teacher_br, batch.logp_old_br, batch.mask_br,
                                         weight=spec.vpd.hybrid_weight, sd_mask_b=batch.sd_mask_b)

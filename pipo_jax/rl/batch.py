@@ -38,7 +38,7 @@ class TrainBatch:
     rewards_b: Any = None  # float32 [B]: task rewards (VPD's E-step labels)
     global_adv_b: Any = None  # float32 [B]: COPO's global advantage (the row's prompt's, over the batch)
     local_weight_b: Any = None  # float32 [B]: COPO's weight of the local (group) advantage's loss
-    adora_weight_b: Any = None  # float32 [B]: ADORA's weight of the row's prompt (1 or advantage.adora_tds_weight)
+    adora_weight_b: Any = None  # float32 [B]: ADORA's weight of the row's prompt (1 or advantage.adora.tds_weight)
 
     @property
     def rows(self) -> int:

@@ -41,30 +41,7 @@ SIGMA_FLOOR = 1e-8
 
 class PipoOptions(NamedTuple):
     """The authors' code's behaviours (JacckMa/pipo_verl), each a switch; all False = the paper.
-
-    window_twice        mu_t enters the window before xi is computed and again after the base
-                        step (so the window holds mu_t itself and each mean twice)
-    std_ddof0           window std with ddof 0 (np.std), not 1
-    xi_clip             xi = clip(mu_t - mu_his, -5, 5) / sigma_his, std floor 1e-6 (not 1e-8)
-    pi_no_lower_clip    token-ratio PI loss -min(nu, clip(nu)) * rhat: for rhat < 0 no lower clip
-                        and zero gradient once nu > 1 + eps (GSPO's PI step keeps both clips)
-    rhat_clamp          rhat = clamp(a * xi, -10, 10), then times lam when xi < 0
-    run_at_xi_zero      the PI step runs when xi == 0 exactly (c == 0: a KL-only step); with
-                        lam = 0 and xi < 0 it is skipped, as in paper mode
-    pi_symmetric_clip   token-ratio PI clip [1 - eps_low, 1 + eps_low] (DAPO: 0.2, not 0.2 / 0.28)
-    attribution_eps_add group attribution G * abar_i / (sum_j |abar_j| + 1e-6), not max(., 1e-6)
-    ppo_pi_no_lam       PPO's PI rewards use xi, not phi_lam(xi): for xi < 0 no lam scale (their
-                        `ppo_layback` loss ignores `layback_loss_scale`); with `rhat_clamp`,
-                        rhat = clamp(a * xi, -10, 10). The go / no-go still skips lam = 0, xi < 0
-    ppo_sign_attribution PPO's PI attribution is the group attribution of the stored advantages over
-                        each prompt's `rollout.group_size` responses: a_i = G abar_i / (sum_j |abar_j|
-                        (+) 1e-6) (G = 1: about sign(abar_i)); with `ppo_adv_gate` the
-                        stored advantages are the gated ones, so after an xi < 0 iteration the sign flips
-    ppo_adv_gate        PPO's base advantages times clip(xi_gate, -2, 2), xi_gate from mu_t and the
-                        window before this iteration's push (any fill: empty -> 0, one mean ->
-                        sigma 1); the critic's returns are not gated
-    micro_token_mean    every loss aggregated over its micro-batch's counts and times 1 / n_micro
-                        (verl's dp_actor), not over the mini-batch's global counts
+    Each is described once, by its config key (`config/sections.py:AuthorsConfig`, `pipo.authors.<name>`).
     """
 
     window_twice: bool = False
@@ -99,6 +76,12 @@ def pipo_options(compat: bool = False, **behaviours: bool | None) -> PipoOptions
         raise ValueError(f"unknown PIPO behaviour {unknown[0]!r}; expected one of {AUTHORS_BEHAVIOURS}")
     return PipoOptions(**{k: bool(compat) if behaviours.get(k) is None else bool(behaviours[k])
                           for k in AUTHORS_BEHAVIOURS})
+
+
+def options_of(pipo: Any) -> PipoOptions:
+    """The behaviours of a `config.pipo` section (`config/sections.py:PipoConfig`): `compat`, then each of
+    `pipo.authors` that is set."""
+    return pipo_options(pipo.compat, **{name: getattr(pipo.authors, name) for name in AUTHORS_BEHAVIOURS})
 
 
 @struct.dataclass

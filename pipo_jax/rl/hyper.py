@@ -60,7 +60,7 @@ def pi_ratio_bounds(spec: Any) -> tuple[float, float]:
     loss, pipo = spec.loss, spec.pipo
     eps_low = loss.clip_low if pipo.pi_clip_low is None else pipo.pi_clip_low
     eps_high = loss.clip_high if pipo.pi_clip_high is None else pipo.pi_clip_high
-    if pipo.options.pi_symmetric_clip and spec.algorithm.authors_pi_token_loss and spec.pi_ratio == "token":
+    if spec.pipo_options.pi_symmetric_clip and spec.algorithm.authors_pi_token_loss and spec.pi_ratio == "token":
         eps_high = eps_low
     return ratio_bounds(eps_low, eps_high)
 

@@ -158,7 +158,7 @@ def ppo_gated(spec: TrainSpec, batch: TrainBatch, mu_t, pipo_state: controller.P
     """`pipo.authors.ppo_adv_gate` (PPO): the base advantages times clip(xi_gate, -2, 2), xi_gate
     from the window before this iteration's push (`controller.ppo_gate`); the attribution follows
     the gated advantages (their PI step reads the stored, gated ones); returns untouched."""
-    options = spec.pipo.options
+    options = spec.pipo_options
     gate, xi_gate = controller.ppo_gate(mu_t, pipo_state.mu_window_k, pipo_state.count, ddof=options.ddof,
                                   xi_clip=options.xi_clip)
     batch = batch.replace(adv_br=batch.adv_br * gate * batch.mask_br)
@@ -193,7 +193,7 @@ def pi_step(spec: TrainSpec, params, opt_state, pipo_state: controller.PipoState
     """
     # An explicit platform is checked as the model config checks its own.
     platform = spec.model.platform if platform is None else spec.model.replace(platform=platform).platform
-    rhat, signal = controller.pi_verification(pipo_state, mu_t, lam=hyper.lam, options=spec.pipo.options,
+    rhat, signal = controller.pi_verification(pipo_state, mu_t, lam=hyper.lam, options=spec.pipo_options,
                                         ppo=spec.algorithm.authors_ppo)
     applied = signal["pi_step_applied"]
     batch = pi_batch(pipo_state.prev, rhat, signal_rows=spec.pipo.sdpo_pi_denominator == "signal_tokens")
@@ -234,10 +234,10 @@ def learn(spec: TrainSpec, state: TrainState, rollout: Rollout, rng) -> tuple[Tr
         metrics.update(vpd_estep.teacher_diagnostics(spec, teacher, params, batch))
     pipo_state, pi_opt_state = state.pipo, state.pi_opt_state
     if spec.pipo.enabled:
-        if spec.pipo.options.ppo_adv_gate and spec.algorithm.authors_ppo:  # the window before any push
+        if spec.pipo_options.ppo_adv_gate and spec.algorithm.authors_ppo:  # the window before any push
             batch, gate_metrics = ppo_gated(spec, batch, mu_t, pipo_state)
             metrics.update(gate_metrics)
-        if spec.pipo.options.window_twice:  # authors' code: mu_t enters the window before xi, and again below
+        if spec.pipo_options.window_twice:  # authors' code: mu_t enters the window before xi, and again below
             pipo_state = controller.push_mean(pipo_state, mu_t)
         if spec.pipo.pi_optimizer == "separate":
             params, new_pi_opt, pi_metrics = pi_step(spec, params, pi_opt_state, pipo_state, mu_t, k_pi,

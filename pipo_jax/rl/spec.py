@@ -4,8 +4,8 @@ Pure: no file is read here and no task module is imported (`tests/test_layers.py
 importing this module loads neither the math verifier, the code sandbox nor the warm-up).
 `run/setup.py:train_spec(run)` loads what the typed config points at (the model's `config.json`,
 the task) and then validates: `spec_from_config(run, model, task)` takes the typed run config
-(`rl/sections.py:RunConfig`, parsed once at the entry point) and builds the `TrainSpec` that ties its sections together
-and resolves the algorithm's registered pieces (`rl/algorithms.py`).
+(`config/sections.py:RunConfig`, parsed once at the entry point) and builds the `TrainSpec` that ties its sections together
+and resolves the algorithm's registered pieces (`rl/registry.py`, filled by `rl/algorithms.py`).
 Every error is a `ConfigError` naming the key (unknown algorithm, K < 2, lam outside
 [0, 1], G = 1 with a group method, a mini-batch that does not divide the batch, a
 missing model path, ...).
@@ -17,11 +17,12 @@ import dataclasses
 import functools
 import os
 
+from pipo_jax.config.sections import (AdvantageConfig, ConfigError, CriticConfig, DapoConfig, EvalConfig, LossConfig,
+                                      PipoConfig, RolloutConfig, RunConfig, SdpoConfig, TrainConfig, VpdConfig)
+from pipo_jax.config.sections import need as _need
 from pipo_jax.models import qwen3
-from pipo_jax.rl import algorithms, hyper
-from pipo_jax.rl.sections import (AdvantageConfig, ConfigError, CriticConfig, DapoConfig, EvalConfig, LossConfig,
-                                  PipoConfig, RolloutConfig, RunConfig, SdpoConfig, TrainConfig, VpdConfig)
-from pipo_jax.rl.sections import need as _need
+from pipo_jax.rl import controller, hyper
+from pipo_jax.rl import registry as algorithms
 from pipo_jax.sampling import generator as generator_lib
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks.protocol import Task
@@ -220,6 +221,12 @@ class TrainSpec:
         """SDPO's teacher is the student's own params (`sdpo.teacher=live`), not a copy."""
         return self.sdpo.teacher == "live" and self.vpd is None
 
+    @functools.cached_property
+    def pipo_options(self) -> controller.PipoOptions:
+        """The authors' behaviours that are on (all off = the paper): `pipo.compat`, then each of
+        `pipo.authors` that is set."""
+        return controller.options_of(self.pipo)
+
     @property
     def pi_ratio(self) -> str:
         """The PI surrogate's ratio: the base loss's (`PolicyLoss.pi_ratio`), or per token with
@@ -265,7 +272,7 @@ def spec_from_config(run: RunConfig, model: qwen3.Qwen3Config, task: Task) -> Tr
 def check_run_config(c: RunConfig, task: Task) -> None:
     """What the keys the trainer reads outside the spec (iterations, logging, checkpoints,
     evaluation, warm-up) need of the task and of each other; raises `ConfigError` naming the key.
-    Each key's own constraint is its declaration's (`rl/sections.py`)."""
+    Each key's own constraint is its declaration's (`config/sections.py`)."""
     _need(not c.eval.benchmarks or task.capabilities.answer_benchmarks, "eval.benchmarks",
           f"math benchmarks need a math task's tokenizer, prompts and verifier; the {task.name} task has none: "
           "set task.name=math")

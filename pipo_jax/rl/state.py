@@ -21,7 +21,7 @@ from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.rl import controller
 from pipo_jax.rl.batch import TrainBatch, stored_template
 from pipo_jax.rl.hyper import Hyperparameters, hyperparameters_of
-from pipo_jax.rl.sections import VpdConfig
+from pipo_jax.config.sections import VpdConfig
 from pipo_jax.rl.spec import TrainSpec
 
 

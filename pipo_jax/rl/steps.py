@@ -123,7 +123,7 @@ def accumulate_grads(spec: TrainSpec, loss_fn: LossFn, params, mini: Batch, coun
     """
     n_micro, shards = micro_split_count(spec, jax.tree.leaves(mini)[0].shape[0])
     micros = jax.tree.map(lambda x: split_micro(x, n_micro, shards), mini)
-    per_micro = spec.pipo.options.micro_token_mean and counts_fn is not None
+    per_micro = spec.pipo_options.micro_token_mean and counts_fn is not None
 
     def keyed(c, i):
         return c if rng is None else dict(c, rng=jax.random.fold_in(rng, i))
@@ -246,7 +246,7 @@ def pi_loss_fn(spec: TrainSpec, *, hyper: Hyperparameters) -> LossFn:
     `authors_pi_token_loss=False` (PPO, whose PI step is their `ppo_layback`, the ordinary clip) keep
     the plain clip.
     """
-    options = spec.pipo.options
+    options = spec.pipo_options
     authors_token_loss = spec.algorithm.authors_pi_token_loss
     signal_tokens = spec.pipo.sdpo_pi_denominator == "signal_tokens"
 

@@ -33,7 +33,7 @@ from pipo_jax.losses import vpd as vpd_loss
 from pipo_jax.rl import steps
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.rl.response_logprobs import response_log_softmax, response_logprobs
-from pipo_jax.rl.sections import VpdConfig
+from pipo_jax.config.sections import VpdConfig
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.rl.state import make_teacher_optimizer, with_lr
 

@@ -16,7 +16,7 @@ from pipo_jax import platforms
 from pipo_jax.data.prompts import build_prompts
 from pipo_jax.data.sources import Example, SourceConfig, load_examples
 from pipo_jax.models import hf, qwen3
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.run.checkpoint import Checkpointer
 from pipo_jax.run.placement import Placement

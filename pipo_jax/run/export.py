@@ -31,7 +31,7 @@ from pipo_jax.data import char_vocab as cv
 from pipo_jax.data import text_vocab
 from pipo_jax.data.tokenizer import load_tokenizer, pad_token_id, stop_token_ids
 from pipo_jax.models import hf, qwen3
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import TrainSpec
 from pipo_jax.run import atomic, evaluate, observe
 from pipo_jax.run.checkpoint import saved_steps

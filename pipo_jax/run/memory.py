@@ -16,7 +16,7 @@ import os
 import jax
 import numpy as np
 
-from pipo_jax.rl.sections import ConfigError
+from pipo_jax.config.sections import ConfigError
 from pipo_jax.rl.spec import TrainSpec
 
 ROLLOUT_BYTES_PER_TOKEN = 4 * 4  # int32 token id, float32 mask, behaviour and reference log-probs

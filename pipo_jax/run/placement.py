@@ -25,7 +25,7 @@ from pipo_jax.parallel import shardings
 from pipo_jax.parallel.rules import Rules, make_rules
 from pipo_jax.rl import loop, rollout
 from pipo_jax.rl.hyper import hyperparameters_of
-from pipo_jax.rl.sections import MeshConfig
+from pipo_jax.config.sections import MeshConfig
 from pipo_jax.rl.spec import ConfigError, TrainSpec
 from pipo_jax.rl.state import TrainState, init_train_state
 from pipo_jax.run import sharded_steps, teacher_forcing

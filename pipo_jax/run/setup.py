@@ -15,8 +15,8 @@ import jax
 
 from pipo_jax import platforms
 from pipo_jax.models import hf, qwen3
-from pipo_jax.rl.sections import ConfigError, ModelConfig, RunConfig
-from pipo_jax.rl.sections import need as _need
+from pipo_jax.config.sections import ConfigError, ModelConfig, RunConfig
+from pipo_jax.config.sections import need as _need
 from pipo_jax.rl.spec import TrainSpec, check_run_config, eval_benchmarks, spec_from_config
 from pipo_jax.run import warmup
 from pipo_jax.run.task_config import make_task

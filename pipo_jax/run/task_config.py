@@ -9,7 +9,7 @@ unknown name lists the registered ones, a missing optional package names its ext
 
 from __future__ import annotations
 
-from pipo_jax.rl.sections import ConfigError, RunConfig
+from pipo_jax.config.sections import ConfigError, RunConfig
 from pipo_jax.tasks import registry
 from pipo_jax.tasks.protocol import Task, TaskConfigError, missing_attributes
 

@@ -1,4 +1,4 @@
-"""`train(run, workdir)`: the main job of a typed run config (`rl/sections.py:RunConfig`). Base model
+"""`train(run, workdir)`: the main job of a typed run config (`config/sections.py:RunConfig`). Base model
 (HF weights, or the built-in task's supervised warm-up), then RL iterations in jitted `lax.scan` chunks
 (or the host loop), with held-out evaluation, metrics, orbax checkpoints / exact resume and a final HF
 export.
@@ -28,7 +28,7 @@ from pipo_jax.models import hf, qwen3
 from pipo_jax.parallel import mesh_batch_shards
 from pipo_jax.parallel.distributed import initialize_distributed
 from pipo_jax.rl import loop, rollout, steps
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config
 from pipo_jax.rl.state import TrainState
 from pipo_jax.run import atomic, compile_cache, evaluate

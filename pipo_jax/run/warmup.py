@@ -50,7 +50,7 @@ import optax
 from pipo_jax.data import char_vocab
 from pipo_jax.models import qwen3
 from pipo_jax.parallel import shardings
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run import teacher_forcing
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks.protocol import Task

@@ -24,9 +24,9 @@ import socket
 import sys
 from typing import Any, Iterable
 
-from pipo_jax.rl.sections import ConfigError, RunConfig
+from pipo_jax.config.sections import ConfigError, RunConfig
 from pipo_jax.run import atomic
-from pipo_jax.schema import moved_keys, to_config
+from pipo_jax.config.schema import moved_keys, to_config
 
 log = logging.getLogger(__name__)
 

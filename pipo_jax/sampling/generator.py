@@ -23,12 +23,14 @@ from typing import NamedTuple, Protocol
 import jax
 import numpy as np
 
+from pipo_jax.config.registry import register_names
 from pipo_jax.models.qwen3 import Params, Qwen3Config
 from pipo_jax.sampling import continuous_batching, sampler
 from pipo_jax.sampling.engine import Engine
 from pipo_jax.sampling.sampling_params import SamplingParams
 
 ENGINES = ("sampler", "slots")
+register_names("engine", *ENGINES)  # `config/registry.py`: the schema's choices
 
 
 class Generation(NamedTuple):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipo_jax.schema import Section, key, need, within
+from pipo_jax.config.schema import Section, key, need, within
 
 OPERATORS = ("+", "-", "*")
 ANSWER_FORMATS = ("plain", "reversed", "worked")

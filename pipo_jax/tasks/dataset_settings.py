@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from pipo_jax.schema import Section, above, at_least, key
+from pipo_jax.config.schema import Section, above, at_least, key
 
 FORMATS = ("auto", "jsonl", "parquet", "tfds")
 PROMPT_STYLES = ("instruct", "base")

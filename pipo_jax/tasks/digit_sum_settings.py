@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipo_jax.schema import Section, key, need, within
+from pipo_jax.config.schema import Section, key, need, within
 
 MAX_DIGITS = 5  # at most 10**5 numbers: the split's tables stay small (< 0.5 MB)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from pipo_jax.schema import Section, at_least, key
+from pipo_jax.config.schema import Section, at_least, key
 
 PROMPT_FORMS = ("compact", "question")
 OVERLONG = ("error", "drop")

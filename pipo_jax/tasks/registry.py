@@ -1,13 +1,14 @@
 """The registered tasks: `config.task.name` -> the module that builds it, imported only when chosen.
 
 Each entry names a module of `pipo_jax/tasks/` and its constructor `from_config(run) -> Task`
-(`run`: the whole typed run config, `rl/sections.py:RunConfig`; it raises `protocol.TaskConfigError`
+(`run`: the whole typed run config, `config/sections.py:RunConfig`; it raises `protocol.TaskConfigError`
 naming the key, or ValueError, which `run/task_config.py:make_task` reports as `config.task: ...`).
 Naming the module instead of importing it keeps this table light: choosing the arithmetic task never
 loads the math verifier, the code sandbox or reasoning-gym. A task whose module needs an optional dependency names its
 extra (a missing package is one line naming it). Each entry also names the config sections of the
-task's own keys (`settings_sections`: `config.task` is the shared keys plus one section per name),
-declared in light modules beside the task's code.
+task's own keys, declared in light modules beside the task's code: registering the task pushes its
+name and those sections into the config schema (`config/registry.py`; `config.task` is the shared keys
+plus one section per name, listed by `--check_config` for the runs of the tasks that read it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import dataclasses
 import importlib
 from typing import Callable
 
+from pipo_jax.config import registry as config_registry
 from pipo_jax.tasks.protocol import Task, TaskConfigError, missing_members
 
 
@@ -43,13 +45,35 @@ TASKS: dict[str, TaskEntry] = {}
 
 
 def register_task(entry: TaskEntry) -> TaskEntry:
-    """Adds `entry` (a name may be registered once)."""
+    """Adds `entry` (a name may be registered once) and pushes its name and its settings sections (their
+    modules imported now: each imports only the schema) into the config schema."""
     if entry.name in TASKS:
         raise ValueError(f"task {entry.name!r} is registered twice")
     if not entry.module.startswith("pipo_jax.tasks."):
         raise ValueError(f"task {entry.name!r}: module {entry.module!r} is not under pipo_jax.tasks")
+    sections = [settings_class(path) for path in entry.settings]
+    for path, cls in zip(entry.settings, sections):
+        section = getattr(cls, "_section", "")
+        if not section.startswith("task.") or "." in section[len("task."):]:
+            raise ValueError(f"task {entry.name!r}: settings {path} declare _section={section!r}, not task.<name>")
     TASKS[entry.name] = entry
+    config_registry.register_names("task", entry.name)
+    for cls in sections:
+        config_registry.register_section(cls, used_when=("task.name", entry.name))
     return entry
+
+
+def _named_class(path: str, what: str) -> type:
+    """The class "module:Class" names, its module (under pipo_jax.tasks) imported now."""
+    module, _, name = path.partition(":")
+    if not module.startswith("pipo_jax.tasks."):
+        raise ValueError(f"{what} {path!r} are not under pipo_jax.tasks")
+    return getattr(importlib.import_module(module), name)
+
+
+def settings_class(path: str) -> type:
+    """The settings section "module:Class" names (its module imported now: it imports only the schema)."""
+    return _named_class(path, "settings")
 
 
 _DATASET = "pipo_jax.tasks.dataset_settings:DatasetSettings"
@@ -70,19 +94,6 @@ for _entry in (
     register_task(_entry)
 
 
-def _named_class(path: str, what: str) -> type:
-    """The class "module:Class" names, its module (under pipo_jax.tasks) imported now."""
-    module, _, name = path.partition(":")
-    if not module.startswith("pipo_jax.tasks."):
-        raise ValueError(f"{what} {path!r} are not under pipo_jax.tasks")
-    return getattr(importlib.import_module(module), name)
-
-
-def settings_class(path: str) -> type:
-    """The settings section "module:Class" names (its module imported now: it imports only the schema)."""
-    return _named_class(path, "settings")
-
-
 def chat_prompts(task: Task, max_prompt_tokens: int | None = None):
     """The chat renderer (`chat_prompts.ChatPrompts`) the entry of `task.name` names, for `task`;
     `TaskConfigError` (one line) for a task with none."""
@@ -92,20 +103,6 @@ def chat_prompts(task: Task, max_prompt_tokens: int | None = None):
         raise TaskConfigError(f"the {task.name} task has no chat rendering (tasks with one: {', '.join(with_chat)}; "
                               "a text policy's chat uses its tokenizer)")
     return _named_class(entry.chat, "chat renderer")(task, max_prompt_tokens)
-
-
-def settings_sections() -> dict[str, type]:
-    """{field of config.task: settings class} of every registered task, each section once."""
-    out: dict[str, type] = {}
-    for entry in TASKS.values():
-        for path in entry.settings:
-            cls = settings_class(path)
-            section = getattr(cls, "_section", "")
-            if not section.startswith("task.") or "." in section[len("task."):]:
-                raise ValueError(f"task {entry.name!r}: settings {path} declare _section={section!r}, not task.<name>")
-            if out.setdefault(section[len("task."):], cls) is not cls:
-                raise ValueError(f"config.{section} is declared by two settings classes")
-    return out
 
 
 def check_task_class(cls: type, what: str) -> None:

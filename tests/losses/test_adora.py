@@ -104,12 +104,12 @@ def test_pipo_attribution_keeps_the_weight_the_group_attribution_divides_out():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("adora_tds_weight", 1.5, r"config\.advantage\.adora_tds_weight: 1\.5 must be in \[0, 1\]"),
-    ("adora_max_length", -1, r"config\.advantage\.adora_max_length: -1 must be >= 0"),
+    ("tds_weight", 1.5, r"config\.advantage\.adora\.tds_weight: 1\.5 must be in \[0, 1\]"),
+    ("max_length", -1, r"config\.advantage\.adora\.max_length: -1 must be >= 0"),
 ])
 def test_bad_keys_are_one_line_errors(key, value, message):
     c = adora_config.get_config("micro")
-    c.advantage[key] = value
+    c.advantage.adora[key] = value
     with pytest.raises(ConfigError, match=message):
         spec_of(c)
 
@@ -118,12 +118,12 @@ def test_check_config_prints_the_adora_keys():
     """`--check_config` of configs/adora.py: the keys ADORA reads, each with its value and description."""
     values, lines = check_config_run("--config=configs/adora.py:micro")
     assert {k: values[k] for k in ("algorithm", "advantage.estimator", "advantage.std_ddof",
-                                   "advantage.adora_tds_weight", "advantage.adora_success_threshold",
-                                   "advantage.adora_max_length", "loss.policy", "loss.clip_ratio_c", "loss.agg_mode",
+                                   "advantage.adora.tds_weight", "advantage.adora.success_threshold",
+                                   "advantage.adora.max_length", "loss.policy", "loss.clip_ratio_c", "loss.agg_mode",
                                    "loss.kl_coef", "loss.entropy_coef",
                                    "pipo.attribution")} == {
         "algorithm": "adora", "advantage.estimator": "adora", "advantage.std_ddof": 1,
-        "advantage.adora_tds_weight": 0.1, "advantage.adora_success_threshold": 0.5, "advantage.adora_max_length": 0,
+        "advantage.adora.tds_weight": 0.1, "advantage.adora.success_threshold": 0.5, "advantage.adora.max_length": 0,
         "loss.policy": "token_clip", "loss.clip_ratio_c": 0.0, "loss.agg_mode": "token-mean", "loss.kl_coef": 0.001,
         "loss.entropy_coef": 0.001, "pipo.attribution": "adora"}
-    assert "temporarily disadvantageous" in lines["advantage.adora_tds_weight"]
+    assert "temporarily disadvantageous" in lines["advantage.adora.tds_weight"]

@@ -1,7 +1,7 @@
 """BAPO (docs/math.md §1 "BAPO", `losses/bapo.py`): Algorithm 1's path of bounds, a batch computed by hand
 (with and without Eq. 8's pi_old(y_t) weight), and a numpy transcription of Eq. 8 and Algorithm 1's loop
 (a literal while loop) with the clipped surrogate at the bounds it stops at; the released code's search
-(`loss.bapo_variant=released_code`) by hand and against a transcription of its loops; the dual clip."""
+(`loss.bapo.variant=released_code`) by hand and against a transcription of its loops; the dual clip."""
 
 import importlib
 
@@ -237,18 +237,18 @@ def test_bapo_variant_settings():
     """The released code's setting is a config (its script's target 0.5 on P / N, the dual clip at 3, no
     pi_old weight, its ranges and steps); a target above 1 is a share only the released test can take."""
     c = importlib.import_module("configs.bapo").get_config("micro")
-    assert (c.loss.bapo_variant, c.loss.clip_ratio_c) == ("paper", 0.0)
-    c.loss.bapo_variant, c.loss.bapo_rho, c.loss.clip_ratio_c = "released_code", 0.5, 3.0
-    c.loss.bapo_prob_weight = False
-    c.loss.bapo_lower_start, c.loss.bapo_lower_max, c.loss.bapo_lower_step = 0.8, 0.95, 0.05
-    c.loss.bapo_upper_start, c.loss.bapo_upper_max, c.loss.bapo_upper_step = 1.2, 2.0, 0.1
+    assert (c.loss.bapo.variant, c.loss.clip_ratio_c) == ("paper", 0.0)
+    c.loss.bapo.variant, c.loss.bapo.rho, c.loss.clip_ratio_c = "released_code", 0.5, 3.0
+    c.loss.bapo.prob_weight = False
+    c.loss.bapo.lower_start, c.loss.bapo.lower_max, c.loss.bapo.lower_step = 0.8, 0.95, 0.05
+    c.loss.bapo.upper_start, c.loss.bapo.upper_max, c.loss.bapo.upper_step = 1.2, 2.0, 0.1
     spec = spec_of(c)
-    assert (spec.loss.bapo_variant, spec.loss.clip_ratio_c) == ("released_code", 3.0)
-    c.loss.bapo_rho, c.loss.bapo_lower_max = 2.0, 0.82  # P / N >= 2; a partial lower step the code takes
+    assert (spec.loss.bapo.variant, spec.loss.clip_ratio_c) == ("released_code", 3.0)
+    c.loss.bapo.rho, c.loss.bapo.lower_max = 2.0, 0.82  # P / N >= 2; a partial lower step the code takes
     spec_of(c)
-    c.loss.bapo_variant = "paper"
-    with pytest.raises(ConfigError, match=r"config\.loss\.bapo_rho: 2\.0 must be <= 1"):
+    c.loss.bapo.variant = "paper"
+    with pytest.raises(ConfigError, match=r"config\.loss\.bapo\.rho: 2\.0 must be <= 1"):
         spec_of(c)
-    c.loss.bapo_variant = "authors"
-    with pytest.raises(ConfigError, match=r"config\.loss\.bapo_variant: 'authors' is not one of"):
+    c.loss.bapo.variant = "authors"
+    with pytest.raises(ConfigError, match=r"config\.loss\.bapo\.variant: 'authors' is not one of"):
         spec_of(c)

@@ -236,7 +236,7 @@ def test_registered_estimator_folds_each_batch_into_the_pool():
     update's, the advantages read it (this batch included), the metrics are its Beta parameters, and the
     spec's reward range and decay are the ones read."""
     spec = SimpleNamespace(estimator=algorithms.ADVANTAGE_ESTIMATORS["bnpo"], rollout=SimpleNamespace(group_size=2),
-                           advantage=SimpleNamespace(bnpo_decay=0.5, bnpo_reward_min=-1.0, bnpo_reward_max=1.0))
+                           advantage=SimpleNamespace(bnpo=SimpleNamespace(decay=0.5, reward_min=-1.0, reward_max=1.0)))
     est = spec.estimator
     assert est.group and not est.critic and est.carried is not None
     mask = jnp.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]], jnp.float32)
@@ -264,11 +264,11 @@ def test_config_file_and_its_keys():
     spec = spec_of(bnpo_config.get_config("micro"))
     assert (spec.algorithm.name, spec.estimator.name, spec.policy.name, spec.attribution.name) == (
         "bnpo", "bnpo", "token_clip", "group")
-    assert (spec.advantage.bnpo_decay, spec.loss.clip_low, spec.loss.clip_high, spec.loss.clip_ratio_c,
+    assert (spec.advantage.bnpo.decay, spec.loss.clip_low, spec.loss.clip_high, spec.loss.clip_ratio_c,
             spec.loss.agg_mode, spec.loss.kl_coef) == (0.9, 0.2, 0.28, 10.0, "seq-mean-token-sum", 0.0)
-    values, lines = check_config_run("--config=configs/bnpo.py:micro", "--config.advantage.bnpo_decay=0.5")
-    assert {k: values[k] for k in ("algorithm", "advantage.estimator", "advantage.bnpo_decay",
-                                   "advantage.bnpo_reward_min", "advantage.bnpo_reward_max", "pipo.attribution")} == {
-        "algorithm": "bnpo", "advantage.estimator": "bnpo", "advantage.bnpo_decay": 0.5,
-        "advantage.bnpo_reward_min": 0.0, "advantage.bnpo_reward_max": 1.0, "pipo.attribution": "group"}
-    assert "(0: the current batch only, the authors' code)" in lines["advantage.bnpo_decay"]
+    values, lines = check_config_run("--config=configs/bnpo.py:micro", "--config.advantage.bnpo.decay=0.5")
+    assert {k: values[k] for k in ("algorithm", "advantage.estimator", "advantage.bnpo.decay",
+                                   "advantage.bnpo.reward_min", "advantage.bnpo.reward_max", "pipo.attribution")} == {
+        "algorithm": "bnpo", "advantage.estimator": "bnpo", "advantage.bnpo.decay": 0.5,
+        "advantage.bnpo.reward_min": 0.0, "advantage.bnpo.reward_max": 1.0, "pipo.attribution": "group"}
+    assert "(0: the current batch only, the authors' code)" in lines["advantage.bnpo.decay"]

@@ -158,9 +158,9 @@ def test_check_config_prints_the_copo_keys():
     """`--check_config` of configs/copo.py: the keys COPO reads, each with its value and description."""
     values, lines = check_config_run("--config=configs/copo.py:micro")
     assert {k: values[k] for k in ("algorithm", "advantage.estimator", "loss.policy", "pipo.attribution",
-                                   "advantage.copo_gamma", "advantage.copo_rho", "advantage.copo_blend",
-                                   "advantage.copo_outcome", "advantage.copo_consistency_reward")} == {
+                                   "advantage.copo.gamma", "advantage.copo.rho", "advantage.copo.blend",
+                                   "advantage.copo.outcome", "advantage.copo.consistency_reward")} == {
         "algorithm": "copo", "advantage.estimator": "copo", "loss.policy": "copo", "pipo.attribution": "copo",
-        "advantage.copo_gamma": 5.0, "advantage.copo_rho": 1.0, "advantage.copo_blend": "soft_with_zero",
-        "advantage.copo_outcome": "response", "advantage.copo_consistency_reward": False}
-    assert lines["advantage.copo_blend"].endswith("[soft_with_zero | soft_with_forced | soft]")
+        "advantage.copo.gamma": 5.0, "advantage.copo.rho": 1.0, "advantage.copo.blend": "soft_with_zero",
+        "advantage.copo.outcome": "response", "advantage.copo.consistency_reward": False}
+    assert lines["advantage.copo.blend"].endswith("[soft_with_zero | soft_with_forced | soft]")

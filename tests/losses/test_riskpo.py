@@ -118,10 +118,10 @@ def test_check_config_prints_the_riskpo_keys():
     """`--check_config` of configs/riskpo.py: the keys RiskPO reads, each with its value."""
     values, lines = check_config_run("--config=configs/riskpo.py:micro")
     assert {k: values[k] for k in ("algorithm", "advantage.estimator", "pipo.attribution", "advantage.std_ddof",
-                                   "advantage.riskpo_bundle_size", "advantage.riskpo_alpha", "advantage.riskpo_beta",
-                                   "advantage.riskpo_omega", "advantage.riskpo_credit",
-                                   "advantage.riskpo_natural_baseline")} == {
+                                   "advantage.riskpo.bundle_size", "advantage.riskpo.alpha", "advantage.riskpo.beta",
+                                   "advantage.riskpo.omega", "advantage.riskpo.credit",
+                                   "advantage.riskpo.natural_baseline")} == {
         "algorithm": "riskpo", "advantage.estimator": "riskpo", "pipo.attribution": "gae", "advantage.std_ddof": 1,
-        "advantage.riskpo_bundle_size": 5, "advantage.riskpo_alpha": 0.2, "advantage.riskpo_beta": 0.8,
-        "advantage.riskpo_omega": 1.5, "advantage.riskpo_credit": "uniform", "advantage.riskpo_natural_baseline": True}
-    assert lines["advantage.riskpo_credit"].endswith("[uniform | std | sum_mean]")
+        "advantage.riskpo.bundle_size": 5, "advantage.riskpo.alpha": 0.2, "advantage.riskpo.beta": 0.8,
+        "advantage.riskpo.omega": 1.5, "advantage.riskpo.credit": "uniform", "advantage.riskpo.natural_baseline": True}
+    assert lines["advantage.riskpo.credit"].endswith("[uniform | std | sum_mean]")

@@ -21,12 +21,12 @@ platforms.simulate_cpu_devices(2)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 from pipo_jax import parallel  # noqa: E402  (imports jax but starts no backend)
+from pipo_jax.config.sections import DistributedConfig  # noqa: E402
 
 
 def main(port: int, process_id: int, out: str) -> None:
-    settings = parallel.initialize_distributed(
-        {"coordinator_address": f"localhost:{port}", "num_processes": 2, "process_id": process_id,
-         "initialization_timeout": 120})
+    settings = parallel.initialize_distributed(DistributedConfig(
+        coordinator_address=f"localhost:{port}", num_processes=2, process_id=process_id, initialization_timeout=120))
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -14,7 +14,8 @@ from jax.sharding import PartitionSpec as P
 
 from pipo_jax import parallel
 from pipo_jax.models import qwen3
-from pipo_jax.parallel.mesh import MeshSpec, mesh_spec_from_config, resolve_sizes
+from pipo_jax.config.sections import MeshConfig
+from pipo_jax.parallel.mesh import resolve_sizes
 from pipo_jax.rl import controller
 from pipo_jax.rl.batch import TrainBatch
 from pipo_jax.sampling import decode
@@ -29,32 +30,31 @@ def spec_tree(shardings):
 
 
 @pytest.mark.parametrize("spec, n, expected", [
-    (MeshSpec(-1, 1, 1), 8, (8, 1, 1)),
-    (MeshSpec(2, -1, 2), 8, (2, 2, 2)),
-    (MeshSpec(1, 2, -1), 8, (1, 2, 4)),
-    (MeshSpec(2, 2, 2), 8, (2, 2, 2)),
-    (MeshSpec(-1, 2, 1, dcn_data=2), 8, (4, 2, 1)),
+    (MeshConfig(data=-1, fsdp=1, tensor=1), 8, (8, 1, 1)),
+    (MeshConfig(data=2, fsdp=-1, tensor=2), 8, (2, 2, 2)),
+    (MeshConfig(data=1, fsdp=2, tensor=-1), 8, (1, 2, 4)),
+    (MeshConfig(data=2, fsdp=2, tensor=2), 8, (2, 2, 2)),
+    (MeshConfig(data=-1, fsdp=2, tensor=1, dcn_data=2), 8, (4, 2, 1)),
 ])
 def test_resolve_sizes(spec, n, expected):
     assert resolve_sizes(spec, n) == expected
 
 
 @pytest.mark.parametrize("spec, n, field", [
-    (MeshSpec(-1, -1, 1), 8, "only one"),
-    (MeshSpec(3, -1, 1), 8, "not divisible"),
-    (MeshSpec(2, 2, 1), 8, "4, but there are 8 devices"),
-    (MeshSpec(0, 1, 1), 8, "mesh.data=0"),
-    (MeshSpec(2, 4, 1, dcn_fsdp=3), 8, "dcn_fsdp=3"),
+    (MeshConfig(data=-1, fsdp=-1, tensor=1), 8, "only one"),
+    (MeshConfig(data=3, fsdp=-1, tensor=1), 8, "not divisible"),
+    (MeshConfig(data=2, fsdp=2, tensor=1), 8, "4, but there are 8 devices"),
+    (MeshConfig(data=0, fsdp=1, tensor=1), 8, "mesh.data=0"),
+    (MeshConfig(data=2, fsdp=4, tensor=1, dcn_fsdp=3), 8, "dcn_fsdp=3"),
 ])
 def test_resolve_sizes_errors_name_the_field(spec, n, field):
     with pytest.raises(ValueError, match=field):
         resolve_sizes(spec, n)
 
 
-def test_mesh_from_config_dict_and_defaults():
-    assert mesh_spec_from_config({"tensor": 4}) == MeshSpec(data=-1, fsdp=1, tensor=4)
-    assert mesh_spec_from_config(None) == MeshSpec()
-    mesh = parallel.mesh_from_config({"data": -1})
+def test_mesh_from_the_typed_section_and_its_defaults():
+    assert MeshConfig.from_config({"tensor": 4}) == MeshConfig(data=-1, fsdp=1, tensor=4, dcn_data=1, dcn_fsdp=1)
+    mesh = parallel.mesh_from_config(MeshConfig())
     assert parallel.mesh_sizes(mesh) == {"data": jax.device_count(), "fsdp": 1, "tensor": 1}
 
 

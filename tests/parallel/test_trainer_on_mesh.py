@@ -20,7 +20,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from pipo_jax.models import hf
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run.trainer import base_params
 from tests.parallel.equivalence import UPDATE_RTOL
 from tests.rl.micro_trainer import micro

@@ -118,11 +118,13 @@ def test_registered_estimator_equals_its_advantage_math(name):
                         tokens_br=jnp.array([[3, 4, 5], [3, 4, 0], [3, 0, 0], [3, 7, 7]]),
                         reward_components_bc=jnp.array([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0], [1.0, -1.0]]))
     parts = (RewardComponent("answer", 1.0), RewardComponent("stop", 0.5))  # the task's, GDPO's weights
-    advantage = dict(std_ddof=1, norm_by_std=True, gamma=0.9, lam=0.8, bnpo_decay=0.5, bnpo_reward_min=0.0,
-                     bnpo_reward_max=1.0, copo_outcome="response", copo_gamma=2.0, copo_rho=0.5, copo_blend="soft",
-                     copo_consistency_reward=True, riskpo_bundle_size=2, riskpo_alpha=0.25, riskpo_beta=0.75,
-                     riskpo_omega=2.0, riskpo_natural_baseline=False, riskpo_credit="std", adora_tds_weight=0.25,
-                     adora_success_threshold=0.5, adora_max_length=0)
+    advantage = dict(std_ddof=1, norm_by_std=True, gamma=0.9, lam=0.8,
+                     bnpo=SimpleNamespace(decay=0.5, reward_min=0.0, reward_max=1.0),
+                     copo=SimpleNamespace(outcome="response", gamma=2.0, rho=0.5, blend="soft",
+                                          consistency_reward=True),
+                     riskpo=SimpleNamespace(bundle_size=2, alpha=0.25, beta=0.75, omega=2.0, natural_baseline=False,
+                                            credit="std"),
+                     adora=SimpleNamespace(tds_weight=0.25, success_threshold=0.5, max_length=0))
     spec = _spec_ns(task=dict(reward_weights=lambda: parts), loss=dict(kl_in_reward=False),
                     dapo=dict(overlong_buffer=0), rollout=dict(group_size=2, max_new_tokens=T), advantage=advantage)
     est = algorithms.ADVANTAGE_ESTIMATORS[name]
@@ -209,7 +211,7 @@ def test_rloo_and_reinforce_pp_configs_resolve_their_pieces():
     c = reinforce_pp.get_config("micro")
     c.pipo.compat = True
     compat = spec_of(c)
-    assert compat.pipo.options.ppo_sign_attribution
+    assert compat.pipo_options.ppo_sign_attribution
     chex.assert_trees_all_close(algorithms.attribute(compat, batch), batch.adv_br * MASK)
 
 
@@ -219,13 +221,14 @@ def test_attributions_bind_the_pure_functions():
                        logp_old_br=2 * adv, logp_ref_br=jnp.zeros((B, T)), adv_br=adv, logp_teacher_br=adv,
                        sd_mask_b=jnp.array([1.0, 0.0, 1.0, 1.0]))
     for eps_add in (False, True):
-        spec = _spec_ns(rollout=dict(group_size=2), pipo=dict(options=controller.PipoOptions(attribution_eps_add=eps_add)))
+        spec = SimpleNamespace(rollout=SimpleNamespace(group_size=2),
+                               pipo_options=controller.PipoOptions(attribution_eps_add=eps_add))
         chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["group"].fn(spec, batch),
                                     pipo.group_attribution(adv, MASK, 2, eps_add))
     gae = algorithms.ATTRIBUTIONS["gae"]
-    plain = SimpleNamespace(pipo=SimpleNamespace(options=controller.PipoOptions()), algorithm=SimpleNamespace(authors_ppo=True))
+    plain = SimpleNamespace(pipo_options=controller.PipoOptions(), algorithm=SimpleNamespace(authors_ppo=True))
     chex.assert_trees_all_close(gae.fn(plain, batch), adv * MASK)
-    signed = SimpleNamespace(pipo=SimpleNamespace(options=controller.PipoOptions(ppo_sign_attribution=True)),
+    signed = SimpleNamespace(pipo_options=controller.PipoOptions(ppo_sign_attribution=True),
                              algorithm=SimpleNamespace(authors_ppo=True), rollout=SimpleNamespace(group_size=1))
     # the authors' PPO attribution with G = 1: each response's mean advantage over |mean| (+) 1e-6, on its tokens
     sign = jnp.array([1.0, -1.0, 1.0, 1.0])[:, None] * MASK
@@ -246,7 +249,7 @@ def test_attributions_bind_the_pure_functions():
     want = jnp.array([[1.0] * 3, [-1.0] * 3, [2.0, 0.0, 0.0], [0.5] * 3]) * MASK
     chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["copo"].fn(None, weighted), want)
     # ADORA: the group attribution times the prompt's weight
-    spec = _spec_ns(rollout=dict(group_size=2), pipo=dict(options=controller.PipoOptions()))
+    spec = SimpleNamespace(rollout=SimpleNamespace(group_size=2), pipo_options=controller.PipoOptions())
     weighted = batch.replace(adora_weight_b=jnp.array([1.0, 1.0, 0.1, 0.1]))
     chex.assert_trees_all_close(algorithms.ATTRIBUTIONS["adora"].fn(spec, weighted),
                                 jnp.array([1.0, 1.0, 0.1, 0.1])[:, None] * pipo.group_attribution(adv, MASK, 2))
@@ -280,8 +283,9 @@ def _configs():
         def make():
             c = module.get_config("micro")
             c.loss.policy = policy
-            for key, value in loss.items():
-                c.loss[key] = value
+            for key, value in loss.items():  # "bapo.rho": a key of the loss's own section
+                section, _, leaf = key.rpartition(".")
+                (c.loss[section] if section else c.loss)[leaf] = value
             return c
         return make
 
@@ -292,10 +296,11 @@ def _configs():
         "sdpo_token": with_loss(sdpo, "sdpo_token"),
         "sdpo_jsd": with_loss(sdpo, "sdpo_jsd"),
         "vpd_joint": lambda: vpd.hybrid("micro", "joint"),
-        "kl_cov": with_loss(kl_cov, "kl_cov", kl_cov_ratio=0.1, kl_cov_coef=0.5),
-        "clip_cov": with_loss(clip_cov, "clip_cov", clip_cov_ratio=0.1, clip_cov_low=-1.0, clip_cov_high=1.0),
+        "kl_cov": with_loss(kl_cov, "kl_cov", **{"kl_cov.ratio": 0.1, "kl_cov.coef": 0.5}),
+        "clip_cov": with_loss(clip_cov, "clip_cov",
+                              **{"clip_cov.ratio": 0.1, "clip_cov.low": -1.0, "clip_cov.high": 1.0}),
         "drpo": _drpo_whole_batch,
-        "bapo": with_loss(bapo, "bapo", bapo_rho=0.5, bapo_upper_step=0.1, bapo_prob_weight=False),
+        "bapo": with_loss(bapo, "bapo", **{"bapo.rho": 0.5, "bapo.upper_step": 0.1, "bapo.prob_weight": False}),
         "disco": _disco_whole_batch,
         "copo": with_loss(importlib.import_module("configs.copo"), "copo", clip_high=0.28, clip_ratio_c=2.0),
     }
@@ -304,7 +309,7 @@ def _configs():
 def _drpo_whole_batch():
     """configs/drpo.py with the batch as one mini-batch (DRPO's loss takes whole mini-batches), tau = 1."""
     c = drpo.get_config("micro")
-    c.train.mini_batch_prompts, c.loss.drpo_tau, c.loss.drpo_delta = c.rollout.prompts_per_batch, 1.0, 0.0
+    c.train.mini_batch_prompts, c.loss.drpo.tau, c.loss.drpo.delta = c.rollout.prompts_per_batch, 1.0, 0.0
     return c
 
 
@@ -313,7 +318,7 @@ def _disco_whole_batch():
     score, DisCO-b's mean over the negatives, delta = 0 (the penalty is on)."""
     c = disco.get_config("micro")
     c.train.mini_batch_prompts = c.rollout.prompts_per_batch
-    c.loss.disco_score, c.loss.disco_negatives, c.loss.disco_delta = "likelihood_ratio", "mean", 0.0
+    c.loss.disco.score, c.loss.disco.negatives, c.loss.disco.delta = "likelihood_ratio", "mean", 0.0
     return c
 
 
@@ -389,20 +394,20 @@ def test_registered_policy_loss_equals_its_loss_math(name):
     elif name == "drpo":
         g = spec.rollout.group_size
         want, _ = drpo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g, num_prompts=spec.batch // g,
-                            tau=1.0, lam=lo.drpo_lambda, beta=lo.drpo_beta, delta=0.0)
+                            tau=1.0, lam=lo.drpo.lam, beta=lo.drpo.beta, delta=0.0)
     elif name == "bapo":
-        want, m = bapo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, rho=0.5, lower_start=lo.bapo_lower_start,
-                            lower_max=lo.bapo_lower_max, lower_step=lo.bapo_lower_step,
-                            upper_start=lo.bapo_upper_start, upper_max=lo.bapo_upper_max, upper_step=0.1,
+        want, m = bapo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, rho=0.5, lower_start=lo.bapo.lower_start,
+                            lower_max=lo.bapo.lower_max, lower_step=lo.bapo.lower_step,
+                            upper_start=lo.bapo.upper_start, upper_max=lo.bapo.upper_max, upper_step=0.1,
                             prob_weight=False, **agg)
         chex.assert_trees_all_close((metrics["bapo_clip_low"], metrics["bapo_clip_high"]),
                                     (m["bapo_clip_low"], m["bapo_clip_high"]), rtol=1e-6)
-        assert float(m["bapo_clip_high"]) > lo.bapo_upper_start  # the bounds moved: the settings are read
+        assert float(m["bapo_clip_high"]) > lo.bapo.upper_start  # the bounds moved: the settings are read
     elif name == "disco":
         g = spec.rollout.group_size
         want, _ = disco_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.mask_br, group_size=g,
                              num_prompts=spec.batch // g, score="likelihood_ratio", negatives="mean",
-                             tau=lo.disco_tau, beta=lo.disco_beta, delta=0.0)
+                             tau=lo.disco.tau, beta=lo.disco.beta, delta=0.0)
     elif name == "copo":
         want, m = copo.copo_loss(want_logp, mb.logp_old_br, mb.adv_br, mb.global_adv_b, mb.local_weight_b, mb.mask_br,
                                  ratio_low=1 - 0.2, ratio_high=1 + 0.28, clip_ratio_c=2.0, **agg)

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError
 from tests.scripts import run_script
 from tests.typed import spec_of
@@ -144,34 +144,36 @@ def test_qwen3_presets_validate_with_a_model_and_data(algo, tmp_path):
          r"^config\.task\.max_digits: moved: set config\.task\.arithmetic\.max_digits$"),
         (lambda c: setattr(c.model, "logprob_impl", "cuda"), r"config\.model\.logprob_impl"),
         (lambda c: setattr(c.loss, "norm_length", -1), r"config\.loss\.norm_length: -1 must be >= 0"),
-        (lambda c: setattr(c.loss, "bapo_rho", 1.5),
-         r"config\.loss\.bapo_rho: 1\.5 must be <= 1: with loss\.bapo_variant=paper it is a share of the contribution"),
-        (lambda c: setattr(c.loss, "bapo_rho", -0.5), r"config\.loss\.bapo_rho: -0\.5 must be >= 0"),
-        (lambda c: setattr(c.loss, "disco_score", "logL"),
-         r"config\.loss\.disco_score: 'logL' is not one of \('log_likelihood', 'likelihood_ratio'\)"),
-        (lambda c: setattr(c.loss, "disco_tau", 0.0), r"config\.loss\.disco_tau: 0\.0 must be > 0"),
-        (lambda c: setattr(c.advantage, "copo_blend", "hard"),
-         r"config\.advantage\.copo_blend: 'hard' is not one of \('soft_with_zero', 'soft_with_forced', 'soft'\)"),
-        (lambda c: setattr(c.advantage, "copo_gamma", -1.0), r"config\.advantage\.copo_gamma: -1\.0 must be >= 0"),
-        (lambda c: setattr(c.advantage, "copo_outcome", "answer"),
-         r"config\.advantage\.copo_outcome: 'answer' is not one of \('response', 'reward'\)"),
-        (lambda c: setattr(c.advantage, "riskpo_alpha", 0.0),
-         r"config\.advantage\.riskpo_alpha: 0\.0 must be in \(0, 1\)"),
-        (lambda c: setattr(c.advantage, "riskpo_beta", 0.1),
-         r"config\.advantage\.riskpo_beta: 0\.1 must be > advantage\.riskpo_alpha=0\.2"),
-        (lambda c: setattr(c.advantage, "riskpo_bundle_size", 0),
-         r"config\.advantage\.riskpo_bundle_size: 0 must be >= 1"),
-        (lambda c: setattr(c.advantage, "riskpo_credit", "score"),
-         r"config\.advantage\.riskpo_credit: 'score' is not one of \('uniform', 'std', 'sum_mean'\)"),
-        (lambda c: setattr(c.advantage, "bnpo_decay", 1.0),
-         r"config\.advantage\.bnpo_decay: 1\.0 must be in \[0, 1\)"),
-        (lambda c: setattr(c.advantage, "bnpo_reward_max", -1.0),
-         r"config\.advantage\.bnpo_reward_max: -1\.0 must be > advantage\.bnpo_reward_min=0\.0"),
-        (lambda c: setattr(c.loss, "bapo_lower_max", 0.61),
-         r"config\.loss\.bapo_lower_max: 0\.61 leaves no step of loss\.bapo_lower_step=0\.02 above "
-         r"loss\.bapo_lower_start=0\.6 \(Algorithm 1 would never move the bounds\)"),
-        (lambda c: setattr(c.loss, "bapo_upper_max", 1.1),
-         r"config\.loss\.bapo_upper_max: 1\.1 must be >= loss\.bapo_upper_start=1\.2"),
+        (lambda c: setattr(c.loss.bapo, "rho", 1.5),
+         r"config\.loss\.bapo\.rho: 1\.5 must be <= 1: with loss\.bapo\.variant=paper it is a share of the contribution"),
+        (lambda c: setattr(c.loss, "bapo_rho", 0.5),  # a method's key moved into its section: the new place named
+         r"^config\.loss\.bapo_rho: moved: set config\.loss\.bapo\.rho$"),
+        (lambda c: setattr(c.loss.bapo, "rho", -0.5), r"config\.loss\.bapo\.rho: -0\.5 must be >= 0"),
+        (lambda c: setattr(c.loss.disco, "score", "logL"),
+         r"config\.loss\.disco\.score: 'logL' is not one of \('log_likelihood', 'likelihood_ratio'\)"),
+        (lambda c: setattr(c.loss.disco, "tau", 0.0), r"config\.loss\.disco\.tau: 0\.0 must be > 0"),
+        (lambda c: setattr(c.advantage.copo, "blend", "hard"),
+         r"config\.advantage\.copo\.blend: 'hard' is not one of \('soft_with_zero', 'soft_with_forced', 'soft'\)"),
+        (lambda c: setattr(c.advantage.copo, "gamma", -1.0), r"config\.advantage\.copo\.gamma: -1\.0 must be >= 0"),
+        (lambda c: setattr(c.advantage.copo, "outcome", "answer"),
+         r"config\.advantage\.copo\.outcome: 'answer' is not one of \('response', 'reward'\)"),
+        (lambda c: setattr(c.advantage.riskpo, "alpha", 0.0),
+         r"config\.advantage\.riskpo\.alpha: 0\.0 must be in \(0, 1\)"),
+        (lambda c: setattr(c.advantage.riskpo, "beta", 0.1),
+         r"config\.advantage\.riskpo\.beta: 0\.1 must be > advantage\.riskpo\.alpha=0\.2"),
+        (lambda c: setattr(c.advantage.riskpo, "bundle_size", 0),
+         r"config\.advantage\.riskpo\.bundle_size: 0 must be >= 1"),
+        (lambda c: setattr(c.advantage.riskpo, "credit", "score"),
+         r"config\.advantage\.riskpo\.credit: 'score' is not one of \('uniform', 'std', 'sum_mean'\)"),
+        (lambda c: setattr(c.advantage.bnpo, "decay", 1.0),
+         r"config\.advantage\.bnpo\.decay: 1\.0 must be in \[0, 1\)"),
+        (lambda c: setattr(c.advantage.bnpo, "reward_max", -1.0),
+         r"config\.advantage\.bnpo\.reward_max: -1\.0 must be > advantage\.bnpo\.reward_min=0\.0"),
+        (lambda c: setattr(c.loss.bapo, "lower_max", 0.61),
+         r"config\.loss\.bapo\.lower_max: 0\.61 leaves no step of loss\.bapo\.lower_step=0\.02 above "
+         r"loss\.bapo\.lower_start=0\.6 \(Algorithm 1 would never move the bounds\)"),
+        (lambda c: setattr(c.loss.bapo, "upper_max", 1.1),
+         r"config\.loss\.bapo\.upper_max: 1\.1 must be >= loss\.bapo\.upper_start=1\.2"),
         (lambda c: setattr(c.loss, "norm_length", 8),
          r"config\.loss\.norm_length: 8 is seq-mean-token-sum-norm's divisor, not 'seq-mean-token-mean''s"),
     ],
@@ -201,11 +203,14 @@ def test_command_line_overrides():
     c, lines = check_config_run("--config=configs/dapo.py:tiny", "--config.pipo.enabled=true", "--config.pipo.lam=0.2",
                                 "--config.rollout.group_size=4")
     assert (c["algorithm"], c["pipo.enabled"], c["pipo.lam"], c["rollout.group_size"]) == ("dapo", True, 0.2, 4)
-    # every key with its description, from its one declaration (rl/sections.py)
+    # every key the run uses with its description, from its one declaration (config/sections.py)
     assert lines["pipo.lam"] == "0.2  # lambda: the PI step's scale when the improvement signal is negative"
     assert lines["loss.policy"].endswith("[token_clip | gspo | cispo | kl_cov | clip_cov | drpo | bapo | disco | "
                                          "copo | sdpo_token | sdpo_jsd]")
-    assert len(lines) == len(c) > 150
+    assert len(lines) == len(c) > 80
+    # only the keys this run uses: no other method's settings, no critic / teacher / VPD section, no other task's
+    assert not [k for k in lines if k.startswith(("loss.bapo.", "advantage.copo.", "critic.", "sdpo.", "vpd.",
+                                                  "task.dataset."))]
     bad = run_script("-m", "experiments.train", "--config=configs/grpo.py:tiny", "--config.pipo.window=1",
                      "--check_config")
     assert bad.returncode != 0 and "config.pipo.window: K=1 must be >= 2" in bad.stderr

@@ -4,8 +4,8 @@ PIPO behaviours and presets (README "paper setting vs authors' setting")."""
 import pytest
 
 from configs import base, dapo, grpo, gspo, ppo, sdpo
+from pipo_jax.config.sections import PipoConfig
 from pipo_jax.rl import controller
-from pipo_jax.rl.sections import PipoConfig
 from pipo_jax.rl.spec import ConfigError
 from tests.rl.test_config import check_config_values
 from tests.scripts import run_script
@@ -45,11 +45,11 @@ def test_dapo_generation_batch_follows_a_batch_override():
 
 def test_authors_behaviours_one_by_one_and_all():
     c = grpo.get_config("micro")
-    assert spec_of(c).pipo.options == controller.PipoOptions()
+    assert spec_of(c).pipo_options == controller.PipoOptions()
     c.pipo.authors.rhat_clamp = True
-    assert spec_of(c).pipo.options == controller.PipoOptions(rhat_clamp=True)
+    assert spec_of(c).pipo_options == controller.PipoOptions(rhat_clamp=True)
     c.pipo.compat = True
-    assert all(spec_of(c).pipo.options)
+    assert all(spec_of(c).pipo_options)
     assert sorted(c.pipo.authors) == sorted(controller.AUTHORS_BEHAVIOURS)
 
 
@@ -64,7 +64,7 @@ def test_authors_presets():
     assert (s.advantage.std_ddof, s.pipo.compat, s.model.preset) == (1, True, "qwen3_8b")
     d = dapo.get_config("authors_qwen3_4b")
     assert (d.loss.clip_low, d.loss.clip_high, d.loss.clip_ratio_c, d.loss.kl_coef) == (0.2, 0.28, 10.0, 0.001)
-    options = PipoConfig.from_config(d.pipo).options  # every behaviour of their code but the double push
+    options = controller.options_of(PipoConfig.from_config(d.pipo))  # every behaviour of their code but the double push
     assert d.pipo.compat and {k for k, v in options._asdict().items() if not v} == {"window_twice"}
     assert d.task.epochs == 9.0 and d.advantage.std_ddof == 1
     for module in (ppo, sdpo):
@@ -91,7 +91,7 @@ def test_a_named_authors_behaviour_wins_over_compat(compat, named, expected_off)
     c.pipo.compat = compat
     for k, v in named.items():
         c.pipo.authors[k] = v
-    options = spec_of(c).pipo.options
+    options = spec_of(c).pipo_options
     assert {k for k, v in options._asdict().items() if not v} == expected_off
 
 

@@ -13,8 +13,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import base
-from pipo_jax import schema
-from pipo_jax.rl.sections import ConfigError, RunConfig
+from pipo_jax.config import schema
+from pipo_jax.config.sections import ConfigError, RunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIG_FILES = sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem not in ("__init__", "base"))
@@ -38,10 +38,10 @@ CASES = [(name, preset) for name in CONFIG_FILES for preset in _presets(name)]
 
 def _section_of(dotted: str):
     """The section class that declares the dotted key, and the key's field."""
-    cls = RunConfig
+    cls = schema.assembled(RunConfig)  # with the sections the registries registered (a method's, a task's)
     *parents, leaf = dotted.split(".")
     for part in parents:
-        cls = schema._subsection(next(f for f in dataclasses.fields(cls) if f.name == part))
+        cls = schema.assembled(schema._subsection(next(f for f in dataclasses.fields(cls) if f.name == part)))
     return cls, next(f for f in dataclasses.fields(cls) if f.name == leaf)
 
 
@@ -97,7 +97,7 @@ def test_every_key_is_settable_on_the_command_line(name, preset, monkeypatch):
     config = importlib.import_module(f"configs.{name}").get_config(preset)
     declared = schema.declarations(RunConfig)
     wanted, argv = {}, [f"--config=configs/{name}.py:{preset}"]
-    for dotted, _, _ in schema.describe(RunConfig, config):
+    for dotted in declared:  # every key, the settings of methods and tasks the preset does not run included
         value, text = override_value(dotted, schema_value(config, dotted))
         wanted[dotted] = value
         argv.append(f"--config.{dotted}={text}")

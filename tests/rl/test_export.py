@@ -22,7 +22,7 @@ from experiments import cli
 from experiments import eval as eval_cli
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.models import hf
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run import evaluate, export
 from pipo_jax.run.workdir import stored_form
 from pipo_jax.sampling import sampler

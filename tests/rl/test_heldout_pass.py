@@ -15,7 +15,7 @@ import pytest
 from configs import grpo
 from pipo_jax.models import qwen3
 from pipo_jax.rl import rollout
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError, check_run_config
 from pipo_jax.run import warmup
 from pipo_jax.run.checkpoint import Checkpointer

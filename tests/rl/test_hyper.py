@@ -79,7 +79,7 @@ def test_other_keys_stay_static_and_values_are_still_checked():
     base = spec_of(config())
     for key, value in (("pipo.window", 3), ("rollout.temperature", 0.7), ("rollout.group_size", 2)):
         assert spec_of(config(**{key: value})) != base, key
-    with pytest.raises(ConfigError, match=r"^config\.loss\.clip_low: 1\.5 must be in \[0, 1\)$"):
+    with pytest.raises(ConfigError, match=r"^config\.loss\.clip_low: 1\.5 must be in \[0, 1\]$"):
         spec_of(config(**{"loss.clip_low": 1.5}))
     with pytest.raises(ConfigError, match=r"^config\.pipo\.lam: 2\.0 must be in \[0, 1\]$"):
         spec_of(config(**{"pipo.lam": 2.0}))

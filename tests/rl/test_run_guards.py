@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs import grpo
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.run import observe, warmup
 from pipo_jax.run.checkpoint import saved_steps

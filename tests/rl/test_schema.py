@@ -1,21 +1,23 @@
-"""The config schema (`schema.py`, `rl/sections.py`): every key declared once with its type,
+"""The config schema (`config/schema.py`, `config/sections.py`): every key declared once with its type,
 default, description and constraint; `base_config` built from the declarations; the generic
 `from_config` round-trips; choices read from the registries."""
 
 import importlib
 import json
+import pathlib
 
 import ml_collections
 import pytest
 
 from configs import base
-from pipo_jax import schema
-from pipo_jax.rl import algorithms, sections
-from pipo_jax.rl.sections import ConfigError, RunConfig
+from pipo_jax.config import registry, schema, sections
+from pipo_jax.config.sections import ConfigError, RunConfig
+from pipo_jax.rl import algorithms
+from experiments.train import check_config_listing
 from pipo_jax.run.workdir import flat_config
 from tests.typed import spec_of
 
-ALGOS = sections.algorithm_names()  # each registered algorithm has its configs/<name>.py
+ALGOS = registry.names("algorithm")  # each registered algorithm has its configs/<name>.py
 
 
 def test_every_key_has_exactly_one_declaration_with_a_description():
@@ -105,12 +107,79 @@ def test_run_level_keys_are_checked_by_their_declaration(key, value, message):
 
 def test_choices_come_from_the_registries():
     docs = {name: doc for name, _, doc in schema.describe(RunConfig, base.base_config())}
-    assert docs["algorithm"].endswith(f"[{' | '.join(sections.algorithm_names())}]")
-    assert "dr_grpo" in sections.algorithm_names() and "vpd+joint" not in sections.algorithm_names()
+    assert docs["algorithm"].endswith(f"[{' | '.join(registry.names('algorithm'))}]")
+    assert "dr_grpo" in registry.names("algorithm") and "vpd+joint" not in registry.names("algorithm")
     assert {"rloo", "reinforce_pp", "kl_cov", "clip_cov", "bnpo", "copo", "riskpo", "gdpo",
-            "adora"} <= set(sections.algorithm_names())
-    assert {"kl_cov", "clip_cov", "drpo", "bapo", "disco", "copo"} <= set(sections.policy_names())
-    assert "cispo" in docs["loss.policy"] and set(sections.policy_names()) >= {"token_clip", "gspo", "cispo"}
+            "adora"} <= set(registry.names("algorithm"))
+    assert {"kl_cov", "clip_cov", "drpo", "bapo", "disco", "copo"} <= set(registry.names("policy"))
+    assert "cispo" in docs["loss.policy"] and set(registry.names("policy")) >= {"token_clip", "gspo", "cispo"}
     assert docs["advantage.estimator"].endswith(f"[{' | '.join(list(algorithms.ADVANTAGE_ESTIMATORS) + ['none'])}]")
     assert docs["pipo.attribution"].endswith("[group | gae | copo | adora | sdpo_token]")
     assert docs["pipo.authors.window_twice"].startswith("mu_t enters the window before xi is computed")
+
+
+def test_a_registered_choice_is_checked_when_the_config_is_validated(monkeypatch):
+    # the schema imports no registry: a name pushed after its sections were declared is a valid choice
+    with pytest.raises(ConfigError, match=r"^config\.model\.attention_impl: 'ring' is not one of \('auto', "):
+        sections.ModelConfig(attention_impl="ring")
+    monkeypatch.setitem(registry._NAMES, "attention_impl", {**registry._NAMES["attention_impl"], "ring": None})
+    assert sections.ModelConfig(attention_impl="ring").attention_impl == "ring"
+    with pytest.raises(RuntimeError, match=r"^no no_such_kind is registered: import the module that registers"):
+        registry.names("no_such_kind")
+
+
+# The sections only some runs read: each method's own settings, PPO's critic, the teacher's and VPD's, each task's.
+METHOD_SECTIONS = ("loss.kl_cov", "loss.clip_cov", "loss.drpo", "loss.bapo", "loss.disco", "advantage.bnpo",
+                   "advantage.copo", "advantage.riskpo", "advantage.adora")
+RUN_SECTIONS = ("critic", "sdpo", "vpd") + tuple(f"task.{t}" for t in ("arithmetic", "dataset", "math", "code",
+                                                                         "reasoning_gym", "digit_sum"))
+
+
+def _listed(algo: str) -> set[str]:
+    c = importlib.import_module(f"configs.{algo}").get_config("micro")
+    spec_of(c)
+    return {line.split(" = ", 1)[0] for line in check_config_listing(c).splitlines()}
+
+
+def _sections_of(keys) -> set[str]:
+    return {s for s in METHOD_SECTIONS + RUN_SECTIONS for k in keys if k.startswith(s + ".")}
+
+
+def test_check_config_lists_the_shared_keys_and_the_runs_own():
+    declared = schema.declarations(RunConfig)
+    assert _sections_of(declared) == set(METHOD_SECTIONS + RUN_SECTIONS)  # every one of them is declared
+    shared = {k for k in declared if not _sections_of([k])}
+    grpo = _listed("grpo")  # GRPO on the arithmetic task: the shared keys and the arithmetic task's, nothing else
+    assert grpo == shared | {k for k in declared if k.startswith("task.arithmetic.")}
+    assert len(grpo) < len(declared) - 60
+    for algo, own in [("bapo", {"loss.bapo"}), ("kl_cov", {"loss.kl_cov"}), ("clip_cov", {"loss.clip_cov"}),
+                      ("drpo", {"loss.drpo"}), ("disco", {"loss.disco"}), ("bnpo", {"advantage.bnpo"}),
+                      ("copo", {"advantage.copo"}), ("riskpo", {"advantage.riskpo"}), ("adora", {"advantage.adora"}),
+                      ("ppo", {"critic"}), ("sdpo", {"sdpo"}), ("vpd", {"sdpo", "vpd"})]:
+        listed = _listed(algo)
+        assert _sections_of(listed) == own | {"task.arithmetic"}, algo
+        assert {k for k in declared if any(k.startswith(s + ".") for s in own)} <= listed, algo
+
+
+def test_a_methods_settings_are_checked_where_declared_and_old_keys_are_moved():
+    c = importlib.import_module("configs.bapo").get_config("micro")
+    assert spec_of(c).loss.bapo.rho == 0.4  # the declared default, not restated by configs/bapo.py
+    c.loss.bapo.upper_max = 1.1
+    with pytest.raises(ConfigError, match=r"^config\.loss\.bapo\.upper_max: 1\.1 must be >= loss\.bapo\.upper_start"):
+        spec_of(c)
+    # a run config stored before the move is read with the keys at their new place
+    stored = {"loss": {"bapo_rho": 0.3, "drpo_lambda": 0.2}, "advantage": {"copo_blend": "soft"}}
+    assert schema.moved_keys(stored) == {"loss": {"bapo": {"rho": 0.3}, "drpo": {"lam": 0.2}},
+                                         "advantage": {"copo": {"blend": "soft"}}}
+    assert schema.unknown_key(RunConfig, "loss.bapo_rho", prefix="--config.") == "moved: set --config.loss.bapo.rho"
+
+
+def test_an_algorithm_config_states_only_what_differs_from_its_registration():
+    for algo in ALGOS:
+        source = (pathlib.Path(base.__file__).parent / f"{algo}.py").read_text()
+        assert f'base.algorithm_config("{algo}"' in source, algo
+        defaults = algorithms.plain_algorithm(algo).defaults
+        for dotted, value in defaults.items():
+            assert f'c.{dotted} = "{value}"' not in source, (algo, dotted)  # the registration says it
+        c = importlib.import_module(f"configs.{algo}").get_config("micro")
+        assert (c.algorithm, c.pipo.attribution) == (algo, defaults["pipo.attribution"])

@@ -77,8 +77,8 @@ def test_dr_grpo_runs_a_micro_iteration():
     assert max(changed) > 0
 
 
-COV = {"loss.kl_cov_ratio": 0.2, "loss.clip_cov_ratio": 0.2, "loss.clip_cov_low": -10.0}  # tokens are selected
-OVERRIDES = {"kl_cov": COV, "clip_cov": COV, "riskpo": {"advantage.riskpo_bundle_size": 2}}  # RiskPO: bundles of 2
+COV = {"loss.kl_cov.ratio": 0.2, "loss.clip_cov.ratio": 0.2, "loss.clip_cov.low": -10.0}  # tokens are selected
+OVERRIDES = {"kl_cov": COV, "clip_cov": COV, "riskpo": {"advantage.riskpo.bundle_size": 2}}  # RiskPO: bundles of 2
 
 
 @pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo",
@@ -154,7 +154,7 @@ def test_rloo_and_reinforce_pp_run_with_pipo(algo):
         row = attr[:, 0]
         assert np.all(np.where(valid, attr, row[:, None]) == row[:, None])
         sums = np.abs(row).reshape(-1, spec.rollout.group_size).sum(axis=1)
-        g, lam = spec.rollout.group_size, spec.advantage.adora_tds_weight
+        g, lam = spec.rollout.group_size, spec.advantage.adora.tds_weight
         assert np.all(np.isclose(sums, 0) | np.isclose(sums, g * lam, rtol=1e-5)) and np.any(sums > 0)
     elif algo in ("rloo", "kl_cov", "clip_cov", "drpo", "bapo", "disco", "bnpo", "gdpo"):
         row = attr[:, 0]

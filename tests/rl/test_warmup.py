@@ -253,7 +253,7 @@ def test_bad_sampled_check_arguments_name_the_field(kwargs, match):
 
 def test_settings_from_a_run_config_typed_or_not():
     from configs import grpo
-    from pipo_jax.rl.sections import RunConfig
+    from pipo_jax.config.sections import RunConfig
 
     c = grpo.get_config("micro")
     c.rollout.max_new_tokens, c.rollout.top_k, c.warmup.target_pass_rate, c.warmup.check_prompts = 0, 3, 0.2, 4

@@ -11,7 +11,7 @@ from configs import sdpo as sdpo_configs
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.rl import learn
 from pipo_jax.rl.experience import Rollout
-from pipo_jax.rl.sections import RunConfig
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.run import teacher_forcing, warmup
 from pipo_jax.tasks import arithmetic as ar
 from tests.typed import spec_of, train_config

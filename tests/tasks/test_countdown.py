@@ -13,7 +13,7 @@ import pytest
 from configs import grpo, sdpo
 from pipo_jax.data import text_vocab
 from pipo_jax.rl import rollout
-from pipo_jax.rl.sections import ConfigError
+from pipo_jax.config.sections import ConfigError
 from pipo_jax.tasks import countdown as cd
 from tests.conftest import override
 from tests.typed import spec_of, train_config

@@ -12,7 +12,7 @@ import pytest
 from configs import grpo, sdpo
 from pipo_jax.data import char_vocab
 from pipo_jax.rl import rollout
-from pipo_jax.rl.sections import ConfigError
+from pipo_jax.config.sections import ConfigError
 from pipo_jax.tasks import digit_sum as ds
 from tests.conftest import override
 from tests.scripts import run_script

@@ -19,7 +19,7 @@ from pipo_jax.data import text_vocab
 from pipo_jax.data import tokenizer as tk
 from pipo_jax.models import qwen3
 from pipo_jax.rl import rollout
-from pipo_jax.rl.sections import ConfigError, RunConfig
+from pipo_jax.config.sections import ConfigError, RunConfig
 from pipo_jax.run import teacher_forcing
 from pipo_jax.sampling.sampling_params import SamplingParams
 from pipo_jax.tasks import reasoning_gym as rgt

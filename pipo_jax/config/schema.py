@@ -1,6 +1,7 @@
 """The config schema's machinery: a key declared once (type, default, description, constraint).
 
-A section is a frozen dataclass (`rl/sections.py`) whose fields are its config keys, each
+A section is a frozen dataclass (`config/sections.py`, or a method's or task's settings beside its
+code, registered: `config/registry.py`) whose fields are its config keys, each
 declared with `key(default, doc, check)`: the field's annotation is the key's type, `default`
 its one default, `doc` the description `--check_config` prints, `check` its constraint.
 From these declarations alone:
@@ -8,7 +9,10 @@ From these declarations alone:
     defaults(cls) -> ml_collections.ConfigDict   what `configs/base.py:base_config` returns
     from_config(cls, mapping) -> cls             the typed section of a config section
     to_config(section) -> dict                   its values again (`from_config(cls, to_config(s)) == s`)
-    describe(cls, config) -> [(key, value, doc)] every key with its value and description
+    describe(cls, config) -> [(key, value, doc)] every key a run uses with its value and description
+
+Each takes a section as assembled (`assembled(cls)`): its declared fields and the sections the
+learner's registries registered under it (`config/registry.py`), e.g. `config.loss.bapo`.
 
 A section checks itself on construction (`Section.__post_init__`): each field's type, then its
 `choices` / `check`, then the section's own `check()` (what ties its fields together). Every error
@@ -19,12 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import ml_collections
 from ml_collections import config_dict
+
+from pipo_jax.config import registry
+from pipo_jax.config.moves import RENAMED, RETIRED
 
 Check = Callable[[Any], "str | None"]  # value -> the error message, or None when it is valid
 
@@ -53,10 +61,11 @@ def is_int(value) -> bool:
 
 def key(default, doc: str, check: Check | None = None, *, choices: Iterable | Callable[[], Iterable] | None = None):
     """A config key's declaration: `default`, description `doc`, constraint `check` (value ->
-    message or None) and / or `choices` (a tuple, or a function returning one: a registry's names)."""
+    message or None) and / or `choices` (a tuple, or a function returning one: a registry's names).
+    A subsection is declared by its class: `key(RolloutConfig, doc)`."""
     meta = {"doc": doc, "check": check, "choices": choices}
-    if dataclasses.is_dataclass(default):
-        return dataclasses.field(default_factory=type(default), metadata=meta)
+    if isinstance(default, type) and issubclass(default, Section):  # a subsection: its defaults, built when used
+        return dataclasses.field(default_factory=default, metadata={**meta, "section": default})
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -154,15 +163,32 @@ def check_value(cls, f: dataclasses.Field, value) -> None:
 
 
 def _subsection(f: dataclasses.Field):
-    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    return type(default) if isinstance(default, Section) else None
+    return f.metadata.get("section")
 
 
-# Keys a release removed, with what replaces them: a config that still sets one gets this message.
-RETIRED: dict[str, str] = {}
-# Keys a release moved, old dotted key -> new one: a stored config (a run's config.json) is read with
-# them moved (`moved_keys`); a config that sets an old key is told the new one.
-RENAMED: dict[str, str] = {}
+def assembled(cls: type) -> type:
+    """`cls` with the sections registered under it (`registry.sections_under(cls._section)`) as further
+    fields, and each of its subsections assembled so: a subclass of `cls` (itself when nothing is
+    registered below it), one class per registry version (so sections of one version compare equal)."""
+    cls = cls.__dict__.get("_assembled_from", cls)  # an assembled class: its declared base
+    return _assemble(cls, registry.version())
+
+
+@functools.cache
+def _assemble(cls: type, version: int) -> type:
+    fields = []
+    for f in dataclasses.fields(cls):
+        sub = _subsection(f)
+        if sub is not None and assembled(sub) is not sub:
+            fields.append((f.name, assembled(sub), key(assembled(sub), f.metadata.get("doc", ""))))
+    for name, sub in registry.sections_under(cls._section).items():
+        sub = assembled(sub)
+        fields.append((name, sub, key(sub, (sub.__doc__ or "").split("\n")[0])))
+    if not fields:
+        return cls
+    return dataclasses.make_dataclass(cls.__name__, fields, bases=(cls,), frozen=True,
+                                      namespace={"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                                 "__doc__": cls.__doc__, "_assembled_from": cls})
 
 
 def moved_keys(tree: dict) -> dict:
@@ -200,6 +226,7 @@ def from_config(cls, mapping: Mapping, **resolved):
     (ints where a float is declared become floats; a key the config lacks keeps its default, as in
     a config stored by an older release); `resolved` replaces fields (a value the caller derived).
     An unknown key is a `ConfigError` naming it."""
+    cls = assembled(cls)
     items = _items(mapping)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for name in items:
@@ -237,7 +264,7 @@ def defaults(cls) -> ml_collections.ConfigDict:
     to None keeps the type, so `--config.<key>=value` parses on every preset (a plain None field
     is one ml-collections cannot override)."""
     c = ml_collections.ConfigDict()
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(assembled(cls)):
         sub = _subsection(f)
         kind = _field_type(f)
         if sub is not None:
@@ -260,7 +287,7 @@ def doc_of(f: dataclasses.Field) -> str:
 def declarations(cls, prefix: str = "") -> dict[str, dataclasses.Field]:
     """{dotted key: its field} for every key of `cls` and its subsections."""
     out = {}
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(assembled(cls)):
         sub = _subsection(f)
         if sub is not None:
             out.update(declarations(sub, f"{prefix}{f.name}."))
@@ -302,16 +329,34 @@ def unknown_key(cls, dotted: str, prefix: str = "") -> str | None:
     keys = declarations(cls)
     if dotted in keys or any(k.startswith(dotted + ".") for k in keys):
         return None
+    if dotted in RENAMED:
+        return f"moved: set {prefix}{RENAMED[dotted]}"
+    if dotted in RETIRED:
+        return RETIRED[dotted]
     close = [prefix + k for k in closest_keys(cls, dotted)]
     return "unknown key" + (f"; did you mean {' or '.join(close)}?" if close else "")
 
 
+def _value(config: Mapping, dotted: str):
+    value = config
+    for part in dotted.split("."):
+        value = value[part]
+    return value
+
+
+def used(section: str, config: Mapping) -> bool:
+    """Whether the run of `config` uses the section at dotted `section` and every section above it
+    (`registry.uses`: a section with no registered use is every run's)."""
+    parts = section.split(".")
+    for i in range(1, len(parts) + 1):
+        wanted = registry.uses(".".join(parts[:i]))
+        if wanted and not any(_value(config, k) in values for k, values in wanted.items()):
+            return False
+    return True
+
+
 def describe(cls, config: Mapping) -> list[tuple[str, Any, str]]:
-    """(dotted key, value in `config`, description) for every declared key of `cls`."""
-    out = []
-    for name, f in declarations(cls).items():
-        value = config
-        for part in name.split("."):
-            value = value[part]
-        out.append((name, value, doc_of(f)))
-    return out
+    """(dotted key, value in `config`, description) for every declared key of `cls` that the run of
+    `config` uses (`used`: a method's settings only for the runs of that method)."""
+    return [(name, _value(config, name), doc_of(f)) for name, f in declarations(cls).items()
+            if used(name.rpartition(".")[0], config)]

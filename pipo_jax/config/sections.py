@@ -1,14 +1,16 @@
-"""The run config's schema: every key declared once, as a field of its section.
+"""The run config's sections: every run-level key declared once, as a field of its section.
 
 Each section is a frozen, hashable (jit-static) dataclass whose fields are its config keys,
-declared with `key(default, description, check, choices=)` (`schema.py`): the annotation is
+declared with `key(default, description, check, choices=)` (`config/schema.py`): the annotation is
 the key's type, the default its only default (`configs/base.py:base_config` is
 `schema.defaults(RunConfig)`), the description what `--check_config` prints, the constraint
 checked on construction with a one-line `ConfigError("config.<section>.<key>: ...")`. Choices
-that are registered names (algorithms, estimators, losses, attributions) are read from the
-registries. `schema.from_config(Section, config.<section>)` builds a section (field names equal
-the keys). A section's `check()` ties its own keys together; checks across sections live in
-`rl/spec.py:TrainSpec`, checks that need the task in `rl/spec.py:check_run_config`. No I/O.
+that are registered names (algorithms, estimators, losses, attributions, engines, kernels) are
+the learner's registries' (`choices=registered(kind)`, `config/registry.py`), checked when the
+config is validated; a method's or task's own keys are its settings section, declared beside its
+code and registered under `config.loss`, `config.advantage` or `config.task`. A section's `check()`
+ties its own keys together; checks across sections live in `rl/spec.py:TrainSpec`, checks that
+need the task in `rl/spec.py:check_run_config`. Imports no learner module; no I/O.
 """
 
 from __future__ import annotations
@@ -16,60 +18,10 @@ from __future__ import annotations
 import dataclasses
 
 from pipo_jax import platforms
-from pipo_jax.losses import vpd as vpd_loss
-from pipo_jax.losses.aggregation import AGG_MODES
-from pipo_jax.losses.bapo import VARIANTS as BAPO_VARIANTS
-from pipo_jax.losses.copo import BLENDS as COPO_BLENDS
-from pipo_jax.losses.copo import OUTCOMES as COPO_OUTCOMES
-from pipo_jax.losses.disco import NEGATIVES as DISCO_NEGATIVES
-from pipo_jax.losses.disco import SCORES as DISCO_SCORES
-from pipo_jax.losses.kl import KL_ESTIMATORS
-from pipo_jax.losses.pipo import ATTRIBUTION_NORMS
-from pipo_jax.losses.riskpo import CREDITS as RISKPO_CREDITS
-from pipo_jax.models import attention, qwen3
-from pipo_jax.parallel.distributed import MODES as DISTRIBUTED_MODES
-from pipo_jax.rl import algorithms
-from pipo_jax.rl.controller import AUTHORS_BEHAVIOURS, PipoOptions, pipo_options
-from pipo_jax.sampling.generator import ENGINES
-from pipo_jax.schema import RENAMED, RETIRED, ConfigError, Section, above, at_least, choice, key, need, within
-from pipo_jax.tasks import registry
+from pipo_jax.config.registry import registered
+from pipo_jax.config.schema import ConfigError, Section, above, at_least, choice, key, need, within
 
 __all__ = ["ConfigError", "need", "choice", "RunConfig"]
-
-RETIRED["train.micro_batch_size"] = ("the global micro-batch is gone: set train.micro_batch_size_per_device "
-                                     "(sequences per device)")
-# Each task's own keys moved from config.task into its section (config.task.<section>.<key>).
-RENAMED.update({f"task.{k}": f"task.arithmetic.{k}" for k in ("min_digits", "max_digits", "ops", "answer_format",
-                                                                "reward_mode", "feedback_style")})
-RENAMED.update({"warmup.mistake_rate": "task.arithmetic.warmup_mistake_rate",
-                "warmup.context_fraction": "task.arithmetic.warmup_context_fraction"})
-RENAMED.update({f"task.{k}": f"task.dataset.{k}" for k in (
-    "path", "format", "tfds_split", "data_dir", "tfds_download", "limit", "prompt_field", "tokenizer_path",
-    "prompt_style", "instruction", "enable_thinking", "max_prompt_tokens", "overlong", "verify_timeout_s",
-    "verify_batch_budget_s", "verify_workers")})
-RENAMED.update({"task.answer_field": "task.math.answer_field", "task.answer_pattern": "task.math.answer_pattern"})
-RENAMED.update({f"task.{k}": f"task.code.{k}" for k in ("tests_field", "sandbox_memory_mb", "sandbox_allow_unconfined",
-                                                          "sandbox_allow_network")})
-RENAMED.update({f"task.rg_{k}": f"task.reasoning_gym.{k}" for k in ("dataset", "config", "size", "prompt",
-                                                                      "max_prompt_chars", "max_answer_chars",
-                                                                      "overlong")})
-
-
-def algorithm_names() -> tuple[str, ...]:
-    """`config.algorithm`'s choices: the registered algorithms (VPD's hybrids are `vpd.hybrid`)."""
-    return algorithms.config_names()
-
-
-def estimator_names() -> tuple[str, ...]:
-    return tuple(algorithms.ADVANTAGE_ESTIMATORS) + ("none",)
-
-
-def policy_names() -> tuple[str, ...]:
-    return tuple(dict.fromkeys(name for a in algorithms.ALGORITHMS.values() for name, _ in a.policy_losses))
-
-
-def attribution_names() -> tuple[str, ...]:
-    return tuple(algorithms.ATTRIBUTIONS)
 
 
 LOGPROB_IMPLS = ("auto", "reference", "chunked", "pallas")
@@ -100,42 +52,29 @@ class ModelConfig(Section):
     platform: str = key("auto", "the platform the programs are built for (auto: this run's devices); it picks the "
                         "attention kernel, the log-prob kernel's block sizes and Pallas mode",
                         choices=("auto",) + platforms.PLATFORMS)
-    attention_impl: str = key("auto", "attention kernel (auto: by platform)", choices=attention.IMPLS)
+    attention_impl: str = key("auto", "attention kernel (auto: by platform)", choices=registered("attention_impl"))
     layer_loop: str = key("auto", "the layer loop: auto (unroll on cpu, scan on cuda / tpu; by model.platform, never "
                           "the host), scan (one lax.scan over the stacked layers) or unroll; the same function",
-                          choices=qwen3.LAYER_LOOPS)
+                          choices=registered("layer_loop"))
     dense_form: str = key("auto", "the dense layers: auto (flat on cpu, batched on cuda / tpu; by model.platform), "
                           "flat (2-D matmuls over the flattened tokens) or batched (einsums over [B, T, ...]); "
-                          "the same function", choices=qwen3.DENSE_FORMS)
+                          "the same function", choices=registered("dense_form"))
 
 
 @dataclasses.dataclass(frozen=True)
-class SharedTaskConfig(Section):
-    """The keys of config.task every task reads; `TaskConfig` adds each registered task's own section."""
+class TaskConfig(Section):
+    """config.task: the task (`run/task_config.py:make_task` builds the registered task from it): the keys
+    every task reads, and one section of its own keys per registered task (`config.task.<section>.<key>`,
+    declared beside the task's code and registered by `tasks/registry.py`)."""
 
     _section = "task"
     name: str = key("arithmetic", "the task, a name registered in tasks/registry.py:TASKS (e.g. arithmetic: the "
-                    "built-in JAX-reward task; math / code: dataset tasks, host reward)")
+                    "built-in JAX-reward task; math / code: dataset tasks, host reward)", choices=registered("task"))
     heldout_fraction: float = key(0.1, "rows / problems never trained on, for the held-out accuracy",
                                   within(0, 1, open_high=True))
     epochs: float = key(0.0, "> 0 sets `iterations` to round(epochs * train rows / prompts_per_batch) (prompts "
                         "are drawn with replacement: an epoch is a budget of prompts)", at_least(0))
     split_seed: int = key(0, "seed of the train / held-out split")
-
-
-def _task_config() -> type:
-    """config.task: the shared keys, then one section per registered task's settings (declared beside the
-    task's code, named in its `tasks/registry.py` entry): `config.task.<section>.<key>`."""
-    fields = [(name, cls, key(cls(), (cls.__doc__ or "").split("\n")[0]))
-              for name, cls in registry.settings_sections().items()]
-    cls = dataclasses.make_dataclass("TaskConfig", fields, bases=(SharedTaskConfig,), frozen=True,
-                                     namespace={"__module__": __name__})
-    cls.__doc__ = ("config.task: the task (`run/task_config.py:make_task` builds the registered task from it): "
-                   "the shared keys and one section of its own keys per registered task.")
-    return cls
-
-
-TaskConfig = _task_config()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +100,7 @@ class RolloutConfig(Section):
         choices=DECODE_WEIGHTS)
     engine: str = key("sampler", "the rollout interface's implementation (sampling/generator.py): sampler (one jit, "
                       "inside the jitted iteration, any mesh) | slots (the slot engine, continuous batching, driven "
-                      "from the host: log.jit_loop=false, one device)", choices=ENGINES)
+                      "from the host: log.jit_loop=false, one device)", choices=registered("engine"))
     engine_slots: int = key(0, "slots engine: concurrent decode slots (0 = one per row)",
                             at_least(0, " (0 = one slot per row)"))
     engine_steps: int = key(1, "slots engine: decode steps per device call (> 1: fewer host round trips; a slot "
@@ -205,11 +144,12 @@ class TrainConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageConfig(Section):
-    """config.advantage: the estimator (`rl/algorithms.py:ADVANTAGE_ESTIMATORS`) and its settings."""
+    """config.advantage: the estimator (`rl/registry.py:ADVANTAGE_ESTIMATORS`) and the settings estimators share; an
+    estimator's own keys are its settings section (`config.advantage.<estimator>.<key>`), registered with it."""
 
     _section = "advantage"
     estimator: str = key("grpo", "the advantage estimator (none: no advantages, SDPO's distillation)",
-                         choices=estimator_names)
+                         choices=registered("estimator"))
     std_ddof: int = key(0, "group std: 0 (population) or 1 (torch.std); also COPO's std over the batch's prompts, "
                         "RiskPO's over a bundle's scores and GDPO's over the batch", choices=(0, 1))
     norm_by_std: bool = key(True, "divide the group advantage by the group std (false: Dr. GRPO's r - mean); also "
@@ -217,50 +157,6 @@ class AdvantageConfig(Section):
                             "per-component group advantages")
     gamma: float = key(1.0, "discount of GAE and of REINFORCE++'s return", within(0, 1))
     lam: float = key(1.0, "GAE lambda", within(0, 1))
-    bnpo_decay: float = key(0.9, "BNPO (advantage.estimator=bnpo): each earlier batch's weight in the pool of "
-                            "success rates whose moments set the Beta normaliser is multiplied by this every "
-                            "iteration (0: the current batch only, the authors' code)", within(0, 1, open_high=True))
-    bnpo_reward_min: float = key(0.0, "BNPO: the reward mapped to 0 (rewards are put on [0, 1] before the success "
-                                 "rates; the authors' min_value)")
-    bnpo_reward_max: float = key(1.0, "BNPO: the reward mapped to 1 (the authors' max_value)")
-    copo_gamma: float = key(5.0, "COPO (advantage.estimator=copo): gamma, the slope of the local loss's weight "
-                            "sigmoid(gamma (H - rho)) in the entropy H (bits) of a group's outcomes", at_least(0))
-    copo_rho: float = key(1.0, "COPO: rho, the outcome entropy (bits) at which the local and global losses weigh the "
-                          "same", at_least(0))
-    copo_blend: str = key("soft_with_zero", "COPO: where the local weight applies: soft_with_zero (responses of "
-                          "nonzero reward; the others take the global loss only: the authors' COPO) | "
-                          "soft_with_forced (responses of a nonzero group advantage) | soft (every response)",
-                          choices=COPO_BLENDS)
-    copo_outcome: str = key("response", "COPO: what one outcome of the entropy is: response (the same valid tokens; "
-                            "the answer for tasks whose response is the answer) | reward (the same reward)",
-                            choices=COPO_OUTCOMES)
-    copo_consistency_reward: bool = key(False, "COPO: the global reward is the group's mean reward times "
-                                        "1 - (1 - 1/G) H / log2 G (false: the mean reward, the authors' script)")
-    riskpo_bundle_size: int = key(5, "RiskPO (advantage.estimator=riskpo): K, consecutive prompts per bundle; a "
-                                  "bundle's g-th paper sums the rewards of each prompt's g-th response", at_least(1))
-    riskpo_alpha: float = key(0.2, "RiskPO: alpha, the lower quantile level (CVaR_alpha and RVaR's lower end)",
-                              within(0, 1, open_low=True, open_high=True))
-    riskpo_beta: float = key(0.8, "RiskPO: beta, RVaR_{alpha,beta}'s upper quantile level",
-                             within(0, 1, open_low=True))
-    riskpo_omega: float = key(1.5, "RiskPO: omega, CVaR's weight in the mixed objective (omega CVaR + RVaR) / "
-                              "(omega + 1); 0: RVaR alone", at_least(0))
-    riskpo_credit: str = key("uniform", "RiskPO: how a paper's advantage reaches its responses: uniform (each the "
-                             "paper's: the bundle objective's gradient) | std (over the question's reward std) | "
-                             "sum_mean (shared in proportion to r - the question's mean)", choices=RISKPO_CREDITS)
-    riskpo_natural_baseline: bool = key(True, "RiskPO: RVaR's term clip(S, q_alpha, q_beta) - q_beta (false: "
-                                        "- q_alpha)")
-    adora_tds_weight: float = key(0.1, "ADORA (advantage.estimator=adora): lambda, the weight of the advantages of "
-                                  "a temporarily disadvantageous prompt (no correct response longer than its "
-                                  "incorrect ones' mean length); 1: GRPO", within(0, 1))
-    adora_success_threshold: float = key(0.5, "ADORA: a response is correct when its reward exceeds this")
-    adora_max_length: int = key(0, "ADORA: an incorrect response this many tokens long or longer (cut off) is left "
-                                "out of the incorrect ones' mean length; 0 = rollout.max_new_tokens", at_least(0))
-
-    def check(self):
-        need(self.bnpo_reward_max > self.bnpo_reward_min, "advantage.bnpo_reward_max",
-             f"{self.bnpo_reward_max} must be > advantage.bnpo_reward_min={self.bnpo_reward_min}")
-        need(self.riskpo_alpha < self.riskpo_beta, "advantage.riskpo_beta",
-             f"{self.riskpo_beta} must be > advantage.riskpo_alpha={self.riskpo_alpha}")
 
 
 def _dual_clip(value):
@@ -269,83 +165,28 @@ def _dual_clip(value):
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig(Section):
-    """config.loss: the policy loss (`rl/algorithms.py:POLICY_LOSSES`), clipping, aggregation, regularisers."""
+    """config.loss: the policy loss (`rl/registry.py:POLICY_LOSSES`), clipping, aggregation, regularisers; a loss's
+    own keys are its settings section (`config.loss.<loss>.<key>`), registered with it."""
 
     _section = "loss"
-    policy: str = key("token_clip", "the policy loss (it must fit the algorithm)", choices=policy_names)
+    policy: str = key("token_clip", "the policy loss (it must fit the algorithm)", choices=registered("policy"))
     clip_low: float = key(0.2, "eps_low of the ratio clip (1: no lower clip, the bound 0 a ratio never reaches)",
                           within(0, 1))
     clip_high: float = key(0.2, "eps_high of the ratio clip", at_least(0))
     clip_ratio_c: float = key(3.0, "dual clip; 0 disables", _dual_clip)
     agg_mode: str = key("seq-mean-token-mean", "how token losses become a scalar (losses/aggregation.py)",
-                        choices=AGG_MODES)
+                        choices=registered("agg_mode"))
     norm_length: int = key(0, "seq-mean-token-sum-norm's constant divisor, in tokens (Dr. GRPO's constant length): "
                            "each response's token-loss sum / this; 0 = rollout.max_new_tokens", at_least(0))
     kl_coef: float = key(0.001, "the reference KL term's weight", at_least(0))
-    kl_estimator: str = key("k3", "the KL estimator", choices=tuple(KL_ESTIMATORS))
+    kl_estimator: str = key("k3", "the KL estimator", choices=registered("kl_estimator"))
     kl_in_reward: bool = key(False, "-kl_coef x loss.kl_estimator in the token rewards instead of a loss term "
                              "(PPO, RLOO, REINFORCE++)")
     entropy_coef: float = key(0.0, "entropy bonus weight", at_least(0))
-    kl_cov_ratio: float = key(2e-3, "KL-Cov (loss.policy=kl_cov): k, the share of the batch's tokens, those of "
-                              "largest covariance of log-prob and advantage, that get the |log ratio| penalty",
-                              within(0, 1, open_low=True))
-    kl_cov_coef: float = key(1.0, "KL-Cov: beta, the weight of |logp - logp_old| on the selected tokens", at_least(0))
-    clip_cov_ratio: float = key(2e-4, "Clip-Cov (loss.policy=clip_cov): r, the share of the batch's tokens drawn "
-                                "among those of covariance in [clip_cov_low, clip_cov_high] and left out of the loss",
-                                within(0, 1, open_low=True))
-    clip_cov_low: float = key(1.0, "Clip-Cov: omega_low, the covariance's lower bound")
-    clip_cov_high: float = key(5.0, "Clip-Cov: omega_high, the covariance's upper bound")
-    drpo_tau: float = key(10.0, "DRPO (loss.policy=drpo): tau, the temperature of the incorrect responses' "
-                          "log-mean-exp", above(0))
-    drpo_lambda: float = key(0.1, "DRPO: lambda, the KL weight of the positive distribution: length weight "
-                             "exp((1 - |o| / R) / lambda)", above(0))
-    drpo_beta: float = key(1e3, "DRPO: beta, the penalty weight of the KL trust region", at_least(0))
-    drpo_delta: float = key(1e-4, "DRPO: delta, the KL trust region's radius", at_least(0))
-    bapo_rho: float = key(0.4, "BAPO (loss.policy=bapo): rho_0, the share of the loss's contribution the "
-                          "positive-advantage tokens must reach (Eq. 8) before the clip bounds stop moving; with "
-                          "bapo_variant=released_code the code's adv_ratio_target, a bound on their ratio P / N",
-                          at_least(0))
-    bapo_variant: str = key("paper", "BAPO: paper: Algorithm 1 (c_high rises first, the share P / (P + N) >= "
-                            "bapo_rho) | released_code: the authors' verl code (c_low rises first, P / N >= "
-                            "bapo_rho)", choices=BAPO_VARIANTS)
-    bapo_lower_start: float = key(0.6, "BAPO: a-, the lower ratio bound c_low at the start of each update",
-                                  within(0, 1, open_low=True))
-    bapo_lower_max: float = key(0.9, "BAPO: b-, the most c_low may rise to", within(0, 1, open_low=True))
-    bapo_lower_step: float = key(0.02, "BAPO: delta_2, c_low's step", above(0))
-    bapo_upper_start: float = key(1.2, "BAPO: a+, the upper ratio bound c_high at the start of each update",
-                                  at_least(1))
-    bapo_upper_max: float = key(3.0, "BAPO: b+, the most c_high may rise to", at_least(1))
-    bapo_upper_step: float = key(0.05, "BAPO: delta_1, c_high's step", above(0))
-    bapo_prob_weight: bool = key(True, "BAPO: each token's contribution in Eq. 8 weighted by its behaviour "
-                                 "probability pi_old(y_t), as the paper writes it (false: unweighted, the "
-                                 "authors' released verl code)")
-    disco_score: str = key("log_likelihood", "DisCO (loss.policy=disco): the non-clipping score of a response, the "
-                           "token mean of logp or of the ratio to the behaviour policy", choices=DISCO_SCORES)
-    disco_negatives: str = key("log_sum_exp", "DisCO: log_sum_exp: tau x the log-mean-exp of the negative responses' "
-                               "scores / tau (DisCO) | mean: their mean (DisCO-b)", choices=DISCO_NEGATIVES)
-    disco_tau: float = key(10.0, "DisCO: tau of log_sum_exp (the authors: 10 with log_likelihood, 1 with "
-                           "likelihood_ratio)", above(0))
-    disco_beta: float = key(1e3, "DisCO: beta, the squared-hinge penalty's weight on KL(pi_old || pi) above delta",
-                            at_least(0))
-    disco_delta: float = key(1e-4, "DisCO: delta, the KL trust region's radius", at_least(0))
 
     def check(self):
         need(not self.norm_length or self.agg_mode == "seq-mean-token-sum-norm", "loss.norm_length",
              f"{self.norm_length} is seq-mean-token-sum-norm's divisor, not {self.agg_mode!r}'s: set it to 0")
-        need(self.clip_cov_low <= self.clip_cov_high, "loss.clip_cov_low",
-             f"{self.clip_cov_low} must be <= loss.clip_cov_high={self.clip_cov_high}")
-        # BAPO's Algorithm 1 moves the bounds only while c_low + delta_2 <= b-: a range without one lower
-        # step would never adapt (the tolerance of `losses/bapo.py:bound_path`: exact in reals, not in floats)
-        need(self.bapo_variant != "paper" or self.bapo_rho <= 1, "loss.bapo_rho",
-             f"{self.bapo_rho} must be <= 1: with loss.bapo_variant=paper it is a share of the contribution")
-        need(self.bapo_lower_start <= self.bapo_lower_max, "loss.bapo_lower_max",
-             f"{self.bapo_lower_max} must be >= loss.bapo_lower_start={self.bapo_lower_start}")
-        need(self.bapo_variant != "paper"
-             or (self.bapo_lower_max - self.bapo_lower_start) / self.bapo_lower_step + 1e-9 >= 1, "loss.bapo_lower_max",
-             f"{self.bapo_lower_max} leaves no step of loss.bapo_lower_step={self.bapo_lower_step} above "
-             f"loss.bapo_lower_start={self.bapo_lower_start} (Algorithm 1 would never move the bounds)")
-        need(self.bapo_upper_start <= self.bapo_upper_max, "loss.bapo_upper_max",
-             f"{self.bapo_upper_max} must be >= loss.bapo_upper_start={self.bapo_upper_start}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,26 +230,39 @@ class SdpoConfig(Section):
     use_feedback: bool = key(True, "environment feedback when no sibling succeeded")
 
 
-def _authors_docs() -> dict[str, str]:
-    """Each behaviour's description, from `PipoOptions`'s docstring (declared once there)."""
-    docs, name = {}, None
-    for line in (PipoOptions.__doc__ or "").splitlines():
-        words = line.split(maxsplit=1)
-        if words and words[0] in AUTHORS_BEHAVIOURS:
-            name = words[0]
-            docs[name] = words[1] if len(words) > 1 else ""
-        elif name and line.strip():
-            docs[name] += " " + line.strip()
-        else:
-            name = None
-    return docs
+@dataclasses.dataclass(frozen=True)
+class AuthorsConfig(Section):
+    """config.pipo.authors: each place where the authors' released code (JacckMa/pipo_verl) departs from the
+    paper's formulas, true / false, or None (unset: follows pipo.compat). `rl/controller.py:PipoOptions`
+    holds them resolved (a test checks the two name the same behaviours)."""
 
+    _section = "pipo.authors"
+    window_twice: bool | None = key(None, "mu_t enters the window before xi is computed and again after the base "
+                                    "step (so the window holds mu_t itself and each mean twice)")
+    std_ddof0: bool | None = key(None, "window std with ddof 0 (np.std), not 1")
+    xi_clip: bool | None = key(None, "xi = clip(mu_t - mu_his, -5, 5) / sigma_his, std floor 1e-6 (not 1e-8)")
+    pi_no_lower_clip: bool | None = key(None, "token-ratio PI loss -min(nu, clip(nu)) * rhat: for rhat < 0 no lower "
+                                        "clip and zero gradient once nu > 1 + eps (GSPO's PI step keeps both clips)")
+    rhat_clamp: bool | None = key(None, "rhat = clamp(a * xi, -10, 10), then times lam when xi < 0")
+    run_at_xi_zero: bool | None = key(None, "the PI step runs when xi == 0 exactly (c == 0: a KL-only step); with "
+                                      "lam = 0 and xi < 0 it is skipped, as in paper mode")
+    pi_symmetric_clip: bool | None = key(None, "token-ratio PI clip [1 - eps_low, 1 + eps_low] (DAPO: 0.2, not "
+                                         "0.2 / 0.28)")
+    attribution_eps_add: bool | None = key(None, "group attribution G * abar_i / (sum_j |abar_j| + 1e-6), not "
+                                           "max(., 1e-6)")
+    ppo_pi_no_lam: bool | None = key(None, "PPO's PI rewards use xi, not phi_lam(xi): for xi < 0 no lam scale "
+                                     "(their `ppo_layback` loss ignores `layback_loss_scale`); with `rhat_clamp`, "
+                                     "rhat = clamp(a * xi, -10, 10). The go / no-go still skips lam = 0, xi < 0")
+    ppo_sign_attribution: bool | None = key(
+        None, "PPO's PI attribution is the group attribution of the stored advantages over each prompt's "
+        "`rollout.group_size` responses: a_i = G abar_i / (sum_j |abar_j| (+) 1e-6) (G = 1: about sign(abar_i)); "
+        "with `ppo_adv_gate` the stored advantages are the gated ones, so after an xi < 0 iteration the sign flips")
+    ppo_adv_gate: bool | None = key(None, "PPO's base advantages times clip(xi_gate, -2, 2), xi_gate from mu_t and "
+                                    "the window before this iteration's push (any fill: empty -> 0, one mean -> "
+                                    "sigma 1); the critic's returns are not gated")
+    micro_token_mean: bool | None = key(None, "every loss aggregated over its micro-batch's counts and times "
+                                        "1 / n_micro (verl's dp_actor), not over the mini-batch's global counts")
 
-_AUTHORS_DOCS = _authors_docs()
-# config.pipo.authors: each of the authors' behaviours true / false, or None (unset: follows pipo.compat).
-AuthorsConfig = dataclasses.make_dataclass(
-    "AuthorsConfig", [(n, "bool | None", key(None, _AUTHORS_DOCS.get(n, ""))) for n in AUTHORS_BEHAVIOURS],
-    bases=(Section,), frozen=True, namespace={"_section": "pipo.authors", "__module__": __name__})
 
 MU_SOURCES = ("filtered", "raw")
 PI_OPTIMIZERS = ("shared", "separate")
@@ -431,12 +285,12 @@ class PipoConfig(Section):
     _section = "pipo"
     enabled: bool = key(False, "run PIPO's verification and PI step on top of the base algorithm")
     attribution: str = key("group", "the stored attribution (set by the algorithm file; it must fit the algorithm)",
-                           choices=attribution_names)
+                           choices=registered("attribution"))
     window: int = key(8, "K: iterations of mean reward in the window", _window)
     lam: float = key(0.1, "lambda: the PI step's scale when the improvement signal is negative", within(0, 1))
     lr: float = key(1e-6, "alpha_PI: the PI step's learning rate", above(0))
     compat: bool = key(False, "every behaviour of `pipo.authors` (README \"PIPO: the paper and the authors' code\")")
-    authors: AuthorsConfig = key(AuthorsConfig(), "the authors' behaviours one by one: true / false sets one; unset "
+    authors: AuthorsConfig = key(AuthorsConfig, "the authors' behaviours one by one: true / false sets one; unset "
                                  "(None) follows pipo.compat")
     mu_source: str = key("filtered", "DAPO: mu_t over the filtered batch (docs/math.md, authors) | raw: every sampled group",
                          choices=MU_SOURCES)
@@ -444,19 +298,13 @@ class PipoConfig(Section):
         "all_tokens", "SDPO's PI step averages over all response tokens of B_{t-1} (paper Eq. 11) | signal_tokens: "
         "over the tokens of rows with a teacher signal (README \"SDPO's PI denominator\")", choices=PI_DENOMINATORS)
     attribution_norm: str = key("none", "none | mean_abs: attribution / its mean |a| over rows with a signal",
-                                choices=ATTRIBUTION_NORMS)
+                                choices=registered("attribution_norm"))
     pi_optimizer: str = key("shared", "shared: one AdamW state for both steps (docs/math.md §2) | separate: the PI step's own",
                             choices=PI_OPTIMIZERS)
     pi_ratio: str = key("base", "base: the base loss's ratio (GSPO: its sequence ratio) | token: per-token ratio",
                         choices=PI_RATIOS)
     pi_clip_low: float | None = key(None, "the PI step's eps_low; unset = loss.clip_low", _pi_clip)
     pi_clip_high: float | None = key(None, "the PI step's eps_high; unset = loss.clip_high", _pi_clip)
-
-    @property
-    def options(self) -> PipoOptions:
-        """The authors' behaviours that are on (all off = the paper): `compat`, then each named one."""
-        return pipo_options(self.compat, **{f.name: getattr(self.authors, f.name)
-                                            for f in dataclasses.fields(self.authors)})
 
 
 VPD_REFERENCES = ("dynamic", "fixed")
@@ -475,10 +323,10 @@ class VpdConfig(Section):
     reference: str = key("dynamic", "dynamic (the current student, paper default) | fixed (the initial policy)",
                          choices=VPD_REFERENCES)
     delta_mode: str = key("cumulative", "running mean of implicit rewards (losses/vpd.py:update_delta)",
-                          choices=vpd_loss.DELTA_MODES)
+                          choices=registered("vpd_delta_mode"))
     delta_ema_rate: float = key(0.1, "delta_mode=ema: its rate", within(0, 1, open_low=True))
     seq_logprob: str = key("sum", "sum (sequence log-likelihood ratio) | mean (per valid token)",
-                           choices=vpd_loss.SEQ_LOGPROB_MODES)
+                           choices=registered("vpd_seq_logprob"))
     hybrid: str = key("none", "GRPO + SDPO ablations: none | joint | reshape", choices=VPD_HYBRIDS)
     hybrid_weight: float = key(1.0, "the hybrid's weight w", at_least(0))
 
@@ -603,13 +451,17 @@ class MeshConfig(Section):
     rules: str = key("", "logical-axis rule overrides, e.g. \"embed=none;mlp=fsdp+tensor\"")
 
 
+DISTRIBUTED_MODES = ("auto", "on", "off")
+
+
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig(Section):
     """config.distributed: multi-process start-up (`parallel/distributed.py`): this config, then
     the JAX_* environment, SLURM, a TPU pod."""
 
     _section = "distributed"
-    mode: str = key("auto", "auto | on | off", choices=DISTRIBUTED_MODES)
+    mode: str = key("auto", "auto: start the multi-process runtime when the config, environment, SLURM or a TPU pod "
+                    "says there are several processes | on: always | off: never", choices=DISTRIBUTED_MODES)
     coordinator_address: str = key("", "host:port of process 0")
     num_processes: int = key(0, "processes in the job; 0 = from the environment")
     process_id: int = key(-1, "this process's id; -1 = from the environment")
@@ -624,24 +476,24 @@ class RunConfig(Section):
     """The whole run config: `configs/base.py:base_config()` is `schema.defaults(RunConfig)`."""
 
     algorithm: str = key("grpo", "the registered algorithm (rl/algorithms.py:ALGORITHMS; configs/<name>.py sets "
-                         "its defaults)", choices=algorithm_names)
+                         "its defaults)", choices=registered("algorithm"))
     seed: int = key(0, "the run's seed (a signed 64-bit integer: `jax.random.PRNGKey`'s range)",
                     within(-(2**63), 2**63 - 1))
     iterations: int = key(60, "RL iterations (dataset tasks: task.epochs > 0 sets it)", at_least(1))
-    model: ModelConfig = key(ModelConfig(), "")
-    task: TaskConfig = key(TaskConfig(), "")
-    rollout: RolloutConfig = key(RolloutConfig(), "")
-    train: TrainConfig = key(TrainConfig(), "")
-    advantage: AdvantageConfig = key(AdvantageConfig(), "")
-    loss: LossConfig = key(LossConfig(), "")
-    critic: CriticConfig = key(CriticConfig(), "PPO only")
-    dapo: DapoConfig = key(DapoConfig(), "")
-    sdpo: SdpoConfig = key(SdpoConfig(), "")
-    vpd: VpdConfig = key(VpdConfig(), "algorithm = vpd only (experimental, docs/math.md §4)")
-    pipo: PipoConfig = key(PipoConfig(), "")
-    warmup: WarmupConfig = key(WarmupConfig(), "")
-    eval: EvalConfig = key(EvalConfig(), "")
-    log: LogConfig = key(LogConfig(), "")
-    checkpoint: CheckpointConfig = key(CheckpointConfig(), "")
-    mesh: MeshConfig = key(MeshConfig(), "")
-    distributed: DistributedConfig = key(DistributedConfig(), "")
+    model: ModelConfig = key(ModelConfig, "")
+    task: TaskConfig = key(TaskConfig, "")
+    rollout: RolloutConfig = key(RolloutConfig, "")
+    train: TrainConfig = key(TrainConfig, "")
+    advantage: AdvantageConfig = key(AdvantageConfig, "")
+    loss: LossConfig = key(LossConfig, "")
+    critic: CriticConfig = key(CriticConfig, "PPO only")
+    dapo: DapoConfig = key(DapoConfig, "")
+    sdpo: SdpoConfig = key(SdpoConfig, "")
+    vpd: VpdConfig = key(VpdConfig, "algorithm = vpd only (experimental, docs/math.md §4)")
+    pipo: PipoConfig = key(PipoConfig, "")
+    warmup: WarmupConfig = key(WarmupConfig, "")
+    eval: EvalConfig = key(EvalConfig, "")
+    log: LogConfig = key(LogConfig, "")
+    checkpoint: CheckpointConfig = key(CheckpointConfig, "")
+    mesh: MeshConfig = key(MeshConfig, "")
+    distributed: DistributedConfig = key(DistributedConfig, "")
