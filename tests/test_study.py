@@ -245,10 +245,11 @@ def test_reproduce_renders_a_sweep_like_its_other_tables():
            "groups": [["a"], ["b"]], "wall_time_s": 100.4, "cpu_time_s": 180.6,
            "summary": study_report.summarise(rows, "pipo.lam=0.1")}
     text = reproduce.render_sweep([rec, {"json_name": "y.json", "missing": True}])
-    assert text.startswith("Measured with CPU X, 2 cores, jax 0.10.2, commit `0123456789ab`: 4 points (pipo.lam x "
+    assert text.startswith("Measured with CPU X, 2 cores, jax 0.10.2: 4 points (pipo.lam x "
                            "seeds 0,1) in 2 programs, 100 s wall / 181 s CPU (JSON: `experiments/results/x.json`).")
     assert "| pipo.lam=0.2 | 2 | 0.625 [" in text and "| +0.250 [+0.250, +0.250], p = 0.5 |" in text
     assert text.endswith("Not run yet (no `experiments/results/y.json`).")
+    assert "0123456789ab" not in text  # the JSON cited holds the commit
     assert reproduce.TABLES["sweep_lam_lr"].runs[0].argv[0] == "experiments.sweep"
 
 

@@ -86,7 +86,7 @@ def test_a_full_disk_never_blocks_or_stops_the_run_logger(tmp_path, caplog):
 
         def log_while_full():  # rows of 400 values (> 4 KiB): none fits in what is left of a file's last page
             for s in range(3, 31):
-                logger.log(s, {"xi": float(s), **{f"extra_{i}": 0.5 for i in range(400)}})
+                logger.log(s, {"xi": float(s), **{f"reward_component/c{i}": 0.5 for i in range(400)}})
             logged.set()
 
         with caplog.at_level(logging.WARNING, logger="pipo_jax.run.observe"):
