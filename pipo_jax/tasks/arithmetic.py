@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.data import char_vocab as cv
 from pipo_jax.tasks.arithmetic_settings import ANSWER_FORMATS, FEEDBACK_STYLES, REWARD_MODES, ArithmeticSettings
 from pipo_jax.tasks.protocol import ContextChoice, RewardComponent, Scored, Task, TaskCapabilities
@@ -224,7 +225,7 @@ class ArithmeticTask(Task):
                 "then `<eos>`.")
 
 
-def from_config(run) -> ArithmeticTask:
+def from_config(run: RunConfig) -> ArithmeticTask:
     """The task of the typed run config `run` (`RunConfig`): its own section `task.arithmetic`
     (`ArithmeticSettings`: digits, ops, answer format, reward, feedback, warm-up demonstrations) and the
     shared split keys."""

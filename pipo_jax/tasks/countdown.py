@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.data import text_vocab
 from pipo_jax.tasks.protocol import Task, TaskCapabilities
 from pipo_jax.tasks.row_split import RowSampling, RowScorer
@@ -251,7 +252,7 @@ class CountdownTask(RowSampling, Task):
         return RowScorer(self)
 
 
-def from_config(run) -> CountdownTask:
+def from_config(run: RunConfig) -> CountdownTask:
     """`task.name=countdown` of the typed run config `run` (`RunConfig`): the split from
     `task.heldout_fraction` / `task.split_seed` (the other settings keep their defaults)."""
     return CountdownTask(heldout_fraction=run.task.heldout_fraction, split_seed=run.task.split_seed)

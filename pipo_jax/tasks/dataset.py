@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.data import tokenizer as tok_lib
 from pipo_jax.data.prompts import DEFAULT_INSTRUCTION, PromptConfig, build_prompts, render_prompt
 from pipo_jax.data.sources import DataError, Example, SourceConfig, load_examples
@@ -404,7 +405,7 @@ def prompt_config(ds, auto_instruction: str) -> PromptConfig:
         raise TaskConfigError(f"config.task.dataset: {e}") from e
 
 
-def settings_missing(run) -> list[str]:
+def settings_missing(run: RunConfig) -> list[str]:
     """What a text task (math / code / reasoning-gym with a tokenizer) needs and the typed run config
     `run` (`RunConfig`) lacks, one `--config...` hint each."""
     out = []
@@ -421,12 +422,12 @@ def settings_missing(run) -> list[str]:
     return out
 
 
-def math_from_config(run) -> DatasetTask:
+def math_from_config(run: RunConfig) -> DatasetTask:
     """`task.name=math`: `dataset_from_config`."""
     return dataset_from_config(run)
 
 
-def code_from_config(run) -> DatasetTask:
+def code_from_config(run: RunConfig) -> DatasetTask:
     """`task.name=code`: the sandbox checked first (`check_sandbox`), then `dataset_from_config`."""
     missing = settings_missing(run)
     if not missing:
@@ -434,7 +435,7 @@ def code_from_config(run) -> DatasetTask:
     return dataset_from_config(run)
 
 
-def dataset_from_config(run) -> DatasetTask:
+def dataset_from_config(run: RunConfig) -> DatasetTask:
     """Loads `task.dataset.path` of the typed run config `run` (`RunConfig`) with the tokenizer of
     `task.dataset.tokenizer_path` (default `model.path`); math reads `task.math`, code `task.code`."""
     tc = run.task

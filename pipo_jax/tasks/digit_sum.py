@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.data import char_vocab
 from pipo_jax.tasks.digit_sum_settings import DigitSumSettings
 from pipo_jax.tasks.protocol import Scored, Task, TaskCapabilities
@@ -193,7 +194,7 @@ def _problems_of(task: DigitSumTask, n_b: jax.Array) -> Problems:
                     target_mask_ba=(pos_a <= n_ans).astype(jnp.int32))
 
 
-def from_config(run) -> DigitSumTask:
+def from_config(run: RunConfig) -> DigitSumTask:
     """The task of the typed run config `run` (`RunConfig`): its own section `task.digit_sum`
     (`DigitSumSettings`) and the shared split keys."""
     s: DigitSumSettings = run.task.digit_sum

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pipo_jax.config.sections import RunConfig
 from pipo_jax.data import text_vocab
 from pipo_jax.data import tokenizer as tok_lib
 from pipo_jax.data.prompts import PromptConfig, build_prompts
@@ -479,7 +480,7 @@ def text_task(name: str, source: Entries, tokenizer: Any, prompt_config: PromptC
 # ----------------------------------------------------------------------------- construction from a run config
 
 
-def from_config(run) -> ReasoningGymTask | ReasoningGymTextTask:
+def from_config(run: RunConfig) -> ReasoningGymTask | ReasoningGymTextTask:
     """A reasoning-gym dataset (`config.task.reasoning_gym`): in the character vocabulary for the task
     model, or rendered with `model.path`'s tokenizer and chat template (`task.dataset.*`'s prompt keys;
     `task.dataset.tokenizer_path` overrides the tokenizer); `run`: the typed run config (`RunConfig`)."""
