@@ -24,6 +24,7 @@ import pytest
 from experiments.benchmarks import hlo_cost, readiness
 from experiments.benchmarks.readiness import custom_calls, hbm_exceeded_bytes, model_train_flops, paper_spec, roofline
 from pipo_jax.models import qwen3
+from tests.typed import spec_of
 from tests.xla_flags import xla_flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -375,7 +376,7 @@ def test_pi_step_peak_within_margin_of_the_base_step(platform):
     r = readiness
     c = importlib.import_module("configs.grpo").get_config("micro")
     c.pipo.enabled = True
-    spec = r.for_target(r.train_spec(c), platform)
+    spec = r.for_target(spec_of(c), platform)
     programs = r.paper_programs(spec, r.host_mesh((1, 1, 1)))
     peak = {name: programs[name]().compile_with_memory()[1]["peak_bytes"] for name in ("base_step", "pi_step")}
     assert peak["pi_step"] <= PI_STEP_PEAK_MARGIN * peak["base_step"], peak
