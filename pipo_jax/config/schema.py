@@ -191,17 +191,22 @@ def _assemble(cls: type, version: int) -> type:
                                                  "__doc__": cls.__doc__, "_assembled_from": cls})
 
 
+def holder_of(tree: dict, dotted: str) -> tuple[dict | None, str]:
+    """(the dict of the nested `tree` that holds key `dotted`, the key's last part); None when a part
+    above it is missing or not a dict, or the key itself is absent."""
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for p in parents:
+        node = node.get(p) if isinstance(node, dict) else None
+    return (node if isinstance(node, dict) and leaf in node else None), leaf
+
+
 def moved_keys(tree: dict) -> dict:
     """A copy of the nested config `tree` with every `RENAMED` key at its new place."""
     out = json_copy(tree)
     for old, new in RENAMED.items():
-        *parents, leaf = old.split(".")
-        node = out
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-            if node is None:
-                break
-        if not isinstance(node, dict) or leaf not in node:
+        node, leaf = holder_of(out, old)
+        if node is None:
             continue
         value = node.pop(leaf)
         *new_parents, new_leaf = new.split(".")

@@ -28,6 +28,7 @@ from pipo_jax.models import hf, qwen3
 from pipo_jax.parallel import mesh_batch_shards
 from pipo_jax.parallel.distributed import initialize_distributed
 from pipo_jax.rl import loop, rollout, steps
+from pipo_jax.config import schema
 from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError, TrainSpec, eval_benchmarks, run_iterations_of, spec_from_config
 from pipo_jax.rl.state import TrainState
@@ -307,13 +308,10 @@ def _abstract_state(tree: dict[str, Any], spec: TrainSpec, keys: Any) -> Any:
 
 def _with_values(tree: dict[str, Any], values: dict[str, Any]) -> dict[str, Any] | None:
     """A copy of the config `tree` with `values` (`{"pipo.window": 8}`) set; None where one cannot be set."""
-    out = json.loads(json.dumps(tree))
+    out = schema.json_copy(tree)
     for key, value in values.items():
-        *parents, leaf = key.split(".")
-        node = out
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or leaf not in node:
+        node, leaf = schema.holder_of(out, key)
+        if node is None:
             return None
         node[leaf] = value
     return out
