@@ -17,6 +17,7 @@ from collections.abc import Callable
 from absl import flags
 
 from experiments import cli, study
+from pipo_jax.run import atomic
 
 FLAGS = flags.FLAGS
 
@@ -141,8 +142,8 @@ def run_study(module: str, points: list[study.Point], groups: list[list[study.Po
         return None
     os.makedirs(out, exist_ok=True)
     if launch.emit_slurm:
-        with open(launch.emit_slurm, "w") as f:
-            f.write(slurm_script(module, list(launch.argv), len(groups), out, list(launch.slurm_options)))
+        atomic.write_text_atomic(launch.emit_slurm,  # a full disk keeps no half-written script
+                                 slurm_script(module, list(launch.argv), len(groups), out, list(launch.slurm_options)))
         print(f"wrote {launch.emit_slurm}: sbatch it ({len(groups)} tasks), then rerun with --collect_only")
         return None
     entries = study.stored_points(out, points, code)
