@@ -3,9 +3,9 @@
 An algorithm is a config: `configs/<algo>.py:get_config(preset)` starts from
 `algorithm_config(name, preset)` (this base at a size preset, `tiny`, `micro`, `qwen3_4b`,
 `qwen3_8b`, with the estimator / loss / attribution the algorithm's registration declares) and
-sets only what differs from those defaults (a method's own settings are declared with their
-defaults beside its code, `config.loss.<method>` / `config.advantage.<method>`). Every key is overridable on the command line, e.g.
-`--config=configs/grpo.py:tiny --config.pipo.enabled=true --config.pipo.lam=0.2`.
+sets only what differs from those defaults (a method's own settings are declared with their defaults beside
+its code, `config.loss.<method>` / `config.advantage.<method>`). Every key is overridable on the command line,
+e.g. `--config=configs/grpo.py:tiny --config.pipo.enabled=true --config.pipo.lam=0.2`.
 The keys, their defaults, descriptions and constraints are declared once, in
 `pipo_jax/config/sections.py`; `base_config` builds the ml-collections config from them.
 `pipo_jax.run.setup.train_spec` checks a config at start-up and names the key.

@@ -1,6 +1,6 @@
 """A sweep's results as a researcher reads them: per point and seed the final held-out accuracy,
-pass@1, the training-reward AUC and the held-out AUC (`overfit.heldout_auc`); per metric a table (mean and 95% bootstrap CI
-over seeds, the paired difference against a baseline point with its Wilcoxon p where seeds pair),
+pass@1, the training-reward AUC and the held-out AUC (`overfit.heldout_auc`); per metric a table (mean and 95%
+bootstrap CI over seeds, the paired difference against a baseline point with its Wilcoxon p where seeds pair),
 and a plot of each metric against each swept key with CI bands (`experiments.stats`)."""
 
 from __future__ import annotations

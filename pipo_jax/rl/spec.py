@@ -4,8 +4,8 @@ Pure: no file is read here and no task module is imported (`tests/test_layers.py
 importing this module loads neither the math verifier, the code sandbox nor the warm-up).
 `run/setup.py:train_spec(run)` loads what the typed config points at (the model's `config.json`,
 the task) and then validates: `spec_from_config(run, model, task)` takes the typed run config
-(`config/sections.py:RunConfig`, parsed once at the entry point) and builds the `TrainSpec` that ties its sections together
-and resolves the algorithm's registered pieces (`rl/registry.py`, filled by `rl/algorithms.py`).
+(`config/sections.py:RunConfig`, parsed once at the entry point) and builds the `TrainSpec` that ties its
+sections together and resolves the algorithm's registered pieces (`rl/registry.py`, filled by `rl/algorithms.py`).
 Every error is a `ConfigError` naming the key (unknown algorithm, K < 2, lam outside
 [0, 1], G = 1 with a group method, a mini-batch that does not divide the batch, a
 missing model path, ...).
