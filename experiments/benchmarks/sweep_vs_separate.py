@@ -14,7 +14,9 @@ user + system time (`os.wait4`). The sweep's time is kept in <out>/sweep_time.js
 flags and the sweep is read, not rerun. Per point: the batch reward of every iteration, the held-out greedy
 accuracy at every evaluation, the final pass@1 of the sweep against the separate run's metrics.jsonl /
 summary.json (exactly equal, or the largest difference). Prints a table; writes <out>/sweep_vs_separate.json
-with provenance. Timings are never asserted.
+with provenance and where the time went (the sweep's vmapped programs against its start-up and warm-ups; the
+separate runs' warm-ups). A separate run's time is kept in `<workdir>.time.json`: run again with the same flags,
+a finished run is read, not rerun. Timings are never asserted.
 """
 
 from __future__ import annotations
@@ -29,17 +31,40 @@ import time
 
 from experiments import provenance
 from experiments.runs import parse_seeds, summarise
+from pipo_jax.run import atomic, observe
 
 
 def timed(argv: list[str], log_path: str) -> dict[str, float]:
     """Runs `python argv` (output to `log_path`); its wall and CPU seconds. A failure raises naming the log."""
     t0 = time.perf_counter()
-    with open(log_path, "w") as log:
+    with open(log_path, "a") as log:  # appended: a rerun after a failure keeps the failed attempt's log above
+        log.write(f"=== python {' '.join(argv)} ({time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+        log.flush()
         proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"`python {' '.join(argv)}` failed; see {log_path}")
     return {"wall_s": time.perf_counter() - t0, "cpu_s": usage.ru_utime + usage.ru_stime}
+
+
+def timed_once(argv: list[str], workdir: str) -> dict[str, float]:
+    """`timed(argv)` of a separate run in `workdir`, kept in `<workdir>.time.json`: run again with the same
+    command, a finished run (its summary.json written) is read, not rerun, so a stopped benchmark continues."""
+    path = workdir + ".time.json"
+    if os.path.exists(path) and os.path.exists(os.path.join(workdir, "summary.json")):
+        with open(path) as f:
+            stored = json.load(f)
+        if stored.get("argv") == argv:
+            return stored["time"]
+    t = timed(argv, workdir + ".log")
+    atomic.write_json_atomic(path, {"argv": argv, "time": t})
+    return t
+
+
+def warmup_seconds(workdir: str) -> float:
+    """The separate run's warm-up wall seconds (its metrics.jsonl's `warmup_time_s`)."""
+    rows = observe.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    return next(r["warmup_time_s"] for r in rows if "warmup_time_s" in r)
 
 
 def overrides(args) -> list[str]:
@@ -101,8 +126,7 @@ def main() -> None:
         sweep_time = stored["time"]  # measured by an earlier run of this benchmark with the same command
     else:
         sweep_time = timed(sweep_argv, os.path.join(args.out, "sweep.log"))
-        with open(timing_path, "w") as f:
-            json.dump({"argv": sweep_argv, "time": sweep_time}, f)
+        atomic.write_json_atomic(timing_path, {"argv": sweep_argv, "time": sweep_time})
     with open(os.path.join(sweep_out, "sweep.json")) as f:
         record = json.load(f)
     rows = {r["name"]: r for r in record["points"]}
@@ -116,20 +140,23 @@ def main() -> None:
         workdir = os.path.join(args.out, "separate", name.replace("/", "_"))
         argv = ["-m", "experiments.train", *overrides(args), f"--config.pipo.lam={lam}", f"--config.train.lr={lr}",
                 f"--config.seed={seed}", "--config.log.progress=false", f"--workdir={workdir}"]
-        t = timed(argv, workdir + ".log")
+        t = timed_once(argv, workdir)
         separate["wall_s"] += t["wall_s"]
         separate["cpu_s"] += t["cpu_s"]
         check = compare_point(rows[name], workdir)
-        points.append({"name": name, **t, **check})
+        points.append({"name": name, **t, "warmup_wall_s": warmup_seconds(workdir), **check})
         print(f"{name}: {t['wall_s']:.0f}s wall, {t['cpu_s']:.0f}s CPU; equal to the sweep's point: {check['equal']} "
               f"(reward max |diff| {check['reward_max_abs_diff']:.3g}, accuracy max |diff| "
               f"{check['accuracy_max_abs_diff']:.3g})", flush=True)
 
+    group_wall = sum(rows[g[0]]["group_timing"]["wall_s"] for g in record["groups"])
     result = {"script": "experiments/benchmarks/sweep_vs_separate.py", "args": vars(args), **origin,
               "sweep_command": "python " + " ".join(sweep_argv), "sweep": sweep_time | {
                   "programs": len(record["groups"]), "points": len(rows),
-                  "compile_s": sum(rows[g[0]]["group_timing"]["compile_s"] for g in record["groups"])},
-              "separate": separate | {"processes": len(points)},
+                  "compile_s": sum(rows[g[0]]["group_timing"]["compile_s"] for g in record["groups"]),
+                  "groups_wall_s": group_wall, "outside_groups_wall_s": sweep_time["wall_s"] - group_wall},
+              "separate": separate | {"processes": len(points),
+                                      "warmup_wall_s": sum(p["warmup_wall_s"] for p in points)},
               "speedup_wall": separate["wall_s"] / sweep_time["wall_s"],
               "speedup_cpu": separate["cpu_s"] / sweep_time["cpu_s"],
               "points_equal": sum(p["equal"] for p in points), "points": points}
@@ -140,7 +167,10 @@ def main() -> None:
           f"{sweep_time['cpu_s']:.0f} |")
     print(f"| separate main-job commands | {len(points)} processes | {separate['wall_s']:.0f} | "
           f"{separate['cpu_s']:.0f} |")
-    print(f"\nspeed-up: {result['speedup_wall']:.2f}x wall, {result['speedup_cpu']:.2f}x CPU; "
+    print(f"\nsweep: {group_wall:.0f}s wall in its vmapped programs (evaluations included), "
+          f"{sweep_time['wall_s'] - group_wall:.0f}s outside them (start-up, the warm-ups of {len(seeds)} seeds, the report); "
+          f"separate: {result['separate']['warmup_wall_s']:.0f}s of warm-ups")
+    print(f"speed-up: {result['speedup_wall']:.2f}x wall, {result['speedup_cpu']:.2f}x CPU; "
           f"{result['points_equal']} of {len(points)} points equal to their separate run")
 
 
