@@ -46,9 +46,16 @@ WARMUP_RECORD = "warmup.json"
 
 
 def warmup_record(config: RunConfig, seed: int) -> dict[str, Any]:
-    """What a warmed-up base depends on: the model, the task, the warm-up and its evaluation size."""
-    return json.loads(json.dumps({"seed": seed, "model": to_config(config.model), "task": to_config(config.task),
-                                  "warmup": to_config(config.warmup), "eval_n": config.eval.n}, default=str))
+    """What a warmed-up base depends on: the model, the task, the warm-up and its evaluation size, and with a
+    sampled stop target (`warmup.target_pass_rate` / `target_mixed_groups`) the rollout's sampling, which that
+    check draws with (`WarmupSettings.from_config`), so where the warm-up stops depends on it."""
+    record = {"seed": seed, "model": to_config(config.model), "task": to_config(config.task),
+              "warmup": to_config(config.warmup), "eval_n": config.eval.n}
+    w, r = config.warmup, config.rollout
+    if w.target_pass_rate is not None or w.target_mixed_groups is not None:
+        record["sampled_check"] = {"group_size": r.group_size, "temperature": r.temperature, "top_k": r.top_k,
+                                   "top_p": r.top_p, "max_new_tokens": r.max_new_tokens}
+    return json.loads(json.dumps(record, default=str))
 
 
 def warmed_up_model(config: RunConfig, seed: int, root: str) -> str:

@@ -17,6 +17,7 @@ from pipo_jax.rl import loop
 from pipo_jax.config.sections import RunConfig
 from pipo_jax.rl.spec import ConfigError
 from pipo_jax.rl.state import init_train_state
+from pipo_jax.run.workdir import flat_config
 from tests.typed import spec_of
 
 
@@ -107,6 +108,20 @@ def test_a_stored_base_is_reused_only_for_the_settings_it_was_warmed_up_with(tmp
     os.remove(os.path.join(path, "warmup.json"))
     with pytest.raises(UsageError, match=r"base_seed0: a base model without a readable warmup.json"):
         runs.warmed_up_model(RunConfig.from_config(grpo_configs.get_config("micro")), 0, str(tmp_path))
+
+
+def test_a_sampled_warmup_target_ties_the_base_to_the_rollouts_sampling():
+    """With a sampled stop target the warm-up's check draws as the rollout draws, so where it stops depends on
+    the rollout's sampling: the base's record holds that sampling (a base made at another temperature is then
+    refused, as any base made with other settings). Without such a target the sampling is not part of it."""
+    plain, hot = grpo_configs.get_config("micro"), grpo_configs.get_config("micro")
+    hot.rollout.temperature = 0.7
+    assert runs.warmup_record(RunConfig.from_config(plain), 0) == runs.warmup_record(RunConfig.from_config(hot), 0)
+    for c in (plain, hot):
+        c.warmup.target_pass_rate, c.warmup.check_prompts = 0.3, 8
+    a, b = (flat_config(runs.warmup_record(RunConfig.from_config(c), 0)) for c in (plain, hot))
+    assert sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)) == ["sampled_check.temperature"]
+    assert (a["sampled_check.temperature"], b["sampled_check.temperature"]) == (1.0, 0.7)
 
 
 def test_vmapped_pass_at_1_is_the_trainers_heldout_pass_at_1_per_seed():
