@@ -12,6 +12,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 from absl import flags
@@ -97,7 +98,8 @@ def slurm_script(module: str, argv: list[str], n_groups: int, out: str, options:
 
 def run_workers(module: str, argv: list[str], indices: list[int], workers: int, out: str) -> None:
     """Runs each group of `indices` as its own process (`python -m <module> <argv> --group_index=i`), `workers`
-    at a time; logs go to <out>/logs/group<i>.log. A failed group stops the others (SIGTERM: each saves
+    at a time; logs go to <out>/logs/group<i>.log (appended, each try under a line naming its command and
+    time). A failed group stops the others (SIGTERM: each saves
     nothing half-done) and is one line naming it and its log."""
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     pending, running = list(indices), {}
@@ -105,9 +107,11 @@ def run_workers(module: str, argv: list[str], indices: list[int], workers: int, 
         while pending or running:
             while pending and len(running) < workers:
                 g = pending.pop(0)
-                log = open(os.path.join(out, "logs", f"group{g}.log"), "w")
-                proc = subprocess.Popen([sys.executable, "-m", module, *child_argv(argv, group_index=g)],
-                                        stdout=log, stderr=subprocess.STDOUT)  # this cwd: relative paths hold
+                command = [sys.executable, "-m", module, *child_argv(argv, group_index=g)]
+                log = open(os.path.join(out, "logs", f"group{g}.log"), "a")  # a rerun keeps a failed try's lines
+                log.write(f"=== {' '.join(command)} ({time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+                log.flush()
+                proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)  # this cwd: relative paths hold
                 running[proc.pid] = (g, log, proc)
             pid, status = os.waitpid(-1, 0)
             if pid not in running:

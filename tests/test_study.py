@@ -203,6 +203,25 @@ def test_group_selection_for_array_tasks_and_tpu_vms():
         schedule.select_groups(5, -1, "2/2")
 
 
+def test_a_failed_group_is_one_line_and_its_log_survives_the_rerun(tmp_path, monkeypatch):
+    """`run_workers`: a group whose process fails is one line naming it and its log; run again, the log
+    keeps the failed try's lines above the new try's (each under a line naming its command)."""
+    from experiments import schedule
+
+    stand_in = tmp_path / "failing_group.py"  # a study module whose group process prints and exits 3
+    stand_in.write_text("import sys\nprint('the first try failed here', sys.argv[1:])\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    log = tmp_path / "out" / "logs" / "group0.log"
+    for attempt in (1, 2):
+        with pytest.raises(RuntimeError, match=rf"group 0: its process exited with 3; see {log}"):
+            schedule.run_workers("failing_group", ["--seeds=0"], [0], 2, str(tmp_path / "out"))
+        lines = log.read_text().splitlines()
+        assert len(lines) == 2 * attempt
+        assert lines[-2].startswith("=== ") and "failing_group --seeds=0 --group_index=0" in lines[-2]
+        assert lines[-1] == "the first try failed here ['--seeds=0', '--group_index=0']"
+
+
 @pytest.mark.parametrize("module", ["", "experiments.compare"])
 def test_the_tpu_launcher_gives_each_vm_its_shard(tmp_path, module):
     """experiments/launch/tpu_sweep.sh with a stand-in `gcloud` that records its arguments: a sweep, or the
