@@ -220,7 +220,8 @@ def compare(algorithms: list[str], preset: str, seeds: list[int], out: str, iter
               "variants": {f"{a}+PIPO[{label}]": o for a, label, o in parsed},
               "iterations": first.iterations, "wall_time_s": time.perf_counter() - start,
               "cpu_time_s": time.process_time() - cpu_start + children.children_user + children.children_system,
-              "groups": [[p.name for p in members] for members in groups], "reused_points": reused,
+              "groups": [[p.name for p in members] for members in groups], "members": launch.members,
+              "reused_points": reused,
               "reused_arms": [label for label, _, _ in arms if all(p.name in reused for p in points
                                                                    if p.label == label)],
               **origin, "summary": summary, "runs": results}

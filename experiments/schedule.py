@@ -35,6 +35,9 @@ def define_flags() -> None:
     flags.DEFINE_multi_string("slurm_option", [], "an #SBATCH option of --emit_slurm's script, e.g. "
                               "--gpus-per-task=1 (repeatable)")
     flags.DEFINE_bool("dry_run", False, "validate every point, print the groups and exit")
+    flags.DEFINE_enum("members", "vmap", ["vmap", "map"], "how a group's points share its one program: vmap "
+                      "(batched, the accelerators' form; each point equals its separate run up to the float32 order "
+                      "of batched sums) | map (one after another, each bit-equal to its separate run)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,13 +53,14 @@ class Launch:
     emit_slurm: str = ""
     slurm_options: tuple[str, ...] = ()
     dry_run: bool = False
+    members: str = "vmap"  # how a group's points share its program (`vmapped.MEMBERS`; not a launch flag: kept)
 
     @classmethod
     def from_flags(cls) -> Launch:
         if FLAGS.workers < 1:
             raise cli.UsageError(f"--workers={FLAGS.workers}: must be >= 1")
         return cls(tuple(sys.argv[1:]), FLAGS.workers, FLAGS.group_index, FLAGS.group_shard, FLAGS.collect_only,
-                   FLAGS.emit_slurm, tuple(FLAGS.slurm_option), FLAGS.dry_run)
+                   FLAGS.emit_slurm, tuple(FLAGS.slurm_option), FLAGS.dry_run, FLAGS.members)
 
 
 def select_groups(n: int, index: int, shard: str) -> list[int]:
@@ -150,7 +154,7 @@ def run_study(module: str, points: list[study.Point], groups: list[list[study.Po
                                  slurm_script(module, list(launch.argv), len(groups), out, list(launch.slurm_options)))
         print(f"wrote {launch.emit_slurm}: sbatch it ({len(groups)} tasks), then rerun with --collect_only")
         return None
-    entries = study.stored_points(out, points, code)
+    entries = study.stored_points(out, points, code, launch.members)
     reused = [p.name for g in indices for p in groups[g] if p.name in entries]
     if reused:
         print(f"{len(reused)} point(s) finished earlier: read from {os.path.join(out, study.GROUPS)}", flush=True)
@@ -163,11 +167,11 @@ def run_study(module: str, points: list[study.Point], groups: list[list[study.Po
             for p in groups[g]:
                 base_path(p)
         run_workers(module, list(launch.argv), todo, launch.workers, out)
-        entries = study.stored_points(out, points, code)
+        entries = study.stored_points(out, points, code, launch.members)
     else:
         for g in todo:
             pending = [p for p in groups[g] if p.name not in entries]
-            done = study.run_points(pending, out, base_path, code)
+            done = study.run_points(pending, out, base_path, code, launch.members)
             entries.update(done)
             timing = next(iter(done.values()))["group"]
             print(f"group {g}: {len(pending)} point(s) in {timing['wall_s']:.0f}s "

@@ -162,10 +162,12 @@ def group_file(out: str, names: list[str]) -> str:
     return os.path.join(out, GROUPS, hashlib.sha1("\n".join(names).encode()).hexdigest()[:12] + ".json")
 
 
-def stored_points(out: str, points: list[Point], code: str) -> dict[str, dict]:
+def stored_points(out: str, points: list[Point], code: str, members: str = "vmap") -> dict[str, dict]:
     """The points of `points` finished in `out` (`{name: entry}`: entry["result"] the run's row), read
-    from the group files. A stored point whose config or code differs is reported, moved aside to
-    `groups/stale/` (its file rewritten without it) and not reused; other stored points are left alone."""
+    from the group files. A stored point whose config or code differs, or that was computed with other
+    `members` (`vmapped.MEMBERS`; a point stored before the choice existed was vmapped), is reported, moved
+    aside to `groups/stale/` (its file rewritten without it) and not reused; other stored points are left
+    alone."""
     want = {p.name: fingerprint(p.config) for p in points}
     found: dict[str, dict] = {}
     for path in sorted(glob.glob(os.path.join(out, GROUPS, "*.json"))):
@@ -187,6 +189,10 @@ def stored_points(out: str, points: list[Point], code: str) -> dict[str, dict]:
             elif not same_code(entry.get("code"), code):
                 print(f"{name}: stored in {path} by other code ({entry.get('code')}, now {code}); rerun",
                       flush=True)
+                stale[name] = entry
+            elif entry.get("members", "vmap") != members:
+                print(f"{name}: stored in {path} with --members={entry.get('members', 'vmap')} (now {members}); "
+                      "rerun", flush=True)
                 stale[name] = entry
             else:
                 found[name] = entry
@@ -214,10 +220,10 @@ def _move_aside(path: str, entries: dict | None, stale: dict[str, dict]) -> None
         os.remove(path)
 
 
-def run_group_points(group: list[Point], bases: list) -> tuple[list[dict], dict[str, float]]:
-    """One group's points as one vmapped program, member i from `bases[i]` (evaluated every eval.every
-    iterations): their rows and the group's {wall_s, compile_s}."""
-    rows, timing = run_group([p.config for p in group], bases, group[0].config.eval.every)
+def run_group_points(group: list[Point], bases: list, members: str = "vmap") -> tuple[list[dict], dict[str, float]]:
+    """One group's points as one program, member i from `bases[i]` (evaluated every eval.every iterations),
+    its members sharing it as `members` says (`vmapped.MEMBERS`): their rows and the group's {wall_s, compile_s}."""
+    rows, timing = run_group([p.config for p in group], bases, group[0].config.eval.every, members)
     jax.clear_caches()  # many groups in one process: drop this one's programs (see tests/conftest.py)
     return rows, timing
 
@@ -227,14 +233,16 @@ def base_of(point: Point, base_root: str) -> str:
     return warmed_up_model(point.config, point.seed, base_dir_of(base_root, point.config))
 
 
-def run_points(group: list[Point], out: str, base_path: Callable[[Point], str], code: str) -> dict[str, dict]:
+def run_points(group: list[Point], out: str, base_path: Callable[[Point], str], code: str, members: str = "vmap"
+               ) -> dict[str, dict]:
     """Runs one group's points, each from its warmed-up base (`base_path(point)`: a HF directory, made on first
-    use; a sweep's `base_of`); writes their entries to the group's own file (atomic) and returns them by name."""
+    use; a sweep's `base_of`), its members sharing the program as `members` says; writes their entries to the
+    group's own file (atomic) and returns them by name."""
     paths = [base_path(p) for p in group]
     loaded = {path: hf.load(path)[1] for path in dict.fromkeys(paths)}  # a base shared by members read once
-    rows, timing = run_group_points(group, [loaded[path] for path in paths])
+    rows, timing = run_group_points(group, [loaded[path] for path in paths], members)
     entries = {p.name: {"label": p.label, "seed": p.seed, "overrides": p.overrides, "config": fingerprint(p.config),
-                        "code": code, "result": row,
+                        "code": code, "members": members, "result": row,
                         "group": {"size": len(group), "wall_s": timing["wall_s"], "compile_s": timing["compile_s"]}}
                for p, row in zip(group, rows)}
     path = group_file(out, [p.name for p in group])

@@ -163,7 +163,8 @@ def main(argv):
     cpu = time.process_time() - cpu_start
     children = os.times()
     record = {"script": "experiments/sweep.py", "argv": sys.argv[1:], "config_file": config_path, "swept_keys": swept,
-              "sweep_mode": FLAGS.sweep_mode, "seeds": seeds, "baseline": baseline, **origin, "code_version": code,
+              "sweep_mode": FLAGS.sweep_mode, "seeds": seeds, "baseline": baseline, "members": launch.members,
+              **origin, "code_version": code,
               "groups": [[p.name for p in members] for members in groups],
               "reused_points": reused,
               "wall_time_s": time.perf_counter() - start, "cpu_time_s": cpu + children.children_user

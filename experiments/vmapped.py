@@ -1,9 +1,13 @@
 """Many runs of one jit-static spec as ONE program: their `TrainState`s stacked on a leading axis and
-`jax.vmap(loop.scan_chunk)` advancing them together, evaluated the same way (`run_group`).
+`loop.scan_chunk` advancing them together, evaluated the same way (`run_group`).
 
 The runs of a group differ only in what the state holds (the seed's RNG and base model today; every
 value the train state carries): `train_spec` of every member's typed config (`RunConfig`) must be equal.
-Each member equals its separate run (tests/test_compare.py, tests/test_study.py).
+How the members share the program (`MEMBERS`, `over_members`): "vmap" batches them (`jax.vmap`: one
+batched matmul for all members, the accelerators' form), each member equal to its separate run up to the
+float32 order of batched sums, which over a long run can flip a sampled token and part the curves;
+"map" runs them one after another inside the program (`lax.map`), each computed as its separate run
+computes it, bit for bit (tests/test_compare.py, tests/test_study.py).
 """
 
 from __future__ import annotations
@@ -28,32 +32,47 @@ from pipo_jax.run.setup import train_spec
 from pipo_jax.run.trainer import EVAL_SEED, device_sampled_rewards
 
 
+MEMBERS = ("vmap", "map")  # how a group's members share its program (module docstring)
+
+
 def stack(trees: list) -> Any:
     """Stacks equal-structure pytrees along a new leading (member) axis."""
     return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2), donate_argnums=1)
-def vmapped_chunk(spec: TrainSpec, states: TrainState, length: int) -> tuple[TrainState, dict]:
-    """`length` iterations of every member at once: `loop.scan_chunk` under `jax.vmap` over the
-    stacked states (metrics `[S, length]`)."""
-    return jax.vmap(lambda s: loop.scan_chunk(spec, s, length))(states)
+def over_members(members: str, fn: Callable, stacked: Any) -> Any:
+    """`fn` of each member of `stacked` (a pytree with a leading member axis), results stacked the same way:
+    `jax.vmap(fn)` ("vmap") or `lax.map(fn)` ("map": one member after another, each as `fn` alone computes it)."""
+    if members == "vmap":
+        return jax.vmap(fn)(stacked)
+    if members == "map":
+        return jax.lax.map(fn, stacked)
+    raise ValueError(f"members={members!r}: expected one of {MEMBERS}")
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 3))
-def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none") -> jax.Array:
+@functools.partial(jax.jit, static_argnums=(0, 2, 3), donate_argnums=1)
+def vmapped_chunk(spec: TrainSpec, states: TrainState, length: int, members: str = "vmap"
+                  ) -> tuple[TrainState, dict]:
+    """`length` iterations of every member: `loop.scan_chunk` over the stacked states as `members` says
+    (metrics `[S, length]`)."""
+    return over_members(members, lambda s: loop.scan_chunk(spec, s, length), states)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 3, 4))
+def vmapped_accuracy(spec: TrainSpec, params, n: int, kind: str = "none", members: str = "vmap") -> jax.Array:
     """Greedy accuracy `[S]` of stacked params on the trainer's `n` fixed held-out problems
     (kind: 'none' = the student; 'solution' / 'feedback' = shown a teacher context)."""
     key, table = jax.random.PRNGKey(EVAL_SEED), spec.task.prompt_table()
-    return jax.vmap(lambda p: teacher_forcing.heldout_accuracy(spec.model, p, spec.task, table, n, key, kind))(params)
+    return over_members(members, lambda p: teacher_forcing.heldout_accuracy(spec.model, p, spec.task, table, n, key,
+                                                                            kind), params)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 3))
-def vmapped_sampled_rewards(spec: TrainSpec, params, n: int, samples: int) -> jax.Array:
+@functools.partial(jax.jit, static_argnums=(0, 2, 3, 4))
+def vmapped_sampled_rewards(spec: TrainSpec, params, n: int, samples: int, members: str = "vmap") -> jax.Array:
     """Rewards `[S, m, samples]` of stacked params: per member what the trainer's `heldout_pass_at_1` scores
     (`run/trainer.py:device_sampled_rewards`: the greedy accuracy's held-out problems, sampled as the
     rollout samples, the trainer's keys)."""
-    return jax.vmap(lambda p: device_sampled_rewards(spec, p, n, samples))(params)
+    return over_members(members, lambda p: device_sampled_rewards(spec, p, n, samples), params)
 
 
 class CompiledPrograms:
@@ -93,9 +112,10 @@ def member_state(config: RunConfig, params) -> TrainState:
     return init_train_state(train_spec(config), params, config.seed)
 
 
-def run_group(configs: list[RunConfig], base_params: list, eval_every: int
+def run_group(configs: list[RunConfig], base_params: list, eval_every: int, members: str = "vmap"
               ) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Runs every typed config of `configs` (member i from base_params[i]) as one vmapped program.
+    """Runs every typed config of `configs` (member i from base_params[i]) as one program, its members
+    sharing it as `members` says (module docstring).
 
     Returns per member: steps / reward (batch reward per iteration), acc_steps / accuracy (held-out
     greedy accuracy at 0 and every `eval_every`), teacher accuracies (SDPO / VPD), initial / final
@@ -105,6 +125,8 @@ def run_group(configs: list[RunConfig], base_params: list, eval_every: int
     at the rollout's temperature: the trainer's `heldout_pass_at_1`). And the group's timing:
     {wall_s, compile_s} (seconds; compile_s = lowering and compiling its programs).
     """
+    if members not in MEMBERS:
+        raise ValueError(f"vmapped.run_group: members={members!r}: expected one of {MEMBERS}")
     t_start = time.perf_counter()
     spec = group_spec(configs)
     config = configs[0]
@@ -115,13 +137,15 @@ def run_group(configs: list[RunConfig], base_params: list, eval_every: int
 
     def evaluate(params):
         out = {k: np.asarray(programs.get(("accuracy", k), lambda k=k: vmapped_accuracy.lower(
-            spec, params, n_eval, k))(params)) for k in kinds}
+            spec, params, n_eval, k, members))(params)) for k in kinds}
         if samples:
-            run = programs.get(("rewards",), lambda: vmapped_sampled_rewards.lower(spec, params, n_eval, samples))
+            run = programs.get(("rewards",), lambda: vmapped_sampled_rewards.lower(spec, params, n_eval, samples,
+                                                                                   members))
             out["pass_at_1"] = np.array([teacher_forcing.pass_and_mixed(r)[0] for r in np.asarray(run(params))])
         return out
 
-    points = f"{len(configs)} points in one program"
+    points = f"{len(configs)} points in one program" + (" (one after another: --members=map)" if members == "map"
+                                                         else "")
     with Heartbeat() as hb:  # never silent long: a chunk of a large group runs minutes on a CPU
         with hb.phase("evaluating the group's bases", announce=f"{points}: evaluating iteration 0",
                       report_builds=True):
@@ -131,7 +155,7 @@ def run_group(configs: list[RunConfig], base_params: list, eval_every: int
             n = min(eval_every or total, total - step)
             span = (f"iterations {step + 1}-{step + n}" if n > 1 else f"iteration {step + 1}") + f" of {total}"
             with hb.phase(f"running {span}", announce=f"{points}: {span}", report_builds=True):
-                chunk = programs.get(("chunk", n), lambda n=n: vmapped_chunk.lower(spec, states, n))
+                chunk = programs.get(("chunk", n), lambda n=n: vmapped_chunk.lower(spec, states, n, members))
                 states, metrics = chunk(states)
                 chunks.append(jax.device_get({k: metrics[k] for k in ("reward_mean", "pi_step_applied")
                                               if k in metrics}))

@@ -46,10 +46,16 @@ def test_compare_writes_table_and_plot(tmp_path):
 
 def test_sweep_runs_the_grid_and_baseline(tmp_path):
     """The lam x K flags: each lam a PIPO point, the PIPO-off point the baseline; points of one jit-static
-    spec one program (a group), the groups side by side in their own processes (--workers=2)."""
+    spec one program (a group), the groups side by side in their own processes (--workers=2), each group's
+    members one after another (--members=map, which the group processes are given too)."""
     out = run_module("experiments.sweep", "--config=configs/grpo.py:micro", "--seeds=0,1", "--lams=0.1,0.5",
-                     "--windows=2", "--config.iterations=2", "--workers=2", f"--out={tmp_path}")
+                     "--windows=2", "--config.iterations=2", "--workers=2", "--members=map", f"--out={tmp_path}")
     record = json.loads((tmp_path / "sweep.json").read_text())
+    assert record["members"] == "map"
+    for name in os.listdir(tmp_path / "groups"):
+        stored = json.loads((tmp_path / "groups" / name).read_text())["points"]
+        assert {e["members"] for e in stored.values()} == {"map"}
+    assert all("one after another: --members=map" in (tmp_path / "logs" / f"group{g}.log").read_text() for g in (0, 1))
     labels = ["pipo.enabled=True,pipo.lam=0.1,pipo.window=2", "pipo.enabled=True,pipo.lam=0.5,pipo.window=2",
               "pipo.enabled=false"]
     assert [p["name"] for p in record["points"]] == [f"{lab}/seed{s}" for lab in labels for s in (0, 1)]

@@ -129,6 +129,62 @@ def test_stored_points_are_read_back_only_for_the_same_config_and_code(tmp_path,
     assert study.same_code(edited, edited) and study.code_version(commit) == commit
 
 
+def test_a_stored_point_is_read_back_only_for_the_members_form_it_was_computed_with(tmp_path, capsys):
+    """A point computed with --members=vmap (or stored before the choice existed: vmapped) is not what a
+    --members=map study asks for (bit-equal to its separate run): it is set aside and rerun, and the reverse."""
+    base = grpo_configs.get_config("micro")
+    a, b = study.make_points(base, [{"pipo.lam": 0.1}, {"pipo.lam": 0.2}], [0])
+    commit = "0" * 40
+    path = study.group_file(str(tmp_path), [a.name, b.name])
+    os.makedirs(os.path.dirname(path))
+    mapped = dict(_entry(b, commit, 0.7), members="map")
+    with open(path, "w") as f:  # a: stored before the choice existed (no "members")
+        json.dump({"points": {a.name: _entry(a, commit, 0.5), b.name: mapped}}, f)
+    assert list(study.stored_points(str(tmp_path), [a, b], commit, "map")) == [b.name]
+    assert f"{a.name}: stored in {path} with --members=vmap (now map); rerun" in capsys.readouterr().out
+    assert study.stored_points(str(tmp_path), [a, b], commit, "vmap") == {}  # b was mapped
+    assert f"{b.name}: stored in {path} with --members=map (now vmap); rerun" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # the micro trainer compiled mapped and alone
+def test_mapped_members_are_bit_equal_to_their_separate_runs():
+    """--members=map: each member of the group's one program is computed as its separate run computes it, so
+    params, optimizer state and every metric equal `loop.scan_chunk` alone, bit for bit, over a run long
+    enough for the PI step to apply (batched members agree with it only up to the float32 order of their sums:
+    tests/test_compare.py), and the evaluations equal the trainer's."""
+    import jax
+
+    from experiments import vmapped
+    from pipo_jax.models import qwen3
+    from pipo_jax.rl import loop
+    from pipo_jax.rl.state import init_train_state
+    from pipo_jax.run import teacher_forcing, trainer
+
+    c = grpo_configs.get_config("micro")
+    c.pipo.enabled = True
+    spec = spec_of(c)
+    seeds = [0, 1]
+    bases = [qwen3.init_params(spec.model, jax.random.PRNGKey(10 + s)) for s in seeds]
+    together, m_together = vmapped.vmapped_chunk(
+        spec, vmapped.stack([init_train_state(spec, p, s) for p, s in zip(bases, seeds)]), 12, "map")
+    accuracy = vmapped.vmapped_accuracy(spec, together.params, 64, "none", "map")
+    rewards = vmapped.vmapped_sampled_rewards(spec, together.params, 64, 2, "map")
+    eval_key, table = jax.random.PRNGKey(trainer.EVAL_SEED), spec.task.prompt_table()
+    alone_accuracy = jax.jit(lambda p: teacher_forcing.heldout_accuracy(spec.model, p, spec.task, table, 64,
+                                                                        eval_key))
+    alone_rewards = jax.jit(lambda p: trainer.device_sampled_rewards(spec, p, 64, 2))
+    for i, (p, s) in enumerate(zip(bases, seeds)):
+        alone, m_alone = loop.scan_chunk(spec, init_train_state(spec, p, s), 12)
+        assert int(m_alone["pi_step_applied"].sum()) > 0
+        member = jax.tree.map(lambda x: x[i], jax.device_get(together))
+        assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), member,
+                                                jax.device_get(alone))))
+        for name, value in m_alone.items():
+            np.testing.assert_array_equal(m_together[name][i], value, err_msg=name)
+        assert float(accuracy[i]) == float(alone_accuracy(alone.params))
+        np.testing.assert_array_equal(rewards[i], alone_rewards(alone.params))
+
+
 def test_heldout_auc_and_the_paired_summary():
     row = {"final_accuracy": 0.75, "reward_auc": 0.5, "acc_steps": [0, 10, 20, 25], "accuracy": [0.2, 0.3, 0.6, 0.75]}
     assert study_report.point_metrics(row) == {"final_accuracy": 0.75, "reward_auc": 0.5,

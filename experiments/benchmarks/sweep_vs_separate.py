@@ -2,21 +2,23 @@
 point's result against its separate run.
 
     python -m experiments.benchmarks.sweep_vs_separate --out=runs/sweep_vs_separate         # 4 lam x 2 lr x 3 seeds
+    python -m experiments.benchmarks.sweep_vs_separate --members=map --out=runs/sweep_vs_separate   # the map form
     python -m experiments.benchmarks.sweep_vs_separate --lams=0.05,0.1 --lrs=1e-4 --seeds=0-1 \
         --iterations=4 --warmup_steps=100 --out=runs/sweep_vs_separate_small              # a reduced version
 
 The sweep: `python -m experiments.sweep --config=configs/grpo.py:tiny --config.pipo.enabled=true
---sweep=pipo.lam=... --sweep=train.lr=... --seeds=...` (one process: the seeds' warm-ups once, each group
-of points one vmapped program). The separate runs: per point `python -m experiments.train` with the same
-config and `--config.pipo.lam / train.lr / seed` (each its own warm-up, as a user runs the main job), one
-after the other. Both get the same `--iterations` / `--warmup_steps` overrides. CPU time is the processes'
-user + system time (`os.wait4`). The sweep's time is kept in <out>/sweep_time.json: run again with the same
-flags and the sweep is read, not rerun. Per point: the batch reward of every iteration, the held-out greedy
+--sweep=pipo.lam=... --sweep=train.lr=... --seeds=... [--members=map]` (one process: the seeds' warm-ups once,
+each group of points one program, its members batched or, with `--members=map`, one after another). The
+separate runs: per point `python -m experiments.train` with the same config and `--config.pipo.lam / train.lr /
+seed` (each its own warm-up, as a user runs the main job), one after the other, shared by both forms. Both get
+the same `--iterations` / `--warmup_steps` overrides. CPU time is the processes' user + system time
+(`os.wait4`). Per point: the batch reward of every iteration (and the first that differs), the held-out greedy
 accuracy at every evaluation, the final pass@1 of the sweep against the separate run's metrics.jsonl /
-summary.json (exactly equal, or the largest difference). Prints a table; writes <out>/sweep_vs_separate.json
-with provenance and where the time went (the sweep's vmapped programs against its start-up and warm-ups; the
-separate runs' warm-ups). A separate run's time is kept in `<workdir>.time.json`: run again with the same flags,
-a finished run is read, not rerun. Timings are never asserted.
+summary.json (exactly equal, or the largest difference). Prints a table; writes
+<out>/sweep_vs_separate[_map].json with provenance and where the time went (the sweep's programs against its
+start-up and warm-ups; the separate runs' warm-ups). Run again with the same flags, what finished is read, not
+rerun: the sweep's time from <out>/sweep[_map]_time.json, a separate run's from `<workdir>.time.json`. Timings
+are never asserted.
 """
 
 from __future__ import annotations
@@ -88,7 +90,9 @@ def compare_point(row: dict, workdir: str) -> dict:
     with open(os.path.join(workdir, "summary.json")) as f:
         summary = json.load(f)
     got = row["result"]
+    parted = [i for i, (x, y) in enumerate(zip(got["reward"], alone["reward"])) if x != y]
     out = {"reward_equal": got["reward"] == alone["reward"],
+           "first_unequal_iteration": parted[0] + 1 if parted else None,
            "reward_max_abs_diff": largest_difference(got["reward"], alone["reward"]),
            "accuracy_equal": got["acc_steps"] == alone["acc_steps"] and got["accuracy"] == alone["accuracy"],
            "accuracy_max_abs_diff": largest_difference(got["accuracy"], alone["accuracy"]),
@@ -109,6 +113,9 @@ def main() -> None:
     parser.add_argument("--seeds", default="0-2")
     parser.add_argument("--iterations", type=int, default=0, help="RL iterations; 0 = the tiny preset's")
     parser.add_argument("--warmup_steps", type=int, default=0, help="warm-up steps; 0 = the tiny preset's")
+    parser.add_argument("--members", default="vmap", choices=["vmap", "map"],
+                        help="the sweep's --members (vmap: batched; map: each point bit-equal to its separate run); "
+                             "the separate runs are shared by both")
     parser.add_argument("--out", default="runs/sweep_vs_separate")
     args = parser.parse_args()
     seeds = parse_seeds(args.seeds)
@@ -116,11 +123,14 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     origin = provenance.record()
 
-    sweep_out = os.path.join(args.out, "sweep")
+    form = "" if args.members == "vmap" else f"_{args.members}"  # the vmap form keeps the plain names
+    sweep_out = os.path.join(args.out, f"sweep{form}")
     sweep_argv = ["-m", "experiments.sweep", *overrides(args), f"--sweep=pipo.lam={args.lams}",
                   f"--sweep=train.lr={args.lrs}", f"--seeds={args.seeds}", f"--out={sweep_out}"]
+    if args.members != "vmap":
+        sweep_argv.append(f"--members={args.members}")
     print("sweep:", " ".join(sweep_argv[1:]), flush=True)
-    timing_path = os.path.join(args.out, "sweep_time.json")
+    timing_path = os.path.join(args.out, f"sweep{form}_time.json")
     stored = json.load(open(timing_path)) if os.path.exists(timing_path) else {}
     if stored.get("argv") == sweep_argv and os.path.exists(os.path.join(sweep_out, "sweep.json")):
         sweep_time = stored["time"]  # measured by an earlier run of this benchmark with the same command
@@ -151,7 +161,7 @@ def main() -> None:
 
     group_wall = sum(rows[g[0]]["group_timing"]["wall_s"] for g in record["groups"])
     result = {"script": "experiments/benchmarks/sweep_vs_separate.py", "args": vars(args), **origin,
-              "sweep_command": "python " + " ".join(sweep_argv), "sweep": sweep_time | {
+              "sweep_command": "python " + " ".join(sweep_argv), "members": args.members, "sweep": sweep_time | {
                   "programs": len(record["groups"]), "points": len(rows),
                   "compile_s": sum(rows[g[0]]["group_timing"]["compile_s"] for g in record["groups"]),
                   "groups_wall_s": group_wall, "outside_groups_wall_s": sweep_time["wall_s"] - group_wall},
@@ -160,15 +170,15 @@ def main() -> None:
               "speedup_wall": separate["wall_s"] / sweep_time["wall_s"],
               "speedup_cpu": separate["cpu_s"] / sweep_time["cpu_s"],
               "points_equal": sum(p["equal"] for p in points), "points": points}
-    with open(os.path.join(args.out, "sweep_vs_separate.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    atomic.write_json_atomic(os.path.join(args.out, f"sweep_vs_separate{form}.json"), result, indent=1)
     print("\n| form | programs / processes | wall s | CPU s |\n| --- | --- | --- | --- |")
     print(f"| sweep | {result['sweep']['programs']} programs, 1 process | {sweep_time['wall_s']:.0f} | "
           f"{sweep_time['cpu_s']:.0f} |")
     print(f"| separate main-job commands | {len(points)} processes | {separate['wall_s']:.0f} | "
           f"{separate['cpu_s']:.0f} |")
-    print(f"\nsweep: {group_wall:.0f}s wall in its vmapped programs (evaluations included), "
-          f"{sweep_time['wall_s'] - group_wall:.0f}s outside them (start-up, the warm-ups of {len(seeds)} seeds, the report); "
+    print(f"\nsweep: {group_wall:.0f}s wall in its programs (evaluations included), "
+          f"{sweep_time['wall_s'] - group_wall:.0f}s outside them (start-up, the warm-ups of {len(seeds)} seeds, "
+          "the report); "
           f"separate: {result['separate']['warmup_wall_s']:.0f}s of warm-ups")
     print(f"speed-up: {result['speedup_wall']:.2f}x wall, {result['speedup_cpu']:.2f}x CPU; "
           f"{result['points_equal']} of {len(points)} points equal to their separate run")
