@@ -18,7 +18,8 @@ differ by PIPO's verification step alone. A comparison is a sweep with paired ar
 engine: an arm is a point at every seed (`experiments.study`); the points whose jit-static specs are
 equal (all seeds of an arm, and arms that differ only in values the train state carries) run as ONE
 program: their `TrainState`s are stacked and `jax.vmap(loop.scan_chunk)` advances them together
-(`vmapped.run_group`; equal to separate runs, tests/test_compare.py). The groups run as a sweep's do
+(`vmapped.run_group`; with `--members=map` one after another, each bit-equal to its separate
+run). The groups run as a sweep's do
 (`experiments.schedule`): `--workers=N` side by side, `--emit_slurm=FILE` a job array of one group per
 task, `--group_index` / `--group_shard` (experiments/launch/tpu_sweep.sh) some of them, `--collect_only`
 the report from the stored ones, `--dry_run` the groups printed; each group writes its own file under

@@ -3,14 +3,14 @@
 A point is a base config with some dotted keys set (`overrides`, e.g. {"pipo.lam": 0.1}) and a seed,
 held typed (`RunConfig`). Every point is validated before anything runs (`train_spec`, as
 `--check_config` does; a bad value is a `UsageError` naming the point and the key). Points whose
-jit-static specs (`train_spec(config)`, a
-frozen, hashable `TrainSpec`) and loop shape (iterations, evaluation) are equal form a group, which
-runs as ONE vmapped program (`vmapped.run_group`): the seeds of a point always do, and every other
+jit-static specs (`train_spec(config)`, a frozen, hashable `TrainSpec`) and loop shape (iterations,
+evaluation) are equal form a group, which runs as ONE program (`vmapped.run_group`, its members
+batched or, `members="map"`, one after another): the seeds of a point always do, and every other
 value the train state carries. Each group's results go to their own file under `<out>/groups/`
 (atomic write); a point stored there with the same config (`fingerprint`) and the same code
 (`code_version`: the commit, and for an edited tree the hash of its sources) is read back, not rerun,
-so a stopped sweep continues where it stopped; a stored point of another config or code is reported
-and moved aside to `groups/stale/`.
+so a stopped sweep continues where it stopped; a stored point of another config, code or members
+form is reported and moved aside to `groups/stale/`.
 """
 
 from __future__ import annotations
