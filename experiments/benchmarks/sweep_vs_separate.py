@@ -49,18 +49,19 @@ def timed(argv: list[str], log_path: str) -> dict[str, float]:
     return {"wall_s": time.perf_counter() - t0, "cpu_s": usage.ru_utime + usage.ru_stime}
 
 
-def timed_once(argv: list[str], workdir: str) -> dict[str, float]:
-    """`timed(argv)` of a separate run in `workdir`, kept in `<workdir>.time.json`: run again with the same
-    command, a finished run (its summary.json written) is read, not rerun, so a stopped benchmark continues."""
+def timed_once(argv: list[str], workdir: str, commit: str) -> tuple[dict[str, float], str]:
+    """`timed(argv)` of a separate run in `workdir` and the commit it ran at (`commit` now), kept in
+    `<workdir>.time.json`: run again with the same command, a finished run (its summary.json written) is read,
+    not rerun, so a stopped benchmark continues ("unrecorded": a file written before the commit was kept)."""
     path = workdir + ".time.json"
     if os.path.exists(path) and os.path.exists(os.path.join(workdir, "summary.json")):
         with open(path) as f:
             stored = json.load(f)
         if stored.get("argv") == argv:
-            return stored["time"]
+            return stored["time"], stored.get("commit", "unrecorded")
     t = timed(argv, workdir + ".log")
-    atomic.write_json_atomic(path, {"argv": argv, "time": t})
-    return t
+    atomic.write_json_atomic(path, {"argv": argv, "time": t, "commit": commit})
+    return t, commit
 
 
 def warmup_seconds(workdir: str) -> float:
@@ -150,11 +151,11 @@ def main() -> None:
         workdir = os.path.join(args.out, "separate", name.replace("/", "_"))
         argv = ["-m", "experiments.train", *overrides(args), f"--config.pipo.lam={lam}", f"--config.train.lr={lr}",
                 f"--config.seed={seed}", "--config.log.progress=false", f"--workdir={workdir}"]
-        t = timed_once(argv, workdir)
+        t, ran_at = timed_once(argv, workdir, origin["commit"])
         separate["wall_s"] += t["wall_s"]
         separate["cpu_s"] += t["cpu_s"]
         check = compare_point(rows[name], workdir)
-        points.append({"name": name, **t, "warmup_wall_s": warmup_seconds(workdir), **check})
+        points.append({"name": name, **t, "commit": ran_at, "warmup_wall_s": warmup_seconds(workdir), **check})
         print(f"{name}: {t['wall_s']:.0f}s wall, {t['cpu_s']:.0f}s CPU; equal to the sweep's point: {check['equal']} "
               f"(reward max |diff| {check['reward_max_abs_diff']:.3g}, accuracy max |diff| "
               f"{check['accuracy_max_abs_diff']:.3g})", flush=True)
@@ -165,7 +166,7 @@ def main() -> None:
                   "programs": len(record["groups"]), "points": len(rows),
                   "compile_s": sum(rows[g[0]]["group_timing"]["compile_s"] for g in record["groups"]),
                   "groups_wall_s": group_wall, "outside_groups_wall_s": sweep_time["wall_s"] - group_wall},
-              "separate": separate | {"processes": len(points),
+              "separate": separate | {"processes": len(points), "commits": sorted({p["commit"] for p in points}),
                                       "warmup_wall_s": sum(p["warmup_wall_s"] for p in points)},
               "speedup_wall": separate["wall_s"] / sweep_time["wall_s"],
               "speedup_cpu": separate["cpu_s"] / sweep_time["cpu_s"],
