@@ -18,11 +18,16 @@ On the machine's first device (its platform is the target platform of every prog
     learner step's time (prepare + PI step + base step, one program) with its FLOPs
     counted from the compiled HLO with loop trip counts (`hlo_cost`), MFU against the
     device's dense bf16 peak and the roofline bound (FLOPs / peak vs bytes / bandwidth);
-(d) a JSON in `experiments/results/` (device, versions, commit, every check and figure)
+(d) **a sweep's group**: one RL iteration of the main job's program (`configs/grpo.py:tiny`
+    with PIPO, the built-in task, float32, random weights) for a group of 24 stacked members as a
+    sweep runs it (`experiments/vmapped.py`), batched (`--members=vmap`) and one after another
+    (`map`), against one member: what the RL part of a 24-point sweep costs on this device
+    relative to one run's (docs/configs.md, "Against separate runs");
+(e) a JSON in `experiments/results/` (device, versions, commit, every check and figure)
     and a table on stdout. The exit status is 0 when every check passed.
 
 With no accelerator (or `--cpu_smoke`) it runs a reduced form: the tiny task model, a
-small rollout, the Pallas kernels in interpret mode (the Triton kernel's code) and cuDNN's
+small rollout, a group of 2 micro-preset members, the Pallas kernels in interpret mode (the Triton kernel's code) and cuDNN's
 padded call run by XLA's attention (`attention.cudnn(..., implementation="xla")`);
 `tests/benchmarks/test_device_check.py` runs that form. Sized for under 8 minutes on one
 H100 / H200.
@@ -45,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import grpo
-from experiments import provenance
+from experiments import provenance, vmapped
 from experiments.benchmarks import hlo_cost
 from pipo_jax import platforms
 from pipo_jax.kernels import logprobs as lp
@@ -85,12 +90,15 @@ class Sizes:
     decode_batches: tuple[int, ...]
     decode_prompt: int
     decode_new: int
+    sweep_preset: str  # (d): the grpo preset whose program a sweep's group runs
+    sweep_group: int  # (d): members stacked in the group
 
 
 FULL = Sizes(model="qwen3_0.6b", logprobs=(4096, 1024, 151_936), attention=(4, 1023, 16, 8, 128), prompts=32,
-             group=8, iterations=4, decode_batches=(1, 32, 256), decode_prompt=128, decode_new=128)
+             group=8, iterations=4, decode_batches=(1, 32, 256), decode_prompt=128, decode_new=128,
+             sweep_preset="tiny", sweep_group=24)
 SMOKE = Sizes(model="task_tiny", logprobs=(64, 64, 1000), attention=(3, 23, 4, 2, 16), prompts=4, group=4,
-              iterations=3, decode_batches=(1, 8), decode_prompt=8, decode_new=8)
+              iterations=3, decode_batches=(1, 8), decode_prompt=8, decode_new=8, sweep_preset="micro", sweep_group=2)
 
 
 def device_info() -> dict:
@@ -334,6 +342,31 @@ def decode_speed(sizes: Sizes, spec, params) -> list[dict]:
     return rows
 
 
+def sweep_group(sizes: Sizes, platform: str) -> dict:
+    """(d) Seconds of one RL iteration (median of 3, after the compile) of `sizes.sweep_preset`'s GRPO + PIPO
+    program for one member, and for `sizes.sweep_group` stacked members batched and one after another
+    (`vmapped.vmapped_chunk`); `vs_one_member`: each against the one member's."""
+    c = grpo.get_config(sizes.sweep_preset)
+    c.pipo.enabled, c.model.platform = True, platform
+    spec = train_spec(RunConfig.from_config(c))
+    params = qwen3.init_params(spec.model, jax.random.PRNGKey(0))
+    rows = []
+    for members, size in (("vmap", 1), ("vmap", sizes.sweep_group), ("map", sizes.sweep_group)):
+        states = vmapped.stack([init_train_state(spec, params, seed) for seed in range(size)])
+        t0 = time.perf_counter()
+        chunk = vmapped.vmapped_chunk.lower(spec, states, 1, members).compile()
+        compile_s, times = time.perf_counter() - t0, []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            states, metrics = chunk(states)
+            jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - t0)
+        rows.append({"members": members, "group": size, "seconds": float(np.median(times)), "compile_s": compile_s})
+    for r in rows:
+        r["vs_one_member"] = r["seconds"] / rows[0]["seconds"]
+    return {"preset": sizes.sweep_preset, "rows": rows}
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -351,6 +384,9 @@ def table(result: dict) -> str:
     s = result["train"]["learner_step"]
     mfu = f"MFU {100 * s['mfu']:.1f}% ({s['bound']}-bound, roofline {s['roofline_s'] * 1e3:.1f} ms)" \
         if "mfu" in s else "MFU n/a (no peak known for this device)"
+    lines += ["", f"sweep group ({result['sweep']['preset']} preset, one RL iteration): "
+              + "; ".join(f"{r['group']} member{'s' * (r['group'] > 1)} {r['members']} {r['seconds'] * 1e3:.1f} ms "
+                          f"({r['vs_one_member']:.2f}x one member)" for r in result["sweep"]["rows"])]
     lines += ["", f"learner step ({result['train']['model']}, {result['train']['rows']} rows x "
               f"{result['train']['seq_len']} tokens): {s['seconds'] * 1e3:.1f} ms, {s['flops'] / 1e12:.3f} TFLOP "
               f"counted, {s['flops_per_s'] / 1e12:.2f} TFLOP/s, {mfu}",
@@ -378,6 +414,7 @@ def main(argv=None) -> dict:
     train_checks, result["train"], spec, state = check_training(sizes, platform, device)
     result["checks"] += train_checks
     result["decode"] = decode_speed(sizes, spec, state.params)
+    result["sweep"] = sweep_group(sizes, platform)
     result["all_passed"] = all(c["passed"] for c in result["checks"])
     result["seconds"] = time.perf_counter() - t0
     out = args.out or os.path.join(RESULTS, f"device_check_{'cpu_smoke' if smoke else device['kind'].replace(' ', '_')}"

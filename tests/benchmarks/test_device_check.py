@@ -48,6 +48,13 @@ def test_cpu_smoke_passes_every_check_and_writes_the_json(tmp_path, capsys):
     assert [r["batch"] for r in saved["decode"]] == [1, 8]
     for r in saved["decode"]:
         assert r["generated"] == r["batch"] * r["new_tokens"] and r["tokens_per_s"] > 0
+    sweep = saved["sweep"]  # (d): one member, then the group batched and one after another
+    assert sweep["preset"] == "micro"
+    assert [(r["members"], r["group"]) for r in sweep["rows"]] == [("vmap", 1), ("vmap", 2), ("map", 2)]
+    assert all(r["seconds"] > 0 and r["compile_s"] > 0 for r in sweep["rows"])
+    assert [r["vs_one_member"] for r in sweep["rows"]] == pytest.approx(
+        [r["seconds"] / sweep["rows"][0]["seconds"] for r in sweep["rows"]])
     assert result["out"] == str(out)
     printed = capsys.readouterr().out
     assert "all checks passed: True" in printed and "tokens/s" in printed
+    assert "sweep group (micro preset, one RL iteration): 1 member vmap " in printed
