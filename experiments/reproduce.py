@@ -396,10 +396,12 @@ def render_sweep(records: list[dict]) -> str:
         if rec.get("missing"):
             blocks.append(f"Not run yet (no `experiments/results/{rec['json_name']}`).")
             continue
-        points = rec["points"]
+        points, programs = rec["points"], len(rec["groups"])
+        members = {"vmap": ", its points batched", "map": ", its points one after another"}.get(rec.get("members"), "")
         blocks.append("\n".join([
             f"Measured with {_machine(rec)}: {len(points)} points ({', '.join(rec['swept_keys'])} x seeds "
-            f"{','.join(map(str, rec['seeds']))}) in {len(rec['groups'])} programs, {rec['wall_time_s']:.0f} s wall / "
+            f"{','.join(map(str, rec['seeds']))}) in {programs} program{'s' * (programs != 1)}{members}, "
+            f"{rec['wall_time_s']:.0f} s wall / "
             f"{rec['cpu_time_s']:.0f} s CPU (JSON: `experiments/results/{rec['json_name']}`).", "",
             study_report.format_tables(rec["summary"])]))
     return "\n\n".join(blocks)
