@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from absl import flags
 
-from experiments import cli, study
+from experiments import cli, study, vmapped
 from pipo_jax.run import atomic
 
 FLAGS = flags.FLAGS
@@ -35,7 +35,7 @@ def define_flags() -> None:
     flags.DEFINE_multi_string("slurm_option", [], "an #SBATCH option of --emit_slurm's script, e.g. "
                               "--gpus-per-task=1 (repeatable)")
     flags.DEFINE_bool("dry_run", False, "validate every point, print the groups and exit")
-    flags.DEFINE_enum("members", "vmap", ["vmap", "map"], "how a group's points share its one program: vmap "
+    flags.DEFINE_enum("members", "vmap", list(vmapped.MEMBERS), "how a group's points share its one program: vmap "
                       "(batched, the accelerators' form; each point equals its separate run up to the float32 order "
                       "of batched sums) | map (one after another, each bit-equal to its separate run)")
 
@@ -100,6 +100,15 @@ def slurm_script(module: str, argv: list[str], n_groups: int, out: str, options:
     return "\n".join(lines) + "\n"
 
 
+def appended_log(path: str, command: list[str]):
+    """`path` opened for appending, a line naming `command` and the time written first: a rerun keeps the
+    lines of an earlier try (a failed one's above), each under its own header. The caller closes it."""
+    log = open(path, "a")
+    log.write(f"=== {' '.join(command)} ({time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+    log.flush()
+    return log
+
+
 def run_workers(module: str, argv: list[str], indices: list[int], workers: int, out: str) -> None:
     """Runs each group of `indices` as its own process (`python -m <module> <argv> --group_index=i`), `workers`
     at a time; logs go to <out>/logs/group<i>.log (appended, each try under a line naming its command and
@@ -112,9 +121,7 @@ def run_workers(module: str, argv: list[str], indices: list[int], workers: int, 
             while pending and len(running) < workers:
                 g = pending.pop(0)
                 command = [sys.executable, "-m", module, *child_argv(argv, group_index=g)]
-                log = open(os.path.join(out, "logs", f"group{g}.log"), "a")  # a rerun keeps a failed try's lines
-                log.write(f"=== {' '.join(command)} ({time.strftime('%Y-%m-%d %H:%M:%S')})\n")
-                log.flush()
+                log = appended_log(os.path.join(out, "logs", f"group{g}.log"), command)
                 proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)  # this cwd: relative paths hold
                 running[proc.pid] = (g, log, proc)
             pid, status = os.waitpid(-1, 0)

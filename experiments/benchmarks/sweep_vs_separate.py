@@ -31,35 +31,34 @@ import subprocess
 import sys
 import time
 
-from experiments import provenance
+from experiments import provenance, schedule, vmapped
 from experiments.runs import parse_seeds, summarise
 from pipo_jax.run import atomic, observe
 
 
 def timed(argv: list[str], log_path: str) -> dict[str, float]:
-    """Runs `python argv` (output to `log_path`); its wall and CPU seconds. A failure raises naming the log."""
+    """Runs `python argv` (output appended to `log_path`, `schedule.appended_log`); its wall and CPU seconds.
+    A failure raises naming the log."""
     t0 = time.perf_counter()
-    with open(log_path, "a") as log:  # appended: a rerun after a failure keeps the failed attempt's log above
-        log.write(f"=== python {' '.join(argv)} ({time.strftime('%Y-%m-%d %H:%M:%S')})\n")
-        log.flush()
-        proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT)
+    command = [sys.executable, *argv]
+    with schedule.appended_log(log_path, command) as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"`python {' '.join(argv)}` failed; see {log_path}")
     return {"wall_s": time.perf_counter() - t0, "cpu_s": usage.ru_utime + usage.ru_stime}
 
 
-def timed_once(argv: list[str], workdir: str, commit: str) -> tuple[dict[str, float], str]:
-    """`timed(argv)` of a separate run in `workdir` and the commit it ran at (`commit` now), kept in
-    `<workdir>.time.json`: run again with the same command, a finished run (its summary.json written) is read,
-    not rerun, so a stopped benchmark continues ("unrecorded": a file written before the commit was kept)."""
-    path = workdir + ".time.json"
-    if os.path.exists(path) and os.path.exists(os.path.join(workdir, "summary.json")):
+def timed_once(argv: list[str], output: str, path: str, log_path: str, commit: str) -> tuple[dict[str, float], str]:
+    """`timed(argv, log_path)` and the commit it ran at (`commit` now), kept in `path`: run again with the same
+    command, a finished run (its `output` file written) is read, not rerun, so a stopped benchmark continues
+    ("unrecorded": a file written before the commit was kept)."""
+    if os.path.exists(path) and os.path.exists(output):
         with open(path) as f:
             stored = json.load(f)
         if stored.get("argv") == argv:
             return stored["time"], stored.get("commit", "unrecorded")
-    t = timed(argv, workdir + ".log")
+    t = timed(argv, log_path)
     atomic.write_json_atomic(path, {"argv": argv, "time": t, "commit": commit})
     return t, commit
 
@@ -114,7 +113,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0-2")
     parser.add_argument("--iterations", type=int, default=0, help="RL iterations; 0 = the tiny preset's")
     parser.add_argument("--warmup_steps", type=int, default=0, help="warm-up steps; 0 = the tiny preset's")
-    parser.add_argument("--members", default="vmap", choices=["vmap", "map"],
+    parser.add_argument("--members", default="vmap", choices=vmapped.MEMBERS,
                         help="the sweep's --members (vmap: batched; map: each point bit-equal to its separate run); "
                              "the separate runs are shared by both")
     parser.add_argument("--out", default="runs/sweep_vs_separate")
@@ -131,13 +130,9 @@ def main() -> None:
     if args.members != "vmap":
         sweep_argv.append(f"--members={args.members}")
     print("sweep:", " ".join(sweep_argv[1:]), flush=True)
-    timing_path = os.path.join(args.out, f"sweep{form}_time.json")
-    stored = json.load(open(timing_path)) if os.path.exists(timing_path) else {}
-    if stored.get("argv") == sweep_argv and os.path.exists(os.path.join(sweep_out, "sweep.json")):
-        sweep_time = stored["time"]  # measured by an earlier run of this benchmark with the same command
-    else:
-        sweep_time = timed(sweep_argv, os.path.join(args.out, "sweep.log"))
-        atomic.write_json_atomic(timing_path, {"argv": sweep_argv, "time": sweep_time})
+    sweep_time, sweep_ran_at = timed_once(sweep_argv, os.path.join(sweep_out, "sweep.json"),
+                                          os.path.join(args.out, f"sweep{form}_time.json"),
+                                          os.path.join(args.out, f"sweep{form}.log"), origin["commit"])
     with open(os.path.join(sweep_out, "sweep.json")) as f:
         record = json.load(f)
     rows = {r["name"]: r for r in record["points"]}
@@ -151,7 +146,8 @@ def main() -> None:
         workdir = os.path.join(args.out, "separate", name.replace("/", "_"))
         argv = ["-m", "experiments.train", *overrides(args), f"--config.pipo.lam={lam}", f"--config.train.lr={lr}",
                 f"--config.seed={seed}", "--config.log.progress=false", f"--workdir={workdir}"]
-        t, ran_at = timed_once(argv, workdir, origin["commit"])
+        t, ran_at = timed_once(argv, os.path.join(workdir, "summary.json"), workdir + ".time.json", workdir + ".log",
+                               origin["commit"])
         separate["wall_s"] += t["wall_s"]
         separate["cpu_s"] += t["cpu_s"]
         check = compare_point(rows[name], workdir)
@@ -165,7 +161,8 @@ def main() -> None:
               "sweep_command": "python " + " ".join(sweep_argv), "members": args.members, "sweep": sweep_time | {
                   "programs": len(record["groups"]), "points": len(rows),
                   "compile_s": sum(rows[g[0]]["group_timing"]["compile_s"] for g in record["groups"]),
-                  "groups_wall_s": group_wall, "outside_groups_wall_s": sweep_time["wall_s"] - group_wall},
+                  "groups_wall_s": group_wall, "outside_groups_wall_s": sweep_time["wall_s"] - group_wall,
+                  "commit": sweep_ran_at},
               "separate": separate | {"processes": len(points), "commits": sorted({p["commit"] for p in points}),
                                       "warmup_wall_s": sum(p["warmup_wall_s"] for p in points)},
               "speedup_wall": separate["wall_s"] / sweep_time["wall_s"],
