@@ -19,11 +19,11 @@ engine: an arm is a point at every seed (`experiments.study`); the points whose 
 equal (all seeds of an arm, and arms that differ only in values the train state carries) run as ONE
 program: their `TrainState`s are stacked and `jax.vmap(loop.scan_chunk)` advances them together
 (`vmapped.run_group`; with `--members=map` one after another, each bit-equal to its separate
-run). The groups run as a sweep's do
-(`experiments.schedule`): `--workers=N` side by side, `--emit_slurm=FILE` a job array of one group per
-task, `--group_index` / `--group_shard` (experiments/launch/tpu_sweep.sh) some of them, `--collect_only`
-the report from the stored ones, `--dry_run` the groups printed; each group writes its own file under
-<out>/groups/, and run again a finished group is read back, not rerun.
+run). The groups run as a sweep's do (`experiments.schedule`): `--workers=N` side by side,
+`--emit_slurm=FILE` a job array of one group per task, `--group_index` / `--group_shard`
+(experiments/launch/tpu_sweep.sh) some of them, `--collect_only` the report from the stored ones,
+`--dry_run` the groups printed; each group writes its own file under <out>/groups/, and run again a
+finished group is read back, not rerun.
 
 Per algorithm it reports the paired difference (with PIPO minus without, same seed and
 base model) of final held-out greedy accuracy and of reward AUC (mean batch reward over

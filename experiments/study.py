@@ -190,9 +190,8 @@ def stored_points(out: str, points: list[Point], code: str, members: str = "vmap
                 print(f"{name}: stored in {path} by other code ({entry.get('code')}, now {code}); rerun",
                       flush=True)
                 stale[name] = entry
-            elif entry.get("members", "vmap") != members:
-                print(f"{name}: stored in {path} with --members={entry.get('members', 'vmap')} (now {members}); "
-                      "rerun", flush=True)
+            elif (form := entry.get("members", "vmap")) != members:  # stored before the choice: vmapped
+                print(f"{name}: stored in {path} with --members={form} (now {members}); rerun", flush=True)
                 stale[name] = entry
             else:
                 found[name] = entry

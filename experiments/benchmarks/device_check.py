@@ -27,8 +27,8 @@ On the machine's first device (its platform is the target platform of every prog
     and a table on stdout. The exit status is 0 when every check passed.
 
 With no accelerator (or `--cpu_smoke`) it runs a reduced form: the tiny task model, a
-small rollout, a group of 2 micro-preset members, the Pallas kernels in interpret mode (the Triton kernel's code) and cuDNN's
-padded call run by XLA's attention (`attention.cudnn(..., implementation="xla")`);
+small rollout, a group of 2 micro-preset members, the Pallas kernels in interpret mode (the
+Triton kernel's code) and cuDNN's padded call run by XLA's attention (`attention.cudnn(..., implementation="xla")`);
 `tests/benchmarks/test_device_check.py` runs that form. Sized for under 8 minutes on one
 H100 / H200.
 """
